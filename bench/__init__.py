@@ -1,0 +1,1 @@
+"""plimsoll.bench: load generator, saturation knees, reports and diagnose."""

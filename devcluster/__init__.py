@@ -1,0 +1,1 @@
+"""plimsoll.devcluster: local Kubernetes control plane built from Go modules."""

@@ -1,0 +1,1 @@
+"""LLMService API models (pydantic). No I/O."""

@@ -1,0 +1,1 @@
+"""kopf handlers: the only operator code that talks to the API server."""

@@ -1,0 +1,1 @@
+"""Pure builders: spec -> Kubernetes object dicts. No I/O."""

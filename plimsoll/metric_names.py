@@ -1,0 +1,118 @@
+"""Metric names every part agrees on, and how they map to vLLM's.
+
+The runtime exports the ``plimsoll_*`` series; bench, diagnose, the router and
+the operator's autoscaler read either family through :data:`ENGINE_FAMILIES`,
+so a replica running upstream vLLM is measured and scaled the same way.
+Histogram buckets are vLLM 0.32's, so dashboards compare line by line.
+"""
+
+from dataclasses import dataclass
+
+PREFIX = "plimsoll_"
+
+# Gauges
+NUM_REQUESTS_RUNNING = "plimsoll_num_requests_running"
+NUM_REQUESTS_WAITING = "plimsoll_num_requests_waiting"
+KV_CACHE_USAGE_RATIO = "plimsoll_kv_cache_usage_ratio"
+CACHE_CONFIG_INFO = "plimsoll_cache_config_info"
+# Histograms (seconds)
+TIME_TO_FIRST_TOKEN = "plimsoll_time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "plimsoll_inter_token_latency_seconds"
+TIME_PER_OUTPUT_TOKEN = "plimsoll_time_per_output_token_seconds"
+E2E_REQUEST_LATENCY = "plimsoll_e2e_request_latency_seconds"
+REQUEST_QUEUE_TIME = "plimsoll_request_queue_time_seconds"
+REQUEST_PREFILL_TIME = "plimsoll_request_prefill_time_seconds"
+REQUEST_DECODE_TIME = "plimsoll_request_decode_time_seconds"
+# Counters (exported with the _total suffix)
+PREFIX_CACHE_QUERIES = "plimsoll_prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "plimsoll_prefix_cache_hits_total"
+NUM_PREEMPTIONS = "plimsoll_num_preemptions_total"
+PROMPT_TOKENS = "plimsoll_prompt_tokens_total"
+GENERATION_TOKENS = "plimsoll_generation_tokens_total"
+REQUEST_SUCCESS = "plimsoll_request_success_total"
+# Beyond vLLM
+KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
+BATCH_SIZE = "plimsoll_batch_size"
+STEP_TOKENS = "plimsoll_step_tokens"
+ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
+
+# vLLM 0.32 histogram buckets (+Inf implied).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                         2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+STEP_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetricNames:
+    """The series a reader needs, as one engine family spells them."""
+
+    running: str
+    waiting: str
+    kv_usage: str
+    ttft: str
+    tpot: str
+    itl: str
+    e2e: str
+    queue_time: str
+    prefill_time: str
+    decode_time: str
+    preemptions: str
+    prefix_queries: str
+    prefix_hits: str
+    prompt_tokens: str
+    generation_tokens: str
+    request_success: str
+
+
+PLIMSOLL = EngineMetricNames(
+    running=NUM_REQUESTS_RUNNING,
+    waiting=NUM_REQUESTS_WAITING,
+    kv_usage=KV_CACHE_USAGE_RATIO,
+    ttft=TIME_TO_FIRST_TOKEN,
+    tpot=TIME_PER_OUTPUT_TOKEN,
+    itl=INTER_TOKEN_LATENCY,
+    e2e=E2E_REQUEST_LATENCY,
+    queue_time=REQUEST_QUEUE_TIME,
+    prefill_time=REQUEST_PREFILL_TIME,
+    decode_time=REQUEST_DECODE_TIME,
+    preemptions=NUM_PREEMPTIONS,
+    prefix_queries=PREFIX_CACHE_QUERIES,
+    prefix_hits=PREFIX_CACHE_HITS,
+    prompt_tokens=PROMPT_TOKENS,
+    generation_tokens=GENERATION_TOKENS,
+    request_success=REQUEST_SUCCESS,
+)
+
+VLLM = EngineMetricNames(
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+    ttft="vllm:time_to_first_token_seconds",
+    tpot="vllm:request_time_per_output_token_seconds",
+    itl="vllm:inter_token_latency_seconds",
+    e2e="vllm:e2e_request_latency_seconds",
+    queue_time="vllm:request_queue_time_seconds",
+    prefill_time="vllm:request_prefill_time_seconds",
+    decode_time="vllm:request_decode_time_seconds",
+    preemptions="vllm:num_preemptions_total",
+    prefix_queries="vllm:prefix_cache_queries_total",
+    prefix_hits="vllm:prefix_cache_hits_total",
+    prompt_tokens="vllm:prompt_tokens_total",
+    generation_tokens="vllm:generation_tokens_total",
+    request_success="vllm:request_success_total",
+)
+
+ENGINE_FAMILIES: dict[str, EngineMetricNames] = {"plimsoll": PLIMSOLL, "vllm": VLLM}
+
+
+def detect_family(metric_names: set[str]) -> EngineMetricNames | None:
+    """Pick the family whose running/waiting gauges appear in a scrape, or None."""
+    for family in ENGINE_FAMILIES.values():
+        if family.running in metric_names or family.waiting in metric_names:
+            return family
+    return None

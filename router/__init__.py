@@ -1,0 +1,1 @@
+"""plimsoll.router: queue-aware, prefix-affine HTTP router in front of replicas."""

@@ -1,0 +1,1 @@
+"""plimsoll.runtime: the inference engine and OpenAI-compatible server."""

@@ -1,0 +1,1 @@
+"""Llama-family decoder models for the runtime."""
