@@ -1,0 +1,58 @@
+"""Where a model's weights come from: the ``model.uri`` grammar and its parsed form.
+
+Four schemes: ``pvc://claim/path`` (a PersistentVolumeClaim in the LLMService's
+namespace), ``hf://org/name`` (a Hugging Face repository the engine fetches),
+``file:///path`` (a path baked into the image) and ``embedded://smollm2-135m``
+(the model shipped inside the plimsoll image). This module parses; it does not
+mount volumes or fetch anything (that is ``resources.deployment``).
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+EMBEDDED_MODELS = ("smollm2-135m",)
+
+# Kept in one regular expression so the CRD (OpenAPI `pattern`) and Python agree.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_HF_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+MODEL_URI_PATTERN = (
+    rf"^(pvc://{_DNS_LABEL}(/[^/].*)?"
+    rf"|hf://{_HF_PART}/{_HF_PART}"
+    r"|file:///.+"
+    rf"|embedded://({'|'.join(EMBEDDED_MODELS)}))$"
+)
+_MODEL_URI = re.compile(MODEL_URI_PATTERN)
+
+Scheme = Literal["pvc", "hf", "file", "embedded"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLocation:
+    """A parsed ``model.uri``.
+
+    ``name`` is the claim (pvc), the repository id (hf), the absolute path (file) or
+    the embedded model's name; ``path`` is the sub-path inside a claim ("" for its root).
+    """
+
+    scheme: Scheme
+    name: str
+    path: str = ""
+
+
+def parse_model_uri(uri: str) -> ModelLocation:
+    """Parse a model URI, or raise ValueError saying which forms are accepted."""
+    if not _MODEL_URI.match(uri):
+        raise ValueError(
+            f"model.uri {uri!r} is not one of pvc://<claim>[/path], hf://<org>/<name>, "
+            f"file:///<absolute path> or embedded://<{'|'.join(EMBEDDED_MODELS)}>"
+        )
+    scheme, rest = uri.split("://", 1)
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        return ModelLocation("pvc", claim, path.rstrip("/"))
+    if scheme == "hf":
+        return ModelLocation("hf", rest)
+    if scheme == "file":
+        return ModelLocation("file", rest)
+    return ModelLocation("embedded", rest)

@@ -1,0 +1,297 @@
+"""The LLMService spec (``plimsoll.dev/v1alpha1``): what a user asks for.
+
+Every field here becomes part of the generated CRD schema (``crd.py``) and so of
+`kubectl explain llms.spec`. Cross-field rules live twice on purpose: as CEL
+``x-kubernetes-validations`` so the API server refuses a bad spec at
+`kubectl apply` time, and as pydantic validators so the operator refuses the same
+spec (Ready=False, reason InvalidSpec) if the CRD in the cluster is older.
+This module does no I/O and knows nothing about Deployments.
+"""
+
+from typing import Annotated, Literal
+
+from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
+from plimsoll.operator.api.model_uri import MODEL_URI_PATTERN, parse_model_uri
+from pydantic import Field, model_validator
+
+EngineKind = Literal["plimsoll", "vllm"]
+CapacityMode = Literal["Profile", "Manual"]
+Reprofile = Literal["Auto", "OnAnnotation"]
+AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
+RouterPolicy = Literal["least-in-flight", "prefix-affinity"]
+
+DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class ModelSpec(APIModel):
+    """Which model to serve and under which name."""
+
+    uri: str = Field(
+        pattern=MODEL_URI_PATTERN,
+        description="Where the weights come from: pvc://<claim>[/path], hf://<org>/<name>, "
+        "file:///<path in the image> or embedded://smollm2-135m.",
+    )
+    served_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Model name clients pass in requests; defaults to the LLMService name.",
+    )
+
+
+class EnvVar(APIModel):
+    """An environment variable for the engine container (Kubernetes EnvVar shape)."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: FreeForm | None = Field(None, description="A Kubernetes EnvVarSource, passed through.")
+
+
+class EngineSpec(APIModel):
+    """The inference engine each replica runs and its batching/KV settings."""
+
+    kind: EngineKind = Field(
+        "plimsoll", description="plimsoll (this project's runtime) or vllm (upstream image)."
+    )
+    image: str | None = Field(
+        None, description="Container image; defaults to the operator's image for each kind."
+    )
+    args: list[str] = Field(default_factory=list, description="Extra engine arguments, appended verbatim.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    max_num_seqs: PositiveInt | None = Field(None, description="Most sequences in one batch.")
+    max_num_batched_tokens: PositiveInt | None = Field(None, description="Token budget per engine step.")
+    max_model_len: PositiveInt | None = Field(
+        None, description="Longest context (prompt + output) in tokens."
+    )
+    kv_cache_memory: Quantity | None = Field(None, description="KV-cache byte budget, e.g. 8Gi.")
+    block_size: PositiveInt | None = Field(None, description="Tokens per KV-cache block.")
+    prefix_caching: bool | None = Field(None, description="Reuse KV blocks of shared prompt prefixes.")
+
+
+class GPUSpec(APIModel):
+    """GPUs per replica."""
+
+    count: int = Field(1, ge=0, description="GPUs per replica (0 runs on CPU).")
+    resource_name: str = Field(
+        "nvidia.com/gpu",
+        pattern=r"^[A-Za-z0-9.-]+/[A-Za-z0-9._-]+$",
+        description="Extended resource that counts GPUs on the nodes.",
+    )
+
+
+class ResourcesSpec(APIModel):
+    """Compute each replica requests."""
+
+    gpu: GPUSpec = Field(default_factory=GPUSpec, description="GPUs per replica.")
+    cpu: Quantity | None = Field(None, description="CPU request and limit, e.g. 4.")
+    memory: Quantity | None = Field(None, description="Memory request and limit, e.g. 32Gi.")
+
+
+class SchedulingSpec(APIModel):
+    """Where replicas may run (passed to the pod spec unchanged)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels a replica needs.")
+    tolerations: list[FreeForm] = Field(default_factory=list, description="Kubernetes tolerations.")
+    affinity: FreeForm | None = Field(None, description="Kubernetes affinity.")
+    priority_class_name: str | None = Field(None, description="PriorityClass of the replicas.")
+
+
+class ScalingSpec(APIModel):
+    """Bounds every autoscaler (built-in, HPA, KEDA) keeps replicas within."""
+
+    model_config = APIModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("self.min <= self.max", "scaling.min must not exceed scaling.max"),
+            ]
+        }
+    }
+
+    min: int = Field(1, ge=0, description="Fewest replicas.")
+    max: int = Field(ge=1, description="Most replicas.")
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> "ScalingSpec":
+        if self.min > self.max:
+            raise ValueError(f"scaling.min ({self.min}) must not exceed scaling.max ({self.max})")
+        return self
+
+
+class SLOSpec(APIModel):
+    """Latency objectives; profiling and the autoscaler keep replicas inside them."""
+
+    ttft_p95_ms: float | None = Field(None, gt=0, description="95th percentile time to first token, ms.")
+    tpot_p50_ms: float | None = Field(None, gt=0, description="Median time per output token, ms.")
+    e2e_p95_ms: float | None = Field(
+        None, gt=0, alias="e2eP95Ms", description="95th percentile end-to-end latency, ms."
+    )
+
+
+class ProfileWorkload(APIModel):
+    """The request shape and concurrency sweep a capacity profile measures."""
+
+    input_tokens: PositiveInt = Field(512, description="Prompt length of each benchmark request.")
+    output_tokens: PositiveInt = Field(128, description="Output length of each benchmark request.")
+    concurrency: list[PositiveInt] = Field(
+        default_factory=lambda: list(DEFAULT_CONCURRENCY_LEVELS),
+        min_length=1,
+        description="Closed-loop concurrency levels swept, in increasing order.",
+    )
+    requests_per_level: PositiveInt = Field(32, description="Requests measured at each level.")
+
+
+class ProfileSpec(APIModel):
+    """How a Profile-mode capacity is measured."""
+
+    workload: ProfileWorkload = Field(default_factory=ProfileWorkload, description="What the sweep sends.")
+
+
+class CapacitySpec(APIModel):
+    """How many concurrent requests one replica should carry."""
+
+    model_config = APIModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.mode) || self.mode != 'Manual' || has(self.concurrencyPerReplica)",
+                    "capacity.mode Manual needs capacity.concurrencyPerReplica",
+                ),
+            ]
+        }
+    }
+
+    mode: CapacityMode = Field(
+        "Profile", description="Profile measures it with a benchmark Job; Manual takes concurrencyPerReplica."
+    )
+    concurrency_per_replica: PositiveInt | None = Field(None, description="Manual per-replica concurrency.")
+    profile: ProfileSpec = Field(default_factory=ProfileSpec, description="Benchmark used in Profile mode.")
+    headroom: float = Field(
+        0.75, gt=0, le=1, description="Fraction of the measured knee each replica is loaded to."
+    )
+    reprofile: Reprofile = Field(
+        "Auto", description="Re-measure when the profile goes stale (Auto) or on request."
+    )
+
+    @model_validator(mode="after")
+    def _manual_needs_value(self) -> "CapacitySpec":
+        if self.mode == "Manual" and self.concurrency_per_replica is None:
+            raise ValueError("capacity.mode Manual needs capacity.concurrencyPerReplica")
+        return self
+
+
+class AutoscalingSpec(APIModel):
+    """Which autoscaler drives replicas, and how it behaves."""
+
+    mode: AutoscalingMode = Field(
+        "builtin", description="builtin (the operator), hpa, keda, or off (replicas fixed)."
+    )
+    target_in_flight_per_replica: float | None = Field(
+        None, gt=0, description="Override of the per-replica in-flight target derived from capacity."
+    )
+    scale_up_stabilization_seconds: int = Field(
+        30, ge=0, description="Overload must persist this long to add replicas."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        600, ge=0, description="Underload must persist this long to remove replicas."
+    )
+    tolerance: float = Field(
+        0.1, ge=0, lt=1, description="Relative deviation from target ignored (HPA's tolerance)."
+    )
+    interval_seconds: int = Field(5, ge=1, description="Seconds between autoscaler evaluations.")
+
+
+class ExpectedLoadSpec(APIModel):
+    """Load expected at start, for the initial replica count (Little's law for a rate)."""
+
+    model_config = APIModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.concurrency) && has(self.requestsPerSecond))",
+                    "expectedLoad takes concurrency or requestsPerSecond, not both",
+                ),
+            ]
+        }
+    }
+
+    concurrency: float | None = Field(None, ge=0, description="Expected concurrent requests.")
+    requests_per_second: float | None = Field(None, ge=0, description="Expected arrival rate.")
+    avg_latency_seconds: float | None = Field(
+        None, gt=0, description="Mean request latency, to turn a rate into concurrency (L = λW)."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ExpectedLoadSpec":
+        if self.concurrency is not None and self.requests_per_second is not None:
+            raise ValueError("expectedLoad takes concurrency or requestsPerSecond, not both")
+        return self
+
+
+class RouterSpec(APIModel):
+    """The queue-aware router in front of the replicas."""
+
+    enabled: bool = Field(False, description="Deploy a router and point the endpoint at it.")
+    policy: RouterPolicy = Field("least-in-flight", description="How the router picks a replica.")
+
+
+class LLMServiceSpec(APIModel):
+    """What an LLMService asks for: a model, an engine, GPUs and how to size and scale it."""
+
+    model_config = APIModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.replicas) || !has(self.scaling) "
+                    "|| (has(self.autoscaling) && has(self.autoscaling.mode) && self.autoscaling.mode == 'off') "
+                    "|| (self.replicas >= self.scaling.min && self.replicas <= self.scaling.max)",
+                    "replicas must lie within scaling.min..scaling.max unless autoscaling.mode is off",
+                ),
+            ]
+        }
+    }
+
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="Inference engine and its settings.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-replica compute.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement.")
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        description="Replica count (the scale subresource); autoscalers write it within scaling bounds.",
+    )
+    scaling: ScalingSpec | None = Field(None, description="Replica bounds for autoscaling.")
+    slo: SLOSpec = Field(default_factory=SLOSpec, description="Latency objectives.")
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="Per-replica capacity.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Autoscaler settings.")
+    expected_load: ExpectedLoadSpec | None = Field(None, description="Load expected at start.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="Router in front of the replicas.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LLMServiceSpec":
+        location = parse_model_uri(self.model.uri)
+        if self.engine.kind == "vllm" and location.scheme == "embedded":
+            raise ValueError(
+                "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "
+                "use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
+            )
+        if (
+            self.replicas is not None
+            and self.scaling is not None
+            and self.autoscaling.mode != "off"
+            and not self.scaling.min <= self.replicas <= self.scaling.max
+        ):
+            raise ValueError(
+                f"replicas ({self.replicas}) must lie within scaling.min..scaling.max "
+                f"({self.scaling.min}..{self.scaling.max}) unless autoscaling.mode is off"
+            )
+        return self
+
+    def desired_replicas(self) -> int:
+        """Replicas the Deployment gets before any autoscaler decision: spec.replicas, else scaling.min, else 1."""
+        if self.replicas is not None:
+            return self.replicas
+        if self.scaling is not None:
+            return self.scaling.min
+        return 1
