@@ -1,8 +1,63 @@
-"""`plimsoll route`."""
+"""`plimsoll route`: run the queue-aware, prefix-affine router."""
 
-from plimsoll.unbuilt import not_built
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from plimsoll.router.config import Policy
 
 
-def route() -> None:
-    """Run the router."""
-    not_built("route", "Router: queue-aware, prefix-affine load balancing")
+def route(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8080, help="Port to listen on."),
+    backend: list[str] = typer.Option(
+        [], "--backend", help="Replica base URL, e.g. http://127.0.0.1:8000 (repeat for each replica)."
+    ),
+    llmservice: str | None = typer.Option(None, help="Discover replicas from this LLMService's pods."),
+    namespace: str = typer.Option("default", help="Namespace of the LLMService."),
+    backend_port: int = typer.Option(8000, help="Replica port when a pod has no container port named 'http'."),
+    policy: Policy = typer.Option(Policy.LEAST_INFLIGHT, help="How to pick a replica."),
+    max_inflight_per_replica: int = typer.Option(
+        256, help="A replica is saturated at this many requests (router in-flight + its waiting queue); "
+        "when all are, answer 429 with Retry-After."
+    ),
+    retry_after: int = typer.Option(1, help="Seconds to put in Retry-After on 429/503."),
+    prefix_chars: int = typer.Option(256, help="Leading prompt characters hashed for prefix affinity."),
+    load_factor: float = typer.Option(1.25, help="Bounded load c: skip a replica above c x average load."),
+    virtual_nodes: int = typer.Option(128, help="Hash-ring points per replica."),
+    long_request_tokens: int | None = typer.Option(
+        None, help="Enable length lanes: requests with estimated prompt + max_tokens >= this go to the long lane."
+    ),
+    long_lane_replicas: int = typer.Option(1, help="Replicas serving the long lane (with --long-request-tokens)."),
+    scrape_interval: float = typer.Option(1.0, help="Seconds between readiness probes and /metrics scrapes."),
+    metrics_engine: str | None = typer.Option(None, help="Replica metric family: plimsoll or vllm (default: detect)."),
+    log_level: str = typer.Option("info", help="Log level."),
+) -> None:
+    """Run the queue-aware, prefix-affine router in front of plimsoll (or vLLM) replicas."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from plimsoll.router.app import build_app
+    from plimsoll.router.config import LaneConfig, RouterConfig
+
+    try:
+        lanes = (
+            LaneConfig(long_request_tokens=long_request_tokens, long_lane_replicas=long_lane_replicas)
+            if long_request_tokens is not None else None
+        )
+        config = RouterConfig(
+            host=host, port=port, backends=tuple(backend), llmservice=llmservice, namespace=namespace,
+            backend_port=backend_port, policy=policy, max_inflight_per_replica=max_inflight_per_replica,
+            retry_after_seconds=retry_after, prefix_chars=prefix_chars, load_factor=load_factor,
+            virtual_nodes=virtual_nodes, lanes=lanes, scrape_interval_s=scrape_interval,
+            metrics_engine=metrics_engine,
+        )
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "options"
+            typer.echo(f"plimsoll route: {where}: {error['msg']}", err=True)
+        raise typer.Exit(code=2) from None
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level=log_level.lower())

@@ -1,0 +1,115 @@
+"""The replica set: which replicas exist, which are ready, and how loaded each is.
+
+What it is: plain state shared by the proxy (which counts its own in-flight
+requests), the scraper (which fills in each replica's waiting/running queue) and
+discovery (which adds and removes replicas). What it is not: a policy; picking a
+replica is :mod:`plimsoll.router.policy`'s job, and nothing here does I/O.
+
+Everything runs on one asyncio loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Replica:
+    """One replica as the router sees it."""
+
+    url: str
+    # Ready as the source of the replica says: always True for a static backend,
+    # the pod's Ready condition when discovered from Kubernetes.
+    discovered_ready: bool = True
+    # Ready as the router itself last saw it: the last readiness probe succeeded
+    # and no connection to it has failed since.
+    reachable: bool = False
+    inflight: int = 0
+    # From the replica's own /metrics (None until the first successful scrape).
+    waiting: float | None = None
+    running: float | None = None
+    engine: str | None = None
+    last_scrape: float | None = None
+    routed_total: int = 0
+
+    @property
+    def is_ready(self) -> bool:
+        return self.discovered_ready and self.reachable
+
+    @property
+    def load(self) -> float:
+        """Work queued at this replica: the router's own in-flight plus the replica's waiting queue.
+
+        In-flight already covers what the replica is running for this router; the
+        scraped waiting queue adds work other routers or clients put there.
+        """
+        return self.inflight + (self.waiting or 0.0)
+
+
+@dataclass
+class ReplicaSet:
+    """Replicas by URL, with a hook so policies can rebuild (e.g. the hash ring) on change."""
+
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    on_change: list[Callable[[], None]] = field(default_factory=list)
+
+    @classmethod
+    def static(cls, urls: Iterable[str]) -> ReplicaSet:
+        replica_set = cls()
+        replica_set.replace(urls)
+        return replica_set
+
+    def ordered(self) -> list[Replica]:
+        """All replicas in a stable order (by URL), so round-robin and lanes do not reshuffle."""
+        return [self.replicas[url] for url in sorted(self.replicas)]
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.ordered() if r.is_ready]
+
+    def get(self, url: str) -> Replica | None:
+        return self.replicas.get(url)
+
+    def replace(self, urls: Iterable[str], ready: dict[str, bool] | None = None) -> None:
+        """Make the set exactly `urls`; keep the state of replicas that stay."""
+        wanted = list(dict.fromkeys(urls))
+        changed = set(wanted) != set(self.replicas)
+        # A dropped replica leaves the set at once; requests already on it hold their
+        # own reference and finish (or fail) there, but nothing new is routed to it.
+        for url in list(self.replicas):
+            if url not in wanted:
+                del self.replicas[url]
+        for url in wanted:
+            replica = self.replicas.setdefault(url, Replica(url=url))
+            if ready is not None:
+                replica.discovered_ready = ready.get(url, False)
+        if changed:
+            self._notify()
+
+    def upsert(self, url: str, discovered_ready: bool) -> None:
+        is_new = url not in self.replicas
+        replica = self.replicas.setdefault(url, Replica(url=url))
+        replica.discovered_ready = discovered_ready
+        if is_new:
+            self._notify()
+
+    def remove(self, url: str) -> None:
+        if self.replicas.pop(url, None) is not None:
+            self._notify()
+
+    def mark_unreachable(self, url: str) -> None:
+        replica = self.replicas.get(url)
+        if replica is not None:
+            replica.reachable = False
+
+    def record_scrape(self, url: str, *, waiting: float | None, running: float | None, engine: str | None) -> None:
+        replica = self.replicas.get(url)
+        if replica is None:
+            return
+        replica.waiting, replica.running, replica.engine = waiting, running, engine
+        replica.last_scrape = time.monotonic()
+
+    def _notify(self) -> None:
+        for callback in self.on_change:
+            callback()

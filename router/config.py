@@ -1,0 +1,105 @@
+"""The router's one validated configuration object.
+
+What it is: every knob `plimsoll route` has, checked once at the edge (CLI or
+test) and passed down. What it is not: runtime state; replicas and their loads
+live in :mod:`plimsoll.router.backends`.
+"""
+
+from __future__ import annotations
+
+import enum
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Policy(enum.StrEnum):
+    """How the router picks a replica for a request."""
+
+    LEAST_INFLIGHT = "least-inflight"
+    PREFIX_AFFINITY = "prefix-affinity"
+    ROUND_ROBIN = "round-robin"
+
+
+class LaneConfig(BaseModel):
+    """Length lanes: long requests go to their own replicas so they cannot make a hot replica.
+
+    A request is long when its estimated prompt tokens plus ``max_tokens`` reach
+    ``long_request_tokens``. The last ``long_lane_replicas`` replicas (in a stable
+    order) serve long requests, the others serve short ones; a lane with no ready
+    replica borrows from the other lane rather than failing.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    long_request_tokens: int = Field(gt=0)
+    long_lane_replicas: int = Field(default=1, gt=0)
+    # Prompts are routed before tokenisation; ~4 characters per token is the usual
+    # English estimate and is only used to pick a lane, never to bill or limit.
+    chars_per_token: float = Field(default=4.0, gt=0)
+
+
+class RouterConfig(BaseModel):
+    """Everything `plimsoll route` needs; invalid values fail here with a fix in the message."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    backends: tuple[str, ...] = ()
+    llmservice: str | None = None
+    namespace: str = "default"
+    backend_port: int = Field(default=8000, gt=0, le=65535)
+    crd_group: str = "plimsoll.dev"
+    crd_version: str = "v1alpha1"
+    policy: Policy = Policy.LEAST_INFLIGHT
+    # A replica whose router in-flight count plus scraped waiting queue reaches this
+    # is saturated; when every replica is, the router answers 429 with Retry-After.
+    max_inflight_per_replica: int = Field(default=256, gt=0)
+    retry_after_seconds: int = Field(default=1, ge=0)
+    # Prefix affinity: hash the first `prefix_chars` characters of the prompt (for
+    # chat, of the rendered messages) onto a ring with `virtual_nodes` points per
+    # replica. `load_factor` is the bound c: a replica above c x average load is
+    # skipped and the next ring node takes the request.
+    prefix_chars: int = Field(default=256, gt=0)
+    virtual_nodes: int = Field(default=128, gt=0)
+    load_factor: float = Field(default=1.25, ge=1.0)
+    lanes: LaneConfig | None = None
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    scrape_timeout_s: float = Field(default=2.0, gt=0)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+    # Generation can be long; the router never cuts a replica short by default.
+    read_timeout_s: float | None = Field(default=None, gt=0)
+    # Which metric family to read from replicas; None detects it per scrape.
+    metrics_engine: str | None = None
+
+    @field_validator("backends")
+    @classmethod
+    def _check_backends(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        cleaned = []
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(
+                    f"backend {url!r} is not an http(s) URL; pass it as --backend http://HOST:PORT"
+                )
+            cleaned.append(url.rstrip("/"))
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("the same --backend is given twice; list each replica once")
+        return tuple(cleaned)
+
+    @field_validator("metrics_engine")
+    @classmethod
+    def _check_engine(cls, value: str | None) -> str | None:
+        if value is not None and value not in ("plimsoll", "vllm"):
+            raise ValueError(f"metrics engine {value!r} is unknown; use 'plimsoll' or 'vllm' (or omit to detect)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RouterConfig:
+        if bool(self.backends) == bool(self.llmservice):
+            raise ValueError(
+                "give either --backend URL (repeatable) for a static replica list, "
+                "or --llmservice NAME [--namespace NS] to discover replicas from Kubernetes, not both or neither"
+            )
+        return self

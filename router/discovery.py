@@ -1,0 +1,116 @@
+"""Replica discovery by watching an LLMService's pods and their readiness.
+
+What it is: a list-then-watch loop over the pods selected by the LLMService
+(its ``status.selector`` when the operator has set one, else
+``app.kubernetes.io/instance=<name>``), turning each pod into a replica URL
+``http://<pod IP>:<port>`` whose readiness is the pod's Ready condition.
+
+What it is not: EndpointSlice-based. The API server rejects loopback addresses
+in EndpointSlices, and test pods here run on 127.0.0.0/8, so pods are the one
+source that works both here and in a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from plimsoll.router.backends import ReplicaSet
+from plimsoll.router.config import RouterConfig
+
+log = logging.getLogger(__name__)
+
+
+def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | None:
+    """(replica URL, ready) for a pod in API JSON form, or None if it cannot take traffic at all."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    if not ip or metadata.get("deletionTimestamp"):
+        return None  # not scheduled yet, or terminating: route nothing new to it
+    port = default_port
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for container_port in container.get("ports") or []:
+            if container_port.get("name") == "http":
+                port = int(container_port["containerPort"])
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}", ready
+
+
+class PodDiscovery:
+    """Keeps a ReplicaSet equal to the ready-or-not pods of one LLMService."""
+
+    def __init__(self, config: RouterConfig, replica_set: ReplicaSet) -> None:
+        assert config.llmservice is not None
+        self._config = config
+        self._name = config.llmservice
+        self._replica_set = replica_set
+        # pod name -> URL, so a DELETED event can be mapped back even without its IP.
+        self._pods: dict[str, str] = {}
+
+    async def run(self) -> None:
+        from kubernetes_asyncio import client, config, watch
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        await config.load_config()
+        async with client.ApiClient() as api_client:
+            core = client.CoreV1Api(api_client)
+            while True:
+                try:
+                    selector = await self._selector(client.CustomObjectsApi(api_client))
+                    pods = await core.list_namespaced_pod(self._config.namespace, label_selector=selector)
+                    self._replace([api_client.sanitize_for_serialization(p) for p in pods.items])
+                    stream = watch.Watch().stream(
+                        core.list_namespaced_pod, self._config.namespace, label_selector=selector,
+                        resource_version=pods.metadata.resource_version, timeout_seconds=300,
+                    )
+                    async with stream as events:
+                        async for event in events:
+                            self._apply(event["type"], event["raw_object"])
+                except ApiException as exc:
+                    # 410 Gone (watch too old) and transient API errors: list again.
+                    log.warning("pod watch for LLMService %s: %s; re-listing", self._name, exc.reason)
+                    await asyncio.sleep(1.0)
+
+    async def _selector(self, custom: Any) -> str:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        fallback = f"app.kubernetes.io/instance={self._name}"
+        try:
+            service = await custom.get_namespaced_custom_object(
+                self._config.crd_group, self._config.crd_version, self._config.namespace, "llmservices", self._name
+            )
+        except ApiException as exc:
+            log.warning("cannot read LLMService %s/%s (%s); selecting pods by %s",
+                        self._config.namespace, self._name, exc.reason, fallback)
+            return fallback
+        selector = (service.get("status") or {}).get("selector")
+        return selector if isinstance(selector, str) and selector else fallback
+
+    def _replace(self, pods: list[dict[str, Any]]) -> None:
+        self._pods.clear()
+        ready: dict[str, bool] = {}
+        for pod in pods:
+            endpoint = pod_endpoint(pod, self._config.backend_port)
+            if endpoint is not None:
+                self._pods[pod["metadata"]["name"]] = endpoint[0]
+                ready[endpoint[0]] = endpoint[1]
+        self._replica_set.replace(ready, ready)
+
+    def _apply(self, event_type: str, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        endpoint = None if event_type == "DELETED" else pod_endpoint(pod, self._config.backend_port)
+        old_url = self._pods.pop(name, None)
+        if endpoint is None:
+            if old_url is not None:
+                self._replica_set.remove(old_url)
+            return
+        url, ready = endpoint
+        if old_url is not None and old_url != url:
+            self._replica_set.remove(old_url)
+        self._pods[name] = url
+        self._replica_set.upsert(url, ready)

@@ -1,0 +1,72 @@
+"""The router's own Prometheus series, all under ``plimsoll_router_``.
+
+What it is: one registry per router (so tests can run several routers in one
+process) holding per-replica in-flight/waiting/ready gauges, routing decisions
+by policy, reason and lane, retries, upstream errors, 429 rejections and request
+latency. Labels stay low-cardinality: the replica URL (bounded by the replica
+count), the endpoint path and the status code; never a prompt or request id.
+What it is not: the replicas' metrics; those are scraped by the operator.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from plimsoll.metric_names import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+
+if TYPE_CHECKING:
+    from plimsoll.router.backends import ReplicaSet
+
+PREFIX = "plimsoll_router_"
+REPLICA_INFLIGHT = PREFIX + "replica_inflight"
+REPLICA_WAITING = PREFIX + "replica_waiting"
+REPLICA_READY = PREFIX + "replica_ready"
+ROUTING_DECISIONS = PREFIX + "routing_decisions"  # exported as ..._total
+RETRIES = PREFIX + "retries"
+UPSTREAM_ERRORS = PREFIX + "upstream_errors"
+REJECTIONS = PREFIX + "rejections"
+REQUEST_DURATION = PREFIX + "request_duration_seconds"
+TIME_TO_FIRST_BYTE = PREFIX + "time_to_first_byte_seconds"
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.inflight = Gauge(REPLICA_INFLIGHT, "Requests this router has in flight on each replica.",
+                              ["replica"], registry=r)
+        self.waiting = Gauge(REPLICA_WAITING, "Waiting queue last scraped from each replica's /metrics.",
+                             ["replica"], registry=r)
+        self.ready = Gauge(REPLICA_READY, "1 when the replica is ready and reachable, else 0.",
+                           ["replica"], registry=r)
+        self.decisions = Counter(ROUTING_DECISIONS, "Routing decisions by policy, reason and lane.",
+                                 ["policy", "reason", "lane"], registry=r)
+        self.retries = Counter(RETRIES, "Requests re-sent to another replica after a connection failure "
+                               "before any byte was sent.", ["replica"], registry=r)
+        self.upstream_errors = Counter(UPSTREAM_ERRORS, "Failures talking to a replica, by kind "
+                                       "(connect, read, stream_broken).", ["replica", "kind"], registry=r)
+        self.rejections = Counter(REJECTIONS, "Requests the router answered itself, by reason "
+                                  "(saturated -> 429, no_replica -> 503, upstream_failed -> 502).",
+                                  ["reason"], registry=r)
+        self.duration = Histogram(REQUEST_DURATION, "Request latency through the router, arrival to last byte.",
+                                  ["endpoint", "code"], buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.first_byte = Histogram(TIME_TO_FIRST_BYTE, "Arrival to the first body byte from the replica "
+                                    "(TTFT for streams).", ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self._known: set[str] = set()
+
+    def observe_replicas(self, replica_set: ReplicaSet) -> None:
+        """Refresh the per-replica gauges; drop the series of replicas that left."""
+        current = set(replica_set.replicas)
+        for gone in self._known - current:
+            for gauge in (self.inflight, self.waiting, self.ready):
+                gauge.remove(gone)
+        self._known = current
+        for url, replica in replica_set.replicas.items():
+            self.inflight.labels(url).set(replica.inflight)
+            self.waiting.labels(url).set(replica.waiting or 0.0)
+            self.ready.labels(url).set(1.0 if replica.is_ready else 0.0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,232 @@
+"""Routing policies: which replica gets the next request, and why.
+
+What it is: pure decisions over the replica set's current loads — round-robin
+(the baseline a Kubernetes Service gives), least in-flight (own in-flight count
+plus each replica's scraped waiting queue), prefix affinity (consistent hashing
+of the prompt's leading characters with bounded load), and optional length
+lanes in front of any of them. Each decision carries a reason that ends up in
+``plimsoll_router_routing_decisions_total``. What it is not: I/O; the proxy
+calls :meth:`Router.choose` and does the HTTP.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from plimsoll.router.backends import Replica, ReplicaSet
+from plimsoll.router.config import LaneConfig, Policy, RouterConfig
+
+
+class NoReadyReplica(Exception):
+    """No replica is ready (or every ready one was already tried for this request)."""
+
+
+class AllSaturated(Exception):
+    """Every ready replica is at --max-inflight-per-replica; the client should retry later."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What routing reads from a request body: the prefix key and a size estimate."""
+
+    prefix_key: str
+    estimated_tokens: int
+
+    @classmethod
+    def from_body(cls, body: Any, *, prefix_chars: int, chars_per_token: float = 4.0) -> RequestFeatures:
+        """Read features from a parsed OpenAI request body; anything unexpected yields empty features.
+
+        The router never rejects a body itself: a malformed request still goes to a
+        replica, whose own 4xx the client then sees unchanged.
+        """
+        if not isinstance(body, dict):
+            return cls(prefix_key="", estimated_tokens=0)
+        text, prompt_tokens = _prompt_text(body, chars_per_token)
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        extra = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 0
+        return cls(prefix_key=text[:prefix_chars], estimated_tokens=prompt_tokens + extra)
+
+
+def _prompt_text(body: dict[str, Any], chars_per_token: float) -> tuple[str, int]:
+    """The prompt as text (chat messages rendered role by role) and its estimated token count."""
+    if "messages" in body and isinstance(body["messages"], list):
+        parts = []
+        for message in body["messages"]:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: keep the text ones
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(f"{message.get('role', '')}:{content if isinstance(content, str) else ''}\n")
+        text = "".join(parts)
+        return text, math.ceil(len(text) / chars_per_token)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # batched prompts: route by the first
+    if isinstance(prompt, str):
+        return prompt, math.ceil(len(prompt) / chars_per_token)
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        # Pre-tokenised prompt: the token ids themselves are the prefix.
+        return ",".join(str(t) for t in prompt), len(prompt)
+    return "", 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    replica: Replica
+    reason: str
+    lane: str = "all"
+
+
+class Picker(Protocol):
+    name: str
+
+    def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision: ...
+
+
+class RoundRobin:
+    """Each candidate in turn, blind to load: what a Kubernetes Service gives, kept for comparison."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
+        replica = candidates[self._next % len(candidates)]
+        self._next += 1
+        return Decision(replica, "round_robin")
+
+
+class LeastInflight:
+    """The candidate with the least load (own in-flight + scraped waiting); ties taken in turn."""
+
+    name = "least_inflight"
+
+    def __init__(self) -> None:
+        self._tie_break = 0
+
+    def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
+        lowest = min(r.load for r in candidates)
+        tied = [r for r in candidates if r.load == lowest]
+        replica = tied[self._tie_break % len(tied)]
+        self._tie_break += 1
+        return Decision(replica, "least_inflight")
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """A consistent-hash ring with `virtual_nodes` points per replica URL."""
+
+    def __init__(self, urls: Iterable[str], virtual_nodes: int) -> None:
+        points = sorted((_hash64(f"{url}#{i}"), url) for url in urls for i in range(virtual_nodes))
+        self._hashes = [h for h, _ in points]
+        self._urls = [u for _, u in points]
+
+    def walk(self, key: str) -> list[str]:
+        """Distinct replica URLs in ring order starting at the key's position."""
+        if not self._urls:
+            return []
+        start = bisect.bisect_right(self._hashes, _hash64(key))
+        seen: dict[str, None] = {}
+        n = len(self._urls)
+        for i in range(n):
+            seen.setdefault(self._urls[(start + i) % n], None)
+        return list(seen)
+
+
+class PrefixAffinity:
+    """Consistent hashing on the prompt's leading characters, with bounded load.
+
+    Requests sharing a system prompt hash to the same replica, where its KV
+    prefix is cached. So that a popular prefix cannot make a hot replica, a
+    replica is passed over when taking the request would lift its load above
+    ``ceil(load_factor × (total load + 1) / candidates)``; the request then goes
+    to the next replica on the ring (consistent hashing with bounded loads,
+    Mirrokni et al. 2018). Requests without a prompt fall back to least in-flight.
+    """
+
+    name = "prefix_affinity"
+
+    def __init__(self, replica_set: ReplicaSet, virtual_nodes: int, load_factor: float) -> None:
+        self._replica_set = replica_set
+        self._virtual_nodes = virtual_nodes
+        self._load_factor = load_factor
+        self._fallback = LeastInflight()
+        self._ring = HashRing(replica_set.replicas, virtual_nodes)
+        # The ring covers every known replica, ready or not, so a replica going
+        # unready only moves its own keys to the next node.
+        replica_set.on_change.append(self._rebuild)
+
+    def _rebuild(self) -> None:
+        self._ring = HashRing(self._replica_set.replicas, self._virtual_nodes)
+
+    def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
+        if not features.prefix_key:
+            decision = self._fallback.pick(candidates, features)
+            return Decision(decision.replica, "prefix_no_key")
+        by_url = {r.url: r for r in candidates}
+        total = sum(r.load for r in candidates)
+        cap = math.ceil(self._load_factor * (total + 1) / len(candidates))
+        first = True
+        for url in self._ring.walk(features.prefix_key):
+            replica = by_url.get(url)
+            if replica is None:
+                continue  # not a candidate now (unready, saturated, other lane, tried)
+            if replica.load + 1 <= cap:
+                return Decision(replica, "prefix_affinity" if first else "prefix_overflow")
+            first = False
+        # Only reachable if the ring lacks a candidate (added since the last rebuild).
+        decision = self._fallback.pick(candidates, features)
+        return Decision(decision.replica, "prefix_overflow")
+
+
+class Router:
+    """Lanes, saturation and the chosen picker, applied in that order to the replica set."""
+
+    def __init__(self, config: RouterConfig, replica_set: ReplicaSet) -> None:
+        self.replica_set = replica_set
+        self.max_inflight = config.max_inflight_per_replica
+        self.lanes: LaneConfig | None = config.lanes
+        self.policy = config.policy
+        self.picker: Picker
+        if config.policy is Policy.ROUND_ROBIN:
+            self.picker = RoundRobin()
+        elif config.policy is Policy.LEAST_INFLIGHT:
+            self.picker = LeastInflight()
+        else:
+            self.picker = PrefixAffinity(replica_set, config.virtual_nodes, config.load_factor)
+
+    def choose(self, features: RequestFeatures, exclude: frozenset[str] = frozenset()) -> Decision:
+        """Pick a replica, or raise NoReadyReplica / AllSaturated."""
+        ready = [r for r in self.replica_set.ready() if r.url not in exclude]
+        if not ready:
+            raise NoReadyReplica()
+        available = [r for r in ready if r.load < self.max_inflight]
+        if not available:
+            raise AllSaturated()
+        candidates, lane = self._lane(available, features)
+        decision = self.picker.pick(candidates, features)
+        return Decision(decision.replica, decision.reason, lane)
+
+    def _lane(self, available: list[Replica], features: RequestFeatures) -> tuple[list[Replica], str]:
+        if self.lanes is None:
+            return available, "all"
+        ordered = [r.url for r in self.replica_set.ordered()]
+        # Lane membership follows the stable order of all replicas, not of the ready
+        # ones, so a replica does not switch lanes when another goes unready.
+        long_urls = set(ordered[-self.lanes.long_lane_replicas :])
+        is_long = features.estimated_tokens >= self.lanes.long_request_tokens
+        lane = "long" if is_long else "short"
+        members = [r for r in available if (r.url in long_urls) == is_long]
+        if members:
+            return members, lane
+        return available, f"{lane}_borrowed"

@@ -1,0 +1,193 @@
+"""The forwarding path: pick a replica, send the request, relay the answer byte for byte.
+
+What it is: one async function per request. The body is read once, routed by
+:class:`plimsoll.router.policy.Router`, and sent with ``httpx.AsyncClient`` in
+streaming mode; the replica's status, headers and body (SSE included) go back to
+the client chunk by chunk as they arrive, so a replica's 4xx reaches the client
+unchanged. What it is not: a validator or a transformer of requests; the router
+never parses more of a body than it needs to route it.
+
+Retry rule: a request is re-sent to another replica only when the connection
+could not be made at all (connect refused or timed out), so no byte of it
+reached the first one. Once bytes are sent the replica may have started work,
+and a started stream is never replayed: the client gets the failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from plimsoll.router.backends import Replica, ReplicaSet
+from plimsoll.router.config import RouterConfig
+from plimsoll.router.metrics import RouterMetrics
+from plimsoll.router.policy import AllSaturated, NoReadyReplica, RequestFeatures, Router
+
+log = logging.getLogger(__name__)
+
+# Headers that describe one hop, not the message; the router sets its own.
+_HOP_HEADERS = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "date", "server",
+})
+# Failures that happen before a connection exists: nothing was sent, a retry is safe.
+_NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error in the OpenAI shape the replicas use, so clients parse the router's errors alike."""
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class Proxy:
+    def __init__(
+        self,
+        config: RouterConfig,
+        replica_set: ReplicaSet,
+        router: Router,
+        metrics: RouterMetrics,
+        client: httpx.AsyncClient,
+    ) -> None:
+        self._config = config
+        self._replica_set = replica_set
+        self._router = router
+        self._metrics = metrics
+        self._client = client
+        self._chars_per_token = config.lanes.chars_per_token if config.lanes else 4.0
+
+    async def forward(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        endpoint = request.url.path
+        body = await request.body()
+        features = RequestFeatures.from_body(
+            _parse_json(body), prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token
+        )
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
+        if request.client is not None:
+            headers.append(("x-forwarded-for", request.client.host))
+        target = endpoint + (f"?{request.url.query}" if request.url.query else "")
+        tried: set[str] = set()
+        while True:
+            try:
+                decision = self._router.choose(features, frozenset(tried))
+            except AllSaturated:
+                return self._reject_saturated(endpoint, arrival)
+            except NoReadyReplica:
+                return self._reject_unavailable(endpoint, arrival, tried)
+            replica = decision.replica
+            self._metrics.decisions.labels(self._router.picker.name, decision.reason, decision.lane).inc()
+            self._begin(replica)
+            upstream_request = self._client.build_request(
+                request.method, replica.url + target, content=body, headers=headers
+            )
+            try:
+                upstream = await self._client.send(upstream_request, stream=True)
+            except _NOTHING_SENT as exc:
+                self._end(replica)
+                log.warning("connect to %s failed (%s); retrying on another replica", replica.url, exc)
+                self._replica_set.mark_unreachable(replica.url)
+                self._metrics.upstream_errors.labels(replica.url, "connect").inc()
+                self._metrics.retries.labels(replica.url).inc()
+                tried.add(replica.url)
+                continue
+            except httpx.HTTPError as exc:
+                # The request (or part of it) reached the replica: it may have started,
+                # so it is not replayed anywhere else.
+                self._end(replica)
+                self._metrics.upstream_errors.labels(replica.url, "read").inc()
+                return self._finish(
+                    error_response(502, f"replica {replica.url} failed after the request was sent "
+                                   f"({type(exc).__name__}); not retried because it may have started",
+                                   "BadGatewayError"),
+                    endpoint, arrival, reason="upstream_failed",
+                )
+            return StreamingResponse(
+                self._relay(upstream, replica, endpoint, arrival),
+                status_code=upstream.status_code,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS},
+            )
+
+    async def _relay(
+        self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float
+    ) -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for chunk in upstream.aiter_raw():
+                if first and chunk:
+                    self._metrics.first_byte.labels(endpoint).observe(time.monotonic() - arrival)
+                    first = False
+                yield chunk
+        except httpx.HTTPError as exc:
+            # The replica broke off mid-answer (died, or reset the connection). The
+            # client already has part of it, so the only honest thing is to fail it.
+            self._metrics.upstream_errors.labels(replica.url, "stream_broken").inc()
+            self._replica_set.mark_unreachable(replica.url)
+            log.warning("replica %s broke off a response to %s: %s", replica.url, endpoint, exc)
+            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                # vLLM's convention for a mid-stream error: one error event, no [DONE];
+                # the openai client raises on it.
+                error = {"error": {"message": f"replica {replica.url} failed mid-stream: {type(exc).__name__}",
+                                   "type": "BadGatewayError", "param": None, "code": 502}}
+                yield f"data: {json.dumps(error)}\n\n".encode()
+            else:
+                raise  # abort the connection so the client cannot mistake a truncated body for a whole one
+        finally:
+            await upstream.aclose()
+            self._end(replica)
+            self._metrics.duration.labels(endpoint, str(upstream.status_code)).observe(time.monotonic() - arrival)
+
+    def _begin(self, replica: Replica) -> None:
+        replica.inflight += 1
+        replica.routed_total += 1
+        self._set_inflight_gauge(replica)
+
+    def _end(self, replica: Replica) -> None:
+        replica.inflight -= 1
+        self._set_inflight_gauge(replica)
+
+    def _set_inflight_gauge(self, replica: Replica) -> None:
+        if self._replica_set.get(replica.url) is replica:  # a replica that left has no series
+            self._metrics.inflight.labels(replica.url).set(replica.inflight)
+
+    def _reject_saturated(self, endpoint: str, arrival: float) -> Response:
+        retry_after = str(self._config.retry_after_seconds)
+        response = error_response(
+            429,
+            f"every ready replica is saturated (router in-flight + waiting queue >= "
+            f"{self._config.max_inflight_per_replica} each); retry after {retry_after} s",
+            "RateLimitError",
+            headers={"Retry-After": retry_after},
+        )
+        return self._finish(response, endpoint, arrival, reason="saturated")
+
+    def _reject_unavailable(self, endpoint: str, arrival: float, tried: set[str]) -> Response:
+        if tried:
+            message = f"could not connect to any replica (tried {', '.join(sorted(tried))})"
+            return self._finish(error_response(502, message, "BadGatewayError"), endpoint, arrival,
+                                reason="upstream_failed")
+        response = error_response(
+            503, "no ready replica; check the replicas' /ready and the router's /metrics "
+            "(plimsoll_router_replica_ready)", "ServiceUnavailableError",
+            headers={"Retry-After": str(self._config.retry_after_seconds)},
+        )
+        return self._finish(response, endpoint, arrival, reason="no_replica")
+
+    def _finish(self, response: Response, endpoint: str, arrival: float, *, reason: str) -> Response:
+        self._metrics.rejections.labels(reason).inc()
+        self._metrics.duration.labels(endpoint, str(response.status_code)).observe(time.monotonic() - arrival)
+        return response
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None  # the replica will say what is wrong with it
