@@ -1,0 +1,9 @@
+"""How numbers are written into the formulas shown in status, Events and `plimsoll plan`."""
+
+from fractions import Fraction
+
+
+def fmt(x: float | Fraction) -> str:
+    """A number as a person would write it in a formula: at most two decimals, no trailing zeros."""
+    text = f"{float(x):.2f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text

@@ -1,0 +1,157 @@
+"""Reading a capacity profile (the bench JSON report) and knowing when it is stale.
+
+What it is: pydantic models of just the fields the operator relies on from the
+report `plimsoll bench sweep` writes — ``schema_version``,
+``knees.throughput.concurrency``, ``knees.latency.concurrency`` (null when no
+knee was found) and ``recommendation.concurrency_per_replica`` — and
+:func:`read_profile`, which turns a report into a :class:`CapacityProfile` or a
+:class:`ProfileFailure` with a CamelCase reason and a readable message. Also the
+hash of what a profile measured (model, image, engine, GPU), which marks
+``ProfileStale`` when it changes.
+
+What it is not: the bench's own report writer (``plimsoll.bench.report``), which
+this module deliberately does not import, so the operator image does not pull
+the bench's plotting and numeric stack. A failed or unreadable report never
+yields a capacity: there is no default to fall back on.
+"""
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Major versions of the report this reader understands.
+SUPPORTED_SCHEMA_MAJOR = 1
+
+
+class _Lenient(BaseModel):
+    # The report has many more fields (levels, plots, workload); they are not ours to check.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Knee(_Lenient):
+    concurrency: float | None = Field(default=None, gt=0)
+
+
+class _Knees(_Lenient):
+    throughput: _Knee
+    latency: _Knee | None = None
+
+
+class _Recommendation(_Lenient):
+    concurrency_per_replica: int | None = Field(default=None, ge=1)
+    reason: str | None = None
+
+
+class _Report(_Lenient):
+    schema_version: int | str
+    knees: _Knees
+    recommendation: _Recommendation
+    workload: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityProfile:
+    """A usable measured capacity."""
+
+    schema_version: str
+    throughput_knee: float | None
+    latency_knee: float | None
+    concurrency_per_replica: int
+    workload: dict[str, Any] | None
+
+    def knees(self) -> dict[str, Any]:
+        """For ``status.capacity.knees``."""
+        return {
+            "throughput": {"concurrency": self.throughput_knee},
+            "latency": {"concurrency": self.latency_knee},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileFailure:
+    """Why a report gives no capacity; goes to the Profiled condition and an Event."""
+
+    reason: str  # CamelCase
+    message: str
+
+
+def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | ProfileFailure:
+    """Validate a bench report and extract the capacity, or say exactly why not."""
+    if isinstance(report, str | bytes):
+        try:
+            data = json.loads(report)
+        except json.JSONDecodeError as err:
+            return ProfileFailure(
+                "InvalidReport", f"the benchmark report is not JSON ({err}); see the Job's logs"
+            )
+    else:
+        data = dict(report)
+    if not isinstance(data, dict):
+        return ProfileFailure(
+            "InvalidReport", f"the benchmark report is a JSON {type(data).__name__}, not an object"
+        )
+    try:
+        parsed = _Report.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors()
+        )
+        return ProfileFailure(
+            "InvalidReport", f"the benchmark report lacks what the operator needs: {problems}"
+        )
+    version = str(parsed.schema_version)
+    major = version.split(".", 1)[0]
+    if major != str(SUPPORTED_SCHEMA_MAJOR):
+        return ProfileFailure(
+            "UnsupportedReportVersion",
+            f"report schema_version {version} is not supported (this operator reads {SUPPORTED_SCHEMA_MAJOR}.x); "
+            "run the benchmark with the same plimsoll version as the operator",
+        )
+    per_replica = parsed.recommendation.concurrency_per_replica
+    if per_replica is None:
+        why = parsed.recommendation.reason or "the sweep found no knee and made no recommendation"
+        return ProfileFailure(
+            "NoRecommendation",
+            f"no per-replica concurrency from the benchmark: {why}; widen the swept concurrency levels "
+            "or set capacity.mode: Manual",
+        )
+    return CapacityProfile(
+        schema_version=version,
+        throughput_knee=parsed.knees.throughput.concurrency,
+        latency_knee=parsed.knees.latency.concurrency if parsed.knees.latency else None,
+        concurrency_per_replica=per_replica,
+        workload=parsed.workload,
+    )
+
+
+def profile_spec_hash(
+    *,
+    model: str,
+    image: str,
+    engine_kind: str,
+    engine_args: Sequence[str] | Mapping[str, Any],
+    gpu: Mapping[str, Any],
+) -> str:
+    """A short stable hash of what a profile measured; any change in these makes the profile stale.
+
+    Canonical JSON (sorted keys) so the hash does not depend on dict order.
+    Argument order in ``engine_args`` lists matters, as it does to the engine.
+    """
+    payload = {
+        "model": model,
+        "image": image,
+        "engine": engine_kind,
+        "engineArgs": list(engine_args) if not isinstance(engine_args, Mapping) else dict(engine_args),
+        "gpu": dict(gpu),
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def is_stale(measured_hash: str | None, current_hash: str) -> bool:
+    """True when a profile exists and was measured on something else than the current spec."""
+    return measured_hash is not None and measured_hash != current_hash
