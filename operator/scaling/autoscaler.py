@@ -34,9 +34,10 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class AutoscalerConfig(BaseModel):

@@ -16,8 +16,9 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from plimsoll.operator.scaling.formula import fmt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from plimsoll.operator.scaling.formula import fmt
 
 
 class NoTargetError(ValueError):

@@ -269,7 +269,7 @@ def test_decision_status_and_event_are_readable_json() -> None:
 
 
 def test_bad_config_and_clock_are_refused_with_a_reason() -> None:
-    with pytest.raises(ValidationError, match="set scaling.max to at least scaling.min"):
+    with pytest.raises(ValidationError, match=r"set scaling\.max to at least scaling\.min"):
         config(min_replicas=4, max_replicas=2)
     with pytest.raises(ValidationError, match="target_per_replica"):
         config(target_per_replica=0)
