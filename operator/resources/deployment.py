@@ -1,0 +1,81 @@
+"""The replicas' Deployment. Pure: LLMService in, Deployment dict out.
+
+GPU requests through ``resources.gpu.resourceName``, the engine container from
+``engine.py``, a non-root pod, a grace period long enough for streams to drain,
+and the user's scheduling constraints passed through. Does not decide the replica
+count beyond what the spec says (the autoscaler owns that) and does no I/O.
+"""
+
+from typing import Any
+
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.engine import engine_container
+from plimsoll.operator.resources.labels import common_labels, selector_labels
+from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
+
+# Non-root identity shared by the plimsoll image (Dockerfile) and applied to vLLM's.
+RUN_AS_USER = 1000
+
+
+def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | None = None) -> dict[str, Any]:
+    """The Deployment for ``svc``; ``replicas`` overrides the spec's count (the autoscaler's decision)."""
+    spec = svc.spec
+    container, placement = engine_container(svc, settings)
+    tolerations = list(spec.scheduling.tolerations)
+    if spec.resources.gpu.count > 0:
+        # GPU nodes are commonly tainted with their resource name; a GPU pod belongs there.
+        tolerations.append(
+            {"key": spec.resources.gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}
+        )
+
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            *placement.volumes,
+            # vLLM and torch use shared memory between workers; the default 64 MiB is too small.
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if spec.scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.scheduling.node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if spec.scheduling.affinity:
+        pod_spec["affinity"] = spec.scheduling.affinity
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": svc.name, "namespace": svc.namespace, "labels": common_labels(svc)},
+        "spec": {
+            "replicas": spec.desired_replicas() if replicas is None else replicas,
+            "selector": {"matchLabels": selector_labels(svc)},
+            # Never drop below the current capacity during a rollout; the surge pod
+            # needs free GPUs, which is the usual price of zero-downtime updates.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {
+                    "labels": common_labels(svc),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(ENGINE_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

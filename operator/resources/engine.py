@@ -1,0 +1,179 @@
+"""The engine container of a replica: image, command line, model volume, probes. Pure.
+
+Maps the LLMService spec onto either ``plimsoll serve`` or the upstream
+``vllm/vllm-openai`` image with the equivalent flags, so both engines get the same
+model source, probes and drain behaviour. It does not build the Deployment around
+the container (``deployment.py``) and never talks to a cluster.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.api.model_uri import parse_model_uri
+from plimsoll.operator.resources.quantity import to_bytes
+from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
+
+MODEL_MOUNT = "/mnt/models"
+HF_CACHE_MOUNT = "/var/cache/huggingface"
+
+
+@dataclass
+class ModelPlacement:
+    """Where the engine finds the weights: a --model value plus the volumes that make it exist."""
+
+    model_arg: str | None
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    env: list[dict[str, Any]] = field(default_factory=list)
+
+
+def model_placement(svc: LLMService) -> ModelPlacement:
+    """Map ``model.uri`` onto a --model argument and pod volumes.
+
+    pvc:// mounts the claim read-only; hf:// lets the engine download into an
+    emptyDir cache; file:// is a path in the image; embedded:// uses the copy
+    converted into the plimsoll image at build time (no --model).
+    """
+    location = parse_model_uri(svc.spec.model.uri)
+    if location.scheme == "pvc":
+        return ModelPlacement(
+            model_arg=f"{MODEL_MOUNT}/{location.path}" if location.path else MODEL_MOUNT,
+            volumes=[
+                {"name": "model", "persistentVolumeClaim": {"claimName": location.name, "readOnly": True}}
+            ],
+            mounts=[{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
+        )
+    if location.scheme == "hf":
+        return ModelPlacement(
+            model_arg=location.name,
+            volumes=[{"name": "hf-cache", "emptyDir": {}}],
+            mounts=[{"name": "hf-cache", "mountPath": HF_CACHE_MOUNT}],
+            env=[{"name": "HF_HOME", "value": HF_CACHE_MOUNT}],
+        )
+    if location.scheme == "file":
+        return ModelPlacement(model_arg=location.name)
+    return ModelPlacement(model_arg=None)
+
+
+def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
+    engine = svc.spec.engine
+    args = ["serve", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", svc.served_name]
+    if model_arg is not None:
+        args += ["--model", model_arg]
+    if engine.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.kv_cache_memory is not None:
+        args += ["--kv-cache-memory", str(to_bytes(engine.kv_cache_memory))]
+    if engine.block_size is not None:
+        args += ["--block-size", str(engine.block_size)]
+    if engine.prefix_caching is not None:
+        args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
+    return args + list(engine.args)
+
+
+def _vllm_args(svc: LLMService, model_arg: str | None) -> list[str]:
+    engine = svc.spec.engine
+    # The API validator refuses vllm + embedded://, so a model argument always exists here.
+    assert model_arg is not None, "vllm needs a model path or repository"
+    args = [
+        "--model",
+        model_arg,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ENGINE_PORT),
+        "--served-model-name",
+        svc.served_name,
+    ]
+    if engine.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.kv_cache_memory is not None:
+        args += ["--kv-cache-memory-bytes", str(to_bytes(engine.kv_cache_memory))]
+    if engine.block_size is not None:
+        args += ["--block-size", str(engine.block_size)]
+    if engine.prefix_caching is not None:
+        args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
+    return args + list(engine.args)
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 3,
+        "failureThreshold": failures,
+    }
+
+
+def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
+    """Startup, readiness and liveness probes.
+
+    Startup allows 30 minutes for weights to load before liveness applies. plimsoll
+    has /ready (weights, KV cache and warm-up done, not draining); vLLM only has
+    /health, which answers once its server is up, so it serves both purposes there.
+    """
+    ready_path = "/ready" if svc.spec.engine.kind == "plimsoll" else "/health"
+    return {
+        "startupProbe": _probe("/health", period=10, failures=180),
+        "readinessProbe": _probe(ready_path, period=5, failures=3),
+        "livenessProbe": _probe("/health", period=10, failures=3),
+    }
+
+
+def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str, Any], ModelPlacement]:
+    """The engine container and the volumes it needs."""
+    spec = svc.spec
+    placement = model_placement(svc)
+    if spec.engine.kind == "plimsoll":
+        image = spec.engine.image or settings.plimsoll_image
+        command: list[str] | None = ["plimsoll"]
+        args = _plimsoll_args(svc, placement.model_arg)
+    else:
+        image = spec.engine.image or settings.vllm_image
+        command = None  # the upstream image's entrypoint is its OpenAI server
+        args = _vllm_args(svc, placement.model_arg)
+
+    resources: dict[str, dict[str, Any]] = {"requests": {}, "limits": {}}
+    for key, value in (("cpu", spec.resources.cpu), ("memory", spec.resources.memory)):
+        if value is not None:
+            resources["requests"][key] = value
+            resources["limits"][key] = value
+    if spec.resources.gpu.count > 0:
+        # Extended resources must have requests == limits; limits alone imply requests.
+        resources["limits"][spec.resources.gpu.resource_name] = spec.resources.gpu.count
+
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": image,
+        **({"command": command} if command else {}),
+        "args": args,
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": [*placement.env, *(e.to_api() for e in spec.engine.env)],
+        "resources": {k: v for k, v in resources.items() if v},
+        **probes(svc),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+        "volumeMounts": [
+            *placement.mounts,
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if settings.pre_stop_sleep_seconds > 0:
+        # Native sleep action: no `sleep` binary needed in either image.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": settings.pre_stop_sleep_seconds}}}
+    if not container["env"]:
+        del container["env"]
+    return container, placement

@@ -1,0 +1,166 @@
+"""Pure builders against golden files (tests/operator/golden/).
+
+Regenerate after an intended change with ``PLIMSOLL_UPDATE_GOLDEN=1`` and review
+the diff like any code change.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.deployment import build_deployment
+from plimsoll.operator.resources.disruption import build_pdb
+from plimsoll.operator.resources.engine import model_placement
+from plimsoll.operator.resources.labels import selector_string
+from plimsoll.operator.resources.monitoring import build_pod_monitor, build_service_monitor
+from plimsoll.operator.resources.quantity import to_bytes
+from plimsoll.operator.resources.service import build_service, endpoint_url
+from plimsoll.operator.resources.settings import BuildSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+SETTINGS = BuildSettings(plimsoll_image="plimsoll:test", vllm_image="vllm/vllm-openai:v0.32.0")
+
+
+def _load(path: Path) -> LLMService:
+    return LLMService.from_body(yaml.safe_load(path.read_text()))
+
+
+CASES = {
+    "embedded": ROOT / "examples" / "llmservice-embedded.yaml",
+    "qwen-vllm": ROOT / "examples" / "llmservice-qwen-vllm.yaml",
+}
+
+
+def _check_golden(name: str, objects: list[dict[str, Any]]) -> None:
+    text = yaml.safe_dump_all(objects, sort_keys=True, width=120)
+    path = GOLDEN / f"{name}.yaml"
+    if os.environ.get("PLIMSOLL_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"{path} missing; run with PLIMSOLL_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), f"{name}: builders changed output; review, then PLIMSOLL_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_children_match_golden(name: str) -> None:
+    svc = _load(CASES[name])
+    _check_golden(
+        name,
+        [
+            build_deployment(svc, SETTINGS),
+            build_service(svc),
+            build_pdb(svc),
+            build_pod_monitor(svc),
+            build_service_monitor(svc),
+        ],
+    )
+
+
+def test_plimsoll_engine_flags_and_embedded_model() -> None:
+    svc = _load(CASES["embedded"])
+    deployment = build_deployment(svc, SETTINGS)
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == ["plimsoll"]
+    assert container["args"][:5] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
+    assert "--model" not in container["args"], "embedded:// uses the image's converted copy"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["terminationGracePeriodSeconds"] > container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_vllm_engine_maps_every_flag() -> None:
+    svc = _load(CASES["qwen-vllm"])
+    container = build_deployment(svc, SETTINGS)["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert "command" not in container, "the upstream image's entrypoint runs the server"
+    assert args[args.index("--model") + 1] == "/mnt/models/qwen2.5-7b-instruct"
+    assert args[args.index("--max-num-seqs") + 1] == "128"
+    assert args[args.index("--max-num-batched-tokens") + 1] == "8192"
+    assert args[args.index("--max-model-len") + 1] == "16384"
+    assert args[args.index("--served-model-name") + 1] == "Qwen/Qwen2.5-7B-Instruct"
+    assert "--enable-prefix-caching" in args
+    assert args[-2:] == ["--gpu-memory-utilization", "0.90"], "user args come last so they win"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["resources"]["limits"] == {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": 1}
+
+
+def test_spec_change_changes_pod_template() -> None:
+    body = yaml.safe_load(CASES["embedded"].read_text())
+    before = build_deployment(LLMService.from_body(body), SETTINGS)["spec"]["template"]
+    body["spec"]["engine"] = {
+        "maxNumSeqs": 8,
+        "prefixCaching": False,
+        "kvCacheMemory": "1Gi",
+        "blockSize": 32,
+    }
+    after = build_deployment(LLMService.from_body(body), SETTINGS)["spec"]["template"]
+    assert before != after
+    args = after["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "8"
+    assert args[args.index("--kv-cache-memory") + 1] == str(2**30)
+    assert args[args.index("--block-size") + 1] == "32"
+    assert "--no-enable-prefix-caching" in args
+
+
+@pytest.mark.parametrize(
+    ("uri", "model_arg", "volume_keys"),
+    [
+        ("pvc://weights", "/mnt/models", ["persistentVolumeClaim"]),
+        ("hf://Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B", ["emptyDir"]),
+        ("file:///opt/models/x", "/opt/models/x", []),
+        ("embedded://smollm2-135m", None, []),
+    ],
+)
+def test_model_placement(uri: str, model_arg: str | None, volume_keys: list[str]) -> None:
+    svc = LLMService.from_body({"metadata": {"name": "m"}, "spec": {"model": {"uri": uri}}})
+    placement = model_placement(svc)
+    assert placement.model_arg == model_arg
+    assert [k for v in placement.volumes for k in v if k != "name"] == volume_keys
+
+
+def test_cpu_only_replica_requests_no_gpu() -> None:
+    svc = LLMService.from_body(
+        {
+            "metadata": {"name": "cpu"},
+            "spec": {"model": {"uri": "embedded://smollm2-135m"}, "resources": {"gpu": {"count": 0}}},
+        }
+    )
+    pod = build_deployment(svc, SETTINGS)["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in str(pod["containers"][0].get("resources"))
+    assert "tolerations" not in pod
+
+
+def test_service_pdb_and_selector_agree() -> None:
+    svc = _load(CASES["embedded"])
+    service, pdb = build_service(svc), build_pdb(svc)
+    labels = pod_labels(build_deployment(svc, SETTINGS))
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert dict(kv.split("=") for kv in selector_string(svc).split(",")) == service["spec"]["selector"]
+    assert endpoint_url(svc) == "http://smollm2.default.svc:8000/v1"
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"), [("8Gi", 8 * 2**30), ("500M", 500 * 10**6), (1024, 1024), ("1.5Ki", 1536)]
+)
+def test_quantity_to_bytes(quantity: int | str, expected: int) -> None:
+    assert to_bytes(quantity) == expected
+
+
+def test_quantity_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="not a memory quantity"):
+        to_bytes("eight gigs")
