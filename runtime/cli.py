@@ -1,8 +1,125 @@
-"""`plimsoll serve`."""
+"""`plimsoll serve`: build the engine and the HTTP app from flags and run them under uvicorn.
 
-from plimsoll.unbuilt import not_built
+Heavy imports (torch, transformers, uvicorn) happen inside the command so that
+`plimsoll --help` stays fast. With no ``--model`` the embedded SmolLM2-135M-Instruct
+is served.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
 
 
-def serve() -> None:
-    """Run the inference server."""
-    not_built("serve", "Runtime server: OpenAI-compatible API, metrics, lifecycle")
+def _fail(message: str) -> None:
+    typer.echo(f"plimsoll serve: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def serve(
+    model: str = typer.Option(
+        "smollm2-135m", "--model", help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded)."
+    ),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", help="Name clients send as `model` (default: --model)."
+    ),
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Most sequences in one batch."),
+    max_num_batched_tokens: int = typer.Option(
+        2048, "--max-num-batched-tokens", min=1, help="Token budget of one engine step."
+    ),
+    kv_cache_memory: str = typer.Option("1GiB", "--kv-cache-memory", help="Bytes for the paged KV cache, e.g. 2GiB."),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
+    enable_prefix_caching: bool = typer.Option(
+        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes."
+    ),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", min=2, help="Longest prompt + completion (default: the model's, capped at 4096)."
+    ),
+    max_waiting: int | None = typer.Option(
+        None, "--max-waiting", min=0, help="Waiting requests beyond which new ones get 429 (default: unlimited)."
+    ),
+    request_timeout: float | None = typer.Option(
+        None, "--request-timeout", min=0.001, help="Seconds after which a request is aborted (default: none)."
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Require `Authorization: Bearer KEY` on /v1/*."
+    ),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
+    attention_backend: str = typer.Option("torch", "--attention-backend", help="torch or triton."),
+    seed: int = typer.Option(0, "--seed", help="Seed for requests that do not send one."),
+    drain_timeout: float = typer.Option(
+        25.0, "--drain-timeout", min=0, help="Seconds SIGTERM waits for in-flight requests before exiting."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run the inference server (OpenAI-compatible API, /health, /ready, /metrics)."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from plimsoll.runtime.async_engine import AsyncEngine
+    from plimsoll.runtime.config import EngineConfig
+    from plimsoll.runtime.metrics import ServerMetrics
+    from plimsoll.runtime.server import ServerSettings, build_app
+    from plimsoll.runtime.serving_lifecycle import DrainingServer
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        config = EngineConfig(
+            model=model,
+            served_model_name=served_model_name,
+            dtype=dtype,
+            device=device,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            kv_cache_memory=kv_cache_memory,
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            attention_backend=attention_backend,
+            seed=seed,
+        )
+        settings = ServerSettings(
+            served_model_name=config.display_name,
+            model_root=model,
+            api_key=api_key,
+            max_waiting=max_waiting,
+            request_timeout=request_timeout,
+            drain_timeout=drain_timeout,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        _fail(f"invalid settings: {problems}")
+        return
+
+    metrics = ServerMetrics(settings.served_model_name)
+    engine = AsyncEngine(config, observer=metrics)
+    failed: list[BaseException] = []
+    server: DrainingServer | None = None
+
+    def on_fatal(exc: BaseException) -> None:
+        failed.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(engine, settings, metrics, on_fatal=on_fatal)
+    uv_config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,  # one structured line per request is logged by the server instead
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=30,
+    )
+    server = DrainingServer(uv_config, app.state.ctx)
+    server.run()
+    if failed:
+        typer.echo(f"plimsoll serve: the engine failed to start: {failed[0]}", err=True)
+        raise typer.Exit(code=1)

@@ -1,0 +1,190 @@
+"""Prometheus metrics of one replica: the ``plimsoll_*`` series and what feeds them.
+
+What it is: :class:`ServerMetrics` owns a private ``CollectorRegistry`` with every
+series named in :mod:`plimsoll.metric_names` (names, meanings and histogram
+buckets mirror vLLM 0.32's; see docs/metrics.md). It is the engine's observer
+(``on_step`` after every step, ``on_request_finished`` per request, both called
+from the engine thread; prometheus_client is thread-safe) and the server feeds it
+what only the server sees: inter-token gaps as streamed, admission rejections,
+and a fresh gauge reading at scrape time.
+
+What it is not: an HTTP handler (server.py serves ``/metrics``) or a place for
+high-cardinality labels: the only labels are ``model_name`` and small fixed sets
+(``finished_reason``, ``reason``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from plimsoll import metric_names as mn
+
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout")
+
+
+class _StepStats(Protocol):
+    num_running: int
+    num_waiting: int
+    batch_size: int
+    num_scheduled_tokens: int
+    num_preemptions: int
+    num_kv_allocation_failures: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    kv_cache_usage: float
+
+
+class _EngineStats(Protocol):
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+
+
+def _strip_total(name: str) -> str:
+    # prometheus_client appends _total to counters itself.
+    return name.removesuffix("_total")
+
+
+class ServerMetrics:
+    """Every ``plimsoll_*`` series for one served model, in its own registry."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.model_name = model_name
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, [*labels, *extra], registry=r)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(_strip_total(name), doc, [*labels, *extra], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.running = gauge(mn.NUM_REQUESTS_RUNNING, "Requests in the running batch (vllm:num_requests_running).")
+        self.waiting = gauge(mn.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled (vllm:num_requests_waiting).")
+        self.kv_usage = gauge(mn.KV_CACHE_USAGE_RATIO, "Fraction of KV-cache blocks in use, 0..1 (vllm:kv_cache_usage_perc).")
+        self.cache_config = gauge(
+            mn.CACHE_CONFIG_INFO,
+            "KV-cache configuration; value 1 (vllm:cache_config_info).",
+            ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+        )
+        self.ttft = histogram(mn.TIME_TO_FIRST_TOKEN, "Arrival to first token, seconds.", mn.TTFT_BUCKETS)
+        self.itl = histogram(mn.INTER_TOKEN_LATENCY, "Gap between successive token emissions, seconds.", mn.TOKEN_LATENCY_BUCKETS)
+        self.tpot = histogram(
+            mn.TIME_PER_OUTPUT_TOKEN, "Per request: decode time / (generated tokens - 1), seconds.", mn.TOKEN_LATENCY_BUCKETS
+        )
+        self.e2e = histogram(mn.E2E_REQUEST_LATENCY, "Arrival to finish, seconds.", mn.REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram(mn.REQUEST_QUEUE_TIME, "Arrival to first scheduled, seconds.", mn.REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = histogram(mn.REQUEST_PREFILL_TIME, "First scheduled to first token, seconds.", mn.REQUEST_LATENCY_BUCKETS)
+        self.decode_time = histogram(mn.REQUEST_DECODE_TIME, "First token to last token, seconds.", mn.REQUEST_LATENCY_BUCKETS)
+        self.prefix_queries = counter(mn.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter(mn.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.")
+        self.preemptions = counter(mn.NUM_PREEMPTIONS, "Requests preempted (KV blocks freed, recomputed later).")
+        self.prompt_tokens = counter(mn.PROMPT_TOKENS, "Prompt tokens of finished requests.")
+        self.generation_tokens = counter(mn.GENERATION_TOKENS, "Generated tokens of finished requests.")
+        self.request_success = counter(mn.REQUEST_SUCCESS, "Finished requests by finish reason.", ("finished_reason",))
+        self.kv_alloc_failures = counter(
+            mn.KV_CACHE_ALLOCATION_FAILURES, "Times the scheduler could not get KV blocks for a request."
+        )
+        self.batch_size = histogram(mn.BATCH_SIZE, "Sequences per engine step.", tuple(float(b) for b in mn.BATCH_SIZE_BUCKETS))
+        self.step_tokens = histogram(mn.STEP_TOKENS, "Tokens scheduled per engine step.", tuple(float(b) for b in mn.STEP_TOKENS_BUCKETS))
+        self.rejections = counter(mn.ADMISSION_REJECTIONS, "Requests refused before reaching the engine, by reason.", ("reason",))
+        # The engine's warm-up request is not client traffic; the server switches
+        # counting on once the engine is ready (see start_counting).
+        self.counting = False
+        # Pre-initialise label sets so rates exist from the first scrape (as vLLM does).
+        for reason in FINISHED_REASONS:
+            self.request_success.labels(model_name, reason)
+        for reason in REJECTION_REASONS:
+            self.rejections.labels(model_name, reason)
+
+    # ---- the engine observer ---------------------------------------------------
+
+    def start_counting(self) -> None:
+        self.counting = True
+
+    def on_step(self, stats: _StepStats) -> None:
+        if not self.counting:
+            return
+        m = self.model_name
+        self.running.labels(m).set(stats.num_running)
+        self.waiting.labels(m).set(stats.num_waiting)
+        self.kv_usage.labels(m).set(stats.kv_cache_usage)
+        if stats.batch_size > 0:
+            self.batch_size.labels(m).observe(stats.batch_size)
+            self.step_tokens.labels(m).observe(stats.num_scheduled_tokens)
+        if stats.num_preemptions:
+            self.preemptions.labels(m).inc(stats.num_preemptions)
+        if stats.num_kv_allocation_failures:
+            self.kv_alloc_failures.labels(m).inc(stats.num_kv_allocation_failures)
+        if stats.prefix_cache_queries:
+            self.prefix_queries.labels(m).inc(stats.prefix_cache_queries)
+        if stats.prefix_cache_hits:
+            self.prefix_hits.labels(m).inc(stats.prefix_cache_hits)
+
+    def on_request_finished(self, output: Any) -> None:
+        """Request-level histograms and counters from the engine's timestamps.
+
+        Intervals follow vLLM's definitions: queue = arrival to first scheduled,
+        prefill = first scheduled to first token, decode = first to last token,
+        TPOT = decode / (generated - 1). A stamp the request never reached (an
+        abort while waiting) leaves its intervals unobserved.
+        """
+        if not self.counting:
+            return
+        rm = output.metrics
+        m = self.model_name
+        reason = rm.finish_reason or _finish_reason(output) or "abort"
+        self.request_success.labels(m, reason if reason in FINISHED_REASONS else "error").inc()
+        self.prompt_tokens.labels(m).inc(rm.num_prompt_tokens)
+        self.generation_tokens.labels(m).inc(rm.num_generation_tokens)
+        arrival, sched = rm.arrival_time, rm.first_scheduled_time
+        first, last, done = rm.first_token_time, rm.last_token_time, rm.finished_time
+        if done is not None:
+            self.e2e.labels(m).observe(max(0.0, done - arrival))
+        if sched is not None:
+            self.queue_time.labels(m).observe(max(0.0, sched - arrival))
+        if first is not None:
+            self.ttft.labels(m).observe(max(0.0, first - arrival))
+            if sched is not None:
+                self.prefill_time.labels(m).observe(max(0.0, first - sched))
+            if last is not None:
+                decode = max(0.0, last - first)
+                self.decode_time.labels(m).observe(decode)
+                if rm.num_generation_tokens > 1:
+                    self.tpot.labels(m).observe(decode / (rm.num_generation_tokens - 1))
+
+    # ---- what the server feeds -------------------------------------------------
+
+    def observe_token_gap(self, seconds: float) -> None:
+        self.itl.labels(self.model_name).observe(seconds)
+
+    def reject(self, reason: str) -> None:
+        assert reason in REJECTION_REASONS, reason
+        self.rejections.labels(self.model_name, reason).inc()
+
+    def set_cache_config(self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str) -> None:
+        self.cache_config.labels(
+            self.model_name, str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype
+        ).set(1)
+
+    def refresh(self, stats: _EngineStats) -> None:
+        """Read the gauges fresh from the engine: an abort frees blocks between steps."""
+        m = self.model_name
+        self.running.labels(m).set(stats.num_running)
+        self.waiting.labels(m).set(stats.num_waiting)
+        self.kv_usage.labels(m).set(stats.kv_cache_usage)
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _finish_reason(output: Any) -> str | None:
+    reasons = [o.finish_reason for o in output.outputs if o.finish_reason]
+    return reasons[0] if reasons else None

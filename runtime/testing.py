@@ -1,0 +1,196 @@
+"""Helpers for tests that need a real model or a real `plimsoll serve` process.
+
+What it is: ``write_tiny_model`` writes a random-initialised Llama-family model
+directory (safetensors + config + a byte-level tokenizer with a chat template),
+so engine and server tests run on a CPU with nothing fetched from a hub.
+``ServerProcess`` starts `plimsoll serve` as a subprocess on 127.0.0.1 with a free
+port and waits for ``/ready``; router, bench and operator tests reuse it.
+
+What it is not: a fake. The model is tiny but real (transformers can load it and
+``generate()`` with it); the server is the real command line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+# A minimal ChatML-style template: enough structure that a chat request and a
+# completion request tokenize differently, and an assistant turn ends in eos.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<s>' + message['role'] + '\n' + message['content'] + '</s>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}"
+)
+
+
+def _byte_level_tokenizer() -> object:
+    """A 259-id byte-level tokenizer: <pad>=0, <s>=1, </s>=2, then the 256 byte symbols.
+
+    BPE with no merges over the ByteLevel alphabet round-trips any UTF-8 text,
+    one token per byte, which keeps token counts predictable in tests.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for symbol in alphabet:
+        vocab[symbol] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Path:
+    """Write a random-initialised tiny model directory at ``path`` and return it.
+
+    ``arch`` is ``"llama"`` or ``"qwen3"``. Weights are fp32 with
+    ``initializer_range=0.3`` so greedy top-1/top-2 logit margins stay wide
+    enough for token-exact comparisons. Idempotent: an existing complete
+    directory is left as it is.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    out = Path(path)
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    common = dict(
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+    )
+    if arch == "llama":
+        config: object = LlamaConfig(**common)
+    elif arch == "qwen3":
+        config = Qwen3Config(**common, head_dim=16)
+    else:
+        raise ValueError(f"write_tiny_model: unknown arch {arch!r}; use 'llama' or 'qwen3'")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    _byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
+    return out
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the usual bind-to-0 trick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """`plimsoll serve` in a subprocess on 127.0.0.1, ready when the block is entered.
+
+    ``with ServerProcess(["--model", str(model_dir)]) as server:`` starts it, polls
+    ``/ready`` until it answers 200 (or the process dies, or ``startup_timeout``
+    passes, each a clear error carrying the server's log), and on exit sends
+    SIGTERM and waits. ``server.url`` is ``http://127.0.0.1:PORT``; ``server.log()``
+    returns everything the process wrote so far.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.args = list(args)
+        self.startup_timeout = startup_timeout
+        self.env = {**os.environ, "PYTHONSAFEPATH": "1", **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        # Closed in __exit__; the file outlives the process so a failing test can show the log.
+        self._log = tempfile.NamedTemporaryFile(prefix="plimsoll-serve-", suffix=".log", delete=False)  # noqa: SIM115
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def log(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def start(self) -> ServerProcess:
+        cmd = [sys.executable, "-c", "from plimsoll.cli import main; main()", "serve", "--host", self.host, "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, *self.args], stdout=self._log, stderr=subprocess.STDOUT, env=self.env
+        )
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"plimsoll serve exited with code {self.proc.returncode} before /ready:\n{self.log()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"plimsoll serve not ready after {self.startup_timeout}s:\n{self.log()}")
+
+    def terminate(self) -> None:
+        """Send SIGTERM (graceful drain) without waiting."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None:
+            return None
+        self.terminate()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        self._log.close()
