@@ -6,7 +6,9 @@
 # version and Go version; a present binary is never rebuilt.
 #
 # Usage: devcluster/build.sh [k8s|etcd|kwok|helm ...]   (default: all)
-# Env:   PLIMSOLL_CACHE (default ~/.cache/plimsoll), KVER, EVER, KWOKVER, HELMVER
+# Env:   PLIMSOLL_CACHE (default ~/.cache/plimsoll), KVER, EVER, KWOKVER, HELMVER,
+#        PLIMSOLL_TESTPLANE_DIR (the whole cache dir). `plimsoll dev up` passes all of
+#        them from devcluster/paths.py, the single source of truth for versions.
 set -euo pipefail
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -16,7 +18,7 @@ KWOKVER=${KWOKVER:-0.8.0}
 HELMVER=${HELMVER:-4.3.1}
 GOVER=$(go env GOVERSION)
 ARCH=$(uname -m)
-CACHE=${PLIMSOLL_CACHE:-$HOME/.cache/plimsoll}/testplane/$GOVER-$ARCH
+CACHE=${PLIMSOLL_TESTPLANE_DIR:-${PLIMSOLL_CACHE:-$HOME/.cache/plimsoll}/testplane/$GOVER-$ARCH}
 SVER=0.${KVER#1.}
 MINOR=$(cut -d. -f2 <<<"$KVER")
 mkdir -p "$CACHE"
