@@ -37,6 +37,7 @@ _HOP_HEADERS = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length", "date", "server",
 })
+REPLICA_HEADER = "x-plimsoll-replica"
 # Failures that happen before a connection exists: nothing was sent, a retry is safe.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
@@ -112,7 +113,11 @@ class Proxy:
             return StreamingResponse(
                 self._relay(upstream, replica, endpoint, arrival),
                 status_code=upstream.status_code,
-                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS},
+                headers={
+                    **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS},
+                    # Which replica answered: lets a client (and the tests) tie a failure to a replica.
+                    REPLICA_HEADER: replica.url,
+                },
             )
 
     async def _relay(
