@@ -1,0 +1,198 @@
+"""Llama-family decoder over the paged KV cache: Llama (incl. SmolLM2), Mistral, Qwen2, Qwen3.
+
+What it is: one readable model file whose parameter names match Hugging Face's, so
+a transformers state dict loads as is. Differences between the family members are
+switches read from the HF config: Qwen2's q/k/v bias, Qwen3's per-head q/k
+RMSNorm, tied or untied embeddings, RoPE variants (default, linear, llama3, yarn).
+What it is not: a general model zoo; sliding-window attention is not implemented,
+so a window shorter than ``max_model_len`` is refused by the loader.
+"""
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from plimsoll.runtime.attention import AttentionMetadata, PagedAttention, StoreKV
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, as transformers does.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"RoPE type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if rope_type == "default":
+            base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            self.attention_scaling = 1.0
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :].float()  # [N, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [N, D]
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [N, H, D], cos/sin [N, D]
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Any, arch: str) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = self.head_dim**-0.5
+        qkv_bias = arch == "Qwen2ForCausalLM" or bool(getattr(config, "attention_bias", False))
+        o_bias = arch != "Qwen2ForCausalLM" and bool(getattr(config, "attention_bias", False))
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        self.qk_norm = arch == "Qwen3ForCausalLM"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [N, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        store_kv: StoreKV,
+        paged_attention: PagedAttention,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache, v_cache = kv_cache
+        # Every layer stores all of the step's KV before attending, so sequences that
+        # hit a block another sequence fills in this same step read it correctly.
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = paged_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale
+        )  # [N, H, D]
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Any, arch: str) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, arch)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, *attn_args: Any) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: Any, arch: str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, arch) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameters named like transformers' ``*ForCausalLM`` (``model.layers.0.self_attn.q_proj.weight``)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        arch = check_architecture(config)
+        self.config = config
+        self.model = DecoderModel(config, arch)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [N]
+        positions: torch.Tensor,  # [N]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        store_kv: StoreKV,
+        paged_attention: PagedAttention,
+    ) -> torch.Tensor:  # [N, hidden]
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, meta, store_kv, paged_attention)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return nn.functional.linear(hidden, weight)
+
+
+def check_architecture(config: Any) -> str:
+    archs = list(getattr(config, "architectures", None) or [])
+    if not archs:
+        # Configs built in code have no ``architectures``; infer from model_type.
+        by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                   "qwen3": "Qwen3ForCausalLM"}
+        archs = [by_type.get(getattr(config, "model_type", ""), f"<model_type {config.model_type!r}>")]
+    arch = archs[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"model architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return arch
