@@ -1,8 +1,346 @@
-"""`plimsoll plan`: offline capacity planning."""
+"""`plimsoll plan`: offline capacity planning from a model's config.json and a GPU's memory.
 
-from plimsoll.unbuilt import not_built
+What it is: the arithmetic of how many sequences fit on one replica and how many
+replicas a load needs, with every step shown —
+
+- parameters estimated from the config's dimensions (Llama-family decoders:
+  embeddings, attention with grouped-query KV heads, gated MLP or mixture of
+  experts, norms), weight bytes = parameters × dtype bytes;
+- KV bytes per token = 2 × layers × kv_heads × head_dim × KV dtype bytes;
+- KV tokens that fit = (GPU memory × GPUs × memory fraction − weights) ÷ KV bytes per token;
+- concurrent sequences at a context length = KV tokens ÷ context length;
+- with a bench report (its per-replica recommendation) or a given per-replica
+  concurrency and a target load (concurrency, or requests/s × latency by
+  Little's law): replicas = ceil(load ÷ per-replica), GPUs = replicas × GPUs per replica.
+
+What it is not: a memory profiler. Activation workspace, CUDA graphs and
+allocator fragmentation are not modelled (the memory fraction is where to leave
+room for them), and the sequence count assumes every request uses the whole
+context, so it is a floor on what really fits.
+"""
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
+    "fp8": 1, "int8": 1, "int4": 0.5,
+}  # fmt: skip
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
+GiB = 2**30
 
 
-def plan() -> None:
-    """Plan capacity offline."""
-    not_built("plan", "Capacity profiles, replica sizing and autoscaling")
+class PlanError(ValueError):
+    """Input `plimsoll plan` cannot use; the message says what to change."""
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB' → 85899345920, '80GB' → 80000000000 (GB is decimal, GiB binary, as on the GPU's label)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", text)
+    if not m:
+        raise PlanError(f"cannot read {text!r} as a memory size; write e.g. 80GiB, 80GB or 24Gi")
+    unit = (m.group(2) or "").lower()
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def dtype_bytes(name: str) -> float:
+    try:
+        return DTYPE_BYTES[name.lower()]
+    except KeyError:
+        raise PlanError(f"unknown dtype {name!r}; use one of {', '.join(DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDims:
+    """The architecture numbers planning needs, read from a Hugging Face config.json."""
+
+    model_type: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    experts: int  # 1 for a dense MLP
+    max_position: int | None
+
+
+def read_model_config(path: Path) -> ModelDims:
+    """Read config.json (or a model directory holding one) into :class:`ModelDims`."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        cfg: dict[str, Any] = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"no model config at {file}; pass a config.json or the model directory") from None
+    except json.JSONDecodeError as err:
+        raise PlanError(f"{file} is not JSON: {err}") from None
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        cfg = {**cfg, **cfg["text_config"]}  # multimodal wrappers keep the decoder's numbers here
+
+    def need(key: str) -> int:
+        if not isinstance(cfg.get(key), int):
+            raise PlanError(
+                f"{file} has no integer {key!r}; plan reads Llama-family decoder configs "
+                "(hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size)"
+            )
+        return int(cfg[key])
+
+    hidden, heads = need("hidden_size"), need("num_attention_heads")
+    model_type = str(cfg.get("model_type", "unknown"))
+    return ModelDims(
+        model_type=model_type,
+        layers=need("num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads),  # absent means plain multi-head attention
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        intermediate=need("intermediate_size"),
+        vocab=need("vocab_size"),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        # Qwen2 puts biases on q/k/v; Llama-style configs say so with attention_bias.
+        qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+        experts=int(cfg.get("num_local_experts") or 1),
+        max_position=cfg.get("max_position_embeddings"),
+    )
+
+
+def parameter_count(d: ModelDims) -> int:
+    """Parameters of a Llama-family decoder from its dimensions."""
+    q_out, kv_out = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    attention = d.hidden * q_out + 2 * d.hidden * kv_out + q_out * d.hidden
+    if d.qkv_bias:
+        attention += q_out + 2 * kv_out
+    mlp = 3 * d.hidden * d.intermediate * d.experts  # gate, up, down per expert
+    router = d.hidden * d.experts if d.experts > 1 else 0
+    norms = 2 * d.hidden
+    embeddings = d.vocab * d.hidden * (1 if d.tied_embeddings else 2)
+    return d.layers * (attention + mlp + router + norms) + embeddings + d.hidden
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One line of the plan: a quantity, its value, and how it was obtained."""
+
+    name: str
+    value: float | int | str
+    how: str
+
+
+def make_plan(
+    dims: ModelDims,
+    *,
+    gpu_memory: int,
+    dtype: str = "bf16",
+    kv_dtype: str | None = None,
+    memory_fraction: float = 0.9,
+    context_length: int = 4096,
+    gpus_per_replica: int = 1,
+    per_replica: float | None = None,
+    per_replica_source: str | None = None,
+    target_concurrency: float | None = None,
+    target_rps: float | None = None,
+    latency_s: float | None = None,
+) -> list[Step]:
+    """Every step of the plan, in order; raises :class:`PlanError` on inputs that cannot work."""
+    if not 0 < memory_fraction <= 1:
+        raise PlanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
+    if context_length < 1 or gpus_per_replica < 1:
+        raise PlanError("--context-length and --gpus-per-replica must be at least 1")
+    w_bytes, kv_bytes = dtype_bytes(dtype), dtype_bytes(kv_dtype or dtype)
+    steps: list[Step] = []
+    params = parameter_count(dims)
+    steps.append(Step("parameters", params, _param_how(dims)))
+    weights = params * w_bytes
+    steps.append(
+        Step(
+            "weight bytes", weights, f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
+        )
+    )
+    usable = gpu_memory * gpus_per_replica * memory_fraction
+    steps.append(
+        Step(
+            "usable memory",
+            usable,
+            (f"{fmt_bytes(gpu_memory)} × {gpus_per_replica} GPU × {memory_fraction:g} = {fmt_bytes(usable)}"),
+        )
+    )
+    kv_budget = usable - weights
+    if kv_budget <= 0:
+        raise PlanError(
+            f"the weights ({fmt_bytes(weights)}) do not fit in {fmt_bytes(usable)}; use more GPUs per replica "
+            "(--gpus-per-replica), a smaller --dtype, or a larger --memory-fraction"
+        )
+    steps.append(
+        Step("KV budget", kv_budget, f"{fmt_bytes(usable)} − {fmt_bytes(weights)} = {fmt_bytes(kv_budget)}")
+    )
+    per_token = 2 * dims.layers * dims.kv_heads * dims.head_dim * kv_bytes
+    steps.append(
+        Step(
+            "KV bytes per token",
+            per_token,
+            (
+                f"2 × {dims.layers} layers × {dims.kv_heads} KV heads × {dims.head_dim} head dim × {kv_bytes:g} B "
+                f"({kv_dtype or dtype}) = {per_token:,.0f} B"
+            ),
+        )
+    )
+    tokens = math.floor(kv_budget / per_token)
+    steps.append(Step("KV tokens that fit", tokens, f"{kv_budget:,.0f} B / {per_token:,.0f} B = {tokens:,}"))
+    if dims.max_position is not None and context_length > dims.max_position:
+        raise PlanError(
+            f"--context-length {context_length} exceeds the model's max_position_embeddings "
+            f"{dims.max_position}"
+        )
+    sequences = tokens // context_length
+    steps.append(
+        Step(
+            "sequences at full context",
+            sequences,
+            (f"floor({tokens:,} / {context_length:,} tokens) = {sequences:,} per replica"),
+        )
+    )
+
+    if target_concurrency is None and target_rps is None:
+        return steps
+    if target_concurrency is not None and target_rps is not None:
+        raise PlanError("give --target-concurrency or --target-rps, not both")
+    if target_rps is not None:
+        if latency_s is None:
+            raise PlanError("--target-rps needs --latency-s (mean seconds per request) for Little's law")
+        load = target_rps * latency_s
+        steps.append(
+            Step(
+                "target in flight", load, (f"Little's law: {target_rps:g} req/s × {latency_s:g} s = {load:g}")
+            )
+        )
+    else:
+        assert target_concurrency is not None
+        load = target_concurrency
+        steps.append(Step("target in flight", load, f"{load:g} concurrent requests"))
+    if per_replica is None:
+        per_replica, per_replica_source = float(sequences), "KV capacity at full context (no bench report)"
+    if per_replica <= 0:
+        raise PlanError(f"per-replica concurrency is {per_replica:g}; nothing fits at this context length")
+    steps.append(Step("per-replica concurrency", per_replica, per_replica_source or "given"))
+    if per_replica > sequences:
+        steps.append(
+            Step(
+                "note",
+                "",
+                (
+                    f"per-replica concurrency {per_replica:g} exceeds the {sequences} sequences that fit at full "
+                    "context; it holds only if requests are shorter than --context-length"
+                ),
+            )
+        )
+    replicas = math.ceil(load / per_replica)
+    steps.append(Step("replicas", replicas, f"ceil({load:g} / {per_replica:g}) = {replicas}"))
+    gpus = replicas * gpus_per_replica
+    steps.append(Step("GPUs", gpus, f"{replicas} replicas × {gpus_per_replica} GPU = {gpus}"))
+    return steps
+
+
+def _param_how(d: ModelDims) -> str:
+    attention = f"{d.heads}q/{d.kv_heads}kv heads × {d.head_dim}"
+    mlp = f"MLP {d.intermediate}" + (f" × {d.experts} experts" if d.experts > 1 else "")
+    emb = "tied" if d.tied_embeddings else "untied"
+    return f"{d.layers} layers × (attention {attention}, {mlp}), hidden {d.hidden}, vocab {d.vocab} ({emb})"
+
+
+def _report_target(report: Path) -> tuple[float, str]:
+    from plimsoll.operator.scaling.profile import ProfileFailure, read_profile
+
+    try:
+        text = report.read_text()
+    except OSError as err:
+        raise PlanError(f"cannot read the bench report {report}: {err}") from None
+    profile = read_profile(text)
+    if isinstance(profile, ProfileFailure):
+        raise PlanError(f"{report}: {profile.message}")
+    knees = f"throughput knee {profile.throughput_knee}, latency knee {profile.latency_knee}"
+    return float(profile.concurrency_per_replica), f"bench report recommendation ({knees})"
+
+
+def plan(
+    model_config: Annotated[Path, typer.Option(help="A model's config.json, or the directory holding it.")],
+    gpu_memory: Annotated[str, typer.Option(help="Memory of one GPU, e.g. 80GiB or 80GB.")],
+    dtype: Annotated[str, typer.Option(help="Weight dtype: bf16, fp16, fp32, fp8, int8, int4.")] = "bf16",
+    kv_dtype: Annotated[str | None, typer.Option(help="KV-cache dtype (default: the weight dtype).")] = None,
+    memory_fraction: Annotated[float, typer.Option(help="Share of GPU memory the engine may use.")] = 0.9,
+    context_length: Annotated[int, typer.Option(help="Tokens per sequence (prompt + output).")] = 4096,
+    gpus_per_replica: Annotated[int, typer.Option(help="GPUs per replica (tensor parallel).")] = 1,
+    report: Annotated[Path | None, typer.Option(help="A `plimsoll bench sweep` JSON report.")] = None,
+    concurrency_per_replica: Annotated[
+        float | None, typer.Option(help="Per-replica concurrency, instead of a report.")
+    ] = None,
+    target_concurrency: Annotated[float | None, typer.Option(help="Concurrent requests to serve.")] = None,
+    target_rps: Annotated[float | None, typer.Option(help="Requests per second to serve.")] = None,
+    latency_s: Annotated[
+        float | None, typer.Option(help="Mean seconds per request, to turn --target-rps into concurrency.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Plan capacity offline: what fits on one GPU replica, and how many replicas a load needs."""
+    try:
+        if report is not None and concurrency_per_replica is not None:
+            raise PlanError("give --report or --concurrency-per-replica, not both")
+        per_replica, source = (
+            (concurrency_per_replica, "--concurrency-per-replica")
+            if report is None
+            else (_report_target(report))
+        )
+        steps = make_plan(
+            read_model_config(model_config),
+            gpu_memory=parse_bytes(gpu_memory),
+            dtype=dtype,
+            kv_dtype=kv_dtype,
+            memory_fraction=memory_fraction,
+            context_length=context_length,
+            gpus_per_replica=gpus_per_replica,
+            per_replica=per_replica,
+            per_replica_source=source,
+            target_concurrency=target_concurrency,
+            target_rps=target_rps,
+            latency_s=latency_s,
+        )
+    except PlanError as err:
+        typer.echo(f"plimsoll plan: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    if as_json:
+        typer.echo(
+            json.dumps({"model_config": str(model_config), "steps": [asdict(s) for s in steps]}, indent=2)
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"plimsoll plan: {model_config.name} on {gpu_memory} × {gpus_per_replica}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_column("arithmetic")
+    for s in steps:
+        value = (
+            fmt_bytes(s.value) if "bytes" in s.name or s.name in ("usable memory", "KV budget") else s.value
+        )
+        if s.name == "KV bytes per token":
+            value = f"{s.value:,.0f} B"
+        elif isinstance(value, int):
+            value = f"{value:,}"
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        table.add_row(s.name, str(value), s.how)
+    Console().print(table)

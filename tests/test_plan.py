@@ -1,0 +1,134 @@
+"""`plimsoll plan` through the real CLI, its figures recomputed here from the model's published dimensions."""
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from plimsoll.cli import app
+from plimsoll.plan import parse_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+MISTRAL = ROOT / "examples" / "model-configs" / "mistral-7b.json"
+QWEN = ROOT / "examples" / "model-configs" / "qwen2.5-7b.json"
+runner = CliRunner()
+
+
+def run_json(*args: str) -> dict[str, Any]:
+    result = runner.invoke(app, ["plan", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    steps = json.loads(result.output)["steps"]
+    return {s["name"]: s["value"] for s in steps}
+
+
+def mistral_params() -> int:
+    # Tensor by tensor, as in the checkpoint: 32 layers of q/k/v/o, gate/up/down and two norms.
+    hidden, inter, layers, vocab, kv_dim = 4096, 14336, 32, 32000, 8 * 128
+    per_layer = {
+        "q_proj": hidden * hidden,
+        "k_proj": hidden * kv_dim,
+        "v_proj": hidden * kv_dim,
+        "o_proj": hidden * hidden,
+        "gate_proj": hidden * inter,
+        "up_proj": hidden * inter,
+        "down_proj": inter * hidden,
+        "input_layernorm": hidden,
+        "post_attention_layernorm": hidden,
+    }
+    return layers * sum(per_layer.values()) + vocab * hidden + vocab * hidden + hidden
+
+
+def test_7b_gqa_on_an_80gb_gpu() -> None:
+    plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--context-length", "4096")
+    params = mistral_params()
+    assert 7.2e9 < params < 7.3e9  # Mistral 7B's published size
+    assert plan["parameters"] == params
+    weights = params * 2
+    kv_per_token = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads, head dim 128, bf16
+    assert kv_per_token == 128 * 1024
+    assert plan["KV bytes per token"] == kv_per_token
+    budget = 80 * 2**30 * 0.9 - weights
+    assert plan["KV tokens that fit"] == math.floor(budget / kv_per_token)
+    assert plan["sequences at full context"] == math.floor(budget / kv_per_token) // 4096
+    assert plan["sequences at full context"] == 117
+
+
+def test_qwen_bias_and_gqa_and_dtype() -> None:
+    plan = run_json("--model-config", str(QWEN), "--gpu-memory", "80GB", "--kv-dtype", "fp8")
+    assert 7.6e9 < plan["parameters"] < 7.7e9  # Qwen2.5-7B's published 7.61 B
+    assert plan["KV bytes per token"] == 2 * 28 * 4 * 128 * 1
+
+
+def test_mha_config_needs_four_times_the_kv(tmp_path: Path) -> None:
+    cfg = json.loads(MISTRAL.read_text())
+    del cfg["num_key_value_heads"]
+    mha = tmp_path / "config.json"
+    mha.write_text(json.dumps(cfg))
+    gqa = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB")
+    full = run_json("--model-config", str(tmp_path), "--gpu-memory", "80GiB")  # a model directory works too
+    assert full["KV bytes per token"] == 4 * gqa["KV bytes per token"]
+
+
+def test_report_and_target_give_replicas_and_gpus(tmp_path: Path) -> None:
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({
+        "schema_version": 1,
+        "knees": {"throughput": {"concurrency": 32}, "latency": {"concurrency": 16}},
+        "recommendation": {"concurrency_per_replica": 12},
+    }))  # fmt: skip
+    plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--report", str(report),
+                    "--target-concurrency", "100", "--gpus-per-replica", "2")  # fmt: skip
+    assert plan["per-replica concurrency"] == 12
+    assert plan["replicas"] == math.ceil(100 / 12) == 9
+    assert plan["GPUs"] == 18
+    plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--report", str(report),
+                    "--target-rps", "20", "--latency-s", "3")  # fmt: skip
+    assert plan["target in flight"] == 60
+    assert plan["replicas"] == 5
+
+
+def test_table_output_shows_the_arithmetic() -> None:
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB"],
+                           env={"COLUMNS": "200"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "2 × 32 layers × 8 KV heads × 128 head dim × 2 B (bf16) = 131,072 B" in result.output
+    assert "floor(479,323 / 4,096 tokens) = 117 per replica" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu-memory", "lots"], "write e.g. 80GiB"),
+        (["--gpu-memory", "8GiB"], "do not fit"),
+        (["--gpu-memory", "80GiB", "--dtype", "fp12"], "unknown dtype"),
+        (["--gpu-memory", "80GiB", "--target-rps", "3"], "--latency-s"),
+        (["--gpu-memory", "80GiB", "--context-length", "100000"], "max_position_embeddings"),
+        (["--gpu-memory", "80GiB", "--memory-fraction", "1.5"], "memory-fraction"),
+    ],
+)
+def test_bad_input_exits_2_with_a_reason(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_bad_files_say_what_is_wrong(tmp_path: Path) -> None:
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"hidden_size": 10}))
+    result = runner.invoke(app, ["plan", "--model-config", str(bad), "--gpu-memory", "80GiB"])
+    assert result.exit_code == 2 and "num_attention_heads" in result.output
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"schema_version": 1, "knees": {"throughput": {}}, "recommendation": {}}))
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB",
+                                 "--report", str(report), "--target-concurrency", "10"])  # fmt: skip
+    assert result.exit_code == 2 and "no per-replica concurrency" in result.output
+
+
+def test_parse_bytes_units() -> None:
+    assert parse_bytes("80GiB") == 80 * 2**30
+    assert parse_bytes("80GB") == 80 * 10**9
+    assert parse_bytes("24Gi") == 24 * 2**30
+    assert parse_bytes("512 MiB") == 512 * 2**20
