@@ -333,14 +333,16 @@ def plan(
     table.add_column("value", justify="right")
     table.add_column("arithmetic")
     for s in steps:
-        value = (
-            fmt_bytes(s.value) if "bytes" in s.name or s.name in ("usable memory", "KV budget") else s.value
-        )
+        value: object = s.value
         if s.name == "KV bytes per token":
             value = f"{s.value:,.0f} B"
-        elif isinstance(value, int):
-            value = f"{value:,}"
-        elif isinstance(value, float):
-            value = f"{value:g}"
+        elif isinstance(s.value, int | float) and (
+            "bytes" in s.name or s.name in ("usable memory", "KV budget")
+        ):
+            value = fmt_bytes(s.value)
+        elif isinstance(s.value, int):
+            value = f"{s.value:,}"
+        elif isinstance(s.value, float):
+            value = f"{s.value:g}"
         table.add_row(s.name, str(value), s.how)
     Console().print(table)

@@ -75,7 +75,8 @@ def check_slo(
     tpot_q = histogram_quantile(0.50, tpot) if tpot is not None else None
     ttft_ms = ttft_q * 1000 if ttft_q is not None else None
     tpot_ms = tpot_q * 1000 if tpot_q is not None else None
-    broken, kept = [], []
+    broken: list[str] = []
+    kept: list[str] = []
     for label, value, limit in (("TTFT p95", ttft_ms, ttft_p95_ms), ("TPOT p50", tpot_ms, tpot_p50_ms)):
         if limit is None or value is None:
             continue
