@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from plimsoll.operator.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.api.status import LLMServiceStatus

@@ -2,10 +2,11 @@
 
 from typing import Any
 
+from pydantic import Field
+
 from plimsoll.operator.api.base import API_VERSION, KIND, APIModel
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.api.status import LLMServiceStatus
-from pydantic import Field
 
 
 class ObjectMeta(APIModel):

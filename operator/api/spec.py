@@ -10,9 +10,10 @@ This module does no I/O and knows nothing about Deployments.
 
 from typing import Annotated, Literal
 
+from pydantic import Field, model_validator
+
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
 from plimsoll.operator.api.model_uri import MODEL_URI_PATTERN, parse_model_uri
-from pydantic import Field, model_validator
 
 EngineKind = Literal["plimsoll", "vllm"]
 CapacityMode = Literal["Profile", "Manual"]

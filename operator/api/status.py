@@ -9,8 +9,9 @@ the autoscaler's last decision. The condition helper here keeps
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from plimsoll.operator.api.base import APIModel, FreeForm
 from pydantic import Field
+
+from plimsoll.operator.api.base import APIModel, FreeForm
 
 ConditionType = Literal[
     "Ready", "Progressing", "Degraded", "Profiled", "ProfileStale", "ScalingLimited", "SLOAtRisk"

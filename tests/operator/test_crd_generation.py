@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from plimsoll.operator.api import crd
 
 ROOT = Path(__file__).resolve().parents[2]

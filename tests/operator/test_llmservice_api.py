@@ -1,11 +1,12 @@
 """The LLMService pydantic models: defaults, aliases, validation messages, the condition helper."""
 
 import pytest
+from pydantic import ValidationError
+
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.api.status import get_condition, set_condition
-from pydantic import ValidationError
 
 
 def test_minimal_spec_gets_documented_defaults() -> None:

@@ -1,0 +1,122 @@
+"""A small async Kubernetes client for the handlers: server-side apply, get, delete, status patch.
+
+Built on kubernetes_asyncio's ApiClient (which handles kubeconfig, in-cluster
+service-account tokens and client certificates) but speaks to generic REST paths,
+so one ``apply()`` serves Deployments, Services, PDBs and the Prometheus Operator
+kinds alike. Server-side apply with a single field manager is what makes
+reconcile idempotent: re-applying the same object is a no-op, and a field someone
+edited by hand is put back. This is not a cache or an informer.
+"""
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+FIELD_MANAGER = "plimsoll-operator"
+
+# apiVersion/kind -> plural, for the kinds the operator writes.
+PLURALS = {
+    ("apps/v1", "Deployment"): "deployments",
+    ("v1", "Service"): "services",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("plimsoll.dev/v1alpha1", "LLMService"): "llmservices",
+}
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    """The REST path of a namespaced object (or its collection when ``name`` is None)."""
+    plural = PLURALS[(api_version, kind)]
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+@dataclass
+class Kube:
+    """One ApiClient shared by every handler of the operator process."""
+
+    api: client.ApiClient
+    _discovery: dict[str, tuple[float, set[str]]]
+
+    @classmethod
+    async def connect(cls) -> "Kube":
+        """Load in-cluster credentials inside a pod, else the kubeconfig ($KUBECONFIG)."""
+        configuration = client.Configuration()
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            await config.load_kube_config(client_configuration=configuration)
+        return cls(api=client.ApiClient(configuration), _discovery={})
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        result = await self.api.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            response_types_map={200: "object", 201: "object"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _request_timeout=30,
+        )
+        return result if isinstance(result, dict) else {}
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self._call("GET", object_path(api_version, kind, namespace, name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply ``obj`` as the operator's field manager, taking over conflicting fields."""
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        return await self._call(
+            "PATCH",
+            path,
+            body=obj,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        """Merge-patch the status subresource (lists such as conditions are replaced whole)."""
+        path = object_path(api_version, kind, namespace, name) + "/status"
+        await self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+
+    async def has_resource(self, group_version: str, plural: str, ttl: float = 300.0) -> bool:
+        """Whether the API server serves ``plural`` in ``group_version`` (discovery, cached for ``ttl``)."""
+        cached = self._discovery.get(group_version)
+        if cached is None or time.monotonic() - cached[0] > ttl:
+            try:
+                listing = await self._call("GET", f"/apis/{group_version}")
+                names = {r.get("name", "") for r in listing.get("resources", [])}
+            except ApiException as error:
+                if error.status not in (404, 403):
+                    raise
+                names = set()
+            cached = (time.monotonic(), names)
+            self._discovery[group_version] = cached
+        return plural in cached[1]

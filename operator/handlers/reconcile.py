@@ -1,0 +1,151 @@
+"""The one idempotent reconcile of an LLMService: validate, apply every child, write status.
+
+Create, update, resume, the periodic timer and child-deletion events all call
+:func:`reconcile`; running it twice in a row changes nothing the second time
+(server-side apply of identical objects is a no-op). Every change it makes is
+reported as an Event on the LLMService. It does not decide replica counts (the
+spec and the autoscaler in ``operator/scaling`` do) and does not watch anything.
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from plimsoll.operator.api.base import API_VERSION, KIND
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.resources.deployment import build_deployment
+from plimsoll.operator.resources.disruption import build_pdb
+from plimsoll.operator.resources.monitoring import (
+    MONITORING_GROUP_VERSION,
+    build_pod_monitor,
+    build_service_monitor,
+)
+from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
+from plimsoll.operator.resources.service import build_service
+from plimsoll.operator.resources.settings import BuildSettings
+
+# A condition message is capped by the API (32 KiB); keep ours readable anyway.
+_MAX_MESSAGE = 1000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile did, for logs and tests."""
+
+    created: tuple[str, ...]
+    updated: tuple[str, ...]
+    ready: bool
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem: `spec.scaling: scaling.min (3) must not exceed ...`."""
+    parts = []
+    for problem in error.errors():
+        where = ".".join(str(p) for p in problem["loc"] if p != "spec") or "spec"
+        parts.append(f"spec.{where}: {problem['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)[:_MAX_MESSAGE]
+
+
+def parse(body: kopf.Body | dict[str, Any]) -> LLMService:
+    """Validate an LLMService body; raises ValidationError for a spec the operator cannot serve."""
+    return LLMService.from_body(body)
+
+
+async def reject_invalid(kube: Kube, body: kopf.Body | dict[str, Any], error: ValidationError) -> str:
+    """Record an invalid spec (Ready=False, reason InvalidSpec, an Event) and return the message."""
+    meta = body["metadata"]
+    message = describe_validation_error(error)
+    status = invalid_spec_status(meta.get("generation"), dict(body.get("status", {}) or {}), message)
+    previous = dict(body.get("status", {}) or {})
+    if previous.get("conditions") != status["conditions"]:
+        await kube.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], status)
+        kopf.warn(body, reason="InvalidSpec", message=message)  # type: ignore[arg-type]
+    return message
+
+
+async def _apply_child(
+    kube: Kube,
+    body: kopf.Body | dict[str, Any],
+    obj: dict[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> str | None:
+    """Apply one child; return "created"/"updated" when that happened, else None."""
+    kopf.adopt(obj, owner=body)  # type: ignore[arg-type]
+    meta = obj["metadata"]
+    before = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+    after = await kube.apply(obj)
+    label = f"{obj['kind']} {meta['name']}"
+    if before is None:
+        logger.info("created %s", label)
+        return "created"
+    if before["metadata"].get("resourceVersion") != after["metadata"].get("resourceVersion"):
+        logger.info("updated %s", label)
+        return "updated"
+    return None
+
+
+async def reconcile(
+    kube: Kube,
+    body: kopf.Body | dict[str, Any],
+    settings: BuildSettings,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> Outcome:
+    """Bring the children and status of one LLMService in line with its spec.
+
+    Raises ValidationError (after recording InvalidSpec) when the spec cannot be
+    served; callers turn that into kopf.PermanentError so kopf does not retry it.
+    """
+    try:
+        svc = parse(body)
+    except ValidationError as error:
+        await reject_invalid(kube, body, error)
+        raise
+
+    children = [build_deployment(svc, settings), build_service(svc), build_pdb(svc)]
+    if await kube.has_resource(MONITORING_GROUP_VERSION, "podmonitors"):
+        children.append(build_pod_monitor(svc))
+    elif await kube.has_resource(MONITORING_GROUP_VERSION, "servicemonitors"):
+        children.append(build_service_monitor(svc))
+
+    created: list[str] = []
+    updated: list[str] = []
+    deployment: dict[str, Any] | None = None
+    for child in children:
+        change = await _apply_child(kube, body, child, logger)
+        label = f"{child['kind']}/{child['metadata']['name']}"
+        if change == "created":
+            created.append(label)
+        elif change == "updated":
+            updated.append(label)
+        if child["kind"] == "Deployment":
+            deployment = await kube.get("apps/v1", "Deployment", svc.namespace, svc.name)
+
+    if created:
+        kopf.info(body, reason="Created", message="created " + ", ".join(created))  # type: ignore[arg-type]
+    if updated:
+        kopf.info(  # type: ignore[arg-type]
+            body, reason="Updated", message="brought back in line with the spec: " + ", ".join(updated)
+        )
+    ready = await write_status(kube, body, svc, deployment)
+    return Outcome(tuple(created), tuple(updated), ready)
+
+
+async def write_status(
+    kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, deployment: dict[str, Any] | None
+) -> bool:
+    """Patch status from the Deployment when it changed; Event on a Ready transition. Returns Ready."""
+    previous = dict(body.get("status", {}) or {})
+    status = build_status(svc, deployment, previous)
+    ready_now = next(c for c in status["conditions"] if c["type"] == "Ready")
+    ready_before = next((c for c in previous.get("conditions", []) or [] if c.get("type") == "Ready"), None)
+    if any(previous.get(k) != v for k, v in status.items()):
+        await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, status)
+    if ready_before is None or ready_before.get("status") != ready_now["status"]:
+        kopf.info(  # type: ignore[arg-type]
+            body, reason=ready_now["reason"], message=f"Ready={ready_now['status']}: {ready_now['message']}"
+        )
+    return bool(ready_now["status"] == "True")

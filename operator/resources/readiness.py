@@ -1,0 +1,108 @@
+"""The LLMService status derived from its Deployment. Pure: objects in, status dict out.
+
+Ready is True only when every desired replica runs the current pod template and
+passes readiness; Progressing while a rollout or scale is under way; Degraded when
+the Deployment reports a failure (quota, a stuck rollout). Conditions go through
+``set_condition`` so ``lastTransitionTime`` moves only on a real change. It does
+not read metrics or decide replica counts (``operator/scaling`` does).
+"""
+
+from typing import Any
+
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.api.status import set_condition
+from plimsoll.operator.resources.labels import selector_string
+from plimsoll.operator.resources.service import endpoint_url
+
+
+def _deployment_condition(deployment: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    conditions: list[dict[str, Any]] = deployment.get("status", {}).get("conditions", []) or []
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def build_status(
+    svc: LLMService,
+    deployment: dict[str, Any] | None,
+    previous: dict[str, Any],
+    now: str | None = None,
+) -> dict[str, Any]:
+    """The status fields this layer owns (other fields, e.g. capacity, are left to their owners).
+
+    ``previous`` is the object's current status (camelCase dict); its conditions
+    are carried over so the ones other components set survive.
+    """
+    generation = svc.metadata.generation
+    desired = svc.spec.desired_replicas()
+    dep_status: dict[str, Any] = (deployment or {}).get("status", {}) or {}
+    dep_generation = (deployment or {}).get("metadata", {}).get("generation")
+    observed = dep_status.get("observedGeneration")
+    current = int(dep_status.get("replicas", 0) or 0)
+    ready = int(dep_status.get("readyReplicas", 0) or 0)
+    updated = int(dep_status.get("updatedReplicas", 0) or 0)
+    rolled_out = deployment is not None and observed is not None and observed >= (dep_generation or 0)
+
+    conditions: list[dict[str, Any]] = list(previous.get("conditions", []) or [])
+    cond = {"observed_generation": generation, "now": now}
+
+    if deployment is None:
+        conditions = set_condition(
+            conditions, "Ready", "False", "DeploymentMissing", "the Deployment does not exist yet", **cond
+        )
+        conditions = set_condition(
+            conditions, "Progressing", "True", "CreatingReplicas", "creating the Deployment", **cond
+        )
+    elif desired == 0:
+        conditions = set_condition(
+            conditions, "Ready", "False", "ScaledToZero", "replicas is 0; nothing serves", **cond
+        )
+        conditions = set_condition(
+            conditions, "Progressing", "False", "ScaledToZero", "no replicas requested", **cond
+        )
+    elif rolled_out and ready >= desired and updated >= desired and current == updated:
+        conditions = set_condition(
+            conditions, "Ready", "True", "AllReplicasReady", f"{ready}/{desired} replicas ready", **cond
+        )
+        conditions = set_condition(
+            conditions, "Progressing", "False", "RolloutComplete", "all replicas updated", **cond
+        )
+    else:
+        reason = "RollingOut" if rolled_out and updated < current else "ReplicasNotReady"
+        message = f"{ready}/{desired} replicas ready, {updated} on the current spec"
+        conditions = set_condition(conditions, "Ready", "False", reason, message, **cond)
+        conditions = set_condition(conditions, "Progressing", "True", reason, message, **cond)
+
+    failure = _deployment_condition(deployment or {}, "ReplicaFailure")
+    stuck = _deployment_condition(deployment or {}, "Progressing")
+    if failure is not None and failure.get("status") == "True":
+        conditions = set_condition(
+            conditions, "Degraded", "True", "ReplicaFailure", str(failure.get("message", "")), **cond
+        )
+    elif stuck is not None and stuck.get("reason") == "ProgressDeadlineExceeded":
+        conditions = set_condition(
+            conditions, "Degraded", "True", "ProgressDeadlineExceeded", str(stuck.get("message", "")), **cond
+        )
+    else:
+        conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "", **cond)
+
+    return {
+        "observedGeneration": generation,
+        "conditions": conditions,
+        "replicas": current,
+        "readyReplicas": ready,
+        "selector": selector_string(svc),
+        "endpoint": endpoint_url(svc),
+    }
+
+
+def invalid_spec_status(
+    generation: int | None, previous: dict[str, Any], message: str, now: str | None = None
+) -> dict[str, Any]:
+    """Status for a spec the API server accepted but the operator cannot serve."""
+    conditions: list[dict[str, Any]] = list(previous.get("conditions", []) or [])
+    cond = {"observed_generation": generation, "now": now}
+    conditions = set_condition(conditions, "Ready", "False", "InvalidSpec", message, **cond)
+    conditions = set_condition(conditions, "Degraded", "True", "InvalidSpec", message, **cond)
+    conditions = set_condition(
+        conditions, "Progressing", "False", "InvalidSpec", "fix the spec to continue", **cond
+    )
+    return {"observedGeneration": generation, "conditions": conditions}
