@@ -1,0 +1,77 @@
+"""What the scaling logic takes from an LLMService spec: target, bounds, windows, starting size, profile hash.
+
+What it is: pure mappings from the validated ``LLMServiceSpec`` (and the
+profiled per-replica concurrency in ``status.capacity``, if any) to
+:class:`AutoscalerConfig`, :class:`SizingResult` and the profile spec hash, so
+the handlers never re-derive these rules.
+
+What it is not: a reader of the cluster; the handler passes the spec and status in.
+"""
+
+from plimsoll.operator.api.spec import LLMServiceSpec
+from plimsoll.operator.scaling.autoscaler import AutoscalerConfig
+from plimsoll.operator.scaling.profile import profile_spec_hash
+from plimsoll.operator.scaling.sizing import (
+    ExpectedLoad,
+    PerReplicaTarget,
+    SizingResult,
+    initial_replicas,
+    resolve_target,
+)
+
+
+def per_replica_target(spec: LLMServiceSpec, profiled: float | None) -> PerReplicaTarget:
+    """Override > Manual concurrencyPerReplica > the profile's recommendation; raises NoTargetError when none."""
+    manual = spec.capacity.concurrency_per_replica if spec.capacity.mode == "Manual" else None
+    return resolve_target(
+        override=spec.autoscaling.target_in_flight_per_replica,
+        manual=manual,
+        profile=profiled if spec.capacity.mode == "Profile" else None,
+    )
+
+
+def replica_bounds(spec: LLMServiceSpec) -> tuple[int, int]:
+    """``scaling.min..max``; without a scaling block the count is fixed at the spec's replicas."""
+    if spec.scaling is None:
+        fixed = spec.desired_replicas()
+        return fixed, fixed
+    return spec.scaling.min, spec.scaling.max
+
+
+def autoscaler_config(spec: LLMServiceSpec, profiled: float | None) -> AutoscalerConfig:
+    """The built-in autoscaler's configuration for this service."""
+    target = per_replica_target(spec, profiled)
+    low, high = replica_bounds(spec)
+    return AutoscalerConfig(
+        target_per_replica=target.value,
+        target_source=target.source,
+        min_replicas=low,
+        max_replicas=high,
+        tolerance=spec.autoscaling.tolerance,
+        scale_up_window_s=spec.autoscaling.scale_up_stabilization_seconds,
+        scale_down_window_s=spec.autoscaling.scale_down_stabilization_seconds,
+    )
+
+
+def starting_replicas(spec: LLMServiceSpec, profiled: float | None) -> SizingResult | None:
+    """Replicas for ``expectedLoad``; None when the spec sets no expected load (or no concurrency for it)."""
+    load = spec.expected_load
+    if load is None or (load.concurrency is None and load.requests_per_second is None):
+        return None
+    expected = ExpectedLoad(
+        concurrency=load.concurrency,
+        requests_per_second=load.requests_per_second,
+        average_latency_s=load.avg_latency_seconds,
+    )
+    low, high = replica_bounds(spec)
+    return initial_replicas(expected, per_replica_target(spec, profiled), low, high)
+
+
+def spec_profile_hash(spec: LLMServiceSpec, image: str) -> str:
+    """Hash of what a profile measures: model, image, engine (kind, args, batching and KV settings), GPU."""
+    engine = spec.engine.model_dump(mode="json", exclude={"image", "kind"})
+    gpu = {**spec.resources.gpu.model_dump(mode="json"), "nodeSelector": dict(spec.scheduling.node_selector)}
+    digest: str = profile_spec_hash(
+        model=spec.model.uri, image=image, engine_kind=spec.engine.kind, engine_args=engine, gpu=gpu
+    )
+    return digest
