@@ -28,8 +28,9 @@ def run_operator(
         return
     import kopf
 
-    import plimsoll.operator.handlers.llmservice  # noqa: F401  (registers the handlers)
+    from plimsoll.operator.handlers import llmservice  # importing registers the handlers
 
+    llmservice.CLUSTERWIDE = not namespace
     kopf.configure(verbose=verbose)
     kopf.run(
         standalone=True,

@@ -27,6 +27,9 @@ from plimsoll.operator.resources.settings import BuildSettings
 
 _CHILD_FILTER = {"app.kubernetes.io/managed-by": MANAGED_BY, LLMSERVICE_LABEL: kopf.PRESENT}
 RESYNC_SECONDS = float(os.environ.get("PLIMSOLL_RESYNC_SECONDS", "30"))
+# Set by the CLI when --namespace is given: namespaced RBAC cannot watch CRDs
+# cluster-wide, so kopf resolves its resources once at start instead.
+CLUSTERWIDE = True
 
 
 def settings_from_env() -> BuildSettings:
@@ -50,6 +53,7 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.INFO
+    settings.scanning.disabled = not CLUSTERWIDE
     settings.execution.max_workers = 20
     settings.networking.request_timeout = 30
     settings.watching.server_timeout = 300

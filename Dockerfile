@@ -1,0 +1,57 @@
+# One image for every plimsoll part: runtime (`plimsoll serve`), bench, router and
+# the operator. CPU by default; for NVIDIA GPUs build with a CUDA base and the
+# matching PyTorch wheel index:
+#
+#   docker build -t plimsoll:cpu .
+#   docker build -t plimsoll:cuda \
+#     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
+#     --build-arg EXTRAS=gpu .
+#
+# The embedded SmolLM2-135M model is converted at build time into
+# /opt/plimsoll/models, so `embedded://smollm2-135m` needs no network at run time.
+
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE}
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG EXTRAS=""
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PLIMSOLL_CACHE_DIR=/opt/plimsoll/models \
+    HOME=/home/plimsoll
+
+# CUDA bases ship without Python; the python:* base already has it.
+RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && python3 -m venv "$VIRTUAL_ENV" \
+ && groupadd --gid 1000 plimsoll \
+ && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/plimsoll --shell /usr/sbin/nologin plimsoll
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY plimsoll/ plimsoll/
+COPY runtime/ runtime/
+COPY bench/ bench/
+COPY operator/ operator/
+COPY router/ router/
+COPY devcluster/ devcluster/
+
+RUN pip install --upgrade pip \
+ && pip install --extra-index-url "$TORCH_INDEX_URL" ".${EXTRAS:+[$EXTRAS]}" \
+ && python -c "from plimsoll.runtime.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
+ && chown -R 1000:1000 /opt/plimsoll \
+ && rm -rf /src
+
+WORKDIR /home/plimsoll
+USER 1000:1000
+EXPOSE 8000
+ENTRYPOINT ["plimsoll"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

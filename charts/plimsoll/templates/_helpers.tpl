@@ -1,0 +1,76 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "plimsoll.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: the release name, with the chart name appended unless already in it. */}}
+{{- define "plimsoll.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select the operator pod (must not change between upgrades). */}}
+{{- define "plimsoll.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "plimsoll.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* Recommended labels on every object of the release. */}}
+{{- define "plimsoll.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "plimsoll.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: plimsoll
+{{- end -}}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "plimsoll.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "plimsoll.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator image reference. */}}
+{{- define "plimsoll.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Rules the operator needs, shared by the ClusterRole and the namespaced Roles. */}}
+{{- define "plimsoll.rules" -}}
+# LLMServices: watch them, record kopf's progress annotations, write status.
+- apiGroups: ["plimsoll.dev"]
+  resources: ["llmservices"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["plimsoll.dev"]
+  resources: ["llmservices/status"]
+  verbs: ["get", "patch", "update"]
+# Owner references with blockOwnerDeletion need update on the owner's finalizers.
+- apiGroups: ["plimsoll.dev"]
+  resources: ["llmservices/finalizers"]
+  verbs: ["update"]
+# Children: server-side apply creates and patches; watches restore deleted ones.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# Scrape objects, only used when the Prometheus Operator's CRDs exist.
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["podmonitors", "servicemonitors"]
+  verbs: ["get", "create", "patch", "update", "delete"]
+# Events explaining what the operator did.
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
