@@ -1,0 +1,108 @@
+"""The router under concurrent load: a slow replica gets less work, a killed replica fails only its own streams."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass
+
+import openai
+import pytest
+from router_harness import run_router
+
+from plimsoll.router.proxy import REPLICA_HEADER
+
+
+async def drive(url: str, total: int, concurrency: int, **create: object) -> collections.Counter[str]:
+    """Send `total` completions with `concurrency` workers; count which replica served each."""
+    api = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    served: collections.Counter[str] = collections.Counter()
+    todo = iter(range(total))
+
+    async def worker() -> None:
+        for _ in todo:
+            raw = await api.completions.with_raw_response.create(model="fake", **create)  # type: ignore[call-overload]
+            raw.parse()
+            served[raw.headers[REPLICA_HEADER]] += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await api.close()
+    return served
+
+
+@pytest.mark.slow
+async def test_least_inflight_sends_a_slow_replica_fewer_requests(fake_replicas) -> None:  # type: ignore[no-untyped-def]
+    """Must-show 2: one replica 10x slower per token gets clearly fewer requests under least in-flight."""
+    replicas = fake_replicas([["--token-delay", "0.05"], ["--token-delay", "0.005"], ["--token-delay", "0.005"]])
+    slow, fast = replicas[0].url, [r.url for r in replicas[1:]]
+    async with run_router(backends=tuple(r.url for r in replicas), policy="least-inflight",
+                          scrape_interval_s=0.2) as router:
+        served = await drive(router.url, total=60, concurrency=6, prompt="hello", max_tokens=10)
+    print(f"least-inflight split: slow={served[slow]} fast={[served[u] for u in fast]}")
+    assert sum(served.values()) == 60
+    assert served[slow] < min(served[u] for u in fast)
+    # Round-robin would give the slow replica 20 of 60; least in-flight must do clearly better.
+    assert served[slow] <= 0.6 * (60 / 3)
+    assert router.metric("plimsoll_router_routing_decisions_total", policy="least_inflight",
+                         reason="least_inflight", lane="all") == 60
+
+
+@dataclass
+class Outcome:
+    sent_at: float
+    replica: str | None = None
+    first_chunk_at: float | None = None
+    ok: bool = False
+    error: str = ""
+
+
+@pytest.mark.slow
+async def test_killing_a_replica_fails_only_its_running_streams(fake_replicas) -> None:  # type: ignore[no-untyped-def]
+    """Must-show 3: SIGKILL one replica mid-load; requests not yet on it succeed elsewhere."""
+    replicas = fake_replicas([["--token-delay", "0.02"]] * 3)
+    victim = replicas[0]
+    # A long scrape interval: the router must learn of the death from the failures
+    # themselves (broken streams, refused connects), not from a lucky probe.
+    async with run_router(backends=tuple(r.url for r in replicas), policy="round-robin",
+                          scrape_interval_s=60) as router:
+        api = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        outcomes: list[Outcome] = []
+        stop_at = time.monotonic() + 3.5
+
+        async def one_stream() -> None:
+            outcome = Outcome(sent_at=time.monotonic())
+            outcomes.append(outcome)
+            try:
+                raw = await api.completions.with_raw_response.create(
+                    model="fake", prompt="tell me a story", max_tokens=40, stream=True)
+                outcome.replica = raw.headers[REPLICA_HEADER]
+                async for _ in raw.parse():
+                    outcome.first_chunk_at = outcome.first_chunk_at or time.monotonic()
+                outcome.ok = True
+            except openai.APIError as exc:
+                outcome.error = str(exc)
+
+        async def worker() -> None:
+            while time.monotonic() < stop_at:
+                await one_stream()
+
+        workers = [asyncio.create_task(worker()) for _ in range(9)]
+        await asyncio.sleep(1.2)
+        killed_at = time.monotonic()
+        victim.kill()
+        await asyncio.gather(*workers)
+        await api.close()
+
+    failed = [o for o in outcomes if not o.ok]
+    after_kill = [o for o in outcomes if o.sent_at > killed_at]
+    print(f"{len(outcomes)} streams, {len(failed)} failed, {len(after_kill)} sent after the kill, "
+          f"retries={router.metric('plimsoll_router_retries_total', replica=victim.url)}")
+    assert failed, "the kill should have broken the streams running on the victim"
+    for outcome in failed:
+        assert outcome.replica == victim.url, outcome
+        assert outcome.sent_at < killed_at and outcome.first_chunk_at is not None, outcome
+    assert len(after_kill) >= 5 and all(o.ok for o in after_kill)
+    assert all(o.replica != victim.url for o in after_kill)
+    assert router.metric("plimsoll_router_upstream_errors_total", replica=victim.url, kind="stream_broken") \
+        == len(failed)
