@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,6 +106,91 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+class ThreadedServer:
+    """The real server (AsyncEngine + app + uvicorn) on a background thread of this process.
+
+    Same HTTP stack as `plimsoll serve` (``DrainingServer``, real sockets on
+    127.0.0.1) without paying a fresh interpreter's torch import, which on a busy
+    CI machine costs tens of seconds. ``engine`` takes ``EngineConfig`` fields,
+    ``server`` takes ``ServerSettings`` fields. ``drain()`` starts the SIGTERM
+    drain path without a signal (signals only reach the main thread).
+    """
+
+    def __init__(self, model: str | Path, *, host: str = "127.0.0.1", startup_timeout: float = 120.0,
+                 server: dict[str, object] | None = None, **engine: object) -> None:
+        self.host = host
+        self.port = free_port(host)
+        self.model = str(model)
+        self.engine_kwargs = engine
+        self.server_kwargs = server or {}
+        self.startup_timeout = startup_timeout
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ThreadedServer:
+        import uvicorn
+
+        from plimsoll.runtime.async_engine import AsyncEngine
+        from plimsoll.runtime.config import EngineConfig
+        from plimsoll.runtime.metrics import ServerMetrics
+        from plimsoll.runtime.server import ServerSettings, build_app
+        from plimsoll.runtime.serving_lifecycle import DrainingServer
+
+        config = EngineConfig(model=self.model, **self.engine_kwargs)  # type: ignore[arg-type]
+        settings = ServerSettings(served_model_name=config.display_name, model_root=self.model,
+                                  **self.server_kwargs)  # type: ignore[arg-type]
+        self.metrics = ServerMetrics(settings.served_model_name)
+        self.engine = AsyncEngine(config, observer=self.metrics)
+        self.app = build_app(self.engine, settings, self.metrics)
+        self.ctx = self.app.state.ctx
+        uv = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=5)
+        self.server = DrainingServer(uv, self.ctx)
+
+        def run() -> None:
+            try:
+                self.server.run()
+            except BaseException as exc:  # reported by wait_ready / stop
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="plimsoll-test-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._error is not None or not self._thread.is_alive():
+                raise RuntimeError(f"the server thread stopped before /ready: {self._error!r}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"server not ready after {self.startup_timeout}s")
+
+    def drain(self) -> None:
+        """What SIGTERM does: stop admission, finish in-flight requests, then stop."""
+        self.server.handle_exit(signal.SIGTERM, None)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        self.server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
 
 class ServerProcess:
