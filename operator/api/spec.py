@@ -268,6 +268,9 @@ class LLMServiceSpec(APIModel):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Autoscaler settings.")
     expected_load: ExpectedLoadSpec | None = Field(None, description="Load expected at start.")
     router: RouterSpec = Field(default_factory=RouterSpec, description="Router in front of the replicas.")
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations on every replica pod (e.g. for a service mesh)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "LLMServiceSpec":

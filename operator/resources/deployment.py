@@ -73,6 +73,7 @@ def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | N
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(ENGINE_PORT),
                         "prometheus.io/path": "/metrics",
+                        **spec.pod_annotations,
                     },
                 },
                 "spec": pod_spec,

@@ -1,0 +1,128 @@
+"""Run the operator as a local process against a cluster, optionally as a ServiceAccount.
+
+Used by the Kubernetes tests, ``benchmarks/operator_scale.py`` and ``plimsoll demo``:
+the operator runs exactly as in its pod (``plimsoll operator``), but on this
+machine, with a kubeconfig that carries a ServiceAccount token so it holds
+exactly the chart's RBAC permissions and nothing more. This module starts and
+stops that one process (by its own PID) and never touches others.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import yaml
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path, user: str = "operator") -> Path:
+    """Write a kubeconfig that reuses the admin's cluster entry but authenticates with ``token``."""
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user}}],
+        "current-context": user,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class OperatorProcess:
+    """One `plimsoll operator` process with its own liveness port and log file."""
+
+    kubeconfig: Path
+    log_path: Path
+    namespaces: tuple[str, ...] = ()
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def liveness_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/healthz"
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the operator and wait until its liveness endpoint answers."""
+        argv = [sys.executable, "-c", "from plimsoll.cli import main; main()", "operator", "--verbose"]
+        argv += ["--liveness", self.liveness_url]
+        for ns in self.namespaces:
+            argv += ["--namespace", ns]
+        env: dict[str, Any] = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONSAFEPATH": "1",
+            **self.extra_env,
+        }
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.process.returncode}; log:\n{self.log_tail()}")
+            if self.is_alive():
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"operator liveness did not answer in {timeout:.0f}s; log:\n{self.log_tail()}")
+
+    def is_alive(self) -> bool:
+        """Whether the liveness endpoint answers 200."""
+        try:
+            return httpx.get(self.liveness_url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, kill: bool = False, timeout: float = 15.0) -> None:
+        """SIGTERM (or SIGKILL, to simulate a crash) the operator and wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, chars: int = 6000) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-chars:]
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the process has used (Linux /proc)."""
+        assert self.process is not None
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the process (Linux /proc)."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
