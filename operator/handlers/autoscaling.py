@@ -1,0 +1,226 @@
+"""The built-in autoscaler loop: scrape each replica, decide, scale, explain.
+
+What it is: one kopf daemon per LLMService with ``autoscaling.mode: builtin``.
+Every ``autoscaling.intervalSeconds`` it lists the service's pods, scrapes each
+ready pod's ``/metrics`` (plimsoll or vLLM names) with httpx under a short
+timeout, hands the observations to the pure
+:class:`plimsoll.operator.scaling.autoscaler.Autoscaler`, patches
+``spec.replicas`` through the LLMService's scale subresource when the decision
+changes the count (reconcile then resizes the Deployment), writes
+``status.autoscaler`` and the ``ScalingLimited`` / ``SLOAtRisk`` conditions, and
+posts an Event for every change of replicas or of the limit.
+
+What it is not: the decision logic (``operator/scaling``), and not active for
+``hpa``/``keda``/``off`` modes, where another owner writes replicas and the two
+must never fight. Importing this module registers the daemon with kopf's
+default registry.
+"""
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import httpx
+import kopf
+from kubernetes_asyncio import client
+from pydantic import ValidationError
+
+from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.api.status import ConditionStatus, set_condition
+from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.resources.labels import selector_string
+from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision, PodObservation
+from plimsoll.operator.scaling.inputs import autoscaler_config
+from plimsoll.operator.scaling.metrics import MetricsError, PodSample, parse_scrape
+from plimsoll.operator.scaling.sizing import NoTargetError
+from plimsoll.operator.scaling.slo import check_slo
+
+DEFAULT_PORT = 8000
+SCRAPE_TIMEOUT_S = 2.0
+# Percentiles over less than a minute of traffic are noise.
+SLO_WINDOW_S = 60.0
+
+
+def pod_is_ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition is True (what a Service's endpoints use)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def counts_for_scaling(pod: dict[str, Any]) -> bool:
+    """Pods being deleted or finished are ignored entirely, as the HPA ignores them."""
+    phase = (pod.get("status") or {}).get("phase")
+    return not pod["metadata"].get("deletionTimestamp") and phase not in ("Failed", "Succeeded")
+
+
+def metrics_url(pod: dict[str, Any]) -> str | None:
+    """``http://<podIP>:<port named http>/metrics``, or None before the pod has an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    port = DEFAULT_PORT
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == "http":
+                port = int(p["containerPort"])
+    return f"http://{ip}:{port}/metrics"
+
+
+async def scrape(http: httpx.AsyncClient, url: str) -> PodSample | str:
+    """One pod's parsed metrics, or the reason they could not be read."""
+    try:
+        response = await http.get(url, timeout=SCRAPE_TIMEOUT_S)
+        response.raise_for_status()
+        return parse_scrape(response.text)
+    except (httpx.HTTPError, MetricsError) as error:
+        return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+async def observe(http: httpx.AsyncClient, pods: list[dict[str, Any]]) -> list[PodObservation]:
+    """Readiness and metrics of every pod that counts; unready pods are not scraped."""
+    counted = [p for p in pods if counts_for_scaling(p)]
+
+    async def one(pod: dict[str, Any]) -> PodObservation:
+        name = pod["metadata"]["name"]
+        url = metrics_url(pod)
+        if not pod_is_ready(pod) or url is None:
+            return PodObservation(name=name, ready=False, sample=None)
+        result = await scrape(http, url)
+        if isinstance(result, str):
+            return PodObservation(name=name, ready=True, sample=None, error=result)
+        return PodObservation(name=name, ready=True, sample=result)
+
+    return list(await asyncio.gather(*(one(p) for p in counted)))
+
+
+async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
+    core = client.CoreV1Api(kube.api)
+    listing = await core.list_namespaced_pod(svc.namespace, label_selector=selector_string(svc))
+    pods: list[dict[str, Any]] = kube.api.sanitize_for_serialization(listing).get("items", [])
+    return pods
+
+
+async def set_replicas(kube: Kube, svc: LLMService, replicas: int) -> None:
+    """Write ``spec.replicas`` through the scale subresource, as an HPA would."""
+    custom = client.CustomObjectsApi(kube.api)
+    await custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, svc.namespace, PLURAL, svc.name, {"spec": {"replicas": replicas}},
+        _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+    )  # fmt: skip
+
+
+def status_patch(
+    previous: dict[str, Any], decision: Decision, generation: int | None, slo: tuple[str, str, str] | None
+) -> dict[str, Any]:
+    """``status.autoscaler`` plus the ScalingLimited (and, when checked, SLOAtRisk) conditions."""
+    conditions = list(previous.get("conditions") or [])
+    if decision.scaling_limited:
+        conditions = set_condition(
+            conditions, "ScalingLimited", "True", decision.limited_reason or "Limited",
+            decision.event_message(), observed_generation=generation,
+        )  # fmt: skip
+    else:
+        conditions = set_condition(
+            conditions, "ScalingLimited", "False", "DesiredWithinRange",
+            f"desired {decision.desired_replicas} within bounds", observed_generation=generation,
+        )  # fmt: skip
+    if slo is not None:
+        state: ConditionStatus = "True" if slo[0] == "True" else "False" if slo[0] == "False" else "Unknown"
+        conditions = set_condition(
+            conditions, "SLOAtRisk", state, slo[1], slo[2], observed_generation=generation
+        )
+    return {"autoscaler": decision.to_status(), "conditions": conditions}
+
+
+def _same_decision(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    # The time changes every tick; only write when something a reader cares about changed.
+    if a is None:
+        return False
+    return {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def autoscale_llmservice(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """Scrape → decide → scale → explain, every ``autoscaling.intervalSeconds``, until the object goes."""
+    scaler: Autoscaler | None = None
+    last_now = 0.0
+    slo_base: tuple[float, dict[str, PodSample]] | None = None
+    async with httpx.AsyncClient() as http:
+        while not stopped:
+            interval = 5.0
+            try:
+                svc = LLMService.from_body(body)
+                interval = float(svc.spec.autoscaling.interval_seconds)
+                if svc.spec.autoscaling.mode != "builtin":
+                    scaler = None
+                else:
+                    scaler, slo_base, last_now = await _tick(
+                        memo.kube, body, svc, http, scaler, slo_base, last_now, logger
+                    )
+            except ValidationError:
+                pass  # reported by reconcile as InvalidSpec
+            except Exception as error:  # one failed tick must not end the loop
+                logger.warning("autoscaler tick failed: %s", error)
+            await stopped.wait(interval)
+
+
+async def _tick(
+    kube: Kube,
+    body: kopf.Body,
+    svc: LLMService,
+    http: httpx.AsyncClient,
+    scaler: Autoscaler | None,
+    slo_base: tuple[float, dict[str, PodSample]] | None,
+    last_now: float,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> tuple[Autoscaler | None, tuple[float, dict[str, PodSample]] | None, float]:
+    status = dict(body.get("status") or {})
+    profiled = (status.get("capacity") or {}).get("concurrencyPerReplica")
+    try:
+        config: AutoscalerConfig = autoscaler_config(svc.spec, profiled)
+    except NoTargetError as error:
+        logger.debug("autoscaler idle: %s", error)
+        return None, slo_base, last_now
+    if scaler is None or scaler.config != config:
+        scaler = Autoscaler(config)  # a new target or bounds start a fresh history (conservative)
+
+    pods = await list_pods(kube, svc)
+    observations = await observe(http, pods)
+    # Wall time for readable status, never going backwards for the decision's windows.
+    now = max(time.time(), last_now)
+    current = svc.spec.desired_replicas()
+    decision = scaler.decide(now, current, observations)
+
+    samples = {o.name: o.sample for o in observations if o.sample is not None}
+    slo = None
+    if slo_base is None:
+        slo_base = (now, samples)
+    elif now - slo_base[0] >= SLO_WINDOW_S:
+        check = check_slo(
+            ttft_p95_ms=svc.spec.slo.ttft_p95_ms, tpot_p50_ms=svc.spec.slo.tpot_p50_ms,
+            current=samples, previous=slo_base[1],
+        )  # fmt: skip
+        slo = (check.status, check.reason, check.message)
+        slo_base = (now, samples)
+
+    if decision.changed:
+        await set_replicas(kube, svc, decision.desired_replicas)
+        reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
+        kopf.info(body, reason=reason, message=decision.event_message())
+        logger.info("%s: %s", reason, decision.event_message())
+    previous_limited = next(
+        (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "ScalingLimited"), None
+    )
+    if decision.scaling_limited and previous_limited != "True":
+        kopf.warn(body, reason="ScalingLimited", message=decision.event_message())
+
+    patch = status_patch(status, decision, svc.metadata.generation, slo)
+    if not _same_decision(status.get("autoscaler"), patch["autoscaler"]) or patch["conditions"] != status.get(
+        "conditions"
+    ):
+        await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, patch)
+    return scaler, slo_base, now
