@@ -6,15 +6,12 @@ operator as a local process authenticated as the chart's ServiceAccount, so it
 has exactly the chart's permissions. ``llms_namespace``: a fresh namespace per test.
 """
 
-import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from plimsoll.operator.local import OperatorProcess, token_kubeconfig
 
@@ -22,56 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "plimsoll"
 RELEASE = "plimsoll"
 RELEASE_NAMESPACE = "plimsoll-system"
-# Replica pods are simulated by kwok: they are scheduled, get a loopback IP and turn
-# Ready, but no engine process starts (the devcluster pod runner skips them).
-SIMULATED = {"plimsoll.dev/run-locally": "false"}
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-def get_json(cluster: Any, *args: str) -> Any:
-    """`kubectl get ... -o json`, or None when the object does not exist."""
-    proc = cluster.kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-
-def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return dict(c)
-    return None
-
-
-def llmservice(name: str, **spec: Any) -> dict[str, Any]:
-    """A simulated, CPU-only LLMService manifest; ``spec`` overrides the defaults."""
-    body: dict[str, Any] = {
-        "model": {"uri": "embedded://smollm2-135m"},
-        "resources": {"gpu": {"count": 0}},
-        "autoscaling": {"mode": "off"},
-        "replicas": 1,
-        "podAnnotations": SIMULATED,
-    }
-    body.update(spec)
-    return {
-        "apiVersion": "plimsoll.dev/v1alpha1",
-        "kind": "LLMService",
-        "metadata": {"name": name},
-        "spec": body,
-    }
-
-
-def apply(cluster: Any, namespace: str, manifest: dict[str, Any], check: bool = True) -> Any:
-    return cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=check)
 
 
 @pytest.fixture(scope="session")
