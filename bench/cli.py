@@ -1,18 +1,518 @@
-"""`plimsoll bench ...` and `plimsoll diagnose`."""
+"""`plimsoll bench ...` and `plimsoll diagnose`.
+
+What it is: typer commands that validate flags into one :class:`BenchConfig`,
+run a session with live progress (rich on a terminal, plain lines otherwise) and
+write the report, CSV, per-request JSONL, PNG plots and HTML. Bad input or a
+server that cannot be benchmarked exits non-zero with the reason; no report is
+written then. What it is not: measurement logic (session.py, loadgen.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import typer
+from pydantic import ValidationError
+from rich.console import Console
 
-from plimsoll.unbuilt import not_built
+from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True, help="Load-test a server and find its saturation knees.")
+err = Console(stderr=True)
+
+URL = typer.Option(..., "--url", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+MODEL = typer.Option(None, "--model", help="Model id to request (default: the server's only model)")
+API_KEY = typer.Option(
+    None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Bearer token, if the server needs one"
+)
+ENDPOINT = typer.Option("completions", "--endpoint", help="completions or chat")
+INPUT = typer.Option("128", "--input-tokens", help="N, uniform:LO:HI, normal:MEAN:STD or choice:A,B")
+OUTPUT_TOKENS = typer.Option("64", "--output-tokens", help="N, uniform:LO:HI, normal:MEAN:STD or choice:A,B")
+PREFIX = typer.Option(0, "--shared-prefix-tokens", help="Length of a prefix shared by a fraction of requests")
+PREFIX_FRACTION = typer.Option(
+    0.0, "--shared-prefix-fraction", help="Fraction of requests using the shared prefix"
+)
+REQUESTS = typer.Option(
+    None, "--requests-per-level", help="Measured requests per level (at least one per client)"
+)
+DURATION = typer.Option(None, "--duration-per-level", help="Measured seconds per level (after warm-up)")
+WARMUP = typer.Option(
+    None, "--warmup-requests", help="Completions excluded as warm-up (default: one per client)"
+)
+REPEATS = typer.Option(1, "--repeats", help="Repeats per level")
+SLO_TTFT = typer.Option(None, "--slo-ttft-p95-ms", help="SLO: TTFT p95 in ms")
+SLO_TPOT = typer.Option(None, "--slo-tpot-p50-ms", help="SLO: TPOT p50 in ms")
+SLO_E2E = typer.Option(None, "--slo-e2e-p95-ms", help="SLO: end-to-end p95 in ms")
+HEADROOM = typer.Option(0.75, "--headroom", help="Recommended concurrency = floor(headroom × min(knees))")
+TIMEOUT = typer.Option(120.0, "--request-timeout", help="Seconds before a request counts as timed out")
+IGNORE_EOS = typer.Option(
+    True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly max_tokens (vLLM extension)"
+)
+OUTPUT = typer.Option(
+    None, "--output", "-o", help="JSON report path; CSV, JSONL, PNG and HTML are written beside it"
+)
+SEED = typer.Option(0, "--seed", help="Workload seed")
+
+
+def make_config(**kw: Any) -> BenchConfig:
+    """Validate flags into the config; bad values exit 2 with the reason."""
+    try:
+        kw["input_tokens"] = LengthSpec.parse(kw["input_tokens"])
+        kw["output_tokens"] = LengthSpec.parse(kw["output_tokens"])
+        kw["slo"] = SLO(
+            ttft_p95_ms=kw.pop("slo_ttft"), tpot_p50_ms=kw.pop("slo_tpot"), e2e_p95_ms=kw.pop("slo_e2e")
+        )
+        return BenchConfig(**kw)
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    except ValidationError as exc:
+        msgs = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
+        err.print(f"error: invalid options: {msgs}", markup=False)
+        raise typer.Exit(2) from exc
+
+
+class Live:
+    """Progress per level: a rich bar on a terminal, one line per level otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.progress: Any = None
+
+    @contextmanager
+    def running(self) -> Iterator[Live]:
+        if self.tty:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            with Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=err,
+                transient=False,
+            ) as progress:
+                self.progress = progress
+                yield self
+        else:
+            yield self
+
+    def start(self, label: str, repeat: int) -> Callable[[int, int], None]:
+        name = f"{label} (repeat {repeat + 1})" if repeat else label
+        if self.progress is None:
+            err.print(f"level {name}: running", markup=False, highlight=False)
+            return lambda done, failed: None
+        task = self.progress.add_task(name)
+
+        def update(done: int, failed: int) -> None:
+            self.progress.update(task, description=f"{name}: {done} done, {failed} failed")
+
+        return update
+
+    def level(self, lv: dict[str, Any]) -> None:
+        lat = lv["latency_ms"]
+        ttft = lat["ttft"]["p95"] if lat["ttft"] else float("nan")
+        tpot = lat["tpot"]["p50"] if lat["tpot"] else float("nan")
+        flag = "" if lv["valid"] else "  INVALID: " + "; ".join(lv["invalid_reasons"])
+        err.print(
+            f"level c={lv['concurrency']}: {lv['throughput']['output_tokens_per_s']:.1f} out tok/s, "
+            f"TTFT p95 {ttft:.0f} ms, TPOT p50 {tpot:.1f} ms, errors {lv['requests']['failed']}{flag}",
+            markup=False,
+            highlight=False,
+        )
+
+
+def execute(
+    cfg: BenchConfig, body: Callable[[Any, Live], Awaitable[dict[str, Any]]], output: Path | None
+) -> None:
+    """Open a session, run ``body``, print the summary and write outputs; map failures to exit codes."""
+    from plimsoll.bench.client import BenchError
+    from plimsoll.bench.report import print_summary, write_outputs
+    from plimsoll.bench.session import BenchSession
+
+    async def main() -> tuple[dict[str, Any], list[Any]]:
+        session = await BenchSession.open(cfg)
+        try:
+            live = Live()
+            with live.running():
+                report = await body(session, live)
+            return report, session.runs
+        finally:
+            await session.aclose()
+
+    try:
+        report, runs = asyncio.run(main())
+    except BenchError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(1) from exc
+    print_summary(report, Console())
+    if output is not None:
+        from plimsoll.bench.plots import write_plots
+
+        paths = write_outputs(report, output, runs)
+        paths += write_plots(report, output)
+        err.print("wrote " + ", ".join(str(p) for p in paths), markup=False)
+
+
+def _sweep_body(kind: str) -> Callable[[Any, Live], Awaitable[dict[str, Any]]]:
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        levels = await session.sweep(live.start, live.level)
+        return dict(session.report(kind, levels))
+
+    return body
 
 
 @app.command("sweep")
-def sweep() -> None:
-    """Closed-loop concurrency sweep."""
-    not_built("bench sweep", "plimsoll bench and diagnose")
+def sweep(
+    url: str = URL,
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    shared_prefix_tokens: int = PREFIX,
+    shared_prefix_fraction: float = PREFIX_FRACTION,
+    levels: str = typer.Option("1,2,4,8,12,16,24,32,48,64", "--levels", help="Concurrency levels"),
+    requests_per_level: int | None = REQUESTS,
+    duration_per_level: float | None = DURATION,
+    warmup_requests: int | None = WARMUP,
+    repeats: int = REPEATS,
+    slo_ttft_p95_ms: float | None = SLO_TTFT,
+    slo_tpot_p50_ms: float | None = SLO_TPOT,
+    slo_e2e_p95_ms: float | None = SLO_E2E,
+    headroom: float = HEADROOM,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    output: Path | None = OUTPUT,
+) -> None:
+    """Closed-loop concurrency sweep: knees and the per-replica recommendation."""
+    try:
+        level_list = parse_levels(levels)
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    cfg = make_config(
+        url=url,
+        model=model,
+        api_key=api_key,
+        endpoint=endpoint,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        shared_prefix_tokens=shared_prefix_tokens,
+        shared_prefix_fraction=shared_prefix_fraction,
+        levels=level_list,
+        requests_per_level=requests_per_level,
+        duration_per_level_s=duration_per_level,
+        warmup_requests=warmup_requests,
+        repeats=repeats,
+        slo_ttft=slo_ttft_p95_ms,
+        slo_tpot=slo_tpot_p50_ms,
+        slo_e2e=slo_e2e_p95_ms,
+        headroom=headroom,
+        request_timeout_s=request_timeout,
+        ignore_eos=ignore_eos,
+        seed=seed,
+    )
+    execute(cfg, _sweep_body("sweep"), output)
 
 
-def diagnose() -> None:
-    """Name the layer that limits a server."""
-    not_built("diagnose", "plimsoll bench and diagnose")
+@app.command("run")
+def run(
+    url: str = URL,
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    shared_prefix_tokens: int = PREFIX,
+    shared_prefix_fraction: float = PREFIX_FRACTION,
+    requests_per_level: int | None = REQUESTS,
+    duration_per_level: float | None = DURATION,
+    warmup_requests: int | None = WARMUP,
+    repeats: int = REPEATS,
+    slo_ttft_p95_ms: float | None = SLO_TTFT,
+    slo_tpot_p50_ms: float | None = SLO_TPOT,
+    slo_e2e_p95_ms: float | None = SLO_E2E,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    output: Path | None = OUTPUT,
+) -> None:
+    """One closed-loop level at --concurrency."""
+    cfg = make_config(
+        url=url,
+        model=model,
+        api_key=api_key,
+        endpoint=endpoint,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        shared_prefix_tokens=shared_prefix_tokens,
+        shared_prefix_fraction=shared_prefix_fraction,
+        levels=(concurrency,),
+        requests_per_level=requests_per_level,
+        duration_per_level_s=duration_per_level,
+        warmup_requests=warmup_requests,
+        repeats=repeats,
+        slo_ttft=slo_ttft_p95_ms,
+        slo_tpot=slo_tpot_p50_ms,
+        slo_e2e=slo_e2e_p95_ms,
+        request_timeout_s=request_timeout,
+        ignore_eos=ignore_eos,
+        seed=seed,
+    )
+    execute(cfg, _sweep_body("run"), output)
+
+
+@app.command("rate")
+def rate(
+    url: str = URL,
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    rates: str = typer.Option("1", "--rate", help="Requests per second; comma-separated for several levels"),
+    arrival: str = typer.Option("poisson", "--arrival", help="constant, poisson or bursty"),
+    burstiness: float = typer.Option(
+        0.5, "--burstiness", help="Gamma shape for bursty arrivals (<1 is burstier)"
+    ),
+    duration_per_level: float = typer.Option(30.0, "--duration-per-level", help="Seconds per rate"),
+    warmup_s: float = typer.Option(
+        2.0, "--warmup-seconds", help="Seconds excluded at the start of each rate"
+    ),
+    max_concurrency: int | None = typer.Option(None, "--max-concurrency", help="Cap on requests in flight"),
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    slo_ttft_p95_ms: float | None = SLO_TTFT,
+    slo_tpot_p50_ms: float | None = SLO_TPOT,
+    slo_e2e_p95_ms: float | None = SLO_E2E,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    output: Path | None = OUTPUT,
+) -> None:
+    """Open-loop arrivals (constant, Poisson or bursty) at one or more rates."""
+    from plimsoll.bench.scenarios import rate_levels
+
+    if arrival not in ("constant", "poisson", "bursty"):
+        err.print(f"error: --arrival must be constant, poisson or bursty, not {arrival!r}", markup=False)
+        raise typer.Exit(2)
+    try:
+        rate_list = [float(r) for r in rates.split(",")]
+        assert rate_list and min(rate_list) > 0
+    except (ValueError, AssertionError) as exc:
+        err.print(f"error: --rate must be positive numbers like 2 or 1,2,4; got {rates!r}", markup=False)
+        raise typer.Exit(2) from exc
+    cfg = make_config(
+        url=url,
+        model=model,
+        api_key=api_key,
+        endpoint=endpoint,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        slo_ttft=slo_ttft_p95_ms,
+        slo_tpot=slo_tpot_p50_ms,
+        slo_e2e=slo_e2e_p95_ms,
+        request_timeout_s=request_timeout,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        duration_per_level_s=duration_per_level,
+    )
+
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        return await rate_levels(
+            session, rate_list, arrival, burstiness, warmup_s, max_concurrency, live.start
+        )
+
+    execute(cfg, body, output)
+
+
+@app.command("baseline")
+def baseline(
+    url: str = URL,
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    requests: int = typer.Option(20, "--requests", help="Sequential requests"),
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    output: Path | None = OUTPUT,
+) -> None:
+    """Single-request baseline with a TPOT-stability check (warns above 20% variation)."""
+    from plimsoll.bench.scenarios import run_baseline
+
+    cfg = make_config(
+        url=url,
+        model=model,
+        api_key=api_key,
+        endpoint=endpoint,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        levels=(1,),
+        requests_per_level=requests,
+        slo_ttft=None,
+        slo_tpot=None,
+        slo_e2e=None,
+        request_timeout_s=request_timeout,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        warmup_requests=1,
+    )
+
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        return await run_baseline(session, live.start)
+
+    execute(cfg, body, output)
+
+
+@app.command("burst")
+def burst(
+    url: str = URL,
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    steady_rate: float = typer.Option(1.0, "--steady-rate", help="Background requests per second"),
+    burst_requests: int = typer.Option(32, "--burst-requests", help="Requests sent at once in the burst"),
+    before_s: float = typer.Option(10.0, "--before", help="Seconds of steady load before the burst"),
+    after_s: float = typer.Option(30.0, "--after", help="Seconds of steady load after the burst"),
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    output: Path | None = OUTPUT,
+) -> None:
+    """A burst on top of steady load; reports how long latency takes to recover."""
+    from plimsoll.bench.scenarios import run_burst
+
+    cfg = make_config(
+        url=url,
+        model=model,
+        api_key=api_key,
+        endpoint=endpoint,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        slo_ttft=None,
+        slo_tpot=None,
+        slo_e2e=None,
+        request_timeout_s=request_timeout,
+        ignore_eos=ignore_eos,
+        seed=seed,
+    )
+
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        return await run_burst(session, steady_rate, burst_requests, before_s, after_s, live.start)
+
+    execute(cfg, body, output)
+
+
+@app.command("soak")
+def soak(
+    url: str = URL,
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
+    duration: float = typer.Option(600.0, "--duration", help="Total seconds"),
+    window: float = typer.Option(60.0, "--window", help="Seconds per recorded window"),
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    output: Path | None = OUTPUT,
+) -> None:
+    """Steady load for a long time: latency and server KV/memory per window, upward drift flagged."""
+    from plimsoll.bench.scenarios import run_soak
+
+    cfg = make_config(
+        url=url,
+        model=model,
+        api_key=api_key,
+        endpoint=endpoint,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        levels=(concurrency,),
+        duration_per_level_s=window,
+        warmup_requests=0,
+        slo_ttft=None,
+        slo_tpot=None,
+        slo_e2e=None,
+        request_timeout_s=request_timeout,
+        ignore_eos=ignore_eos,
+        seed=seed,
+    )
+
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        return await run_soak(session, concurrency, duration, window, live.start)
+
+    execute(cfg, body, output)
+
+
+@app.command("simulate")
+def simulate(
+    port: int = typer.Option(8000, "--port"),
+    batch_cap: int = typer.Option(16, "--batch-cap", help="Requests decoded at once; more wait in a queue"),
+    step_ms: float = typer.Option(20.0, "--step-ms", help="Step time at batch 0 (t0)"),
+    step_per_seq_ms: float = typer.Option(
+        0.5, "--step-per-seq-ms", help="Added step time per running request (k)"
+    ),
+    prefill_ms_per_token: float = typer.Option(0.0, "--prefill-ms-per-token"),
+    model: str = typer.Option("sim-model", "--model"),
+) -> None:
+    """Serve a simulated OpenAI-compatible model with a known service curve (no GPU needed)."""
+    from plimsoll.bench.simulator import ServiceCurve, serve
+
+    curve = ServiceCurve(
+        batch_cap=batch_cap,
+        step_t0_s=step_ms / 1e3,
+        step_k_s=step_per_seq_ms / 1e3,
+        prefill_s_per_token=prefill_ms_per_token / 1e3,
+        model=model,
+    )
+    err.print(
+        f"simulating {model} on http://127.0.0.1:{port}: batch cap {batch_cap}, "
+        f"t(b) = {step_ms:g} + {step_per_seq_ms:g}·b ms",
+        markup=False,
+    )
+    serve(curve, port=port)
+
+
+def diagnose(
+    url: str = typer.Option(..., "--url", help="Base URL of the server whose /metrics to read"),
+    window: float = typer.Option(30.0, "--window", help="Seconds to watch"),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between scrapes"),
+    api_key: str | None = API_KEY,
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
+) -> None:
+    """Read a server's /metrics over a window and name the layer that limits it."""
+    import httpx
+
+    from plimsoll.bench.diagnose import analyse, observe, render
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        samples = asyncio.run(observe(url.rstrip("/"), window, interval, headers))
+    except (httpx.HTTPError, ValueError) as exc:
+        err.print(
+            f"error: cannot read {url}/metrics ({type(exc).__name__}: {exc}); check --url and that the "
+            "server exposes Prometheus metrics",
+            markup=False,
+        )
+        raise typer.Exit(1) from exc
+    result = analyse(samples)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        for line in render(result):
+            typer.echo(line)
+    if result.engine_family is None:
+        raise typer.Exit(1)

@@ -1,0 +1,237 @@
+"""`plimsoll diagnose`: name the layer that limits a server, with evidence and advice.
+
+What it is: the seed articles' four steps applied to a server's own ``/metrics``
+(plimsoll or vLLM names) over a window. TTFT is split into queue time and prefill
+time from the histograms' deltas; decode speed comes from TPOT (mean and p90/p50
+spread); capacity from KV-cache usage, preemptions and allocation failures. Each
+layer that shows strain becomes a :class:`Finding` with its evidence and what to
+change; the verdict is the root cause (KV capacity outranks the queue it causes).
+What it is not: a load generator — run load (``plimsoll bench run``) while it watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from plimsoll import metric_names as mn
+from plimsoll.bench.scrape import Snapshot, counter_delta, family_of, fetch, gauge_summary, histogram_delta
+
+LAYERS = ("queueing", "prefill", "decode", "kv_capacity")
+
+ADVICE = {
+    "queueing": [
+        "requests wait for a batch slot: if KV usage leaves room, raise the batch cap (--max-num-seqs)",
+        "otherwise add replicas or lower the per-replica concurrency target (see `plimsoll bench sweep`)",
+        "check the router spreads requests by queue length, not round-robin",
+    ],
+    "prefill": [
+        "prompt processing dominates TTFT: enable prefix caching for shared prefixes",
+        "use chunked prefill (a smaller --max-num-batched-tokens) so long prompts interleave with decode",
+        "shorten prompts, or send prefill-heavy traffic to its own replicas",
+    ],
+    "decode": [
+        "decode steps are slow or uneven: a smaller batch cap lowers TPOT at the cost of throughput",
+        "quantise weights or the KV cache to cut memory traffic; consider speculative decoding or tensor parallel",
+        "uneven TPOT usually means prefill interference: enable chunked prefill",
+    ],
+    "kv_capacity": [
+        "the KV cache is full: give it more memory (--gpu-memory-utilization / KV budget) or lower --max-model-len",
+        "quantise the KV cache (fp8) or use a GQA model to fit more tokens",
+        "lower the batch cap to stop preemption thrash, or add replicas",
+    ],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """When a layer counts as strained; defaults suit interactive chat."""
+
+    queue_share: float = 0.5  # queue time / TTFT
+    prefill_share: float = 0.5  # prefill time / TTFT
+    ttft_high_s: float = 1.0
+    tpot_high_s: float = 0.1
+    tpot_spread: float = 2.0  # p90 / p50 of TPOT
+    kv_high: float = 0.9
+    waiting_min: float = 0.5
+
+
+@dataclass(slots=True)
+class Finding:
+    layer: str
+    score: float
+    evidence: list[str]
+    advice: list[str]
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    verdict: str  # a layer, "none" or "no_traffic"
+    engine_family: str | None
+    window_s: float
+    observed: dict[str, float | None]
+    findings: list[Finding] = field(default_factory=list)
+    summary: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.0f} ms"
+
+
+def analyse(samples: list[Snapshot], th: Thresholds = Thresholds()) -> Diagnosis:
+    """Diagnose from scrapes taken over a window (first and last bound the deltas)."""
+    if len(samples) < 2:
+        raise ValueError("diagnose needs at least two scrapes of /metrics")
+    first, last = samples[0], samples[-1]
+    fam = family_of(last)
+    window = last.t - first.t
+    if fam is None:
+        return Diagnosis("none", None, window, {}, summary="no plimsoll or vLLM series in /metrics")
+    family = "vllm" if fam.running.startswith("vllm:") else "plimsoll"
+    alloc_name = mn.KV_CACHE_ALLOCATION_FAILURES if family == "plimsoll" else ""
+    ttft, queue, prefill = (
+        histogram_delta(first, last, n) for n in (fam.ttft, fam.queue_time, fam.prefill_time)
+    )
+    tpot = histogram_delta(first, last, fam.tpot)
+    waiting, running, kv = (gauge_summary(samples, n) for n in (fam.waiting, fam.running, fam.kv_usage))
+    obs: dict[str, float | None] = {
+        "requests": ttft.count if ttft else None,
+        "ttft_mean_s": ttft.mean if ttft else None,
+        "queue_mean_s": queue.mean if queue else None,
+        "prefill_mean_s": prefill.mean if prefill else None,
+        "tpot_mean_s": tpot.mean if tpot else None,
+        "tpot_p50_s": tpot.quantile(0.5) if tpot else None,
+        "tpot_p90_s": tpot.quantile(0.9) if tpot else None,
+        "waiting_mean": waiting["mean"] if waiting else None,
+        "running_mean": running["mean"] if running else None,
+        "kv_usage_max": kv["max"] if kv else None,
+        "kv_usage_mean": kv["mean"] if kv else None,
+        "preemptions": counter_delta(first, last, fam.preemptions),
+        "kv_allocation_failures": counter_delta(first, last, alloc_name) if alloc_name else None,
+    }
+    if not obs["requests"] and not obs["running_mean"]:
+        return Diagnosis(
+            "no_traffic",
+            family,
+            window,
+            obs,
+            summary="no request ran during the window: put load on the server "
+            "(e.g. `plimsoll bench run`) while diagnosing",
+        )
+    findings = [f for f in (_kv(obs, th), _queue(obs, th), _prefill(obs, th), _decode(obs, th)) if f]
+    findings.sort(key=lambda f: f.score, reverse=True)
+    # KV exhaustion is the root cause of the queue and preemptions it creates.
+    kv_first = [f for f in findings if f.layer == "kv_capacity"]
+    ordered = kv_first + [f for f in findings if f.layer != "kv_capacity"]
+    if not ordered:
+        return Diagnosis(
+            "none", family, window, obs, [], "no layer is strained: the server has headroom at this load"
+        )
+    top = ordered[0]
+    return Diagnosis(top.layer, family, window, obs, ordered, f"limited by {top.layer}: {top.evidence[0]}")
+
+
+def _kv(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+    kv_max, pre, alloc = o["kv_usage_max"] or 0.0, o["preemptions"] or 0.0, o["kv_allocation_failures"] or 0.0
+    evidence = []
+    if kv_max >= th.kv_high:
+        evidence.append(f"KV-cache usage peaked at {kv_max:.0%} (≥ {th.kv_high:.0%})")
+    if pre > 0:
+        evidence.append(f"{pre:.0f} preemptions in the window (requests evicted and recomputed)")
+    if alloc > 0:
+        evidence.append(f"{alloc:.0f} KV block allocation failures")
+    if not evidence:
+        return None
+    score = 1.0 + max(0.0, kv_max - th.kv_high) * 10 + (1.0 if pre else 0.0) + (1.0 if alloc else 0.0)
+    return Finding("kv_capacity", score, evidence, ADVICE["kv_capacity"])
+
+
+def _queue(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+    ttft, queue, waiting = o["ttft_mean_s"], o["queue_mean_s"], o["waiting_mean"] or 0.0
+    if not ttft or queue is None:
+        return None
+    share = queue / ttft
+    if share < th.queue_share or waiting < th.waiting_min:
+        return None
+    return Finding(
+        "queueing",
+        1.0 + share,
+        [
+            f"queue time is {share:.0%} of TTFT ({_ms(queue)} of {_ms(ttft)})",
+            f"{waiting:.1f} requests waiting on average beside {o['running_mean'] or 0:.1f} running",
+        ],
+        ADVICE["queueing"],
+    )
+
+
+def _prefill(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+    ttft, prefill = o["ttft_mean_s"], o["prefill_mean_s"]
+    if not ttft or prefill is None:
+        return None
+    share = prefill / ttft
+    if share < th.prefill_share or ttft < th.ttft_high_s:
+        return None
+    return Finding(
+        "prefill",
+        1.0 + share,
+        [
+            f"prefill time is {share:.0%} of TTFT ({_ms(prefill)} of {_ms(ttft)})",
+            f"mean TTFT {_ms(ttft)} is above {_ms(th.ttft_high_s)}",
+        ],
+        ADVICE["prefill"],
+    )
+
+
+def _decode(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+    mean, p50, p90 = o["tpot_mean_s"], o["tpot_p50_s"], o["tpot_p90_s"]
+    if mean is None:
+        return None
+    spread = p90 / p50 if p50 and p90 else 1.0
+    evidence = []
+    if mean >= th.tpot_high_s:
+        evidence.append(f"mean TPOT {_ms(mean)} is above {_ms(th.tpot_high_s)}")
+    if spread >= th.tpot_spread:
+        evidence.append(f"TPOT is unstable: p90/p50 = {spread:.1f} (≥ {th.tpot_spread:g})")
+    if not evidence:
+        return None
+    return Finding(
+        "decode",
+        1.0 + max(mean / th.tpot_high_s - 1.0, 0.0) + max(spread / th.tpot_spread - 1.0, 0.0),
+        evidence,
+        ADVICE["decode"],
+    )
+
+
+async def observe(
+    url: str, window_s: float, interval_s: float = 1.0, headers: dict[str, str] | None = None
+) -> list[Snapshot]:
+    """Scrape ``url``/metrics every ``interval_s`` for ``window_s`` seconds."""
+    samples: list[Snapshot] = []
+    async with httpx.AsyncClient(headers=headers or {}) as http:
+        deadline = time.monotonic() + window_s
+        while True:
+            samples.append(await fetch(http, url))
+            if time.monotonic() >= deadline:
+                return samples
+            await asyncio.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+
+
+def render(d: Diagnosis) -> list[str]:
+    lines = [
+        f"verdict: {d.verdict} — {d.summary}",
+        f"engine family: {d.engine_family}; window {d.window_s:.1f} s",
+    ]
+    for f in d.findings:
+        lines.append(f"[{f.layer}] score {f.score:.2f}")
+        lines.extend(f"  evidence: {e}" for e in f.evidence)
+        lines.extend(f"  change: {a}" for a in f.advice)
+    shown = {k: v for k, v in d.observed.items() if v is not None}
+    lines.append("observed: " + ", ".join(f"{k}={v:.3g}" for k, v in shown.items()))
+    return lines

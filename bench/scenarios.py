@@ -1,0 +1,167 @@
+"""Scenario recipes from the seed articles, on top of a :class:`BenchSession`.
+
+What it is: open-loop rate levels; the single-request baseline with its
+TPOT-stability check; a burst on steady load with the recovery time; a soak that
+records latency and the server's KV/memory gauges per window and flags upward
+drift. Mixed input lengths and random ``max_tokens`` are the length
+distributions of the config (``--input-tokens choice:64,512,2048``,
+``--output-tokens uniform:16:256``) and work with every recipe.
+What it is not: knee finding — only `sweep` yields knees.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from plimsoll.bench.loadgen import Arrival, arrival_offsets
+from plimsoll.bench.session import BenchSession, LevelStart
+from plimsoll.bench.stats import summarize_level, tpot_variation
+
+TPOT_STABILITY_LIMIT = 0.20  # coefficient of variation of per-request TPOT
+RECOVERY_FACTOR = 1.5  # TTFT within this factor of the pre-burst median counts as recovered
+DRIFT_LIMIT = 0.20  # last third vs first third of a soak
+
+
+async def rate_levels(
+    session: BenchSession,
+    rates: list[float],
+    arrival: str,
+    burstiness: float,
+    warmup_s: float,
+    max_concurrency: int | None,
+    on_start: LevelStart | None = None,
+) -> dict[str, Any]:
+    cfg = session.cfg
+    duration = cfg.duration_per_level_s or 30.0
+    levels = []
+    kind: Arrival = arrival  # type: ignore[assignment]  # validated by the CLI
+    for i, rate in enumerate(rates):
+        offsets = arrival_offsets(rate, warmup_s + duration, kind, burstiness, cfg.seed + i)
+        run = await session.schedule(
+            offsets, (warmup_s, warmup_s + duration), rate, max_concurrency, on_start
+        )
+        lv = summarize_level([run], cfg)
+        achieved = lv["throughput"]["requests_per_s"]
+        lv["offered_rate"] = sum(1 for o in offsets if warmup_s <= o < warmup_s + duration) / duration
+        lv["saturated"] = achieved < 0.9 * lv["offered_rate"]
+        levels.append(lv)
+    scenario = {
+        "arrival": arrival,
+        "burstiness": burstiness if arrival == "bursty" else None,
+        "warmup_s": warmup_s,
+        "max_concurrency": max_concurrency,
+    }
+    return session.report("rate", levels, scenario, knees=False)
+
+
+async def run_baseline(session: BenchSession, on_start: LevelStart | None = None) -> dict[str, Any]:
+    """Concurrency 1: the reference every latency-inflation limit is relative to."""
+    lv = await session.level(1, on_start)
+    measured = [r for run in session.runs for r in run.measured]
+    variation = tpot_variation(measured)
+    stable = variation is not None and variation <= TPOT_STABILITY_LIMIT
+    if variation is None:
+        session.warnings.append("TPOT stability not checked: fewer than two multi-token answers")
+    elif not stable:
+        session.warnings.append(
+            f"unstable baseline: per-request TPOT varies by {variation:.0%} (coefficient of "
+            f"variation > {TPOT_STABILITY_LIMIT:.0%}); fix the server's noise before sweeping"
+        )
+    scenario = {"tpot_variation": variation, "tpot_stable": stable, "limit": TPOT_STABILITY_LIMIT}
+    return session.report("baseline", [lv], scenario, knees=False)
+
+
+async def run_burst(
+    session: BenchSession,
+    steady_rate: float,
+    burst_requests: int,
+    before_s: float,
+    after_s: float,
+    on_start: LevelStart | None = None,
+) -> dict[str, Any]:
+    cfg = session.cfg
+    steady = arrival_offsets(steady_rate, before_s + after_s, "constant", seed=cfg.seed)
+    plan = sorted(
+        [(o, False) for o in steady] + [(before_s, True)] * burst_requests, key=lambda p: (p[0], p[1])
+    )
+    run = await session.schedule([o for o, _ in plan], (0.0, before_s + after_s), steady_rate, None, on_start)
+    lv = summarize_level([run], cfg)
+    pairs = list(zip(plan, run.records, strict=True))
+    pre = [r.ttft for (o, b), r in pairs if not b and o < before_s and r.ttft is not None]
+    post = [(o, r.ttft) for (o, b), r in pairs if not b and o >= before_s]
+    burst_ttfts = [r.ttft for (_, b), r in pairs if b and r.ttft is not None]
+    base = statistics.median(pre) if pre else None
+    recovery_s = None
+    if base is not None:
+        limit = RECOVERY_FACTOR * base
+        # recovered at the first steady request after which every one stays within the limit
+        for i, (o, _) in enumerate(post):
+            if all(t is not None and t <= limit for _, t in post[i:]):
+                recovery_s = o - before_s
+                break
+    if recovery_s is None:
+        session.warnings.append(f"latency did not recover within {after_s:g} s after the burst")
+    scenario = {
+        "steady_rate": steady_rate,
+        "burst_requests": burst_requests,
+        "burst_at_s": before_s,
+        "baseline_ttft_p50_ms": None if base is None else base * 1e3,
+        "burst_ttft_max_ms": max(burst_ttfts) * 1e3 if burst_ttfts else None,
+        "recovery_s": recovery_s,
+        "recovered": recovery_s is not None,
+        "recovery_factor": RECOVERY_FACTOR,
+    }
+    return session.report("burst", [lv], scenario, knees=False)
+
+
+def _drift(values: list[float | None]) -> float | None:
+    """Relative change from the first third to the last third of the windows."""
+    xs = [v for v in values if v is not None]
+    if len(xs) < 3:
+        return None
+    third = max(1, len(xs) // 3)
+    head, tail = statistics.fmean(xs[:third]), statistics.fmean(xs[-third:])
+    return (tail - head) / head if head > 0 else None
+
+
+async def run_soak(
+    session: BenchSession,
+    concurrency: int,
+    duration_s: float,
+    window_s: float,
+    on_start: LevelStart | None = None,
+) -> dict[str, Any]:
+    windows = max(1, round(duration_s / window_s))
+    levels = []
+    for i in range(windows):
+        lv = await session.level(concurrency, on_start)
+        lv["window_index"] = i
+        levels.append(lv)
+
+    def series(metric: str, pct: str) -> list[float | None]:
+        return [lv["latency_ms"][metric][pct] if lv["latency_ms"][metric] else None for lv in levels]
+
+    def server(name: str) -> list[float | None]:
+        return [(lv["server"] or {}).get(name, {}) and lv["server"][name]["mean"] for lv in levels]
+
+    drift = {
+        "ttft_p95": _drift(series("ttft", "p95")),
+        "tpot_p50": _drift(series("tpot", "p50")),
+        "e2e_p95": _drift(series("e2e", "p95")),
+        "kv_usage_mean": _drift(server("kv_usage")),
+        "resident_memory_mean": _drift(server("resident_memory_bytes")),
+    }
+    flagged = sorted(k for k, v in drift.items() if v is not None and v > DRIFT_LIMIT)
+    for name in flagged:
+        session.warnings.append(
+            f"upward drift: {name} rose {drift[name]:.0%} from the first to the last third"
+        )
+    scenario = {
+        "windows": windows,
+        "window_s": window_s,
+        "drift": drift,
+        "drift_limit": DRIFT_LIMIT,
+        "drifting": flagged,
+    }
+    return session.report("soak", levels, scenario, knees=False)

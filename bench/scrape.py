@@ -1,0 +1,182 @@
+"""Reading a server's Prometheus ``/metrics`` during a level or a diagnose window.
+
+What it is: a parser into flat :class:`Snapshot` objects (series summed over label
+sets, histogram buckets kept), deltas between snapshots, bucket quantiles, and a
+:class:`Scraper` task that polls while load runs. Either engine family works: the
+names come from :mod:`plimsoll.metric_names` and the family is detected from the
+scrape. What it is not: a Prometheus server; nothing is stored beyond one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from plimsoll.metric_names import EngineMetricNames, detect_family
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One scrape: sample name -> value summed over labels; histogram name -> buckets."""
+
+    t: float
+    values: dict[str, float] = field(default_factory=dict)
+    # histogram base name -> sorted [(le, cumulative count)], summed over labels
+    buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+def parse_metrics(text: str, t: float | None = None) -> Snapshot:
+    snap = Snapshot(time.monotonic() if t is None else t)
+    acc: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and "le" in sample.labels:
+                le = float(sample.labels["le"])
+                per = acc.setdefault(sample.name.removesuffix("_bucket"), {})
+                per[le] = per.get(le, 0.0) + sample.value
+            else:
+                snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
+    snap.buckets = {name: sorted(b.items()) for name, b in acc.items()}
+    return snap
+
+
+async def fetch(http: httpx.AsyncClient, url: str) -> Snapshot:
+    """GET ``url``/metrics and parse it; raises httpx errors to the caller."""
+    response = await http.get(f"{url}/metrics", timeout=10.0)
+    response.raise_for_status()
+    return parse_metrics(response.text)
+
+
+def family_of(snap: Snapshot) -> EngineMetricNames | None:
+    return detect_family(set(snap.values))
+
+
+def counter_delta(a: Snapshot, b: Snapshot, name: str) -> float | None:
+    """Increase of a counter between scrapes; None when the server lacks it."""
+    if name not in b.values:
+        return None
+    return max(0.0, b.values[name] - a.values.get(name, 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramDelta:
+    """What a histogram observed between two scrapes."""
+
+    count: float
+    total: float
+    buckets: tuple[tuple[float, float], ...]
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Linear interpolation inside the bucket holding rank q·count (Prometheus' method)."""
+        if self.count <= 0 or not self.buckets:
+            return None
+        rank = q * self.count
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in self.buckets:
+            if c >= rank:
+                if math.isinf(le):
+                    return prev_le
+                width = c - prev_c
+                return prev_le + (le - prev_le) * ((rank - prev_c) / width if width > 0 else 1.0)
+            prev_le, prev_c = le, c
+        return prev_le
+
+
+def histogram_delta(a: Snapshot, b: Snapshot, name: str) -> HistogramDelta | None:
+    base = name
+    if f"{base}_count" not in b.values:
+        return None
+    old = dict(a.buckets.get(base, []))
+    buckets = tuple((le, max(0.0, c - old.get(le, 0.0))) for le, c in b.buckets.get(base, []))
+    return HistogramDelta(
+        count=max(0.0, b.values[f"{base}_count"] - a.values.get(f"{base}_count", 0.0)),
+        total=max(0.0, b.values.get(f"{base}_sum", 0.0) - a.values.get(f"{base}_sum", 0.0)),
+        buckets=buckets,
+    )
+
+
+def gauge_summary(samples: list[Snapshot], name: str) -> dict[str, float] | None:
+    values = [s.values[name] for s in samples if name in s.values]
+    if not values:
+        return None
+    arr = np.asarray(values)
+    return {
+        "mean": float(arr.mean()),
+        "p95": float(np.percentile(arr, 95)),
+        "max": float(arr.max()),
+        "last": float(arr[-1]),
+        "samples": len(values),
+    }
+
+
+class Scraper:
+    """Polls ``/metrics`` every ``interval`` seconds while a level runs."""
+
+    def __init__(self, url: str, interval: float, headers: dict[str, str] | None = None) -> None:
+        self.url = url
+        self.interval = interval
+        self.samples: list[Snapshot] = []
+        self.error: str | None = None
+        self._http = httpx.AsyncClient(headers=headers or {})
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                self.samples.append(await fetch(self._http, self.url))
+            except (httpx.HTTPError, ValueError) as exc:
+                # A server without /metrics is still benchmarkable; say so once.
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+            await asyncio.sleep(self.interval)
+
+    def start(self) -> None:
+        self.samples = []
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> dict[str, Any] | None:
+        """Stop polling and summarise the server's gauges and counters for the level."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            self.samples.append(await fetch(self._http, self.url))
+        return summarize_server(self.samples)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def summarize_server(samples: list[Snapshot]) -> dict[str, Any] | None:
+    """Running, waiting, KV usage (mean/p95/max) and preemptions over the samples."""
+    if len(samples) < 1:
+        return None
+    fam = family_of(samples[-1])
+    if fam is None:
+        return None
+    first, last = samples[0], samples[-1]
+    return {
+        "engine_family": "vllm" if fam.running.startswith("vllm:") else "plimsoll",
+        "running": gauge_summary(samples, fam.running),
+        "waiting": gauge_summary(samples, fam.waiting),
+        "kv_usage": gauge_summary(samples, fam.kv_usage),
+        "preemptions": counter_delta(first, last, fam.preemptions),
+        "resident_memory_bytes": gauge_summary(samples, "process_resident_memory_bytes"),
+    }
