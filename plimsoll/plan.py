@@ -261,7 +261,10 @@ def _param_how(d: ModelDims) -> str:
     return f"{d.layers} layers × (attention {attention}, {mlp}), hidden {d.hidden}, vocab {d.vocab} ({emb})"
 
 
-def _report_target(report: Path) -> tuple[float, str]:
+def _report_target(
+    report: Path, ttft_p95_ms: float | None, tpot_p50_ms: float | None, headroom: float | None
+) -> tuple[float, str, float | None]:
+    """Per-replica concurrency (and the mean latency there) from a bench report, for this SLO."""
     from plimsoll.operator.scaling.profile import ProfileFailure, read_profile
 
     try:
@@ -271,8 +274,13 @@ def _report_target(report: Path) -> tuple[float, str]:
     profile = read_profile(text)
     if isinstance(profile, ProfileFailure):
         raise PlanError(f"{report}: {profile.message}")
-    knees = f"throughput knee {profile.throughput_knee}, latency knee {profile.latency_knee}"
-    return float(profile.concurrency_per_replica), f"bench report recommendation ({knees})"
+    try:
+        value, how = profile.concurrency_for(
+            ttft_p95_ms=ttft_p95_ms, tpot_p50_ms=tpot_p50_ms, headroom=headroom
+        )
+    except ValueError as err:
+        raise PlanError(f"{report}: {err}") from None
+    return float(value), how, profile.mean_latency_s(value)
 
 
 def plan(
@@ -290,7 +298,19 @@ def plan(
     target_concurrency: Annotated[float | None, typer.Option(help="Concurrent requests to serve.")] = None,
     target_rps: Annotated[float | None, typer.Option(help="Requests per second to serve.")] = None,
     latency_s: Annotated[
-        float | None, typer.Option(help="Mean seconds per request, to turn --target-rps into concurrency.")
+        float | None,
+        typer.Option(
+            help="Mean seconds per request for --target-rps (default: the report's, at the target)."
+        ),
+    ] = None,
+    ttft_p95_ms: Annotated[
+        float | None, typer.Option(help="TTFT p95 SLO to re-derive the target from the report.")
+    ] = None,
+    tpot_p50_ms: Annotated[
+        float | None, typer.Option(help="TPOT p50 SLO to re-derive the target from the report.")
+    ] = None,
+    headroom: Annotated[
+        float | None, typer.Option(help="Share of the knee to load each replica to (0-1].")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
@@ -298,11 +318,16 @@ def plan(
     try:
         if report is not None and concurrency_per_replica is not None:
             raise PlanError("give --report or --concurrency-per-replica, not both")
-        per_replica, source = (
-            (concurrency_per_replica, "--concurrency-per-replica")
-            if report is None
-            else (_report_target(report))
-        )
+        if report is None and (ttft_p95_ms is not None or tpot_p50_ms is not None or headroom is not None):
+            raise PlanError(
+                "--ttft-p95-ms, --tpot-p50-ms and --headroom re-derive the target from --report; give one"
+            )
+        per_replica, source = concurrency_per_replica, "--concurrency-per-replica"
+        if report is not None:
+            per_replica, source, report_latency = _report_target(report, ttft_p95_ms, tpot_p50_ms, headroom)
+            if latency_s is None and target_rps is not None and report_latency is not None:
+                latency_s = report_latency
+                source += f"; mean E2E there {report_latency:.3g} s (report)"
         steps = make_plan(
             read_model_config(model_config),
             gpu_memory=parse_bytes(gpu_memory),

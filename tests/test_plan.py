@@ -132,3 +132,40 @@ def test_parse_bytes_units() -> None:
     assert parse_bytes("80GB") == 80 * 10**9
     assert parse_bytes("24Gi") == 24 * 2**30
     assert parse_bytes("512 MiB") == 512 * 2**20
+
+
+def sweep(tmp_path: Path) -> Path:
+    """A report with measured levels: (concurrency, TTFT p95 ms, E2E mean ms)."""
+    levels = [
+        {"concurrency": c, "valid": True,
+         "latency_ms": {"ttft": {"mean": t, "p50": t, "p95": t}, "tpot": {"mean": 20, "p50": 20, "p95": 25},
+                        "e2e": {"mean": e, "p50": e, "p95": e}}}
+        for c, t, e in ((1, 40, 1000), (8, 120, 2000), (16, 400, 3000), (32, 1500, 6000))
+    ]  # fmt: skip
+    report = tmp_path / "sweep.json"
+    report.write_text(json.dumps({
+        "schema_version": "1.0", "levels": levels,
+        "knees": {"throughput": {"concurrency": 16}, "latency": {"concurrency": None}},
+        "recommendation": {"concurrency_per_replica": 12, "headroom": 0.75},
+    }))  # fmt: skip
+    return report
+
+
+def test_rate_uses_the_reports_latency_at_the_operating_point(tmp_path: Path) -> None:
+    plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--report", str(sweep(tmp_path)),
+                    "--target-rps", "10")  # fmt: skip
+    # Mean E2E at 12 in flight: between 2 s (8) and 3 s (16) → 2.5 s; L = 10 × 2.5 = 25.
+    assert plan["target in flight"] == 25
+    assert plan["replicas"] == math.ceil(25 / 12) == 3
+
+
+def test_slo_rederives_the_per_replica_target(tmp_path: Path) -> None:
+    report = str(sweep(tmp_path))
+    plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--report", report,
+                    "--ttft-p95-ms", "150", "--target-concurrency", "100")  # fmt: skip
+    # TTFT p95 ≤ 150 ms up to 8 in flight: ⌊0.75 × 8⌋ = 6 per replica.
+    assert plan["per-replica concurrency"] == 6
+    assert plan["replicas"] == math.ceil(100 / 6) == 17
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB",
+                                 "--report", report, "--ttft-p95-ms", "5", "--target-concurrency", "10"])  # fmt: skip
+    assert result.exit_code == 2 and "no measured level meets the SLO" in result.output

@@ -16,12 +16,16 @@ yields a capacity: there is no default to fall back on.
 """
 
 import hashlib
+import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from plimsoll.operator.scaling.formula import fmt
 
 # Major versions of the report this reader understands.
 SUPPORTED_SCHEMA_MAJOR = 1
@@ -43,7 +47,26 @@ class _Knees(_Lenient):
 
 class _Recommendation(_Lenient):
     concurrency_per_replica: int | None = Field(default=None, ge=1)
+    headroom: float | None = Field(default=None, gt=0, le=1)
     reason: str | None = None
+
+
+class _Distribution(_Lenient):
+    mean: float | None = None
+    p50: float | None = None
+    p95: float | None = None
+
+
+class _LevelLatency(_Lenient):
+    ttft: _Distribution | None = None
+    tpot: _Distribution | None = None
+    e2e: _Distribution | None = None
+
+
+class _Level(_Lenient):
+    concurrency: int | None = None  # None for open-loop (rate) levels
+    valid: bool = True
+    latency_ms: _LevelLatency = Field(default_factory=_LevelLatency)
 
 
 class _Report(_Lenient):
@@ -51,6 +74,17 @@ class _Report(_Lenient):
     knees: _Knees
     recommendation: _Recommendation
     workload: dict[str, Any] | None = None
+    levels: list[_Level] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LevelPoint:
+    """One valid closed-loop level of the sweep: what planning against another SLO needs."""
+
+    concurrency: int
+    ttft_p95_ms: float | None
+    tpot_p50_ms: float | None
+    e2e_mean_ms: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +96,72 @@ class CapacityProfile:
     latency_knee: float | None
     concurrency_per_replica: int
     workload: dict[str, Any] | None
+    headroom: float | None = None
+    levels: tuple[LevelPoint, ...] = ()
+
+    def concurrency_for(
+        self,
+        *,
+        ttft_p95_ms: float | None = None,
+        tpot_p50_ms: float | None = None,
+        headroom: float | None = None,
+    ) -> tuple[int, str]:
+        """Per-replica concurrency re-derived for another SLO or headroom, with its arithmetic.
+
+        Without either, the report's own recommendation. With an SLO: the highest
+        measured level up to which every level meets it, then
+        ``⌊headroom × min(that level, throughput knee)⌋``. Raises ValueError when
+        not even the lowest level meets the SLO.
+        """
+        if ttft_p95_ms is None and tpot_p50_ms is None and headroom is None:
+            return self.concurrency_per_replica, (
+                f"bench report recommendation (throughput knee {fmt_opt(self.throughput_knee)}, "
+                f"latency knee {fmt_opt(self.latency_knee)})"
+            )
+        h = headroom if headroom is not None else (self.headroom or 0.75)
+        knees: list[tuple[float, str]] = []
+        if self.throughput_knee is not None:
+            knees.append((self.throughput_knee, "throughput knee"))
+        if ttft_p95_ms is None and tpot_p50_ms is None:
+            if self.latency_knee is not None:
+                knees.append((self.latency_knee, "latency knee"))
+        else:
+            meets = None
+            for lv in self.levels:
+                broken = [
+                    f"{name} {fmt_opt(value)} ms > {fmt(limit)} ms"
+                    for name, value, limit in (("TTFT p95", lv.ttft_p95_ms, ttft_p95_ms),
+                                               ("TPOT p50", lv.tpot_p50_ms, tpot_p50_ms))
+                    if limit is not None and (value is None or value > limit)
+                ]  # fmt: skip
+                if broken:
+                    if meets is None:
+                        raise ValueError(
+                            f"no measured level meets the SLO: at concurrency {lv.concurrency}, "
+                            f"{'; '.join(broken)}; one replica cannot hold this SLO at any tested load"
+                        )
+                    break
+                meets = lv.concurrency
+            if meets is None:
+                raise ValueError("the report has no valid closed-loop levels to check an SLO against")
+            knees.append((meets, "last level within SLO"))
+        if not knees:
+            raise ValueError("the report has no knee to derive a per-replica concurrency from")
+        knee, name = min(knees)
+        value = max(1, math.floor(h * knee))
+        return value, f"⌊{fmt(h)} × {name} {fmt(knee)}⌋ = {value}"
+
+    def mean_latency_s(self, concurrency: float) -> float | None:
+        """Mean end-to-end seconds at ``concurrency``, interpolated between measured levels (None without data)."""
+        points = [(lv.concurrency, lv.e2e_mean_ms) for lv in self.levels if lv.e2e_mean_ms is not None]
+        if not points:
+            return None
+        if concurrency <= points[0][0]:
+            return points[0][1] / 1000
+        for (c0, e0), (c1, e1) in itertools.pairwise(points):
+            if c0 <= concurrency <= c1:
+                return (e0 + (e1 - e0) * (concurrency - c0) / (c1 - c0)) / 1000
+        return points[-1][1] / 1000
 
     def knees(self) -> dict[str, Any]:
         """For ``status.capacity.knees``."""
@@ -125,6 +225,17 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
         latency_knee=parsed.knees.latency.concurrency if parsed.knees.latency else None,
         concurrency_per_replica=per_replica,
         workload=parsed.workload,
+        headroom=parsed.recommendation.headroom,
+        levels=tuple(
+            LevelPoint(
+                concurrency=lv.concurrency,
+                ttft_p95_ms=lv.latency_ms.ttft.p95 if lv.latency_ms.ttft else None,
+                tpot_p50_ms=lv.latency_ms.tpot.p50 if lv.latency_ms.tpot else None,
+                e2e_mean_ms=lv.latency_ms.e2e.mean if lv.latency_ms.e2e else None,
+            )
+            for lv in sorted(parsed.levels, key=lambda lv: lv.concurrency or 0)
+            if lv.valid and lv.concurrency is not None
+        ),
     )
 
 
@@ -155,3 +266,7 @@ def profile_spec_hash(
 def is_stale(measured_hash: str | None, current_hash: str) -> bool:
     """True when a profile exists and was measured on something else than the current spec."""
     return measured_hash is not None and measured_hash != current_hash
+
+
+def fmt_opt(x: float | None) -> str:
+    return "none" if x is None else fmt(x)

@@ -1,6 +1,7 @@
 """Reading the bench report as the operator's capacity profile, and the hash that marks it stale."""
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,3 +78,60 @@ def test_spec_hash_changes_with_what_was_measured_only() -> None:
     assert h2 != h
     assert profile_spec_hash(**base, gpu={"count": 1, "type": "A100"}) != h  # type: ignore[arg-type]
     assert is_stale(h, h2) and not is_stale(h, h) and not is_stale(None, h)
+
+
+def dist(mean: float, p50: float, p95: float) -> dict[str, float]:
+    return {"mean": mean, "p50": p50, "p90": p95, "p95": p95, "p99": p95}
+
+
+def sweep_report() -> dict[str, Any]:
+    """A sweep report shaped exactly as bench/report.schema.json demands (checked below)."""
+    # concurrency: (TTFT p95 ms, TPOT p50 ms, E2E mean ms)
+    measured = {1: (40, 10, 1300), 2: (45, 11, 1450), 4: (60, 12, 1600), 8: (120, 15, 2000),
+                16: (400, 22, 3000), 32: (1500, 40, 6500)}  # fmt: skip
+    levels = [
+        {
+            "concurrency": c, "rate": None, "valid": True, "invalid_reasons": [],
+            "requests": {"measured": 64, "completed": 64, "failed": 0, "error_rate": 0.0, "errors_by_kind": {}},
+            "throughput": {"requests_per_s": c / (e2e / 1000), "output_tokens_per_s": 128 * c / (e2e / 1000),
+                           "total_tokens_per_s": 640 * c / (e2e / 1000)},
+            "latency_ms": {"ttft": dist(ttft * 0.8, ttft * 0.7, ttft), "tpot": dist(tpot, tpot, tpot * 1.2),
+                           "itl": dist(tpot, tpot, tpot * 1.3), "e2e": dist(e2e, e2e, e2e * 1.2)},
+            "achieved_concurrency": c * 0.98, "client": {}, "server": None,
+        }
+        for c, (ttft, tpot, e2e) in measured.items()
+    ]  # fmt: skip
+    return {
+        "schema_version": "1.0", "kind": "sweep", "created_at": "2026-11-29T13:00:00+00:00",
+        "tool": {"name": "plimsoll-bench", "version": "0.1.0"},
+        "server": {"url": "http://127.0.0.1:8000", "model": "m", "engine_family": "plimsoll"},
+        "workload": {"endpoint": "completions", "input_tokens": "512", "output_tokens": "128"},
+        "slo": {"ttft_p95_ms": 500, "tpot_p50_ms": None, "e2e_p95_ms": None},
+        "levels": levels,
+        "knees": {"throughput": {"concurrency": 16, "reason": "90% of max"},
+                  "latency": {"concurrency": 18.5, "status": "found", "reason": "TTFT p95 crosses 500 ms"}},
+        "recommendation": {"concurrency_per_replica": 12, "headroom": 0.75, "limited_by": "throughput",
+                           "knee_concurrency": 16, "reason": "⌊0.75 × throughput knee 16⌋ = 12"},
+        "warnings": [],
+    }  # fmt: skip
+
+
+def test_sample_report_matches_the_bench_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).resolve().parents[2] / "bench" / "report.schema.json").read_text())
+    jsonschema.validate(sweep_report(), schema)
+
+
+def test_concurrency_rederived_for_another_slo_and_latency_interpolated() -> None:
+    p = read_profile(sweep_report())
+    assert isinstance(p, CapacityProfile)
+    assert p.concurrency_for()[0] == 12
+    # TTFT p95 ≤ 150 ms holds up to 8 (16 has 400 ms): ⌊0.75 × min(8, 16)⌋ = 6.
+    assert p.concurrency_for(ttft_p95_ms=150) == (6, "⌊0.75 × last level within SLO 8⌋ = 6")
+    # A looser SLO is capped by the throughput knee: ⌊0.5 × 16⌋ = 8.
+    assert p.concurrency_for(ttft_p95_ms=5000, headroom=0.5)[0] == 8
+    with pytest.raises(ValueError, match="no measured level meets the SLO"):
+        p.concurrency_for(ttft_p95_ms=10)
+    # Mean E2E at 12: halfway between 2000 ms (c=8) and 3000 ms (c=16).
+    assert p.mean_latency_s(12) == pytest.approx(2.5)
+    assert p.mean_latency_s(0.5) == pytest.approx(1.3) and p.mean_latency_s(64) == pytest.approx(6.5)
