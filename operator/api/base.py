@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
 from pydantic.alias_generators import to_camel
+from pydantic.types import JsonValue
 
 GROUP = "plimsoll.dev"
 VERSION = "v1alpha1"
@@ -77,9 +78,9 @@ FreeForm = Annotated[
 ]
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, JsonValue]:
     """One CEL ``x-kubernetes-validations`` entry; the API server shows ``message`` on failure."""
-    entry = {"rule": rule, "message": message}
+    entry: dict[str, JsonValue] = {"rule": rule, "message": message}
     if field_path is not None:
         entry["fieldPath"] = field_path
     return entry

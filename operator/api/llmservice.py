@@ -27,7 +27,7 @@ class LLMService(APIModel):
     kind: str = KIND
     metadata: ObjectMeta
     spec: LLMServiceSpec
-    status: LLMServiceStatus = Field(default_factory=LLMServiceStatus)
+    status: LLMServiceStatus = Field(default_factory=lambda: LLMServiceStatus.model_validate({}))
 
     @classmethod
     def from_body(cls, body: Any) -> "LLMService":

@@ -10,7 +10,7 @@ This module does no I/O and knows nothing about Deployments.
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
 from plimsoll.operator.api.model_uri import MODEL_URI_PATTERN, parse_model_uri
@@ -85,7 +85,7 @@ class GPUSpec(APIModel):
 class ResourcesSpec(APIModel):
     """Compute each replica requests."""
 
-    gpu: GPUSpec = Field(default_factory=GPUSpec, description="GPUs per replica.")
+    gpu: GPUSpec = Field(default_factory=lambda: GPUSpec.model_validate({}), description="GPUs per replica.")
     cpu: Quantity | None = Field(None, description="CPU request and limit, e.g. 4.")
     memory: Quantity | None = Field(None, description="Memory request and limit, e.g. 32Gi.")
 
@@ -102,13 +102,13 @@ class SchedulingSpec(APIModel):
 class ScalingSpec(APIModel):
     """Bounds every autoscaler (built-in, HPA, KEDA) keeps replicas within."""
 
-    model_config = APIModel.model_config | {
-        "json_schema_extra": {
+    model_config = ConfigDict(
+        json_schema_extra={
             "x-kubernetes-validations": [
                 cel("self.min <= self.max", "scaling.min must not exceed scaling.max"),
             ]
         }
-    }
+    )
 
     min: int = Field(1, ge=0, description="Fewest replicas.")
     max: int = Field(ge=1, description="Most replicas.")
@@ -146,14 +146,16 @@ class ProfileWorkload(APIModel):
 class ProfileSpec(APIModel):
     """How a Profile-mode capacity is measured."""
 
-    workload: ProfileWorkload = Field(default_factory=ProfileWorkload, description="What the sweep sends.")
+    workload: ProfileWorkload = Field(
+        default_factory=lambda: ProfileWorkload.model_validate({}), description="What the sweep sends."
+    )
 
 
 class CapacitySpec(APIModel):
     """How many concurrent requests one replica should carry."""
 
-    model_config = APIModel.model_config | {
-        "json_schema_extra": {
+    model_config = ConfigDict(
+        json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
                     "!has(self.mode) || self.mode != 'Manual' || has(self.concurrencyPerReplica)",
@@ -161,13 +163,15 @@ class CapacitySpec(APIModel):
                 ),
             ]
         }
-    }
+    )
 
     mode: CapacityMode = Field(
         "Profile", description="Profile measures it with a benchmark Job; Manual takes concurrencyPerReplica."
     )
     concurrency_per_replica: PositiveInt | None = Field(None, description="Manual per-replica concurrency.")
-    profile: ProfileSpec = Field(default_factory=ProfileSpec, description="Benchmark used in Profile mode.")
+    profile: ProfileSpec = Field(
+        default_factory=lambda: ProfileSpec.model_validate({}), description="Benchmark used in Profile mode."
+    )
     headroom: float = Field(
         0.75, gt=0, le=1, description="Fraction of the measured knee each replica is loaded to."
     )
@@ -206,8 +210,8 @@ class AutoscalingSpec(APIModel):
 class ExpectedLoadSpec(APIModel):
     """Load expected at start, for the initial replica count (Little's law for a rate)."""
 
-    model_config = APIModel.model_config | {
-        "json_schema_extra": {
+    model_config = ConfigDict(
+        json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
                     "!(has(self.concurrency) && has(self.requestsPerSecond))",
@@ -215,7 +219,7 @@ class ExpectedLoadSpec(APIModel):
                 ),
             ]
         }
-    }
+    )
 
     concurrency: float | None = Field(None, ge=0, description="Expected concurrent requests.")
     requests_per_second: float | None = Field(None, ge=0, description="Expected arrival rate.")
@@ -240,8 +244,8 @@ class RouterSpec(APIModel):
 class LLMServiceSpec(APIModel):
     """What an LLMService asks for: a model, an engine, GPUs and how to size and scale it."""
 
-    model_config = APIModel.model_config | {
-        "json_schema_extra": {
+    model_config = ConfigDict(
+        json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
                     "!has(self.replicas) || !has(self.scaling) "
@@ -251,23 +255,38 @@ class LLMServiceSpec(APIModel):
                 ),
             ]
         }
-    }
+    )
 
     model: ModelSpec = Field(description="The model to serve.")
-    engine: EngineSpec = Field(default_factory=EngineSpec, description="Inference engine and its settings.")
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-replica compute.")
-    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement.")
+    engine: EngineSpec = Field(
+        default_factory=lambda: EngineSpec.model_validate({}),
+        description="Inference engine and its settings.",
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=lambda: ResourcesSpec.model_validate({}), description="Per-replica compute."
+    )
+    scheduling: SchedulingSpec = Field(
+        default_factory=lambda: SchedulingSpec.model_validate({}), description="Pod placement."
+    )
     replicas: int | None = Field(
         None,
         ge=0,
         description="Replica count (the scale subresource); autoscalers write it within scaling bounds.",
     )
     scaling: ScalingSpec | None = Field(None, description="Replica bounds for autoscaling.")
-    slo: SLOSpec = Field(default_factory=SLOSpec, description="Latency objectives.")
-    capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="Per-replica capacity.")
-    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="Autoscaler settings.")
+    slo: SLOSpec = Field(
+        default_factory=lambda: SLOSpec.model_validate({}), description="Latency objectives."
+    )
+    capacity: CapacitySpec = Field(
+        default_factory=lambda: CapacitySpec.model_validate({}), description="Per-replica capacity."
+    )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=lambda: AutoscalingSpec.model_validate({}), description="Autoscaler settings."
+    )
     expected_load: ExpectedLoadSpec | None = Field(None, description="Load expected at start.")
-    router: RouterSpec = Field(default_factory=RouterSpec, description="Router in front of the replicas.")
+    router: RouterSpec = Field(
+        default_factory=lambda: RouterSpec.model_validate({}), description="Router in front of the replicas."
+    )
     pod_annotations: dict[str, str] = Field(
         default_factory=dict, description="Extra annotations on every replica pod (e.g. for a service mesh)."
     )

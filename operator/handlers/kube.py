@@ -49,7 +49,7 @@ class Kube:
         """Load in-cluster credentials inside a pod, else the kubeconfig ($KUBECONFIG)."""
         configuration = client.Configuration()
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
             await config.load_kube_config(client_configuration=configuration)
         return cls(api=client.ApiClient(configuration), _discovery={})

@@ -25,7 +25,10 @@ from plimsoll.operator.handlers.reconcile import parse, reconcile, write_status
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, MANAGED_BY
 from plimsoll.operator.resources.settings import BuildSettings
 
-_CHILD_FILTER = {"app.kubernetes.io/managed-by": MANAGED_BY, LLMSERVICE_LABEL: kopf.PRESENT}
+_CHILD_FILTER: dict[str, Any] = {
+    "app.kubernetes.io/managed-by": MANAGED_BY,
+    LLMSERVICE_LABEL: kopf.PRESENT,
+}
 RESYNC_SECONDS = float(os.environ.get("PLIMSOLL_RESYNC_SECONDS", "30"))
 # Set by the CLI when --namespace is given: namespaced RBAC cannot watch CRDs
 # cluster-wide, so kopf resolves its resources once at start instead.
@@ -101,8 +104,8 @@ async def _owner(memo: kopf.Memo, namespace: str, labels: dict[str, str]) -> dic
     return owner
 
 
-async def _on_child(event: dict[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
-    obj = event.get("object") or {}
+async def _on_child(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger) -> None:
+    obj: dict[str, Any] = dict(event.get("object") or {})
     meta = obj.get("metadata", {})
     owner = await _owner(memo, meta.get("namespace", ""), meta.get("labels", {}) or {})
     if owner is None:
@@ -122,20 +125,20 @@ async def _on_child(event: dict[str, Any], memo: kopf.Memo, logger: kopf.Logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_FILTER)
-async def deployment_event(event: dict[str, Any], memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def deployment_event(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Deployment status → owner status; Deployment deleted → owner reconciled."""
     await _on_child(event, memo, logger)
 
 
 @kopf.on.event("v1", "services", labels=_CHILD_FILTER)
-async def service_event(event: dict[str, Any], memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def service_event(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Service deleted by hand → owner reconciled."""
     if event.get("type") == "DELETED":
         await _on_child(event, memo, logger)
 
 
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=_CHILD_FILTER)
-async def pdb_event(event: dict[str, Any], memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def pdb_event(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """PodDisruptionBudget deleted by hand → owner reconciled."""
     if event.get("type") == "DELETED":
         await _on_child(event, memo, logger)

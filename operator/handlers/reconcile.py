@@ -9,7 +9,7 @@ spec and the autoscaler in ``operator/scaling`` do) and does not watch anything.
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from pydantic import ValidationError
@@ -41,6 +41,11 @@ class Outcome:
     ready: bool
 
 
+def _as_body(body: kopf.Body | dict[str, Any]) -> kopf.Body:
+    # kopf's event/adopt helpers read plain mappings too (an owner fetched by GET).
+    return cast(kopf.Body, body)
+
+
 def describe_validation_error(error: ValidationError) -> str:
     """One line per problem: `spec.scaling: scaling.min (3) must not exceed ...`."""
     parts = []
@@ -63,7 +68,7 @@ async def reject_invalid(kube: Kube, body: kopf.Body | dict[str, Any], error: Va
     previous = dict(body.get("status", {}) or {})
     if previous.get("conditions") != status["conditions"]:
         await kube.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], status)
-        kopf.warn(body, reason="InvalidSpec", message=message)  # type: ignore[arg-type]
+        kopf.warn(_as_body(body), reason="InvalidSpec", message=message)
     return message
 
 
@@ -74,7 +79,7 @@ async def _apply_child(
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> str | None:
     """Apply one child; return "created"/"updated" when that happened, else None."""
-    kopf.adopt(obj, owner=body)  # type: ignore[arg-type]
+    kopf.adopt(obj, owner=_as_body(body))
     meta = obj["metadata"]
     before = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
     after = await kube.apply(obj)
@@ -125,10 +130,12 @@ async def reconcile(
             deployment = await kube.get("apps/v1", "Deployment", svc.namespace, svc.name)
 
     if created:
-        kopf.info(body, reason="Created", message="created " + ", ".join(created))  # type: ignore[arg-type]
+        kopf.info(_as_body(body), reason="Created", message="created " + ", ".join(created))
     if updated:
-        kopf.info(  # type: ignore[arg-type]
-            body, reason="Updated", message="brought back in line with the spec: " + ", ".join(updated)
+        kopf.info(
+            _as_body(body),
+            reason="Updated",
+            message="brought back in line with the spec: " + ", ".join(updated),
         )
     ready = await write_status(kube, body, svc, deployment)
     return Outcome(tuple(created), tuple(updated), ready)
@@ -145,7 +152,9 @@ async def write_status(
     if any(previous.get(k) != v for k, v in status.items()):
         await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, status)
     if ready_before is None or ready_before.get("status") != ready_now["status"]:
-        kopf.info(  # type: ignore[arg-type]
-            body, reason=ready_now["reason"], message=f"Ready={ready_now['status']}: {ready_now['message']}"
+        kopf.info(
+            _as_body(body),
+            reason=ready_now["reason"],
+            message=f"Ready={ready_now['status']}: {ready_now['message']}",
         )
     return bool(ready_now["status"] == "True")

@@ -10,7 +10,7 @@ not read metrics or decide replica counts (``operator/scaling`` does).
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.api.status import set_condition
+from plimsoll.operator.api.status import ConditionStatus, ConditionType, set_condition
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.service import endpoint_url
 
@@ -42,47 +42,39 @@ def build_status(
     rolled_out = deployment is not None and observed is not None and observed >= (dep_generation or 0)
 
     conditions: list[dict[str, Any]] = list(previous.get("conditions", []) or [])
-    cond = {"observed_generation": generation, "now": now}
+
+    def put(
+        conds: list[dict[str, Any]], type_: ConditionType, status: ConditionStatus, reason: str, message: str
+    ) -> list[dict[str, Any]]:
+        return set_condition(conds, type_, status, reason, message, observed_generation=generation, now=now)
 
     if deployment is None:
-        conditions = set_condition(
-            conditions, "Ready", "False", "DeploymentMissing", "the Deployment does not exist yet", **cond
+        conditions = put(
+            conditions, "Ready", "False", "DeploymentMissing", "the Deployment does not exist yet"
         )
-        conditions = set_condition(
-            conditions, "Progressing", "True", "CreatingReplicas", "creating the Deployment", **cond
-        )
+        conditions = put(conditions, "Progressing", "True", "CreatingReplicas", "creating the Deployment")
     elif desired == 0:
-        conditions = set_condition(
-            conditions, "Ready", "False", "ScaledToZero", "replicas is 0; nothing serves", **cond
-        )
-        conditions = set_condition(
-            conditions, "Progressing", "False", "ScaledToZero", "no replicas requested", **cond
-        )
+        conditions = put(conditions, "Ready", "False", "ScaledToZero", "replicas is 0; nothing serves")
+        conditions = put(conditions, "Progressing", "False", "ScaledToZero", "no replicas requested")
     elif rolled_out and ready >= desired and updated >= desired and current == updated:
-        conditions = set_condition(
-            conditions, "Ready", "True", "AllReplicasReady", f"{ready}/{desired} replicas ready", **cond
-        )
-        conditions = set_condition(
-            conditions, "Progressing", "False", "RolloutComplete", "all replicas updated", **cond
-        )
+        conditions = put(conditions, "Ready", "True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
+        conditions = put(conditions, "Progressing", "False", "RolloutComplete", "all replicas updated")
     else:
         reason = "RollingOut" if rolled_out and updated < current else "ReplicasNotReady"
         message = f"{ready}/{desired} replicas ready, {updated} on the current spec"
-        conditions = set_condition(conditions, "Ready", "False", reason, message, **cond)
-        conditions = set_condition(conditions, "Progressing", "True", reason, message, **cond)
+        conditions = put(conditions, "Ready", "False", reason, message)
+        conditions = put(conditions, "Progressing", "True", reason, message)
 
     failure = _deployment_condition(deployment or {}, "ReplicaFailure")
     stuck = _deployment_condition(deployment or {}, "Progressing")
     if failure is not None and failure.get("status") == "True":
-        conditions = set_condition(
-            conditions, "Degraded", "True", "ReplicaFailure", str(failure.get("message", "")), **cond
-        )
+        conditions = put(conditions, "Degraded", "True", "ReplicaFailure", str(failure.get("message", "")))
     elif stuck is not None and stuck.get("reason") == "ProgressDeadlineExceeded":
-        conditions = set_condition(
-            conditions, "Degraded", "True", "ProgressDeadlineExceeded", str(stuck.get("message", "")), **cond
+        conditions = put(
+            conditions, "Degraded", "True", "ProgressDeadlineExceeded", str(stuck.get("message", ""))
         )
     else:
-        conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "", **cond)
+        conditions = put(conditions, "Degraded", "False", "AsExpected", "")
 
     return {
         "observedGeneration": generation,
@@ -99,10 +91,13 @@ def invalid_spec_status(
 ) -> dict[str, Any]:
     """Status for a spec the API server accepted but the operator cannot serve."""
     conditions: list[dict[str, Any]] = list(previous.get("conditions", []) or [])
-    cond = {"observed_generation": generation, "now": now}
-    conditions = set_condition(conditions, "Ready", "False", "InvalidSpec", message, **cond)
-    conditions = set_condition(conditions, "Degraded", "True", "InvalidSpec", message, **cond)
-    conditions = set_condition(
-        conditions, "Progressing", "False", "InvalidSpec", "fix the spec to continue", **cond
-    )
+
+    def put(
+        conds: list[dict[str, Any]], type_: ConditionType, status: ConditionStatus, reason: str, message: str
+    ) -> list[dict[str, Any]]:
+        return set_condition(conds, type_, status, reason, message, observed_generation=generation, now=now)
+
+    conditions = put(conditions, "Ready", "False", "InvalidSpec", message)
+    conditions = put(conditions, "Degraded", "True", "InvalidSpec", message)
+    conditions = put(conditions, "Progressing", "False", "InvalidSpec", "fix the spec to continue")
     return {"observedGeneration": generation, "conditions": conditions}
