@@ -183,7 +183,23 @@ async def _tick(
     try:
         config: AutoscalerConfig = autoscaler_config(svc.spec, profiled)
     except NoTargetError as error:
-        logger.debug("autoscaler idle: %s", error)
+        # Say once, in status, why nothing is being scaled yet (e.g. the profile is still running).
+        previous = ((status.get("autoscaler") or {}).get("decision") or {}).get("reason")
+        if previous != "NoTarget":
+            idle = {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "formula": "no per-replica target",
+                # Merge patch: nulls remove what an earlier decision left behind.
+                "inputs": None,
+                "decision": {
+                    **dict.fromkeys(("currentReplicas", "desiredReplicas", "recommendation",
+                                     "stabilizedRecommendation", "fastPath", "scalingLimited", "limitedReason")),
+                    "reason": "NoTarget",
+                    "message": str(error),
+                },
+            }  # fmt: skip
+            await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, {"autoscaler": idle})
+            logger.info("autoscaler idle: %s", error)
         return None, slo_base, last_now
     if scaler is None or scaler.config != config:
         scaler = Autoscaler(config)  # a new target or bounds start a fresh history (conservative)
