@@ -28,7 +28,8 @@ def run_operator(
         return
     import kopf
 
-    from plimsoll.operator.handlers import llmservice  # importing registers the handlers
+    # Importing registers the handlers: reconcile (llmservice) and the built-in autoscaler daemon.
+    from plimsoll.operator.handlers import autoscaling, llmservice  # noqa: F401
 
     llmservice.CLUSTERWIDE = not namespace
     kopf.configure(verbose=verbose)

@@ -51,6 +51,10 @@ app.kubernetes.io/part-of: plimsoll
 - apiGroups: ["plimsoll.dev"]
   resources: ["llmservices/status"]
   verbs: ["get", "patch", "update"]
+# The built-in autoscaler writes replicas through the scale subresource.
+- apiGroups: ["plimsoll.dev"]
+  resources: ["llmservices/scale"]
+  verbs: ["get", "patch", "update"]
 # Owner references with blockOwnerDeletion need update on the owner's finalizers.
 - apiGroups: ["plimsoll.dev"]
   resources: ["llmservices/finalizers"]
@@ -65,6 +69,10 @@ app.kubernetes.io/part-of: plimsoll
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# The autoscaler lists replica pods to scrape their /metrics (read-only).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
 # Scrape objects, only used when the Prometheus Operator's CRDs exist.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "servicemonitors"]
