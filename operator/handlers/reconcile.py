@@ -73,12 +73,9 @@ async def reject_invalid(kube: Kube, body: kopf.Body | dict[str, Any], error: Va
 
 
 async def _apply_child(
-    kube: Kube,
-    body: kopf.Body | dict[str, Any],
-    obj: dict[str, Any],
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> str | None:
-    """Apply one child; return "created"/"updated" when that happened, else None."""
+    kube: Kube, body: kopf.Body | dict[str, Any], obj: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> tuple[str | None, dict[str, Any]]:
+    """Apply one child; return ("created"|"updated"|None, the object as stored)."""
     kopf.adopt(obj, owner=_as_body(body))
     meta = obj["metadata"]
     before = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
@@ -86,11 +83,11 @@ async def _apply_child(
     label = f"{obj['kind']} {meta['name']}"
     if before is None:
         logger.info("created %s", label)
-        return "created"
+        return "created", after
     if before["metadata"].get("resourceVersion") != after["metadata"].get("resourceVersion"):
         logger.info("updated %s", label)
-        return "updated"
-    return None
+        return "updated", after
+    return None, after
 
 
 async def reconcile(
@@ -120,14 +117,14 @@ async def reconcile(
     updated: list[str] = []
     deployment: dict[str, Any] | None = None
     for child in children:
-        change = await _apply_child(kube, body, child, logger)
+        change, stored = await _apply_child(kube, body, child, logger)
         label = f"{child['kind']}/{child['metadata']['name']}"
         if change == "created":
             created.append(label)
         elif change == "updated":
             updated.append(label)
         if child["kind"] == "Deployment":
-            deployment = await kube.get("apps/v1", "Deployment", svc.namespace, svc.name)
+            deployment = stored
 
     if created:
         kopf.info(_as_body(body), reason="Created", message="created " + ", ".join(created))
