@@ -277,3 +277,21 @@ def test_bad_config_and_clock_are_refused_with_a_reason() -> None:
     scaler.decide(10.0, 2, spread(12, 2))
     with pytest.raises(ValueError, match="time went backwards"):
         scaler.decide(5.0, 2, spread(12, 2))
+
+
+def test_a_pod_that_stops_answering_for_two_minutes_does_not_shrink_the_service() -> None:
+    """4 replicas at target; one pod's /metrics fails from 60 s to 180 s, then answers again."""
+    scaler = Autoscaler(config())
+    for i in range(0, 60):
+        t = i * STEP_S
+        outage = 60 <= t < 180
+        pods = [pod("a", 6), pod("b", 6), pod("c", 6), silent("d") if outage else pod("d", 6)]
+        d = scaler.decide(t, 4, pods)
+        assert d.desired_replicas == 4, (t, d)
+        if outage:
+            # As the HPA does at a ratio of exactly 1: the silent pod counts as idle, (6+6+6+0)/4 = 4.5,
+            # so the raw recommendation drops to 3 — and the scale-down window holds the count.
+            assert d.recommendation == 3 and d.formula == "ceil(4 × 4.5 / 6) = 3"
+            assert d.reason == "ScaleDownStabilized" and d.missing_pods == ("d",)
+        else:
+            assert (d.recommendation, d.reason) == (4, "WithinTolerance")
