@@ -295,3 +295,23 @@ def test_fifty_llmservices_become_ready(
         f"operator CPU {cpu:.1f}s ({cpu / times[-1]:.2f} cores avg), peak RSS {peak_rss / 2**20:.0f} MiB"
     )
     assert running_operator.is_alive()
+
+
+@pytest.mark.parametrize("example", ["llmservice-embedded.yaml", "llmservice-qwen-vllm.yaml"])
+def test_examples_and_their_children_pass_server_side_validation(
+    devcluster: Any, operator_release: str, llms_namespace: str, example: str
+) -> None:
+    """The API server (schema, CEL, and its own Deployment/Service/PDB validation) accepts every example
+    and every object the builders make from it."""
+    from plimsoll.operator.api.llmservice import LLMService
+    from plimsoll.operator.resources.deployment import build_deployment
+    from plimsoll.operator.resources.disruption import build_pdb
+    from plimsoll.operator.resources.service import build_service
+    from plimsoll.operator.resources.settings import BuildSettings
+
+    body = yaml.safe_load((EXAMPLE.parent / example).read_text())
+    body["metadata"]["namespace"] = llms_namespace
+    devcluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(body))
+    svc = LLMService.from_body(body)
+    children = [build_deployment(svc, BuildSettings()), build_service(svc), build_pdb(svc)]
+    devcluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(children))
