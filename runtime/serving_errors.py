@@ -114,8 +114,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return bad_request(message, param).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = str(exc.detail) if exc.detail else "HTTP error"
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = str(exc.detail) if exc.detail else "HTTP error"
+        message = f"{detail}: {request.method} {request.url.path}; the API is described at /docs"
         return APIError(exc.status_code, message, headers=exc.headers).response()
 
     @app.exception_handler(Exception)
