@@ -50,8 +50,8 @@ def describe_validation_error(error: ValidationError) -> str:
     """One line per problem: `spec.scaling: scaling.min (3) must not exceed ...`."""
     parts = []
     for problem in error.errors():
-        where = ".".join(str(p) for p in problem["loc"] if p != "spec") or "spec"
-        parts.append(f"spec.{where}: {problem['msg'].removeprefix('Value error, ')}")
+        where = ".".join(["spec", *(str(p) for p in problem["loc"] if p != "spec")])
+        parts.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)[:_MAX_MESSAGE]
 
 
