@@ -106,8 +106,10 @@ class Kube:
         path = object_path(api_version, kind, namespace, name) + "/status"
         await self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
 
-    async def has_resource(self, group_version: str, plural: str, ttl: float = 300.0) -> bool:
-        """Whether the API server serves ``plural`` in ``group_version`` (discovery, cached for ``ttl``)."""
+    async def has_resource(self, group_version: str, plural: str, ttl: float | None = None) -> bool:
+        """Whether the API server serves ``plural`` in ``group_version`` (discovery, cached for ``ttl``
+        seconds, default $PLIMSOLL_DISCOVERY_TTL_SECONDS or 300)."""
+        ttl = float(os.environ.get("PLIMSOLL_DISCOVERY_TTL_SECONDS", "300")) if ttl is None else ttl
         cached = self._discovery.get(group_version)
         if cached is None or time.monotonic() - cached[0] > ttl:
             try:

@@ -47,7 +47,11 @@ def running_operator(
     process = OperatorProcess(
         kubeconfig=kubeconfig,
         log_path=folder / "operator.log",
-        extra_env={"PLIMSOLL_RESYNC_SECONDS": "5", "PLIMSOLL_IMAGE": "ghcr.io/plimsoll/plimsoll:test"},
+        extra_env={
+            "PLIMSOLL_RESYNC_SECONDS": "5",
+            "PLIMSOLL_DISCOVERY_TTL_SECONDS": "3",
+            "PLIMSOLL_IMAGE": "ghcr.io/plimsoll/plimsoll:test",
+        },
     )
     process.start()
     try:

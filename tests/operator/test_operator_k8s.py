@@ -315,3 +315,48 @@ def test_examples_and_their_children_pass_server_side_validation(
     svc = LLMService.from_body(body)
     children = [build_deployment(svc, BuildSettings()), build_service(svc), build_pdb(svc)]
     devcluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(children))
+
+
+POD_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "PodMonitor",
+            "plural": "podmonitors",
+            "singular": "podmonitor",
+            "listKind": "PodMonitorList",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+def test_pod_monitor_only_once_its_crd_exists(devcluster: Any, llms_namespace: str) -> None:
+    """Runs last in this module: it installs the Prometheus Operator's PodMonitor CRD (a minimal copy)."""
+    ns, name = llms_namespace, "monitored"
+    apply(devcluster, ns, llmservice(name))
+    ready(devcluster, ns, name)
+    assert devcluster.kubectl("get", "crd", "podmonitors.monitoring.coreos.com", check=False).returncode != 0
+    devcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(POD_MONITOR_CRD))
+    try:
+        devcluster.kubectl(
+            "wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com", "--timeout=60s"
+        )
+        monitor = wait_for(lambda: get_json(devcluster, "podmonitors", name, "-n", ns), 60, "the PodMonitor")
+        assert monitor["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
+        assert monitor["metadata"]["ownerReferences"][0]["name"] == name
+    finally:
+        devcluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=false", check=False)
