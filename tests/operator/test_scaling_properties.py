@@ -31,7 +31,7 @@ def observe(states: list[tuple[str, int, int]]) -> list[PodObservation]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     target=st.integers(1, 8),
     bounds=st.tuples(st.integers(1, 3), st.integers(0, 6)),
