@@ -199,54 +199,30 @@ class Autoscaler:
             errors=errors,
         )
 
+        def early(desired: int, reason: str, message: str, formula: str) -> Decision:
+            """A decision taken before any metric is used (no recommendation is recorded)."""
+            return Decision(
+                **base, desired_replicas=desired, reason=reason, message=message, formula=formula, metric=None,
+                recommendation=None, stabilized=None, fast_path=False, scaling_limited=False, limited_reason=None,
+            )  # fmt: skip
+
         # 1. Bounds and disabled scaling come before any metric, as in the HPA.
         if current_replicas == 0:
-            return Decision(
-                **base,
-                desired_replicas=0,
-                reason="ScalingDisabled",
-                metric=None,
-                message="the service is scaled to zero; scale it up to re-enable autoscaling",
-                formula="replicas = 0",
-                recommendation=None,
-                stabilized=None,
-                fast_path=False,
-                scaling_limited=False,
-                limited_reason=None,
-            )
-        if current_replicas > cfg.max_replicas or current_replicas < cfg.min_replicas:
-            bound = cfg.max_replicas if current_replicas > cfg.max_replicas else cfg.min_replicas
-            above = current_replicas > cfg.max_replicas
-            return Decision(
-                **base,
-                desired_replicas=bound,
-                reason="AboveMaxReplicas" if above else "BelowMinReplicas",
-                metric=None,
-                message=f"current replicas {current_replicas} are {'above max' if above else 'below min'} "
-                f"{bound}",
-                formula=f"{'min' if above else 'max'}({current_replicas}, {bound}) = {bound}",
-                recommendation=None,
-                stabilized=None,
-                fast_path=False,
-                scaling_limited=False,
-                limited_reason=None,
-            )
+            return early(0, "ScalingDisabled", "the service is scaled to zero; scale it up to re-enable "
+                         "autoscaling", "replicas = 0")  # fmt: skip
+        if current_replicas > cfg.max_replicas:
+            return early(cfg.max_replicas, "AboveMaxReplicas", f"current replicas {current_replicas} are above "
+                         f"max {cfg.max_replicas}", f"min({current_replicas}, {cfg.max_replicas}) = "
+                         f"{cfg.max_replicas}")  # fmt: skip
+        if current_replicas < cfg.min_replicas:
+            return early(cfg.min_replicas, "BelowMinReplicas", f"current replicas {current_replicas} are below "
+                         f"min {cfg.min_replicas}", f"max({current_replicas}, {cfg.min_replicas}) = "
+                         f"{cfg.min_replicas}")  # fmt: skip
         if not with_metrics:
             # The HPA stops on "no metrics for ready pods" and records no recommendation.
             self._queue_high_since = None
-            return Decision(
-                **base,
-                desired_replicas=current_replicas,
-                reason="NoMetrics",
-                metric=None,
-                message="no ready pod returned readable metrics; keeping the current replica count",
-                formula="no data",
-                recommendation=None,
-                stabilized=None,
-                fast_path=False,
-                scaling_limited=False,
-                limited_reason=None,
-            )
+            return early(current_replicas, "NoMetrics", "no ready pod returned readable metrics; keeping the "
+                         "current replica count", "no data")  # fmt: skip
 
         # 2. The HPA's replica calculation.
         recommendation, metric, formula, calc_note = self._calculate(
