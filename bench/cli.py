@@ -58,6 +58,11 @@ OUTPUT = typer.Option(
     None, "--output", "-o", help="JSON report path; CSV, JSONL, PNG and HTML are written beside it"
 )
 SEED = typer.Option(0, "--seed", help="Workload seed")
+MAX_ERRORS = typer.Option(0.01, "--max-error-rate", help="Gate: a level with more errors is invalid")
+MIN_CONC = typer.Option(
+    0.95, "--min-concurrency-ratio", help="Gate: achieved/target concurrency below is invalid"
+)
+MAX_LAG = typer.Option(50.0, "--max-client-lag-ms", help="Gate: client event-loop lag p99 above is invalid")
 
 
 def make_config(**kw: Any) -> BenchConfig:
@@ -189,6 +194,9 @@ def sweep(
     request_timeout: float = TIMEOUT,
     ignore_eos: bool = IGNORE_EOS,
     seed: int = SEED,
+    max_error_rate: float = MAX_ERRORS,
+    min_concurrency_ratio: float = MIN_CONC,
+    max_client_lag_ms: float = MAX_LAG,
     output: Path | None = OUTPUT,
 ) -> None:
     """Closed-loop concurrency sweep: knees and the per-replica recommendation."""
@@ -218,6 +226,9 @@ def sweep(
         request_timeout_s=request_timeout,
         ignore_eos=ignore_eos,
         seed=seed,
+        max_error_rate=max_error_rate,
+        min_concurrency_ratio=min_concurrency_ratio,
+        max_client_lag_ms=max_client_lag_ms,
     )
     execute(cfg, _sweep_body("sweep"), output)
 
@@ -243,6 +254,9 @@ def run(
     request_timeout: float = TIMEOUT,
     ignore_eos: bool = IGNORE_EOS,
     seed: int = SEED,
+    max_error_rate: float = MAX_ERRORS,
+    min_concurrency_ratio: float = MIN_CONC,
+    max_client_lag_ms: float = MAX_LAG,
     output: Path | None = OUTPUT,
 ) -> None:
     """One closed-loop level at --concurrency."""
@@ -266,6 +280,9 @@ def run(
         request_timeout_s=request_timeout,
         ignore_eos=ignore_eos,
         seed=seed,
+        max_error_rate=max_error_rate,
+        min_concurrency_ratio=min_concurrency_ratio,
+        max_client_lag_ms=max_client_lag_ms,
     )
     execute(cfg, _sweep_body("run"), output)
 

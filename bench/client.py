@@ -162,6 +162,7 @@ class OpenAIClient:
                     body = await response.aread()
                     record.error_kind = f"http_{response.status_code}"
                     record.error_message = _error_text(response, body)
+                    record.end = time.perf_counter()
                     return record
                 await self._read_stream(response, record)
         except httpx.TimeoutException as exc:
@@ -175,6 +176,8 @@ class OpenAIClient:
             record.error_kind, record.error_message = "transport", str(exc) or type(exc).__name__
         if record.error_kind is None and record.end is None:
             record.error_kind, record.error_message = "protocol", "stream ended without [DONE]"
+        if record.error_kind is not None and record.end is None:
+            record.end = time.perf_counter()  # when it failed: the request stops counting as in flight
         return record
 
     async def _read_stream(self, response: httpx.Response, record: RequestRecord) -> None:

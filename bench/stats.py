@@ -55,8 +55,6 @@ def achieved_concurrency(run: LevelRun) -> float:
         return 0.0
     busy = 0.0
     for r in run.records:
-        if r.sent == 0.0:
-            continue
         end = r.end if r.end is not None else run.window_end
         busy += max(0.0, min(end, run.window_end) - max(r.sent, run.window_start))
     return busy / span
@@ -97,7 +95,7 @@ def summarize_level(runs: list[LevelRun], cfg: BenchConfig) -> dict[str, Any]:
     achieved = statistics.median(achieved_concurrency(run) for run in runs)
     lags = [x for run in runs for x in run.loop_lag]
     lag_p99_ms = float(np.percentile(lags, 99) * 1e3) if lags else 0.0
-    send_lag = distribution_ms([r.send_lag for r in measured if r.sent])
+    send_lag = distribution_ms([r.send_lag for r in measured])
     error_rate = len(failed) / len(measured) if measured else 1.0
     reasons = []
     if not measured:
