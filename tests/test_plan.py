@@ -169,3 +169,30 @@ def test_slo_rederives_the_per_replica_target(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB",
                                  "--report", report, "--ttft-p95-ms", "5", "--target-concurrency", "10"])  # fmt: skip
     assert result.exit_code == 2 and "no measured level meets the SLO" in result.output
+
+
+@pytest.mark.slow
+def test_a_real_bench_sweep_report_feeds_plan(tmp_path: Path) -> None:
+    """The contract end to end: `plimsoll bench sweep` against the simulator writes the report plan reads."""
+    from plimsoll.bench.simulator import ServiceCurve, running_simulator
+    from plimsoll.operator.scaling.profile import CapacityProfile, read_profile
+
+    out = tmp_path / "sweep.json"
+    with running_simulator(ServiceCurve(batch_cap=8, step_t0_s=0.01)) as url:
+        result = runner.invoke(app, [
+            "bench", "sweep", "--url", url, "--model", "sim-model", "--levels", "1,4,16",
+            "--input-tokens", "16", "--output-tokens", "4", "--duration-per-level", "0.5",
+            "--max-client-lag-ms", "1000", "--min-concurrency-ratio", "0.8", "--output", str(out),
+        ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    profile = read_profile(report)
+    assert isinstance(profile, CapacityProfile), profile
+    assert profile.concurrency_per_replica == report["recommendation"]["concurrency_per_replica"]
+    assert profile.throughput_knee == report["knees"]["throughput"]["concurrency"]
+    assert [lv.concurrency for lv in profile.levels] == [
+        lv["concurrency"] for lv in report["levels"] if lv["valid"]
+    ]
+    plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--report", str(out),
+                    "--target-concurrency", "100")  # fmt: skip
+    assert plan["replicas"] == math.ceil(100 / profile.concurrency_per_replica)
