@@ -47,7 +47,9 @@ _GPU_DECODE_BLOCK_N = 32
 _GPU_PREFILL_BLOCK_M = 32
 _GPU_PREFILL_BLOCK_N = 32
 _GPU_NUM_WARPS = 8
-# Below this many tokens per split, splitting decode costs more than it gains.
+# Below this many tokens per split, splitting decode costs more than it gains. The
+# split count is a runtime argument (not a constexpr), so batches of changing size
+# and length never trigger a recompile; the merge always reads a 16-wide tile.
 _MIN_TOKENS_PER_SPLIT = 256
 _MAX_KV_SPLITS = 16
 
@@ -249,6 +251,8 @@ def decode_attention(
     page_size = k_cache.shape[1]
     if num_kv_splits is None:
         num_kv_splits = _num_kv_splits(num_seqs, num_heads, block_tables.shape[1] * page_size, query.device)
+    if not 1 <= num_kv_splits <= _MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be between 1 and {_MAX_KV_SPLITS}, got {num_kv_splits}")
     block_d = _pow2(head_dim)
     out = torch.empty_like(query)
     if num_tokens == 0:
@@ -270,6 +274,7 @@ def decode_attention(
         part_max,
         part_sum,
         scale,
+        num_kv_splits,
         query.stride(0),
         query.stride(1),
         k_cache.stride(0),
@@ -282,7 +287,6 @@ def decode_attention(
         GROUP=num_heads // k_cache.shape[2],
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
-        NUM_SPLITS=num_kv_splits,
         BLOCK_D=block_d,
         BLOCK_N=_INTERPRET_BLOCK_N if opts["interpret"] else _GPU_DECODE_BLOCK_N,
         **opts["launch"],
@@ -293,11 +297,11 @@ def decode_attention(
         part_max,
         part_sum,
         cu_seqlens_q,
+        num_kv_splits,
         out.stride(0),
         out.stride(1),
         HEAD_DIM=head_dim,
-        NUM_SPLITS=num_kv_splits,
-        BLOCK_S=_pow2(num_kv_splits),
+        BLOCK_S=_pow2(_MAX_KV_SPLITS),
         BLOCK_D=block_d,
     )
     return out

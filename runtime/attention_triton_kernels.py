@@ -98,13 +98,13 @@ def build(interpret: bool) -> SimpleNamespace:
     @triton.jit
     def decode_kernel(
         query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
-        part_acc_ptr, part_max_ptr, part_sum_ptr, scale,
+        part_acc_ptr, part_max_ptr, part_sum_ptr, scale, num_splits,
         stride_q_n, stride_q_h,
         stride_kc_block, stride_kc_slot, stride_kc_head,
         stride_vc_block, stride_vc_slot, stride_vc_head,
         stride_bt,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         seq = tl.program_id(0)
         head = tl.program_id(1)
@@ -115,7 +115,7 @@ def build(interpret: bool) -> SimpleNamespace:
         q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
         ctx_len = tl.load(context_lens_ptr + seq)
         # This split's share of the context: [start, end)
-        split_len = (ctx_len + NUM_SPLITS - 1) // NUM_SPLITS
+        split_len = (ctx_len + num_splits - 1) // num_splits
         start = split * split_len
         end = tl.minimum(start + split_len, ctx_len)
         if q_len == 0:  # sequence with no query this step
@@ -150,16 +150,16 @@ def build(interpret: bool) -> SimpleNamespace:
             run_sum = run_sum * alpha + tl.reduce(p, 0, _sum_combine)
             acc = acc * alpha + tl.reduce(p[:, None] * v, 0, _sum_combine)
             run_max = new_max
-        part = (seq * num_heads + head) * NUM_SPLITS + split
+        part = (seq * num_heads + head) * num_splits + split
         tl.store(part_acc_ptr + part * BLOCK_D + offs_d, acc)
         tl.store(part_max_ptr + part, run_max)
         tl.store(part_sum_ptr + part, run_sum)
 
     @triton.jit
     def merge_splits_kernel(
-        out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, cu_seqlens_q_ptr,
+        out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, cu_seqlens_q_ptr, num_splits,
         stride_o_n, stride_o_h,
-        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         seq = tl.program_id(0)
         head = tl.program_id(1)
@@ -170,8 +170,8 @@ def build(interpret: bool) -> SimpleNamespace:
             return
         offs_s = tl.arange(0, BLOCK_S)
         offs_d = tl.arange(0, BLOCK_D)
-        s_mask = offs_s < NUM_SPLITS
-        part = (seq * num_heads + head) * NUM_SPLITS + offs_s  # [BLOCK_S]
+        s_mask = offs_s < num_splits
+        part = (seq * num_heads + head) * num_splits + offs_s  # [BLOCK_S]
         split_max = tl.load(part_max_ptr + part, mask=s_mask, other=-1.0e30)
         split_sum = tl.load(part_sum_ptr + part, mask=s_mask, other=0.0)
         split_acc = tl.load(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :],

@@ -302,9 +302,9 @@ _COMPILE_SCRIPT = textwrap.dedent(
     for dtype in ("bf16", "fp32"):
         compile_one(kernels.prefill, dtype, dict(GROUP=4, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_M=at._GPU_PREFILL_BLOCK_M,
                     BLOCK_N=at._GPU_PREFILL_BLOCK_N, BLOCK_D=d, COMPUTE_F32=dtype == "fp32"))
-    compile_one(kernels.decode, "bf16", dict(GROUP=4, HEAD_DIM=d, PAGE_SIZE=page, NUM_SPLITS=4, BLOCK_D=d,
+    compile_one(kernels.decode, "bf16", dict(GROUP=4, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_D=d,
                 BLOCK_N=at._GPU_DECODE_BLOCK_N))
-    compile_one(kernels.merge, "bf16", dict(HEAD_DIM=d, NUM_SPLITS=4, BLOCK_S=4, BLOCK_D=d))
+    compile_one(kernels.merge, "bf16", dict(HEAD_DIM=d, BLOCK_S=at._MAX_KV_SPLITS, BLOCK_D=d))
     compile_one(kernels.store_kv, "bf16", dict(NUM_KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_H=8, BLOCK_D=d))
     """
 )
