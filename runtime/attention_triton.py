@@ -174,19 +174,25 @@ def paged_attention(
 
 # Every layer of a step passes the same cu_seqlens_q tensor: remember its longest
 # query so the host syncs once per step, not once per layer. A weak reference makes
-# sure a new tensor at a recycled address is never mistaken for the old one.
-_q_len_memo: tuple[weakref.ref[torch.Tensor], int, int] | None = None
+# sure a new tensor at a recycled address is never mistaken for the old one; the
+# version counter catches in-place edits (tensors made under torch.inference_mode
+# have none, and the engine never edits them in place between layers).
+_q_len_memo: tuple[weakref.ref[torch.Tensor], int | None, int] | None = None
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    return None if tensor.is_inference() else tensor._version
 
 
 def _max_q_len(cu_seqlens_q: torch.Tensor) -> int:
     global _q_len_memo
     memo = _q_len_memo
-    if memo is not None and memo[0]() is cu_seqlens_q and memo[1] == cu_seqlens_q._version:
+    if memo is not None and memo[0]() is cu_seqlens_q and memo[1] == _version(cu_seqlens_q):
         return memo[2]
     if cu_seqlens_q.numel() < 2:
         raise ValueError("cu_seqlens_q must hold B + 1 offsets for B >= 1 sequences")
     value = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
-    _q_len_memo = (weakref.ref(cu_seqlens_q), cu_seqlens_q._version, value)
+    _q_len_memo = (weakref.ref(cu_seqlens_q), _version(cu_seqlens_q), value)
     return value
 
 

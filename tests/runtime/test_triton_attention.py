@@ -19,6 +19,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -265,6 +266,28 @@ def test_longest_query_is_computed_once_per_step_tensor() -> None:
     cu[3] = 9
     assert attention_triton._max_q_len(cu) == 7
     assert attention_triton._max_q_len(torch.tensor([0, 1, 2], dtype=torch.int32)) == 1
+    with torch.inference_mode():  # no version counter: remembered by identity alone
+        assert attention_triton._max_q_len(torch.tensor([0, 2, 3], dtype=torch.int32)) == 2
+
+
+@pytest.mark.slow
+def test_engine_greedy_tokens_equal_with_triton_backend(tiny_model_dir: Any) -> None:
+    # The engine's own metadata (slot mapping, block tables, cu_seqlens) through the
+    # kernels: a small token budget chunks prefills into mixed prefill+decode steps,
+    # and two prompts share a 20-token prefix (a prefix-cache hit).
+    from plimsoll.runtime import LLM, SamplingParams
+
+    directory = tiny_model_dir("llama")
+    shared = list(range(40, 60))
+    prompts = [[*shared, 7, 8, 9], list(range(100, 137)), shared + list(range(200, 211)), [5]]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(
+            model=str(directory), attention_backend=backend, max_num_batched_tokens=24, kv_cache_memory="2MiB"
+        )
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert tokens["triton"] == tokens["torch"]
 
 
 _COMPILE_SCRIPT = textwrap.dedent(
