@@ -196,6 +196,7 @@ class Cluster:
                     "cluster",
                     f"a control plane from {self.state_dir} is still running; stop it with `plimsoll dev down`",
                 )
+            previous.stop()  # dead leftovers: pod processes a killed runner left behind
         for sub in ("etcd", "pki", "logs", "kcm", "helm", "pods"):
             shutil.rmtree(self.state_dir / sub, ignore_errors=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
