@@ -153,7 +153,8 @@ def arrival_offsets(
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be positive")
     rng = random.Random(seed)
-    offsets, t = [], 0.0
+    offsets: list[float] = []
+    t = 0.0
     while True:
         if arrival == "constant":
             gap = 1.0 / rate

@@ -12,7 +12,7 @@ What it is not: knee finding — only `sweep` yields knees.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, cast
 
 from plimsoll.bench.loadgen import Arrival, arrival_offsets
 from plimsoll.bench.session import BenchSession, LevelStart
@@ -35,7 +35,7 @@ async def rate_levels(
     cfg = session.cfg
     duration = cfg.duration_per_level_s or 30.0
     levels = []
-    kind: Arrival = arrival  # type: ignore[assignment]  # validated by the CLI
+    kind = cast(Arrival, arrival)  # validated by the CLI
     for i, rate in enumerate(rates):
         offsets = arrival_offsets(rate, warmup_s + duration, kind, burstiness, cfg.seed + i)
         run = await session.schedule(

@@ -133,17 +133,27 @@ class Workload:
         return [self.rng.choice(WORDS) for _ in range(n)]
 
     def _exact(self, words: list[str], target: int) -> str:
-        """Trim or extend ``words`` until the local tokenizer counts ``target`` tokens."""
-        for _ in range(6):
-            text = " ".join(words)
-            count = len(self.tokenizer.encode(text, add_special_tokens=True))
-            if count == target:
+        """Text that the local tokenizer encodes to exactly ``target`` tokens (special tokens included).
+
+        Cut at a token boundary and round-trip through decode, trimming when a merge
+        across the cut changes the count.
+        """
+        tok = self.tokenizer
+        assert tok is not None
+        want = max(1, target - len(tok.encode("", add_special_tokens=True)))
+        ids = tok.encode(" ".join(words), add_special_tokens=False)
+        while len(ids) < want:
+            words = words + self._words(want)
+            ids = tok.encode(" ".join(words), add_special_tokens=False)
+        ids = ids[:want]
+        text = str(tok.decode(ids))
+        for _ in range(4):
+            count = len(tok.encode(text, add_special_tokens=False))
+            if count <= want:
                 break
-            if count > target:
-                words = words[: max(1, len(words) - (count - target))]
-            else:
-                words = words + self._words(target - count)
-        return " ".join(words)
+            ids = ids[: len(ids) - (count - want)]
+            text = str(tok.decode(ids))
+        return text
 
     def next(self) -> RequestSpec:
         cfg = self.cfg
