@@ -8,8 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+
+# Tiny models gain nothing from intra-op threads, and on a shared, oversubscribed
+# CPU OpenMP spin-waiting makes them 10-20x slower.
+torch.set_num_threads(1)
 
 
 def byte_tokenizer() -> Any:
