@@ -58,6 +58,10 @@ class AutoscalerConfig(BaseModel):
         default=0.5, gt=0, description="waiting above this share of capacity"
     )
     fast_path_hold_s: float = Field(default=30.0, ge=0)
+    # The HPA's default scale-up policies (selectPolicy Max): +4 pods or +100 % per 15 s.
+    scale_up_max_pods: int = Field(default=4, ge=1)
+    scale_up_max_percent: float = Field(default=100.0, gt=0)
+    scale_up_period_s: float = Field(default=15.0, ge=0)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> "AutoscalerConfig":
@@ -162,6 +166,9 @@ class Autoscaler:
         self.config = config
         self._history: list[tuple[float, int]] = []
         self._queue_high_since: float | None = None
+        # (time, replicas observed): the count at the start of the rate-policy period. Observed rather
+        # than decided, so a decision the handler did not apply does not use up the budget.
+        self._counts: list[tuple[float, int]] = []
 
     @property
     def history(self) -> tuple[tuple[float, int], ...]:
@@ -285,14 +292,29 @@ class Autoscaler:
         else:
             self._queue_high_since = None
 
-        # 5. Clamp and say so.
+        # 5. Rate policy and bounds, as the HPA's convertDesiredReplicasWithBehaviorRate applies them.
+        self._counts = [(t, c) for t, c in self._counts if t > now - cfg.scale_up_period_s]
+        self._counts.append((now, current_replicas))
+        period_start = min(c for _, c in self._counts)
+        rate_limit = max(
+            period_start + cfg.scale_up_max_pods,
+            math.ceil(period_start * (1 + cfg.scale_up_max_percent / 100)),
+        )
         limited_reason = None
         wanted = max(desired, recommendation)
-        if wanted > cfg.max_replicas:
+        ceiling = min(cfg.max_replicas, rate_limit)
+        if desired > ceiling and ceiling == rate_limit < cfg.max_replicas:
+            limited_reason = "ScaleUpLimit"
+            reason = "ScaleUpLimit"
+            message = (
+                f"{message}; at most {rate_limit} within {fmt(cfg.scale_up_period_s)} s "
+                f"(+{cfg.scale_up_max_pods} pods or +{fmt(cfg.scale_up_max_percent)} % of {period_start})"
+            )
+        elif wanted > cfg.max_replicas:
             limited_reason = "TooManyReplicas"
         elif min(desired, recommendation) < cfg.min_replicas:
             limited_reason = "TooFewReplicas"
-        clamped = min(max(desired, cfg.min_replicas), cfg.max_replicas)
+        clamped = min(max(min(desired, ceiling), cfg.min_replicas), cfg.max_replicas)
         if limited_reason == "TooManyReplicas" and clamped == cfg.max_replicas:
             reason, message = (
                 limited_reason,

@@ -295,3 +295,25 @@ def test_a_pod_that_stops_answering_for_two_minutes_does_not_shrink_the_service(
             assert d.reason == "ScaleDownStabilized" and d.missing_pods == ("d",)
         else:
             assert (d.recommendation, d.reason) == (4, "WithinTolerance")
+
+
+def test_scale_up_rate_is_limited_like_the_hpa_default_policy() -> None:
+    """+4 pods or +100 % per 15 s, whichever is more, counted from the replicas at the period's start."""
+    scaler = Autoscaler(config(scale_up_window_s=0, max_replicas=20))
+    replicas, seen = 1, []
+    for i in range(0, 8):
+        t = i * STEP_S
+        d = scaler.decide(t, replicas, spread(120, replicas))  # wants ceil(120 / 6) = 20
+        assert d.recommendation == 20
+        seen.append((t, d.desired_replicas, d.reason))
+        replicas = d.desired_replicas
+    assert seen == [
+        (0.0, 5, "ScaleUpLimit"),  # max(1 + 4, 2 × 1)
+        (5.0, 5, "ScaleUpLimit"),  # the period still starts at 1
+        (10.0, 5, "ScaleUpLimit"),
+        (15.0, 10, "ScaleUpLimit"),  # period start 5: max(5 + 4, 2 × 5)
+        (20.0, 10, "ScaleUpLimit"),
+        (25.0, 10, "ScaleUpLimit"),
+        (30.0, 20, "MetricAboveTarget"),  # period start 10: 20 allowed, and 20 wanted
+        (35.0, 20, "WithinTolerance"),  # 6 per pod: at target
+    ]

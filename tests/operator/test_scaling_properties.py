@@ -5,7 +5,8 @@
   was above the current count, or the queue fast path fired;
 - a scale-down happens only if every raw recommendation in the scale-down
   window was below the current count;
-- a fast-path step adds exactly one replica and needs 30 s of queue since the last one.
+- a fast-path step adds exactly one replica and needs 30 s of queue since the last one;
+- a scale-up adds at most max(+4, +100 %) over the replicas at the start of the 15 s period.
 """
 
 from hypothesis import given, settings
@@ -50,14 +51,18 @@ def test_decisions_respect_bounds_and_windows(
     current, now = low, 0.0
     raws: list[tuple[float, int]] = [(0.0, low)]  # the first decision records the current count
     last_fast: float | None = None
+    counts: list[tuple[float, int]] = []
     for gap, states in timeline:
         now += gap
         d = scaler.decide(now, current, observe(states))
         assert low <= d.desired_replicas <= high
         if d.recommendation is not None:
             raws.append((now, d.recommendation))
+            counts.append((now, current))
+            start = min(c for t, c in counts if t > now - 15)
+            assert d.desired_replicas <= max(current, start + 4, 2 * start), (now, counts, d)
         if d.fast_path:
-            assert d.desired_replicas == current + 1
+            assert d.desired_replicas == min(current + 1, high)  # one replica, unless at max
             assert last_fast is None or now - last_fast >= 30
             last_fast = now
         elif d.desired_replicas > current:
