@@ -21,10 +21,10 @@ it for a per-pod metric (here in-flight = running + waiting):
 4. The queue fast path from the seed articles: when waiting requests stay above
    half of the current capacity (replicas × target) for the hold time, add at
    least one replica.
-5. Clamp to ``min..max``; ``ScalingLimited`` when the clamp bit.
+5. The HPA's default scale-up rate policy (+4 pods or +100 % per 15 s), then
+   clamp to ``min..max``; ``ScalingLimited`` when either bit.
 
-What it is not: it does not scrape, patch or write status (the handler does),
-and it does no rate limiting beyond stabilisation.
+What it is not: it does not scrape, patch or write status (the handler does).
 """
 
 import math
