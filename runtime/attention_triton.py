@@ -228,10 +228,15 @@ def _num_kv_splits(num_seqs: int, num_heads: int, max_context: int, device: torc
     """
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     wanted = math.ceil(2 * sms / max(1, num_seqs * num_heads))
     by_length = max(1, max_context // _MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, by_length, _MAX_KV_SPLITS))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
 def decode_attention(

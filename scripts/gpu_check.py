@@ -1,0 +1,570 @@
+"""One prepared GPU check for plimsoll's runtime: a few minutes on one GPU (sized for an H200).
+
+What it measures, each section independent (a missing piece is skipped with a line
+saying why, a failure is printed and the next section still runs):
+
+1. kernels   Triton attention vs the torch backend on the GPU, fp32 and bf16, max abs
+             error on realistic shapes (32 sequences, 32 heads / 8 KV heads, head_dim 128,
+             block 16, contexts up to 2k, shuffled block tables, prefix hits, decode and
+             mixed batches), and the time and KV bandwidth of paged decode.
+2. parity    greedy tokens of the engine (Triton backend, fp32, on the GPU) equal
+             transformers ``generate()`` for random-initialised tiny Llama and Qwen3.
+3. decode    Workload A (prompts of 160 tokens, 64 output tokens, ignore_eos) through the
+             offline API at concurrency 1 and 64, bf16, Triton backend: decode tokens/s
+             and the HBM bandwidth decode achieves ((weights + KV in use) bytes per
+             step ÷ step time) against the GPU's peak; for SmolLM2-135M (the embedded
+             model if its converted weights are cached here, else a random-initialised
+             model of the same shape: decode speed depends on shapes, not on weights)
+             and a random-initialised 1B-class Llama.
+
+What it is not: a test suite (nothing asserts; it prints figures) and not a serving
+benchmark (the offline API, no HTTP; closed loop = all requests submitted at once).
+
+Usage: ``python scripts/gpu_check.py [--budget-s 420] [--smoke]``, or
+``bash scripts/gpu_check.sh`` which also prints versions and makes ``plimsoll``
+importable without installing it. Figures go to stdout as a table and, when ``$OUT``
+is set, to ``$OUT/gpu_check.json``. ``--smoke`` runs tiny shapes on the CPU (Triton
+interpreter) to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Peak HBM bandwidth by device name (vendor data sheets), bytes/s.
+PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 SXM": 3.35e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
+
+SMOLLM2_SHAPE = dict(  # SmolLM2-135M-Instruct's config
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+LLAMA_1B_SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=4096,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
+)
+
+RESULTS: dict[str, Any] = {"sections": {}}
+T0 = time.monotonic()
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def section(name: str, budget_s: float, min_s: float, fn: Callable[[], dict[str, Any]]) -> None:
+    """Run one section; record its figures, or why it was skipped or failed."""
+    left = budget_s - (time.monotonic() - T0)
+    say(f"\n=== {name} ===")
+    if left < min_s:
+        RESULTS["sections"][name] = {
+            "status": f"skipped: {left:.0f}s of the budget left, needs ~{min_s:.0f}s"
+        }
+        say(f"SKIPPED {name}: {left:.0f}s of the budget left, needs ~{min_s:.0f}s")
+        return
+    t = time.monotonic()
+    try:
+        figures = fn()
+        figures.setdefault("status", "ok")
+    except Skip as exc:
+        figures = {"status": f"skipped: {exc}"}
+        say(f"SKIPPED {name}: {exc}")
+    except Exception as exc:  # one broken section must not hide the others' figures
+        figures = {"status": f"failed: {type(exc).__name__}: {exc}"}
+        say(f"FAILED {name}: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
+    figures["seconds"] = round(time.monotonic() - t, 1)
+    RESULTS["sections"][name] = figures
+
+
+class Skip(Exception):
+    """A section cannot run here (missing package, no GPU...); the message says what."""
+
+
+def need(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:
+        raise Skip(f"cannot import {module}: {type(exc).__name__}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- environment
+def environment(smoke: bool) -> dict[str, Any]:
+    env: dict[str, Any] = {"python": platform.python_version()}
+    for mod in ("torch", "triton", "transformers", "safetensors", "pydantic", "numpy"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception as exc:
+            env[mod] = f"missing ({type(exc).__name__})"
+    try:
+        import torch
+
+        env["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            env["device"] = props.name
+            env["sms"] = props.multi_processor_count
+            env["memory_gib"] = round(props.total_memory / 2**30, 1)
+            env["peak_bandwidth_Bps"] = next((v for k, v in PEAK_BANDWIDTH.items() if k in props.name), None)
+    except Exception as exc:
+        env["cuda_available"] = f"unknown ({exc})"
+    for mod in ("plimsoll.runtime.attention_triton", "plimsoll.runtime.llm"):
+        try:
+            __import__(mod)
+            env[mod] = "importable"
+        except Exception as exc:
+            env[mod] = f"not importable: {type(exc).__name__}: {exc}"
+    env["mode"] = "smoke (CPU, Triton interpreter, tiny shapes)" if smoke else "gpu"
+    for k, v in env.items():
+        say(f"  {k}: {v}")
+    return env
+
+
+def device(smoke: bool) -> str:
+    import torch
+
+    if smoke:
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise Skip("no CUDA device (run with --smoke to exercise the script on a CPU)")
+    return "cuda"
+
+
+# --------------------------------------------------------------------------- 1. kernels
+def make_batch(
+    context_lens: list[int],
+    q_lens: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block: int,
+    dtype: Any,
+    dev: str,
+    seed: int,
+) -> tuple[Any, ...]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = [-(-c // block) for c in context_lens]
+    num_blocks = sum(per_seq) + 16
+    k_cache = torch.randn((num_blocks, block, kv_heads, head_dim), generator=gen).to(dev, dtype)
+    v_cache = torch.randn((num_blocks, block, kv_heads, head_dim), generator=gen).to(dev, dtype)
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.full((len(context_lens), max(per_seq)), -1, dtype=torch.int32)
+    for b, n in enumerate(per_seq):
+        tables[b, :n] = torch.tensor(ids[:n], dtype=torch.int32)
+        ids = ids[n:]
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    query = torch.randn((int(cu[-1]), heads, head_dim), generator=gen).to(dev, dtype)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    return query, k_cache, v_cache, tables.to(dev), cu.to(dev), lens.to(dev), head_dim**-0.5
+
+
+def cuda_time_ms(fn: Callable[[], Any], iters: int) -> float:
+    import torch
+
+    if not torch.cuda.is_available():
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t) * 1000 / iters
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / iters
+
+
+def kernels(smoke: bool) -> dict[str, Any]:
+    torch = need("torch")
+    need("triton")
+    at = need("plimsoll.runtime.attention_triton")
+    ref = need("plimsoll.runtime.attention_torch")
+    dev = device(smoke)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 oracle must really be fp32
+    rng = random.Random(0)
+    if smoke:
+        seqs, heads, kv_heads, head_dim, block, max_ctx, max_q = 3, 4, 2, 32, 4, 40, 12
+    else:
+        seqs, heads, kv_heads, head_dim, block, max_ctx, max_q = 32, 32, 8, 128, 16, 2048, 512
+    ctx = [rng.randint(1, max_ctx) for _ in range(seqs)]
+    ctx[0] = max_ctx
+    q_mixed = [rng.choice([1, rng.randint(1, min(c, max_q))]) for c in ctx]  # prefix hits and decodes
+    q_mixed[1] = min(ctx[1], max_q)
+    ctx[1] = q_mixed[1]  # one full prefill (no prefix)
+    figures: dict[str, Any] = {
+        "shape": f"{seqs} seqs, {heads}/{kv_heads} heads, head_dim {head_dim}, block {block}, ctx <= {max_ctx}"
+    }
+    rows = []
+    for dtype_name in ("float32", "bfloat16"):
+        dtype = getattr(torch, dtype_name)
+        for kind, q_lens in (("decode", [1] * seqs), ("mixed prefill", q_mixed)):
+            args = make_batch(ctx, q_lens, heads, kv_heads, head_dim, block, dtype, dev, seed=len(rows))
+            got = at.paged_attention(*args)
+            same_dtype = ref.paged_attention(*args)
+            f32 = ref.paged_attention(
+                *[a.float() if hasattr(a, "is_floating_point") and a.is_floating_point() else a for a in args]
+            )
+            err_same = (got.float() - same_dtype.float()).abs().max().item()
+            err_f32 = (got.float() - f32).abs().max().item()
+            finite = bool(torch.isfinite(got).all())
+            rows.append((dtype_name, kind, err_same, err_f32, finite))
+            say(
+                f"  {dtype_name:9s} {kind:14s} max|triton - torch({dtype_name})| = {err_same:.3e}   "
+                f"max|triton - torch(fp32)| = {err_f32:.3e}   finite={finite}"
+            )
+        # store_kv: a copy, must be bit-exact
+        n = 4 * seqs
+        key = torch.randn((n, kv_heads, head_dim), device=dev).to(dtype)
+        val = torch.randn((n, kv_heads, head_dim), device=dev).to(dtype)
+        caches = [
+            torch.zeros((n // block + 4, block, kv_heads, head_dim), device=dev, dtype=dtype)
+            for _ in range(4)
+        ]
+        slots = torch.randperm(caches[0].shape[0] * block, device=dev)[:n]
+        slots[::7] = -1
+        ref.store_kv(key, val, caches[0], caches[1], slots)
+        at.store_kv(key, val, caches[2], caches[3], slots)
+        exact = bool(torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3]))
+        say(f"  {dtype_name:9s} store_kv       bit-exact = {exact}")
+        figures[f"store_kv_exact_{dtype_name}"] = exact
+    figures["errors"] = [
+        dict(dtype=d, batch=k, max_abs_err_vs_torch_same_dtype=e1, max_abs_err_vs_torch_fp32=e2, finite=f)
+        for d, k, e1, e2, f in rows
+    ]
+
+    # Decode timing, bf16, every sequence at the full context.
+    from plimsoll.runtime.attention import batched_decode_attention
+
+    timing = []
+    for batch in [1, 8, 64] if not smoke else [2]:
+        args = make_batch(
+            [max_ctx] * batch, [1] * batch, heads, kv_heads, head_dim, block, torch.bfloat16, dev, 7
+        )
+        query, k_cache, v_cache, tables, _cu, lens, scale = args
+        iters = 3 if smoke else 50
+        t_triton = cuda_time_ms(functools.partial(at.paged_attention, *args), iters)
+        torch_decode = functools.partial(
+            batched_decode_attention, query, k_cache, v_cache, tables, lens, scale
+        )
+        t_torch = cuda_time_ms(torch_decode, max(1, iters // 5))
+        kv_bytes = batch * max_ctx * kv_heads * head_dim * 2 * 2  # K and V, 2 bytes each
+        row = dict(
+            batch=batch,
+            context=max_ctx,
+            triton_ms=round(t_triton, 4),
+            torch_ms=round(t_torch, 4),
+            triton_kv_GBps=round(kv_bytes / t_triton / 1e6, 1),
+            torch_kv_GBps=round(kv_bytes / t_torch / 1e6, 1),
+            kv_splits=at._num_kv_splits(batch, heads, tables.shape[1] * block, query.device),
+        )
+        timing.append(row)
+        say(
+            f"  decode bf16 batch {batch:3d} ctx {max_ctx}: triton {t_triton:.3f} ms ({row['triton_kv_GBps']} GB/s of KV, "
+            f"{row['kv_splits']} splits), torch {t_torch:.3f} ms ({row['torch_kv_GBps']} GB/s)"
+        )
+    figures["decode_timing"] = timing
+    return figures
+
+
+# --------------------------------------------------------------------------- model helpers
+def write_random_model(
+    directory: Path, shape: dict[str, Any], dtype_name: str, dev: str, seed: int = 0
+) -> Path:
+    """A random-initialised Llama directory (safetensors + config + byte tokenizer)."""
+    torch = need("torch")
+    transformers = need("transformers")
+    testing = need("plimsoll.runtime.testing")
+    if (directory / "config.json").exists():
+        return directory
+    cfg = transformers.LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape)
+    torch.manual_seed(seed)
+    with torch.device(dev):  # initialise on the GPU: a 1B model initialises in seconds there
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name))
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    testing._byte_level_tokenizer().save_pretrained(directory)
+    del model
+    return directory
+
+
+def smollm2_dir(work: Path, dev: str) -> tuple[Path, str]:
+    """The cached embedded SmolLM2 if present (never downloads: the GPU machine is offline)."""
+    explicit = os.environ.get("PLIMSOLL_SMOLLM2_DIR")
+    if explicit and (Path(explicit) / "config.json").exists():
+        return Path(explicit), f"SmolLM2-135M-Instruct ({explicit})"
+    try:
+        from plimsoll.runtime.embedded import EMBEDDED_MODELS, cache_dir
+
+        cached = cache_dir() / EMBEDDED_MODELS["smollm2-135m"]["dirname"]
+        if (cached / "model.safetensors").exists():
+            return cached, "SmolLM2-135M-Instruct (embedded, cached)"
+    except Exception:
+        pass
+    return (
+        write_random_model(work / "smollm2-shape", SMOLLM2_SHAPE, "bfloat16", dev),
+        "SmolLM2-135M shape, random weights (embedded weights not cached here)",
+    )
+
+
+# --------------------------------------------------------------------------- 2. parity
+def parity(smoke: bool, work: Path) -> dict[str, Any]:
+    torch = need("torch")
+    need("transformers")
+    runtime = need("plimsoll.runtime")
+    testing = need("plimsoll.runtime.testing")
+    dev = device(smoke)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    new_tokens = 8 if smoke else 32
+    count = 4 if smoke else 16
+    figures: dict[str, Any] = {}
+    from transformers import AutoModelForCausalLM
+
+    for arch in ("llama",) if smoke else ("llama", "qwen3"):
+        directory = testing.write_tiny_model(work / f"tiny-{arch}", arch)
+        rng = random.Random(1)
+        shared = [rng.randrange(3, 259) for _ in range(40)]
+        prompts = []
+        for i in range(count):
+            body = [rng.randrange(3, 259) for _ in range(rng.choice([1, 5, 17, 33, 64, 100, 150]))]
+            prompts.append(shared + body if i % 2 else body)
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(directory), attn_implementation="eager", dtype=torch.float32
+        ).to(dev)
+        hf.generation_config.eos_token_id = None
+        refs = []
+        with torch.inference_mode():
+            for p in prompts:
+                out = hf.generate(
+                    torch.tensor([p], device=dev), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+                )
+                refs.append(out[0, len(p) :].tolist())
+        del hf
+        for backend in ("triton", "torch"):
+            llm = runtime.LLM(
+                model=str(directory),
+                device=dev,
+                dtype="float32",
+                attention_backend=backend,
+                kv_cache_memory="64MiB",
+                max_num_batched_tokens=256,
+            )
+            outs = llm.generate(
+                prompts, runtime.SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+            )
+            got = [o.outputs[0].token_ids for o in outs]
+            equal = sum(g == r for g, r in zip(got, refs, strict=True))
+            first_diff = [
+                next((j for j, (a, b) in enumerate(zip(g, r, strict=False)) if a != b), None)
+                for g, r in zip(got, refs, strict=True)
+            ]
+            figures[f"{arch}/{backend}"] = dict(
+                prompts=count, equal=equal, first_divergence=[d for d in first_diff if d is not None]
+            )
+            say(
+                f"  {arch:6s} {backend:6s} backend on {dev}: {equal}/{count} prompts token-for-token equal "
+                f"to transformers ({new_tokens} new tokens, fp32)"
+            )
+            del llm
+    return figures
+
+
+# --------------------------------------------------------------------------- 3. decode throughput
+class StepLog:
+    """EngineObserver that keeps every step's statistics."""
+
+    def __init__(self) -> None:
+        self.steps: list[Any] = []
+
+    def on_step(self, stats: Any) -> None:
+        self.steps.append(stats)
+
+    def on_request_finished(self, output: Any) -> None:
+        pass
+
+
+def decode(smoke: bool, work: Path, which: str) -> dict[str, Any]:
+    torch = need("torch")
+    runtime = need("plimsoll.runtime")
+    from plimsoll.runtime.model_runner import kv_bytes_per_token
+
+    dev = device(smoke)
+    dtype_name = "float32" if smoke else "bfloat16"
+    if smoke:
+        directory, label = (
+            need("plimsoll.runtime.testing").write_tiny_model(work / "tiny-llama", "llama"),
+            "tiny llama (smoke)",
+        )
+    elif which == "smollm2":
+        directory, label = smollm2_dir(work, dev)
+    else:
+        directory, label = (
+            write_random_model(work / "llama-1b", LLAMA_1B_SHAPE, dtype_name, dev),
+            "Llama 1B-class, random weights",
+        )
+    say(f"  model: {label}")
+    log = StepLog()
+    backend = "torch" if smoke else "triton"
+    t = time.monotonic()
+    llm = runtime.LLM(
+        model=str(directory),
+        device=dev,
+        dtype=dtype_name,
+        attention_backend=backend,
+        observer=log,
+        kv_cache_memory="256MiB" if smoke else "16GiB",
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+        enable_prefix_caching=False,
+    )
+    load_s = time.monotonic() - t
+    model = llm.engine.runner.model
+    params = list(model.parameters())
+    total_bytes = sum(p.numel() * p.element_size() for p in params)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = bool(getattr(llm.engine.hf_config, "tie_word_embeddings", False))
+    # The input embedding is gathered (a few rows), not streamed, unless it doubles as the LM head.
+    embed_bytes = 0 if (embed is None or tied) else embed.weight.numel() * embed.weight.element_size()
+    weight_bytes = total_bytes - embed_bytes
+    per_token_kv = kv_bytes_per_token(llm.engine.hf_config, llm.config.torch_dtype)
+    kv_total = llm.engine.num_blocks * llm.config.block_size * per_token_kv
+    vocab = min(int(llm.engine.hf_config.vocab_size), 259)  # ids the byte tokenizer can also decode
+    prompt_len, out_len = (20, 8) if smoke else (160, 64)
+    rng = random.Random(2)
+    params_a = runtime.SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    peak = RESULTS.get("environment", {}).get("peak_bandwidth_Bps")
+    figures: dict[str, Any] = dict(
+        model=label,
+        attention_backend=backend,
+        dtype=dtype_name,
+        load_s=round(load_s, 1),
+        weight_bytes_read_per_step=weight_bytes,
+        kv_bytes_per_token=per_token_kv,
+    )
+    # Warm-up: compiles the Triton kernels and fills caches outside the measurement.
+    llm.generate([[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(4)], params_a)
+    for concurrency, rounds in ((1, 2 if smoke else 4), (64 if not smoke else 4, 1)):
+        log.steps.clear()
+        prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(concurrency)]
+        t = time.monotonic()
+        total_out = 0
+        for _ in range(rounds):  # closed loop: each round submits `concurrency` requests at once
+            outs = llm.generate(prompts, params_a)
+            total_out += sum(len(o.outputs[0].token_ids) for o in outs)
+        wall = time.monotonic() - t
+        dec = [s for s in log.steps if s.num_prefill_tokens == 0 and s.num_decode_tokens > 0]
+        full = [s for s in dec if s.batch_size == concurrency] or dec
+        step_s = statistics.median(s.step_time_s for s in full)
+        tok_s = statistics.median(s.batch_size / s.step_time_s for s in full)
+        kv_bytes = statistics.median(s.kv_cache_usage * kv_total for s in full)
+        bw = (weight_bytes + kv_bytes) / step_s
+        row = dict(
+            concurrency=concurrency,
+            decode_tokens_per_s=round(tok_s, 1),
+            decode_step_ms=round(step_s * 1000, 3),
+            output_tokens_per_s_end_to_end=round(total_out / wall, 1),
+            decode_steps=len(full),
+            bytes_read_per_step=int(weight_bytes + kv_bytes),
+            hbm_GBps=round(bw / 1e9, 1),
+            fraction_of_peak=round(bw / peak, 4) if peak else None,
+        )
+        figures[f"c{concurrency}"] = row
+        say(
+            f"  c={concurrency:3d}: decode {tok_s:9.1f} tok/s (median step {step_s * 1000:.2f} ms, {len(full)} steps), "
+            f"end-to-end {total_out / wall:9.1f} tok/s, HBM {bw / 1e9:8.1f} GB/s"
+            + (f" = {100 * bw / peak:.1f}% of {peak / 1e12:.1f} TB/s peak" if peak else "")
+        )
+    del llm
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return figures
+
+
+# --------------------------------------------------------------------------- main
+def table() -> None:
+    say("\n=== figures ===")
+    for name, fig in RESULTS["sections"].items():
+        say(f"[{name}] status={fig.get('status')} ({fig.get('seconds')} s)")
+        for key, value in fig.items():
+            if key in ("status", "seconds"):
+                continue
+            if isinstance(value, list):
+                for item in value:
+                    say(f"    {key}: {item}")
+            else:
+                say(f"    {key}: {value}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--budget-s", type=float, default=420.0, help="stop starting sections after this many seconds"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter): checks the script"
+    )
+    parser.add_argument("--sections", default="kernels,parity,decode-smollm2,decode-llama1b")
+    args = parser.parse_args()
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    say("=== environment ===")
+    RESULTS["environment"] = environment(args.smoke)
+    wanted = set(args.sections.split(","))
+    with tempfile.TemporaryDirectory(prefix="plimsoll-gpu-check-") as tmp:
+        work = Path(tmp)
+        plan: list[tuple[str, float, Callable[[], dict[str, Any]]]] = [
+            ("kernels", 20, lambda: kernels(args.smoke)),
+            ("parity", 30, lambda: parity(args.smoke, work)),
+            ("decode-smollm2", 40, lambda: decode(args.smoke, work, "smollm2")),
+            ("decode-llama1b", 60, lambda: decode(args.smoke, work, "llama1b")),
+        ]
+        for name, min_s, fn in plan:
+            if name in wanted and not (args.smoke and name == "decode-llama1b"):
+                section(name, args.budget_s, min_s, fn)
+    RESULTS["total_seconds"] = round(time.monotonic() - T0, 1)
+    table()
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        path = Path(out) / "gpu_check.json"
+        path.write_text(json.dumps(RESULTS, indent=2, default=str))
+        say(f"\nwrote {path}")
+    failed = [n for n, f in RESULTS["sections"].items() if str(f.get("status", "")).startswith("failed")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
