@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 class Policy(enum.StrEnum):
     """How the router picks a replica for a request."""
 
-    LEAST_INFLIGHT = "least-inflight"
+    LEAST_INFLIGHT = "least-in-flight"
     PREFIX_AFFINITY = "prefix-affinity"
     ROUND_ROBIN = "round-robin"
 

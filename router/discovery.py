@@ -2,7 +2,7 @@
 
 What it is: a list-then-watch loop over the pods selected by the LLMService
 (its ``status.selector`` when the operator has set one, else
-``app.kubernetes.io/instance=<name>``), turning each pod into a replica URL
+``app.kubernetes.io/instance=<name>,app.kubernetes.io/component=replica``), turning each pod into a replica URL
 ``http://<pod IP>:<port>`` whose readiness is the pod's Ready condition.
 
 What it is not: EndpointSlice-based. The API server rejects loopback addresses
@@ -79,7 +79,8 @@ class PodDiscovery:
     async def _selector(self, custom: Any) -> str:
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        fallback = f"app.kubernetes.io/instance={self._name}"
+        # The router's own pods share the instance label; only replicas are wanted.
+        fallback = f"app.kubernetes.io/component=replica,app.kubernetes.io/instance={self._name}"
         try:
             service = await custom.get_namespaced_custom_object(
                 self._config.crd_group, self._config.crd_version, self._config.namespace, "llmservices", self._name

@@ -36,7 +36,7 @@ async def test_least_inflight_sends_a_slow_replica_fewer_requests(fake_replicas)
     """Must-show 2: one replica 10x slower per token gets clearly fewer requests under least in-flight."""
     replicas = fake_replicas([["--token-delay", "0.05"], ["--token-delay", "0.005"], ["--token-delay", "0.005"]])
     slow, fast = replicas[0].url, [r.url for r in replicas[1:]]
-    async with run_router(backends=tuple(r.url for r in replicas), policy="least-inflight",
+    async with run_router(backends=tuple(r.url for r in replicas), policy="least-in-flight",
                           scrape_interval_s=0.2) as router:
         served = await drive(router.url, total=60, concurrency=6, prompt="hello", max_tokens=10)
     print(f"least-inflight split: slow={served[slow]} fast={[served[u] for u in fast]}")

@@ -45,6 +45,8 @@ def bench() -> ModuleType:
 def replicas(bench: ModuleType) -> Iterator[list[Any]]:
     servers = bench.start_tiny_replicas(3)
     yield servers
+    for server in servers:  # SIGTERM all first so their drains overlap
+        server.terminate()
     for server in servers:
         server.stop(timeout=10)
 
