@@ -1,0 +1,129 @@
+"""The router in front of an LLMService's replicas: Deployment, Service, RBAC. Pure.
+
+When ``spec.router.enabled``, the operator applies these next to the replicas'
+Deployment: a small CPU-only Deployment running `plimsoll route --llmservice`,
+which watches the LLMService's pods (hence the Role to get the LLMService and
+list/watch pods), a ClusterIP Service ``<name>-router`` on the engine port, and
+``router_endpoint_url`` for ``status.endpoint``. What it is not: the decision to
+deploy it or the applying; the handlers do that.
+"""
+
+from typing import Any
+
+from plimsoll.operator.api.base import GROUP, PLURAL
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.deployment import RUN_AS_USER
+from plimsoll.operator.resources.labels import common_labels, selector_labels
+from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
+
+COMPONENT = "router"
+
+
+def router_name(svc: LLMService) -> str:
+    return f"{svc.name}-router"
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
+
+
+def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: int = 1) -> dict[str, Any]:
+    """The router Deployment: `plimsoll route` discovering the replicas from the LLMService's pods."""
+    name = router_name(svc)
+    args = [
+        "route", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+        "--llmservice", svc.name, "--namespace", svc.namespace,
+        "--backend-port", str(ENGINE_PORT), "--policy", svc.spec.router.policy,
+    ]
+    container = {
+        "name": "router",
+        "image": settings.plimsoll_image,
+        "command": ["plimsoll"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        # Ready only once at least one replica is ready: an empty router takes no traffic.
+        "readinessProbe": _probe("/ready", period=5, failures=3),
+        "livenessProbe": _probe("/health", period=10, failures=3),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": svc.namespace, "labels": common_labels(svc, COMPONENT)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(svc, COMPONENT)},
+            "template": {
+                "metadata": {
+                    "labels": common_labels(svc, COMPONENT),
+                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(ENGINE_PORT),
+                                    "prometheus.io/path": "/metrics"},
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": RUN_AS_USER,
+                        "runAsGroup": RUN_AS_USER,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def build_router_service(svc: LLMService) -> dict[str, Any]:
+    """ClusterIP Service ``<name>-router`` on the engine port, selecting the router pods only."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": router_name(svc), "namespace": svc.namespace,
+                     "labels": common_labels(svc, COMPONENT)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(svc, COMPONENT),
+            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_router_rbac(svc: LLMService) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding: read this LLMService, list and watch pods. Nothing more."""
+    name = router_name(svc)
+    labels = common_labels(svc, COMPONENT)
+    metadata = {"name": name, "namespace": svc.namespace, "labels": labels}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(metadata)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(metadata),
+            "rules": [
+                {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [svc.name], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(metadata),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": svc.namespace}],
+        },
+    ]
+
+
+def router_endpoint_url(svc: LLMService) -> str:
+    """The OpenAI base URL clients use when the router is enabled (for ``status.endpoint``)."""
+    return f"http://{router_name(svc)}.{svc.namespace}.svc:{ENGINE_PORT}/v1"
