@@ -19,6 +19,7 @@ default registry.
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -41,6 +42,8 @@ DEFAULT_PORT = 8000
 SCRAPE_TIMEOUT_S = 2.0
 # Percentiles over less than a minute of traffic are noise.
 SLO_WINDOW_S = 60.0
+# Unchanged replicas and conditions: refresh status.autoscaler at most this often.
+STATUS_MIN_INTERVAL_S = 15.0
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:
@@ -141,14 +144,26 @@ def _same_decision(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
     return {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
 
 
+def _condition_states(conditions: list[dict[str, Any]] | None) -> dict[str, str]:
+    return {str(c.get("type")): str(c.get("status")) for c in conditions or []}
+
+
+@dataclass
+class LoopState:
+    """What one LLMService's loop carries from tick to tick."""
+
+    scaler: Autoscaler | None = None
+    last_now: float = 0.0
+    last_write: float = 0.0
+    slo_base: tuple[float, dict[str, PodSample]] | None = None
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def autoscale_llmservice(
     body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     """Scrape → decide → scale → explain, every ``autoscaling.intervalSeconds``, until the object goes."""
-    scaler: Autoscaler | None = None
-    last_now = 0.0
-    slo_base: tuple[float, dict[str, PodSample]] | None = None
+    state = LoopState()
     async with httpx.AsyncClient() as http:
         while not stopped:
             interval = 5.0
@@ -156,11 +171,9 @@ async def autoscale_llmservice(
                 svc = LLMService.from_body(body)
                 interval = float(svc.spec.autoscaling.interval_seconds)
                 if svc.spec.autoscaling.mode != "builtin":
-                    scaler = None
+                    state.scaler = None
                 else:
-                    scaler, slo_base, last_now = await _tick(
-                        memo.kube, body, svc, http, scaler, slo_base, last_now, logger
-                    )
+                    await _tick(memo.kube, body, svc, http, state, logger)
             except ValidationError:
                 pass  # reported by reconcile as InvalidSpec
             except Exception as error:  # one failed tick must not end the loop
@@ -168,75 +181,85 @@ async def autoscale_llmservice(
             await stopped.wait(interval)
 
 
+async def _report_no_target(
+    kube: Kube, svc: LLMService, status: dict[str, Any], error: NoTargetError,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:  # fmt: skip
+    """Say once, in status, why nothing is being scaled yet (e.g. the profile is still running)."""
+    previous = ((status.get("autoscaler") or {}).get("decision") or {}).get("reason")
+    if previous == "NoTarget":
+        return
+    idle = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "formula": "no per-replica target",
+        # Merge patch: nulls remove what an earlier decision left behind.
+        "inputs": None,
+        "decision": {
+            **dict.fromkeys(("currentReplicas", "desiredReplicas", "recommendation",
+                             "stabilizedRecommendation", "fastPath", "scalingLimited", "limitedReason")),
+            "reason": "NoTarget",
+            "message": str(error),
+        },
+    }  # fmt: skip
+    await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, {"autoscaler": idle})
+    logger.info("autoscaler idle: %s", error)
+
+
 async def _tick(
     kube: Kube,
     body: kopf.Body,
     svc: LLMService,
     http: httpx.AsyncClient,
-    scaler: Autoscaler | None,
-    slo_base: tuple[float, dict[str, PodSample]] | None,
-    last_now: float,
+    state: LoopState,
     logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> tuple[Autoscaler | None, tuple[float, dict[str, PodSample]] | None, float]:
+) -> None:
     status = dict(body.get("status") or {})
     profiled = (status.get("capacity") or {}).get("concurrencyPerReplica")
     try:
         config: AutoscalerConfig = autoscaler_config(svc.spec, profiled)
     except NoTargetError as error:
-        # Say once, in status, why nothing is being scaled yet (e.g. the profile is still running).
-        previous = ((status.get("autoscaler") or {}).get("decision") or {}).get("reason")
-        if previous != "NoTarget":
-            idle = {
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "formula": "no per-replica target",
-                # Merge patch: nulls remove what an earlier decision left behind.
-                "inputs": None,
-                "decision": {
-                    **dict.fromkeys(("currentReplicas", "desiredReplicas", "recommendation",
-                                     "stabilizedRecommendation", "fastPath", "scalingLimited", "limitedReason")),
-                    "reason": "NoTarget",
-                    "message": str(error),
-                },
-            }  # fmt: skip
-            await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, {"autoscaler": idle})
-            logger.info("autoscaler idle: %s", error)
-        return None, slo_base, last_now
-    if scaler is None or scaler.config != config:
-        scaler = Autoscaler(config)  # a new target or bounds start a fresh history (conservative)
+        state.scaler = None
+        await _report_no_target(kube, svc, status, error, logger)
+        return
+    if state.scaler is None or state.scaler.config != config:
+        state.scaler = Autoscaler(config)  # a new target or bounds start a fresh history (conservative)
 
-    pods = await list_pods(kube, svc)
-    observations = await observe(http, pods)
+    observations = await observe(http, await list_pods(kube, svc))
     # Wall time for readable status, never going backwards for the decision's windows.
-    now = max(time.time(), last_now)
+    now = state.last_now = max(time.time(), state.last_now)
     current = svc.spec.desired_replicas()
-    decision = scaler.decide(now, current, observations)
+    decision = state.scaler.decide(now, current, observations)
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
     slo = None
-    if slo_base is None:
-        slo_base = (now, samples)
-    elif now - slo_base[0] >= SLO_WINDOW_S:
+    if state.slo_base is None:
+        state.slo_base = (now, samples)
+    elif now - state.slo_base[0] >= SLO_WINDOW_S:
         check = check_slo(
             ttft_p95_ms=svc.spec.slo.ttft_p95_ms, tpot_p50_ms=svc.spec.slo.tpot_p50_ms,
-            current=samples, previous=slo_base[1],
+            current=samples, previous=state.slo_base[1],
         )  # fmt: skip
         slo = (check.status, check.reason, check.message)
-        slo_base = (now, samples)
+        state.slo_base = (now, samples)
 
     if decision.changed:
         await set_replicas(kube, svc, decision.desired_replicas)
         reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
         kopf.info(body, reason=reason, message=decision.event_message())
         logger.info("%s: %s", reason, decision.event_message())
-    previous_limited = next(
-        (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "ScalingLimited"), None
-    )
-    if decision.scaling_limited and previous_limited != "True":
+    was_limited = _condition_states(status.get("conditions")).get("ScalingLimited")
+    if decision.scaling_limited and was_limited != "True":
         kopf.warn(body, reason="ScalingLimited", message=decision.event_message())
 
     patch = status_patch(status, decision, svc.metadata.generation, slo)
-    if not _same_decision(status.get("autoscaler"), patch["autoscaler"]) or patch["conditions"] != status.get(
-        "conditions"
-    ):
+    # Write at once when replicas or a condition's status change; otherwise at most every
+    # STATUS_MIN_INTERVAL_S, so a noisy load does not turn into a status write per tick.
+    must = decision.changed or _condition_states(patch["conditions"]) != _condition_states(
+        status.get("conditions")
+    )
+    may = not _same_decision(status.get("autoscaler"), patch["autoscaler"]) and (
+        now - state.last_write >= STATUS_MIN_INTERVAL_S
+    )
+    if must or may:
         await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, patch)
-    return scaler, slo_base, now
+        state.last_write = now
