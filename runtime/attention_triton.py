@@ -5,10 +5,10 @@ Same contract as ``plimsoll.runtime.attention_torch`` (the oracle): ``store_kv``
 
 - ``store_kv``: one program per token writes its key and value into its cache slot
   (slot ``-1`` is skipped).
-- paged DECODE (every sequence has ``q_len <= 1``): grid ``(sequence, head, kv_split)``,
-  each program walks its share of the context with an online softmax, and a second
-  small kernel merges the splits with log-sum-exp weights.
-- PREFILL over paged KV (ragged ``q_len``): grid ``(sequence, head, query tile)``,
+- paged DECODE (every sequence has ``q_len <= 1``): grid ``(head, sequence, kv_split)``,
+  each program walks its share of the context with an online softmax; with more than
+  one split a second small kernel merges them with log-sum-exp weights.
+- PREFILL over paged KV (ragged ``q_len``): grid ``(head, sequence, query tile)``,
   causal, over the whole context including cached prefix tokens, so it covers
   prefill, chunked prefill and prefix-cache hits; mixed batches (some sequences
   decoding) also go through it.
@@ -269,18 +269,24 @@ def decode_attention(
     if num_tokens == 0:
         return out
     # Per split: unnormalised output, running max and running sum (fp32) for the merge.
-    part_acc = torch.empty(
-        (num_seqs, num_heads, num_kv_splits, block_d), dtype=torch.float32, device=query.device
-    )
-    part_max = torch.empty((num_seqs, num_heads, num_kv_splits), dtype=torch.float32, device=query.device)
-    part_sum = torch.empty_like(part_max)
-    kernels.decode[(num_seqs, num_heads, num_kv_splits)](
+    # With one split the decode kernel writes the output itself and these go unused
+    # (one element each: a real device pointer, never an empty tensor's null).
+    if num_kv_splits > 1:
+        part_acc = torch.empty(
+            (num_seqs, num_heads, num_kv_splits, block_d), dtype=torch.float32, device=query.device
+        )
+        part_max = torch.empty((num_seqs, num_heads, num_kv_splits), dtype=torch.float32, device=query.device)
+        part_sum = torch.empty_like(part_max)
+    else:
+        part_acc = part_max = part_sum = torch.empty(1, dtype=torch.float32, device=query.device)
+    kernels.decode[(num_heads, num_seqs, num_kv_splits)](
         query,
         k_cache,
         v_cache,
         block_tables,
         cu_seqlens_q,
         context_lens,
+        out,
         part_acc,
         part_max,
         part_sum,
@@ -288,6 +294,8 @@ def decode_attention(
         num_kv_splits,
         query.stride(0),
         query.stride(1),
+        out.stride(0),
+        out.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -302,19 +310,20 @@ def decode_attention(
         BLOCK_N=_INTERPRET_BLOCK_N if opts["interpret"] else _GPU_DECODE_BLOCK_N,
         **opts["launch"],
     )
-    kernels.merge[(num_seqs, num_heads)](
-        out,
-        part_acc,
-        part_max,
-        part_sum,
-        cu_seqlens_q,
-        num_kv_splits,
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=head_dim,
-        BLOCK_S=_pow2(_MAX_KV_SPLITS),
-        BLOCK_D=block_d,
-    )
+    if num_kv_splits > 1:
+        kernels.merge[(num_heads, num_seqs)](
+            out,
+            part_acc,
+            part_max,
+            part_sum,
+            cu_seqlens_q,
+            num_kv_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_S=_pow2(_MAX_KV_SPLITS),
+            BLOCK_D=block_d,
+        )
     return out
 
 
@@ -345,7 +354,7 @@ def prefill_attention(
     compute_f32 = opts["interpret"] or query.dtype == torch.float32 or k_cache.dtype == torch.float32
     block_m = 16 if opts["interpret"] else _GPU_PREFILL_BLOCK_M
     block_n = _INTERPRET_BLOCK_N if opts["interpret"] else _GPU_PREFILL_BLOCK_N
-    grid = (num_seqs, num_heads, -(-max_q_len // block_m))
+    grid = (num_heads, num_seqs, -(-max_q_len // block_m))
     kernels.prefill[grid](
         query,
         k_cache,

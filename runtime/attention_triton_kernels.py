@@ -98,18 +98,20 @@ def build(interpret: bool) -> SimpleNamespace:
     @triton.jit
     def decode_kernel(
         query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
-        part_acc_ptr, part_max_ptr, part_sum_ptr, scale, num_splits,
-        stride_q_n, stride_q_h,
+        out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, scale, num_splits,
+        stride_q_n, stride_q_h, stride_o_n, stride_o_h,
         stride_kc_block, stride_kc_slot, stride_kc_head,
         stride_vc_block, stride_vc_slot, stride_vc_head,
         stride_bt,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        seq = tl.program_id(0)
-        head = tl.program_id(1)
+        # Heads on the fastest grid axis: the query heads sharing a KV head run side by
+        # side and read its blocks from L2 rather than HBM.
+        head = tl.program_id(0)
+        seq = tl.program_id(1)
         split = tl.program_id(2)
-        num_heads = tl.num_programs(1)
+        num_heads = tl.num_programs(0)
         kv_head = head // GROUP
         q_start = tl.load(cu_seqlens_q_ptr + seq)
         q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
@@ -150,10 +152,16 @@ def build(interpret: bool) -> SimpleNamespace:
             run_sum = run_sum * alpha + tl.reduce(p, 0, _sum_combine)
             acc = acc * alpha + tl.reduce(p[:, None] * v, 0, _sum_combine)
             run_max = new_max
-        part = (seq * num_heads + head) * num_splits + split
-        tl.store(part_acc_ptr + part * BLOCK_D + offs_d, acc)
-        tl.store(part_max_ptr + part, run_max)
-        tl.store(part_sum_ptr + part, run_sum)
+        if num_splits == 1:  # (Triton specialises 1: this branch is resolved at compile time)
+            # The whole context was ours: normalise and write the output, no merge.
+            out = acc / tl.maximum(run_sum, 1.0e-30)  # run_sum >= 1 for a real query
+            tl.store(out_ptr + q_start * stride_o_n + head * stride_o_h + offs_d,
+                     out.to(out_ptr.dtype.element_ty), mask=q_mask)
+        else:
+            part = (seq * num_heads + head) * num_splits + split
+            tl.store(part_acc_ptr + part * BLOCK_D + offs_d, acc)
+            tl.store(part_max_ptr + part, run_max)
+            tl.store(part_sum_ptr + part, run_sum)
 
     @triton.jit
     def merge_splits_kernel(
@@ -161,9 +169,9 @@ def build(interpret: bool) -> SimpleNamespace:
         stride_o_n, stride_o_h,
         HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        seq = tl.program_id(0)
-        head = tl.program_id(1)
-        num_heads = tl.num_programs(1)
+        head = tl.program_id(0)
+        seq = tl.program_id(1)
+        num_heads = tl.num_programs(0)
         q_start = tl.load(cu_seqlens_q_ptr + seq)
         q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
         if q_len == 0:
@@ -194,8 +202,8 @@ def build(interpret: bool) -> SimpleNamespace:
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, COMPUTE_F32: tl.constexpr,
     ):
-        seq = tl.program_id(0)
-        head = tl.program_id(1)
+        head = tl.program_id(0)  # fastest axis: query heads of one KV head side by side
+        seq = tl.program_id(1)
         q_tile = tl.program_id(2)
         kv_head = head // GROUP
         q_start = tl.load(cu_seqlens_q_ptr + seq)
