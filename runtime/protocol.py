@@ -137,8 +137,8 @@ class CompletionRequest(_SamplingFields):
         if isinstance(p, str):
             return [p]
         if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[return-value]
+            return [[int(x) for x in p]]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[return-value,unused-ignore]
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         return self._sampling(max_tokens, self.logprobs)

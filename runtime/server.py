@@ -166,11 +166,13 @@ def build_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:
         check_serving(body.model)
-        return await create_completion(ctx, body, raw)
+        response: Response = await create_completion(ctx, body, raw)
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         check_serving(body.model)
-        return await create_chat_completion(ctx, body, raw)
+        response: Response = await create_chat_completion(ctx, body, raw)
+        return response
 
     return app

@@ -44,7 +44,8 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     adm = ctx.admit("chatcmpl")
     stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat")
     if req.stream:
-        return SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
+        streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
+        return streaming
     try:
         final = await until_disconnect(raw, lambda: _last(stream))
     finally:
@@ -111,7 +112,8 @@ async def _stream(
                                 "model": model, "choices": choices}
         if usage is not None:
             body["usage"] = usage.model_dump(mode="json")
-        return sse(body)
+        event: str = sse(body)
+        return event
 
     def choice(o: CompletionOutput) -> dict[str, Any] | None:
         finishing = o.finish_reason is not None and o.index not in finish_sent

@@ -43,7 +43,8 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
     if req.stream:
-        return SSEResponse(_stream(ctx, req, adm, streams), on_close=adm.release)
+        streaming: Response = SSEResponse(_stream(ctx, req, adm, streams), on_close=adm.release)
+        return streaming
     try:
         finals = await until_disconnect(raw, lambda: _collect(streams))
     finally:
@@ -111,7 +112,8 @@ async def _stream(
                                 "model": model, "choices": choices}
         if usage is not None:
             body["usage"] = usage.model_dump(mode="json")
-        return sse(body)
+        event: str = sse(body)
+        return event
 
     def choice(i: int, o: CompletionOutput) -> dict[str, Any] | None:
         index = i * req.n + o.index

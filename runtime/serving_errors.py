@@ -59,7 +59,8 @@ class APIError(Exception):
             param=self.param,
             code=self.status,
         )
-        return ErrorResponse(error=info).model_dump()
+        body: dict[str, Any] = ErrorResponse(error=info).model_dump()
+        return body
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -117,7 +118,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = str(exc.detail) if exc.detail else "HTTP error"
         message = f"{detail}: {request.method} {request.url.path}; the API is described at /docs"
-        return APIError(exc.status_code, message, headers=exc.headers).response()
+        headers = dict(exc.headers) if exc.headers else None
+        return APIError(exc.status_code, message, headers=headers).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -15,7 +15,8 @@ from plimsoll.runtime.protocol import ChatLogprobs, CompletionLogprobs, TokenLog
 
 def _token_text(lp: Logprob | None, tokenizer: object, token_id: int) -> str:
     if lp is not None and lp.decoded is not None:
-        return lp.decoded
+        decoded: str = lp.decoded
+        return decoded
     return str(tokenizer.decode([token_id]))  # type: ignore[attr-defined]
 
 

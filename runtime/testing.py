@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -52,7 +53,7 @@ def _byte_level_tokenizer() -> object:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call,unused-ignore]
         tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
     tok.chat_template = TINY_CHAT_TEMPLATE
@@ -73,7 +74,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     out = Path(path)
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=259,
         hidden_size=64,
         intermediate_size=128,
@@ -94,7 +95,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     else:
         raise ValueError(f"write_tiny_model: unknown arch {arch!r}; use 'llama' or 'qwen3'")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     _byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
@@ -142,9 +143,9 @@ class ThreadedServer:
         from plimsoll.runtime.server import ServerSettings, build_app
         from plimsoll.runtime.serving_lifecycle import DrainingServer
 
-        config = EngineConfig(model=self.model, **self.engine_kwargs)  # type: ignore[arg-type]
+        config = EngineConfig(model=self.model, **self.engine_kwargs)
         settings = ServerSettings(served_model_name=config.display_name, model_root=self.model,
-                                  **self.server_kwargs)  # type: ignore[arg-type]
+                                  **self.server_kwargs)
         self.metrics = ServerMetrics(settings.served_model_name)
         self.engine = AsyncEngine(config, observer=self.metrics)
         self.app = build_app(self.engine, settings, self.metrics)
