@@ -17,6 +17,10 @@ def route(
     ),
     llmservice: str | None = typer.Option(None, help="Discover replicas from this LLMService's pods."),
     namespace: str = typer.Option("default", help="Namespace of the LLMService."),
+    kubeconfig: str | None = typer.Option(
+        None, help="Kubeconfig for --llmservice outside a cluster (default: $KUBECONFIG, ~/.kube/config, "
+        "or the pod's ServiceAccount)."
+    ),
     backend_port: int = typer.Option(8000, help="Replica port when a pod has no container port named 'http'."),
     policy: Policy = typer.Option(Policy.LEAST_INFLIGHT, help="How to pick a replica."),
     max_inflight_per_replica: int = typer.Option(
@@ -49,6 +53,7 @@ def route(
         )
         config = RouterConfig(
             host=host, port=port, backends=tuple(backend), llmservice=llmservice, namespace=namespace,
+            kubeconfig=kubeconfig,
             backend_port=backend_port, policy=policy, max_inflight_per_replica=max_inflight_per_replica,
             retry_after_seconds=retry_after, prefix_chars=prefix_chars, load_factor=load_factor,
             virtual_nodes=virtual_nodes, lanes=lanes, scrape_interval_s=scrape_interval,

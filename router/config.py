@@ -49,6 +49,8 @@ class RouterConfig(BaseModel):
     backends: tuple[str, ...] = ()
     llmservice: str | None = None
     namespace: str = "default"
+    # Only for --llmservice outside a cluster; in a pod the ServiceAccount is used.
+    kubeconfig: str | None = None
     backend_port: int = Field(default=8000, gt=0, le=65535)
     crd_group: str = "plimsoll.dev"
     crd_version: str = "v1alpha1"

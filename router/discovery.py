@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from plimsoll.router.backends import ReplicaSet
@@ -56,7 +57,12 @@ class PodDiscovery:
         from kubernetes_asyncio import client, config, watch
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        await config.load_config()
+        if self._config.kubeconfig is not None:
+            await config.load_kube_config(config_file=self._config.kubeconfig)
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]  # the router's own pod: its ServiceAccount token
+        else:
+            await config.load_kube_config()  # $KUBECONFIG or ~/.kube/config
         async with client.ApiClient() as api_client:
             core = client.CoreV1Api(api_client)
             while True:
