@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+from tiny_models import ARCHS
 
 NEW_TOKENS = 32
 SETUPS = {
