@@ -15,7 +15,8 @@ saying why, a failure is printed and the next section still runs):
              step ÷ step time) against the GPU's peak; for SmolLM2-135M (the embedded
              model if its converted weights are cached here, else a random-initialised
              model of the same shape: decode speed depends on shapes, not on weights)
-             and a random-initialised 1B-class Llama.
+             and a random-initialised 1B-class Llama; also TTFT p50/p95 and TPOT p50.
+             Last, the SmolLM2 run again on the torch attention backend for comparison.
 
 What it is not: a test suite (nothing asserts; it prints figures) and not a serving
 benchmark (the offline API, no HTTP; closed loop = all requests submitted at once).
@@ -416,7 +417,7 @@ class StepLog:
         pass
 
 
-def decode(smoke: bool, work: Path, which: str) -> dict[str, Any]:
+def decode(smoke: bool, work: Path, which: str, backend: str = "triton") -> dict[str, Any]:
     torch = need("torch")
     runtime = need("plimsoll.runtime")
     from plimsoll.runtime.model_runner import kv_bytes_per_token
@@ -437,7 +438,7 @@ def decode(smoke: bool, work: Path, which: str) -> dict[str, Any]:
         )
     say(f"  model: {label}")
     log = StepLog()
-    backend = "torch" if smoke else "triton"
+    backend = "torch" if smoke else backend
     t = time.monotonic()
     llm = runtime.LLM(
         model=str(directory),
@@ -481,9 +482,17 @@ def decode(smoke: bool, work: Path, which: str) -> dict[str, Any]:
         prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(concurrency)]
         t = time.monotonic()
         total_out = 0
+        ttft, tpot = [], []
         for _ in range(rounds):  # closed loop: each round submits `concurrency` requests at once
             outs = llm.generate(prompts, params_a)
             total_out += sum(len(o.outputs[0].token_ids) for o in outs)
+            for o in outs:
+                m = o.metrics
+                if m.first_token_time is not None and m.finished_time is not None:
+                    ttft.append(m.first_token_time - m.arrival_time)
+                    n = len(o.outputs[0].token_ids)
+                    if n > 1:
+                        tpot.append((m.finished_time - m.first_token_time) / (n - 1))
         wall = time.monotonic() - t
         dec = [s for s in log.steps if s.num_prefill_tokens == 0 and s.num_decode_tokens > 0]
         full = [s for s in dec if s.batch_size == concurrency] or dec
@@ -496,6 +505,9 @@ def decode(smoke: bool, work: Path, which: str) -> dict[str, Any]:
             decode_tokens_per_s=round(tok_s, 1),
             decode_step_ms=round(step_s * 1000, 3),
             output_tokens_per_s_end_to_end=round(total_out / wall, 1),
+            ttft_p50_ms=round(1000 * statistics.median(ttft), 2) if ttft else None,
+            ttft_p95_ms=round(1000 * statistics.quantiles(ttft, n=20)[-1], 2) if len(ttft) > 1 else None,
+            tpot_p50_ms=round(1000 * statistics.median(tpot), 3) if tpot else None,
             decode_steps=len(full),
             bytes_read_per_step=int(weight_bytes + kv_bytes),
             hbm_GBps=round(bw / 1e9, 1),
@@ -536,7 +548,9 @@ def main() -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter): checks the script"
     )
-    parser.add_argument("--sections", default="kernels,parity,decode-smollm2,decode-llama1b")
+    parser.add_argument(
+        "--sections", default="kernels,parity,decode-smollm2,decode-llama1b,decode-smollm2-torch"
+    )
     args = parser.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -550,9 +564,11 @@ def main() -> int:
             ("parity", 30, lambda: parity(args.smoke, work)),
             ("decode-smollm2", 40, lambda: decode(args.smoke, work, "smollm2")),
             ("decode-llama1b", 60, lambda: decode(args.smoke, work, "llama1b")),
+            # the same SmolLM2 run on the torch attention backend, for comparison
+            ("decode-smollm2-torch", 40, lambda: decode(args.smoke, work, "smollm2", backend="torch")),
         ]
         for name, min_s, fn in plan:
-            if name in wanted and not (args.smoke and name == "decode-llama1b"):
+            if name in wanted and not (args.smoke and name in ("decode-llama1b", "decode-smollm2-torch")):
                 section(name, args.budget_s, min_s, fn)
     RESULTS["total_seconds"] = round(time.monotonic() - T0, 1)
     table()
