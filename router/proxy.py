@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.config import RouterConfig
@@ -40,6 +41,24 @@ _HOP_HEADERS = frozenset({
 REPLICA_HEADER = "x-plimsoll-replica"
 # Failures that happen before a connection exists: nothing was sent, a retry is safe.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class _RelayResponse(StreamingResponse):
+    """A streamed relay that releases its replica even when the body is never iterated.
+
+    If the client goes away before the first byte, Starlette never starts the
+    body iterator, so its ``finally`` would not run; this does.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
 
 
 def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -110,8 +129,10 @@ class Proxy:
                                    "BadGatewayError"),
                     endpoint, arrival, reason="upstream_failed",
                 )
-            return StreamingResponse(
-                self._relay(upstream, replica, endpoint, arrival),
+            release = self._releaser(upstream, replica, endpoint, arrival)
+            return _RelayResponse(
+                self._relay(upstream, replica, endpoint, arrival, release),
+                release,
                 status_code=upstream.status_code,
                 headers={
                     **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS},
@@ -120,8 +141,26 @@ class Proxy:
                 },
             )
 
-    async def _relay(
+    def _releaser(
         self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float
+    ) -> Callable[[], Awaitable[None]]:
+        """Close the upstream response and count the request out, exactly once."""
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            await upstream.aclose()
+            self._end(replica)
+            self._metrics.duration.labels(endpoint, str(upstream.status_code)).observe(time.monotonic() - arrival)
+
+        return release
+
+    async def _relay(
+        self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float,
+        release: Callable[[], Awaitable[None]],
     ) -> AsyncIterator[bytes]:
         first = True
         try:
@@ -145,9 +184,7 @@ class Proxy:
             else:
                 raise  # abort the connection so the client cannot mistake a truncated body for a whole one
         finally:
-            await upstream.aclose()
-            self._end(replica)
-            self._metrics.duration.labels(endpoint, str(upstream.status_code)).observe(time.monotonic() - arrival)
+            await release()
 
     def _begin(self, replica: Replica) -> None:
         replica.inflight += 1

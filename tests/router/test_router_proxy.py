@@ -129,3 +129,21 @@ async def test_not_ready_without_replicas_then_503(fake_replicas) -> None:  # ty
         response = await client.post(router.url + "/v1/completions", json={"model": "fake", "prompt": "hi"})
         assert response.status_code == 503
         assert "no ready replica" in response.json()["error"]["message"]
+
+
+async def test_client_disconnect_releases_the_replica(fake_replicas) -> None:  # type: ignore[no-untyped-def]
+    """A client that walks away mid-stream: the router counts it out and the replica stops generating."""
+    (replica,) = fake_replicas([["--token-delay", "0.05"]])
+    async with run_router(backends=(replica.url,)) as router, httpx.AsyncClient() as client:
+        body = {"model": "fake", "prompt": "hi", "max_tokens": 200, "stream": True}
+        async with client.stream("POST", router.url + "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    break
+            assert router.state.replica_set.replicas[replica.url].inflight == 1
+        deadline = asyncio.get_running_loop().time() + 10
+        while (router.state.replica_set.replicas[replica.url].inflight
+               or replica.metric("plimsoll_num_requests_running")):
+            assert asyncio.get_running_loop().time() < deadline, "the abandoned request was never released"
+            await asyncio.sleep(0.05)
+        assert replica.metric("fake_requests_served_total") == 0  # aborted, not finished
