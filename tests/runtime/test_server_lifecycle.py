@@ -77,6 +77,19 @@ async def test_half_of_200_streams_disconnect_and_every_block_is_freed(server: T
     assert disconnected / 2 < delta("abort") <= disconnected
 
 
+def test_non_streaming_client_that_gives_up_aborts_its_request(server: ThreadedServer) -> None:  # noqa: F811
+    before = scrape(server.url)
+    body = {"prompt": "a long one", "max_tokens": 220, "ignore_eos": True}
+    started = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+    after = wait_idle(server.url)
+    assert metric(after, mn.KV_CACHE_USAGE_RATIO) == 0.0 and server.ctx.num_in_flight == 0
+    aborted = metric(after, mn.REQUEST_SUCCESS, finished_reason="abort") - metric(before, mn.REQUEST_SUCCESS, finished_reason="abort")
+    generated = metric(after, mn.GENERATION_TOKENS) - metric(before, mn.GENERATION_TOKENS)
+    assert aborted == 1 and generated < 220, (aborted, generated, time.monotonic() - started)
+
+
 @pytest.mark.slow
 async def test_overload_gets_only_200_or_429_and_the_server_recovers(chat_model_dir: Path) -> None:  # noqa: F811
     srv = start_server(chat_model_dir, max_num_seqs=4, server={"max_waiting": 4})

@@ -1,0 +1,26 @@
+"""`plimsoll serve` flags: the documented options exist, and bad values fail fast with a clear message."""
+
+from typer.testing import CliRunner
+
+from plimsoll.cli import app
+
+ISSUE_FLAGS = [
+    "--model", "--served-model-name", "--host", "--port", "--max-num-seqs", "--max-num-batched-tokens",
+    "--kv-cache-memory", "--block-size", "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--max-model-len", "--max-waiting", "--request-timeout", "--api-key",
+]
+
+
+def test_serve_help_lists_every_flag_of_the_issue() -> None:
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for flag in ISSUE_FLAGS:
+        assert flag in result.output, flag
+
+
+def test_bad_settings_exit_2_naming_the_setting() -> None:
+    result = CliRunner().invoke(app, ["serve", "--kv-cache-memory", "lots", "--port", "1"])
+    assert result.exit_code == 2
+    assert "kv_cache_memory" in result.output and "2GiB" in result.output
+    result = CliRunner().invoke(app, ["serve", "--dtype", "int3", "--port", "1"])
+    assert result.exit_code == 2 and "dtype" in result.output
