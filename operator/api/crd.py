@@ -64,6 +64,11 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = {name: _resolve(sub, defs) for name, sub in value.items()}
         else:
             out[key] = _resolve(value, defs)
+    # OpenAPI v3.0 (what Kubernetes speaks) spells exclusive bounds as booleans.
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), int | float) and not isinstance(out.get(flag), bool):
+            out[bound] = out.pop(flag)
+            out[flag] = True
     if "const" in out:
         out["enum"] = [out.pop("const")]
     additional = node.get("additionalProperties")

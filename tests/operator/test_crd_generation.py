@@ -36,6 +36,9 @@ def _walk(node: Any, path: str = "") -> list[str]:
             problems.append(f"{path}: anyOf outside int-or-string")
         if ("properties" in node or "items" in node or "enum" in node) and "type" not in node:
             problems.append(f"{path}: untyped node")
+        for flag in ("exclusiveMinimum", "exclusiveMaximum"):
+            if flag in node and not isinstance(node[flag], bool):
+                problems.append(f"{path}: {flag} must be a boolean in OpenAPI v3.0")
         if node.get("type") == "null" or node.get("default", 0) is None:
             problems.append(f"{path}: null")
         for key, value in node.items():
