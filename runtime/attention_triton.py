@@ -122,8 +122,7 @@ def store_kv(
         )
     if num_tokens == 0:
         return
-    key = key if key.stride(-1) == 1 else key.contiguous()
-    value = value if value.stride(-1) == 1 else value.contiguous()
+    key, value, slot_mapping = map(_unit_stride, (key, value, slot_mapping))
     kernels = _kernels(opts["interpret"])
     kernels.store_kv[(num_tokens,)](
         key,
@@ -196,6 +195,11 @@ def _max_q_len(cu_seqlens_q: torch.Tensor) -> int:
     return value
 
 
+def _unit_stride(tensor: torch.Tensor) -> torch.Tensor:
+    """The kernels index the last axis with stride 1 (other strides are passed in)."""
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
 def _check_attention_args(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -256,7 +260,9 @@ def decode_attention(
     opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     _check_cache(k_cache, v_cache)
     _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query = query if query.stride(-1) == 1 else query.contiguous()
+    query, block_tables, cu_seqlens_q, context_lens = map(
+        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    )
     kernels = _kernels(opts["interpret"])
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     page_size = k_cache.shape[1]
@@ -341,7 +347,9 @@ def prefill_attention(
     opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     _check_cache(k_cache, v_cache)
     _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query = query if query.stride(-1) == 1 else query.contiguous()
+    query, block_tables, cu_seqlens_q, context_lens = map(
+        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    )
     kernels = _kernels(opts["interpret"])
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     out = torch.empty_like(query)

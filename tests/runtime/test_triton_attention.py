@@ -189,6 +189,36 @@ def test_paged_attention_dispatches_decode_and_skips_empty_queries(
     assert err < 1e-5
 
 
+def test_strided_views_as_the_model_makes_them(capsys: pytest.CaptureFixture[str]) -> None:
+    # q, k, v as views of one fused projection [N, (H + 2 Hkv) * D]; block tables a
+    # column slice of a wider table. Only the last axis is contiguous.
+    batch = make_batch([14, 6], [3, 6], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, seed=9)
+    n, h, hkv, d = 9, 4, 2, 16
+    fused = torch.randn(n, (h + 2 * hkv) * d)
+    q = fused[:, : h * d].view(n, h, d)
+    k = fused[:, h * d : (h + hkv) * d].view(n, hkv, d)
+    v = fused[:, (h + hkv) * d :].view(n, hkv, d)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    wide = torch.full((2, 12), -1, dtype=torch.int32)
+    wide[:, 3 : 3 + batch.block_tables.shape[1]] = batch.block_tables
+    tables = wide[:, 3 : 3 + batch.block_tables.shape[1]]
+    slots = torch.cat(
+        [
+            batch.block_tables[b, p // 4].long() * 4 + p % 4 + torch.zeros(1, dtype=torch.long)
+            for b, positions in ((0, range(11, 14)), (1, range(0, 6)))
+            for p in positions
+        ]
+    )
+    caches = [c.clone() for c in (batch.k_cache, batch.v_cache, batch.k_cache, batch.v_cache)]
+    attention_torch.store_kv(k, v, caches[0], caches[1], slots)
+    attention_triton.store_kv(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    args = (q, caches[0], caches[1], tables, batch.cu_seqlens_q, batch.context_lens, batch.scale)
+    err = max_err(attention_triton.paged_attention(*args), attention_torch.paged_attention(*args))
+    report(capsys, "strided q/k/v views and a sliced block table", err)
+    assert err < 1e-5
+
+
 def test_bf16_cache_is_computed_in_fp32(capsys: pytest.CaptureFixture[str]) -> None:
     # bf16 in, bf16 out; the kernels must cast to fp32 right after loading, or the
     # interpreter's bf16 arithmetic returns garbage. Compare with the oracle run in fp32.
