@@ -202,13 +202,9 @@ def test_strided_views_as_the_model_makes_them(capsys: pytest.CaptureFixture[str
     wide = torch.full((2, 12), -1, dtype=torch.int32)
     wide[:, 3 : 3 + batch.block_tables.shape[1]] = batch.block_tables
     tables = wide[:, 3 : 3 + batch.block_tables.shape[1]]
-    slots = torch.cat(
-        [
-            batch.block_tables[b, p // 4].long() * 4 + p % 4 + torch.zeros(1, dtype=torch.long)
-            for b, positions in ((0, range(11, 14)), (1, range(0, 6)))
-            for p in positions
-        ]
-    )
+    # the new tokens' slots: positions 11..13 of sequence 0, 0..5 of sequence 1
+    new_positions = [(0, p) for p in range(11, 14)] + [(1, p) for p in range(6)]
+    slots = torch.tensor([int(batch.block_tables[b, p // 4]) * 4 + p % 4 for b, p in new_positions])
     caches = [c.clone() for c in (batch.k_cache, batch.v_cache, batch.k_cache, batch.v_cache)]
     attention_torch.store_kv(k, v, caches[0], caches[1], slots)
     attention_triton.store_kv(k, v, caches[2], caches[3], slots)
