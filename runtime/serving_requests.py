@@ -225,15 +225,19 @@ async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int,
     ends the merge; the other streams are cancelled (which aborts their requests).
     """
     if len(streams) == 1:
-        async for item in streams[0]:
-            yield 0, item
+        # aclosing: when our consumer stops early, close the stream now (aborting its
+        # request) instead of whenever the garbage collector finalises it.
+        async with contextlib.aclosing(streams[0]) as only:  # type: ignore[type-var]
+            async for item in only:
+                yield 0, item
         return
     queue: asyncio.Queue[tuple[int, Any, BaseException | None, bool]] = asyncio.Queue()
 
     async def pump(i: int, stream: AsyncIterator[T]) -> None:
         try:
-            async for item in stream:
-                await queue.put((i, item, None, False))
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for item in stream:
+                    await queue.put((i, item, None, False))
             await queue.put((i, None, None, True))
         except BaseException as exc:
             await queue.put((i, None, exc, True))
