@@ -36,7 +36,9 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition()
         self._commands: list[tuple[str, Any]] = []
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._streams: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]
+        ] = {}
         self._stopping = False
         self._error: BaseException | None = None
         self.is_ready = False
@@ -78,11 +80,11 @@ class AsyncEngine:
 
     @property
     def model_name(self) -> str:
-        return self.config.display_name
+        return str(self.config.display_name)
 
     @property
     def max_model_len(self) -> int:
-        return self._engine().max_model_len
+        return int(self._engine().max_model_len)
 
     @property
     def is_dead(self) -> bool:

@@ -64,9 +64,10 @@ def torch_paged_attention(
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     is_decode = q_lens == 1
     if not bool(is_decode.any()):
-        return attention_torch.paged_attention(
+        out: torch.Tensor = attention_torch.paged_attention(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         )
+        return out
     if bool(is_decode.all()):
         return batched_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
     out = torch.empty_like(query)
@@ -90,7 +91,7 @@ def get_backend(name: str) -> tuple[StoreKV, PagedAttention]:
         return attention_torch.store_kv, torch_paged_attention
     if name == "triton":
         try:
-            from plimsoll.runtime import attention_triton  # type: ignore[attr-defined]
+            from plimsoll.runtime import attention_triton
         except ImportError as exc:
             raise ValueError(
                 "attention_backend='triton' needs the Triton kernels (plimsoll.runtime.attention_triton) "

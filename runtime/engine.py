@@ -73,7 +73,11 @@ class LLMEngine:
         self.max_model_len = self._max_model_len(loaded.max_position_embeddings, self.num_blocks * bs)
         kv = KVCacheManager(self.num_blocks, bs)
         self.scheduler = Scheduler(
-            kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len, config.scheduling_policy
+            kv,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            config.scheduling_policy,
         )
         self.runner = ModelRunner(
             loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend
@@ -84,7 +88,11 @@ class LLMEngine:
         self.seq_to_group: dict[str, RequestGroup] = {}
         log.info(
             "engine ready: %s, %d KV blocks x %d tokens (%d bytes/token), max_model_len %d",
-            self.model_path, self.num_blocks, bs, per_token, self.max_model_len,
+            self.model_path,
+            self.num_blocks,
+            bs,
+            per_token,
+            self.max_model_len,
         )
 
     def _max_model_len(self, model_max: int, kv_tokens: int) -> int:
@@ -97,18 +105,18 @@ class LLMEngine:
         if window:
             limits["the model's sliding_window (not implemented)"] = int(window)
         if asked is None:
-            return min(DEFAULT_MAX_MODEL_LEN_CAP, *limits.values())
+            return int(min(DEFAULT_MAX_MODEL_LEN_CAP, *limits.values()))
         for what, limit in limits.items():
             if asked > limit:
                 raise ValueError(
                     f"max_model_len={asked} exceeds {what} ({limit} tokens); lower max_model_len"
                     + (" or raise kv_cache_memory" if what == "the KV cache" else "")
                 )
-        return asked
+        return int(asked)
 
     @property
     def model_name(self) -> str:
-        return self.config.display_name
+        return str(self.config.display_name)
 
     # -- intake -------------------------------------------------------------------------
 
@@ -121,7 +129,11 @@ class LLMEngine:
         return None, list(prompt)
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, arrival_time: float | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input."""
         params.validate()
@@ -150,7 +162,9 @@ class LLMEngine:
                 seq.generator.manual_seed(params.seed + i * 1_000_003)
             else:
                 seq.generator.manual_seed(self.rng.getrandbits(63))
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
+            seq.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, ids, params.stop, params.skip_special_tokens
+            )
             seqs.append(seq)
         group = RequestGroup(request_id, text, ids, seqs, arrival)
         for seq in seqs:
@@ -214,9 +228,7 @@ class LLMEngine:
             reason = "stop"
         elif n_out >= p.min_tokens and (stop := req.detokenizer.find_stop(len(new_text))) is not None:
             reason, stop_reason = "stop", stop
-        elif p.max_tokens is not None and n_out >= p.max_tokens:
-            reason = "length"
-        elif req.num_tokens >= self.max_model_len:
+        elif (p.max_tokens is not None and n_out >= p.max_tokens) or req.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is not None:
             self.scheduler.finish(req, reason, stop_reason)
@@ -315,19 +327,25 @@ class LLMEngine:
 
     def warmup(self) -> None:
         """One tiny request through every stage, so the first real request pays no first-call costs."""
-        self.add_request("__warmup__", [int(self.tokenizer.bos_token_id or 0)], SamplingParams(max_tokens=2, temperature=0))
+        self.add_request(
+            "__warmup__", [int(self.tokenizer.bos_token_id or 0)], SamplingParams(max_tokens=2, temperature=0)
+        )
         while self.has_unfinished_requests():
             self.step()
 
-    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+    def generate(
+        self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[RequestOutput]:
         """Run prompts to completion; outputs in prompt order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
-            raise ValueError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one per prompt")
+            raise ValueError(
+                f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one per prompt"
+            )
         base = f"gen-{self.rng.getrandbits(48):x}"
         ids = [f"{base}-{i}" for i in range(len(prompts))]
         for rid, prompt, p in zip(ids, prompts, plist, strict=True):
-            self.add_request(rid, prompt, p)
+            self.add_request(rid, prompt, p)  # type: ignore[arg-type]  # list invariance
         final: dict[str, RequestOutput] = {}
         while self.has_unfinished_requests():
             for out in self.step():

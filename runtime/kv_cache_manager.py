@@ -20,10 +20,10 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free_blocks
+        return int(self.pool.num_free_blocks)
 
     def usage(self) -> float:
-        return self.pool.usage()
+        return float(self.pool.usage())
 
     def get_computed_blocks(self, req: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest run of the request's full blocks already in the cache, and its token count.

@@ -13,7 +13,9 @@ from plimsoll.runtime.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", observer: EngineObserver | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model: str = "smollm2-135m", observer: EngineObserver | None = None, **kwargs: Any
+    ) -> None:
         self.config = EngineConfig(model=model, **kwargs)
         self.engine = LLMEngine(self.config, observer)
 
@@ -28,4 +30,7 @@ class LLM:
     ) -> list[RequestOutput]:
         if isinstance(prompts, str):
             prompts = [prompts]
-        return self.engine.generate(prompts, params if params is not None else SamplingParams())
+        outputs: list[RequestOutput] = self.engine.generate(
+            prompts, params if params is not None else SamplingParams()
+        )
+        return outputs

@@ -39,7 +39,9 @@ def resolve_model_path(model: str) -> tuple[Path, str | None]:
             ggufs = sorted(path.glob("*.gguf"))
             if len(ggufs) == 1:
                 return path, ggufs[0].name
-            raise ValueError(f"{path} has no config.json; pass a Hugging Face model directory or a .gguf file")
+            raise ValueError(
+                f"{path} has no config.json; pass a Hugging Face model directory or a .gguf file"
+            )
         return path, None
     raise ValueError(
         f"model {model!r} is neither a directory, a .gguf file, nor an embedded model name "
@@ -64,7 +66,8 @@ def _eos_token_ids(directory: Path, gguf_file: str | None, hf_config: Any, token
     try:
         from transformers import GenerationConfig
 
-        gen = GenerationConfig.from_pretrained(str(directory), **({"gguf_file": gguf_file} if gguf_file else {}))
+        extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+        gen = GenerationConfig.from_pretrained(str(directory), **extra)
         eos = gen.eos_token_id
     except (OSError, ValueError, TypeError):
         eos = getattr(hf_config, "eos_token_id", None)
@@ -87,7 +90,9 @@ def load_model(model: str, dtype: torch.dtype, device: str | torch.device = "cpu
     if gguf_file:
         from transformers import AutoModelForCausalLM
 
-        state = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=gguf_file, dtype=torch.float32).state_dict()
+        state = AutoModelForCausalLM.from_pretrained(
+            str(directory), gguf_file=gguf_file, dtype=torch.float32
+        ).state_dict()
     else:
         state = _read_safetensors(directory)
     with torch.device("meta"):

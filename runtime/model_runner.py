@@ -21,7 +21,7 @@ def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
     num_kv_heads = hf_config.num_key_value_heads or hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     element = torch.empty((), dtype=dtype).element_size()
-    return 2 * hf_config.num_hidden_layers * num_kv_heads * head_dim * element
+    return int(2 * hf_config.num_hidden_layers * num_kv_heads * head_dim * element)
 
 
 class ModelRunner:
@@ -47,7 +47,9 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
 
-    def prepare(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(
+        self, sched: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Pack the step's tokens. Returns inputs, positions, metadata and the row of each
         sequence's last token (``-1`` when that sequence is mid-prefill and samples nothing)."""
         bs = self.block_size

@@ -53,7 +53,9 @@ class Sampler:
             return None
         return str(self.tokenizer.decode([token_id]))  # type: ignore[attr-defined]
 
-    def __call__(self, reqs: list[Request], logits: torch.Tensor) -> list[tuple[int, dict[int, Logprob] | None]]:
+    def __call__(
+        self, reqs: list[Request], logits: torch.Tensor
+    ) -> list[tuple[int, dict[int, Logprob] | None]]:
         """``logits`` is fp32 ``[len(reqs), V]``; returns ``(token_id, logprobs or None)`` per request."""
         results: list[tuple[int, dict[int, Logprob] | None]] = []
         for i, req in enumerate(reqs):

@@ -52,6 +52,7 @@ class RotaryEmbedding(nn.Module):
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
             inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+        self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +114,8 @@ class Attention(nn.Module):
         out = paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale
         )  # [N, H, D]
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        result: torch.Tensor = self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        return result
 
 
 class MLP(nn.Module):
@@ -126,7 +128,8 @@ class MLP(nn.Module):
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        result: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return result
 
 
 class DecoderLayer(nn.Module):
@@ -139,7 +142,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, *attn_args: Any) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), *attn_args)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        result: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return result
 
 
 class DecoderModel(nn.Module):
@@ -176,7 +180,8 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.model.rotary_emb(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, meta, store_kv, paged_attention)
-        return self.model.norm(x)
+        hidden: torch.Tensor = self.model.norm(x)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
@@ -187,10 +192,14 @@ def check_architecture(config: Any) -> str:
     archs = list(getattr(config, "architectures", None) or [])
     if not archs:
         # Configs built in code have no ``architectures``; infer from model_type.
-        by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                   "qwen3": "Qwen3ForCausalLM"}
+        by_type = {
+            "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+        }
         archs = [by_type.get(getattr(config, "model_type", ""), f"<model_type {config.model_type!r}>")]
-    arch = archs[0]
+    arch = str(archs[0])
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"model architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"

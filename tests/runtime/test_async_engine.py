@@ -13,7 +13,9 @@ from plimsoll.runtime.sampling_params import SamplingParams
 
 @pytest.fixture
 async def engine(tiny_model_dir: Any) -> Any:
-    eng = AsyncEngine(EngineConfig(model=str(tiny_model_dir("llama")), kv_cache_memory="2MiB", max_model_len=256))
+    eng = AsyncEngine(
+        EngineConfig(model=str(tiny_model_dir("llama")), kv_cache_memory="2MiB", max_model_len=256)
+    )
     await eng.start()
     yield eng
     await eng.shutdown()
@@ -33,9 +35,14 @@ async def test_streams_concurrent_requests(engine: AsyncEngine) -> None:
     rng = random.Random(0)
 
     async def one(i: int) -> tuple[int, list[int]]:
-        outs = [o async for o in engine.generate([rng.randrange(3, 259) for _ in range(10 + i)],
-                                                 SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                                                 f"req-{i}")]
+        outs = [
+            o
+            async for o in engine.generate(
+                [rng.randrange(3, 259) for _ in range(10 + i)],
+                SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                f"req-{i}",
+            )
+        ]
         assert outs[-1].finished and not any(o.finished for o in outs[:-1])
         deltas = [t for o in outs for t in o.outputs[0].delta_token_ids]
         assert deltas == outs[-1].outputs[0].token_ids

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from tiny_models import ARCHS
 
 NEW_TOKENS = 32
@@ -40,7 +39,9 @@ def reference(arch: str, directory: Any) -> tuple[list[list[int]], list[list[int
     if arch not in _REFERENCE:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(str(directory), attn_implementation="eager", dtype=torch.float32)
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(directory), attn_implementation="eager", dtype=torch.float32
+        )
         prompts = make_prompts(ARCHS.index(arch))
         # Prompts of equal length go through generate() together: no padding, so
         # each row is computed exactly as it would be alone, in a fraction of the time.
@@ -52,7 +53,10 @@ def reference(arch: str, directory: Any) -> tuple[list[list[int]], list[list[int
             for length, idx in by_len.items():
                 out = hf.generate(
                     torch.tensor([prompts[i] for i in idx]),
-                    max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0,
+                    max_new_tokens=NEW_TOKENS,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
                 )
                 for row, i in enumerate(idx):
                     refs[i] = out[row, length:].tolist()

@@ -34,8 +34,9 @@ def test_shared_prefix_is_computed_once(tiny_model_dir: Any) -> None:
     batch = prompts(1)
     on, off = Counter(), Counter()
     cached = LLM(model=str(tiny_model_dir("llama")), observer=on, kv_cache_memory="8MiB")
-    uncached = LLM(model=str(tiny_model_dir("llama")), observer=off, kv_cache_memory="8MiB",
-                   enable_prefix_caching=False)
+    uncached = LLM(
+        model=str(tiny_model_dir("llama")), observer=off, kv_cache_memory="8MiB", enable_prefix_caching=False
+    )
     out_on = cached.generate(batch, params)
     out_off = uncached.generate(batch, params)
 

@@ -28,8 +28,9 @@ def test_seed_gives_same_output_whatever_the_batch(llm: Any) -> None:
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=24, ignore_eos=True)
     alone = llm.generate([prompt], params)[0].outputs[0].token_ids
     mates = [rand_prompt(rng, rng.randrange(5, 80)) for _ in range(7)]
-    mate_params = [SamplingParams(temperature=1.0, max_tokens=rng.randrange(5, 30), ignore_eos=True)
-                   for _ in mates]
+    mate_params = [
+        SamplingParams(temperature=1.0, max_tokens=rng.randrange(5, 30), ignore_eos=True) for _ in mates
+    ]
     batch = llm.generate([*mates[:3], prompt, *mates[3:]], [*mate_params[:3], params, *mate_params[3:]])
     assert batch[3].outputs[0].token_ids == alone
     other_seed = llm.generate([prompt], SamplingParams(**{**params.__dict__, "seed": 99}))[0]
@@ -46,10 +47,17 @@ def stream(llm: Any, prompt: list[int], params: SamplingParams) -> list[RequestO
 
 def test_stop_string_across_token_boundaries_is_not_emitted(llm: Any) -> None:
     prompt = rand_prompt(random.Random(6), 20)
-    base = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0].text
+    base = (
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+        .outputs[0]
+        .text
+    )
     # Byte-level tokens: any 3-character stop string spans 3 tokens.
-    start = next(i for i in range(6, len(base) - 3)
-                 if "\ufffd" not in base[i : i + 3] and base.find(base[i : i + 3]) == i)
+    start = next(
+        i
+        for i in range(6, len(base) - 3)
+        if "\ufffd" not in base[i : i + 3] and base.find(base[i : i + 3]) == i
+    )
     stop = base[start : start + 3]
     outs = stream(llm, prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]))
     final = outs[-1].outputs[0]
@@ -67,8 +75,9 @@ def test_min_tokens_masks_stop_tokens(llm: Any) -> None:
     early = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_id]))[0]
     assert early.outputs[0].token_ids[-1] == stop_id and len(early.outputs[0].token_ids) <= 2
     assert early.outputs[0].stop_reason == stop_id
-    held = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, min_tokens=6,
-                                                 stop_token_ids=[stop_id]))[0].outputs[0]
+    held = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=12, min_tokens=6, stop_token_ids=[stop_id])
+    )[0].outputs[0]
     assert len(held.token_ids) >= 6
     assert stop_id not in held.token_ids[:6]
 
@@ -87,10 +96,13 @@ def test_n_2_gives_two_completions_sharing_prompt_blocks(tiny_model_dir: Any) ->
 
     hits = Hits()
     # Prefix caching off: siblings still share their prompt blocks (salted hashes).
-    llm = LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="8MiB", enable_prefix_caching=False,
-              observer=hits)
-    out = llm.generate([rand_prompt(random.Random(8), 64)],
-                       SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=16, ignore_eos=True))[0]
+    llm = LLM(
+        model=str(tiny_model_dir("llama")), kv_cache_memory="8MiB", enable_prefix_caching=False, observer=hits
+    )
+    out = llm.generate(
+        [rand_prompt(random.Random(8), 64)],
+        SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=16, ignore_eos=True),
+    )[0]
     assert [c.index for c in out.outputs] == [0, 1]
     assert all(len(c.token_ids) == 16 and c.finish_reason == "length" for c in out.outputs)
     assert out.outputs[0].token_ids != out.outputs[1].token_ids
@@ -105,8 +117,9 @@ def test_logprobs_match_transformers(llm: Any, tiny_model_dir: Any) -> None:
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True))[0]
     comp = out.outputs[0]
     assert comp.logprobs is not None and len(comp.logprobs) == 4
-    hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir("llama")), attn_implementation="eager",
-                                              dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_dir("llama")), attn_implementation="eager", dtype=torch.float32
+    )
     with torch.inference_mode():
         logits = hf(torch.tensor([prompt + comp.token_ids])).logits[0]
     ref = torch.log_softmax(logits.float(), dim=-1)
@@ -125,8 +138,14 @@ def test_logprobs_match_transformers(llm: Any, tiny_model_dir: Any) -> None:
 def test_penalties_and_filters() -> None:
     from plimsoll.runtime.request import Request
 
-    req = Request("r", "r", 0, [0], SamplingParams(repetition_penalty=2.0, presence_penalty=0.5,
-                                                    frequency_penalty=0.25), frozenset())
+    req = Request(
+        "r",
+        "r",
+        0,
+        [0],
+        SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25),
+        frozenset(),
+    )
     req.append_token(1)
     req.append_token(1)
     logits = apply_penalties(torch.tensor([2.0, -2.0, 1.0]), req)
@@ -141,9 +160,16 @@ def test_penalties_and_filters() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"top_p": 0.0}, "top_p"), ({"temperature": -1}, "temperature"), ({"n": 0}, "n"),
-     ({"max_tokens": 0}, "max_tokens"), ({"logprobs": 50}, "logprobs"), ({"min_p": 2}, "min_p"),
-     ({"stop": [""]}, "stop"), ({"repetition_penalty": 0}, "repetition_penalty")],
+    [
+        ({"top_p": 0.0}, "top_p"),
+        ({"temperature": -1}, "temperature"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"logprobs": 50}, "logprobs"),
+        ({"min_p": 2}, "min_p"),
+        ({"stop": [""]}, "stop"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+    ],
 )
 def test_bad_params_name_the_parameter(kwargs: dict[str, Any], name: str) -> None:
     with pytest.raises(ValueError, match=name):

@@ -1,0 +1,189 @@
+"""Engine workloads A and B through the offline engine (no HTTP), printing figures.
+
+Workload A: ~160-token prompts, 64 output tokens (ignore_eos), closed-loop
+concurrency levels; output tokens/s, TTFT p50/p95, TPOT p50; plus transformers
+``generate()`` in static batches of the same sizes as a floor.
+Workload B: inputs 32-512 and outputs 16-256 tokens drawn at random, closed loop;
+the continuous scheduler against ``scheduling_policy="static"``.
+Memory: resident set size after N requests against after 100.
+
+Closed loop here means: ``c`` requests are in the engine; each time one finishes a
+new one is added before the next step. A script that prints figures, not a test.
+
+    PYTHONSAFEPATH=1 python benchmarks/engine_workloads.py --workload A --levels 1,4,16
+"""
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plimsoll.runtime.config import EngineConfig
+from plimsoll.runtime.engine import LLMEngine
+from plimsoll.runtime.outputs import RequestOutput
+from plimsoll.runtime.sampling_params import SamplingParams
+
+Shape = Callable[[random.Random], tuple[list[int], int]]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def closed_loop(engine: LLMEngine, concurrency: int, total: int, shape: Shape, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    done: list[RequestOutput] = []
+    issued = 0
+
+    def issue() -> None:
+        nonlocal issued
+        prompt, out_len = shape(rng)
+        params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+        engine.add_request(f"req-{seed}-{issued}", prompt, params)
+        issued += 1
+
+    for _ in range(min(concurrency, total)):
+        issue()
+    t0 = time.monotonic()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done.append(out)
+                if issued < total:
+                    issue()
+    wall = time.monotonic() - t0
+    ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in done]  # type: ignore[operator]
+    tpot = [
+        (o.metrics.last_token_time - o.metrics.first_token_time) / (o.metrics.num_generation_tokens - 1)  # type: ignore[operator]
+        for o in done
+        if o.metrics.num_generation_tokens > 1
+    ]
+    out_tokens = sum(o.metrics.num_generation_tokens for o in done)
+    return {
+        "requests": len(done),
+        "wall_s": wall,
+        "out_tok_s": out_tokens / wall,
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p95": pct(ttft, 95),
+        "tpot_p50": pct(tpot, 50),
+        "preemptions": sum(o.metrics.num_preemptions for o in done),
+    }
+
+
+def row(name: str, c: int, r: dict[str, float]) -> str:
+    return (
+        f"{name:<22} c={c:<3} n={int(r['requests']):<4} out_tok/s={r['out_tok_s']:8.1f}  "
+        f"TTFT p50={r['ttft_p50']:7.3f}s p95={r['ttft_p95']:7.3f}s  TPOT p50={r['tpot_p50'] * 1000:7.1f}ms  "
+        f"preempt={int(r['preemptions'])}"
+    )
+
+
+def workload_a(args: argparse.Namespace) -> None:
+    vocab = None
+
+    def shape(rng: random.Random) -> tuple[list[int], int]:
+        return [rng.randrange(100, vocab or 1000) for _ in range(args.a_prompt)], args.a_output
+
+    cfg = EngineConfig(model=args.model, kv_cache_memory=args.kv, max_num_seqs=max(args.levels))
+    engine = LLMEngine(cfg)
+    vocab = int(engine.hf_config.vocab_size)
+    engine.warmup()
+    print(f"# Workload A: prompt {args.a_prompt} tokens, output {args.a_output}, model {engine.model_path}")
+    for c in args.levels:
+        r = closed_loop(engine, c, max(c * args.rounds, c), shape, seed=c)
+        print(row("plimsoll continuous", c, r), flush=True)
+    if args.hf_floor:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(str(engine.model_path), dtype=torch.float32)
+        del engine
+        rng = random.Random(0)
+        for c in args.levels:
+            batch = torch.tensor([shape(rng)[0] for _ in range(c)])
+            t0 = time.monotonic()
+            with torch.inference_mode():
+                hf.generate(batch, max_new_tokens=args.a_output, min_new_tokens=args.a_output, do_sample=False,
+                            pad_token_id=0)
+            wall = time.monotonic() - t0
+            print(f"{'transformers static':<22} c={c:<3} n={c:<4} out_tok/s={c * args.a_output / wall:8.1f}  "
+                  f"(one generate() batch; TTFT ~ prefill, not measured per request)", flush=True)
+
+
+def workload_b(args: argparse.Namespace) -> None:
+    def shape(rng: random.Random) -> tuple[list[int], int]:
+        n_in = rng.randint(args.b_in_min, args.b_in_max)
+        return [rng.randrange(100, 1000) for _ in range(n_in)], rng.randint(args.b_out_min, args.b_out_max)
+
+    print(f"# Workload B: input {args.b_in_min}-{args.b_in_max}, output {args.b_out_min}-{args.b_out_max} tokens")
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    for policy in ("continuous", "static"):
+        cfg = EngineConfig(model=args.model, kv_cache_memory=args.kv, max_num_seqs=max(args.levels),
+                           scheduling_policy=policy)
+        engine = LLMEngine(cfg)
+        engine.warmup()
+        for c in args.levels:
+            r = closed_loop(engine, c, max(c * args.rounds, c), shape, seed=1000 + c)
+            results[(policy, c)] = r
+            print(row(f"plimsoll {policy}", c, r), flush=True)
+        del engine
+    for c in args.levels:
+        cont, stat = results[("continuous", c)], results[("static", c)]
+        print(f"c={c}: continuous/static output tok/s = {cont['out_tok_s'] / stat['out_tok_s']:.2f}x; "
+              f"TTFT p95 {cont['ttft_p95']:.2f}s vs {stat['ttft_p95']:.2f}s")
+
+
+def memory(args: argparse.Namespace) -> None:
+    cfg = EngineConfig(model=args.model, kv_cache_memory=args.kv, max_num_seqs=16)
+    engine = LLMEngine(cfg)
+    engine.warmup()
+
+    def shape(rng: random.Random) -> tuple[list[int], int]:
+        return [rng.randrange(3, 250) for _ in range(rng.randint(8, 64))], rng.randint(4, 16)
+
+    closed_loop(engine, 16, 100, shape, seed=1)
+    after_100 = rss_mib()
+    closed_loop(engine, 16, args.memory_requests - 100, shape, seed=2)
+    after_n = rss_mib()
+    print(f"# RSS after 100 requests: {after_100:.1f} MiB; after {args.memory_requests}: {after_n:.1f} MiB "
+          f"(+{after_n - after_100:.1f} MiB); engine holds {len(engine.groups)} request groups")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--workload", choices=["A", "B", "memory"], default="A")
+    ap.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
+    ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency")
+    ap.add_argument("--kv", default="2GiB")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--a-prompt", type=int, default=160)
+    ap.add_argument("--a-output", type=int, default=64)
+    ap.add_argument("--hf-floor", action="store_true", help="also time transformers generate() static batches")
+    ap.add_argument("--b-in-min", type=int, default=32)
+    ap.add_argument("--b-in-max", type=int, default=512)
+    ap.add_argument("--b-out-min", type=int, default=16)
+    ap.add_argument("--b-out-max", type=int, default=256)
+    ap.add_argument("--memory-requests", type=int, default=2000)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    {"A": workload_a, "B": workload_b, "memory": memory}[args.workload](args)
+
+
+if __name__ == "__main__":
+    main()
