@@ -86,6 +86,15 @@ def test_stop_string_cuts_the_text_before_it(client: openai.OpenAI, model: str) 
     assert stop not in cut.text
 
 
+def test_echo_and_several_prompts_in_one_request(client: openai.OpenAI, model: str) -> None:
+    out = client.completions.create(model=model, prompt="echo me", max_tokens=3, echo=True, extra_body=NO_EOS, **GREEDY)
+    assert out.choices[0].text.startswith("echo me")
+    batch = client.completions.create(model=model, prompt=["first", "second"], n=2, max_tokens=2, extra_body=NO_EOS)
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]  # prompt i, choice k -> i * n + k
+    assert batch.usage is not None and batch.usage.prompt_tokens == len("first") + len("second")
+    assert batch.usage.completion_tokens == 8
+
+
 def test_completion_logprobs(client: openai.OpenAI, model: str) -> None:
     out = client.completions.create(model=model, prompt="logprobs", max_tokens=6, logprobs=3, extra_body=NO_EOS, **GREEDY)
     lp = out.choices[0].logprobs

@@ -77,6 +77,22 @@ async def test_half_of_200_streams_disconnect_and_every_block_is_freed(server: T
     assert disconnected / 2 < delta("abort") <= disconnected
 
 
+async def test_ready_is_503_and_requests_wait_while_the_engine_loads(chat_model_dir: Path) -> None:  # noqa: F811
+    from plimsoll.runtime.async_engine import AsyncEngine
+    from plimsoll.runtime.config import EngineConfig
+    from plimsoll.runtime.server import ServerSettings, build_app
+
+    engine = AsyncEngine(EngineConfig(model=str(chat_model_dir)))  # not started: ASGITransport runs no lifespan
+    app = build_app(engine, ServerSettings(served_model_name="tiny"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        assert (await client.get("/health")).status_code == 200
+        ready = await client.get("/ready")
+        assert ready.status_code == 503 and ready.json()["reason"] == "loading"
+        r = await client.post("/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 503 and "still loading" in r.json()["error"]["message"]
+        assert "retry-after" in r.headers
+
+
 def test_non_streaming_client_that_gives_up_aborts_its_request(server: ThreadedServer) -> None:  # noqa: F811
     before = scrape(server.url)
     body = {"prompt": "a long one", "max_tokens": 220, "ignore_eos": True}
@@ -196,4 +212,5 @@ def test_sigterm_during_16_streams_finishes_them_refuses_new_work_and_exits_0(ch
             assert finish == ["length"], (i, finish)
         assert code == 0, proc.log()
         assert len(started) == 16 and "drained; shutting down" in proc.log()
-        assert '"event":"request_finished"' in proc.log()
+        assert proc.log().count('"event":"request_finished"') == 16
+        assert "drain 3" not in proc.log()  # prompt text is never logged
