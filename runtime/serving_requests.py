@@ -166,9 +166,12 @@ class ServingContext:
             raise
         except APIError:
             raise
-        except Exception:
+        except Exception as exc:
+            # An engine failure (e.g. its loop died) reaches a streaming client as an SSE
+            # error event and a non-streaming one as a 500, both in OpenAI's shape.
             status = "error"
-            raise
+            log.exception("request %s failed in the engine", request_id)
+            raise APIError(500, f"The engine failed on this request: {type(exc).__name__}: {exc}") from exc
         finally:
             finished = last is not None and last.finished
             if not finished:
