@@ -155,7 +155,8 @@ def execute(
     except BenchError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(1) from exc
-    print_summary(report, Console())
+    # Off a terminal rich would wrap the table at 80 columns; logs and CI want it whole.
+    print_summary(report, Console(width=None if sys.stdout.isatty() else 200))
     if output is not None:
         from plimsoll.bench.plots import write_plots
 

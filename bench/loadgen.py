@@ -97,6 +97,7 @@ async def run_concurrency(
     state: dict[str, Any] = {
         "start": origin if warmup == 0 else None,
         "end": None,
+        "full": None,
         "issued": 0,
         "done": 0,
         "failed": 0,
@@ -106,8 +107,13 @@ async def run_concurrency(
         start = state["start"]
         if start is None:
             return True
+        if state["end"] is not None:
+            return False
         if duration is not None and now >= start + duration:
-            state["end"] = state["end"] or start + duration
+            # At least one measured request per client, or a slow server yields a handful of samples.
+            if state["issued"] < concurrency:
+                return True
+            state["end"] = max(start + duration, state["full"] or start)
             return False
         return target is None or state["issued"] < target
 
@@ -119,6 +125,8 @@ async def run_concurrency(
             records.append(rec)
             if measured:
                 state["issued"] += 1
+                if state["issued"] == concurrency:
+                    state["full"] = time.perf_counter()
                 if target is not None and state["issued"] == target and duration is None:
                     state["end"] = time.perf_counter()
             await client.send(workload.next(), rec)
