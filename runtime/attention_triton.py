@@ -5,9 +5,10 @@ Same contract as ``plimsoll.runtime.attention_torch`` (the oracle): ``store_kv``
 
 - ``store_kv``: one program per token writes its key and value into its cache slot
   (slot ``-1`` is skipped).
-- paged DECODE (every sequence has ``q_len <= 1``): grid ``(head, sequence, kv_split)``,
-  each program walks its share of the context with an online softmax; with more than
-  one split a second small kernel merges them with log-sum-exp weights.
+- paged DECODE (every sequence has ``q_len <= 1``): grid ``(kv_head, sequence,
+  kv_split)``; each program serves all query heads of one KV head (so each K/V block
+  is read once) over its share of the context with an online softmax; with more
+  than one split a second small kernel merges them with log-sum-exp weights.
 - PREFILL over paged KV (ragged ``q_len``): grid ``(head, sequence, query tile)``,
   causal, over the whole context including cached prefix tokens, so it covers
   prefill, chunked prefill and prefix-cache hits; mixed batches (some sequences
@@ -223,6 +224,16 @@ def _check_attention_args(
         )
 
 
+def _compute_f32(query: torch.Tensor, k_cache: torch.Tensor, interpret: bool) -> bool:
+    """Whether the kernels' tl.dot runs on fp32 operands (IEEE, not TF32).
+
+    Always in the interpreter, whose bf16 arithmetic is wrong; and whenever the
+    inputs are fp32. Otherwise 16-bit operands with fp32 accumulation, as the
+    tensor cores do it and as the torch backend computes in 16 bits.
+    """
+    return interpret or query.dtype == torch.float32 or k_cache.dtype == torch.float32
+
+
 def _num_kv_splits(num_seqs: int, num_heads: int, max_context: int, device: torch.device) -> int:
     """How many programs share one (sequence, head) in decode.
 
@@ -270,7 +281,7 @@ def decode_attention(
         num_kv_splits = _num_kv_splits(num_seqs, num_heads, block_tables.shape[1] * page_size, query.device)
     if not 1 <= num_kv_splits <= _MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be between 1 and {_MAX_KV_SPLITS}, got {num_kv_splits}")
-    block_d = _pow2(head_dim)
+    block_d = _pow2(head_dim, 16)  # tl.dot needs every tile dimension >= 16
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out
@@ -285,7 +296,8 @@ def decode_attention(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = torch.empty(1, dtype=torch.float32, device=query.device)
-    kernels.decode[(num_heads, num_seqs, num_kv_splits)](
+    group = num_heads // k_cache.shape[2]
+    kernels.decode[(k_cache.shape[2], num_seqs, num_kv_splits)](
         query,
         k_cache,
         v_cache,
@@ -309,11 +321,13 @@ def decode_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
-        GROUP=num_heads // k_cache.shape[2],
+        GROUP=group,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
+        BLOCK_G=_pow2(group, 16),
         BLOCK_D=block_d,
         BLOCK_N=_INTERPRET_BLOCK_N if opts["interpret"] else _GPU_DECODE_BLOCK_N,
+        COMPUTE_F32=_compute_f32(query, k_cache, opts["interpret"]),
         **opts["launch"],
     )
     if num_kv_splits > 1:
@@ -357,9 +371,6 @@ def prefill_attention(
         return out
     if max_q_len is None:
         max_q_len = _max_q_len(cu_seqlens_q)
-    # tl.dot needs every tile dimension >= 16. The interpreter's bf16 is unsafe, and
-    # fp32 inputs deserve IEEE fp32 products rather than TF32.
-    compute_f32 = opts["interpret"] or query.dtype == torch.float32 or k_cache.dtype == torch.float32
     block_m = 16 if opts["interpret"] else _GPU_PREFILL_BLOCK_M
     block_n = _INTERPRET_BLOCK_N if opts["interpret"] else _GPU_PREFILL_BLOCK_N
     grid = (num_heads, num_seqs, -(-max_q_len // block_m))
@@ -389,7 +400,7 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=_pow2(head_dim, 16),
-        COMPUTE_F32=compute_f32,
+        COMPUTE_F32=_compute_f32(query, k_cache, opts["interpret"]),
         **opts["launch"],
     )
     return out

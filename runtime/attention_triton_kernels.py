@@ -104,15 +104,15 @@ def build(interpret: bool) -> SimpleNamespace:
         stride_vc_block, stride_vc_slot, stride_vc_head,
         stride_bt,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE_F32: tl.constexpr,
     ):
-        # Heads on the fastest grid axis: the query heads sharing a KV head run side by
-        # side and read its blocks from L2 rather than HBM.
-        head = tl.program_id(0)
+        # One program per (KV head, sequence, split) serves all GROUP query heads of
+        # that KV head: each K/V block is read once, not once per query head. The
+        # heads are the rows of a [BLOCK_G, BLOCK_D] tile (BLOCK_G >= 16 for tl.dot).
+        kv_head = tl.program_id(0)
         seq = tl.program_id(1)
         split = tl.program_id(2)
-        num_heads = tl.num_programs(0)
-        kv_head = head // GROUP
+        num_heads = tl.num_programs(0) * GROUP
         q_start = tl.load(cu_seqlens_q_ptr + seq)
         q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
         ctx_len = tl.load(context_lens_ptr + seq)
@@ -123,16 +123,21 @@ def build(interpret: bool) -> SimpleNamespace:
         if q_len == 0:  # sequence with no query this step
             end = start
 
+        offs_g = tl.arange(0, BLOCK_G)
+        heads = kv_head * GROUP + offs_g  # query heads of this KV head
         offs_d = tl.arange(0, BLOCK_D)
         d_mask = offs_d < HEAD_DIM
-        # No query row to read when q_len == 0 (q_start may then point past the end).
-        q_mask = offs_d < HEAD_DIM * tl.minimum(q_len, 1)
-        q = tl.load(query_ptr + q_start * stride_q_n + head * stride_q_h + offs_d,
-                    mask=q_mask, other=0.0).to(tl.float32)  # [BLOCK_D]
+        # Rows past GROUP are padding; no query row at all when q_len == 0 (q_start
+        # may then point past the end).
+        row_mask = (offs_g[:, None] < GROUP) & (offs_d[None, :] < HEAD_DIM * tl.minimum(q_len, 1))
+        q = tl.load(query_ptr + q_start * stride_q_n + heads[:, None] * stride_q_h + offs_d[None, :],
+                    mask=row_mask, other=0.0)  # [BLOCK_G, BLOCK_D]
+        if COMPUTE_F32:
+            q = q.to(tl.float32)
         # A finite start (not -inf) so an empty split merges with weight 0, never NaN.
-        run_max = -1.0e30
-        run_sum = 0.0
-        acc = tl.full([BLOCK_D], 0.0, tl.float32)
+        run_max = tl.full([BLOCK_G], -1.0e30, tl.float32)
+        run_sum = tl.full([BLOCK_G], 0.0, tl.float32)
+        acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
         for tile in range(start, end, BLOCK_N):
             offs_n = tile + tl.arange(0, BLOCK_N)  # token positions in the sequence
             n_mask = offs_n < end
@@ -141,27 +146,38 @@ def build(interpret: bool) -> SimpleNamespace:
             in_page = offs_n % PAGE_SIZE
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(k_cache_ptr + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_slot
-                        + kv_head * stride_kc_head + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            scores = tl.reduce(q[None, :] * k, 1, _sum_combine) * scale  # [BLOCK_N]
-            scores = tl.where(n_mask, scores, float("-inf"))
-            new_max = tl.maximum(run_max, tl.reduce(scores, 0, _max_combine))
-            p = tl.exp(scores - new_max)
-            alpha = tl.exp(run_max - new_max)
+                        + kv_head * stride_kc_head + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_slot
-                        + kv_head * stride_vc_head + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            run_sum = run_sum * alpha + tl.reduce(p, 0, _sum_combine)
-            acc = acc * alpha + tl.reduce(p[:, None] * v, 0, _sum_combine)
+                        + kv_head * stride_vc_head + offs_d[None, :], mask=kv_mask, other=0.0)
+            if COMPUTE_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_G, BLOCK_N]
+            else:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+                scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(n_mask[None, :], scores * scale, float("-inf"))
+            # every tile holds at least one real key, so new_max is finite
+            new_max = tl.maximum(run_max, tl.reduce(scores, 1, _max_combine))
+            p = tl.exp(scores - new_max[:, None])
+            alpha = tl.exp(run_max - new_max)
+            run_sum = run_sum * alpha + tl.reduce(p, 1, _sum_combine)
+            # In 16 bits the torch oracle also casts the probabilities to the value dtype.
+            pv = tl.dot(p, v, input_precision="ieee") if COMPUTE_F32 else tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
             run_max = new_max
         if num_splits == 1:  # (Triton specialises 1: this branch is resolved at compile time)
             # The whole context was ours: normalise and write the output, no merge.
-            out = acc / tl.maximum(run_sum, 1.0e-30)  # run_sum >= 1 for a real query
-            tl.store(out_ptr + q_start * stride_o_n + head * stride_o_h + offs_d,
-                     out.to(out_ptr.dtype.element_ty), mask=q_mask)
+            out = acc / tl.maximum(run_sum, 1.0e-30)[:, None]  # run_sum >= 1 for a real query
+            tl.store(out_ptr + q_start * stride_o_n + heads[:, None] * stride_o_h + offs_d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=row_mask)
         else:
-            part = (seq * num_heads + head) * num_splits + split
-            tl.store(part_acc_ptr + part * BLOCK_D + offs_d, acc)
-            tl.store(part_max_ptr + part, run_max)
-            tl.store(part_sum_ptr + part, run_sum)
+            g_mask = offs_g < GROUP
+            part = (seq * num_heads + heads) * num_splits + split  # [BLOCK_G]
+            tl.store(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc, mask=g_mask[:, None])
+            tl.store(part_max_ptr + part, run_max, mask=g_mask)
+            tl.store(part_sum_ptr + part, run_sum, mask=g_mask)
 
     @triton.jit
     def merge_splits_kernel(
