@@ -234,8 +234,8 @@ def _compute_f32(query: torch.Tensor, k_cache: torch.Tensor, interpret: bool) ->
     return interpret or query.dtype == torch.float32 or k_cache.dtype == torch.float32
 
 
-def _num_kv_splits(num_seqs: int, num_heads: int, max_context: int, device: torch.device) -> int:
-    """How many programs share one (sequence, head) in decode.
+def _num_kv_splits(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """How many programs share one (sequence, KV head) in decode.
 
     Enough programs to fill the GPU twice over when the batch is small, but never
     splits shorter than _MIN_TOKENS_PER_SPLIT tokens. One split in the interpreter,
@@ -244,7 +244,7 @@ def _num_kv_splits(num_seqs: int, num_heads: int, max_context: int, device: torc
     if device.type != "cuda":
         return 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    wanted = math.ceil(2 * sms / max(1, num_seqs * num_heads))
+    wanted = math.ceil(2 * sms / max(1, num_seqs * num_kv_heads))
     by_length = max(1, max_context // _MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, by_length, _MAX_KV_SPLITS))
 
@@ -278,7 +278,9 @@ def decode_attention(
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     page_size = k_cache.shape[1]
     if num_kv_splits is None:
-        num_kv_splits = _num_kv_splits(num_seqs, num_heads, block_tables.shape[1] * page_size, query.device)
+        num_kv_splits = _num_kv_splits(
+            num_seqs, k_cache.shape[2], block_tables.shape[1] * page_size, query.device
+        )
     if not 1 <= num_kv_splits <= _MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be between 1 and {_MAX_KV_SPLITS}, got {num_kv_splits}")
     block_d = _pow2(head_dim, 16)  # tl.dot needs every tile dimension >= 16

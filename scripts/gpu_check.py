@@ -290,7 +290,7 @@ def kernels(smoke: bool) -> dict[str, Any]:
             torch_ms=round(t_torch, 4),
             triton_kv_GBps=round(kv_bytes / t_triton / 1e6, 1),
             torch_kv_GBps=round(kv_bytes / t_torch / 1e6, 1),
-            kv_splits=at._num_kv_splits(batch, heads, tables.shape[1] * block, query.device),
+            kv_splits=at._num_kv_splits(batch, kv_heads, tables.shape[1] * block, query.device),
         )
         timing.append(row)
         say(
