@@ -5,7 +5,7 @@ Every ``autoscaling.intervalSeconds`` it lists the service's pods, scrapes each
 ready pod's ``/metrics`` (plimsoll or vLLM names) with httpx under a short
 timeout, hands the observations to the pure
 :class:`plimsoll.operator.scaling.autoscaler.Autoscaler`, patches
-``spec.replicas`` through the LLMService's scale subresource when the decision
+``spec.replicas`` (the scale subresource's field) when the decision
 changes the count (reconcile then resizes the Deployment), writes
 ``status.autoscaler`` and the ``ScalingLimited`` / ``SLOAtRisk`` conditions, and
 posts an Event for every change of replicas or of the limit.
@@ -106,9 +106,13 @@ async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
 
 
 async def set_replicas(kube: Kube, svc: LLMService, replicas: int) -> None:
-    """Write ``spec.replicas`` through the scale subresource, as an HPA would."""
+    """Write ``spec.replicas`` (the field the scale subresource maps to); reconcile resizes the Deployment.
+
+    A merge patch on the LLMService itself rather than on ``/scale``: same field,
+    and the operator already holds ``patch`` on llmservices, so no extra RBAC.
+    """
     custom = client.CustomObjectsApi(kube.api)
-    await custom.patch_namespaced_custom_object_scale(
+    await custom.patch_namespaced_custom_object(
         GROUP, VERSION, svc.namespace, PLURAL, svc.name, {"spec": {"replicas": replicas}},
         _content_type="application/merge-patch+json",  # type: ignore[call-arg]
     )  # fmt: skip
