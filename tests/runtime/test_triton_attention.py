@@ -164,16 +164,27 @@ def test_chunked_prefill_block16_matches_one_shot(capsys: pytest.CaptureFixture[
     assert max_err(attention_triton.paged_attention(*chunk.args()), got[19:40]) < 1e-5
 
 
-@pytest.mark.parametrize("num_kv_splits", [1, 3])
-def test_decode_splits_gqa(num_kv_splits: int, capsys: pytest.CaptureFixture[str]) -> None:
-    # contexts from 1 token (fewer tokens than splits) to several 64-token tiles
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "num_kv_splits"), [(4, 2, 1), (4, 2, 3), (2, 2, 2), (8, 1, 16)]
+)
+def test_decode_splits_gqa(
+    num_heads: int, num_kv_heads: int, num_kv_splits: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # contexts from 1 token (fewer tokens than splits) to several 64-token tiles;
+    # GQA, plain multi-head (group 1) and multi-query (one KV head)
     batch = make_batch(
-        [1, 70, 130, 16], [1, 1, 1, 1], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16
+        [1, 70, 130, 16],
+        [1, 1, 1, 1],
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=16,
+        block_size=16,
     )
     expected = attention_torch.paged_attention(*batch.args())
     got = attention_triton.decode_attention(*batch.args(), num_kv_splits=num_kv_splits)
     err = max_err(got, expected)
-    report(capsys, f"decode fp32, {num_kv_splits} KV split(s) (ctx 1,70,130,16; 4:2 heads; d 16)", err)
+    what = f"{num_kv_splits} KV split(s) (ctx 1,70,130,16; {num_heads}:{num_kv_heads} heads; d 16)"
+    report(capsys, f"decode fp32, {what}", err)
     assert err < 1e-5
 
 
