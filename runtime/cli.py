@@ -20,7 +20,9 @@ def _fail(message: str) -> None:
 
 def serve(
     model: str = typer.Option(
-        "smollm2-135m", "--model", help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded)."
+        "smollm2-135m",
+        "--model",
+        help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded).",
     ),
     served_model_name: str | None = typer.Option(
         None, "--served-model-name", help="Name clients send as `model` (default: --model)."
@@ -31,16 +33,26 @@ def serve(
     max_num_batched_tokens: int = typer.Option(
         2048, "--max-num-batched-tokens", min=1, help="Token budget of one engine step."
     ),
-    kv_cache_memory: str = typer.Option("1GiB", "--kv-cache-memory", help="Bytes for the paged KV cache, e.g. 2GiB."),
+    kv_cache_memory: str = typer.Option(
+        "1GiB", "--kv-cache-memory", help="Bytes for the paged KV cache, e.g. 2GiB."
+    ),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     enable_prefix_caching: bool = typer.Option(
-        True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes."
+        True,
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="Reuse KV blocks of shared prompt prefixes.",
     ),
     max_model_len: int | None = typer.Option(
-        None, "--max-model-len", min=2, help="Longest prompt + completion (default: the model's, capped at 4096)."
+        None,
+        "--max-model-len",
+        min=2,
+        help="Longest prompt + completion (default: the model's, capped at 4096).",
     ),
     max_waiting: int | None = typer.Option(
-        None, "--max-waiting", min=0, help="Waiting requests beyond which new ones get 429 (default: unlimited)."
+        None,
+        "--max-waiting",
+        min=0,
+        help="Waiting requests beyond which new ones get 429 (default: unlimited).",
     ),
     request_timeout: float | None = typer.Option(
         None, "--request-timeout", min=0.001, help="Seconds after which a request is aborted (default: none)."

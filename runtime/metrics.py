@@ -66,35 +66,67 @@ class ServerMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, labels, buckets=buckets, registry=r)
 
-        self.running = gauge(mn.NUM_REQUESTS_RUNNING, "Requests in the running batch (vllm:num_requests_running).")
-        self.waiting = gauge(mn.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled (vllm:num_requests_waiting).")
-        self.kv_usage = gauge(mn.KV_CACHE_USAGE_RATIO, "Fraction of KV-cache blocks in use, 0..1 (vllm:kv_cache_usage_perc).")
+        self.running = gauge(
+            mn.NUM_REQUESTS_RUNNING, "Requests in the running batch (vllm:num_requests_running)."
+        )
+        self.waiting = gauge(
+            mn.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled (vllm:num_requests_waiting)."
+        )
+        self.kv_usage = gauge(
+            mn.KV_CACHE_USAGE_RATIO, "Fraction of KV-cache blocks in use, 0..1 (vllm:kv_cache_usage_perc)."
+        )
         self.cache_config = gauge(
             mn.CACHE_CONFIG_INFO,
             "KV-cache configuration; value 1 (vllm:cache_config_info).",
             ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
         )
         self.ttft = histogram(mn.TIME_TO_FIRST_TOKEN, "Arrival to first token, seconds.", mn.TTFT_BUCKETS)
-        self.itl = histogram(mn.INTER_TOKEN_LATENCY, "Gap between successive token emissions, seconds.", mn.TOKEN_LATENCY_BUCKETS)
-        self.tpot = histogram(
-            mn.TIME_PER_OUTPUT_TOKEN, "Per request: decode time / (generated tokens - 1), seconds.", mn.TOKEN_LATENCY_BUCKETS
+        self.itl = histogram(
+            mn.INTER_TOKEN_LATENCY,
+            "Gap between successive token emissions, seconds.",
+            mn.TOKEN_LATENCY_BUCKETS,
         )
-        self.e2e = histogram(mn.E2E_REQUEST_LATENCY, "Arrival to finish, seconds.", mn.REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram(mn.REQUEST_QUEUE_TIME, "Arrival to first scheduled, seconds.", mn.REQUEST_LATENCY_BUCKETS)
-        self.prefill_time = histogram(mn.REQUEST_PREFILL_TIME, "First scheduled to first token, seconds.", mn.REQUEST_LATENCY_BUCKETS)
-        self.decode_time = histogram(mn.REQUEST_DECODE_TIME, "First token to last token, seconds.", mn.REQUEST_LATENCY_BUCKETS)
+        self.tpot = histogram(
+            mn.TIME_PER_OUTPUT_TOKEN,
+            "Per request: decode time / (generated tokens - 1), seconds.",
+            mn.TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = histogram(
+            mn.E2E_REQUEST_LATENCY, "Arrival to finish, seconds.", mn.REQUEST_LATENCY_BUCKETS
+        )
+        self.queue_time = histogram(
+            mn.REQUEST_QUEUE_TIME, "Arrival to first scheduled, seconds.", mn.REQUEST_LATENCY_BUCKETS
+        )
+        self.prefill_time = histogram(
+            mn.REQUEST_PREFILL_TIME, "First scheduled to first token, seconds.", mn.REQUEST_LATENCY_BUCKETS
+        )
+        self.decode_time = histogram(
+            mn.REQUEST_DECODE_TIME, "First token to last token, seconds.", mn.REQUEST_LATENCY_BUCKETS
+        )
         self.prefix_queries = counter(mn.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter(mn.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.")
-        self.preemptions = counter(mn.NUM_PREEMPTIONS, "Requests preempted (KV blocks freed, recomputed later).")
+        self.preemptions = counter(
+            mn.NUM_PREEMPTIONS, "Requests preempted (KV blocks freed, recomputed later)."
+        )
         self.prompt_tokens = counter(mn.PROMPT_TOKENS, "Prompt tokens of finished requests.")
         self.generation_tokens = counter(mn.GENERATION_TOKENS, "Generated tokens of finished requests.")
-        self.request_success = counter(mn.REQUEST_SUCCESS, "Finished requests by finish reason.", ("finished_reason",))
+        self.request_success = counter(
+            mn.REQUEST_SUCCESS, "Finished requests by finish reason.", ("finished_reason",)
+        )
         self.kv_alloc_failures = counter(
             mn.KV_CACHE_ALLOCATION_FAILURES, "Times the scheduler could not get KV blocks for a request."
         )
-        self.batch_size = histogram(mn.BATCH_SIZE, "Sequences per engine step.", tuple(float(b) for b in mn.BATCH_SIZE_BUCKETS))
-        self.step_tokens = histogram(mn.STEP_TOKENS, "Tokens scheduled per engine step.", tuple(float(b) for b in mn.STEP_TOKENS_BUCKETS))
-        self.rejections = counter(mn.ADMISSION_REJECTIONS, "Requests refused before reaching the engine, by reason.", ("reason",))
+        self.batch_size = histogram(
+            mn.BATCH_SIZE, "Sequences per engine step.", tuple(float(b) for b in mn.BATCH_SIZE_BUCKETS)
+        )
+        self.step_tokens = histogram(
+            mn.STEP_TOKENS,
+            "Tokens scheduled per engine step.",
+            tuple(float(b) for b in mn.STEP_TOKENS_BUCKETS),
+        )
+        self.rejections = counter(
+            mn.ADMISSION_REJECTIONS, "Requests refused before reaching the engine, by reason.", ("reason",)
+        )
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).
         self.counting = False
@@ -169,7 +201,9 @@ class ServerMetrics:
         assert reason in REJECTION_REASONS, reason
         self.rejections.labels(self.model_name, reason).inc()
 
-    def set_cache_config(self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str) -> None:
+    def set_cache_config(
+        self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str
+    ) -> None:
         self.cache_config.labels(
             self.model_name, str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype
         ).set(1)

@@ -89,8 +89,12 @@ def build_app(
             )
             metrics.refresh(s)
             metrics.start_counting()
-            log.info("engine ready: model %s, %d KV blocks of %d tokens", settings.served_model_name,
-                     s.num_blocks, s.block_size)
+            log.info(
+                "engine ready: model %s, %d KV blocks of %d tokens",
+                settings.served_model_name,
+                s.num_blocks,
+                s.block_size,
+            )
         except Exception as exc:
             state["fatal"] = exc
             log.exception("the engine failed to start")
@@ -118,8 +122,11 @@ def build_app(
         if state["fatal"] is not None:
             raise APIError(503, "The engine failed to start; see the server log.")
         if not engine.is_ready:
-            raise APIError(503, "The model is still loading; retry when /ready answers 200.",
-                           headers={"Retry-After": str(settings.retry_after_s)})
+            raise APIError(
+                503,
+                "The model is still loading; retry when /ready answers 200.",
+                headers={"Retry-After": str(settings.retry_after_s)},
+            )
         if model is not None and model != settings.served_model_name:
             raise APIError(
                 404,

@@ -34,7 +34,9 @@ from plimsoll.runtime.serving_sse import DONE, SSEResponse, sse
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
     engine = ctx.engine
     prompt_ids = encode_chat(engine.tokenizer, req)
-    max_tokens = resolve_max_tokens(len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages")
+    max_tokens = resolve_max_tokens(
+        len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
+    )
     params = req.to_sampling_params(max_tokens)
     try:
         params.validate()
@@ -77,7 +79,9 @@ def _num_top(req: ChatCompletionRequest) -> int:
     return req.top_logprobs or 0
 
 
-def _response(ctx: ServingContext, req: ChatCompletionRequest, request_id: str, final: RequestOutput) -> ChatCompletionResponse:
+def _response(
+    ctx: ServingContext, req: ChatCompletionRequest, request_id: str, final: RequestOutput
+) -> ChatCompletionResponse:
     tokenizer = ctx.engine.tokenizer
     choices = []
     for o in sorted(final.outputs, key=lambda o: o.index):
@@ -108,8 +112,13 @@ async def _stream(
     continuous = bool(req.stream_options and req.include_usage and req.stream_options.continuous_usage_stats)
 
     def chunk(choices: list[dict[str, Any]], usage: UsageInfo | None = None) -> str:
-        body: dict[str, Any] = {"id": adm.request_id, "object": "chat.completion.chunk", "created": created,
-                                "model": model, "choices": choices}
+        body: dict[str, Any] = {
+            "id": adm.request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
         if usage is not None:
             body["usage"] = usage.model_dump(mode="json")
         event: str = sse(body)
@@ -124,13 +133,25 @@ async def _stream(
             lp = chat_logprobs(o.delta_token_ids, o.delta_logprobs, _num_top(req), tokenizer).model_dump()
         if finishing:
             finish_sent.add(o.index)
-        return {"index": o.index, "delta": {"content": o.delta_text}, "logprobs": lp,
-                "finish_reason": o.finish_reason if finishing else None,
-                "stop_reason": o.stop_reason if finishing else None}
+        return {
+            "index": o.index,
+            "delta": {"content": o.delta_text},
+            "logprobs": lp,
+            "finish_reason": o.finish_reason if finishing else None,
+            "stop_reason": o.stop_reason if finishing else None,
+        }
 
     for i in range(req.n):
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None}])
+        yield chunk(
+            [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
     last: RequestOutput | None = None
     try:
         async with contextlib.aclosing(stream):  # type: ignore[type-var]

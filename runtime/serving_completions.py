@@ -29,7 +29,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     tokenizer = engine.tokenizer
     prompts = req.prompts()
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
-    max_tokens = [resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt") for ids in prompt_ids]
+    max_tokens = [
+        resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt") for ids in prompt_ids
+    ]
     params = [req.to_sampling_params(m) for m in max_tokens]
     try:
         for p in params:
@@ -61,7 +63,11 @@ async def _collect(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestO
 
 
 def _response(
-    ctx: ServingContext, req: CompletionRequest, request_id: str, finals: list[RequestOutput], echo: list[str] | None
+    ctx: ServingContext,
+    req: CompletionRequest,
+    request_id: str,
+    finals: list[RequestOutput],
+    echo: list[str] | None,
 ) -> CompletionResponse:
     tokenizer = ctx.engine.tokenizer
     choices: list[CompletionChoice] = []
@@ -108,8 +114,13 @@ async def _stream(
     text_offsets: dict[int, int] = {}
 
     def chunk(choices: list[dict[str, Any]], usage: UsageInfo | None = None) -> str:
-        body: dict[str, Any] = {"id": adm.request_id, "object": "text_completion", "created": created,
-                                "model": model, "choices": choices}
+        body: dict[str, Any] = {
+            "id": adm.request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
         if usage is not None:
             body["usage"] = usage.model_dump(mode="json")
         event: str = sse(body)
@@ -123,13 +134,19 @@ async def _stream(
         lp = None
         if req.logprobs is not None and o.delta_logprobs is not None:
             start = text_offsets.get(index, 0)
-            lp = completion_logprobs(o.delta_token_ids, o.delta_logprobs, req.logprobs, tokenizer, start).model_dump()
+            lp = completion_logprobs(
+                o.delta_token_ids, o.delta_logprobs, req.logprobs, tokenizer, start
+            ).model_dump()
             text_offsets[index] = start + len(o.delta_text)
         if finishing:
             finish_sent.add(index)
-        return {"index": index, "text": o.delta_text, "logprobs": lp,
-                "finish_reason": o.finish_reason if finishing else None,
-                "stop_reason": o.stop_reason if finishing else None}
+        return {
+            "index": index,
+            "text": o.delta_text,
+            "logprobs": lp,
+            "finish_reason": o.finish_reason if finishing else None,
+            "stop_reason": o.stop_reason if finishing else None,
+        }
 
     merged = merge(streams)
     try:
@@ -148,4 +165,6 @@ async def _stream(
 
 
 def _continuous(req: CompletionRequest) -> bool:
-    return bool(req.stream_options and req.stream_options.include_usage and req.stream_options.continuous_usage_stats)
+    return bool(
+        req.stream_options and req.stream_options.include_usage and req.stream_options.continuous_usage_stats
+    )

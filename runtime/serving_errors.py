@@ -81,7 +81,9 @@ def _describe_validation(errors: Sequence[Any]) -> tuple[str, str | None]:
         field = ".".join(x for x in loc if not any(c in x for c in "[]()") and x not in {"str", "int"})
         if err.get("type") == "json_invalid":
             ctx = err.get("ctx", {}) or {}
-            parts.append(f"the body is not valid JSON ({ctx.get('error', 'parse error')}); send a JSON object")
+            parts.append(
+                f"the body is not valid JSON ({ctx.get('error', 'parse error')}); send a JSON object"
+            )
             continue
         if field == "" and err.get("type") in {"model_attributes_type", "dict_type", "model_type"}:
             parts.append("the body must be a JSON object")

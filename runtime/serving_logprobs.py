@@ -47,7 +47,9 @@ def completion_logprobs(
         out.text_offset.append(offset)
         offset += len(text)
         if num_top > 0:
-            top = {_token_text(lp, tokenizer, lp.token_id): _finite(lp.logprob) for lp in _top(entries, num_top)}
+            top = {
+                _token_text(lp, tokenizer, lp.token_id): _finite(lp.logprob) for lp in _top(entries, num_top)
+            }
             out.top_logprobs.append(top)
         else:
             out.top_logprobs.append(None)

@@ -34,9 +34,13 @@ def encode_chat(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
     """Render the messages with the tokenizer's chat template and tokenize the result."""
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request(
-            "This model's tokenizer has no chat template; use /v1/completions with a plain prompt.", "messages"
+            "This model's tokenizer has no chat template; use /v1/completions with a plain prompt.",
+            "messages",
         )
-    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in request.messages]
+    messages = [
+        {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+        for m in request.messages
+    ]
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -50,9 +54,7 @@ def encode_chat(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
     return list(tokenizer.encode(str(text), add_special_tokens=False))
 
 
-def resolve_max_tokens(
-    prompt_len: int, requested: int | None, max_model_len: int, prompt_param: str
-) -> int:
+def resolve_max_tokens(prompt_len: int, requested: int | None, max_model_len: int, prompt_param: str) -> int:
     """The max_tokens to use, or a 400 that says which of prompt or max_tokens to shrink."""
     if prompt_len == 0:
         raise bad_request("The prompt is empty; send at least one token.", prompt_param)

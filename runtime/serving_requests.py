@@ -204,7 +204,9 @@ class ServingContext:
                 e2e_s=_round(time.monotonic() - rm.arrival_time),
             )
         else:
-            record.update(prompt_tokens=None, completion_tokens=0, ttft_s=None, e2e_s=_round(time.monotonic() - started))
+            record.update(
+                prompt_tokens=None, completion_tokens=0, ttft_s=None, e2e_s=_round(time.monotonic() - started)
+            )
         log.info(json.dumps(record, separators=(",", ":")))
 
 

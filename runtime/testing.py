@@ -119,8 +119,15 @@ class ThreadedServer:
     drain path without a signal (signals only reach the main thread).
     """
 
-    def __init__(self, model: str | Path, *, host: str = "127.0.0.1", startup_timeout: float = 120.0,
-                 server: dict[str, object] | None = None, **engine: object) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 120.0,
+        server: dict[str, object] | None = None,
+        **engine: object,
+    ) -> None:
         self.host = host
         self.port = free_port(host)
         self.model = str(model)
@@ -144,14 +151,21 @@ class ThreadedServer:
         from plimsoll.runtime.serving_lifecycle import DrainingServer
 
         config = EngineConfig(model=self.model, **self.engine_kwargs)
-        settings = ServerSettings(served_model_name=config.display_name, model_root=self.model,
-                                  **self.server_kwargs)
+        settings = ServerSettings(
+            served_model_name=config.display_name, model_root=self.model, **self.server_kwargs
+        )
         self.metrics = ServerMetrics(settings.served_model_name)
         self.engine = AsyncEngine(config, observer=self.metrics)
         self.app = build_app(self.engine, settings, self.metrics)
         self.ctx = self.app.state.ctx
-        uv = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=5)
+        uv = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
         self.server = DrainingServer(uv, self.ctx)
 
         def run() -> None:
@@ -230,7 +244,16 @@ class ServerProcess:
         return Path(self._log.name).read_text(errors="replace")
 
     def start(self) -> ServerProcess:
-        cmd = [sys.executable, "-c", "from plimsoll.cli import main; main()", "serve", "--host", self.host, "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-c",
+            "from plimsoll.cli import main; main()",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+        ]
         self.proc = subprocess.Popen(
             [*cmd, *self.args], stdout=self._log, stderr=subprocess.STDOUT, env=self.env
         )

@@ -14,9 +14,19 @@ from plimsoll.runtime.metrics import ServerMetrics
 from plimsoll.runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput, StepStats
 from plimsoll.runtime.testing import ThreadedServer
 
-ALL_NAMES = [v for k, v in vars(mn).items() if k.isupper() and isinstance(v, str) and v.startswith("plimsoll_")]
-ALLOWED_LABELS = {"model_name", "finished_reason", "reason", "le", "block_size", "num_gpu_blocks",
-                  "enable_prefix_caching", "cache_dtype"}
+ALL_NAMES = [
+    v for k, v in vars(mn).items() if k.isupper() and isinstance(v, str) and v.startswith("plimsoll_")
+]
+ALLOWED_LABELS = {
+    "model_name",
+    "finished_reason",
+    "reason",
+    "le",
+    "block_size",
+    "num_gpu_blocks",
+    "enable_prefix_caching",
+    "cache_dtype",
+}
 
 
 def families(text: str) -> dict[str, object]:
@@ -39,16 +49,35 @@ def test_every_shared_metric_name_is_exported_with_vllm_buckets() -> None:
     m.start_counting()
     m.on_request_finished(_finished(arrival=0.0, sched=0.5, first=0.6, last=1.6, done=1.7, prompt=5, gen=11))
     s = _samples(m)
-    ttft_buckets = sorted(float(k.split("le=")[1].rstrip("}").split(",")[0]) for k in s
-                          if k.startswith(mn.TIME_TO_FIRST_TOKEN + "_bucket") and "+Inf" not in k)
+    ttft_buckets = sorted(
+        float(k.split("le=")[1].rstrip("}").split(",")[0])
+        for k in s
+        if k.startswith(mn.TIME_TO_FIRST_TOKEN + "_bucket") and "+Inf" not in k
+    )
     assert tuple(ttft_buckets) == mn.TTFT_BUCKETS
 
 
-def _finished(*, arrival: float, sched: float, first: float, last: float, done: float, prompt: int, gen: int,
-              reason: str = "length") -> RequestOutput:
-    rm = RequestMetrics(arrival_time=arrival, first_scheduled_time=sched, first_token_time=first,
-                        last_token_time=last, finished_time=done, num_prompt_tokens=prompt,
-                        num_generation_tokens=gen, finish_reason=reason)
+def _finished(
+    *,
+    arrival: float,
+    sched: float,
+    first: float,
+    last: float,
+    done: float,
+    prompt: int,
+    gen: int,
+    reason: str = "length",
+) -> RequestOutput:
+    rm = RequestMetrics(
+        arrival_time=arrival,
+        first_scheduled_time=sched,
+        first_token_time=first,
+        last_token_time=last,
+        finished_time=done,
+        num_prompt_tokens=prompt,
+        num_generation_tokens=gen,
+        finish_reason=reason,
+    )
     out = CompletionOutput(index=0, text="x" * gen, token_ids=list(range(gen)), finish_reason=reason)
     return RequestOutput("r", list(range(prompt)), [out], True, rm)
 
@@ -68,9 +97,22 @@ def test_request_intervals_follow_vllm_definitions() -> None:
     assert metric(_samples(m), mn.E2E_REQUEST_LATENCY + "_count") == 0  # warm-up is not counted
     m.start_counting()
     m.on_request_finished(_finished(arrival=0.0, sched=0.5, first=0.6, last=1.6, done=1.7, prompt=5, gen=11))
-    m.on_step(StepStats(num_running=3, num_waiting=2, batch_size=3, num_scheduled_tokens=40, num_prefill_tokens=38,
-                        num_decode_tokens=2, num_preemptions=1, num_kv_allocation_failures=2,
-                        prefix_cache_queries=32, prefix_cache_hits=16, kv_cache_usage=0.25, step_time_s=0.01))
+    m.on_step(
+        StepStats(
+            num_running=3,
+            num_waiting=2,
+            batch_size=3,
+            num_scheduled_tokens=40,
+            num_prefill_tokens=38,
+            num_decode_tokens=2,
+            num_preemptions=1,
+            num_kv_allocation_failures=2,
+            prefix_cache_queries=32,
+            prefix_cache_hits=16,
+            kv_cache_usage=0.25,
+            step_time_s=0.01,
+        )
+    )
     s = _samples(m)
     assert metric(s, mn.REQUEST_QUEUE_TIME + "_sum") == pytest.approx(0.5)
     assert metric(s, mn.REQUEST_PREFILL_TIME + "_sum") == pytest.approx(0.1)
@@ -105,8 +147,14 @@ def test_counters_match_the_traffic_sent(fresh_server: ThreadedServer) -> None:
             usage = http.post("/v1/completions", json=body).json()["usage"]
             prompt_tokens += usage["prompt_tokens"]
             completion_tokens += usage["completion_tokens"]
-        chat = {"messages": [{"role": "user", "content": "count"}], "max_tokens": 4, "n": 2, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}
+        chat = {
+            "messages": [{"role": "user", "content": "count"}],
+            "max_tokens": 4,
+            "n": 2,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         lines = [ln for ln in http.post("/v1/chat/completions", json=chat).text.split("\n\n") if ln]
         usage = json.loads(lines[-2].removeprefix("data: "))["usage"]
         prompt_tokens += usage["prompt_tokens"]
@@ -123,8 +171,14 @@ def test_counters_match_the_traffic_sent(fresh_server: ThreadedServer) -> None:
     assert delta(mn.GENERATION_TOKENS) == completion_tokens == 3 + 4 + 5 + 6 + 2 * 4
     assert delta(mn.REQUEST_SUCCESS, finished_reason="length") == 5
     assert delta(mn.REQUEST_SUCCESS, finished_reason="stop") == 0
-    for hist in (mn.TIME_TO_FIRST_TOKEN, mn.E2E_REQUEST_LATENCY, mn.REQUEST_QUEUE_TIME, mn.REQUEST_PREFILL_TIME,
-                 mn.REQUEST_DECODE_TIME, mn.TIME_PER_OUTPUT_TOKEN):
+    for hist in (
+        mn.TIME_TO_FIRST_TOKEN,
+        mn.E2E_REQUEST_LATENCY,
+        mn.REQUEST_QUEUE_TIME,
+        mn.REQUEST_PREFILL_TIME,
+        mn.REQUEST_DECODE_TIME,
+        mn.TIME_PER_OUTPUT_TOKEN,
+    ):
         assert delta(hist + "_count") == 5, hist
     assert delta(mn.INTER_TOKEN_LATENCY + "_count") >= 1
     # The second identical 40-token prompt finds its two full blocks in the prefix cache.

@@ -77,7 +77,9 @@ def test_stop_string_cuts_the_text_before_it(client: openai.OpenAI, model: str) 
     kw = dict(model=model, prompt="stop here", max_tokens=24, extra_body=NO_EOS, **GREEDY)
     full = client.completions.create(**kw).choices[0].text  # type: ignore[call-overload]
     # Pick a printable ASCII character from the middle of the greedy text as the stop string.
-    candidates = [i for i, ch in enumerate(full) if i >= 2 and ch.isascii() and ch.isprintable() and ch != " "]
+    candidates = [
+        i for i, ch in enumerate(full) if i >= 2 and ch.isascii() and ch.isprintable() and ch != " "
+    ]
     assert candidates, f"greedy text has no printable ASCII to stop on: {full!r}"
     stop = full[candidates[0]]
     cut = client.completions.create(stop=[stop], **kw).choices[0]  # type: ignore[call-overload]
@@ -87,18 +89,29 @@ def test_stop_string_cuts_the_text_before_it(client: openai.OpenAI, model: str) 
 
 
 def test_echo_and_several_prompts_in_one_request(client: openai.OpenAI, model: str) -> None:
-    out = client.completions.create(model=model, prompt="echo me", max_tokens=3, echo=True, extra_body=NO_EOS, **GREEDY)
+    out = client.completions.create(
+        model=model, prompt="echo me", max_tokens=3, echo=True, extra_body=NO_EOS, **GREEDY
+    )
     assert out.choices[0].text.startswith("echo me")
-    batch = client.completions.create(model=model, prompt=["first", "second"], n=2, max_tokens=2, extra_body=NO_EOS)
+    batch = client.completions.create(
+        model=model, prompt=["first", "second"], n=2, max_tokens=2, extra_body=NO_EOS
+    )
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]  # prompt i, choice k -> i * n + k
     assert batch.usage is not None and batch.usage.prompt_tokens == len("first") + len("second")
     assert batch.usage.completion_tokens == 8
 
 
 def test_completion_logprobs(client: openai.OpenAI, model: str) -> None:
-    out = client.completions.create(model=model, prompt="logprobs", max_tokens=6, logprobs=3, extra_body=NO_EOS, **GREEDY)
+    out = client.completions.create(
+        model=model, prompt="logprobs", max_tokens=6, logprobs=3, extra_body=NO_EOS, **GREEDY
+    )
     lp = out.choices[0].logprobs
-    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert (
+        lp is not None
+        and lp.tokens is not None
+        and lp.token_logprobs is not None
+        and lp.top_logprobs is not None
+    )
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
         assert chosen is not None and chosen <= 0.0
@@ -120,14 +133,22 @@ def test_chat_non_streaming_and_streaming_agree(client: openai.OpenAI, model: st
     assert stream[0].choices[0].delta.role == "assistant" and stream[0].choices[0].delta.content == ""
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == full.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert [c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason] == [
+        "length"
+    ]
     assert stream[-1].usage is not None and stream[-1].usage.prompt_tokens == full.usage.prompt_tokens
 
 
 def test_chat_n2_logprobs_and_top_logprobs(client: openai.OpenAI, model: str) -> None:
     out = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "two"}], n=2, max_tokens=5, seed=7,
-        logprobs=True, top_logprobs=2, extra_body=NO_EOS,
+        model=model,
+        messages=[{"role": "user", "content": "two"}],
+        n=2,
+        max_tokens=5,
+        seed=7,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body=NO_EOS,
     )
     assert sorted(c.index for c in out.choices) == [0, 1]
     for choice in out.choices:
@@ -140,28 +161,46 @@ def test_chat_n2_logprobs_and_top_logprobs(client: openai.OpenAI, model: str) ->
 
 
 def test_chat_streaming_n2_sends_a_role_chunk_per_choice(client: openai.OpenAI, model: str) -> None:
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "x"}], n=2, max_tokens=4, stream=True, extra_body=NO_EOS,
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "x"}],
+            n=2,
+            max_tokens=4,
+            stream=True,
+            extra_body=NO_EOS,
+        )
+    )
     roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role == "assistant"]
     assert roles == [0, 1]
     finished = sorted(ch.index for c in chunks for ch in c.choices if ch.finish_reason)
     assert finished == [0, 1]
 
 
-async def test_async_client_concurrent_streams_and_completions(keyed_server: ThreadedServer, model: str) -> None:
-    async with openai.AsyncOpenAI(base_url=f"{keyed_server.url}/v1", api_key=API_KEY, max_retries=0) as aclient:
+async def test_async_client_concurrent_streams_and_completions(
+    keyed_server: ThreadedServer, model: str
+) -> None:
+    async with openai.AsyncOpenAI(
+        base_url=f"{keyed_server.url}/v1", api_key=API_KEY, max_retries=0
+    ) as aclient:
 
         async def one_stream(i: int) -> str:
             stream = await aclient.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=6, stream=True,
-                temperature=0, extra_body=NO_EOS,
+                model=model,
+                messages=[{"role": "user", "content": f"q{i}"}],
+                max_tokens=6,
+                stream=True,
+                temperature=0,
+                extra_body=NO_EOS,
             )
             return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
         async def one_full(i: int) -> str:
             out = await aclient.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=6, temperature=0,
+                model=model,
+                messages=[{"role": "user", "content": f"q{i}"}],
+                max_tokens=6,
+                temperature=0,
                 extra_body=NO_EOS,
             )
             return out.choices[0].message.content or ""

@@ -5,9 +5,20 @@ from typer.testing import CliRunner
 from plimsoll.cli import app
 
 ISSUE_FLAGS = [
-    "--model", "--served-model-name", "--host", "--port", "--max-num-seqs", "--max-num-batched-tokens",
-    "--kv-cache-memory", "--block-size", "--enable-prefix-caching", "--no-enable-prefix-caching",
-    "--max-model-len", "--max-waiting", "--request-timeout", "--api-key",
+    "--model",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--kv-cache-memory",
+    "--block-size",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--max-model-len",
+    "--max-waiting",
+    "--request-timeout",
+    "--api-key",
 ]
 
 

@@ -23,7 +23,9 @@ def http(server: ThreadedServer) -> Iterator[httpx.Client]:  # noqa: F811
         yield c
 
 
-def assert_error(r: httpx.Response, status: int, param: str | None = None, says: str | None = None) -> dict[str, Any]:
+def assert_error(
+    r: httpx.Response, status: int, param: str | None = None, says: str | None = None
+) -> dict[str, Any]:
     assert r.status_code == status, r.text
     body = r.json()
     assert set(body) == {"error"}
@@ -94,10 +96,18 @@ def test_unknown_route_and_method_keep_the_error_shape(http: httpx.Client) -> No
 # ---- fuzz -------------------------------------------------------------------------
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
-    st.text(max_size=12), st.sampled_from([-1, 0, 1, 2, 3, 20, 21, 256, 10**9]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.sampled_from([-1, 0, 1, 2, 3, 20, 21, 256, 10**9]),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
 # Plausible values per field, mostly in range, so a good share of bodies pass validation and
 # reach the engine; `values` (any JSON) and edge integers cover wrong types and out-of-range.
 small_int = st.integers(-2, 6)
@@ -117,7 +127,8 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "min_p": mostly(st.floats(0, 1)) | st.floats(-0.5, 1.5),
     "seed": mostly(st.integers(-(2**63), 2**64 - 1)) | st.integers(-(2**65), 2**65),
     "stop": mostly(st.lists(st.text(min_size=1, max_size=3), max_size=3) | st.text(min_size=1, max_size=3)),
-    "stop_token_ids": mostly(st.lists(st.integers(0, 300), max_size=3)) | st.lists(st.integers(-1, 0), max_size=2),
+    "stop_token_ids": mostly(st.lists(st.integers(0, 300), max_size=3))
+    | st.lists(st.integers(-1, 0), max_size=2),
     "logprobs": mostly(st.integers(0, 20) | st.booleans()) | st.integers(-1, 22),
     "top_logprobs": mostly(st.integers(0, 20)) | st.integers(-1, 22),
     "presence_penalty": mostly(st.floats(-2, 2)) | st.floats(-3, 3),
@@ -126,19 +137,26 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "min_tokens": mostly(st.integers(0, 3)) | st.integers(-1, 8),
     "ignore_eos": mostly(st.booleans()),
     "stream": mostly(st.booleans()),
-    "stream_options": mostly(st.fixed_dictionaries({}, optional={"include_usage": st.booleans(),
-                                                                "continuous_usage_stats": st.booleans()})),
+    "stream_options": mostly(
+        st.fixed_dictionaries(
+            {}, optional={"include_usage": st.booleans(), "continuous_usage_stats": st.booleans()}
+        )
+    ),
     "echo": mostly(st.booleans()),
     "best_of": mostly(st.integers(1, 3)) | st.integers(-1, 0),
 }
 prompts = st.one_of(
-    st.text(min_size=1, max_size=40), st.text(min_size=1, max_size=40), st.lists(st.integers(0, 258), min_size=1, max_size=6),
+    st.text(min_size=1, max_size=40),
+    st.text(min_size=1, max_size=40),
+    st.lists(st.integers(0, 258), min_size=1, max_size=6),
     st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=3),
     st.lists(st.lists(st.integers(0, 258), min_size=1, max_size=4), min_size=1, max_size=2),
-    st.lists(st.integers(-5, 300), max_size=6), values,
+    st.lists(st.integers(-5, 300), max_size=6),
+    values,
 )
-message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),
-                                 "content": st.text(max_size=30)}) | st.fixed_dictionaries({"role": values, "content": values})
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(max_size=30)}
+) | st.fixed_dictionaries({"role": values, "content": values})
 messages = mostly(st.lists(message, min_size=1, max_size=2)) | st.lists(message, max_size=0)
 
 
@@ -166,8 +184,13 @@ def random_request(draw: st.DrawFn) -> tuple[str, bytes]:
 def test_fuzzed_bodies_never_cause_a_server_error(server: ThreadedServer, http: httpx.Client) -> None:  # noqa: F811
     seen: dict[int, int] = {}
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=300,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(random_request())
     def check(req: tuple[str, bytes]) -> None:
         path, raw = req
@@ -188,7 +211,9 @@ def test_fuzzed_bodies_never_cause_a_server_error(server: ThreadedServer, http: 
     # The fuzz has to reach the engine, not just the validator.
     assert seen.get(200, 0) >= 30 and seen.get(400, 0) >= 30, seen
     # Afterwards the server still answers correctly and nothing is left holding KV blocks.
-    ok = http.post(COMP, json={"prompt": "still alive", "max_tokens": 4, "ignore_eos": True, "temperature": 0})
+    ok = http.post(
+        COMP, json={"prompt": "still alive", "max_tokens": 4, "ignore_eos": True, "temperature": 0}
+    )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

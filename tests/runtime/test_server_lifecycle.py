@@ -21,7 +21,10 @@ def wait_idle(url: str, timeout: float = 15.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         s = scrape(url)
-        idle = all(metric(s, n) == 0 for n in (mn.NUM_REQUESTS_RUNNING, mn.NUM_REQUESTS_WAITING, mn.KV_CACHE_USAGE_RATIO))
+        idle = all(
+            metric(s, n) == 0
+            for n in (mn.NUM_REQUESTS_RUNNING, mn.NUM_REQUESTS_WAITING, mn.KV_CACHE_USAGE_RATIO)
+        )
         if idle or time.monotonic() > deadline:
             return s
         time.sleep(0.1)
@@ -70,7 +73,9 @@ async def test_half_of_200_streams_disconnect_and_every_block_is_freed(server: T
     success = mn.REQUEST_SUCCESS.removesuffix("_total") + "_total"
 
     def delta(reason: str) -> float:
-        return metric(after, success, finished_reason=reason) - metric(before, success, finished_reason=reason)
+        return metric(after, success, finished_reason=reason) - metric(
+            before, success, finished_reason=reason
+        )
 
     assert delta("length") + delta("abort") == 200
     # A client that hangs up after the server already sent its last token aborts nothing.
@@ -82,7 +87,9 @@ async def test_ready_is_503_and_requests_wait_while_the_engine_loads(chat_model_
     from plimsoll.runtime.config import EngineConfig
     from plimsoll.runtime.server import ServerSettings, build_app
 
-    engine = AsyncEngine(EngineConfig(model=str(chat_model_dir)))  # not started: ASGITransport runs no lifespan
+    engine = AsyncEngine(
+        EngineConfig(model=str(chat_model_dir))
+    )  # not started: ASGITransport runs no lifespan
     app = build_app(engine, ServerSettings(served_model_name="tiny"))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         assert (await client.get("/health")).status_code == 200
@@ -101,7 +108,9 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(server: ThreadedS
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
     after = wait_idle(server.url)
     assert metric(after, mn.KV_CACHE_USAGE_RATIO) == 0.0 and server.ctx.num_in_flight == 0
-    aborted = metric(after, mn.REQUEST_SUCCESS, finished_reason="abort") - metric(before, mn.REQUEST_SUCCESS, finished_reason="abort")
+    aborted = metric(after, mn.REQUEST_SUCCESS, finished_reason="abort") - metric(
+        before, mn.REQUEST_SUCCESS, finished_reason="abort"
+    )
     generated = metric(after, mn.GENERATION_TOKENS) - metric(before, mn.GENERATION_TOKENS)
     assert aborted == 1 and generated < 220, (aborted, generated, time.monotonic() - started)
 
@@ -110,7 +119,9 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(server: ThreadedS
 async def test_overload_gets_only_200_or_429_and_the_server_recovers(chat_model_dir: Path) -> None:  # noqa: F811
     srv = start_server(chat_model_dir, max_num_seqs=4, server={"max_waiting": 4})
     try:
-        async with httpx.AsyncClient(base_url=srv.url, timeout=120, limits=httpx.Limits(max_connections=100)) as client:
+        async with httpx.AsyncClient(
+            base_url=srv.url, timeout=120, limits=httpx.Limits(max_connections=100)
+        ) as client:
 
             async def one(i: int) -> httpx.Response:
                 body = {"prompt": f"load {i}", "max_tokens": 12, "ignore_eos": True, "stream": i % 2 == 0}
@@ -128,7 +139,9 @@ async def test_overload_gets_only_200_or_429_and_the_server_recovers(chat_model_
                 elif r.headers["content-type"].startswith("text/event-stream"):
                     assert sse_events(r.text)[-1] == "[DONE]"
             s = wait_idle(srv.url)
-            rejected = metric(s, mn.ADMISSION_REJECTIONS.removesuffix("_total") + "_total", reason="queue_full")
+            rejected = metric(
+                s, mn.ADMISSION_REJECTIONS.removesuffix("_total") + "_total", reason="queue_full"
+            )
             assert rejected == codes.count(429)
             # Recovered: the queue drained and a new request goes straight through.
             ok = await client.post("/v1/completions", json={"prompt": "after", "max_tokens": 3})
@@ -160,8 +173,12 @@ def test_request_timeout_aborts_and_reports(chat_model_dir: Path) -> None:  # no
 
 
 def _stream_in_thread(url: str, i: int, results: dict[int, Any], started: "list[int]") -> None:
-    body = {"messages": [{"role": "user", "content": f"drain {i}"}], "max_tokens": 200, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": f"drain {i}"}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+    }
     try:
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
             events: list[str] = []
@@ -179,12 +196,23 @@ def _stream_in_thread(url: str, i: int, results: dict[int, Any], started: "list[
 def test_sigterm_during_16_streams_finishes_them_refuses_new_work_and_exits_0(chat_model_dir: Path) -> None:  # noqa: F811
     import threading
 
-    args = ["--model", str(chat_model_dir), "--max-model-len", "256", "--kv-cache-memory", "4MiB",
-            "--drain-timeout", "60"]
+    args = [
+        "--model",
+        str(chat_model_dir),
+        "--max-model-len",
+        "256",
+        "--kv-cache-memory",
+        "4MiB",
+        "--drain-timeout",
+        "60",
+    ]
     with ServerProcess(args, startup_timeout=240) as proc:
         results: dict[int, Any] = {}
         started: list[int] = []
-        threads = [threading.Thread(target=_stream_in_thread, args=(proc.url, i, results, started)) for i in range(16)]
+        threads = [
+            threading.Thread(target=_stream_in_thread, args=(proc.url, i, results, started))
+            for i in range(16)
+        ]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
@@ -194,10 +222,14 @@ def test_sigterm_during_16_streams_finishes_them_refuses_new_work_and_exits_0(ch
         proc.terminate()
         # Each stream still has ~190 tokens to go, seconds of work: the drain window is open.
         deadline = time.monotonic() + 5
-        while (ready := httpx.get(f"{proc.url}/ready", timeout=10)).status_code == 200 and time.monotonic() < deadline:
+        while (
+            ready := httpx.get(f"{proc.url}/ready", timeout=10)
+        ).status_code == 200 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert ready.status_code == 503 and ready.json()["reason"] == "draining"
-        refused = httpx.post(f"{proc.url}/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=10)
+        refused = httpx.post(
+            f"{proc.url}/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=10
+        )
         assert refused.status_code == 503
         assert refused.json()["error"]["type"] == "ServiceUnavailableError"
         assert httpx.get(f"{proc.url}/health", timeout=10).status_code == 200  # alive while draining
@@ -208,7 +240,12 @@ def test_sigterm_during_16_streams_finishes_them_refuses_new_work_and_exits_0(ch
             assert not isinstance(results[i], Exception), results[i]
             status, events = results[i]
             assert status == 200 and events[-1] == "[DONE]"
-            finish = [c["finish_reason"] for e in events[:-1] for c in json.loads(e)["choices"] if c["finish_reason"]]
+            finish = [
+                c["finish_reason"]
+                for e in events[:-1]
+                for c in json.loads(e)["choices"]
+                if c["finish_reason"]
+            ]
             assert finish == ["length"], (i, finish)
         assert code == 0, proc.log()
         assert len(started) == 16 and "drained; shutting down" in proc.log()
