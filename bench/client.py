@@ -239,7 +239,7 @@ async def served_models(http: httpx.AsyncClient) -> list[str]:
         raise BenchError(f"{http.base_url}/v1/models did not return an OpenAI model list") from exc
 
 
-async def resolve_model(client: OpenAIClient | None, cfg: BenchConfig) -> str:
+async def resolve_model(cfg: BenchConfig) -> str:
     """The model to benchmark: --model if the server serves it, else its only model."""
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers) as http:

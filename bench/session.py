@@ -48,7 +48,7 @@ class BenchSession:
 
     @classmethod
     async def open(cls, cfg: BenchConfig) -> BenchSession:
-        model = await resolve_model(None, cfg)
+        model = await resolve_model(cfg)
         client = OpenAIClient(cfg, model)
         try:
             await probe(client, 8)

@@ -90,6 +90,7 @@ def test_csv_jsonl_plots_and_html_are_written(report_dir: Path) -> None:
     assert page.count("data:image/png;base64,") == 3 and "<table>" in page and "throughput knee" in page
 
 
+@pytest.mark.slow
 def test_schema_rejects_a_report_that_breaks_the_contract(report_dir: Path) -> None:
     report = json.loads((report_dir / "sweep.json").read_text())
     validate(report)
