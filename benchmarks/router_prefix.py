@@ -48,7 +48,9 @@ from plimsoll.router.proxy import REPLICA_HEADER
 # requests running, about four system prompts stay cached. A replica that sees
 # all 18 prompts (round-robin) keeps few of them until they come round again;
 # one that sees only its share (affinity, ~6) keeps a good part of it.
-TINY_SERVE_ARGS = ("--kv-cache-memory", "512KiB", "--block-size", "16", "--max-num-seqs", "8")
+TINY_SERVE_ARGS = (
+    "--kv-cache-memory", "512KiB", "--block-size", "16", "--max-num-seqs", "8", "--drain-timeout", "2",
+)
 
 
 @dataclass(frozen=True)
