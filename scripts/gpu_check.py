@@ -319,6 +319,11 @@ def write_random_model(
     model.save_pretrained(directory)
     testing._byte_level_tokenizer().save_pretrained(directory)
     del model
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the engine loads its own copy next
     return directory
 
 
