@@ -81,8 +81,10 @@ def _launchable(*tensors: torch.Tensor) -> dict[str, Any]:
             f"Triton attention runs on a CUDA device, got tensors on {device}. On a CPU use "
             "attention_backend='torch' (or set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)."
         )
-    interpret = device.type != "cuda"
-    # Launch options mean nothing to the interpreter; pass them on a GPU only.
+    # TRITON_INTERPRET decides, as it does for triton.jit (the interpreter also takes
+    # CUDA tensors, copying them through host memory). Launch options mean nothing
+    # to the interpreter; pass them to compiled kernels only.
+    interpret = is_interpreting()
     return {"interpret": interpret, "launch": {} if interpret else {"num_warps": _GPU_NUM_WARPS}}
 
 
