@@ -9,7 +9,7 @@ queue), and a prefix cache of chained hashes over fixed-size character blocks
 whose hits shorten time to first token. What it is not: a model; text is
 made up, and "tokens" are characters.
 
-Usage: python fake_replica.py --port P [--token-delay S] [--max-running N] ...
+Usage: python fake_replica.py --port P [--token-delay S] [--max-running N] [--engine vllm] ...
 """
 
 from __future__ import annotations
@@ -62,10 +62,11 @@ class PrefixCache:
 
 def build(args: argparse.Namespace) -> Starlette:
     registry = CollectorRegistry()
-    running = Gauge(m.NUM_REQUESTS_RUNNING, "running", registry=registry)
-    waiting = Gauge(m.NUM_REQUESTS_WAITING, "waiting", registry=registry)
-    queries = Counter(m.PREFIX_CACHE_QUERIES.removesuffix("_total"), "queries", registry=registry)
-    hits = Counter(m.PREFIX_CACHE_HITS.removesuffix("_total"), "hits", registry=registry)
+    names = m.ENGINE_FAMILIES[args.engine]
+    running = Gauge(names.running, "running", registry=registry)
+    waiting = Gauge(names.waiting, "waiting", registry=registry)
+    queries = Counter(names.prefix_queries.removesuffix("_total"), "queries", registry=registry)
+    hits = Counter(names.prefix_hits.removesuffix("_total"), "hits", registry=registry)
     served = Counter("fake_requests_served", "requests this replica answered", registry=registry)
     slots = asyncio.Semaphore(args.max_running)
     cache = PrefixCache(args.block_chars, args.cache_blocks)
@@ -157,14 +158,16 @@ def build(args: argparse.Namespace) -> Starlette:
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(routes=[
+    routes = [
         Route("/v1/completions", generate, methods=["POST"]),
         Route("/v1/chat/completions", generate, methods=["POST"]),
         Route("/v1/models", models),
         Route("/health", ok),
-        Route("/ready", ok),
         Route("/metrics", metrics),
-    ])
+    ]
+    if args.engine == "plimsoll":  # vLLM has no /ready; its /health is all a prober gets
+        routes.append(Route("/ready", ok))
+    return Starlette(routes=routes)
 
 
 def main() -> None:
@@ -177,6 +180,8 @@ def main() -> None:
     parser.add_argument("--max-running", type=int, default=8)
     parser.add_argument("--block-chars", type=int, default=16)
     parser.add_argument("--cache-blocks", type=int, default=4096)
+    parser.add_argument("--engine", choices=sorted(m.ENGINE_FAMILIES), default="plimsoll",
+                        help="Metric names (and probe endpoints) to expose: plimsoll's or vLLM's.")
     args = parser.parse_args()
     uvicorn.run(build(args), host="127.0.0.1", port=args.port, log_level="warning")
 

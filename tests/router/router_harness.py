@@ -52,9 +52,9 @@ def wait_ready(urls: Sequence[str], processes: Sequence[subprocess.Popen[bytes]]
     while pending:
         url, process = pending[0]
         if process.poll() is not None:
-            raise RuntimeError(f"replica {url} exited with {process.returncode} before /ready")
+            raise RuntimeError(f"replica {url} exited with {process.returncode} before /health")
         try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 pending.pop(0)
                 continue
         except httpx.HTTPError:

@@ -106,3 +106,42 @@ async def test_killing_a_replica_fails_only_its_running_streams(fake_replicas) -
     assert all(o.replica != victim.url for o in after_kill)
     assert router.metric("plimsoll_router_upstream_errors_total", replica=victim.url, kind="stream_broken") \
         == len(failed)
+
+
+async def test_a_vllm_replica_is_probed_on_health_and_its_queue_read(fake_replicas) -> None:  # type: ignore[no-untyped-def]
+    """A vLLM replica has no /ready and spells its gauges vllm:*; the router still sees it and its queue."""
+    replicas = fake_replicas([["--engine", "vllm", "--max-running", "1", "--token-delay", "0.05"],
+                              ["--engine", "plimsoll"]])
+    vllm_url = replicas[0].url
+    async with run_router(backends=tuple(r.url for r in replicas), scrape_interval_s=0.1) as router:
+        assert len(router.state.replica_set.ready()) == 2
+        api = openai.AsyncOpenAI(base_url=replicas[0].url + "/v1", api_key="x", max_retries=0)
+        # Queue work directly on the vLLM replica, behind the router's back.
+        direct = [asyncio.create_task(api.completions.create(model="fake", prompt="x", max_tokens=20))
+                  for _ in range(4)]
+        vllm_replica = router.state.replica_set.replicas[vllm_url]
+        deadline = time.monotonic() + 10
+        while not vllm_replica.waiting:
+            assert time.monotonic() < deadline, "the vLLM replica's waiting queue was never scraped"
+            await asyncio.sleep(0.05)
+        assert vllm_replica.engine == "vllm" and vllm_replica.running == 1
+        # Least in-flight now avoids it although the router itself sent it nothing.
+        served = await drive(router.url, total=4, concurrency=1, prompt="y", max_tokens=1)
+        assert served == {replicas[1].url: 4}
+        await asyncio.gather(*direct)
+        await api.close()
+
+
+async def test_length_lanes_keep_long_requests_off_the_short_lane(fake_replicas) -> None:  # type: ignore[no-untyped-def]
+    replicas = fake_replicas([["--token-delay", "0.001"]] * 3)
+    long_lane = sorted(r.url for r in replicas)[-1]
+    async with run_router(backends=tuple(r.url for r in replicas),
+                          lanes={"long_request_tokens": 100, "long_lane_replicas": 1}) as router:
+        long_served, short_served = await asyncio.gather(
+            drive(router.url, total=6, concurrency=3, prompt="write an essay", max_tokens=150),
+            drive(router.url, total=12, concurrency=3, prompt="hi", max_tokens=3),
+        )
+    assert long_served == {long_lane: 6}
+    assert long_lane not in short_served and sum(short_served.values()) == 12
+    assert router.metric("plimsoll_router_routing_decisions_total", policy="least_inflight",
+                         reason="least_inflight", lane="long") == 6
