@@ -100,12 +100,16 @@ async def test_killing_a_replica_fails_only_its_running_streams(fake_replicas) -
           f"retries={router.metric('plimsoll_router_retries_total', replica=victim.url)}")
     assert failed, "the kill should have broken the streams running on the victim"
     for outcome in failed:
-        assert outcome.replica == victim.url, outcome
-        assert outcome.sent_at < killed_at and outcome.first_chunk_at is not None, outcome
+        # Started on the victim before the kill: either its stream broke, or (a narrow
+        # window) it was sent but the answer's headers had not come back yet, which the
+        # router reports as a 502 naming the victim rather than replaying it.
+        assert outcome.sent_at < killed_at, outcome
+        assert outcome.replica == victim.url or victim.url in outcome.error, outcome
     assert len(after_kill) >= 5 and all(o.ok for o in after_kill)
     assert all(o.replica != victim.url for o in after_kill)
-    assert router.metric("plimsoll_router_upstream_errors_total", replica=victim.url, kind="stream_broken") \
-        == len(failed)
+    broken = router.metric("plimsoll_router_upstream_errors_total", replica=victim.url, kind="stream_broken")
+    unanswered = router.metric("plimsoll_router_upstream_errors_total", replica=victim.url, kind="read")
+    assert broken + unanswered == len(failed) and broken >= 1
 
 
 async def test_a_vllm_replica_is_probed_on_health_and_its_queue_read(fake_replicas) -> None:  # type: ignore[no-untyped-def]

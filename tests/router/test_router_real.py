@@ -105,5 +105,8 @@ async def test_killing_a_serving_replica_fails_only_its_running_streams(replicas
           f"{len(after_kill)} sent after the kill")
     assert failed
     for outcome in failed:
-        assert outcome["replica"] == victim.url and outcome["sent"] < killed_at, outcome
+        # A broken stream from the victim, or a request sent to it whose headers never
+        # came back (a 502 naming it, not replayed); either way started before the kill.
+        assert outcome["sent"] < killed_at, outcome
+        assert outcome["replica"] == victim.url or victim.url in outcome.get("error", ""), outcome
     assert after_kill and all(o["ok"] and o["replica"] != victim.url for o in after_kill)
