@@ -198,10 +198,11 @@ def check_architecture(config: Any) -> str:
             "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM",
         }
-        archs = [by_type.get(getattr(config, "model_type", ""), f"<model_type {config.model_type!r}>")]
+        archs = [by_type.get(getattr(config, "model_type", ""), f"model_type={config.model_type!r}")]
     arch = str(archs[0])
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
-            f"model architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"model architecture {arch} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)} "
+            "(Llama-family decoders)"
         )
     return arch
