@@ -13,6 +13,7 @@ through ``loop.call_soon_threadsafe`` into per-request asyncio queues.
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -95,15 +96,17 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------------
 
-    def _validate(self, prompt: str | list[int], params: SamplingParams) -> None:
+    def _validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Check the request in the caller's thread, so bad input fails before it is queued."""
         engine = self._engine()
         params.validate()
-        _, ids = engine.tokenize(prompt)
+        ids: list[int] = engine.tokenize(prompt)[1]
         if len(ids) >= engine.max_model_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens but max_model_len is {engine.max_model_len}, which must "
                 "also leave room for at least one generated token; shorten the prompt"
             )
+        return ids
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str
@@ -112,10 +115,11 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
-        self._validate(prompt, params)  # bad input fails here, before anything is queued
+        arrival = time.monotonic()
+        ids = self._validate(prompt, params)  # bad input fails here, before anything is queued
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request_id, prompt, params))
+        self._post("add", (request_id, prompt, params, arrival, ids))
         finished = False
         try:
             while True:
@@ -159,9 +163,9 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, prompt, params = payload
+                        request_id, prompt, params, arrival, ids = payload
                         try:
-                            engine.add_request(request_id, prompt, params)
+                            engine.add_request(request_id, prompt, params, arrival, ids)
                         except ValueError as exc:
                             self._deliver(exc, request_id)
                     else:

@@ -134,12 +134,19 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
-        """Validate and queue; raises ``ValueError`` (nothing queued) on bad input."""
+        """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
+
+        ``prompt_token_ids`` skips tokenising a text prompt that the caller already tokenised.
+        """
         params.validate()
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
-        text, ids = self.tokenize(prompt)
+        if prompt_token_ids is not None:
+            text, ids = (prompt if isinstance(prompt, str) else None), list(prompt_token_ids)
+        else:
+            text, ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("the prompt is empty; send at least one token")
         if len(ids) >= self.max_model_len:
