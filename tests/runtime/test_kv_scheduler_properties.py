@@ -75,7 +75,9 @@ def test_kv_and_scheduler_invariants(
     max_model_len = num_blocks * BLOCK_SIZE
     kv = KVCacheManager(num_blocks, BLOCK_SIZE)
     sched = Scheduler(kv, max_seqs, budget, max_model_len, policy)
-    store: dict[int, int] = {}  # slot -> token written there
+    # slot -> the context its KV was computed from: a token's K/V depend on every
+    # token up to and including it, so that whole prefix is what must match.
+    store: dict[int, tuple[int, ...]] = {}
     live: list[Request] = []
     counter = 0
 
@@ -84,11 +86,15 @@ def test_kv_and_scheduler_invariants(
         check_invariants(kv, sched)
         for req, n in out.scheduled:  # all writes of a step land before any read
             for p in range(req.num_computed_tokens - n, req.num_computed_tokens):
-                store[req.block_ids[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE] = req.all_token_ids[p]
+                store[req.block_ids[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE] = tuple(
+                    req.all_token_ids[: p + 1]
+                )
         for req, _ in out.scheduled:
             for p in range(req.num_computed_tokens):
                 slot = req.block_ids[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
-                assert store.get(slot) == req.all_token_ids[p], f"{req.request_id} reads a wrong KV at {p}"
+                assert store.get(slot) == tuple(req.all_token_ids[: p + 1]), (
+                    f"{req.request_id} reads a wrong KV at {p}"
+                )
         for req, _ in out.scheduled:
             if req.num_computed_tokens == req.num_tokens:
                 req.append_token(rng.randrange(3))
