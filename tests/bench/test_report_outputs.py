@@ -68,7 +68,9 @@ def test_json_report_validates_against_shipped_schema(report_dir: Path) -> None:
     assert report["server"]["engine_family"] == "plimsoll"
     assert report["server"]["model"] == "sim-model"
     lv = report["levels"][-1]
-    assert lv["server"]["waiting"]["max"] >= 1  # 4 clients on a batch cap of 2: the scrape saw the queue
+    # the server's own gauges were scraped during the level
+    assert lv["server"]["running"]["samples"] >= 2 and lv["server"]["running"]["max"] >= 1
+    assert lv["server"]["waiting"] is not None and lv["server"]["kv_usage"] is not None
     assert lv["latency_ms"]["tpot"]["p50"] > 0 and lv["throughput"]["output_tokens_per_s"] > 0
     # the operator's contract
     assert "concurrency" in report["knees"]["throughput"] and "concurrency" in report["knees"]["latency"]
