@@ -124,7 +124,18 @@ def local_pod_stages() -> list[dict[str, Any]]:
 def kwok_config(stock_stages: Path, pod_runner: bool) -> str:
     """The ``--config`` file for kwok: a KwokConfiguration plus every Stage."""
     docs: list[dict[str, Any]] = [
-        {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": {}}
+        {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            # kwok 0.8.0 does not default these when --config is given ("node leases
+            # parallelism must be greater than 0"); the values are kwok's own defaults.
+            "options": {
+                "podPlayStageParallelism": 4,
+                "nodePlayStageParallelism": 4,
+                "nodeLeaseParallelism": 4,
+                "podsOnNodeSyncParallelism": 1,
+            },
+        }
     ]
     for stage in yaml.safe_load_all(stock_stages.read_text()):
         if not stage:
