@@ -143,3 +143,48 @@ def test_bad_flags_exit_2_with_reason(flags: list[str], message: str) -> None:
     result = CliRunner().invoke(app, sweep_args("http://127.0.0.1:9", *flags))
     assert result.exit_code == 2
     assert message in result.output
+
+
+SHAPE = ["--input-tokens", "8", "--output-tokens", "3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "run",
+            "-c",
+            "2",
+            "--duration-per-level",
+            "0.5",
+            "--max-client-lag-ms",
+            "1000",
+            "--min-concurrency-ratio",
+            "0.8",
+        ],
+        [
+            "rate",
+            "--rate",
+            "4,8",
+            "--arrival",
+            "bursty",
+            "--duration-per-level",
+            "0.6",
+            "--warmup-seconds",
+            "0.2",
+        ],
+        ["baseline", "--requests", "3"],
+        ["burst", "--steady-rate", "4", "--burst-requests", "6", "--before", "0.5", "--after", "1"],
+        ["soak", "-c", "2", "--duration", "1", "--window", "0.5"],
+    ],
+    ids=["run", "rate", "baseline", "burst", "soak"],
+)
+def test_every_command_writes_a_valid_report(sim_url: str, tmp_path: Path, args: list[str]) -> None:
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["bench", *args, "--url", sim_url, *SHAPE, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    validate(report)
+    assert report["kind"] == args[0] and report["levels"]
+    assert (tmp_path / "r.csv").exists() and (tmp_path / "r.requests.jsonl").exists()
