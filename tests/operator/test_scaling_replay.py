@@ -135,8 +135,9 @@ async def test_step_load_slo_attainment_autoscaled_vs_fixed() -> None:
     )
     # 12 clients on 4 slots queue two deep: most requests wait a whole service time (~0.3 s).
     assert fixed_att < 0.6
-    # ceil(1 × 12 / 3) = 4 replicas (16 slots) hold all 12 without a queue once ready.
-    assert auto.scaled and auto.scaled[0][1] == 4
+    # ceil(12 / 3) = 4 replicas (16 slots) hold all 12 without a queue once ready; a scrape that
+    # lands between two requests of a client may see 9-11 in flight, so 3 first is also right.
+    assert auto.scaled and 3 <= auto.scaled[0][1] <= 4 and auto.scaled[-1][1] <= 4
     assert auto_att > fixed_att + 0.2
     # Nothing scales down within the run (600 s window), nothing flaps.
     assert [d for _, d in auto.scaled] == sorted(d for _, d in auto.scaled)
