@@ -72,7 +72,7 @@ def test_pod_is_ready_only_when_its_process_answers_on_the_pod_ip(
 ) -> None:
     devcluster.apply(
         yaml.safe_dump(
-            {**_server_deployment("web", delay_s=4.0), "metadata": {"name": "web", "namespace": namespace}}
+            {**_server_deployment("web", delay_s=6.0), "metadata": {"name": "web", "namespace": namespace}}
         )
     )
 
