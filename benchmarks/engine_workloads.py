@@ -8,7 +8,9 @@ the continuous scheduler against ``scheduling_policy="static"``.
 Memory: resident set size after N requests against after 100.
 
 Closed loop here means: ``c`` requests are in the engine; each time one finishes a
-new one is added before the next step. A script that prints figures, not a test.
+new one is added before the next step. Throughput counts every request; latencies
+leave out the opening burst of ``c`` when later requests exist (with ``--rounds 1``
+there are none, and the burst is all there is). A script that prints figures, not a test.
 
     PYTHONSAFEPATH=1 python benchmarks/engine_workloads.py --workload A --levels 1,4,16
 """
@@ -48,13 +50,17 @@ def rss_mib() -> float:
 def closed_loop(engine: LLMEngine, concurrency: int, total: int, shape: Shape, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
     done: list[RequestOutput] = []
+    ramp: set[str] = set()  # the first ``concurrency`` requests arrive as one burst
     issued = 0
 
     def issue() -> None:
         nonlocal issued
         prompt, out_len = shape(rng)
         params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-        engine.add_request(f"req-{seed}-{issued}", prompt, params)
+        request_id = f"req-{seed}-{issued}"
+        if issued < concurrency:
+            ramp.add(request_id)
+        engine.add_request(request_id, prompt, params)
         issued += 1
 
     for _ in range(min(concurrency, total)):
@@ -67,15 +73,17 @@ def closed_loop(engine: LLMEngine, concurrency: int, total: int, shape: Shape, s
                 if issued < total:
                     issue()
     wall = time.monotonic() - t0
+    out_tokens = sum(o.metrics.num_generation_tokens for o in done)
+    # Latencies in steady state: the opening burst is excluded when later requests exist.
+    done = [o for o in done if o.request_id not in ramp] or done
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in done]  # type: ignore[operator]
     tpot = [
         (o.metrics.last_token_time - o.metrics.first_token_time) / (o.metrics.num_generation_tokens - 1)  # type: ignore[operator]
         for o in done
         if o.metrics.num_generation_tokens > 1
     ]
-    out_tokens = sum(o.metrics.num_generation_tokens for o in done)
     return {
-        "requests": len(done),
+        "requests": issued,
         "wall_s": wall,
         "out_tok_s": out_tokens / wall,
         "ttft_p50": pct(ttft, 50),
@@ -117,11 +125,19 @@ def workload_a(args: argparse.Namespace) -> None:
             batch = torch.tensor([shape(rng)[0] for _ in range(c)])
             t0 = time.monotonic()
             with torch.inference_mode():
-                hf.generate(batch, max_new_tokens=args.a_output, min_new_tokens=args.a_output, do_sample=False,
-                            pad_token_id=0)
+                hf.generate(
+                    batch,
+                    max_new_tokens=args.a_output,
+                    min_new_tokens=args.a_output,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
             wall = time.monotonic() - t0
-            print(f"{'transformers static':<22} c={c:<3} n={c:<4} out_tok/s={c * args.a_output / wall:8.1f}  "
-                  f"(one generate() batch; TTFT ~ prefill, not measured per request)", flush=True)
+            print(
+                f"{'transformers static':<22} c={c:<3} n={c:<4} out_tok/s={c * args.a_output / wall:8.1f}  "
+                f"(one generate() batch; TTFT ~ prefill, not measured per request)",
+                flush=True,
+            )
 
 
 def workload_b(args: argparse.Namespace) -> None:
@@ -129,11 +145,14 @@ def workload_b(args: argparse.Namespace) -> None:
         n_in = rng.randint(args.b_in_min, args.b_in_max)
         return [rng.randrange(100, 1000) for _ in range(n_in)], rng.randint(args.b_out_min, args.b_out_max)
 
-    print(f"# Workload B: input {args.b_in_min}-{args.b_in_max}, output {args.b_out_min}-{args.b_out_max} tokens")
+    print(
+        f"# Workload B: input {args.b_in_min}-{args.b_in_max}, output {args.b_out_min}-{args.b_out_max} tokens"
+    )
     results: dict[tuple[str, int], dict[str, float]] = {}
     for policy in ("continuous", "static"):
-        cfg = EngineConfig(model=args.model, kv_cache_memory=args.kv, max_num_seqs=max(args.levels),
-                           scheduling_policy=policy)
+        cfg = EngineConfig(
+            model=args.model, kv_cache_memory=args.kv, max_num_seqs=max(args.levels), scheduling_policy=policy
+        )
         engine = LLMEngine(cfg)
         engine.warmup()
         for c in args.levels:
@@ -143,8 +162,10 @@ def workload_b(args: argparse.Namespace) -> None:
         del engine
     for c in args.levels:
         cont, stat = results[("continuous", c)], results[("static", c)]
-        print(f"c={c}: continuous/static output tok/s = {cont['out_tok_s'] / stat['out_tok_s']:.2f}x; "
-              f"TTFT p95 {cont['ttft_p95']:.2f}s vs {stat['ttft_p95']:.2f}s")
+        print(
+            f"c={c}: continuous/static output tok/s = {cont['out_tok_s'] / stat['out_tok_s']:.2f}x; "
+            f"TTFT p95 {cont['ttft_p95']:.2f}s vs {stat['ttft_p95']:.2f}s"
+        )
 
 
 def memory(args: argparse.Namespace) -> None:
@@ -159,8 +180,10 @@ def memory(args: argparse.Namespace) -> None:
     after_100 = rss_mib()
     closed_loop(engine, 16, args.memory_requests - 100, shape, seed=2)
     after_n = rss_mib()
-    print(f"# RSS after 100 requests: {after_100:.1f} MiB; after {args.memory_requests}: {after_n:.1f} MiB "
-          f"(+{after_n - after_100:.1f} MiB); engine holds {len(engine.groups)} request groups")
+    print(
+        f"# RSS after 100 requests: {after_100:.1f} MiB; after {args.memory_requests}: {after_n:.1f} MiB "
+        f"(+{after_n - after_100:.1f} MiB); engine holds {len(engine.groups)} request groups"
+    )
 
 
 def main() -> None:
@@ -173,7 +196,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--a-prompt", type=int, default=160)
     ap.add_argument("--a-output", type=int, default=64)
-    ap.add_argument("--hf-floor", action="store_true", help="also time transformers generate() static batches")
+    ap.add_argument(
+        "--hf-floor", action="store_true", help="also time transformers generate() static batches"
+    )
     ap.add_argument("--b-in-min", type=int, default=32)
     ap.add_argument("--b-in-max", type=int, default=512)
     ap.add_argument("--b-out-min", type=int, default=16)
