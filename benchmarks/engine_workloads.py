@@ -17,10 +17,8 @@ there are none, and the burst is all there is). A script that prints figures, no
 
 import argparse
 import random
-import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
