@@ -3,7 +3,8 @@
 A ``PodWorker`` does for one pod what a kubelet does: resolves env and mounts,
 starts each container's command as a local process in its own session (log file
 under the runner's state dir; ``kubectl logs`` cannot reach it, an Event names the
-file), runs readiness and liveness probes against the pod IP, restarts exited
+file), runs startup, readiness and liveness probes against the pod IP (readiness
+and liveness wait for the startup probe, as in a kubelet), restarts exited
 containers per ``restartPolicy`` with back-off, patches the pod status on every
 change, and on deletion sends SIGTERM, waits the grace period, SIGKILLs, and
 removes the pod object. Translation rules are in ``podspec.py``.
@@ -54,6 +55,18 @@ class RunnerConfig:
         return self.state_dir / "logs"
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerPlan:
+    """How one container runs here: command line, env, probes, preStop sleep."""
+
+    argv: list[str]
+    env: dict[str, str]
+    startup: Probe
+    readiness: Probe
+    liveness: Probe
+    pre_stop_sleep_s: float
+
+
 class PodWorker:
     """Runs one pod's containers until the pod is deleted."""
 
@@ -95,14 +108,14 @@ class PodWorker:
             await self._event("Warning", "Failed", f"Error: {exc}")
             await self.stopping.wait()
         else:
-            tasks = [asyncio.create_task(self._run_container(c, *specs[c.name])) for c in self.containers]
+            tasks = [asyncio.create_task(self._run_container(c, specs[c.name])) for c in self.containers]
             await asyncio.gather(*tasks)
         if self.delete_when_stopped:
             await self.api.delete_pod_now(self.namespace, self.name, self.uid)
 
     # ---- preparation ---------------------------------------------------
 
-    async def _prepare(self) -> dict[str, tuple[list[str], dict[str, str], Probe, Probe]]:
+    async def _prepare(self) -> dict[str, ContainerPlan]:
         scratch = self.config.state_dir / "scratch" / self.slug
         base_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         base_env["HOSTNAME"] = self.name
@@ -117,9 +130,15 @@ class PodWorker:
             pod_env = await self._container_env(spec)
             env = {**base_env, **podspec.map_env_paths(pod_env, mounts)}
             argv = podspec.container_argv(spec, pod_env, self.pod_ip, mounts)
-            readiness = Probe.from_spec(spec.get("readinessProbe"), spec)
-            liveness = Probe.from_spec(spec.get("livenessProbe"), spec)
-            out[spec["name"]] = (argv, env, readiness, liveness)
+            pre_stop = ((spec.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+            out[spec["name"]] = ContainerPlan(
+                argv=argv,
+                env=env,
+                startup=Probe.from_spec(spec.get("startupProbe"), spec),
+                readiness=Probe.from_spec(spec.get("readinessProbe"), spec),
+                liveness=Probe.from_spec(spec.get("livenessProbe"), spec),
+                pre_stop_sleep_s=float(pre_stop.get("seconds", 0)),
+            )
         return out
 
     async def _service_account_kubeconfig(self) -> Path | None:
@@ -179,9 +198,8 @@ class PodWorker:
 
     # ---- one container -------------------------------------------------
 
-    async def _run_container(
-        self, c: ContainerState, argv: list[str], env: dict[str, str], readiness: Probe, liveness: Probe
-    ) -> None:
+    async def _run_container(self, c: ContainerState, plan: ContainerPlan) -> None:
+        argv, env = plan.argv, plan.env
         backoff = BACKOFF_START_S
         logfile = self.config.log_dir / f"{self.slug}_{c.name}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +226,7 @@ class PodWorker:
             )
             record_path.write_text(json.dumps(record.to_json()))
             c.state, c.reason, c.message, c.started_at = "running", "", "", now()
-            c.ready = readiness.kind == "none"
+            c.ready = plan.readiness.kind == "none" and plan.startup.kind == "none"
             await self._publish()
             await self._event(
                 "Normal",
@@ -216,18 +234,15 @@ class PodWorker:
                 f"Started container {c.name} as PID {proc.pid} on {self.pod_ip}; log: {logfile}",
             )
 
-            probes = [asyncio.create_task(self._readiness(c, readiness))]
-            if liveness.kind != "none":
-                probes.append(asyncio.create_task(self._liveness(c, liveness, proc)))
+            probes = asyncio.create_task(self._probes(c, plan, proc))
             stop_wait = asyncio.create_task(self.stopping.wait())
             exit_wait = asyncio.create_task(proc.wait())
             await asyncio.wait({stop_wait, exit_wait}, return_when=asyncio.FIRST_COMPLETED)
             if not exit_wait.done():
-                await self._terminate(c, proc)
+                await self._terminate(c, proc, plan.pre_stop_sleep_s)
             code = await exit_wait
             stop_wait.cancel()
-            for t in probes:
-                t.cancel()
+            probes.cancel()
             record_path.unlink(missing_ok=True)
             c.state, c.ready, c.finished_at = "terminated", False, now()
             c.exit_code = code if code >= 0 else 128 - code  # killed by signal N -> 128+N, like a shell
@@ -257,11 +272,19 @@ class PodWorker:
             await self._sleep_unless_stopping(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    async def _terminate(self, c: ContainerState, proc: asyncio.subprocess.Process) -> None:
+    async def _terminate(
+        self, c: ContainerState, proc: asyncio.subprocess.Process, pre_stop_s: float
+    ) -> None:
         await self._event("Normal", "Killing", f"Stopping container {c.name} (grace {self.grace:.0f}s)")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        if pre_stop_s > 0:
+            # The preStop sleep hook runs inside the grace period, before SIGTERM.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=min(pre_stop_s, self.grace))
         _killpg(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), timeout=max(self.grace, 0.1))
+            await asyncio.wait_for(proc.wait(), timeout=max(deadline - loop.time(), 0.1))
         except TimeoutError:
             _killpg(proc.pid, signal.SIGKILL)
         # Children of the container's process that outlived it.
@@ -287,6 +310,34 @@ class PodWorker:
             return 200 <= r.status_code < 400
         except (httpx.HTTPError, OSError, TimeoutError):
             return False
+
+    async def _probes(self, c: ContainerState, plan: ContainerPlan, proc: asyncio.subprocess.Process) -> None:
+        """Startup first; readiness and liveness only once it succeeded (kubelet order)."""
+        if plan.startup.kind != "none":
+            if not await self._startup(c, plan.startup, proc):
+                return
+            if plan.readiness.kind == "none":
+                c.ready = True
+                await self._publish()
+        checks = [self._readiness(c, plan.readiness)]
+        if plan.liveness.kind != "none":
+            checks.append(self._liveness(c, plan.liveness, proc))
+        await asyncio.gather(*checks)
+
+    async def _startup(self, c: ContainerState, probe: Probe, proc: asyncio.subprocess.Process) -> bool:
+        await asyncio.sleep(probe.initial_delay)
+        failures = 0
+        while True:
+            if await self._probe_once(probe):
+                return True
+            failures += 1
+            if failures >= probe.failure_threshold:
+                await self._event(
+                    "Warning", "Unhealthy", f"Startup probe failed {failures} times; killing {c.name}"
+                )
+                _killpg(proc.pid, signal.SIGKILL)
+                return False
+            await asyncio.sleep(probe.period)
 
     async def _readiness(self, c: ContainerState, probe: Probe) -> None:
         if probe.kind == "none":

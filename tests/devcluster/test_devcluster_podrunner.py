@@ -34,6 +34,18 @@ def _server_deployment(name: str, delay_s: float) -> dict[str, Any]:
         "command": ["python", "-c", SLOW_SERVER, "0.0.0.0", "8080", str(delay_s)],
         "ports": [{"name": "http", "containerPort": 8080}],
         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+        # Liveness alone would kill the slow starter after 2 s; the startup probe holds it off.
+        "startupProbe": {
+            "httpGet": {"path": "/", "port": "http"},
+            "periodSeconds": 1,
+            "failureThreshold": 60,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/", "port": "http"},
+            "periodSeconds": 1,
+            "failureThreshold": 2,
+        },
+        "lifecycle": {"preStop": {"sleep": {"seconds": 1}}},
     }
     return {
         "apiVersion": "apps/v1",
@@ -92,6 +104,8 @@ def test_pod_is_ready_only_when_its_process_answers_on_the_pod_ip(
         "wait", "--for=condition=Ready", f"pod/{pod['metadata']['name']}", "-n", namespace, "--timeout=60s"
     )
     assert _answers(ip), "Ready pod must answer at http://<podIP>:8080"
+    status = devcluster.get_json("pod", pod["metadata"]["name"], "-n", namespace)["status"]
+    assert status["containerStatuses"][0]["restartCount"] == 0, "liveness must wait for the startup probe"
     events = devcluster.get_json(
         "events", "-n", namespace, "--field-selector", f"involvedObject.name={pod['metadata']['name']}"
     )
