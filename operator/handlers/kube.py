@@ -29,6 +29,26 @@ PLURALS = {
 }
 
 
+def contains(desired: Any, actual: Any) -> bool:
+    """Whether ``actual`` holds everything in ``desired``: maps may have extra keys (server
+    defaults), lists must have the same length and match item by item."""
+    if isinstance(desired, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and contains(v, actual[k]) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list) and len(desired) == len(actual) and all(map(contains, desired, actual))
+        )
+    if isinstance(desired, bool) or isinstance(actual, bool):
+        return desired is actual
+    if (isinstance(desired, int) and isinstance(actual, str)) or (
+        isinstance(desired, str) and isinstance(actual, int)
+    ):
+        return str(desired) == str(actual)  # quantities: 1 vs "1"
+    return bool(desired == actual)
+
+
 def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
     """The REST path of a namespaced object (or its collection when ``name`` is None)."""
     plural = PLURALS[(api_version, kind)]
@@ -97,6 +117,23 @@ class Kube:
             body=obj,
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             content_type="application/apply-patch+yaml",
+        )
+
+    async def replace_lists(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch ``obj``'s spec, which replaces every list in it whole.
+
+        Server-side apply merges list-maps (Service ports, tolerations) by key, so an
+        entry someone else added stays; when that leaves the object off its spec,
+        this puts the lists back exactly as built.
+        """
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        return await self._call(
+            "PATCH",
+            path,
+            body={"spec": obj["spec"]},
+            query=[("fieldManager", FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
         )
 
     async def patch_status(

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.monitoring import (
@@ -73,14 +74,31 @@ async def reject_invalid(kube: Kube, body: kopf.Body | dict[str, Any], error: Va
 
 
 async def _apply_child(
-    kube: Kube, body: kopf.Body | dict[str, Any], obj: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]
+    kube: Kube,
+    body: kopf.Body | dict[str, Any],
+    obj: dict[str, Any],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> tuple[str | None, dict[str, Any]]:
     """Apply one child; return ("created"|"updated"|None, the object as stored)."""
     kopf.adopt(obj, owner=_as_body(body))
     meta = obj["metadata"]
     before = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-    after = await kube.apply(obj)
     label = f"{obj['kind']} {meta['name']}"
+    try:
+        after = await kube.apply(obj)
+    except ApiException as error:
+        if error.status != 422 or before is None:
+            raise
+        # A hand edit left list entries that clash with ours once merged (two ports
+        # named "http"): put our lists back whole, then apply again to own the fields.
+        logger.info("apply of %s refused (%s); replacing its lists", label, error.reason)
+        await kube.replace_lists(obj)
+        after = await kube.apply(obj)
+    if not contains(obj["spec"], after.get("spec")):
+        logger.info(
+            "%s still differs from its spec after apply (a list entry added by hand); replacing lists", label
+        )
+        after = await kube.replace_lists(obj)
     if before is None:
         logger.info("created %s", label)
         return "created", after
