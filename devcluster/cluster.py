@@ -135,7 +135,9 @@ class Cluster:
         return self.kubectl("apply", "-f", "-", input=text)
 
     def get_json(self, *args: str) -> Any:
-        """``kubectl get <args> -o json``, parsed."""
+        """``kubectl get <args> -o json``, parsed. A leading ``"get"`` is accepted too (no resource is named so)."""
+        if args and args[0] == "get":
+            args = args[1:]
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
     def _run(
