@@ -159,6 +159,9 @@ def test_builtin_autoscaler_scales_on_in_flight_and_explains(devcluster: Any, ll
         assert waited >= SCALE_DOWN_WINDOW_S - 2, f"scaled down after {waited:.1f}s, before the window"
         assert seen <= {4, 1}, f"replica counts seen while scaling down: {sorted(seen)}"
 
+    for e in _events(devcluster, ns, name):
+        if e.get("reason") in ("ScaledUp", "ScaledDown", "ScalingLimited"):
+            print(f"event {e['reason']}: {e.get('message')}")
     reasons = {e.get("reason") for e in _events(devcluster, ns, name)}
     assert {"ScaledUp", "ScaledDown", "ScalingLimited"} <= reasons
     described = devcluster.kubectl("describe", "llms", name, "-n", ns).stdout
