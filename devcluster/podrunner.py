@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import signal
@@ -75,6 +76,15 @@ class PodRunner:
                 self._spawn_task(self.api.delete_pod_now(meta["namespace"], meta["name"], uid))
             return
         if entry is None and status.get("podIP") and status.get("phase") not in ("Succeeded", "Failed"):
+            if not ipaddress.ip_address(status["podIP"]).is_loopback:
+                # The loopback rule: never bind to or probe an address outside 127.0.0.0/8.
+                log.error(
+                    "%s/%s: pod IP %s is not loopback; not running it",
+                    meta["namespace"],
+                    meta["name"],
+                    status["podIP"],
+                )
+                return
             worker = PodWorker(self.api, pod, self.config)
             task = asyncio.create_task(self._run_worker(uid, worker))
             self.workers[uid] = (worker, task)
