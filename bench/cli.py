@@ -133,7 +133,10 @@ class Live:
 
 
 def execute(
-    cfg: BenchConfig, body: Callable[[Any, Live], Awaitable[dict[str, Any]]], output: Path | None
+    cfg: BenchConfig,
+    body: Callable[[Any, Live], Awaitable[dict[str, Any]]],
+    output: Path | None,
+    report_configmap: str | None = None,
 ) -> None:
     """Open a session, run ``body``, print the summary and write outputs; map failures to exit codes."""
     from plimsoll.bench.client import BenchError
@@ -163,6 +166,16 @@ def execute(
         paths = write_outputs(report, output, runs)
         paths += write_plots(report, output)
         err.print("wrote " + ", ".join(str(p) for p in paths), markup=False)
+    if report_configmap is not None:
+        from plimsoll.bench.publish import PublishError, parse_configmap_ref, publish_report
+
+        try:
+            ref = parse_configmap_ref(report_configmap)
+            asyncio.run(publish_report(report, ref))
+        except PublishError as exc:
+            err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(1) from exc
+        err.print(f"published the JSON report to ConfigMap {ref} (key report.json)", markup=False)
 
 
 def _sweep_body(kind: str) -> Callable[[Any, Live], Awaitable[dict[str, Any]]]:
@@ -199,10 +212,23 @@ def sweep(
     min_concurrency_ratio: float = MIN_CONC,
     max_client_lag_ms: float = MAX_LAG,
     output: Path | None = OUTPUT,
+    report_configmap: str | None = typer.Option(
+        None,
+        "--report-configmap",
+        help="Also write the JSON report into this ConfigMap (NAMESPACE/NAME, key report.json), "
+        "as a profiling Job does for the operator",
+    ),
 ) -> None:
     """Closed-loop concurrency sweep: knees and the per-replica recommendation."""
     try:
         level_list = parse_levels(levels)
+        if report_configmap is not None:
+            from plimsoll.bench.publish import PublishError, parse_configmap_ref
+
+            try:
+                parse_configmap_ref(report_configmap)  # fail before the sweep, not after it
+            except PublishError as exc:
+                raise BenchInputError(str(exc)) from exc
     except BenchInputError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from exc
@@ -231,7 +257,7 @@ def sweep(
         min_concurrency_ratio=min_concurrency_ratio,
         max_client_lag_ms=max_client_lag_ms,
     )
-    execute(cfg, _sweep_body("sweep"), output)
+    execute(cfg, _sweep_body("sweep"), output, report_configmap)
 
 
 @app.command("run")

@@ -1,0 +1,226 @@
+"""The capacity-profiling Job of an LLMService and the least-privilege RBAC it runs with. Pure.
+
+What it is: builders for the objects one profile needs — a ServiceAccount, a
+Role that may read and update exactly one ConfigMap, its RoleBinding, that
+ConfigMap (created empty by the operator, so the Job's Role never needs
+``create``), and the Job itself: the plimsoll image running
+``plimsoll bench sweep`` against one replica pod's IP with the spec's workload
+and SLOs, publishing its JSON report into the ConfigMap (key ``report.json``).
+
+What it is not: the decision when to profile or how to read the result
+(``operator/handlers/profiling.py`` and ``operator/scaling/profile.py``); it
+never talks to a cluster.
+"""
+
+import hashlib
+import shlex
+from typing import Any
+
+from plimsoll.operator.api.base import API_VERSION, KIND
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.labels import common_labels
+from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
+
+PROFILE_COMPONENT = "profile"
+SPEC_HASH_ANNOTATION = "plimsoll.dev/spec-hash"
+# Extra `plimsoll bench sweep` flags, e.g. looser client gates on a shared CPU.
+PROFILE_ARGS_ANNOTATION = "plimsoll.dev/profile-args"
+REPORT_KEY = "report.json"
+WORK_MOUNT = "/profile"
+# A sweep of the default ten levels at 32 requests each fits well inside this.
+ACTIVE_DEADLINE_SECONDS = 1800
+# A finished Job stays this long; while a failed one exists the operator does not
+# retry, so this is also the back-off between failed attempts.
+TTL_AFTER_FINISHED_SECONDS = 600
+# Flags the operator sets itself; the annotation may not override them.
+_RESERVED_FLAGS = ("--url", "--model", "--output", "-o", "--report-configmap")
+
+
+class ProfileArgsError(ValueError):
+    """The ``plimsoll.dev/profile-args`` annotation cannot be used."""
+
+
+def profile_name(svc: LLMService, spec_hash: str) -> str:
+    """Name of the Job and ConfigMap for one measured spec: ``<svc>-profile-<8 hex of the hash>``.
+
+    The hash in the name makes a restarted operator find the Job it started for
+    the current spec instead of starting a second one.
+    """
+    digest = hashlib.sha256(spec_hash.encode()).hexdigest()[:8]
+    return f"{svc.name[:40]}-profile-{digest}"
+
+
+def profiler_account_name(svc: LLMService) -> str:
+    """ServiceAccount, Role and RoleBinding name shared by every profile of ``svc``."""
+    return f"{svc.name[:45]}-profiler"
+
+
+def _owner(svc: LLMService) -> list[dict[str, Any]]:
+    if svc.metadata.uid is None:
+        return []  # builders are also used for previews (no uid yet); the handler adopts with kopf
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": svc.name,
+            "uid": svc.metadata.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def _meta(svc: LLMService, name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": svc.namespace,
+        "labels": common_labels(svc, PROFILE_COMPONENT),
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    owners = _owner(svc)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta
+
+
+def build_profiler_rbac(svc: LLMService, configmap: str) -> list[dict[str, Any]]:
+    """ServiceAccount + Role (get/update/patch of the one report ConfigMap) + RoleBinding."""
+    name = profiler_account_name(svc)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(svc, name)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(svc, name),
+            # resourceNames cannot restrict `create`, so the operator creates the ConfigMap
+            # and the Job may only fill it in.
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": [configmap],
+                    "verbs": ["get", "update", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(svc, name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": svc.namespace}],
+        },
+    ]
+
+
+def build_report_configmap(svc: LLMService, spec_hash: str) -> dict[str, Any]:
+    """The empty ConfigMap the Job writes its report into."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(svc, profile_name(svc, spec_hash), {SPEC_HASH_ANNOTATION: spec_hash}),
+        "data": {},
+    }
+
+
+def extra_profile_args(svc: LLMService) -> list[str]:
+    """The flags in the ``plimsoll.dev/profile-args`` annotation; raises ProfileArgsError when unusable."""
+    text = svc.metadata.annotations.get(PROFILE_ARGS_ANNOTATION, "")
+    try:
+        args = shlex.split(text)
+    except ValueError as error:
+        raise ProfileArgsError(
+            f"annotation {PROFILE_ARGS_ANNOTATION} is not a shell word list: {error}"
+        ) from error
+    reserved = [a for a in args if a.split("=", 1)[0] in _RESERVED_FLAGS]
+    if reserved:
+        raise ProfileArgsError(
+            f"annotation {PROFILE_ARGS_ANNOTATION} may not set {', '.join(reserved)}: the operator sets "
+            "the target, model and report location itself"
+        )
+    return args
+
+
+def sweep_args(svc: LLMService, pod_ip: str, configmap: str) -> list[str]:
+    """The `plimsoll bench sweep` command line for ``svc`` against the pod at ``pod_ip``."""
+    workload = svc.spec.capacity.profile.workload
+    slo = svc.spec.slo
+    args = [
+        "bench", "sweep",
+        "--url", f"http://{pod_ip}:{ENGINE_PORT}",
+        "--model", svc.served_name,
+        "--input-tokens", str(workload.input_tokens),
+        "--output-tokens", str(workload.output_tokens),
+        "--levels", ",".join(str(c) for c in workload.concurrency),
+        "--requests-per-level", str(workload.requests_per_level),
+        "--headroom", str(svc.spec.capacity.headroom),
+    ]  # fmt: skip
+    for flag, value in (
+        ("--slo-ttft-p95-ms", slo.ttft_p95_ms),
+        ("--slo-tpot-p50-ms", slo.tpot_p50_ms),
+        ("--slo-e2e-p95-ms", slo.e2e_p95_ms),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    args += [*extra_profile_args(svc), "--output", f"{WORK_MOUNT}/report.json"]
+    return [*args, "--report-configmap", f"{svc.namespace}/{configmap}"]
+
+
+def build_profile_job(
+    svc: LLMService,
+    pod_ip: str,
+    settings: BuildSettings,
+    spec_hash: str,
+    *,
+    active_deadline_seconds: int = ACTIVE_DEADLINE_SECONDS,
+    ttl_seconds_after_finished: int = TTL_AFTER_FINISHED_SECONDS,
+) -> dict[str, Any]:
+    """The Job that measures one replica (``pod_ip``) of ``svc`` for the spec whose hash is ``spec_hash``.
+
+    Raises ProfileArgsError when the profile-args annotation is unusable.
+    """
+    name = profile_name(svc, spec_hash)
+    container = {
+        "name": "bench",
+        "image": settings.plimsoll_image,
+        "command": ["plimsoll"],
+        "args": sweep_args(svc, pod_ip, name),
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+        "volumeMounts": [{"name": "work", "mountPath": WORK_MOUNT}],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(svc, name, {SPEC_HASH_ANNOTATION: spec_hash}),
+        "spec": {
+            # One attempt: a failed sweep is reported, and retried only after the back-off.
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": active_deadline_seconds,
+            "ttlSecondsAfterFinished": ttl_seconds_after_finished,
+            "template": {
+                "metadata": {
+                    "labels": common_labels(svc, PROFILE_COMPONENT),
+                    "annotations": {SPEC_HASH_ANNOTATION: spec_hash},
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": profiler_account_name(svc),
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 1000,
+                        "runAsGroup": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [{"name": "work", "emptyDir": {}}],
+                },
+            },
+        },
+    }
