@@ -28,8 +28,9 @@ def run_operator(
         return
     import kopf
 
-    # Importing registers the handlers: reconcile (llmservice) and the built-in autoscaler daemon.
-    from plimsoll.operator.handlers import autoscaling, llmservice  # noqa: F401
+    # Importing registers the handlers: reconcile (llmservice), the built-in autoscaler daemon
+    # and the capacity-profiling timer.
+    from plimsoll.operator.handlers import autoscaling, llmservice, profiling  # noqa: F401
 
     llmservice.CLUSTERWIDE = not namespace
     kopf.configure(verbose=verbose)
