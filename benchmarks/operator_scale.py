@@ -39,6 +39,8 @@ def manifest(name: str) -> dict[str, Any]:
             "autoscaling": {"mode": "off"},
             "replicas": 1,
             "podAnnotations": {"plimsoll.dev/run-locally": "false"},
+            # Measure reconcile, not benchmark Jobs.
+            "capacity": {"mode": "Manual", "concurrencyPerReplica": 4},
         },
     }
 

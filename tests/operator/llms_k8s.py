@@ -46,6 +46,8 @@ def llmservice(name: str, **spec: Any) -> dict[str, Any]:
         "autoscaling": {"mode": "off"},
         "replicas": 1,
         "podAnnotations": SIMULATED,
+        # No benchmark Jobs here: profiling has its own tests (test_profiling_*).
+        "capacity": {"mode": "Manual", "concurrencyPerReplica": 4},
     }
     body.update(spec)
     return {

@@ -83,6 +83,7 @@ def test_example_reconciles_onto_gpu_nodes(devcluster: Any, llms_namespace: str)
     header, row = table.splitlines()[:2]
     assert header.split() == ["NAME", "READY", "REPLICAS", "CAPACITY", "AGE"]
     assert row.split()[:3] == [name, "True", "1"]
+    assert devcluster.kubectl("get", "llms", "-A").returncode == 0
     reasons = {e["reason"] for e in events(devcluster, ns, name)}
     assert {"Created", "AllReplicasReady"} <= reasons
 
