@@ -68,7 +68,8 @@ def test_example_reconciles_onto_gpu_nodes(devcluster: Any, llms_namespace: str)
     pdb = get_json(devcluster, "pdb", name, "-n", ns)
     assert pdb["spec"]["maxUnavailable"] == 1
 
-    pods = get_json(devcluster, "pods", "-n", ns, "-l", f"plimsoll.dev/llmservice={name}")["items"]
+    # The replicas, by the selector the scale subresource publishes (a profiling Job's pod is not one).
+    pods = get_json(devcluster, "pods", "-n", ns, "-l", svc["status"]["selector"])["items"]
     assert len(pods) == 1
     assert pods[0]["spec"]["nodeName"] in GPU_NODES
     assert pods[0]["status"]["podIP"].startswith("127.1.")
