@@ -1,0 +1,151 @@
+"""Capacity profiling on the local control plane: a real sweep of a real replica, then a re-profile.
+
+The replica runs `plimsoll serve` on a tiny random model as a local process bound
+to its pod IP (the devcluster pod runner), and so does the profiling Job's
+`plimsoll bench sweep`, with the Job's own ServiceAccount token: the report
+reaches the operator only through the ConfigMap its Role lets it write. The
+operator runs with the chart's RBAC (``running_operator``). The engine is held to
+two sequences so the sweep over 1,2,4,8 saturates inside its range on any CPU;
+the client gates are loosened (annotation ``plimsoll.dev/profile-args``) because
+the CPU is shared with the replica.
+"""
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llms_k8s import apply, condition, get_json, llmservice, wait_for
+
+from plimsoll.operator.resources.profile_job import PROFILE_ARGS_ANNOTATION, REPORT_KEY, SPEC_HASH_ANNOTATION
+from plimsoll.operator.scaling.profile import CapacityProfile, read_profile
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(480)]
+
+LEVELS = [1, 2, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    """A tiny random model outside /tmp: the replica pod mounts an emptyDir at /tmp, and the pod
+    runner maps paths under a mount to the pod's scratch directory, as a kubelet's mount would hide them."""
+    from plimsoll.runtime.testing import write_tiny_model
+
+    model = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
+    # The bench calibrates words→tokens with a 64-word probe, ~290 tokens for this byte-level
+    # tokenizer: more than the 256 positions written. RoPE has no learned positions, so a
+    # longer context is only a config value.
+    config_path = model / "config.json"
+    config = json.loads(config_path.read_text())
+    if config["max_position_embeddings"] < 1024:
+        config["max_position_embeddings"] = 1024
+        config_path.write_text(json.dumps(config, indent=2))
+    return model
+
+
+def _profiled(cluster: Any, ns: str, name: str, not_hash: str | None = None) -> dict[str, Any] | None:
+    obj = get_json(cluster, "llms", name, "-n", ns)
+    c = condition(obj, "Profiled")
+    if c is None:
+        return None
+    if c["status"] == "False" and c["reason"] not in ("Profiling", "WaitingForReplica"):
+        pytest.fail(f"profiling failed: {c['reason']}: {c['message']}")
+    capacity = (obj.get("status") or {}).get("capacity") or {}
+    if c["status"] == "True" and capacity.get("specHash") not in (None, not_hash):
+        return dict(obj)
+    return None
+
+
+def _events(cluster: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    items = get_json(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
+    return list((items or {}).get("items", []))
+
+
+def test_profile_measures_a_real_replica_and_reprofiles_when_engine_args_change(
+    devcluster: Any, llms_namespace: str, tiny_model: Path
+) -> None:
+    ns, name = llms_namespace, "prof"
+    manifest = llmservice(
+        name,
+        model={"uri": f"file://{tiny_model}"},
+        engine={"maxNumSeqs": 2},
+        podAnnotations={},  # run the replica for real
+        capacity={
+            "mode": "Profile",
+            "headroom": 0.75,
+            "profile": {
+                "workload": {
+                    "inputTokens": 16,
+                    "outputTokens": 8,
+                    "concurrency": LEVELS,
+                    "requestsPerLevel": 8,
+                }
+            },
+        },
+    )
+    manifest["metadata"]["annotations"] = {
+        PROFILE_ARGS_ANNOTATION: "--max-client-lag-ms 1000 --min-concurrency-ratio 0.8 --warmup-requests 1"
+    }
+    started = time.monotonic()
+    apply(devcluster, ns, manifest)
+
+    obj = wait_for(lambda: _profiled(devcluster, ns, name), 240, "Profiled=True", interval=1)
+    first_s = time.monotonic() - started
+    capacity = obj["status"]["capacity"]
+    print(f"\nfirst profile after {first_s:.0f} s: {json.dumps(capacity)}")
+
+    # What status says is exactly what the Job published, read back through the operator's own reader.
+    jobs = get_json(devcluster, "jobs", "-n", ns, "-l", "app.kubernetes.io/component=profile")["items"]
+    assert len(jobs) == 1 and jobs[0]["status"].get("succeeded") == 1
+    job_name = jobs[0]["metadata"]["name"]
+    report = get_json(devcluster, "configmap", job_name, "-n", ns)["data"][REPORT_KEY]
+    profile = read_profile(report)
+    assert isinstance(profile, CapacityProfile), profile
+    assert capacity["concurrencyPerReplica"] == profile.concurrency_per_replica >= 1
+    knees = {
+        kind: (capacity["knees"].get(kind) or {}).get("concurrency") for kind in ("throughput", "latency")
+    }
+    assert knees == {"throughput": profile.throughput_knee, "latency": profile.latency_knee}
+    found = [k for k in knees.values() if k is not None]
+    assert found, "a recommendation needs a knee"
+    assert capacity["concurrencyPerReplica"] == max(1, math.floor(0.75 * min(found)))
+    assert [lv.concurrency for lv in profile.levels], "the sweep measured no valid level"
+    assert json.loads(report)["server"]["model"] == name, "the Job measured another model"
+    assert capacity["specHash"].startswith("sha256:") and capacity["measuredAt"]
+    assert condition(obj, "ProfileStale")["status"] == "False"
+    reasons = {e.get("reason") for e in _events(devcluster, ns, name)}
+    assert {"ProfilingStarted", "Profiled"} <= reasons
+
+    # New engine args: the profile is stale, and (reprofile Auto) measured again on a replica of the new spec.
+    old_hash = capacity["specHash"]
+    devcluster.kubectl(
+        "patch",
+        "llms",
+        name,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"engine": {"maxNumSeqs": 3}}}),
+    )
+
+    def stale_condition() -> dict[str, Any] | None:
+        c = condition(get_json(devcluster, "llms", name, "-n", ns), "ProfileStale")
+        return c if c and c["status"] == "True" else None
+
+    stale = wait_for(stale_condition, 30, "ProfileStale=True")
+    assert stale["reason"] == "SpecChanged" and old_hash in stale["message"]
+    changed = time.monotonic()
+    obj = wait_for(
+        lambda: _profiled(devcluster, ns, name, not_hash=old_hash), 240, "a new profile", interval=1
+    )
+    print(f"re-profile after {time.monotonic() - changed:.0f} s: {json.dumps(obj['status']['capacity'])}")
+    assert condition(obj, "ProfileStale")["status"] == "False"
+    new_hash = obj["status"]["capacity"]["specHash"]
+    maps = get_json(devcluster, "configmap", "-n", ns, "-l", "app.kubernetes.io/component=profile")["items"]
+    new_map = next(m for m in maps if m["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == new_hash)
+    again = read_profile(new_map["data"][REPORT_KEY])
+    assert isinstance(again, CapacityProfile)
+    assert obj["status"]["capacity"]["concurrencyPerReplica"] == again.concurrency_per_replica
