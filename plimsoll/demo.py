@@ -131,6 +131,17 @@ def bring_up_cluster(console: Console, state_dir: Path | None) -> Cluster:
 
 def ensure_model(console: Console, model_uri: str) -> None:
     """Convert the embedded model once (later runs find it in the model cache)."""
+    if model_uri.startswith("file://"):
+        path = Path(model_uri.removeprefix("file://"))
+        if not path.exists():
+            raise DemoError(f"--model-uri {model_uri}: {path} does not exist on this machine")
+        # Replica pods mount an emptyDir at /tmp (read-only root filesystem); the pod runner
+        # maps it to a scratch dir, so a model under /tmp would be invisible to the replica.
+        if path.resolve().is_relative_to("/tmp"):
+            raise DemoError(
+                f"--model-uri {model_uri}: replica pods mount an emptyDir at /tmp, so they cannot see "
+                "a model under /tmp; put it elsewhere, e.g. under ~/.cache/plimsoll/models/"
+            )
     if not model_uri.startswith(EMBEDDED_PREFIX):
         console.print(f"[green]✓[/green] model {model_uri} (not embedded: nothing to convert)")
         return
@@ -198,6 +209,26 @@ def service_manifest(model_uri: str, profile: bool) -> dict[str, Any]:
     return manifest
 
 
+def _fail_on_crash_loop(cluster: Cluster, namespace: str, selector: str | None) -> None:
+    """Stop waiting once a replica has failed twice: it will not get better by itself."""
+    if not selector:
+        return
+    for pod in cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]:
+        for c in (pod.get("status") or {}).get("containerStatuses") or []:
+            if c.get("restartCount", 0) >= 2:
+                log = (
+                    cluster.state_dir
+                    / "pods"
+                    / "logs"
+                    / f"{namespace}_{pod['metadata']['name']}_{c['name']}.log"
+                )
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+                raise DemoError(
+                    f"replica pod {namespace}/{pod['metadata']['name']} keeps failing "
+                    f"({c['restartCount']} restarts); its log is {log}; last lines:\n" + "\n".join(tail)
+                )
+
+
 def wait_service(
     console: Console, cluster: Cluster, namespace: str, name: str, profile: bool, timeout: float
 ) -> dict[str, Any]:
@@ -206,6 +237,7 @@ def wait_service(
 
     def ready() -> tuple[Any, str]:
         svc = cluster.get_json("llms", name, "-n", namespace)
+        _fail_on_crash_loop(cluster, namespace, (svc.get("status") or {}).get("selector"))
         cond = _condition(svc, "Ready")
         return (
             svc if cond.get("status") == "True" else None
@@ -250,6 +282,9 @@ def send_load(console: Console, url: str, requests: int, concurrency: int) -> di
             sys.executable, "-c", "from plimsoll.cli import main; main()",
             "bench", "run", "--url", url, "-c", str(concurrency), "--requests-per-level", str(requests),
             "--input-tokens", "32", "--output-tokens", "16", "--request-timeout", "60", "-o", str(out),
+            # This load shows the service answering, it measures nothing: a busy machine
+            # must not turn it into an "invalid level" (errors still fail it).
+            "--max-client-lag-ms", "10000", "--min-concurrency-ratio", "0.01",
         ]  # fmt: skip
         console.print(f"$ plimsoll {shlex.join(argv[3:])}", highlight=False, soft_wrap=True)
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
