@@ -187,6 +187,9 @@ def build_profile_job(
         "command": ["plimsoll"],
         "args": sweep_args(svc, pod_ip, name),
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        # The tail of the log becomes the termination message, which the operator quotes
+        # in the Profiled condition when the sweep fails (`kubectl logs` needs no access then).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},

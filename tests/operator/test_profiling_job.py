@@ -77,6 +77,7 @@ def test_job_runs_one_sweep_of_the_spec_workload_against_the_pod() -> None:
     assert spec["backoffLimit"] == 0
     assert spec["activeDeadlineSeconds"] > 0 and spec["ttlSecondsAfterFinished"] > 0
     assert pod["restartPolicy"] == "Never"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert job["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == HASH
     owner = job["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (

@@ -149,3 +149,53 @@ def test_profile_measures_a_real_replica_and_reprofiles_when_engine_args_change(
     again = read_profile(new_map["data"][REPORT_KEY])
     assert isinstance(again, CapacityProfile)
     assert obj["status"]["capacity"]["concurrencyPerReplica"] == again.concurrency_per_replica
+
+
+def test_failed_profile_is_reported_without_capacity_and_not_retried(
+    devcluster: Any, llms_namespace: str
+) -> None:
+    # A kwok-simulated replica: Ready with a pod IP, but nothing listens there, so the sweep fails.
+    ns, name = llms_namespace, "noengine"
+    manifest = llmservice(
+        name,
+        capacity={"mode": "Profile", "profile": {"workload": {"concurrency": [1, 2], "requestsPerLevel": 2}}},
+    )
+    apply(devcluster, ns, manifest)
+
+    def failed() -> dict[str, Any] | None:
+        c = condition(get_json(devcluster, "llms", name, "-n", ns), "Profiled")
+        return c if c and c["reason"] == "ProfileJobFailed" else None
+
+    c = wait_for(failed, 120, "Profiled=False, reason ProfileJobFailed", interval=1)
+    print(f"\nfailed profile: {c['message']}")
+    assert c["status"] == "False" and "exit code 1" in c["message"]
+    obj = get_json(devcluster, "llms", name, "-n", ns)
+    assert "capacity" not in obj["status"], "a failed profile must not leave a capacity"
+    warnings = [e for e in _events(devcluster, ns, name) if e.get("reason") == "ProfileFailed"]
+    assert warnings and warnings[0]["type"] == "Warning"
+
+    def jobs() -> list[dict[str, Any]]:
+        items = get_json(devcluster, "jobs", "-n", ns, "-l", "app.kubernetes.io/component=profile")["items"]
+        return list(items)
+
+    first = jobs()
+    assert len(first) == 1
+    time.sleep(12)  # two profiler ticks and more: the failed Job is the back-off, no new attempt
+    assert [j["metadata"]["uid"] for j in jobs()] == [first[0]["metadata"]["uid"]]
+
+    # The annotation asks for another attempt now, and is consumed.
+    devcluster.kubectl("annotate", "llms", name, "-n", ns, "plimsoll.dev/reprofile=now")
+
+    def retried() -> bool:
+        uids = [j["metadata"]["uid"] for j in jobs()]
+        return bool(uids) and first[0]["metadata"]["uid"] not in uids
+
+    wait_for(retried, 60, "a new profile Job after the reprofile annotation", interval=1)
+    wait_for(
+        lambda: (
+            "plimsoll.dev/reprofile"
+            not in (get_json(devcluster, "llms", name, "-n", ns)["metadata"].get("annotations") or {})
+        ),
+        30,
+        "the reprofile annotation to be consumed",
+    )
