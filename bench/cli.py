@@ -338,6 +338,7 @@ def rate(
     request_timeout: float = TIMEOUT,
     ignore_eos: bool = IGNORE_EOS,
     seed: int = SEED,
+    max_client_lag_ms: float = MAX_LAG,
     output: Path | None = OUTPUT,
 ) -> None:
     """Open-loop arrivals (constant, Poisson or bursty) at one or more rates."""
@@ -365,6 +366,7 @@ def rate(
         request_timeout_s=request_timeout,
         ignore_eos=ignore_eos,
         seed=seed,
+        max_client_lag_ms=max_client_lag_ms,
         duration_per_level_s=duration_per_level,
     )
 
@@ -388,6 +390,7 @@ def baseline(
     request_timeout: float = TIMEOUT,
     ignore_eos: bool = IGNORE_EOS,
     seed: int = SEED,
+    max_client_lag_ms: float = MAX_LAG,
     output: Path | None = OUTPUT,
 ) -> None:
     """Single-request baseline with a TPOT-stability check (warns above 20% variation)."""
@@ -408,6 +411,7 @@ def baseline(
         request_timeout_s=request_timeout,
         ignore_eos=ignore_eos,
         seed=seed,
+        max_client_lag_ms=max_client_lag_ms,
         warmup_requests=1,
     )
 
@@ -432,6 +436,7 @@ def burst(
     request_timeout: float = TIMEOUT,
     ignore_eos: bool = IGNORE_EOS,
     seed: int = SEED,
+    max_client_lag_ms: float = MAX_LAG,
     output: Path | None = OUTPUT,
 ) -> None:
     """A burst on top of steady load; reports how long latency takes to recover."""
@@ -450,6 +455,7 @@ def burst(
         request_timeout_s=request_timeout,
         ignore_eos=ignore_eos,
         seed=seed,
+        max_client_lag_ms=max_client_lag_ms,
     )
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
@@ -472,6 +478,7 @@ def soak(
     request_timeout: float = TIMEOUT,
     ignore_eos: bool = IGNORE_EOS,
     seed: int = SEED,
+    max_client_lag_ms: float = MAX_LAG,
     output: Path | None = OUTPUT,
 ) -> None:
     """Steady load for a long time: latency and server KV/memory per window, upward drift flagged."""
@@ -493,6 +500,7 @@ def soak(
         request_timeout_s=request_timeout,
         ignore_eos=ignore_eos,
         seed=seed,
+        max_client_lag_ms=max_client_lag_ms,
     )
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
