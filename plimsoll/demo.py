@@ -49,15 +49,15 @@ class DemoError(RuntimeError):
 
 def profiling_available() -> tuple[bool, str]:
     """Whether the operator has a profiling Job handler (capacity.mode Profile does something)."""
-    if importlib.util.find_spec("plimsoll.operator.handlers.profiling") is None:
+    spec = importlib.util.find_spec("plimsoll.operator.handlers.profiling")
+    if spec is None or spec.origin is None:
         return False, "the operator has no profiling handler yet (operator/handlers/profiling.py)"
-    handlers = Path(importlib.util.find_spec("plimsoll.operator.handlers").origin or "").parent  # type: ignore[union-attr]
     # kopf only runs handlers of modules the operator imports; a file nobody imports is not registered.
-    importers = [
-        p for p in handlers.glob("*.py") if p.name != "profiling.py" and "profiling" in p.read_text()
-    ]
+    cli = importlib.util.find_spec("plimsoll.operator.cli")
+    candidates = [*Path(spec.origin).parent.glob("*.py"), *([Path(cli.origin)] if cli and cli.origin else [])]
+    importers = [p for p in candidates if p.name != "profiling.py" and "profiling" in p.read_text()]
     if not importers:
-        return False, "operator/handlers/profiling.py exists but no handler module imports it"
+        return False, "operator/handlers/profiling.py exists but the operator does not import it"
     return True, "profiling handler registered"
 
 
@@ -189,17 +189,25 @@ def service_manifest(model_uri: str, profile: bool) -> dict[str, Any]:
     spec = manifest["spec"]
     spec["model"]["uri"] = model_uri
     if profile:
-        # A short sweep: on CPU a full default sweep would take many minutes.
+        from plimsoll.operator.resources.profile_job import PROFILE_ARGS_ANNOTATION
+
+        # A short sweep (a full default one takes many minutes on CPU) against a replica
+        # capped at 2 sequences, so the knee falls inside the levels swept.
+        spec["engine"] = {"maxNumSeqs": 2}
         spec["capacity"] = {
             "mode": "Profile",
             "profile": {
                 "workload": {
-                    "inputTokens": 32,
-                    "outputTokens": 16,
-                    "concurrency": [1, 2, 4],
+                    "inputTokens": 16,
+                    "outputTokens": 8,
+                    "concurrency": [1, 2, 4, 8],
                     "requestsPerLevel": 8,
                 }
             },
+        }
+        # A shared, busy laptop must not invalidate every level through client-side lag.
+        manifest["metadata"]["annotations"] = {
+            PROFILE_ARGS_ANNOTATION: "--max-client-lag-ms 1000 --min-concurrency-ratio 0.8 --warmup-requests 1"
         }
     else:
         spec["capacity"] = {"mode": "Manual", "concurrencyPerReplica": MANUAL_CONCURRENCY}
@@ -249,7 +257,12 @@ def wait_service(
         def profiled() -> tuple[Any, str]:
             svc = cluster.get_json("llms", name, "-n", namespace)
             cond = _condition(svc, "Profiled")
-            if cond.get("status") == "False" and cond.get("reason") not in (None, "", "Profiling", "Pending"):
+            if cond.get("status") == "False" and cond.get("reason") not in (
+                None,
+                "",
+                "Profiling",
+                "WaitingForReplica",
+            ):
                 raise DemoError(f"profiling failed: {cond.get('reason')}: {cond.get('message')}. {hint}")
             done = (svc.get("status") or {}).get("capacity")
             return (svc if done else None), f"{cond.get('reason', '')} {cond.get('message', '')}"
@@ -412,4 +425,5 @@ def demo(
     for url in urls:
         console.print(curl_command(url, served), highlight=False, markup=False, soft_wrap=True)
     console.print(f"\nexport KUBECONFIG={cluster.kubeconfig}; kubectl describe llms {name} -n {namespace}")
-    console.print("stop everything: plimsoll demo --down")
+    where = f" --state-dir {shlex.quote(str(state_dir))}" if state_dir else ""
+    console.print(f"stop everything: plimsoll demo --down{where}", highlight=False, soft_wrap=True)

@@ -47,6 +47,7 @@ def _curl_request(output: str) -> tuple[str, dict[str, object]]:
 
 @pytest.mark.timeout(480)
 def test_demo_serves_a_tiny_model_and_prints_a_working_curl(tmp_path: Path) -> None:
+    from plimsoll.demo import profiling_available
     from plimsoll.devcluster import paths
     from plimsoll.devcluster.cluster import Cluster
     from plimsoll.runtime.testing import write_tiny_model
@@ -75,6 +76,14 @@ def test_demo_serves_a_tiny_model_and_prints_a_working_curl(tmp_path: Path) -> N
         ready = {c["type"]: c for c in svc["status"]["conditions"]}["Ready"]
         assert ready["status"] == "True", ready
         assert svc["spec"]["model"]["uri"] == f"file://{model}"
+        if profiling_available()[0]:
+            # Profile mode: the benchmark Job measured the replica before the load.
+            assert svc["status"].get("capacity", {}).get("knees") is not None, svc["status"]
+            assert svc["spec"]["capacity"]["mode"] == "Profile"
+            assert {c["type"]: c for c in svc["status"]["conditions"]}["Profiled"]["status"] == "True"
+            assert "knees: none measured" not in result.stdout
+        else:
+            assert "profiling is not available" in result.stdout
         # The operator ran as the chart's pod (a local process on a pod IP), not in the test.
         operator_pods = cluster.get_json(
             "pods", "-n", "plimsoll-system", "-l", "app.kubernetes.io/instance=plimsoll"
