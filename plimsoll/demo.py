@@ -329,7 +329,11 @@ def show_status(console: Console, cluster: Cluster, namespace: str, name: str, p
     )
     capacity = status.get("capacity") or {}
     if capacity.get("knees"):
-        console.print(f"knees: {json.dumps(capacity['knees'])}", soft_wrap=True)
+        for kind, knee in sorted(capacity["knees"].items()):
+            at = (knee or {}).get("concurrency")
+            console.print(
+                f"{kind} knee: " + (f"{at} concurrent requests" if at else "none within the levels swept")
+            )
     else:
         console.print(f"knees: none measured — {profile_note}")
     spec_capacity = (svc.get("spec") or {}).get("capacity") or {}
@@ -411,10 +415,11 @@ def demo(
         svc = wait_service(console, cluster, namespace, name, profile, timeout)
         urls = replica_endpoints(cluster, namespace, svc)
         level = send_load(console, urls[0], requests, concurrency)
-        reqs = level.get("requests") or {}
+        reqs, rate = level.get("requests") or {}, level.get("throughput") or {}
         console.print(
-            f"[green]✓[/green] load: {json.dumps(reqs)}; throughput {json.dumps(level.get('throughput'))}",
-            soft_wrap=True,
+            f"[green]✓[/green] load: {reqs.get('completed')}/{reqs.get('measured')} completed, "
+            f"{reqs.get('failed')} failed, {rate.get('requests_per_s', 0):.2f} req/s, "
+            f"{rate.get('output_tokens_per_s', 0):.1f} output tok/s"
         )
         show_status(console, cluster, namespace, name, profile_note)
     except (DemoError, ComponentError, CommandError, TimeoutError, subprocess.TimeoutExpired) as exc:

@@ -10,6 +10,7 @@ The demo runs as its own process, as a user runs it.
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_demo_serves_a_tiny_model_and_prints_a_working_curl(tmp_path: Path) -> N
             assert svc["status"].get("capacity", {}).get("knees") is not None, svc["status"]
             assert svc["spec"]["capacity"]["mode"] == "Profile"
             assert {c["type"]: c for c in svc["status"]["conditions"]}["Profiled"]["status"] == "True"
-            assert "knees: none measured" not in result.stdout
+            assert "knee: " in result.stdout and "knees: none measured" not in result.stdout
         else:
             assert "profiling is not available" in result.stdout
         # The operator ran as the chart's pod (a local process on a pod IP), not in the test.
@@ -90,9 +91,8 @@ def test_demo_serves_a_tiny_model_and_prints_a_working_curl(tmp_path: Path) -> N
         )["items"]
         assert [p["status"]["podIP"].startswith("127.3.") for p in operator_pods] == [True]
 
-        load = next(line for line in result.stdout.splitlines() if "load: " in line)
-        requests = json.loads(load.split("load: ", 1)[1].split("; throughput", 1)[0])
-        assert requests["completed"] == 4 and requests["failed"] == 0, load
+        load = re.search(r"load: (\d+)/(\d+) completed, (\d+) failed", result.stdout)
+        assert load is not None and load.groups() == ("4", "4", "0"), result.stdout
 
         url, body = _curl_request(result.stdout)
         assert url.startswith("http://127.3.") and url.endswith("/v1/completions"), url
