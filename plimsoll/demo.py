@@ -129,8 +129,10 @@ def bring_up_cluster(console: Console, state_dir: Path | None) -> Cluster:
     return cluster
 
 
-def ensure_model(console: Console, model_uri: str) -> None:
-    """Convert the embedded model once (later runs find it in the model cache)."""
+def check_model_uri(model_uri: str) -> None:
+    """Refuse a model the replica pod could not load, before anything starts."""
+    if not model_uri.startswith(("file://", EMBEDDED_PREFIX)):
+        raise DemoError(f"--model-uri {model_uri}: use embedded://smollm2-135m or file:///<absolute path>")
     if model_uri.startswith("file://"):
         path = Path(model_uri.removeprefix("file://"))
         if not path.exists():
@@ -142,6 +144,10 @@ def ensure_model(console: Console, model_uri: str) -> None:
                 f"--model-uri {model_uri}: replica pods mount an emptyDir at /tmp, so they cannot see "
                 "a model under /tmp; put it elsewhere, e.g. under ~/.cache/plimsoll/models/"
             )
+
+
+def ensure_model(console: Console, model_uri: str) -> None:
+    """Convert the embedded model once (later runs find it in the model cache)."""
     if not model_uri.startswith(EMBEDDED_PREFIX):
         console.print(f"[green]✓[/green] model {model_uri} (not embedded: nothing to convert)")
         return
@@ -399,6 +405,7 @@ def demo(
         return
     profile, profile_note = profiling_available()
     try:
+        check_model_uri(model_uri)
         cluster = bring_up_cluster(console, state_dir)
         ensure_model(console, model_uri)
         install_chart(console, cluster, timeout)

@@ -19,8 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
 # `plimsoll demo` with kwok's pod pool moved (Cluster reads POD_CIDR when it starts kwok).
 DEMO = (
     "import sys; import plimsoll.devcluster.cluster as c; c.POD_CIDR = '127.3.0.0/16'; "
@@ -46,6 +44,33 @@ def _curl_request(output: str) -> tuple[str, dict[str, object]]:
     return url, body
 
 
+@pytest.mark.parametrize("profile", [True, False])
+def test_demo_manifest_is_a_valid_llmservice(profile: bool) -> None:
+    from plimsoll.demo import service_manifest
+    from plimsoll.operator.api.llmservice import LLMService
+
+    svc = LLMService.model_validate(service_manifest("embedded://smollm2-135m", profile))
+    assert svc.spec.capacity.mode == ("Profile" if profile else "Manual")
+    assert svc.spec.autoscaling.mode == "builtin" and svc.spec.scaling is not None
+    assert svc.spec.scaling.min <= (svc.spec.replicas or 0) <= svc.spec.scaling.max
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("hf://org/name", "use embedded://smollm2-135m or file:///"),
+        ("file:///nonexistent/model", "does not exist"),
+        ("file:///tmp", "cannot see a model under /tmp"),
+    ],
+)
+def test_demo_refuses_a_model_before_starting_anything(tmp_path: Path, uri: str, says: str) -> None:
+    proc = run_demo("--model-uri", uri, "--state-dir", str(tmp_path / "plane"))
+    assert proc.returncode == 1 and says in proc.stdout, proc.stdout
+    assert not (tmp_path / "plane").exists()  # no control plane was started
+
+
+@pytest.mark.k8s
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_demo_serves_a_tiny_model_and_prints_a_working_curl(tmp_path: Path) -> None:
     from plimsoll.demo import profiling_available
