@@ -96,8 +96,9 @@ def _pod_ready(pod: dict[str, Any]) -> bool:
     )
 
 
-def _logs_hint(cluster: Cluster, namespace: str) -> str:
-    return f"Pod logs: {cluster.state_dir / 'pods' / 'logs'}/{namespace}_<pod>_<container>.log"
+def _pod_logs(cluster: Cluster, namespace: str) -> str:
+    """Where the pod runner writes the logs of a namespace's pods."""
+    return f"{cluster.state_dir / 'pods' / 'logs'}/{namespace}_<pod>_<container>.log"
 
 
 def bring_up_cluster(console: Console, state_dir: Path | None) -> Cluster:
@@ -186,7 +187,13 @@ def install_chart(console: Console, cluster: Cluster, timeout: float) -> None:
         phases = ", ".join(f"{p['metadata']['name']}: {(p.get('status') or {}).get('phase')}" for p in items)
         return ready, phases or "no operator pod yet"
 
-    _wait(console, "operator pod Ready", timeout, operator_ready, _logs_hint(cluster, RELEASE_NAMESPACE))
+    _wait(
+        console,
+        "operator pod Ready",
+        timeout,
+        operator_ready,
+        f"Operator log: {_pod_logs(cluster, RELEASE_NAMESPACE)}",
+    )
 
 
 def service_manifest(model_uri: str, profile: bool) -> dict[str, Any]:
@@ -247,7 +254,7 @@ def wait_service(
     console: Console, cluster: Cluster, namespace: str, name: str, profile: bool, timeout: float
 ) -> dict[str, Any]:
     """Wait for Ready=True (and status.capacity when profiling); return the LLMService."""
-    hint = _logs_hint(cluster, namespace) + f"; operator log: {_logs_hint(cluster, RELEASE_NAMESPACE)}"
+    hint = f"Replica logs: {_pod_logs(cluster, namespace)}; operator log: {_pod_logs(cluster, RELEASE_NAMESPACE)}"
 
     def ready() -> tuple[Any, str]:
         svc = cluster.get_json("llms", name, "-n", namespace)
