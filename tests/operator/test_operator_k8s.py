@@ -251,8 +251,16 @@ def test_restart_mid_reconcile_converges(
     apply(devcluster, ns, llmservice("r0", engine={"maxNumSeqs": 4}))  # a change while it is down
     running_operator.start()
     for i in range(5):
-        svc = ready(devcluster, ns, f"r{i}", timeout=120)
-        assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
+        # Ready alone could be the status written before the kill (r0 was Ready at
+        # generation 1): converged means Ready for the generation now stored.
+        def converged(name: str = f"r{i}") -> dict[str, Any] | None:
+            obj = get_json(devcluster, "llms", name, "-n", ns)
+            c = condition(obj, "Ready")
+            if not (obj and c and c["status"] == "True"):
+                return None
+            return obj if obj["status"].get("observedGeneration") == obj["metadata"]["generation"] else None
+
+        wait_for(converged, 120, f"LLMService {ns}/r{i} Ready at its current generation")
     args = get_json(devcluster, "deployment", "r0", "-n", ns)["spec"]["template"]["spec"]["containers"][0][
         "args"
     ]
