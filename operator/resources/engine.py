@@ -56,53 +56,37 @@ def model_placement(svc: LLMService) -> ModelPlacement:
     return ModelPlacement(model_arg=None)
 
 
-def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
+def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
+    """The tuning flags both engines spell the same way, except the KV budget's name."""
     engine = svc.spec.engine
+    args: list[str] = []
+    if engine.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.kv_cache_memory is not None:
+        args += [kv_cache_flag, str(to_bytes(engine.kv_cache_memory))]
+    if engine.block_size is not None:
+        args += ["--block-size", str(engine.block_size)]
+    if engine.prefix_caching is not None:
+        args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
+    return args + list(engine.args)
+
+
+def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
     args = ["serve", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", svc.served_name]
     if model_arg is not None:
         args += ["--model", model_arg]
-    if engine.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(engine.max_num_seqs)]
-    if engine.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
-    if engine.max_model_len is not None:
-        args += ["--max-model-len", str(engine.max_model_len)]
-    if engine.kv_cache_memory is not None:
-        args += ["--kv-cache-memory", str(to_bytes(engine.kv_cache_memory))]
-    if engine.block_size is not None:
-        args += ["--block-size", str(engine.block_size)]
-    if engine.prefix_caching is not None:
-        args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
-    return args + list(engine.args)
+    return args + _engine_flags(svc, "--kv-cache-memory")
 
 
 def _vllm_args(svc: LLMService, model_arg: str | None) -> list[str]:
-    engine = svc.spec.engine
     # The API validator refuses vllm + embedded://, so a model argument always exists here.
     assert model_arg is not None, "vllm needs a model path or repository"
-    args = [
-        "--model",
-        model_arg,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(ENGINE_PORT),
-        "--served-model-name",
-        svc.served_name,
-    ]
-    if engine.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(engine.max_num_seqs)]
-    if engine.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
-    if engine.max_model_len is not None:
-        args += ["--max-model-len", str(engine.max_model_len)]
-    if engine.kv_cache_memory is not None:
-        args += ["--kv-cache-memory-bytes", str(to_bytes(engine.kv_cache_memory))]
-    if engine.block_size is not None:
-        args += ["--block-size", str(engine.block_size)]
-    if engine.prefix_caching is not None:
-        args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
-    return args + list(engine.args)
+    args = ["--model", model_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name"]
+    return [*args, svc.served_name, *_engine_flags(svc, "--kv-cache-memory-bytes")]
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
