@@ -89,10 +89,12 @@ class ServingContext:
             )
         limit = self.settings.max_waiting
         if limit is not None:
-            # Admitted requests the engine has not scheduled yet are waiting, including
-            # those the engine thread has not picked up: counting them here keeps a burst
-            # from slipping past the limit before the scheduler's own count catches up.
-            waiting = max(0, self.num_in_flight - self.engine.stats().num_running)
+            # Requests beyond the engine's sequence slots are waiting even before the
+            # engine thread has picked them up: counting them here keeps a burst from
+            # slipping past the limit before the scheduler's own count catches up. The
+            # scheduler's count covers the rest (requests held back by a full KV cache).
+            stats = self.engine.stats()
+            waiting = max(stats.num_waiting, self.num_in_flight - self.engine.config.max_num_seqs)
             if waiting >= limit:
                 self.metrics.reject("queue_full")
                 raise APIError(
