@@ -44,6 +44,12 @@ SCRAPE_TIMEOUT_S = 2.0
 SLO_WINDOW_S = 60.0
 # Unchanged replicas and conditions: refresh status.autoscaler at most this often.
 STATUS_MIN_INTERVAL_S = 15.0
+# ScalingLimited=False (reason, message) when the decision touched a bound that is not a problem.
+_WITHIN_RANGE = ("DesiredWithinRange", "desired {desired} within bounds")
+_QUIET_LIMITS = {
+    "TooFewReplicas": ("AtMinReplicas", "at min {min} with less load than it can carry; normal when idle"),
+    "ScaleUpLimit": ("ScaleUpRateLimited", "adding replicas as fast as the scale-up rate policy allows"),
+}
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:
@@ -129,9 +135,12 @@ def status_patch(
             decision.event_message(), observed_generation=generation,
         )  # fmt: skip
     else:
+        # Idle at min and a passing rate limit are normal operation: False, with the reason spelled out.
+        reason, message = _QUIET_LIMITS.get(decision.limited_reason or "", _WITHIN_RANGE)
         conditions = set_condition(
-            conditions, "ScalingLimited", "False", "DesiredWithinRange",
-            f"desired {decision.desired_replicas} within bounds", observed_generation=generation,
+            conditions, "ScalingLimited", "False", reason,
+            message.format(desired=decision.desired_replicas, min=decision.min_replicas),
+            observed_generation=generation,
         )  # fmt: skip
     if slo is not None:
         state: ConditionStatus = "True" if slo[0] == "True" else "False" if slo[0] == "False" else "Unknown"
@@ -139,6 +148,12 @@ def status_patch(
             conditions, "SLOAtRisk", state, slo[1], slo[2], observed_generation=generation
         )
     return {"autoscaler": decision.to_status(), "conditions": conditions}
+
+
+def warn_scaling_limited(decision: Decision, conditions: list[dict[str, Any]] | None) -> bool:
+    """A ScalingLimited Warning only when the service just reached max while still overloaded."""
+    was = _condition_states(conditions).get("ScalingLimited")
+    return decision.scaling_limited and was != "True"
 
 
 def _same_decision(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
@@ -251,8 +266,7 @@ async def _tick(
         reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
         kopf.info(body, reason=reason, message=decision.event_message())
         logger.info("%s: %s", reason, decision.event_message())
-    was_limited = _condition_states(status.get("conditions")).get("ScalingLimited")
-    if decision.scaling_limited and was_limited != "True":
+    if warn_scaling_limited(decision, status.get("conditions")):
         kopf.warn(body, reason="ScalingLimited", message=decision.event_message())
 
     patch = status_patch(status, decision, svc.metadata.generation, slo)

@@ -22,7 +22,11 @@ it for a per-pod metric (here in-flight = running + waiting):
    half of the current capacity (replicas × target) for the hold time, add at
    least one replica.
 5. The HPA's default scale-up rate policy (+4 pods or +100 % per 15 s), then
-   clamp to ``min..max``; ``ScalingLimited`` when either bit.
+   clamp to ``min..max``. ``limited_reason`` names whichever bit
+   (``ScaleUpLimit``, ``TooManyReplicas``, ``TooFewReplicas``), but only
+   ``TooManyReplicas`` — at max and still overloaded — sets ``scaling_limited``:
+   idling at min is the normal quiet state and a rate limit passes within one
+   period, so neither deserves a Warning (the HPA's own ScalingLimited is noisier).
 
 What it is not: it does not scrape, patch or write status (the handler does).
 """
@@ -104,8 +108,8 @@ class Decision:
     unready_pods: tuple[str, ...]
     missing_pods: tuple[str, ...]
     fast_path: bool
-    scaling_limited: bool
-    limited_reason: str | None  # TooManyReplicas / TooFewReplicas
+    scaling_limited: bool  # at max and still overloaded (TooManyReplicas) only
+    limited_reason: str | None  # TooManyReplicas / TooFewReplicas / ScaleUpLimit
     min_replicas: int
     max_replicas: int
     errors: tuple[str, ...] = field(default=())
@@ -336,7 +340,8 @@ class Autoscaler:
             recommendation=recommendation,
             stabilized=stabilized,
             fast_path=fast_path,
-            scaling_limited=limited_reason is not None,
+            # Only "at max and still overloaded" is a limit worth a condition and a Warning.
+            scaling_limited=limited_reason == "TooManyReplicas" and clamped == cfg.max_replicas,
             limited_reason=limited_reason,
         )
 
