@@ -73,9 +73,9 @@ app.kubernetes.io/part-of: plimsoll
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
-# Scrape objects, only used when the Prometheus Operator's CRDs exist.
+# Scrape objects and alert rules, only used when the Prometheus Operator's CRDs exist.
 - apiGroups: ["monitoring.coreos.com"]
-  resources: ["podmonitors", "servicemonitors"]
+  resources: ["podmonitors", "servicemonitors", "prometheusrules"]
   verbs: ["get", "create", "patch", "update", "delete"]
 # Events explaining what the operator did.
 - apiGroups: ["", "events.k8s.io"]
