@@ -26,6 +26,9 @@ PLURALS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("plimsoll.dev/v1alpha1", "LLMService"): "llmservices",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
 }
 
 
@@ -118,6 +121,20 @@ class Kube:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete the object (its dependents in the background); False when it did not exist."""
+        try:
+            await self._call(
+                "DELETE",
+                object_path(api_version, kind, namespace, name),
+                query=[("propagationPolicy", "Background")],
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     async def replace_lists(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch ``obj``'s spec, which replaces every list in it whole.

@@ -25,6 +25,8 @@ from plimsoll.operator.handlers.reconcile import parse, reconcile, write_status
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, MANAGED_BY
 from plimsoll.operator.resources.settings import BuildSettings
 
+COMPONENT_LABEL = "app.kubernetes.io/component"
+
 _CHILD_FILTER: dict[str, Any] = {
     "app.kubernetes.io/managed-by": MANAGED_BY,
     LLMSERVICE_LABEL: kopf.PRESENT,
@@ -116,7 +118,8 @@ async def _on_child(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger) 
             await reconcile(memo.kube, owner, memo.build, logger)
         except ValidationError:
             return
-    elif obj.get("kind") == "Deployment":
+    elif obj.get("kind") == "Deployment" and (meta.get("labels") or {}).get(COMPONENT_LABEL) == "replica":
+        # Only the replicas' Deployment feeds status; the router's has its own replicas.
         try:
             svc = parse(owner)
         except ValidationError:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube, contains
+from plimsoll.operator.handlers.router_children import remove_disabled_router, router_children
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.monitoring import (
@@ -94,7 +95,8 @@ async def _apply_child(
         logger.info("apply of %s refused (%s); replacing its lists", label, error.reason)
         await kube.replace_lists(obj)
         after = await kube.apply(obj)
-    if not contains(obj["spec"], after.get("spec")):
+    # ServiceAccounts, Roles and RoleBindings have no spec to compare.
+    if "spec" in obj and not contains(obj["spec"], after.get("spec")):
         logger.info(
             "%s still differs from its spec after apply (a list entry added by hand); replacing lists", label
         )
@@ -125,11 +127,14 @@ async def reconcile(
         await reject_invalid(kube, body, error)
         raise
 
-    children = [build_deployment(svc, settings), build_service(svc), build_pdb(svc)]
+    replicas = build_deployment(svc, settings)
+    children = [replicas, build_service(svc), build_pdb(svc)]
     if await kube.has_resource(MONITORING_GROUP_VERSION, "podmonitors"):
         children.append(build_pod_monitor(svc))
     elif await kube.has_resource(MONITORING_GROUP_VERSION, "servicemonitors"):
         children.append(build_service_monitor(svc))
+    children.extend(router_children(svc, settings))
+    await remove_disabled_router(kube, body, svc, settings, logger)
 
     created: list[str] = []
     updated: list[str] = []
@@ -141,7 +146,7 @@ async def reconcile(
             created.append(label)
         elif change == "updated":
             updated.append(label)
-        if child["kind"] == "Deployment":
+        if child is replicas:  # status follows the replicas, not the router's Deployment
             deployment = stored
 
     if created:

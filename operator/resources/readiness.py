@@ -12,6 +12,7 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionStatus, ConditionType, set_condition
 from plimsoll.operator.resources.labels import selector_string
+from plimsoll.operator.resources.router import router_endpoint_url
 from plimsoll.operator.resources.service import endpoint_url
 
 
@@ -82,7 +83,8 @@ def build_status(
         "replicas": current,
         "readyReplicas": ready,
         "selector": selector_string(svc),
-        "endpoint": endpoint_url(svc),
+        # With the router on, clients go through it: it balances LLM work, not connections.
+        "endpoint": router_endpoint_url(svc) if svc.spec.router.enabled else endpoint_url(svc),
     }
 
 

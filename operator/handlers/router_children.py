@@ -1,0 +1,63 @@
+"""The router's children of an LLMService: which to apply, and removing them when it is turned off.
+
+``spec.router.enabled`` adds a ServiceAccount, Role, RoleBinding, Deployment and
+Service (built in ``resources/router.py``) to what reconcile applies; turning it
+off deletes exactly those objects again, with an Event saying so. What it is
+not: the applying itself (reconcile's ``_apply_child`` does it for every child)
+or the router's own replica discovery (``plimsoll route`` does that).
+"""
+
+import logging
+from typing import Any, cast
+
+import kopf
+
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.resources.router import (
+    build_router_deployment,
+    build_router_rbac,
+    build_router_service,
+    router_name,
+)
+from plimsoll.operator.resources.settings import BuildSettings
+
+
+def router_objects(svc: LLMService, settings: BuildSettings) -> list[dict[str, Any]]:
+    """Every router object, RBAC first so the pod's ServiceAccount exists before the pod."""
+    return [*build_router_rbac(svc), build_router_deployment(svc, settings), build_router_service(svc)]
+
+
+def router_children(svc: LLMService, settings: BuildSettings) -> list[dict[str, Any]]:
+    """The router objects reconcile should apply: all of them when enabled, none otherwise."""
+    return router_objects(svc, settings) if svc.spec.router.enabled else []
+
+
+async def remove_disabled_router(
+    kube: Kube,
+    body: kopf.Body | dict[str, Any],
+    svc: LLMService,
+    settings: BuildSettings,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> tuple[str, ...]:
+    """With the router off, delete what turning it on created; return what was deleted.
+
+    The router Deployment is the marker: without it nothing is looked up further,
+    so an LLMService that never had a router costs one GET per reconcile.
+    """
+    if svc.spec.router.enabled:
+        return ()
+    if await kube.get("apps/v1", "Deployment", svc.namespace, router_name(svc)) is None:
+        return ()
+    removed: list[str] = []
+    # Service first so clients stop being sent to a router that is going away.
+    for obj in reversed(router_objects(svc, settings)):
+        meta = obj["metadata"]
+        if await kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]):
+            removed.append(f"{obj['kind']}/{meta['name']}")
+    if removed:
+        logger.info("router disabled: deleted %s", ", ".join(removed))
+        kopf.info(
+            cast(kopf.Body, body), reason="Deleted", message="router disabled: deleted " + ", ".join(removed)
+        )
+    return tuple(removed)
