@@ -53,7 +53,7 @@ def test_namespaced_scope_needs_namespaces() -> None:
 def test_default_render_is_cluster_scoped_least_privilege() -> None:
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "ServiceAccount"]
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     verbs = {
         (g, r): set(rule["verbs"])
