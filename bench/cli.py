@@ -65,14 +65,28 @@ MIN_CONC = typer.Option(
 MAX_LAG = typer.Option(50.0, "--max-client-lag-ms", help="Gate: client event-loop lag p99 above is invalid")
 
 
-def make_config(**kw: Any) -> BenchConfig:
-    """Validate flags into the config; bad values exit 2 with the reason."""
+# Flag names that differ from the BenchConfig field they fill.
+_FLAG_TO_FIELD = {"duration_per_level": "duration_per_level_s", "request_timeout": "request_timeout_s"}
+_SLO_FLAGS = {
+    "slo_ttft_p95_ms": "ttft_p95_ms",
+    "slo_tpot_p50_ms": "tpot_p50_ms",
+    "slo_e2e_p95_ms": "e2e_p95_ms",
+}
+
+
+def make_config(flags: dict[str, Any], **fields: Any) -> BenchConfig:
+    """Validate a command's flags (its ``locals()``) into the config; bad values exit 2 with the reason.
+
+    Flags that name a config field (directly, through ``_FLAG_TO_FIELD`` or as an SLO)
+    fill it; the command's own flags (``--levels``, ``--rate``, ``--output`` ...) are
+    left out, and ``fields`` sets or overrides fields the command derives itself.
+    """
+    kw = {_FLAG_TO_FIELD.get(k, k): v for k, v in flags.items() if k not in _SLO_FLAGS}
+    kw = {k: v for k, v in kw.items() if k in BenchConfig.model_fields} | fields
     try:
         kw["input_tokens"] = LengthSpec.parse(kw["input_tokens"])
         kw["output_tokens"] = LengthSpec.parse(kw["output_tokens"])
-        kw["slo"] = SLO(
-            ttft_p95_ms=kw.pop("slo_ttft"), tpot_p50_ms=kw.pop("slo_tpot"), e2e_p95_ms=kw.pop("slo_e2e")
-        )
+        kw["slo"] = SLO(**{field: flags.get(flag) for flag, field in _SLO_FLAGS.items()})
         return BenchConfig(**kw)
     except BenchInputError as exc:
         err.print(f"error: {exc}", markup=False)
@@ -232,31 +246,7 @@ def sweep(
     except BenchInputError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from exc
-    cfg = make_config(
-        url=url,
-        model=model,
-        api_key=api_key,
-        endpoint=endpoint,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        shared_prefix_tokens=shared_prefix_tokens,
-        shared_prefix_fraction=shared_prefix_fraction,
-        levels=level_list,
-        requests_per_level=requests_per_level,
-        duration_per_level_s=duration_per_level,
-        warmup_requests=warmup_requests,
-        repeats=repeats,
-        slo_ttft=slo_ttft_p95_ms,
-        slo_tpot=slo_tpot_p50_ms,
-        slo_e2e=slo_e2e_p95_ms,
-        headroom=headroom,
-        request_timeout_s=request_timeout,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        max_error_rate=max_error_rate,
-        min_concurrency_ratio=min_concurrency_ratio,
-        max_client_lag_ms=max_client_lag_ms,
-    )
+    cfg = make_config(locals(), levels=level_list)
     execute(cfg, _sweep_body("sweep"), output, report_configmap)
 
 
@@ -287,30 +277,7 @@ def run(
     output: Path | None = OUTPUT,
 ) -> None:
     """One closed-loop level at --concurrency."""
-    cfg = make_config(
-        url=url,
-        model=model,
-        api_key=api_key,
-        endpoint=endpoint,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        shared_prefix_tokens=shared_prefix_tokens,
-        shared_prefix_fraction=shared_prefix_fraction,
-        levels=(concurrency,),
-        requests_per_level=requests_per_level,
-        duration_per_level_s=duration_per_level,
-        warmup_requests=warmup_requests,
-        repeats=repeats,
-        slo_ttft=slo_ttft_p95_ms,
-        slo_tpot=slo_tpot_p50_ms,
-        slo_e2e=slo_e2e_p95_ms,
-        request_timeout_s=request_timeout,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        max_error_rate=max_error_rate,
-        min_concurrency_ratio=min_concurrency_ratio,
-        max_client_lag_ms=max_client_lag_ms,
-    )
+    cfg = make_config(locals(), levels=(concurrency,))
     execute(cfg, _sweep_body("run"), output)
 
 
@@ -353,27 +320,13 @@ def rate(
     except (ValueError, AssertionError) as exc:
         err.print(f"error: --rate must be positive numbers like 2 or 1,2,4; got {rates!r}", markup=False)
         raise typer.Exit(2) from exc
-    cfg = make_config(
-        url=url,
-        model=model,
-        api_key=api_key,
-        endpoint=endpoint,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        slo_ttft=slo_ttft_p95_ms,
-        slo_tpot=slo_tpot_p50_ms,
-        slo_e2e=slo_e2e_p95_ms,
-        request_timeout_s=request_timeout,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        max_client_lag_ms=max_client_lag_ms,
-        duration_per_level_s=duration_per_level,
-    )
+    cfg = make_config(locals())
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
-        return await rate_levels(
+        levels = await rate_levels(
             session, rate_list, arrival, burstiness, warmup_s, max_concurrency, live.start
         )
+        return dict(levels)
 
     execute(cfg, body, output)
 
@@ -396,27 +349,10 @@ def baseline(
     """Single-request baseline with a TPOT-stability check (warns above 20% variation)."""
     from plimsoll.bench.scenarios import run_baseline
 
-    cfg = make_config(
-        url=url,
-        model=model,
-        api_key=api_key,
-        endpoint=endpoint,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        levels=(1,),
-        requests_per_level=requests,
-        slo_ttft=None,
-        slo_tpot=None,
-        slo_e2e=None,
-        request_timeout_s=request_timeout,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        max_client_lag_ms=max_client_lag_ms,
-        warmup_requests=1,
-    )
+    cfg = make_config(locals(), levels=(1,), requests_per_level=requests, warmup_requests=1)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
-        return await run_baseline(session, live.start)
+        return dict(await run_baseline(session, live.start))
 
     execute(cfg, body, output)
 
@@ -442,24 +378,10 @@ def burst(
     """A burst on top of steady load; reports how long latency takes to recover."""
     from plimsoll.bench.scenarios import run_burst
 
-    cfg = make_config(
-        url=url,
-        model=model,
-        api_key=api_key,
-        endpoint=endpoint,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        slo_ttft=None,
-        slo_tpot=None,
-        slo_e2e=None,
-        request_timeout_s=request_timeout,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        max_client_lag_ms=max_client_lag_ms,
-    )
+    cfg = make_config(locals())
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
-        return await run_burst(session, steady_rate, burst_requests, before_s, after_s, live.start)
+        return dict(await run_burst(session, steady_rate, burst_requests, before_s, after_s, live.start))
 
     execute(cfg, body, output)
 
@@ -484,27 +406,10 @@ def soak(
     """Steady load for a long time: latency and server KV/memory per window, upward drift flagged."""
     from plimsoll.bench.scenarios import run_soak
 
-    cfg = make_config(
-        url=url,
-        model=model,
-        api_key=api_key,
-        endpoint=endpoint,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        levels=(concurrency,),
-        duration_per_level_s=window,
-        warmup_requests=0,
-        slo_ttft=None,
-        slo_tpot=None,
-        slo_e2e=None,
-        request_timeout_s=request_timeout,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        max_client_lag_ms=max_client_lag_ms,
-    )
+    cfg = make_config(locals(), levels=(concurrency,), duration_per_level_s=window, warmup_requests=0)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
-        return await run_soak(session, concurrency, duration, window, live.start)
+        return dict(await run_soak(session, concurrency, duration, window, live.start))
 
     execute(cfg, body, output)
 
