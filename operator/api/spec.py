@@ -189,8 +189,27 @@ class CapacitySpec(APIModel):
 class AutoscalingSpec(APIModel):
     """Which autoscaler drives replicas, and how it behaves."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.mode) || self.mode != 'keda' || has(self.prometheusAddress)",
+                    "autoscaling.mode keda needs autoscaling.prometheusAddress (the Prometheus KEDA queries)",
+                ),
+            ]
+        }
+    )
+
     mode: AutoscalingMode = Field(
-        "builtin", description="builtin (the operator), hpa, keda, or off (replicas fixed)."
+        "builtin",
+        description="builtin (the operator), hpa (a HorizontalPodAutoscaler on a Prometheus Adapter "
+        "metric), keda (a KEDA ScaledObject with a Prometheus trigger), or off (replicas fixed).",
+    )
+    prometheus_address: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s]+$",
+        description="Prometheus URL the KEDA trigger queries (keda mode), "
+        "e.g. http://prometheus-operated.monitoring:9090.",
     )
     target_in_flight_per_replica: float | None = Field(
         None, gt=0, description="Override of the per-replica in-flight target derived from capacity."
@@ -206,9 +225,22 @@ class AutoscalingSpec(APIModel):
     )
     interval_seconds: int = Field(5, ge=1, description="Seconds between autoscaler evaluations.")
 
+    @model_validator(mode="after")
+    def _keda_needs_prometheus(self) -> "AutoscalingSpec":
+        if self.mode == "keda" and self.prometheus_address is None:
+            raise ValueError(
+                "autoscaling.mode keda needs autoscaling.prometheusAddress (the Prometheus KEDA queries)"
+            )
+        return self
+
 
 class ExpectedLoadSpec(APIModel):
-    """Load expected at start, for the initial replica count (Little's law for a rate)."""
+    """Load expected at start, for the initial replica count (Little's law for a rate).
+
+    Used only while ``spec.replicas`` is unset: the operator then writes the
+    sized count to ``spec.replicas`` once, and from there the autoscaler (or an
+    HPA, or the user) owns it.
+    """
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -216,6 +248,10 @@ class ExpectedLoadSpec(APIModel):
                 cel(
                     "!(has(self.concurrency) && has(self.requestsPerSecond))",
                     "expectedLoad takes concurrency or requestsPerSecond, not both",
+                ),
+                cel(
+                    "!has(self.requestsPerSecond) || has(self.avgLatencySeconds)",
+                    "expectedLoad.requestsPerSecond needs avgLatencySeconds (in flight = rate × latency)",
                 ),
             ]
         }
@@ -231,6 +267,10 @@ class ExpectedLoadSpec(APIModel):
     def _one_of(self) -> "ExpectedLoadSpec":
         if self.concurrency is not None and self.requests_per_second is not None:
             raise ValueError("expectedLoad takes concurrency or requestsPerSecond, not both")
+        if self.requests_per_second is not None and self.avg_latency_seconds is None:
+            raise ValueError(
+                "expectedLoad.requestsPerSecond needs avgLatencySeconds (in flight = rate × latency)"
+            )
         return self
 
 
@@ -253,6 +293,11 @@ class LLMServiceSpec(APIModel):
                     "|| (self.replicas >= self.scaling.min && self.replicas <= self.scaling.max)",
                     "replicas must lie within scaling.min..scaling.max unless autoscaling.mode is off",
                 ),
+                cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.mode) "
+                    "|| !(self.autoscaling.mode in ['hpa', 'keda']) || has(self.scaling)",
+                    "autoscaling.mode hpa and keda need scaling.min and scaling.max",
+                ),
             ]
         }
     )
@@ -271,7 +316,8 @@ class LLMServiceSpec(APIModel):
     replicas: int | None = Field(
         None,
         ge=0,
-        description="Replica count (the scale subresource); autoscalers write it within scaling bounds.",
+        description="Replica count (the scale subresource); autoscalers write it within scaling bounds. "
+        "Left unset, the operator writes it once: sized from expectedLoad, else scaling.min for hpa/keda.",
     )
     scaling: ScalingSpec | None = Field(None, description="Replica bounds for autoscaling.")
     slo: SLOSpec = Field(
@@ -308,6 +354,11 @@ class LLMServiceSpec(APIModel):
             raise ValueError(
                 f"replicas ({self.replicas}) must lie within scaling.min..scaling.max "
                 f"({self.scaling.min}..{self.scaling.max}) unless autoscaling.mode is off"
+            )
+        if self.autoscaling.mode in ("hpa", "keda") and self.scaling is None:
+            raise ValueError(
+                f"autoscaling.mode {self.autoscaling.mode} needs scaling.min and scaling.max "
+                "(the external autoscaler's bounds)"
             )
         return self
 

@@ -61,6 +61,17 @@ class AutoscalerStatus(APIModel):
     time: str | None = Field(None, description="When it decided (RFC 3339).")
 
 
+class SizingStatus(APIModel):
+    """How the starting replica count was worked out (``spec.expectedLoad`` ÷ the per-replica target)."""
+
+    replicas: int | None = Field(None, description="Replicas written to spec.replicas (or used until then).")
+    reason: str | None = Field(None, description="Sized, WaitingForTarget or ScaleTargetSeeded.")
+    message: str | None = Field(None, description="What happened and what happens next.")
+    formula: str | None = Field(None, description="The arithmetic, with the numbers filled in.")
+    inputs: FreeForm | None = Field(None, description="Expected load, target and bounds used.")
+    time: str | None = Field(None, description="When it was sized (RFC 3339).")
+
+
 class LLMServiceStatus(APIModel):
     """Observed state of an LLMService."""
 
@@ -76,6 +87,7 @@ class LLMServiceStatus(APIModel):
     endpoint: str | None = Field(None, description="In-cluster URL clients use.")
     capacity: CapacityStatus | None = Field(None, description="Per-replica capacity.")
     autoscaler: AutoscalerStatus | None = Field(None, description="Last autoscaling decision.")
+    sizing: SizingStatus | None = Field(None, description="Starting replica count from expectedLoad.")
 
 
 def set_condition(

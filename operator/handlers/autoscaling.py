@@ -175,6 +175,10 @@ class LoopState:
     last_now: float = 0.0
     last_write: float = 0.0
     slo_base: tuple[float, dict[str, PodSample]] | None = None
+    # The replica count the loop last saw or wrote; anything else means another writer moved it.
+    replicas: int | None = None
+    # The count before the loop's own last write: the body may still show it for a tick.
+    replaced: int | None = None
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -240,14 +244,19 @@ async def _tick(
         state.scaler = None
         await _report_no_target(kube, svc, status, error, logger)
         return
-    if state.scaler is None or state.scaler.config != config:
-        state.scaler = Autoscaler(config)  # a new target or bounds start a fresh history (conservative)
+    current = svc.spec.desired_replicas()
+    moved = state.replicas is not None and current not in (state.replicas, state.replaced)
+    if state.scaler is None or state.scaler.config != config or moved:
+        # A new target or bounds, or a count someone else wrote (the initial sizing from expectedLoad,
+        # `kubectl scale`): start a fresh history seeded with the current count, as after a restart,
+        # so recommendations made for the old count cannot undo the new one before a full window.
+        state.scaler = Autoscaler(config)
 
     observations = await observe(http, await list_pods(kube, svc))
     # Wall time for readable status, never going backwards for the decision's windows.
     now = state.last_now = max(time.time(), state.last_now)
-    current = svc.spec.desired_replicas()
     decision = state.scaler.decide(now, current, observations)
+    state.replicas, state.replaced = decision.desired_replicas, current if decision.changed else None
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
     slo = None

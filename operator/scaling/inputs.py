@@ -19,6 +19,9 @@ from plimsoll.operator.scaling.sizing import (
     resolve_target,
 )
 
+# Upper bound of a sized count when the spec gives no scaling.max.
+UNBOUNDED = 1_000_000
+
 
 def per_replica_target(spec: LLMServiceSpec, profiled: float | None) -> PerReplicaTarget:
     """Override > Manual concurrencyPerReplica > the profile's recommendation; raises NoTargetError when none."""
@@ -63,7 +66,8 @@ def starting_replicas(spec: LLMServiceSpec, profiled: float | None) -> SizingRes
         requests_per_second=load.requests_per_second,
         average_latency_s=load.avg_latency_seconds,
     )
-    low, high = replica_bounds(spec)
+    # Without a scaling block the sized count is simply the fixed count (at least one replica).
+    low, high = replica_bounds(spec) if spec.scaling is not None else (1, UNBOUNDED)
     return initial_replicas(expected, per_replica_target(spec, profiled), low, high)
 
 

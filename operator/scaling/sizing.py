@@ -69,7 +69,7 @@ class ExpectedLoad(BaseModel):
         if self.requests_per_second is not None and self.average_latency_s is None:
             raise ValueError(
                 "expectedLoad.requestsPerSecond needs the average request latency in seconds to apply "
-                "Little's law (in-flight = rate × latency); set averageLatencySeconds"
+                "Little's law (in-flight = rate × latency); set expectedLoad.avgLatencySeconds"
             )
         return self
 

@@ -1,0 +1,155 @@
+"""Apply or remove the HPA / KEDA ScaledObject of an LLMService (``autoscaling.mode: hpa | keda``).
+
+What it is: :func:`ensure_external_autoscaler`, called at the end of every
+reconcile. In ``hpa`` mode it server-side-applies the HorizontalPodAutoscaler
+built by ``resources/external_autoscaler.py``; in ``keda`` mode the
+ScaledObject, but only when the API server serves ``keda.sh/v1alpha1``
+ScaledObjects — otherwise ``ScalingLimited=True`` (``KedaNotInstalled``) and a
+Warning Event say so. In any other mode it deletes the one it made before, so
+switching back to ``builtin`` or ``off`` leaves no second autoscaler behind.
+Both objects are owned by the LLMService (garbage-collected with it) and target
+its scale subresource: they write ``spec.replicas`` and reconcile only follows
+it, so the operator and the external autoscaler never fight over the count.
+
+What it is not: the builders (pure, in ``resources``) or the built-in loop
+(``handlers/autoscaling.py``, idle in these modes).
+"""
+
+import logging
+from typing import Any, cast
+
+import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.api.status import ConditionStatus
+from plimsoll.operator.handlers.kube import FIELD_MANAGER, Kube
+from plimsoll.operator.handlers.profiling import patch_profile_status
+from plimsoll.operator.resources.external_autoscaler import (
+    KEDA_API_VERSION,
+    build_hpa,
+    build_scaled_object,
+)
+from plimsoll.operator.scaling.inputs import per_replica_target
+from plimsoll.operator.scaling.sizing import NoTargetError
+
+Log = logging.Logger | logging.LoggerAdapter[Any]
+
+# (group, version, plural, kind) of the two objects.
+HPA = ("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
+SCALED_OBJECT = ("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
+KEDA_NOT_INSTALLED = "KedaNotInstalled"
+
+
+async def _get(
+    kube: Kube, kind: tuple[str, str, str, str], namespace: str, name: str
+) -> dict[str, Any] | None:
+    group, version, plural, _ = kind
+    try:
+        obj: dict[str, Any] = await client.CustomObjectsApi(kube.api).get_namespaced_custom_object(
+            group, version, namespace, plural, name
+        )
+        return obj
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def _owned_by(obj: dict[str, Any], body: kopf.Body | dict[str, Any]) -> bool:
+    uid = body["metadata"].get("uid")
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+async def _delete_ours(
+    kube: Kube,
+    kind: tuple[str, str, str, str],
+    body: kopf.Body | dict[str, Any],
+    svc: LLMService,
+    logger: Log,
+) -> None:
+    """Delete the object of ``kind`` named after the service, if this LLMService owns it."""
+    existing = await _get(kube, kind, svc.namespace, svc.name)
+    if existing is None or not _owned_by(existing, body):
+        return  # never remove an autoscaler someone else made
+    group, version, plural, label = kind
+    try:
+        await client.CustomObjectsApi(kube.api).delete_namespaced_custom_object(
+            group, version, svc.namespace, plural, svc.name
+        )
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        return
+    message = f"deleted {label}/{svc.name}: autoscaling.mode is {svc.spec.autoscaling.mode}"
+    logger.info(message)
+    kopf.info(cast(kopf.Body, body), reason="Deleted", message=message)
+
+
+async def _apply(kube: Kube, kind: tuple[str, str, str, str], obj: dict[str, Any]) -> bool:
+    """Server-side apply; True when the object was created."""
+    group, version, plural, _ = kind
+    meta = obj["metadata"]
+    before = await _get(kube, kind, meta["namespace"], meta["name"])
+    await client.CustomObjectsApi(kube.api).patch_namespaced_custom_object(
+        group, version, meta["namespace"], plural, meta["name"], obj,
+        field_manager=FIELD_MANAGER, force=True,
+        _content_type="application/apply-patch+yaml",  # type: ignore[call-arg]
+    )  # fmt: skip
+    return before is None
+
+
+async def _set_limited(
+    kube: Kube, svc: LLMService, status: ConditionStatus, reason: str, message: str
+) -> bool:
+    """Set ScalingLimited on the freshest copy of the object (resourceVersion precondition)."""
+    changed: bool = await patch_profile_status(kube, svc, (("ScalingLimited", status, reason, message),))
+    return changed
+
+
+async def ensure_external_autoscaler(
+    kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, logger: Log
+) -> None:
+    """Make the cluster hold exactly the external autoscaler ``autoscaling.mode`` asks for."""
+    mode = svc.spec.autoscaling.mode
+    keda_served = await kube.has_resource(KEDA_API_VERSION, SCALED_OBJECT[2])
+    if mode != "hpa":
+        await _delete_ours(kube, HPA, body, svc, logger)
+    if mode != "keda" and keda_served:
+        await _delete_ours(kube, SCALED_OBJECT, body, svc, logger)
+    if mode not in ("hpa", "keda"):
+        return
+
+    owner = cast(kopf.Body, body)
+    profiled = ((body.get("status") or {}).get("capacity") or {}).get("concurrencyPerReplica")
+    try:
+        target = per_replica_target(svc.spec, profiled)
+    except NoTargetError as error:
+        await _set_limited(
+            kube, svc, "True", "WaitingForTarget", f"no {mode} autoscaler yet, it needs the target: {error}"
+        )
+        return
+    if mode == "keda" and not keda_served:
+        message = (
+            "autoscaling.mode is keda, but the API server does not serve keda.sh/v1alpha1 ScaledObjects "
+            "(KEDA is not installed); install KEDA, or set autoscaling.mode to hpa or builtin. "
+            "Replicas stay at spec.replicas until then"
+        )
+        if await _set_limited(kube, svc, "True", KEDA_NOT_INSTALLED, message):
+            kopf.warn(owner, reason=KEDA_NOT_INSTALLED, message=message)
+        return
+
+    kind = HPA if mode == "hpa" else SCALED_OBJECT
+    obj = build_hpa(svc, target.value) if mode == "hpa" else build_scaled_object(svc, target.value)
+    kopf.adopt(obj, owner=owner)
+    if await _apply(kube, kind, obj):
+        message = f"created {kind[3]}/{svc.name} on {target.value:g} in flight per replica ({target.source})"
+        logger.info(message)
+        kopf.info(owner, reason="Created", message=message)
+    await _set_limited(
+        kube, svc, "False", "ExternalAutoscaler",
+        f"replicas are decided by {kind[3]} {svc.name} (target {target.value:g} in flight per replica, "
+        f"from {target.source}, bounds {svc.spec.scaling.min if svc.spec.scaling else '?'}.."
+        f"{svc.spec.scaling.max if svc.spec.scaling else '?'})",
+    )  # fmt: skip
