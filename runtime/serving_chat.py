@@ -9,7 +9,6 @@ choice's last chunk, an optional usage chunk with ``choices: []``, and
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +27,7 @@ from plimsoll.runtime.serving_errors import APIError, bad_request
 from plimsoll.runtime.serving_logprobs import chat_logprobs
 from plimsoll.runtime.serving_prompts import encode_chat, resolve_max_tokens
 from plimsoll.runtime.serving_requests import Admission, ServingContext, until_disconnect
-from plimsoll.runtime.serving_sse import DONE, SSEResponse, sse
+from plimsoll.runtime.serving_sse import DONE, ChunkFrame, SSEResponse, sse
 
 
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -105,24 +104,10 @@ def _response(
 async def _stream(
     ctx: ServingContext, req: ChatCompletionRequest, adm: Admission, stream: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[str]:
-    created = int(time.time())
-    model = ctx.settings.served_model_name
+    chunk = ChunkFrame(adm.request_id, "chat.completion.chunk", ctx.settings.served_model_name).event
     tokenizer = ctx.engine.tokenizer
     finish_sent: set[int] = set()
     continuous = bool(req.stream_options and req.include_usage and req.stream_options.continuous_usage_stats)
-
-    def chunk(choices: list[dict[str, Any]], usage: UsageInfo | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": adm.request_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if usage is not None:
-            body["usage"] = usage.model_dump(mode="json")
-        event: str = sse(body)
-        return event
 
     def choice(o: CompletionOutput) -> dict[str, Any] | None:
         finishing = o.finish_reason is not None and o.index not in finish_sent

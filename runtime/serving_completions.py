@@ -8,7 +8,6 @@ engine request with ``n`` sequences, and choice ``i * n + k`` is prompt ``i``'s
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from plimsoll.runtime.serving_errors import APIError, bad_request
 from plimsoll.runtime.serving_logprobs import completion_logprobs
 from plimsoll.runtime.serving_prompts import encode_prompt, resolve_max_tokens
 from plimsoll.runtime.serving_requests import Admission, ServingContext, merge, until_disconnect
-from plimsoll.runtime.serving_sse import DONE, SSEResponse, sse
+from plimsoll.runtime.serving_sse import DONE, ChunkFrame, SSEResponse, sse
 
 
 async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Request) -> Response:
@@ -106,25 +105,11 @@ def _usage(outputs: list[RequestOutput]) -> UsageInfo:
 async def _stream(
     ctx: ServingContext, req: CompletionRequest, adm: Admission, streams: list[AsyncIterator[RequestOutput]]
 ) -> AsyncIterator[str]:
-    created = int(time.time())
-    model = ctx.settings.served_model_name
+    chunk = ChunkFrame(adm.request_id, "text_completion", ctx.settings.served_model_name).event
     tokenizer = ctx.engine.tokenizer
     latest: dict[int, RequestOutput] = {}
     finish_sent: set[int] = set()
     text_offsets: dict[int, int] = {}
-
-    def chunk(choices: list[dict[str, Any]], usage: UsageInfo | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": adm.request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if usage is not None:
-            body["usage"] = usage.model_dump(mode="json")
-        event: str = sse(body)
-        return event
 
     def choice(i: int, o: CompletionOutput) -> dict[str, Any] | None:
         index = i * req.n + o.index

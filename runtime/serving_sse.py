@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -20,6 +23,28 @@ DONE = "data: [DONE]\n\n"
 
 def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+@dataclass(frozen=True)
+class ChunkFrame:
+    """What every chunk of one stream repeats (id, object, created, model); ``event`` adds the choices."""
+
+    request_id: str
+    object: str  # "text_completion" or "chat.completion.chunk"
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def event(self, choices: list[dict[str, Any]], usage: BaseModel | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": self.request_id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage.model_dump(mode="json")
+        return sse(body)
 
 
 class SSEResponse(StreamingResponse):
