@@ -25,6 +25,7 @@ PLURALS = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules",
     ("plimsoll.dev/v1alpha1", "LLMService"): "llmservices",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",

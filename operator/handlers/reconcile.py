@@ -24,6 +24,7 @@ from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
     build_pod_monitor,
+    build_prometheus_rule,
     build_service_monitor,
 )
 from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
@@ -133,6 +134,9 @@ async def reconcile(
         children.append(build_pod_monitor(svc))
     elif await kube.has_resource(MONITORING_GROUP_VERSION, "servicemonitors"):
         children.append(build_service_monitor(svc))
+    if await kube.has_resource(MONITORING_GROUP_VERSION, "prometheusrules"):
+        # Thresholds follow status.capacity, so a new profile updates the rule on the next pass.
+        children.append(build_prometheus_rule(svc, (body.get("status") or {}).get("capacity")))
     children.extend(router_children(svc, settings))
     await remove_disabled_router(kube, body, svc, settings, logger)
 
