@@ -167,3 +167,13 @@ def test_scrape_objects_carry_the_llmservice_into_a_series_label() -> None:
         [relabel] = endpoint["relabelings"]
         assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_plimsoll_dev_llmservice"]
         assert relabel["targetLabel"] == SERIES_LABEL
+
+
+def test_the_handlers_know_where_each_monitoring_object_lives() -> None:
+    from plimsoll.operator.handlers.kube import object_path
+
+    svc = service()
+    for obj in (build_pod_monitor(svc), build_service_monitor(svc), build_prometheus_rule(svc, None)):
+        plural = obj["kind"].lower() + "s"
+        path = object_path(obj["apiVersion"], obj["kind"], "team-a", "chat")
+        assert path == f"/apis/monitoring.coreos.com/v1/namespaces/team-a/{plural}/chat"
