@@ -2,7 +2,8 @@
 
 Reads an admin kubeconfig with embedded certificates (as ``pki.write_kubeconfig``
 writes it). Lists and watches pods, patches pod status, deletes pods, posts
-Events, reads ConfigMaps/Secrets and requests ServiceAccount tokens. It is not a
+Events, reads ConfigMaps/Secrets, requests ServiceAccount tokens, and GETs an
+object or list by path (the load recorder in ``podload.py``). It is not a
 general Kubernetes client; the operator uses kopf and kubernetes_asyncio.
 """
 
@@ -61,6 +62,10 @@ class KubeAPI:
         if r.status_code >= 400:
             raise KubeAPIError(r.status_code, r.text[:500])
         return r.json() if r.content else None
+
+    async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        """GET one API path (an object or a list) as JSON."""
+        return await self._request("GET", path, params=params)
 
     async def list_pods(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._request("GET", "/api/v1/pods")

@@ -48,6 +48,25 @@ def stop_leftover_pods(records_dir: Path, timeout: float = 5.0) -> None:
         path.unlink(missing_ok=True)
 
 
+def pod_processes(records_dir: Path, namespace: str, pod: str) -> dict[str, ProcessRecord]:
+    """The live container processes the runner started for one pod, by container name.
+
+    ``records_dir`` is the runner's state dir (``<cluster state dir>/pods``); each
+    container's record is ``<namespace>_<pod>_<container>.proc.json``, written when
+    the process starts and removed when it exits. Tests use it to find a PID to kill.
+    """
+    found = {}
+    prefix = f"{namespace}_{pod}_"
+    for path in records_dir.glob(f"{prefix}*.proc.json"):
+        try:
+            record = ProcessRecord.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError):
+            continue  # being written or removed right now
+        if record.is_alive():
+            found[path.name.removeprefix(prefix).removesuffix(".proc.json")] = record
+    return found
+
+
 class PodRunner:
     """Watches pods and keeps one :class:`PodWorker` per locally run pod (by UID)."""
 

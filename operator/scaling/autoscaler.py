@@ -20,7 +20,8 @@ it for a per-pod metric (here in-flight = running + waiting):
    scale-down window.
 4. The queue fast path from the seed articles: when waiting requests stay above
    half of the current capacity (replicas × target) for the hold time, add at
-   least one replica.
+   least one replica; the hold only runs while every replica is ready (one
+   that is starting will take its share of the queue).
 5. The HPA's default scale-up rate policy (+4 pods or +100 % per 15 s), then
    clamp to ``min..max``. ``limited_reason`` names whichever bit
    (``ScaleUpLimit``, ``TooManyReplicas``, ``TooFewReplicas``), but only
@@ -278,7 +279,10 @@ class Autoscaler:
         desired = stabilized
         fast_path = False
         capacity = current_replicas * cfg.target_per_replica
-        if waiting > cfg.fast_path_queue_fraction * capacity:
+        # Replicas still starting (or restarting) take their share of the queue once Ready; another
+        # replica for the same queue would overshoot, so the hold runs only while every replica serves.
+        settled = not unready and len(ready) + len(missing) >= current_replicas
+        if settled and waiting > cfg.fast_path_queue_fraction * capacity:
             if self._queue_high_since is None:
                 self._queue_high_since = now
             held = now - self._queue_high_since
