@@ -17,8 +17,10 @@ from pydantic import ValidationError
 
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.router_children import remove_disabled_router, router_children
+from plimsoll.operator.handlers.sizing import apply_start_size
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.monitoring import (
@@ -127,6 +129,8 @@ async def reconcile(
     except ValidationError as error:
         await reject_invalid(kube, body, error)
         raise
+    # No spec.replicas yet: size from expectedLoad (or seed it for an HPA) before the Deployment is built.
+    svc = await apply_start_size(kube, body, svc, logger)
 
     replicas = build_deployment(svc, settings)
     children = [replicas, build_service(svc), build_pdb(svc)]
@@ -162,6 +166,8 @@ async def reconcile(
             message="brought back in line with the spec: " + ", ".join(updated),
         )
     ready = await write_status(kube, body, svc, deployment)
+    # After write_status: it sets ScalingLimited on the freshest copy, so neither overwrites the other.
+    await ensure_external_autoscaler(kube, body, svc, logger)
     return Outcome(tuple(created), tuple(updated), ready)
 
 

@@ -111,7 +111,8 @@ def plan_start(spec: LLMServiceSpec, profiled: float | None) -> StartPlan | None
             },
         )
     if mode in ("hpa", "keda"):
-        start = spec.desired_replicas()
+        # An HPA's minReplicas is at least 1 (build_hpa), and it ignores a target at 0.
+        start = max(1, spec.desired_replicas()) if mode == "hpa" else spec.desired_replicas()
         return StartPlan(
             replicas=start,
             write=True,

@@ -130,3 +130,8 @@ def test_specs_that_cannot_be_sized_or_scaled_are_refused_with_the_fix(
         body.pop("scaling")
     with pytest.raises(ValidationError, match=message):
         LLMServiceSpec.model_validate(body)
+
+
+def test_hpa_never_starts_at_zero() -> None:
+    plan = plan_start(spec(scaling={"min": 0, "max": 5}, autoscaling={"mode": "hpa"}), None)
+    assert plan is not None and plan.replicas == 1

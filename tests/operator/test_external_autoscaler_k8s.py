@@ -1,0 +1,163 @@
+"""autoscaling.mode hpa / keda on the local control plane (issue 7, must-show 5).
+
+The API server must accept the HorizontalPodAutoscaler the operator creates, the
+control plane's HPA controller must find its target (the LLMService scale
+subresource), a count written through that subresource must be what the
+Deployment runs (reconcile never resets it), and switching the mode back must
+remove the HPA. For keda: without the KEDA CRD a condition and a Warning say so;
+once a (minimal) ScaledObject CRD exists the operator creates the ScaledObject.
+"""
+
+import time
+from typing import Any
+
+import pytest
+import yaml
+from llms_k8s import apply, condition, get_json, llmservice, wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCALED_OBJECT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "scaledobjects.keda.sh"},
+    "spec": {
+        "group": "keda.sh",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "ScaledObject",
+            "plural": "scaledobjects",
+            "singular": "scaledobject",
+            "listKind": "ScaledObjectList",
+        },
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+def external(name: str, mode: str, **autoscaling: Any) -> dict[str, Any]:
+    manifest = llmservice(
+        name,
+        scaling={"min": 1, "max": 4},
+        autoscaling={"mode": mode, **autoscaling},
+        capacity={"mode": "Manual", "concurrencyPerReplica": 4},
+    )
+    del manifest["spec"]["replicas"]
+    return manifest
+
+
+def deployment_replicas(cluster: Any, ns: str, name: str) -> int | None:
+    deployment = get_json(cluster, "deployment", name, "-n", ns)
+    return None if deployment is None else int(deployment["spec"]["replicas"])
+
+
+def test_hpa_is_accepted_targets_the_llmservice_and_never_fights_reconcile(
+    devcluster: Any, llms_namespace: str
+) -> None:
+    ns, name = llms_namespace, "hpa"
+    apply(devcluster, ns, external(name, "hpa"))
+
+    hpa = wait_for(lambda: get_json(devcluster, "hpa", name, "-n", ns), 60, "the HPA")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "plimsoll.dev/v1alpha1",
+        "kind": "LLMService",
+        "name": name,
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == "plimsoll_requests_in_flight"
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "4"}
+    svc = get_json(devcluster, "llms", name, "-n", ns)
+    assert hpa["metadata"]["ownerReferences"][0]["uid"] == svc["metadata"]["uid"]
+    assert svc["spec"]["replicas"] == 1, "seeded so the HPA has a count to scale from"
+    c = wait_for(
+        lambda: condition(get_json(devcluster, "llms", name, "-n", ns), "ScalingLimited"), 30, "condition"
+    )
+    assert (c["status"], c["reason"]) == ("False", "ExternalAutoscaler")
+
+    # Write through the scale subresource, the way the HPA controller does: the Deployment follows.
+    devcluster.kubectl("scale", "llms", name, "-n", ns, "--replicas=3")
+    wait_for(
+        lambda: deployment_replicas(devcluster, ns, name) == 3, 60, "Deployment following the scale write"
+    )
+
+    # The control plane's HPA controller reads the LLMService's scale subresource (it reports 3 current
+    # replicas). It has no metrics API here, so it leaves the count alone, and so does reconcile.
+    def hpa_sees_three() -> bool:
+        status = (get_json(devcluster, "hpa", name, "-n", ns) or {}).get("status") or {}
+        return bool(status.get("currentReplicas") == 3)
+
+    wait_for(hpa_sees_three, 60, "the HPA controller reading the LLMService scale subresource")
+    time.sleep(12)  # two resyncs
+    assert deployment_replicas(devcluster, ns, name) == 3
+    assert get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 3
+
+    # Back to the built-in loop: the HPA goes.
+    devcluster.kubectl(
+        "patch", "llms", name, "-n", ns, "--type=merge", "-p", '{"spec":{"autoscaling":{"mode":"builtin"}}}'
+    )
+    wait_for(lambda: get_json(devcluster, "hpa", name, "-n", ns) is None, 60, "the HPA deleted")
+
+
+def test_keda_waits_for_its_crd_then_gets_a_scaled_object(devcluster: Any, llms_namespace: str) -> None:
+    ns, name = llms_namespace, "keda"
+    assert devcluster.kubectl("get", "crd", "scaledobjects.keda.sh", check=False).returncode != 0
+    apply(devcluster, ns, external(name, "keda", prometheusAddress="http://127.0.0.1:9090"))
+
+    def limited_by(reason: str) -> dict[str, Any] | None:
+        c = condition(get_json(devcluster, "llms", name, "-n", ns), "ScalingLimited")
+        return c if c and c["reason"] == reason else None
+
+    c = wait_for(lambda: limited_by("KedaNotInstalled"), 60, "ScalingLimited KedaNotInstalled")
+    assert c["status"] == "True" and "install KEDA" in c["message"]
+    warnings = get_json(
+        devcluster,
+        "events",
+        "-n",
+        ns,
+        "--field-selector",
+        f"involvedObject.name={name},reason=KedaNotInstalled",
+    )["items"]
+    assert warnings and warnings[0]["type"] == "Warning"
+
+    devcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(SCALED_OBJECT_CRD))
+    try:
+        devcluster.kubectl(
+            "wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s"
+        )
+        obj = wait_for(
+            lambda: get_json(devcluster, "scaledobjects.keda.sh", name, "-n", ns), 60, "the ScaledObject"
+        )
+        spec = obj["spec"]
+        assert spec["scaleTargetRef"] == {
+            "apiVersion": "plimsoll.dev/v1alpha1",
+            "kind": "LLMService",
+            "name": name,
+        }
+        assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 4)
+        (trigger,) = spec["triggers"]
+        assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "4"
+        assert f'namespace="{ns}",llmservice="{name}"' in trigger["metadata"]["query"]
+        wait_for(lambda: limited_by("ExternalAutoscaler"), 60, "ScalingLimited cleared")
+
+        devcluster.kubectl(
+            "patch", "llms", name, "-n", ns, "--type=merge", "-p", '{"spec":{"autoscaling":{"mode":"off"}}}'
+        )
+        wait_for(
+            lambda: get_json(devcluster, "scaledobjects.keda.sh", name, "-n", ns) is None,
+            60,
+            "the ScaledObject deleted",
+        )
+    finally:
+        devcluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
