@@ -46,6 +46,15 @@ def test_every_shared_metric_name_is_exported_with_vllm_buckets() -> None:
         if name == mn.PREFIX:
             continue
         assert _family_name(name) in fams, f"{name} missing from /metrics"
+    # Counters have a zero sample from the first scrape, so rate() and dashboards see them at once.
+    first = _samples(m)
+    for counter in (
+        mn.NUM_PREEMPTIONS,
+        mn.KV_CACHE_ALLOCATION_FAILURES,
+        mn.PREFIX_CACHE_QUERIES,
+        mn.PREFIX_CACHE_HITS,
+    ):
+        assert first[counter.removesuffix("_total") + "_total{}"] == 0.0, counter
     m.start_counting()
     m.on_request_finished(_finished(arrival=0.0, sched=0.5, first=0.6, last=1.6, done=1.7, prompt=5, gen=11))
     s = _samples(m)
