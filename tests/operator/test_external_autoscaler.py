@@ -1,8 +1,10 @@
 """HPA and KEDA ScaledObject builders: aimed at the LLMService scale subresource, on in-flight per pod."""
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.external_autoscaler import (
@@ -13,6 +15,7 @@ from plimsoll.operator.resources.external_autoscaler import (
     in_flight_query,
     target_quantity,
 )
+from plimsoll.operator.scaling.starting_size import plan_start
 
 
 def service(engine: str = "plimsoll", **spec: Any) -> LLMService:
@@ -125,3 +128,15 @@ def test_bounds_are_required() -> None:
     svc.spec.scaling = None
     with pytest.raises(ValueError, match=r"needs scaling\.min and scaling\.max"):
         build_hpa(svc, 4)
+
+
+def test_hpa_example_is_a_valid_llmservice_and_starts_sized() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "llmservice-hpa.yaml"
+    body = yaml.safe_load(path.read_text())
+    body["metadata"]["namespace"] = "default"
+    svc = LLMService.from_body(body)
+    assert svc.spec.autoscaling.mode == "hpa"
+    plan = plan_start(svc.spec, None)
+    assert plan is not None and plan.replicas == 3  # ceil(20 / 8), as the example's comment says
+    hpa = build_hpa(svc, 8)
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "8"
