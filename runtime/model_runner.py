@@ -51,37 +51,47 @@ class ModelRunner:
         self, sched: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Pack the step's tokens. Returns inputs, positions, metadata and the row of each
-        sequence's last token (``-1`` when that sequence is mid-prefill and samples nothing)."""
+        sequence's last token (``-1`` when that sequence is mid-prefill and samples nothing).
+
+        Python touches each sequence once (its new token ids and block table); per-token
+        positions and slots are computed with tensor ops, since a prefill step packs
+        thousands of tokens.
+        """
         bs = self.block_size
         input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        cu_seqlens_q = [0]
+        q_lens: list[int] = []
         context_lens: list[int] = []
         last_rows: list[int] = []
         max_blocks = max(len(req.block_ids) for req, _ in sched.scheduled)
-        block_tables = torch.full((len(sched.scheduled), max_blocks), -1, dtype=torch.int32)
-        for b, (req, num_new) in enumerate(sched.scheduled):
+        tables: list[list[int]] = []
+        num_tokens = 0
+        for req, num_new in sched.scheduled:
             end = req.num_computed_tokens  # the scheduler has already booked this step
-            start = end - num_new
-            input_ids.extend(req.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            slot_mapping.extend(req.block_ids[p // bs] * bs + p % bs for p in range(start, end))
-            cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
+            input_ids.extend(req.all_token_ids[end - num_new : end])
+            q_lens.append(num_new)
             context_lens.append(end)
-            block_tables[b, : len(req.block_ids)] = torch.tensor(req.block_ids, dtype=torch.int32)
-            last_rows.append(cu_seqlens_q[-1] - 1 if end == req.num_tokens else -1)
+            tables.append(req.block_ids + [-1] * (max_blocks - len(req.block_ids)))
+            num_tokens += num_new
+            last_rows.append(num_tokens - 1 if end == req.num_tokens else -1)
+        block_tables = torch.tensor(tables, dtype=torch.int32)  # [B, max_blocks]
+        q_lens_t = torch.tensor(q_lens, dtype=torch.int64)  # [B]
+        ctx_t = torch.tensor(context_lens, dtype=torch.int64)  # [B]
+        cu_seqlens_q = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
+        torch.cumsum(q_lens_t, 0, out=cu_seqlens_q[1:])
+        seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens_t)  # [N]
+        # Token i of sequence b sits at position context_len[b] - q_len[b] + (i - cu[b]).
+        pos = torch.arange(num_tokens) + (ctx_t - q_lens_t - cu_seqlens_q[:-1])[seq_of_token]  # [N]
+        slot_mapping = block_tables[seq_of_token, pos // bs].long() * bs + pos % bs  # [N]
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=dev),
+            slot_mapping=slot_mapping.to(dev),
             block_tables=block_tables.to(dev),
-            cu_seqlens_q=torch.tensor(cu_seqlens_q, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
-            max_q_len=max(n for _, n in sched.scheduled),
+            cu_seqlens_q=cu_seqlens_q.to(dtype=torch.int32, device=dev),
+            context_lens=ctx_t.to(dtype=torch.int32, device=dev),
+            max_q_len=max(q_lens),
         )
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        return ids, pos, meta, last_rows
+        return ids, pos.to(dev), meta, last_rows
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> tuple[list[Request], torch.Tensor]:

@@ -44,6 +44,22 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
     return logits
 
 
+def is_plain_greedy(req: Request) -> bool:
+    """Greedy with nothing that edits the logits or reads them beyond the argmax."""
+    p = req.params
+    return (
+        p.is_greedy
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and (
+            req.num_output_tokens >= p.min_tokens
+            or (not p.stop_token_ids and (p.ignore_eos or not req.eos_token_ids))
+        )
+    )
+
+
 class Sampler:
     def __init__(self, tokenizer: object | None = None) -> None:
         self.tokenizer = tokenizer
@@ -58,7 +74,14 @@ class Sampler:
     ) -> list[tuple[int, dict[int, Logprob] | None]]:
         """``logits`` is fp32 ``[len(reqs), V]``; returns ``(token_id, logprobs or None)`` per request."""
         results: list[tuple[int, dict[int, Logprob] | None]] = []
+        plain = [is_plain_greedy(req) for req in reqs]
+        # One argmax for the whole batch instead of a clone and an argmax per row:
+        # most served requests are plain greedy and this loop runs every step.
+        greedy = logits.argmax(dim=-1).tolist() if any(plain) else []
         for i, req in enumerate(reqs):
+            if plain[i]:
+                results.append((int(greedy[i]), None))
+                continue
             p = req.params
             raw = logits[i]
             x = raw.clone()
