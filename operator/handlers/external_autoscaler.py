@@ -40,6 +40,10 @@ Log = logging.Logger | logging.LoggerAdapter[Any]
 HPA = ("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
 SCALED_OBJECT = ("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
 KEDA_NOT_INSTALLED = "KedaNotInstalled"
+EXTERNAL = "ExternalAutoscaler"
+WAITING_FOR_TARGET = "WaitingForTarget"
+# ScalingLimited reasons this module sets; a later mode must not inherit them.
+_OUR_REASONS = (KEDA_NOT_INSTALLED, EXTERNAL, WAITING_FOR_TARGET)
 
 
 async def _get(
@@ -108,6 +112,18 @@ async def _set_limited(
     return changed
 
 
+async def _hand_back_condition(kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService) -> None:
+    """After leaving hpa/keda mode, replace a ScalingLimited this module set (the built-in loop
+    rewrites it on its next tick; with mode off nobody else would)."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    current = next((c for c in conditions if c.get("type") == "ScalingLimited"), None)
+    if current is None or current.get("reason") not in _OUR_REASONS:
+        return
+    mode = svc.spec.autoscaling.mode
+    reason = "AutoscalingOff" if mode == "off" else "BuiltinAutoscaler"
+    await _set_limited(kube, svc, "False", reason, f"autoscaling.mode is {mode}")
+
+
 async def ensure_external_autoscaler(
     kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, logger: Log
 ) -> None:
@@ -119,6 +135,7 @@ async def ensure_external_autoscaler(
     if mode != "keda" and keda_served:
         await _delete_ours(kube, SCALED_OBJECT, body, svc, logger)
     if mode not in ("hpa", "keda"):
+        await _hand_back_condition(kube, body, svc)
         return
 
     owner = cast(kopf.Body, body)
@@ -126,8 +143,13 @@ async def ensure_external_autoscaler(
     try:
         target = per_replica_target(svc.spec, profiled)
     except NoTargetError as error:
+        # Unknown, not True: nothing is limited yet, there is just no autoscaler to ask.
         await _set_limited(
-            kube, svc, "True", "WaitingForTarget", f"no {mode} autoscaler yet, it needs the target: {error}"
+            kube,
+            svc,
+            "Unknown",
+            WAITING_FOR_TARGET,
+            f"no {mode} autoscaler yet, it needs the target: {error}",
         )
         return
     if mode == "keda" and not keda_served:
@@ -148,7 +170,7 @@ async def ensure_external_autoscaler(
         logger.info(message)
         kopf.info(owner, reason="Created", message=message)
     await _set_limited(
-        kube, svc, "False", "ExternalAutoscaler",
+        kube, svc, "False", EXTERNAL,
         f"replicas are decided by {kind[3]} {svc.name} (target {target.value:g} in flight per replica, "
         f"from {target.source}, bounds {svc.spec.scaling.min if svc.spec.scaling else '?'}.."
         f"{svc.spec.scaling.max if svc.spec.scaling else '?'})",

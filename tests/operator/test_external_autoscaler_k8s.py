@@ -1,22 +1,27 @@
 """autoscaling.mode hpa / keda on the local control plane (issue 7, must-show 5).
 
-The API server must accept the HorizontalPodAutoscaler the operator creates, the
-control plane's HPA controller must find its target (the LLMService scale
-subresource), a count written through that subresource must be what the
-Deployment runs (reconcile never resets it), and switching the mode back must
-remove the HPA. For keda: without the KEDA CRD a condition and a Warning say so;
+The API server must accept the HorizontalPodAutoscaler the operator creates; the
+control plane's own HPA controller must write a count through the LLMService
+scale subresource (bounds-driven: this control plane has no metrics API), the
+Deployment must run that count and reconcile must never reset it; switching the
+mode back must remove the HPA. For keda: without the KEDA CRD a condition and a Warning say so;
 once a (minimal) ScaledObject CRD exists the operator creates the ScaledObject.
 """
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from llms_k8s import apply, condition, get_json, llmservice, wait_for
 
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.external_autoscaler import build_hpa
+
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(300)]
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llmservice-hpa.yaml"
 SCALED_OBJECT_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
@@ -86,28 +91,54 @@ def test_hpa_is_accepted_targets_the_llmservice_and_never_fights_reconcile(
     )
     assert (c["status"], c["reason"]) == ("False", "ExternalAutoscaler")
 
-    # Write through the scale subresource, the way the HPA controller does: the Deployment follows.
-    devcluster.kubectl("scale", "llms", name, "-n", ns, "--replicas=3")
+    # The control plane's own HPA controller writes through the LLMService's scale subresource. It has
+    # no metrics API here, so make it act on bounds alone: raise the HPA's minReplicas to 2 by hand
+    # (reconcile puts 1 back on its next pass, so repeat until the controller got there first).
+    def hpa_controller_wrote_two() -> bool:
+        if get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 2:
+            return True
+        devcluster.kubectl("patch", "hpa", name, "-n", ns, "--type=merge", "-p", '{"spec":{"minReplicas":2}}')
+        return False
+
+    wait_for(hpa_controller_wrote_two, 120, "the HPA controller writing spec.replicas 2", interval=2)
+    rescales = get_json(
+        devcluster,
+        "events",
+        "-n",
+        ns,
+        "--field-selector",
+        f"involvedObject.name={name},reason=SuccessfulRescale",
+    )["items"]
+    assert any(e["involvedObject"]["kind"] == "HorizontalPodAutoscaler" for e in rescales)
+    wait_for(lambda: deployment_replicas(devcluster, ns, name) == 2, 60, "Deployment following the HPA")
+
+    # Reconcile restores its HPA (minReplicas 1) but never resets the count the HPA wrote.
     wait_for(
-        lambda: deployment_replicas(devcluster, ns, name) == 3, 60, "Deployment following the scale write"
+        lambda: get_json(devcluster, "hpa", name, "-n", ns)["spec"]["minReplicas"] == 1, 30, "HPA restored"
     )
 
-    # The control plane's HPA controller reads the LLMService's scale subresource (it reports 3 current
-    # replicas). It has no metrics API here, so it leaves the count alone, and so does reconcile.
-    def hpa_sees_three() -> bool:
+    def hpa_sees_two() -> bool:
         status = (get_json(devcluster, "hpa", name, "-n", ns) or {}).get("status") or {}
-        return bool(status.get("currentReplicas") == 3)
+        return bool(status.get("currentReplicas") == 2)
 
-    wait_for(hpa_sees_three, 60, "the HPA controller reading the LLMService scale subresource")
+    wait_for(hpa_sees_two, 60, "the HPA controller reading 2 replicas from the scale subresource")
     time.sleep(12)  # two resyncs
-    assert deployment_replicas(devcluster, ns, name) == 3
-    assert get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 3
+    assert deployment_replicas(devcluster, ns, name) == 2
+    assert get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 2
 
     # Back to the built-in loop: the HPA goes.
     devcluster.kubectl(
         "patch", "llms", name, "-n", ns, "--type=merge", "-p", '{"spec":{"autoscaling":{"mode":"builtin"}}}'
     )
     wait_for(lambda: get_json(devcluster, "hpa", name, "-n", ns) is None, 60, "the HPA deleted")
+
+
+def test_hpa_example_and_its_hpa_pass_server_side_validation(devcluster: Any, llms_namespace: str) -> None:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"]["namespace"] = llms_namespace
+    devcluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(body))
+    hpa = build_hpa(LLMService.from_body(body), 8)
+    devcluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(hpa))
 
 
 def test_keda_waits_for_its_crd_then_gets_a_scaled_object(devcluster: Any, llms_namespace: str) -> None:
@@ -159,5 +190,6 @@ def test_keda_waits_for_its_crd_then_gets_a_scaled_object(devcluster: Any, llms_
             60,
             "the ScaledObject deleted",
         )
+        wait_for(lambda: limited_by("AutoscalingOff"), 60, "ScalingLimited handed back")
     finally:
         devcluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
