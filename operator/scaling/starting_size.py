@@ -94,11 +94,15 @@ def plan_start(spec: LLMServiceSpec, profiled: float | None) -> StartPlan | None
         owner = {"builtin": "the built-in autoscaler", "hpa": "the HPA", "keda": "KEDA"}.get(
             mode, "you (autoscaling.mode off)"
         )
+        replicas = result.replicas
+        note = ""
+        if mode == "hpa" and replicas == 0:
+            replicas, note = 1, " (at least 1: an HPA leaves a target at 0 alone)"
         return StartPlan(
-            replicas=result.replicas,
+            replicas=replicas,
             write=True,
             reason=SIZED,
-            message=f"{result.replicas} replicas written to spec.replicas; {owner} owns the count from here",
+            message=f"{replicas} replicas written to spec.replicas{note}; {owner} owns the count from here",
             formula=result.formula,
             inputs={
                 **_load_inputs(spec),

@@ -135,3 +135,7 @@ def test_specs_that_cannot_be_sized_or_scaled_are_refused_with_the_fix(
 def test_hpa_never_starts_at_zero() -> None:
     plan = plan_start(spec(scaling={"min": 0, "max": 5}, autoscaling={"mode": "hpa"}), None)
     assert plan is not None and plan.replicas == 1
+    sized = plan_start(
+        spec(scaling={"min": 0, "max": 5}, autoscaling={"mode": "hpa"}, expectedLoad={"concurrency": 0}), None
+    )
+    assert sized is not None and sized.replicas == 1 and "at least 1" in sized.message
