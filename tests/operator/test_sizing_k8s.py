@@ -8,12 +8,16 @@ written later through the scale subresource (as the autoscaler or an HPA
 writes it) must win over the initial sizing.
 """
 
+import json
 import math
 import time
 from typing import Any
 
 import pytest
 from llms_k8s import apply, get_json, llmservice, wait_for
+
+from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.scaling.inputs import spec_profile_hash
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -82,3 +86,50 @@ def test_expected_load_sets_the_starting_replicas(
     assert deployment_replicas(devcluster, ns, name) == 2
     assert get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 2
     assert len(events(devcluster, ns, name, "InitialSizing")) == 1, "sized once, not on every reconcile"
+
+
+def test_profile_mode_starts_at_min_and_is_sized_when_the_profile_arrives(
+    devcluster: Any, llms_namespace: str
+) -> None:
+    """Before a profile there is no target: scaling.min, nothing written; the profile then sizes it once.
+
+    The replicas are left unschedulable (a node selector no node has) so no replica is ever Ready
+    and no benchmark Job starts; the test writes status.capacity itself, for the current spec hash,
+    as the profiler would record it.
+    """
+    ns, name, image = llms_namespace, "profiled", "ghcr.io/plimsoll/plimsoll:test"
+    manifest = sized_service(name, {"concurrency": 14})
+    manifest["spec"]["capacity"] = {"mode": "Profile"}
+    manifest["spec"]["engine"] = {"image": image}
+    manifest["spec"]["scheduling"] = {"nodeSelector": {"plimsoll.dev/test": "nowhere"}}
+    apply(devcluster, ns, manifest)
+
+    def sizing_reason() -> str | None:
+        svc = get_json(devcluster, "llms", name, "-n", ns) or {}
+        return ((svc.get("status") or {}).get("sizing") or {}).get("reason")
+
+    wait_for(lambda: sizing_reason() == "WaitingForTarget", 60, "sizing WaitingForTarget")
+    svc = get_json(devcluster, "llms", name, "-n", ns)
+    assert "replicas" not in svc["spec"]
+    assert deployment_replicas(devcluster, ns, name) == 1  # scaling.min
+
+    profiled = 5
+    spec_hash = spec_profile_hash(LLMService.from_body(svc).spec, image)
+    capacity = {
+        "concurrencyPerReplica": profiled,
+        "specHash": spec_hash,
+        "measuredAt": "2026-11-29T16:00:00Z",
+    }
+    devcluster.kubectl(
+        "patch", "llms", name, "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"capacity": capacity}}),
+    )  # fmt: skip
+    expected = math.ceil(14 / profiled)  # 3
+    wait_for(
+        lambda: deployment_replicas(devcluster, ns, name) == expected, 60, f"Deployment resized to {expected}"
+    )
+    svc = get_json(devcluster, "llms", name, "-n", ns)
+    assert svc["spec"]["replicas"] == expected
+    sizing = svc["status"]["sizing"]
+    assert (sizing["reason"], sizing["inputs"]["targetSource"]) == ("Sized", "profile")
+    assert f"ceil(14 / {profiled} per replica (profile)) = {expected}" in sizing["formula"]
