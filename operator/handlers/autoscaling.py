@@ -180,6 +180,15 @@ class LoopState:
     # The count before the loop's own last write: the body may still show it for a tick.
     replaced: int | None = None
 
+    def needs_fresh_scaler(self, config: AutoscalerConfig, current: int) -> bool:
+        """No scaler yet, a new target or bounds, or replicas moved by another writer."""
+        moved = self.replicas is not None and current not in (self.replicas, self.replaced)
+        return self.scaler is None or self.scaler.config != config or moved
+
+    def saw(self, current: int, desired: int) -> None:
+        """Remember the count this tick saw and the one it decided (written when they differ)."""
+        self.replicas, self.replaced = desired, (current if desired != current else None)
+
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def autoscale_llmservice(
@@ -245,8 +254,7 @@ async def _tick(
         await _report_no_target(kube, svc, status, error, logger)
         return
     current = svc.spec.desired_replicas()
-    moved = state.replicas is not None and current not in (state.replicas, state.replaced)
-    if state.scaler is None or state.scaler.config != config or moved:
+    if state.needs_fresh_scaler(config, current):
         # A new target or bounds, or a count someone else wrote (the initial sizing from expectedLoad,
         # `kubectl scale`): start a fresh history seeded with the current count, as after a restart,
         # so recommendations made for the old count cannot undo the new one before a full window.
@@ -256,7 +264,7 @@ async def _tick(
     # Wall time for readable status, never going backwards for the decision's windows.
     now = state.last_now = max(time.time(), state.last_now)
     decision = state.scaler.decide(now, current, observations)
-    state.replicas, state.replaced = decision.desired_replicas, current if decision.changed else None
+    state.saw(current, decision.desired_replicas)
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
     slo = None

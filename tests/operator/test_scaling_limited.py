@@ -1,6 +1,7 @@
-"""ScalingLimited means "at max and still overloaded": idling at min or a rate limit stays quiet."""
+"""ScalingLimited means "at max and still overloaded" (idling at min or a rate limit stays quiet); the
+loop restarts its history when another writer moves the replica count."""
 
-from plimsoll.operator.handlers.autoscaling import status_patch, warn_scaling_limited
+from plimsoll.operator.handlers.autoscaling import LoopState, status_patch, warn_scaling_limited
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
 from plimsoll.operator.scaling.metrics import PodSample
 
@@ -54,3 +55,25 @@ def test_a_scale_up_rate_limit_below_max_is_not_a_limit() -> None:
     assert (d.desired_replicas, d.limited_reason) == (5, "ScaleUpLimit")
     assert not d.scaling_limited and not warn_scaling_limited(d, [])
     assert limited(status_patch({"conditions": []}, d, 1, None)) == ("False", "ScaleUpRateLimited")
+
+
+def test_a_count_written_by_someone_else_starts_a_fresh_history() -> None:
+    """The initial sizing (1 → 4) must not be undone at once by recommendations made for 1 replica."""
+    config = AutoscalerConfig(target_per_replica=4, min_replicas=1, max_replicas=6, scale_down_window_s=600)
+    state = LoopState()
+    assert state.needs_fresh_scaler(config, 1)
+    state.scaler = Autoscaler(config)
+    d = state.scaler.decide(0.0, 1, pods(0, 1))
+    state.saw(1, d.desired_replicas)
+    assert not state.needs_fresh_scaler(config, 1)
+    # The operator's initial sizing writes 4: a fresh history seeded with 4, so idle pods do not
+    # shrink the service before a full scale-down window (the stale history would allow it now).
+    assert Autoscaler(config).decide(0.0, 1, pods(0, 1)).desired_replicas == 1
+    assert state.scaler.decide(5.0, 4, pods(0, 4)).desired_replicas == 1, "what the old history would do"
+    assert state.needs_fresh_scaler(config, 4)
+    fresh = Autoscaler(config)
+    assert fresh.decide(5.0, 4, pods(0, 4)).desired_replicas == 4
+    assert fresh.decide(300.0, 4, pods(0, 4)).desired_replicas == 4
+    # The loop's own write (2 → 3) is not "someone else", even while the body still shows 2.
+    state.saw(2, 3)
+    assert not state.needs_fresh_scaler(config, 2) and not state.needs_fresh_scaler(config, 3)
