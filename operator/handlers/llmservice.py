@@ -106,6 +106,14 @@ async def _owner(memo: kopf.Memo, namespace: str, labels: dict[str, str]) -> dic
     return owner
 
 
+def _removed_router(owner: dict[str, Any], meta: dict[str, Any]) -> bool:
+    """A router child deleted while the owner's router is off: nothing to restore."""
+    if (meta.get("labels") or {}).get(COMPONENT_LABEL) != "router":
+        return False
+    router = (owner.get("spec") or {}).get("router") or {}
+    return not router.get("enabled", False)
+
+
 async def _on_child(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger) -> None:
     obj: dict[str, Any] = dict(event.get("object") or {})
     meta = obj.get("metadata", {})
@@ -113,18 +121,25 @@ async def _on_child(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger) 
     if owner is None:
         return
     if event.get("type") == "DELETED":
+        if _removed_router(owner, meta):
+            return  # reconcile deleted it on purpose: router.enabled is false
         logger.info("%s %s was deleted; restoring it", obj.get("kind"), meta.get("name"))
         try:
             await reconcile(memo.kube, owner, memo.build, logger)
         except ValidationError:
             return
-    elif obj.get("kind") == "Deployment" and (meta.get("labels") or {}).get(COMPONENT_LABEL) == "replica":
-        # Only the replicas' Deployment feeds status; the router's has its own replicas.
+    elif obj.get("kind") == "Deployment":
         try:
             svc = parse(owner)
         except ValidationError:
             return
-        await write_status(memo.kube, owner, svc, obj)
+        component = (meta.get("labels") or {}).get(COMPONENT_LABEL)
+        if component == "router":
+            # The router's readiness is part of Ready, but replicas/readyReplicas are the replicas'.
+            replicas = await memo.kube.get("apps/v1", "Deployment", svc.namespace, svc.name)
+            await write_status(memo.kube, owner, svc, replicas)
+        elif component == "replica":
+            await write_status(memo.kube, owner, svc, obj)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_FILTER)

@@ -19,7 +19,7 @@ from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.kube import Kube, contains
-from plimsoll.operator.handlers.router_children import remove_disabled_router, router_children
+from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.sizing import apply_start_size
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.disruption import build_pdb
@@ -176,7 +176,7 @@ async def write_status(
 ) -> bool:
     """Patch status from the Deployment when it changed; Event on a Ready transition. Returns Ready."""
     previous = dict(body.get("status", {}) or {})
-    status = build_status(svc, deployment, previous)
+    status = build_status(svc, deployment, previous, router=await current_router(kube, svc))
     ready_now = next(c for c in status["conditions"] if c["type"] == "Ready")
     ready_before = next((c for c in previous.get("conditions", []) or [] if c.get("type") == "Ready"), None)
     if any(previous.get(k) != v for k, v in status.items()):

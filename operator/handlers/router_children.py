@@ -61,3 +61,11 @@ async def remove_disabled_router(
             cast(kopf.Body, body), reason="Deleted", message="router disabled: deleted " + ", ".join(removed)
         )
     return tuple(removed)
+
+
+async def current_router(kube: Kube, svc: LLMService) -> dict[str, Any] | None:
+    """The router's Deployment as stored, for Ready; None (and no lookup) when the router is off."""
+    if not svc.spec.router.enabled:
+        return None
+    router: dict[str, Any] | None = await kube.get("apps/v1", "Deployment", svc.namespace, router_name(svc))
+    return router

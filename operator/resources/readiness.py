@@ -1,7 +1,8 @@
 """The LLMService status derived from its Deployment. Pure: objects in, status dict out.
 
 Ready is True only when every desired replica runs the current pod template and
-passes readiness; Progressing while a rollout or scale is under way; Degraded when
+passes readiness, and, with ``spec.router.enabled``, a router pod is ready too
+(``status.endpoint`` then names the router, which must answer); Progressing while a rollout or scale is under way; Degraded when
 the Deployment reports a failure (quota, a stuck rollout). Conditions go through
 ``set_condition`` so ``lastTransitionTime`` moves only on a real change. It does
 not read metrics or decide replica counts (``operator/scaling`` does).
@@ -21,16 +22,30 @@ def _deployment_condition(deployment: dict[str, Any], type_: str) -> dict[str, A
     return next((c for c in conditions if c.get("type") == type_), None)
 
 
+def _router_wait(svc: LLMService, router: dict[str, Any] | None) -> str:
+    """Why the router keeps the endpoint from serving ("" when it does not): clients are sent to it."""
+    if not svc.spec.router.enabled:
+        return ""
+    if router is None:
+        return "the router Deployment does not exist yet"
+    if int((router.get("status") or {}).get("readyReplicas", 0) or 0) < 1:
+        # The router turns ready once it has discovered a ready replica.
+        return "the router has no ready pod yet"
+    return ""
+
+
 def build_status(
     svc: LLMService,
     deployment: dict[str, Any] | None,
     previous: dict[str, Any],
     now: str | None = None,
+    router: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status fields this layer owns (other fields, e.g. capacity, are left to their owners).
 
     ``previous`` is the object's current status (camelCase dict); its conditions
-    are carried over so the ones other components set survive.
+    are carried over so the ones other components set survive. ``router`` is the
+    router's Deployment (None when it is disabled or not created yet).
     """
     generation = svc.metadata.generation
     desired = svc.spec.desired_replicas()
@@ -41,8 +56,10 @@ def build_status(
     ready = int(dep_status.get("readyReplicas", 0) or 0)
     updated = int(dep_status.get("updatedReplicas", 0) or 0)
     rolled_out = deployment is not None and observed is not None and observed >= (dep_generation or 0)
+    all_ready = rolled_out and ready >= desired and updated >= desired and current == updated
 
     conditions: list[dict[str, Any]] = list(previous.get("conditions", []) or [])
+    router_wait = _router_wait(svc, router)
 
     def put(
         conds: list[dict[str, Any]], type_: ConditionType, status: ConditionStatus, reason: str, message: str
@@ -57,9 +74,13 @@ def build_status(
     elif desired == 0:
         conditions = put(conditions, "Ready", "False", "ScaledToZero", "replicas is 0; nothing serves")
         conditions = put(conditions, "Progressing", "False", "ScaledToZero", "no replicas requested")
-    elif rolled_out and ready >= desired and updated >= desired and current == updated:
+    elif all_ready and not router_wait:
         conditions = put(conditions, "Ready", "True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
         conditions = put(conditions, "Progressing", "False", "RolloutComplete", "all replicas updated")
+    elif all_ready:
+        message = f"{ready}/{desired} replicas ready; {router_wait}"
+        conditions = put(conditions, "Ready", "False", "RouterNotReady", message)
+        conditions = put(conditions, "Progressing", "True", "RouterNotReady", message)
     else:
         reason = "RollingOut" if rolled_out and updated < current else "ReplicasNotReady"
         message = f"{ready}/{desired} replicas ready, {updated} on the current spec"

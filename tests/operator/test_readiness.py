@@ -7,7 +7,7 @@ from plimsoll.operator.api.status import get_condition
 from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
 
 
-def _svc(replicas: int = 2, generation: int = 4) -> LLMService:
+def _svc(replicas: int = 2, generation: int = 4, router: bool = False) -> LLMService:
     return LLMService.from_body(
         {
             "metadata": {"name": "chat", "namespace": "ns", "generation": generation},
@@ -15,6 +15,7 @@ def _svc(replicas: int = 2, generation: int = 4) -> LLMService:
                 "model": {"uri": "embedded://smollm2-135m"},
                 "replicas": replicas,
                 "autoscaling": {"mode": "off"},
+                "router": {"enabled": router},
             },
         }
     )
@@ -101,3 +102,34 @@ def test_invalid_spec_status() -> None:
     assert _cond(status, "Ready") == ("False", "InvalidSpec")
     assert _cond(status, "Degraded") == ("True", "InvalidSpec")
     assert status["observedGeneration"] == 7
+
+
+def test_router_endpoint_and_ready_waits_for_a_ready_router_pod() -> None:
+    replicas = _deployment(replicas=2, readyReplicas=2, updatedReplicas=2)
+    missing = build_status(_svc(router=True), replicas, {}, now="t0", router=None)
+    assert missing["endpoint"] == "http://chat-router.ns.svc:8000/v1"
+    assert _cond(missing, "Ready") == ("False", "RouterNotReady")
+    assert _cond(missing, "Progressing") == ("True", "RouterNotReady")
+    assert "does not exist" in get_condition(missing["conditions"], "Ready")["message"]  # type: ignore[arg-type,index]
+
+    starting = build_status(_svc(router=True), replicas, missing, now="t1", router=_deployment(replicas=1))
+    assert _cond(starting, "Ready") == ("False", "RouterNotReady")
+    assert "no ready pod" in get_condition(starting["conditions"], "Ready")["message"]  # type: ignore[arg-type,index]
+
+    serving = build_status(
+        _svc(router=True), replicas, starting, now="t2", router=_deployment(replicas=1, readyReplicas=1)
+    )
+    assert _cond(serving, "Ready") == ("True", "AllReplicasReady")
+    # replicas/readyReplicas (the scale subresource) count the replicas, never the router.
+    assert (serving["replicas"], serving["readyReplicas"]) == (2, 2)
+
+
+def test_router_does_not_hide_unready_replicas_and_is_ignored_when_disabled() -> None:
+    router = _deployment(replicas=1, readyReplicas=1)
+    status = build_status(
+        _svc(router=True), _deployment(replicas=2, readyReplicas=1, updatedReplicas=2), {}, router=router
+    )
+    assert _cond(status, "Ready") == ("False", "ReplicasNotReady")
+    off = build_status(_svc(), _deployment(replicas=2, readyReplicas=2, updatedReplicas=2), {}, router=None)
+    assert _cond(off, "Ready") == ("True", "AllReplicasReady")
+    assert off["endpoint"] == "http://chat.ns.svc:8000/v1"

@@ -86,8 +86,10 @@ def test_router_is_deployed_in_front_of_real_replicas_and_removed_when_disabled(
     role = get_json(devcluster, "role", f"{name}-router", "-n", ns)
     assert {tuple(r["verbs"]) for r in role["rules"]} == {("get",), ("list", "watch")}
 
-    # The router pod runs through the pod runner and turns Ready via its /ready (needs a ready replica).
-    router_ips = wait_for(lambda: _ready_ips(_pods(devcluster, ns, "router")), 60, "a ready router pod")
+    # Ready waits for the router too: its pod ran through the pod runner and passed /ready
+    # (which needs a discovered ready replica), so the endpoint in status answers.
+    assert get_json(devcluster, "deployment", f"{name}-router", "-n", ns)["status"]["readyReplicas"] == 1
+    router_ips = wait_for(lambda: _ready_ips(_pods(devcluster, ns, "router")), 10, "a ready router pod")
     replica_ips = _ready_ips(_pods(devcluster, ns, "replica"))
     assert len(replica_ips) == 2 and not set(router_ips) & set(replica_ips)
     print(
@@ -140,7 +142,8 @@ def test_router_is_deployed_in_front_of_real_replicas_and_removed_when_disabled(
     wait_for(router_gone, 30, "the router objects to be deleted")
     print(f"router removed {time.monotonic() - turned_off:.1f} s after router.enabled=false")
     events = get_json(devcluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
-    deleted = [e["message"] for e in (events or {}).get("items", []) if e.get("reason") == "Deleted"]
-    assert deleted and "Deployment/" + name + "-router" in deleted[0], deleted
+    deleted = " ".join(e["message"] for e in (events or {}).get("items", []) if e.get("reason") == "Deleted")
+    for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"):
+        assert f"{kind}/{name}-router" in deleted, f"no Deleted Event names {kind}: {deleted!r}"
     # The replicas were left alone.
     assert len(_ready_ips(_pods(devcluster, ns, "replica"))) == 2
