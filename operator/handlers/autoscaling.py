@@ -254,16 +254,17 @@ async def _tick(
         await _report_no_target(kube, svc, status, error, logger)
         return
     current = svc.spec.desired_replicas()
-    if state.needs_fresh_scaler(config, current):
+    scaler = state.scaler
+    if scaler is None or state.needs_fresh_scaler(config, current):
         # A new target or bounds, or a count someone else wrote (the initial sizing from expectedLoad,
         # `kubectl scale`): start a fresh history seeded with the current count, as after a restart,
         # so recommendations made for the old count cannot undo the new one before a full window.
-        state.scaler = Autoscaler(config)
+        scaler = state.scaler = Autoscaler(config)
 
     observations = await observe(http, await list_pods(kube, svc))
     # Wall time for readable status, never going backwards for the decision's windows.
     now = state.last_now = max(time.time(), state.last_now)
-    decision = state.scaler.decide(now, current, observations)
+    decision = scaler.decide(now, current, observations)
     state.saw(current, decision.desired_replicas)
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
