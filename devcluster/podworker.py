@@ -35,6 +35,14 @@ log = logging.getLogger("plimsoll.devcluster.podrunner")
 # Restart back-off: kubelet uses 10 s doubling to 5 min; a dev loop wants faster feedback.
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
+# A container that ran this long without trouble restarts after the first back-off again (kubelet: 10 min),
+# so a replica killed once late in a long session is not held back by crashes long past.
+BACKOFF_RESET_S = 60.0
+
+
+def restart_backoff(current: float, ran_s: float) -> float:
+    """The back-off before the next restart, given the one used last time and how long the container ran."""
+    return BACKOFF_START_S if ran_s >= BACKOFF_RESET_S else current
 
 
 def now() -> str:
@@ -234,6 +242,7 @@ class PodWorker:
                 f"Started container {c.name} as PID {proc.pid} on {self.pod_ip}; log: {logfile}",
             )
 
+            ran_since = asyncio.get_running_loop().time()
             probes = asyncio.create_task(self._probes(c, plan, proc))
             stop_wait = asyncio.create_task(self.stopping.wait())
             exit_wait = asyncio.create_task(proc.wait())
@@ -247,6 +256,7 @@ class PodWorker:
             c.state, c.ready, c.finished_at = "terminated", False, now()
             c.exit_code = code if code >= 0 else 128 - code  # killed by signal N -> 128+N, like a shell
             c.reason = "Completed" if c.exit_code == 0 else "Error"
+            backoff = restart_backoff(backoff, asyncio.get_running_loop().time() - ran_since)
             await self._publish()
             if self.stopping.is_set():
                 return

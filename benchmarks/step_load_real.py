@@ -1,0 +1,232 @@
+"""A step-load replay on real engines: TTFT SLO attainment with the autoscaler against one fixed replica.
+
+Starts a fresh local control plane with the pod runner, installs the Helm chart,
+runs the operator as a local process with the chart's ServiceAccount token, and
+replays the same step load twice, one after the other, on an LLMService whose
+replicas are `plimsoll serve` on a tiny random model (local processes bound to
+their pod IPs, as a kubelet would start them):
+
+* fixed: ``autoscaling.mode: off``, one replica;
+* autoscaled: the built-in autoscaler, ``scaling 1..--max-replicas``, Manual
+  capacity ``--target`` in flight per replica (the engine holds that many
+  sequences, so a queue really forms), scale-up window ``--up-window`` s.
+
+The load is ``plimsoll.devcluster.podload``: closed-loop streaming completions
+(``ignore_eos``) against the ready pods' loopback IPs, each client sending to the
+pod with the fewest of its requests outstanding; ``--low`` clients for
+``--before`` s, then ``--high`` clients for ``--after`` s. It prints, for each
+replay, the share of requests sent after the step whose TTFT met ``--ttft-slo-ms``
+(failed requests count as misses), TTFT percentiles, and for the autoscaled one
+the time from the step to the scale-up decision and to the first new replica
+Ready. The CPU is shared by every replica and the load, so the figures are for
+this machine, not a GPU cluster.
+
+    PYTHONSAFEPATH=1 python benchmarks/step_load_real.py
+"""
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from plimsoll.devcluster.cluster import Cluster
+from plimsoll.devcluster.podload import LoadConfig, PodLoad
+from plimsoll.operator.local import OperatorProcess, token_kubeconfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "plimsoll"
+NAME = "stepload"
+
+
+@dataclass
+class Result:
+    label: str
+    attainment: float
+    requests: int
+    failed: int
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    decision_s: float | None = None
+    new_ready_s: float | None = None
+    replicas: str = ""
+
+
+def tiny_model() -> Path:
+    """The tests' tiny random model, outside /tmp (replica pods mount an emptyDir there)."""
+    from plimsoll.runtime.testing import write_tiny_model
+
+    model = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
+    config_path = model / "config.json"
+    config = json.loads(config_path.read_text())
+    if config["max_position_embeddings"] < 1024:
+        config["max_position_embeddings"] = 1024
+        config_path.write_text(json.dumps(config, indent=2))
+    return model
+
+
+def manifest(args: argparse.Namespace, model: Path, autoscale: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"uri": f"file://{model}"},
+        "engine": {"maxNumSeqs": args.target, "kvCacheMemory": "32Mi"},
+        "resources": {"gpu": {"count": 0}},
+        "replicas": 1,
+        "capacity": {"mode": "Manual", "concurrencyPerReplica": args.target},
+        "autoscaling": {"mode": "off"},
+    }
+    if autoscale:
+        spec["scaling"] = {"min": 1, "max": args.max_replicas}
+        spec["autoscaling"] = {
+            "mode": "builtin",
+            "intervalSeconds": 1,
+            "scaleUpStabilizationSeconds": args.up_window,
+            "scaleDownStabilizationSeconds": 600,  # no scale-down within the replay
+        }
+    return {
+        "apiVersion": "plimsoll.dev/v1alpha1",
+        "kind": "LLMService",
+        "metadata": {"name": NAME},
+        "spec": spec,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def wait(predicate: Any, timeout: float, what: str, load: PodLoad) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        load.check()
+        if predicate():
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: bool) -> Result:
+    label = "autoscaled" if autoscale else "fixed 1 replica"
+    ns = "step-auto" if autoscale else "step-fixed"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(args, model, autoscale)))
+    config = LoadConfig(model=NAME, max_tokens=args.max_tokens)
+    try:
+        with PodLoad(Path(cluster.kubeconfig), ns, NAME, config) as load:
+            wait(
+                lambda: bool(load.samples) and len(load.samples[-1].ready_pods) == 1,
+                300,
+                "a ready replica",
+                load,
+            )
+            print(f"{label}: replica ready; {args.low} client(s) for {args.before:.0f} s, then {args.high}")
+            load.set_clients(args.low)
+            time.sleep(args.before)
+            load.set_clients(args.high)
+            step_at = time.monotonic()
+            time.sleep(args.after)
+            load.set_clients(0)
+            end_at = time.monotonic()
+            load.check()
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+
+    after = [c for c in load.completions if step_at <= c.sent_at <= end_at]
+    ttfts = [c.ttft_s for c in after if c.error is None and c.ttft_s is not None]
+    slo_s = args.ttft_slo_ms / 1000
+    met = sum(c.error is None and c.ttft_s is not None and c.ttft_s <= slo_s for c in after)
+    result = Result(
+        label=label,
+        attainment=met / len(after) if after else float("nan"),
+        requests=len(after),
+        failed=sum(c.error is not None for c in after),
+        ttft_p50_ms=percentile(ttfts, 0.5) * 1000,
+        ttft_p95_ms=percentile(ttfts, 0.95) * 1000,
+    )
+    samples = [s for s in load.samples if s.at >= step_at]
+    scaled = next((s.at for s in samples if s.desired > 1), None)
+    new_ready = next((s.at for s in samples if len(s.ready_pods) > 1), None)
+    result.decision_s = None if scaled is None else scaled - step_at
+    result.new_ready_s = None if new_ready is None else new_ready - step_at
+    changes = [
+        s
+        for i, s in enumerate(samples)
+        if i == 0 or (s.desired, s.ready) != (samples[i - 1].desired, samples[i - 1].ready)
+    ]
+    result.replicas = ", ".join(f"{s.at - step_at:.0f}s:{s.desired}/{s.ready}" for s in changes)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--target", type=int, default=2, help="in flight per replica (and engine maxNumSeqs)")
+    parser.add_argument("--max-replicas", type=int, default=4)
+    parser.add_argument("--low", type=int, default=1, help="clients before the step")
+    parser.add_argument("--high", type=int, default=6, help="clients after the step")
+    parser.add_argument("--before", type=float, default=15.0, help="seconds of low load")
+    parser.add_argument("--after", type=float, default=120.0, help="seconds of high load measured")
+    parser.add_argument("--up-window", type=int, default=3, help="scale-up stabilisation window, s")
+    parser.add_argument("--ttft-slo-ms", type=float, default=500.0)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+    if not 1 <= args.low < args.high:
+        parser.error(f"need 1 <= --low < --high, got --low {args.low} --high {args.high}")
+
+    model = tiny_model()
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix="plimsoll-stepload-") as tmp,
+        Cluster(Path(tmp) / "cluster", pod_runner=True) as cluster,
+    ):
+        cluster.kubectl("create", "namespace", "plimsoll-system")
+        cluster.helm(
+            "install", "plimsoll", str(CHART), "-n", "plimsoll-system",
+            "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false", "--wait", "--timeout", "120s",
+        )  # fmt: skip
+        token = cluster.kubectl("create", "token", "plimsoll", "-n", "plimsoll-system").stdout.strip()
+        kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, Path(tmp) / "sa.kubeconfig")
+        operator = OperatorProcess(
+            kubeconfig=kubeconfig,
+            log_path=Path(tmp) / "operator.log",
+            extra_env={"PLIMSOLL_RESYNC_SECONDS": "5", "PLIMSOLL_IMAGE": "ghcr.io/plimsoll/plimsoll:test"},
+        )
+        operator.start()
+        try:
+            results = [
+                replay(cluster, args, model, autoscale=False),
+                replay(cluster, args, model, autoscale=True),
+            ]
+        finally:
+            operator.stop()
+
+    print(
+        f"\nstep {args.low} → {args.high} closed-loop clients, {args.after:.0f} s measured after the step; "
+        f"target {args.target} in flight per replica (engine max {args.target} sequences), "
+        f"max_tokens {args.max_tokens} with ignore_eos; TTFT SLO {args.ttft_slo_ms:.0f} ms; "
+        f"total run {time.monotonic() - started:.0f} s"
+    )
+    print(f"{'':18} {'SLO attainment':>14} {'requests':>9} {'failed':>7} {'TTFT p50':>9} {'TTFT p95':>9}")
+    for r in results:
+        print(
+            f"{r.label:18} {r.attainment:>14.0%} {r.requests:>9} {r.failed:>7} "
+            f"{r.ttft_p50_ms:>7.0f}ms {r.ttft_p95_ms:>7.0f}ms"
+        )
+    auto = results[1]
+    decision = "none" if auto.decision_s is None else f"{auto.decision_s:.1f} s"
+    ready = "none within the replay" if auto.new_ready_s is None else f"{auto.new_ready_s:.1f} s"
+    print(
+        f"autoscaled: scale-up decision {decision} after the step, first new replica Ready {ready} after it"
+    )
+    print(f"autoscaled replicas (s since the step: desired/ready): {auto.replicas}")
+
+
+if __name__ == "__main__":
+    main()
