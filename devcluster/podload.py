@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import threading
 import time
 from collections.abc import Coroutine
@@ -297,7 +298,7 @@ class PodLoad:
 
 
 def ready_url(pod: dict[str, Any]) -> str | None:
-    """``http://<podIP>:<port named http>`` for a Ready pod not being deleted, else None."""
+    """``http://<podIP>:<port named http>`` for a Ready pod on a loopback IP not being deleted, else None."""
     status = pod.get("status") or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
@@ -305,6 +306,8 @@ def ready_url(pod: dict[str, Any]) -> str | None:
     ip = status.get("podIP")
     if not ready or not ip or pod["metadata"].get("deletionTimestamp"):
         return None
+    if not ipaddress.ip_address(ip).is_loopback:
+        return None  # the loopback rule: load goes to 127.0.0.0/8 only, whatever the cluster says
     port = DEFAULT_PORT
     for container in (pod.get("spec") or {}).get("containers") or []:
         for p in container.get("ports") or []:
