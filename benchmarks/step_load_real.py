@@ -28,14 +28,14 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from plimsoll.devcluster.cluster import Cluster
-from plimsoll.devcluster.podload import LoadConfig, PodLoad
+from plimsoll.devcluster.podload import Completion, LoadConfig, PodLoad
 from plimsoll.operator.local import OperatorProcess, token_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,14 +53,23 @@ class Result:
     ttft_p95_ms: float
     decision_s: float | None = None
     new_ready_s: float | None = None
+    all_ready_s: float | None = None
     replicas: str = ""
+    completions: list[Completion] = field(default_factory=list)  # sent after the step
+    slo_s: float = 0.0
+
+    def attainment_between(self, start_s: float, end_s: float) -> tuple[float, int]:
+        """(share within the TTFT SLO, requests) for requests sent start_s..end_s after the step."""
+        window = [c for c in self.completions if start_s <= c.sent_at < end_s]
+        met = sum(c.error is None and c.ttft_s is not None and c.ttft_s <= self.slo_s for c in window)
+        return (met / len(window) if window else float("nan")), len(window)
 
 
 def tiny_model() -> Path:
     """The tests' tiny random model, outside /tmp (replica pods mount an emptyDir there)."""
     from plimsoll.runtime.testing import write_tiny_model
 
-    model = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
+    model: Path = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
     config_path = model / "config.json"
     config = json.loads(config_path.read_text())
     if config["max_position_embeddings"] < 1024:
@@ -148,12 +157,18 @@ def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: b
         failed=sum(c.error is not None for c in after),
         ttft_p50_ms=percentile(ttfts, 0.5) * 1000,
         ttft_p95_ms=percentile(ttfts, 0.95) * 1000,
+        completions=[replace(c, sent_at=c.sent_at - step_at) for c in after],
+        slo_s=slo_s,
     )
     samples = [s for s in load.samples if s.at >= step_at]
     scaled = next((s.at for s in samples if s.desired > 1), None)
     new_ready = next((s.at for s in samples if len(s.ready_pods) > 1), None)
     result.decision_s = None if scaled is None else scaled - step_at
     result.new_ready_s = None if new_ready is None else new_ready - step_at
+    all_ready = next(
+        (s.at for s in samples if s.desired > 1 and s.ready == s.desired == len(s.ready_pods)), None
+    )
+    result.all_ready_s = None if all_ready is None else all_ready - step_at
     changes = [
         s
         for i, s in enumerate(samples)
@@ -226,6 +241,14 @@ def main() -> None:
         f"autoscaled: scale-up decision {decision} after the step, first new replica Ready {ready} after it"
     )
     print(f"autoscaled replicas (s since the step: desired/ready): {auto.replicas}")
+    if auto.all_ready_s is not None:
+        split = auto.all_ready_s
+        print(
+            f"attainment while the new replicas start (0–{split:.0f} s) | once all are Ready ({split:.0f}–{args.after:.0f} s):"
+        )
+        for r in results:
+            (a1, n1), (a2, n2) = r.attainment_between(0, split), r.attainment_between(split, args.after + 1)
+            print(f"  {r.label:18} {a1:>5.0%} of {n1:<4} | {a2:>5.0%} of {n2}")
 
 
 if __name__ == "__main__":
