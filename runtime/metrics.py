@@ -135,8 +135,8 @@ class ServerMetrics:
             self.request_success.labels(model_name, reason)
         for reason in REJECTION_REASONS:
             self.rejections.labels(model_name, reason)
-        for counter in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits):
-            counter.labels(model_name)
+        for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits):
+            family.labels(model_name)
 
     # ---- the engine observer ---------------------------------------------------
 
