@@ -4,8 +4,9 @@ kube-scheduler and kwok as local processes, with simulated GPU nodes.
 ``Cluster`` starts the components in order, waits for each to be ready, records
 every PID in a state file (so `plimsoll dev down` in another process can stop
 them) and stops exactly those processes. Everything binds to and talks to
-127.0.0.0/8: pods get IPs from 127.1.0.0/16 (kwok ``--cidr``), Services from
-127.2.0.0/16; ClusterIPs are never contacted, and EndpointSlices for loopback pods
+127.0.0.0/8: pods get IPs from 127.1.0.0/16 (kwok ``--cidr``; the next free
+127.N.0.0/16 when another local control plane holds it, see ``podnet.py``),
+Services from 127.2.0.0/16; ClusterIPs are never contacted, and EndpointSlices for loopback pods
 are rejected by the API server (so nothing may rely on them).
 
 It does not build binaries (``builder.py``) and runs no containers: pods are
@@ -35,6 +36,7 @@ import yaml
 from plimsoll.devcluster import paths
 from plimsoll.devcluster.nodes import DEFAULT_NODES, SimulatedNode
 from plimsoll.devcluster.pki import PKIFiles, create_pki, write_kubeconfig
+from plimsoll.devcluster.podnet import claim_pod_cidr, release_pod_cidr
 from plimsoll.devcluster.process import ComponentError, ProcessRecord, rss_bytes, start_process
 from plimsoll.devcluster.stages import kwok_config
 
@@ -106,6 +108,7 @@ class Cluster:
         self.pki = PKIFiles(self.state_dir / "pki")
         self.log_dir = self.state_dir / "logs"
         self.ports: dict[str, int] = {}
+        self.pod_cidr = POD_CIDR  # the range claimed at start (POD_CIDR unless another cluster holds it)
         self.records: dict[str, ProcessRecord] = {}
         self._popens: dict[str, subprocess.Popen[bytes]] = {}
         self.env = self._make_env()
@@ -206,6 +209,7 @@ class Cluster:
 
     def _start_all(self) -> None:
         self.ports = {name: free_port() for name in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler")}
+        self.pod_cidr = claim_pod_cidr(self.state_dir / STATE_FILE, POD_CIDR)
         create_pki(self.pki.dir, extra_ips=(KUBERNETES_SERVICE_IP,))
         write_kubeconfig(self.kubeconfig, self.pki, self.server)
 
@@ -260,6 +264,7 @@ class Cluster:
         stop_leftover_pods(self.state_dir / "pods")
         self.records.clear()
         self._popens.clear()
+        release_pod_cidr(self.state_dir / STATE_FILE, self.pod_cidr)
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
 
@@ -276,6 +281,7 @@ class Cluster:
         nodes = tuple(SimulatedNode(n["name"], int(n["gpus"])) for n in data.get("nodes", []))
         cluster = cls(state_dir, nodes=nodes, pod_runner=bool(data.get("pod_runner", False)))
         cluster.ports = {k: int(v) for k, v in data["ports"].items()}
+        cluster.pod_cidr = str(data.get("pod_cidr", POD_CIDR))
         cluster.records = {r["name"]: ProcessRecord.from_json(r) for r in data["processes"]}
         return cluster
 
@@ -310,6 +316,7 @@ class Cluster:
             "kubeconfig": str(self.kubeconfig),
             "ports": self.ports,
             "pod_runner": self.pod_runner,
+            "pod_cidr": self.pod_cidr,
             "nodes": [{"name": n.name, "gpus": n.gpus} for n in self.nodes],
             "processes": [self.records[n].to_json() for n in START_ORDER if n in self.records],
         }
@@ -460,7 +467,7 @@ class Cluster:
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--node-lease-duration-seconds=40",
-            f"--cidr={POD_CIDR}",
+            f"--cidr={self.pod_cidr}",
             "--node-ip=127.0.0.1",
         ]
 

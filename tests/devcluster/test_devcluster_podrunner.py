@@ -95,7 +95,8 @@ def test_pod_is_ready_only_when_its_process_answers_on_the_pod_ip(
 
     pod = wait_until(running, 60, "the web container to be started by the pod runner")
     ip = pod["status"]["podIP"]
-    assert ipaddress.ip_address(ip) in ipaddress.ip_network("127.1.0.0/16")
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(devcluster.pod_cidr)
+    assert ipaddress.ip_address(ip).is_loopback
     # The process sleeps before listening: the pod must not be Ready yet (kwok would say Ready at once).
     assert not _is_ready(pod)
     assert not _answers(ip)
