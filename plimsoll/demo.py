@@ -10,7 +10,7 @@ converted model and the running control plane; ``--down`` stops everything.
 
 What it is not: a way to deploy to a real cluster (use the chart for that), nor
 a benchmark (use `plimsoll bench sweep`). It never contacts a Service ClusterIP:
-on the local control plane only pod IPs (127.1.0.0/16) answer.
+on the local control plane only pod IPs (loopback, 127.1.0.0/16 by default) answer.
 """
 
 from __future__ import annotations
