@@ -101,13 +101,15 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
     """Startup, readiness and liveness probes.
 
-    Startup allows 30 minutes for weights to load before liveness applies. plimsoll
+    Startup allows 30 minutes for weights to load before liveness applies, checked
+    every 5 s: a replica the autoscaler asked for counts from the moment it
+    answers, and a 10 s period would add up to 10 s to every scale-up. plimsoll
     has /ready (weights, KV cache and warm-up done, not draining); vLLM only has
     /health, which answers once its server is up, so it serves both purposes there.
     """
     ready_path = "/ready" if svc.spec.engine.kind == "plimsoll" else "/health"
     return {
-        "startupProbe": _probe("/health", period=10, failures=180),
+        "startupProbe": _probe("/health", period=5, failures=360),
         "readinessProbe": _probe(ready_path, period=5, failures=3),
         "livenessProbe": _probe("/health", period=10, failures=3),
     }
