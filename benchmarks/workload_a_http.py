@@ -129,6 +129,7 @@ def vllm_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
             # vLLM's CPU backend sizes its KV cache from this (GiB), not from a memory fraction.
             "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
             "VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads_bind,
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.vllm_reserved_cpus),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             # The weights are a local directory; nothing may reach a hub.
@@ -136,6 +137,10 @@ def vllm_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
             "TRANSFORMERS_OFFLINE": "1",
         }
     )
+    # vLLM's CPU guide asks for Intel OpenMP preloaded; vllm-cpu installs it into the venv.
+    iomp = Path(args.vllm_venv) / "lib" / "libiomp5.so"
+    if args.vllm_preload_iomp and iomp.exists():
+        env["LD_PRELOAD"] = f"{iomp}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(iomp)
     # vLLM's HTTP app starts only after its engine core has loaded and profiled.
     return ServerSpec("vllm", argv, env, "/health")
 
@@ -316,7 +321,23 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--kv-cache-gib", type=int, default=1)
-    ap.add_argument("--vllm-threads-bind", default="auto", help="VLLM_CPU_OMP_THREADS_BIND")
+    ap.add_argument(
+        "--vllm-threads-bind",
+        default="auto",
+        help="VLLM_CPU_OMP_THREADS_BIND: 'auto' (vLLM's default) or a CPU list such as 0-1",
+    )
+    ap.add_argument(
+        "--vllm-reserved-cpus",
+        type=int,
+        default=1,
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU: CPUs 'auto' keeps for vLLM's API server (its default on CPU is 1)",
+    )
+    ap.add_argument(
+        "--vllm-preload-iomp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="LD_PRELOAD the venv's libiomp5.so, as vLLM's CPU guide recommends",
+    )
     # Server and client share the machine's cores, so the client's event loop lags on a
     # small host; loosen bench's gates rather than lose the level (the table says so).
     ap.add_argument("--max-client-lag-ms", type=float, default=500.0)
@@ -347,6 +368,7 @@ def main() -> None:
         if given is not None:
             reports[name] = json.loads(given.read_text())
     builders = {"plimsoll": plimsoll_spec, "vllm": vllm_spec}
+    loads: dict[str, str] = {}
     for engine in engines:
         spec = builders[engine](args, model_dir)
         report_path = args.out_dir / f"{engine}.json"
@@ -356,7 +378,10 @@ def main() -> None:
             print(f"# {engine} ready after {time.monotonic() - started:.0f} s", flush=True)
             # The model id is the directory path on both servers, so bench uses its tokenizer
             # and prompts are exactly --input-tokens long.
+            before = os.getloadavg()[0]
             reports[engine] = run_sweep(args, url, str(model_dir), report_path)
+            # Other work on the host skews the figures; the 1-minute load average says how much.
+            loads[engine] = f"load average {before:.1f} before, {os.getloadavg()[0]:.1f} after the sweep"
 
     versions = engine_versions(args)
     print(
@@ -364,7 +389,13 @@ def main() -> None:
         f"(ignore_eos), closed loop, {args.dtype}, model {model_dir.name}"
     )
     for engine, text in versions.items():
-        print(f"- {engine}: {text}")
+        print(f"- {engine}: {text}" + (f"; {loads[engine]}" if engine in loads else ""))
+    if "vllm" in engines:
+        print(
+            f"- vLLM: VLLM_CPU_OMP_THREADS_BIND={args.vllm_threads_bind}, "
+            f"VLLM_CPU_NUM_OF_RESERVED_CPU={args.vllm_reserved_cpus}, "
+            f"libiomp5 preloaded: {args.vllm_preload_iomp}, KV {args.kv_cache_gib} GiB"
+        )
     print(f"- host: {os.cpu_count()} CPUs; ratios are plimsoll ÷ vLLM\n")
     print(format_table(reports))
 
