@@ -6,6 +6,7 @@ concurrency levels; output tokens/s, TTFT p50/p95, TPOT p50; plus transformers
 Workload B: inputs 32-512 and outputs 16-256 tokens drawn at random, closed loop;
 the continuous scheduler against ``scheduling_policy="static"``.
 Memory: resident set size after N requests against after 100.
+Steps: decode step time against batch size (why batching gains little on a CPU).
 
 Closed loop here means: ``c`` requests are in the engine; each time one finishes a
 new one is added before the next step. Throughput counts every request; latencies
@@ -184,10 +185,52 @@ def memory(args: argparse.Namespace) -> None:
     )
 
 
+def decode_steps(args: argparse.Namespace) -> None:
+    """Decode step time against batch size: how much one step's batching buys on this machine.
+
+    Continuous batching wins over static batching by keeping the batch full; that is
+    worth something only where a step of b sequences costs much less than b steps of
+    one. Process CPU time is printed beside wall time because a shared machine
+    stretches wall time by whatever else runs.
+    """
+    cfg = EngineConfig(
+        model=args.model, kv_cache_memory=args.kv, max_num_seqs=max(args.levels), enable_prefix_caching=False
+    )
+    engine = LLMEngine(cfg)
+    engine.warmup()
+    vocab = int(engine.hf_config.vocab_size)
+    rng = random.Random(0)
+    base_cpu = 0.0
+    print(f"# decode step time vs batch size, context ~{args.a_prompt} tokens, model {engine.model_path}")
+    for b in args.levels:
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        for i in range(b):
+            engine.add_request(
+                f"steps-{b}-{i}", [rng.randrange(100, vocab) for _ in range(args.a_prompt)], params
+            )
+        while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+            engine.step()  # prefill until every sequence decodes
+        walls, cpus = [], []
+        for _ in range(8):
+            w, c = time.monotonic(), time.process_time()
+            engine.step()
+            walls.append(time.monotonic() - w)
+            cpus.append(time.process_time() - c)
+        while engine.has_unfinished_requests():
+            engine.step()
+        cpu = pct(cpus, 50)
+        base_cpu = base_cpu or cpu / b
+        print(
+            f"batch {b:3d}: step {pct(walls, 50) * 1000:8.1f} ms wall, {cpu * 1000:8.1f} ms CPU; "
+            f"{b / cpu:7.1f} tok/s CPU = {b * base_cpu / cpu:5.2f}x the first level's per-token rate",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--workload", choices=["A", "B", "memory"], default="A")
+    ap.add_argument("--workload", choices=["A", "B", "memory", "steps"], default="A")
     ap.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
     ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency")
     ap.add_argument("--kv", default="2GiB")
@@ -205,7 +248,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    {"A": workload_a, "B": workload_b, "memory": memory}[args.workload](args)
+    {"A": workload_a, "B": workload_b, "memory": memory, "steps": decode_steps}[args.workload](args)
 
 
 if __name__ == "__main__":
