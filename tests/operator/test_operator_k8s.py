@@ -87,8 +87,12 @@ def test_example_reconciles_onto_gpu_nodes(devcluster: Any, llms_namespace: str)
     assert header.split() == ["NAME", "READY", "REPLICAS", "CAPACITY", "AGE"]
     assert row.split()[:3] == [name, "True", "1"]
     assert devcluster.kubectl("get", "llms", "-A").returncode == 0
-    reasons = {e["reason"] for e in events(devcluster, ns, name)}
-    assert {"Created", "AllReplicasReady"} <= reasons
+    # kopf posts Events from a background queue: they may trail the status they describe.
+    wait_for(
+        lambda: {"Created", "AllReplicasReady"} <= {e["reason"] for e in events(devcluster, ns, name)},
+        30,
+        "the Created and AllReplicasReady Events",
+    )
 
 
 INVALID = [

@@ -109,7 +109,9 @@ async def test_killing_a_replica_fails_only_its_running_streams(fake_replicas) -
     assert all(o.replica != victim.url for o in after_kill)
     broken = router.metric("plimsoll_router_upstream_errors_total", replica=victim.url, kind="stream_broken")
     unanswered = router.metric("plimsoll_router_upstream_errors_total", replica=victim.url, kind="read")
-    assert broken + unanswered == len(failed) and broken >= 1
+    # Every failure is counted against the victim, as a broken stream or an unanswered
+    # request (which of the two depends on how far each had got when the kill landed).
+    assert broken + unanswered == len(failed)
 
 
 async def test_a_vllm_replica_is_probed_on_health_and_its_queue_read(fake_replicas) -> None:  # type: ignore[no-untyped-def]
