@@ -25,7 +25,6 @@ this machine, not a GPU cluster.
 """
 
 import argparse
-import json
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -66,16 +65,10 @@ class Result:
 
 
 def tiny_model() -> Path:
-    """The tests' tiny random model, outside /tmp (replica pods mount an emptyDir there)."""
-    from plimsoll.runtime.testing import write_tiny_model
+    """The tiny random model for pods the pod runner starts (see ``pod_model``)."""
+    from plimsoll.runtime.testing import pod_model
 
-    model: Path = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
-    config_path = model / "config.json"
-    config = json.loads(config_path.read_text())
-    if config["max_position_embeddings"] < 1024:
-        config["max_position_embeddings"] = 1024
-        config_path.write_text(json.dumps(config, indent=2))
-    return model
+    return pod_model()
 
 
 def manifest(args: argparse.Namespace, model: Path, autoscale: bool) -> dict[str, Any]:

@@ -12,6 +12,7 @@ What it is not: a fake. The model is tiny but real (transformers can load it and
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -100,6 +101,25 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     model.save_pretrained(out)
     _byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
     return out
+
+
+def pod_model(max_positions: int = 1024) -> Path:
+    """The tiny random model for pods the devcluster pod runner starts, written once.
+
+    It lives under ``~/.cache/plimsoll/test-models`` rather than /tmp, because a
+    replica pod mounts an emptyDir at /tmp and the pod runner maps paths under a
+    mount to the pod's scratch directory, as a kubelet's mount would hide them.
+    Its context is widened to ``max_positions``: bench calibrates words→tokens with
+    a probe longer than the 256 positions written, and RoPE has no learned
+    positions, so a longer context is only a config value.
+    """
+    model = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
+    config_path = model / "config.json"
+    config = json.loads(config_path.read_text())
+    if config["max_position_embeddings"] < max_positions:
+        config["max_position_embeddings"] = max_positions
+        config_path.write_text(json.dumps(config, indent=2))
+    return model
 
 
 def free_port(host: str = "127.0.0.1") -> int:

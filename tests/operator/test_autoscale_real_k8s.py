@@ -24,7 +24,6 @@ Windows are shortened in the spec (scale-up ``UP_WINDOW_S``, scale-down
 ``DOWN_WINDOW_S``) so the whole timeline takes two to three minutes on a shared CPU.
 """
 
-import json
 import math
 import os
 import signal
@@ -106,16 +105,10 @@ def _changes(values: list[int]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    """A tiny random model outside /tmp (the replica mounts an emptyDir at /tmp)."""
-    from plimsoll.runtime.testing import write_tiny_model
+    """The tiny random model for pods the pod runner starts (see ``pod_model``)."""
+    from plimsoll.runtime.testing import pod_model
 
-    model = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
-    config_path = model / "config.json"
-    config = json.loads(config_path.read_text())
-    if config["max_position_embeddings"] < 1024:  # the same directory the profiling test widens
-        config["max_position_embeddings"] = 1024
-        config_path.write_text(json.dumps(config, indent=2))
-    return model
+    return pod_model()
 
 
 @pytest.fixture(scope="module")

@@ -29,20 +29,10 @@ LEVELS = [1, 2, 4, 8]
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    """A tiny random model outside /tmp: the replica pod mounts an emptyDir at /tmp, and the pod
-    runner maps paths under a mount to the pod's scratch directory, as a kubelet's mount would hide them."""
-    from plimsoll.runtime.testing import write_tiny_model
+    """The tiny random model for pods the pod runner starts (see ``pod_model``)."""
+    from plimsoll.runtime.testing import pod_model
 
-    model = write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
-    # The bench calibrates words→tokens with a 64-word probe, ~290 tokens for this byte-level
-    # tokenizer: more than the 256 positions written. RoPE has no learned positions, so a
-    # longer context is only a config value.
-    config_path = model / "config.json"
-    config = json.loads(config_path.read_text())
-    if config["max_position_embeddings"] < 1024:
-        config["max_position_embeddings"] = 1024
-        config_path.write_text(json.dumps(config, indent=2))
-    return model
+    return pod_model()
 
 
 def _profiled(cluster: Any, ns: str, name: str, not_hash: str | None = None) -> dict[str, Any] | None:

@@ -28,10 +28,10 @@ ROUTER_KINDS = ("serviceaccount", "role", "rolebinding", "deployment", "service"
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    """A tiny random model outside /tmp (the pod's emptyDir at /tmp would hide a path under it)."""
-    from plimsoll.runtime.testing import write_tiny_model
+    """The tiny random model for pods the pod runner starts (see ``pod_model``)."""
+    from plimsoll.runtime.testing import pod_model
 
-    return write_tiny_model(Path.home() / ".cache" / "plimsoll" / "test-models" / "tiny-llama-1k")
+    return pod_model()
 
 
 def _pods(cluster: Any, ns: str, component: str) -> list[dict[str, Any]]:
