@@ -177,3 +177,7 @@ class Kube:
             cached = (time.monotonic(), names)
             self._discovery[group_version] = cached
         return plural in cached[1]
+
+    def forget_resources(self, group_version: str) -> None:
+        """Drop the cached discovery of ``group_version`` (its CRD went away since it was read)."""
+        self._discovery.pop(group_version, None)

@@ -147,24 +147,35 @@ async def reconcile(
     created: list[str] = []
     updated: list[str] = []
     deployment: dict[str, Any] | None = None
-    for child in children:
-        change, stored = await _apply_child(kube, body, child, logger)
-        label = f"{child['kind']}/{child['metadata']['name']}"
-        if change == "created":
-            created.append(label)
-        elif change == "updated":
-            updated.append(label)
-        if child is replicas:  # status follows the replicas, not the router's Deployment
-            deployment = stored
-
-    if created:
-        kopf.info(_as_body(body), reason="Created", message="created " + ", ".join(created))
-    if updated:
-        kopf.info(
-            _as_body(body),
-            reason="Updated",
-            message="brought back in line with the spec: " + ", ".join(updated),
-        )
+    try:
+        for child in children:
+            try:
+                change, stored = await _apply_child(kube, body, child, logger)
+            except ApiException as error:
+                if error.status != 404 or child["apiVersion"] != MONITORING_GROUP_VERSION:
+                    raise
+                # The Prometheus operator's CRDs were removed after discovery was cached:
+                # skip the optional object and look again on the next pass.
+                kube.forget_resources(MONITORING_GROUP_VERSION)
+                logger.warning("%s is no longer served; skipped", child["kind"])
+                continue
+            label = f"{child['kind']}/{child['metadata']['name']}"
+            if change == "created":
+                created.append(label)
+            elif change == "updated":
+                updated.append(label)
+            if child is replicas:  # status follows the replicas, not the router's Deployment
+                deployment = stored
+    finally:
+        # Said even when a later child fails: a retry finds these in place and would not say it.
+        if created:
+            kopf.info(_as_body(body), reason="Created", message="created " + ", ".join(created))
+        if updated:
+            kopf.info(
+                _as_body(body),
+                reason="Updated",
+                message="brought back in line with the spec: " + ", ".join(updated),
+            )
     ready = await write_status(kube, body, svc, deployment)
     # After write_status: it sets ScalingLimited on the freshest copy, so neither overwrites the other.
     await ensure_external_autoscaler(kube, body, svc, logger)

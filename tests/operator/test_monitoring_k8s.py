@@ -100,6 +100,11 @@ def threshold(expr: str) -> float:
     return float(ast.rhs.val)
 
 
+def _events(cluster: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    items = get_json(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
+    return list((items or {}).get("items", []))
+
+
 def ready(cluster: Any, ns: str, name: str) -> None:
     def check() -> bool:
         c = condition(get_json(cluster, "llms", name, "-n", ns), "Ready")
@@ -155,3 +160,14 @@ def test_prometheus_rule_once_its_crd_exists_with_thresholds_from_the_spec(
         assert refused.returncode != 0 and "for" in refused.stderr
     finally:
         devcluster.kubectl("delete", "crd", CRD_NAME, "--wait=false", check=False)
+
+    # The CRD is gone but the operator's discovery cache still lists it: a new service must
+    # reconcile whole anyway (the rule skipped, the cache refreshed), with its Created Event.
+    devcluster.kubectl("wait", "--for=delete", f"crd/{CRD_NAME}", "--timeout=60s", check=False)
+    apply(devcluster, ns, llmservice("after-crd", capacity={"mode": "Manual", "concurrencyPerReplica": 6}))
+    ready(devcluster, ns, "after-crd")
+    wait_for(
+        lambda: "Created" in {e.get("reason") for e in _events(devcluster, ns, "after-crd")},
+        30,
+        "the Created Event of a service reconciled after the CRD went away",
+    )
