@@ -180,8 +180,8 @@ def test_a_real_bench_sweep_report_feeds_plan(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
     with running_simulator(ServiceCurve(batch_cap=8, step_t0_s=0.01)) as url:
         result = runner.invoke(app, [
-            "bench", "sweep", "--url", url, "--model", "sim-model", "--levels", "1,4,16",
-            "--input-tokens", "16", "--output-tokens", "4", "--duration-per-level", "0.5",
+            "bench", "sweep", "--url", url, "--model", "sim-model", "--levels", "1,4,16,32",
+            "--input-tokens", "16", "--output-tokens", "4", "--duration-per-level", "1",
             "--max-client-lag-ms", "1000", "--min-concurrency-ratio", "0.8", "--output", str(out),
         ])  # fmt: skip
     assert result.exit_code == 0, result.output
