@@ -18,6 +18,8 @@ reference the Triton kernels and this module are tested against.
 import torch
 import torch.nn.functional as F
 
+from plimsoll.runtime import attention_cpu
+
 
 def store_kv(
     key: torch.Tensor,  # [N, Hkv, D]
@@ -48,6 +50,20 @@ def gather_context(
 
 
 def decode_attention(
+    query: torch.Tensor,  # [B, H, D], one query per sequence
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    context_lens: torch.Tensor,  # [B]
+    scale: float,
+) -> torch.Tensor:  # [B, H, D]
+    """Float32 on CPU goes to the compiled kernel (``attention_cpu``) when it is built."""
+    if attention_cpu.supports(query, k_cache, v_cache):
+        return attention_cpu.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+    return sdpa_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def sdpa_decode_attention(
     query: torch.Tensor,  # [B, H, D], one query per sequence
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

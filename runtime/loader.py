@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from plimsoll.runtime.models.llama import LlamaForCausalLM, check_architecture
+from plimsoll.runtime.models.llama import LlamaForCausalLM, check_architecture, fuse_hf_state_dict
 
 
 @dataclass
@@ -99,7 +99,7 @@ def load_model(model: str, dtype: torch.dtype, device: str | torch.device = "cpu
         net = LlamaForCausalLM(hf_config)
     if net.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
+    missing, unexpected = net.load_state_dict(fuse_hf_state_dict(state), strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(
             f"weights in {directory} do not match a {type(net).__name__} built from its config: "

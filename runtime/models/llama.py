@@ -1,7 +1,8 @@
 """Llama-family decoder over the paged KV cache: Llama (incl. SmolLM2), Mistral, Qwen2, Qwen3.
 
-What it is: one readable model file whose parameter names match Hugging Face's, so
-a transformers state dict loads as is. Differences between the family members are
+What it is: one readable model file whose parameter names match Hugging Face's,
+except that q/k/v and gate/up are each one fused matmul (``fuse_hf_state_dict``
+stacks a transformers state dict's tensors into them at load). Differences between the family members are
 switches read from the HF config: Qwen2's q/k/v bias, Qwen3's per-head q/k
 RMSNorm, tied or untied embeddings, RoPE variants (default, linear, llama3, yarn).
 What it is not: a general model zoo; sliding-window attention is not implemented,
@@ -15,6 +16,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention import AttentionMetadata, PagedAttention, StoreKV
+from plimsoll.runtime.models.dense import Linear, linear
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -81,10 +83,11 @@ class Attention(nn.Module):
         qkv_bias = arch == "Qwen2ForCausalLM" or bool(getattr(config, "attention_bias", False))
         o_bias = arch != "Qwen2ForCausalLM" and bool(getattr(config, "attention_bias", False))
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        # q, k and v in one matmul (rows stacked in that order; see fuse_hf_state_dict).
+        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = Linear(self.q_size, hidden, bias=o_bias)
         self.qk_norm = arch == "Qwen3ForCausalLM"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -101,9 +104,10 @@ class Attention(nn.Module):
         paged_attention: PagedAttention,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -122,13 +126,15 @@ class MLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.intermediate_size = config.intermediate_size
+        # gate and up in one matmul (gate rows first; see fuse_hf_state_dict).
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        result: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        result: torch.Tensor = self.down_proj(self.act(gate) * up)
         return result
 
 
@@ -156,7 +162,8 @@ class DecoderModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Parameters named like transformers' ``*ForCausalLM`` (``model.layers.0.self_attn.q_proj.weight``)."""
+    """Parameters named like transformers' ``*ForCausalLM`` (``model.layers.0.self_attn.o_proj.weight``),
+    except the fused ``qkv_proj`` and ``gate_up_proj``: ``fuse_hf_state_dict`` maps a HF state dict."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -165,7 +172,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = DecoderModel(config, arch)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(
         self,
@@ -185,7 +192,33 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return nn.functional.linear(hidden, weight)
+        return linear(hidden, weight)
+
+
+FUSED_PROJECTIONS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def fuse_hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map a transformers state dict onto this model's fused projections.
+
+    Each layer's q/k/v weights (and biases) are stacked into ``qkv_proj`` and its
+    gate/up weights into ``gate_up_proj``; every other name passes through. A layer
+    missing one of the parts is left alone, so the loader's mismatch error names the
+    Hugging Face tensors that are missing.
+    """
+    fused = dict(state)
+    for name in list(state):
+        for target, parts in FUSED_PROJECTIONS.items():
+            head, sep, tail = name.partition(f".{parts[0]}.")
+            if not sep:
+                continue
+            keys = [f"{head}.{part}.{tail}" for part in parts]
+            if all(key in fused for key in keys):
+                fused[f"{head}.{target}.{tail}"] = torch.cat([fused.pop(key) for key in keys], dim=0)
+    return fused
 
 
 def check_architecture(config: Any) -> str:

@@ -1,0 +1,151 @@
+"""Paged decode attention for float32 on CPU: a small C++ kernel built at first use.
+
+What it is: ``decode_attention``, with the contract of ``attention_sdpa.decode_attention``
+(one query per sequence over its paged context), computed by
+``csrc/paged_decode_attention.cpp``. The kernel reads K and V straight from their
+blocks; the torch path first gathers every context into a padded copy and then
+reads that copy again, which on a CPU is most of decode attention's time once a
+batch holds tens of sequences. ``kernel()`` compiles the source once per source,
+compiler, flags and CPU into ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_CACHE_DIR``
+moves it) under a file lock, loads it with ctypes (which releases the GIL during
+the call) and returns ``None`` when it cannot: no C++ compiler, a failed build, or
+``PLIMSOLL_CPU_KERNELS=0``. The reason is logged once and the caller keeps the torch
+path, so a machine without a compiler is slower, never broken.
+
+What it is not: prefill attention, other dtypes, or a GPU kernel (those stay in
+``attention_sdpa.py`` and ``attention_triton.py``).
+"""
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode_attention.cpp"
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-pthread")
+SYMBOL = "plimsoll_paged_decode_attention_f32"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("PLIMSOLL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll"
+    return Path(base) / "kernels"
+
+
+def build(compiler: str) -> Path:
+    """Compile the kernel (or find it already compiled) and return the library's path."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256(
+        b"\0".join(
+            [source, " ".join(FLAGS).encode(), version.encode(), _cpu_model().encode(), platform.machine().encode()]
+        )
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"paged_decode_attention-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            staging = target.with_suffix(f".{os.getpid()}.tmp")
+            result = subprocess.run(
+                [compiler, *FLAGS, str(SOURCE), "-o", str(staging)], capture_output=True, text=True, check=False
+            )
+            if result.returncode != 0:
+                staging.unlink(missing_ok=True)
+                raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-800:]}")
+            staging.rename(target)
+    return target
+
+
+@functools.cache
+def kernel() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """The compiled kernel, or ``None`` (reason logged once) when it cannot be had here."""
+    if os.environ.get("PLIMSOLL_CPU_KERNELS", "1") == "0":
+        log.info("CPU attention kernel off (PLIMSOLL_CPU_KERNELS=0); decode attention uses torch")
+        return None
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        log.warning("no C++ compiler (set CXX or install g++); CPU decode attention falls back to torch")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build(compiler)))
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        log.warning("could not build the CPU attention kernel, falling back to torch: %s", exc)
+        return None
+    fn = getattr(lib, SYMBOL)
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
+    return fn
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether ``decode_attention`` can take these tensors (and the kernel is built)."""
+    return (
+        query.device.type == "cpu"
+        and query.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and kernel() is not None
+    )
+
+
+def decode_attention(
+    query: torch.Tensor,  # [B, H, D], one query per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    context_lens: torch.Tensor,  # [B]
+    scale: float,
+) -> torch.Tensor:  # [B, H, D]
+    fn = kernel()
+    if fn is None:
+        raise RuntimeError("the CPU attention kernel is not available; check supports() first")
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    q = query.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    out = torch.empty_like(q)
+    rc = fn(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        lens.data_ptr(),
+        out.data_ptr(),
+        num_seqs,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        tables.shape[1],
+        scale,
+        torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise ValueError(
+            f"CPU decode attention rejected its inputs (code {rc}): heads {num_heads}/{num_kv_heads}, "
+            f"block_size {block_size}, context lengths must be 1..{tables.shape[1] * block_size}"
+        )
+    return out

@@ -1,0 +1,31 @@
+"""Dense projections for the model: oneDNN's matmul for float32 on CPU, ``F.linear`` elsewhere.
+
+What it is: ``Linear``, an ``nn.Linear`` (same parameters, same state dict) whose
+forward calls oneDNN's matmul directly when the input is a float32 CPU tensor.
+Why: torch's ``F.linear`` on CPU goes to MKL, which runs the small-batch shapes of
+decoding (1 to 64 rows against a weight of 576-49,152 outputs) on one thread and at
+a fraction of the memory bandwidth, on the AMD host this project measures on.
+oneDNN splits them over the intra-op threads: ``python benchmarks/engine_workloads.py
+--workload gemm`` prints both side by side (figures in docs/bench.md).
+What it is not: quantisation, weight packing, or a GPU path (CUDA keeps ``F.linear``).
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# The op inductor's CPU backend emits for linear layers; absent from builds without oneDNN.
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias``; on CPU in float32 through oneDNN (see the module docstring)."""
+    if _ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return out
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
