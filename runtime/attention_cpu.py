@@ -57,7 +57,13 @@ def build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(
         b"\0".join(
-            [source, " ".join(FLAGS).encode(), version.encode(), _cpu_model().encode(), platform.machine().encode()]
+            [
+                source,
+                " ".join(FLAGS).encode(),
+                version.encode(),
+                _cpu_model().encode(),
+                platform.machine().encode(),
+            ]
         )
     ).hexdigest()[:16]
     target = _cache_dir() / f"paged_decode_attention-{key}.so"
@@ -69,7 +75,10 @@ def build(compiler: str) -> Path:
         if not target.exists():
             staging = target.with_suffix(f".{os.getpid()}.tmp")
             result = subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", str(staging)], capture_output=True, text=True, check=False
+                [compiler, *FLAGS, str(SOURCE), "-o", str(staging)],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if result.returncode != 0:
                 staging.unlink(missing_ok=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_attention_sdpa import make_batch
 
 from plimsoll.runtime import attention_cpu, attention_sdpa, attention_torch
-from test_attention_sdpa import make_batch
 
 pytestmark = pytest.mark.skipif(attention_cpu.kernel() is None, reason="no C++ compiler to build the kernel")
 
@@ -29,7 +29,12 @@ DECODE_CASES = {
 def test_kernel_equals_oracle(case: str) -> None:
     ctx, heads, head_dim, block_size = DECODE_CASES[case]
     args = make_batch(
-        ctx, [1] * len(ctx), num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size
+        ctx,
+        [1] * len(ctx),
+        num_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=head_dim,
+        block_size=block_size,
     )
     query, kc, vc, tables, _cu, lens, scale = args
     expected = attention_torch.paged_attention(*args)
@@ -51,9 +56,9 @@ def test_kernel_is_used_for_float32_and_not_for_other_dtypes() -> None:
 
 
 def test_kernel_rejects_a_context_longer_than_its_block_table() -> None:
-    query, kc, vc, tables, _cu, lens, scale = make_batch([9, 4], [1, 1])
+    query, kc, vc, tables, _cu, _lens, scale = make_batch([9, 4], [1, 1])
     too_long = torch.tensor([9, tables.shape[1] * kc.shape[1] + 1], dtype=torch.int32)
-    with pytest.raises(ValueError, match="context lengths must be 1.."):
+    with pytest.raises(ValueError, match=r"context lengths must be 1\.\."):
         attention_cpu.decode_attention(query, kc, vc, tables, too_long, scale)
 
 
