@@ -18,7 +18,7 @@ reference the Triton kernels and this module are tested against.
 import torch
 import torch.nn.functional as F
 
-from plimsoll.runtime import attention_cpu
+from plimsoll.runtime import cpu_kernels
 
 
 def store_kv(
@@ -57,9 +57,9 @@ def decode_attention(
     context_lens: torch.Tensor,  # [B]
     scale: float,
 ) -> torch.Tensor:  # [B, H, D]
-    """Float32 on CPU goes to the compiled kernel (``attention_cpu``) when it is built."""
-    if attention_cpu.supports(query, k_cache, v_cache):
-        return attention_cpu.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+    """Float32 on CPU goes to the compiled kernel (``cpu_kernels``) when it is built."""
+    if cpu_kernels.supports_attention(query, k_cache, v_cache):
+        return cpu_kernels.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
     return sdpa_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
 
 

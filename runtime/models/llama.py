@@ -29,6 +29,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # torch's fused op: one call instead of seven, bitwise equal to the lines below in fp32.
+            return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in fp32 and cast back before the weight, as transformers does.
         dtype = x.dtype
         x32 = x.float()
@@ -69,8 +72,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [N, H, D], cos/sin [N, D]
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+    # x [N, H, D], cos/sin [N, D]; x * cos + rotate_half(x) * sin, in two fewer ops.
+    return torch.addcmul(x * cos[:, None, :], rotate_half(x), sin[:, None, :])
 
 
 class Attention(nn.Module):
@@ -104,13 +107,23 @@ class Attention(nn.Module):
         paged_attention: PagedAttention,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(n, self.num_heads, self.head_dim)
-        k = k.reshape(n, self.num_kv_heads, self.head_dim)
-        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
+            qk = torch.cat(
+                (
+                    self.q_norm(q.reshape(n, self.num_heads, self.head_dim)),
+                    self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim)),
+                ),
+                dim=1,
+            )
+        else:
+            qk = qkv[:, : self.q_size + self.kv_size].view(
+                n, self.num_heads + self.num_kv_heads, self.head_dim
+            )
+        # RoPE on q and k heads together: one set of ops per layer instead of two.
+        q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         k_cache, v_cache = kv_cache
         # Every layer stores all of the step's KV before attending, so sequences that
         # hit a block another sequence fills in this same step read it correctly.

@@ -1,12 +1,18 @@
-// Paged decode attention on the CPU, float32: one query per sequence against its
-// context read straight from the paged KV cache (no gather copy).
+// CPU kernels for float32 that torch's CPU ops run poorly at serving shapes.
 //
-// What it is: the decode half of attention_torch.paged_attention's contract,
-// compiled at first use by attention_cpu.py (c++ -O3 -march=native -fopenmp-simd) and called
-// through ctypes. Work is split by sequence over std::threads; each sequence reads
-// its context's K rows once to score every query head (GQA: query head h reads KV
-// head h / (H / Hkv)) and its V rows once to sum them. What it is not: prefill attention (several queries per
-// sequence) or a GPU kernel; those stay in torch and Triton.
+// What it is: two functions compiled at first use by cpu_kernels.py (c++ -O3
+// -march=native -fopenmp-simd) and called through ctypes, each splitting its work
+// over std::threads:
+// - plimsoll_paged_decode_attention_f32: the decode half of
+//   attention_torch.paged_attention's contract, one query per sequence against its
+//   context read straight from the paged KV cache (no gather copy). Work is split by
+//   sequence; each reads its K rows once to score every query head (GQA: query head
+//   h reads KV head h / (H / Hkv)) and its V rows once to sum them.
+// - plimsoll_small_batch_linear_f32: x @ W.T + bias for a few rows of x (decode at
+//   low concurrency), split by output rows so each thread streams its part of W
+//   from memory once; at these shapes the matmul is bound by reading W.
+// What it is not: prefill attention, large matmuls (oneDNN does those) or GPU
+// kernels (Triton).
 //
 // Layouts (row-major, contiguous):
 //   q            [B, H, D]
@@ -14,6 +20,7 @@
 //   block_tables [B, max_blocks] int32 (entries past a context are never read)
 //   context_lens [B] int32
 //   out          [B, H, D]
+//   x [M, K], W [N, K], bias [N] or null, y [M, N]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -117,5 +124,39 @@ extern "C" int plimsoll_paged_decode_attention_f32(
   for (int64_t w = 1; w < workers; ++w) pool.emplace_back(run, w);
   run(0);
   for (auto& th : pool) th.join();
+  return 0;
+}
+
+namespace {
+
+void linear_rows(const float* x, const float* w, const float* bias, float* y, int64_t m_len, int64_t n_begin,
+                 int64_t n_end, int64_t n_len, int64_t k_len) {
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const float* wn = w + n * k_len;
+    for (int64_t m = 0; m < m_len; ++m) {
+      const float* xm = x + m * k_len;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t k = 0; k < k_len; ++k) dot += xm[k] * wn[k];
+      y[m * n_len + n] = bias != nullptr ? dot + bias[n] : dot;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, const float* bias, float* y,
+                                               int64_t m_len, int64_t n_len, int64_t k_len, int64_t num_threads) {
+  if (m_len <= 0 || n_len <= 0 || k_len <= 0) return 1;
+  // A thread is worth starting only for a few hundred KB of W.
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 65536));
+  const int64_t chunk = (n_len + workers - 1) / workers;
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < workers; ++i) {
+    const int64_t begin = std::min(n_len, i * chunk), end = std::min(n_len, (i + 1) * chunk);
+    pool.emplace_back(linear_rows, x, w, bias, y, m_len, begin, end, n_len, k_len);
+  }
+  linear_rows(x, w, bias, y, m_len, 0, std::min(n_len, chunk), n_len, k_len);
+  for (auto& t : pool) t.join();
   return 0;
 }
