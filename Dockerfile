@@ -26,10 +26,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PLIMSOLL_CACHE_DIR=/opt/plimsoll/models \
     HOME=/home/plimsoll
 
-# CUDA bases ship without Python; the python:* base already has it.
+# CUDA bases ship without Python; the python:* base already has it. g++ builds the
+# CPU kernels (runtime/csrc) at first use for the node's own CPU; without it
+# `plimsoll serve` on CPU falls back to slower torch paths.
 RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then \
       apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
       && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && if ! command -v c++ >/dev/null 2>&1; then \
+      apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*; \
     fi \
  && python3 -m venv "$VIRTUAL_ENV" \
  && groupadd --gid 1000 plimsoll \

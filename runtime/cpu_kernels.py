@@ -10,8 +10,8 @@ What it is: two functions with torch-shaped signatures.
   concurrency), where a matmul is bound by reading W and torch's libraries stream
   it at well under the memory bandwidth (``models/dense.py`` picks it).
 ``library()`` compiles the source once per source,
-compiler, flags and CPU into ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_CACHE_DIR``
-moves it) under a file lock, loads it with ctypes (which releases the GIL during
+compiler, flags and CPU into ``~/.cache/plimsoll/kernels/``
+(``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file lock, loads it with ctypes (which releases the GIL during
 the call) and returns ``None`` when it cannot: no C++ compiler, a failed build, or
 ``PLIMSOLL_CPU_KERNELS=0``. The reason is logged once and the caller keeps the torch
 path, so a machine without a compiler is slower, never broken.
@@ -50,8 +50,7 @@ def _cpu_model() -> str:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("PLIMSOLL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll"
-    return Path(base) / "kernels"
+    return Path(os.environ.get("PLIMSOLL_KERNEL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll" / "kernels")
 
 
 def build(compiler: str) -> Path:

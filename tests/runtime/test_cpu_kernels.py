@@ -8,6 +8,7 @@ input) and the dispatch of ``models.dense.linear``. The fallback when the kernel
 are switched off or cannot be built; the kernels' own checks of bad input.
 """
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,13 @@ from torch.nn import functional as F
 from plimsoll.runtime import attention_sdpa, attention_torch, cpu_kernels
 from plimsoll.runtime.models import dense
 
-pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C++ compiler to build the kernels")
+COMPILER = shutil.which("c++") or shutil.which("g++")
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler to build the kernels")
+
+
+def test_kernels_build_where_a_compiler_exists() -> None:
+    # A compiler is here (else the module is skipped), so a fallback would hide a broken build.
+    assert cpu_kernels.library() is not None
 
 DECODE_CASES = {
     "ragged GQA": ([37, 5, 16, 1, 90, 64], (6, 2), 32, 4),
@@ -78,7 +85,7 @@ def test_switched_off_or_unbuildable_kernel_falls_back_to_torch(
         torch.testing.assert_close(attention_sdpa.paged_attention(*args), expected, rtol=1e-5, atol=1e-5)
         cpu_kernels.library.cache_clear()
         monkeypatch.delenv("PLIMSOLL_CPU_KERNELS")
-        monkeypatch.setenv("PLIMSOLL_CACHE_DIR", str(tmp_path))
+        monkeypatch.setenv("PLIMSOLL_KERNEL_CACHE_DIR", str(tmp_path))
         broken = tmp_path / "broken.cpp"
         broken.write_text("this is not C++\n")
         monkeypatch.setattr(cpu_kernels, "SOURCE", broken)
@@ -91,7 +98,7 @@ def test_switched_off_or_unbuildable_kernel_falls_back_to_torch(
 
 
 def test_build_reuses_the_compiled_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PLIMSOLL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PLIMSOLL_KERNEL_CACHE_DIR", str(tmp_path))
     compiler = cpu_kernels.shutil.which("c++") or "g++"
     first = cpu_kernels.build(compiler)
     stamp = first.stat().st_mtime_ns

@@ -1,0 +1,98 @@
+"""Decode step time with and without one CPU fast path, alternated step by step in one engine.
+
+A shared 2-core host moves step times by ±15 % between runs, more than most single
+changes are worth, so each comparison here runs both variants in the same process
+on the same batch, alternating every step, and prints the median step time of each.
+A script that prints figures, not a test.
+
+    PYTHONSAFEPATH=1 python benchmarks/step_ab.py --compare attention --levels 1,16,64
+"""
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from plimsoll.runtime import cpu_kernels
+from plimsoll.runtime.config import EngineConfig
+from plimsoll.runtime.engine import LLMEngine
+from plimsoll.runtime.models import dense
+from plimsoll.runtime.sampling_params import SamplingParams
+
+Switch = Callable[[bool], None]
+
+
+def _onednn(on: bool) -> None:
+    dense._ONEDNN = on
+
+
+def _small_batch(on: bool) -> None:
+    cpu_kernels.SMALL_BATCH_MAX_ROWS = 4 if on else 0
+
+
+def _attention(on: bool) -> None:
+    cpu_kernels.supports_attention = SUPPORTS_ATTENTION if on else (lambda *_: False)
+
+
+SUPPORTS_ATTENTION = cpu_kernels.supports_attention
+# name: (switch, label off, label on); every other fast path stays as the engine has it.
+COMPARISONS: dict[str, tuple[Switch, str, str]] = {
+    "onednn": (_onednn, "MKL F.linear", "oneDNN"),
+    "small-batch": (_small_batch, "oneDNN", "small-batch kernel"),
+    "attention": (_attention, "SDPA over gathered contexts", "decode-attention kernel"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compare", choices=sorted(COMPARISONS), required=True)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
+    ap.add_argument("--steps", type=int, default=8, help="measured steps per variant and level")
+    ap.add_argument("--prompt", type=int, default=160, help="context tokens before decoding starts")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    switch, off, on = COMPARISONS[args.compare]
+    if args.compare != "onednn" and cpu_kernels.library() is None:
+        raise SystemExit(
+            "the CPU kernels could not be built here (see the warning above); nothing to compare"
+        )
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            kv_cache_memory="1GiB",
+            max_num_seqs=max(args.levels),
+            enable_prefix_caching=False,
+        )
+    )
+    engine.warmup()
+    vocab = int(engine.hf_config.vocab_size)
+    rng = random.Random(0)
+    print(f"# {args.compare}: {off} vs {on}; decode step ms (median of {args.steps}), context ~{args.prompt}")
+    for b in args.levels:
+        params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 2, ignore_eos=True)
+        for i in range(b):
+            engine.add_request(f"ab-{b}-{i}", [rng.randrange(100, vocab) for _ in range(args.prompt)], params)
+        while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+            engine.step()  # prefill until every sequence decodes
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.steps):
+            for variant in (False, True):
+                switch(variant)
+                t0 = time.perf_counter()
+                engine.step()
+                times[variant].append(time.perf_counter() - t0)
+        switch(True)
+        while engine.has_unfinished_requests():
+            engine.step()
+        a, b_ms = (statistics.median(times[v]) * 1000 for v in (False, True))
+        print(f"batch {b:3d}: {off} {a:7.1f} ms | {on} {b_ms:7.1f} ms | ratio {b_ms / a:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
