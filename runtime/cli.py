@@ -63,6 +63,12 @@ def serve(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
     device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
     attention_backend: str = typer.Option("torch", "--attention-backend", help="torch or triton."),
+    scheduling_policy: str = typer.Option(
+        "continuous",
+        "--scheduling-policy",
+        help="continuous (admit new requests every step) or static (admit a new batch only when the "
+        "running one has drained; for comparison, see docs/runtime.md).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for requests that do not send one."),
     drain_timeout: float = typer.Option(
         25.0, "--drain-timeout", min=0, help="Seconds SIGTERM waits for in-flight requests before exiting."
@@ -95,6 +101,7 @@ def serve(
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
+            scheduling_policy=scheduling_policy,
             seed=seed,
         )
         settings = ServerSettings(

@@ -40,13 +40,17 @@ FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPI
 
 
 def _cpu_model() -> str:
+    """The CPU's model and instruction-set flags: ``-march=native`` code must not meet another CPU."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    first: dict[str, str] = {}
+    for line in lines:
+        key = line.split(":", 1)[0].strip()
+        if key in ("model name", "flags"):
+            first.setdefault(key, line)
+    return "\n".join(first.values()) or platform.processor()
 
 
 def _cache_dir() -> Path:

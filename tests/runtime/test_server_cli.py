@@ -35,3 +35,6 @@ def test_bad_settings_exit_2_naming_the_setting() -> None:
     assert "kv_cache_memory" in result.output and "2GiB" in result.output
     result = CliRunner().invoke(app, ["serve", "--dtype", "int3", "--port", "1"])
     assert result.exit_code == 2 and "dtype" in result.output
+    result = CliRunner().invoke(app, ["serve", "--scheduling-policy", "fifo", "--port", "1"])
+    assert result.exit_code == 2
+    assert "scheduling_policy" in result.output and "'continuous' or 'static'" in result.output
