@@ -41,6 +41,19 @@ struct Args {
   float scale;
 };
 
+// Calls visit(t, row) for tokens t = 0 .. ctx-1 of one sequence, in order, where row
+// points at that token's [Hkv, D] slice of the cache: blocks are walked through the
+// block table, each one read front to back.
+template <typename Visit>
+void for_each_token(const float* cache, const int32_t* table, int64_t ctx, int64_t bs, int64_t token_stride,
+                    Visit visit) {
+  for (int64_t start = 0; start < ctx; start += bs) {
+    const float* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
+    const int64_t n = std::min(bs, ctx - start);
+    for (int64_t o = 0; o < n; ++o) visit(start + o, block + o * token_stride);
+  }
+}
+
 // One sequence, all heads: its blocks are walked in order and each token's K (then
 // V) row of Hkv x D floats is read once, contiguously, for every head. Splitting the
 // work by (sequence, KV head) instead reads each row in three strided pieces, which
@@ -58,21 +71,16 @@ void attend_seq(const Args& a, int64_t seq, std::vector<float>& scores) {
   scores.resize(static_cast<size_t>(heads * ctx));
   float* s = scores.data();  // [H, ctx]
 
-  for (int64_t start = 0; start < ctx; start += bs) {
-    const float* block = a.k_cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
-    const int64_t n = std::min(bs, ctx - start);
-    for (int64_t o = 0; o < n; ++o) {
-      const float* row = block + o * token_stride;
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* k = row + (h / group) * d_len;
-        const float* qh = q + h * d_len;
-        float dot = 0.f;
+  for_each_token(a.k_cache, table, ctx, bs, token_stride, [&](int64_t t, const float* row) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* k = row + (h / group) * d_len;
+      const float* qh = q + h * d_len;
+      float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < d_len; ++d) dot += qh[d] * k[d];
-        s[h * ctx + start + o] = dot * a.scale;
-      }
+      for (int64_t d = 0; d < d_len; ++d) dot += qh[d] * k[d];
+      s[h * ctx + t] = dot * a.scale;
     }
-  }
+  });
   for (int64_t h = 0; h < heads; ++h) {
     float* sh = s + h * ctx;
     float mx = -std::numeric_limits<float>::infinity();
@@ -86,20 +94,15 @@ void attend_seq(const Args& a, int64_t seq, std::vector<float>& scores) {
     for (int64_t t = 0; t < ctx; ++t) sh[t] *= inv;
   }
   std::fill(out, out + heads * d_len, 0.f);
-  for (int64_t start = 0; start < ctx; start += bs) {
-    const float* block = a.v_cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
-    const int64_t n = std::min(bs, ctx - start);
-    for (int64_t o = 0; o < n; ++o) {
-      const float* row = block + o * token_stride;
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* v = row + (h / group) * d_len;
-        const float w = s[h * ctx + start + o];
-        float* oh = out + h * d_len;
+  for_each_token(a.v_cache, table, ctx, bs, token_stride, [&](int64_t t, const float* row) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* v = row + (h / group) * d_len;
+      const float w = s[h * ctx + t];
+      float* oh = out + h * d_len;
 #pragma omp simd
-        for (int64_t d = 0; d < d_len; ++d) oh[d] += w * v[d];
-      }
+      for (int64_t d = 0; d < d_len; ++d) oh[d] += w * v[d];
     }
-  }
+  });
 }
 
 }  // namespace
