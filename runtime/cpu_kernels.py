@@ -9,12 +9,12 @@ What it is: two functions with torch-shaped signatures.
 - ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
   concurrency), where a matmul is bound by reading W and torch's libraries stream
   it at well under the memory bandwidth (``models/dense.py`` picks it).
-``library()`` compiles the source once per source,
-compiler, flags and CPU into ``~/.cache/plimsoll/kernels/``
-(``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file lock, loads it with ctypes (which releases the GIL during
-the call) and returns ``None`` when it cannot: no C++ compiler, a failed build, or
-``PLIMSOLL_CPU_KERNELS=0``. The reason is logged once and the caller keeps the torch
-path, so a machine without a compiler is slower, never broken.
+``library()`` compiles the source once per source, compiler, flags and CPU into
+``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
+lock, loads it with ctypes (which releases the GIL during each call) and returns
+``None`` when it cannot: no C++ compiler, a failed build, or ``PLIMSOLL_CPU_KERNELS=0``.
+The reason is logged once and the caller keeps the torch path, so a machine without
+a compiler is slower, never broken. The first matmul of the engine's warm-up builds it.
 
 What it is not: prefill attention, other dtypes, or a GPU kernel (those stay in
 ``attention_sdpa.py`` and ``attention_triton.py``).
@@ -54,7 +54,9 @@ def _cpu_model() -> str:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("PLIMSOLL_KERNEL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll" / "kernels")
+    return Path(
+        os.environ.get("PLIMSOLL_KERNEL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll" / "kernels"
+    )
 
 
 def build(compiler: str) -> Path:

@@ -28,6 +28,7 @@ def test_kernels_build_where_a_compiler_exists() -> None:
     # A compiler is here (else the module is skipped), so a fallback would hide a broken build.
     assert cpu_kernels.library() is not None
 
+
 DECODE_CASES = {
     "ragged GQA": ([37, 5, 16, 1, 90, 64], (6, 2), 32, 4),
     "MHA": ([20, 7, 33], (4, 4), 32, 4),
