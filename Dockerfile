@@ -27,7 +27,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/plimsoll
 
 # CUDA bases ship without Python; the python:* base already has it. g++ builds the
-# CPU kernels (runtime/csrc) at first use for the node's own CPU; without it
+# CPU kernels (runtime/kernels/csrc) at first use for the node's own CPU; without it
 # `plimsoll serve` on CPU falls back to slower torch paths.
 RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then \
       apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
@@ -51,7 +51,7 @@ COPY devcluster/ devcluster/
 
 RUN pip install --upgrade pip \
  && pip install --extra-index-url "$TORCH_INDEX_URL" ".${EXTRAS:+[$EXTRAS]}" \
- && python -c "from plimsoll.runtime.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
+ && python -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
  && chown -R 1000:1000 /opt/plimsoll \
  && rm -rf /src
 

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 import torch
 
-from plimsoll.runtime.config import EngineConfig
-from plimsoll.runtime.engine import LLMEngine
-from plimsoll.runtime.outputs import RequestOutput
-from plimsoll.runtime.sampling_params import SamplingParams
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.llm_engine import LLMEngine
+from plimsoll.runtime.engine.outputs import RequestOutput
+from plimsoll.runtime.engine.sampling_params import SamplingParams
 
 Shape = Callable[[random.Random], tuple[list[int], int]]
 

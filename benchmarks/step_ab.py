@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import torch
 
-from plimsoll.runtime import cpu_kernels
-from plimsoll.runtime.config import EngineConfig
-from plimsoll.runtime.engine import LLMEngine
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.llm_engine import LLMEngine
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import dense
-from plimsoll.runtime.sampling_params import SamplingParams
 
 Switch = Callable[[bool], None]
 

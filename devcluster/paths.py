@@ -43,7 +43,7 @@ def default_state_dir() -> Path:
 def model_cache_dir() -> Path:
     """The local model cache the pod runner maps model volumes to.
 
-    Same rule as the runtime's ``plimsoll.runtime.embedded.cache_dir`` (not imported,
+    Same rule as the runtime's ``plimsoll.runtime.models.embedded.cache_dir`` (not imported,
     to keep the control plane free of the runtime's dependencies).
     """
     return Path(os.environ.get("PLIMSOLL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll" / "models")

@@ -152,7 +152,7 @@ def ensure_model(console: Console, model_uri: str) -> None:
     if not model_uri.startswith(EMBEDDED_PREFIX):
         console.print(f"[green]✓[/green] model {model_uri} (not embedded: nothing to convert)")
         return
-    from plimsoll.runtime.embedded import cache_dir, ensure_embedded_model
+    from plimsoll.runtime.models.embedded import cache_dir, ensure_embedded_model
 
     name = model_uri.removeprefix(EMBEDDED_PREFIX)
     started = time.monotonic()

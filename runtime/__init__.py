@@ -6,7 +6,7 @@ modules (torch, transformers) load only when ``LLM`` is first used.
 
 from typing import TYPE_CHECKING, Any
 
-from plimsoll.runtime.sampling_params import SamplingParams
+from plimsoll.runtime.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from plimsoll.runtime.llm import LLM

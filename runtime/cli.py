@@ -79,11 +79,12 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from plimsoll.runtime.async_engine import AsyncEngine
-    from plimsoll.runtime.config import EngineConfig
-    from plimsoll.runtime.metrics import ServerMetrics
-    from plimsoll.runtime.server import ServerSettings, build_app
-    from plimsoll.runtime.serving_lifecycle import DrainingServer
+    from plimsoll.runtime.engine.async_engine import AsyncEngine
+    from plimsoll.runtime.engine.config import EngineConfig
+    from plimsoll.runtime.serving.lifecycle import DrainingServer
+    from plimsoll.runtime.serving.metrics import ServerMetrics
+    from plimsoll.runtime.serving.server import build_app
+    from plimsoll.runtime.serving.settings import ServerSettings
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr

@@ -6,10 +6,10 @@ What it is not: a server; nothing here is concurrent.
 
 from typing import Any
 
-from plimsoll.runtime.config import EngineConfig
-from plimsoll.runtime.engine import LLMEngine
-from plimsoll.runtime.outputs import EngineObserver, RequestOutput
-from plimsoll.runtime.sampling_params import SamplingParams
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.llm_engine import LLMEngine
+from plimsoll.runtime.engine.outputs import EngineObserver, RequestOutput
+from plimsoll.runtime.engine.sampling_params import SamplingParams
 
 
 class LLM:

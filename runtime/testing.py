@@ -164,11 +164,12 @@ class ThreadedServer:
     def start(self) -> ThreadedServer:
         import uvicorn
 
-        from plimsoll.runtime.async_engine import AsyncEngine
-        from plimsoll.runtime.config import EngineConfig
-        from plimsoll.runtime.metrics import ServerMetrics
-        from plimsoll.runtime.server import ServerSettings, build_app
-        from plimsoll.runtime.serving_lifecycle import DrainingServer
+        from plimsoll.runtime.engine.async_engine import AsyncEngine
+        from plimsoll.runtime.engine.config import EngineConfig
+        from plimsoll.runtime.serving.lifecycle import DrainingServer
+        from plimsoll.runtime.serving.metrics import ServerMetrics
+        from plimsoll.runtime.serving.server import build_app
+        from plimsoll.runtime.serving.settings import ServerSettings
 
         config = EngineConfig(model=self.model, **self.engine_kwargs)
         settings = ServerSettings(

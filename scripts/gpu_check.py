@@ -137,7 +137,7 @@ def environment(smoke: bool) -> dict[str, Any]:
             env["peak_bandwidth_Bps"] = next((v for k, v in PEAK_BANDWIDTH.items() if k in props.name), None)
     except Exception as exc:
         env["cuda_available"] = f"unknown ({exc})"
-    for mod in ("plimsoll.runtime.attention_triton", "plimsoll.runtime.llm"):
+    for mod in ("plimsoll.runtime.attention.triton_backend", "plimsoll.runtime.llm"):
         try:
             __import__(mod)
             env[mod] = "importable"
@@ -212,8 +212,8 @@ def cuda_time_ms(fn: Callable[[], Any], iters: int) -> float:
 def kernels(smoke: bool) -> dict[str, Any]:
     torch = need("torch")
     need("triton")
-    at = need("plimsoll.runtime.attention_triton")
-    ref = need("plimsoll.runtime.attention_torch")
+    at = need("plimsoll.runtime.attention.triton_backend")
+    ref = need("plimsoll.runtime.attention.reference")
     dev = device(smoke)
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 oracle must really be fp32
     rng = random.Random(0)
@@ -268,7 +268,7 @@ def kernels(smoke: bool) -> dict[str, Any]:
     ]
 
     # Decode timing, bf16, every sequence at the full context.
-    from plimsoll.runtime.attention import batched_decode_attention
+    from plimsoll.runtime.attention.backends import batched_decode_attention
 
     timing = []
     for batch in [1, 8, 64] if not smoke else [2]:
@@ -333,7 +333,7 @@ def smollm2_dir(work: Path, dev: str) -> tuple[Path, str]:
     if explicit and (Path(explicit) / "config.json").exists():
         return Path(explicit), f"SmolLM2-135M-Instruct ({explicit})"
     try:
-        from plimsoll.runtime.embedded import EMBEDDED_MODELS, cache_dir
+        from plimsoll.runtime.models.embedded import EMBEDDED_MODELS, cache_dir
 
         cached = cache_dir() / EMBEDDED_MODELS["smollm2-135m"]["dirname"]
         if (cached / "model.safetensors").exists():
@@ -425,7 +425,7 @@ class StepLog:
 def decode(smoke: bool, work: Path, which: str, backend: str = "triton") -> dict[str, Any]:
     torch = need("torch")
     runtime = need("plimsoll.runtime")
-    from plimsoll.runtime.model_runner import kv_bytes_per_token
+    from plimsoll.runtime.engine.model_runner import kv_bytes_per_token
 
     dev = device(smoke)
     dtype_name = "float32" if smoke else "bfloat16"

@@ -28,7 +28,7 @@ EOF
 
 # plimsoll maps top-level folders to subpackages (runtime/ -> plimsoll.runtime) via
 # setuptools package-dir. Without an install, mirror that mapping with symlinks.
-if ! PYTHONSAFEPATH=1 "$PY" -c "import plimsoll.runtime.attention_triton" >/dev/null 2>&1; then
+if ! PYTHONSAFEPATH=1 "$PY" -c "import plimsoll.runtime.attention.triton_backend" >/dev/null 2>&1; then
   SHIM="$(mktemp -d)"
   mkdir "$SHIM/plimsoll"
   for f in "$REPO"/plimsoll/*; do ln -s "$f" "$SHIM/plimsoll/"; done

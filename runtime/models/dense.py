@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from plimsoll.runtime import cpu_kernels
+from plimsoll.runtime.kernels import cpu_kernels
 
 # Decode-sized matmuls go to oneDNN; prefill-sized ones (where MKL is as fast) stay with
 # F.linear, which keeps the number of cached oneDNN primitives, and their memory, bounded.

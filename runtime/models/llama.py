@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from plimsoll.runtime.attention import AttentionMetadata, PagedAttention, StoreKV
+from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 from plimsoll.runtime.models.dense import Linear, linear
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

@@ -1,0 +1,183 @@
+"""The engine for the server: a background thread runs the step loop; asyncio streams outputs.
+
+What it is: ``AsyncEngine.start()`` loads the model and KV cache in a worker
+thread, warms up, then keeps stepping while there is work. ``generate()`` is an
+async iterator of ``RequestOutput`` per step; closing or cancelling it aborts the
+request and frees its blocks at once. What it is not: HTTP (see ``server.py``).
+
+Threading: only the engine thread touches the ``LLMEngine``. Other threads post
+commands (add, abort) to a queue and are woken by a condition; outputs go back
+through ``loop.call_soon_threadsafe`` into per-request asyncio queues.
+"""
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.llm_engine import LLMEngine
+from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped on an error; no request can proceed."""
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+        self.config = config
+        self.observer = observer
+        self.engine: LLMEngine | None = None
+        self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._commands: list[tuple[str, Any]] = []
+        self._streams: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]
+        ] = {}
+        self._stopping = False
+        self._error: BaseException | None = None
+        self.is_ready = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        def build() -> LLMEngine:
+            engine = LLMEngine(self.config, self.observer)
+            engine.warmup()
+            return engine
+
+        self.engine = await asyncio.to_thread(build)
+        self._thread = threading.Thread(target=self._loop, name="plimsoll-engine", daemon=True)
+        self._thread.start()
+        self.is_ready = True
+
+    async def shutdown(self) -> None:
+        self.is_ready = False
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        for loop, queue in list(self._streams.values()):
+            loop.call_soon_threadsafe(queue.put_nowait, EngineDeadError("the engine was shut down"))
+        self._streams.clear()
+
+    # -- properties the server reads ------------------------------------------------------
+
+    def _engine(self) -> LLMEngine:
+        if self.engine is None:
+            raise RuntimeError("AsyncEngine.start() has not finished yet")
+        return self.engine
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._engine().tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return str(self.config.display_name)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._engine().max_model_len)
+
+    @property
+    def is_dead(self) -> bool:
+        return self._error is not None
+
+    def stats(self) -> EngineStats:
+        return self._engine().stats()  # reads plain ints; a slightly stale view is fine
+
+    # -- requests ----------------------------------------------------------------------
+
+    def _validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Check the request in the caller's thread, so bad input fails before it is queued."""
+        engine = self._engine()
+        params.validate()
+        ids: list[int] = engine.tokenize(prompt)[1]
+        if len(ids) >= engine.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but max_model_len is {engine.max_model_len}, which must "
+                "also leave room for at least one generated token; shorten the prompt"
+            )
+        return ids
+
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine loop died: {self._error!r}")
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
+        arrival = time.monotonic()
+        ids = self._validate(prompt, params)  # bad input fails here, before anything is queued
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        self._post("add", (request_id, prompt, params, arrival, ids))
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._post("abort", request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    def _post(self, kind: str, payload: Any) -> None:
+        with self._cond:
+            self._commands.append((kind, payload))
+            self._cond.notify()
+
+    # -- the engine thread --------------------------------------------------------------
+
+    def _deliver(self, out: RequestOutput | BaseException, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, queue = stream
+            loop.call_soon_threadsafe(queue.put_nowait, out)
+
+    def _loop(self) -> None:
+        engine = self._engine()
+        try:
+            while True:
+                with self._cond:
+                    while not self._commands and not engine.has_unfinished_requests() and not self._stopping:
+                        self._cond.wait()
+                    commands, self._commands = self._commands, []
+                    if self._stopping:
+                        return
+                for kind, payload in commands:
+                    if kind == "add":
+                        request_id, prompt, params, arrival, ids = payload
+                        try:
+                            engine.add_request(request_id, prompt, params, arrival, ids)
+                        except ValueError as exc:
+                            self._deliver(exc, request_id)
+                    else:
+                        out = engine.abort_request(payload)
+                        if out is not None:
+                            self._deliver(out, payload)
+                if engine.has_unfinished_requests():
+                    for out in engine.step():
+                        self._deliver(out, out.request_id)
+        except BaseException as exc:  # the loop must report, not vanish
+            log.exception("engine loop died")
+            self._error = exc
+            self.is_ready = False
+            for request_id in list(self._streams):
+                self._deliver(EngineDeadError(f"the engine loop died: {exc!r}"), request_id)

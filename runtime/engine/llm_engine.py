@@ -1,0 +1,361 @@
+"""The synchronous engine: schedule → run → sample → update, one step at a time.
+
+What it is: request intake (tokenise, validate, split ``n > 1`` into sibling
+sequences), the step loop, finishing rules (EOS, stop token ids, stop strings,
+``max_tokens``, ``max_model_len``; ``min_tokens`` and ``ignore_eos``), and the
+outputs and statistics of every step. What it is not: threads or asyncio (see
+``async_engine.py``), or HTTP.
+"""
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
+from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
+from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
+from plimsoll.runtime.engine.model_runner import ModelRunner, kv_bytes_per_token
+from plimsoll.runtime.engine.outputs import (
+    CompletionOutput,
+    EngineObserver,
+    EngineStats,
+    RequestMetrics,
+    RequestOutput,
+    StepStats,
+)
+from plimsoll.runtime.engine.request import Request
+from plimsoll.runtime.engine.sampler import Sampler
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.engine.scheduler import Scheduler
+from plimsoll.runtime.models.loader import load_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class RequestGroup:
+    """A user request: ``n`` sibling sequences reported together."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Request]
+    arrival_time: float
+    finished_seqs: set[int] = field(default_factory=set)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.finished_seqs) == len(self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+        self.config = config
+        self.observer = observer
+        self.device = torch.device(config.device)
+        loaded = load_model(config.model, config.torch_dtype, self.device)
+        self.hf_config = loaded.hf_config
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = loaded.eos_token_ids
+        self.model_path = loaded.path
+        bs = config.block_size
+        per_token = kv_bytes_per_token(loaded.hf_config, config.torch_dtype)
+        self.num_blocks = config.kv_cache_memory // (per_token * bs)
+        if self.num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory={config.kv_cache_memory} bytes holds no block: one block of {bs} tokens "
+                f"needs {per_token * bs} bytes ({per_token} per token); raise kv_cache_memory"
+            )
+        self.max_model_len = self._max_model_len(loaded.max_position_embeddings, self.num_blocks * bs)
+        kv = KVCacheManager(self.num_blocks, bs)
+        self.scheduler = Scheduler(
+            kv,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            config.scheduling_policy,
+        )
+        self.runner = ModelRunner(
+            loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend
+        )
+        self.sampler = Sampler(self.tokenizer)
+        self.rng = random.Random(config.seed)
+        self.groups: dict[str, RequestGroup] = {}
+        self.seq_to_group: dict[str, RequestGroup] = {}
+        log.info(
+            "engine ready: %s, %d KV blocks x %d tokens (%d bytes/token), max_model_len %d",
+            self.model_path,
+            self.num_blocks,
+            bs,
+            per_token,
+            self.max_model_len,
+        )
+
+    def _max_model_len(self, model_max: int, kv_tokens: int) -> int:
+        cfg = self.hf_config
+        window = getattr(cfg, "sliding_window", None)
+        if getattr(cfg, "use_sliding_window", True) is False:
+            window = None
+        asked = self.config.max_model_len
+        limits = {"the model's max_position_embeddings": model_max, "the KV cache": kv_tokens}
+        if window:
+            limits["the model's sliding_window (not implemented)"] = int(window)
+        if asked is None:
+            return int(min(DEFAULT_MAX_MODEL_LEN_CAP, *limits.values()))
+        for what, limit in limits.items():
+            if asked > limit:
+                raise ValueError(
+                    f"max_model_len={asked} exceeds {what} ({limit} tokens); lower max_model_len"
+                    + (" or raise kv_cache_memory" if what == "the KV cache" else "")
+                )
+        return int(asked)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.config.display_name)
+
+    # -- intake -------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer(prompt).input_ids)
+        vocab = int(self.hf_config.vocab_size)
+        if not prompt or any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+            raise ValueError(f"a token-id prompt must be a non-empty list of ints in [0, {vocab})")
+        return None, list(prompt)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        prompt_token_ids: list[int] | None = None,
+    ) -> None:
+        """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
+
+        ``prompt_token_ids`` skips tokenising a text prompt that the caller already tokenised.
+        """
+        params.validate()
+        if request_id in self.groups:
+            raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
+        if prompt_token_ids is not None:
+            text, ids = (prompt if isinstance(prompt, str) else None), list(prompt_token_ids)
+        else:
+            text, ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty; send at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}, which must "
+                "also leave room for at least one generated token; shorten the prompt"
+            )
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        if self.config.enable_prefix_caching:
+            salt: str | None = ""
+        else:
+            # Caching off: siblings of one n>1 request still share their prompt blocks.
+            salt = f"group:{request_id}:{id(params)}" if params.n > 1 else None
+        seqs = []
+        for i in range(params.n):
+            seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            seq = Request(seq_id, request_id, i, ids, params, self.eos_token_ids, arrival, cache_salt=salt)
+            seq.generator = torch.Generator(device="cpu")
+            if params.seed is not None:
+                seq.generator.manual_seed(params.seed + i * 1_000_003)
+            else:
+                seq.generator.manual_seed(self.rng.getrandbits(63))
+            seq.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, ids, params.stop, params.skip_special_tokens
+            )
+            seqs.append(seq)
+        group = RequestGroup(request_id, text, ids, seqs, arrival)
+        for seq in seqs:
+            self.scheduler.add_request(seq)
+            self.seq_to_group[seq.request_id] = group
+        self.groups[request_id] = group
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort now; its blocks are freed at once. Returns the final output, or None if unknown."""
+        group = self.groups.get(request_id)
+        if group is None:
+            return None
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self.scheduler.abort(seq.request_id)
+                group.finished_seqs.add(seq.index)
+        return self._finish_group_output(group)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    # -- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        t0 = time.monotonic()
+        sched = self.scheduler.schedule()
+        touched: dict[str, RequestGroup] = {}
+        if not sched.is_empty:
+            reqs, logits = self.runner.execute(sched)
+            sampled = self.sampler(reqs, logits) if reqs else []
+            now = time.monotonic()
+            for req, (token, logprobs) in zip(reqs, sampled, strict=True):
+                self._append(req, token, logprobs, now)
+                touched[req.group_id] = self.seq_to_group[req.request_id]
+        outputs = []
+        for g in touched.values():
+            out = self._make_output(g)
+            outputs.append(out)
+            if g.finished:
+                self._retire(g, out)
+        if self.observer is not None:
+            self.observer.on_step(self._step_stats(sched, time.monotonic() - t0))
+        return outputs
+
+    def _append(self, req: Request, token: int, logprobs: Any, now: float) -> None:
+        p = req.params
+        req.append_token(token)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.last_token_time = now
+        if req.logprobs is not None and logprobs is not None:
+            req.logprobs.append(logprobs)
+        assert req.detokenizer is not None
+        new_text = req.detokenizer.append(token)
+        reason: str | None = None
+        stop_reason: str | int | None = None
+        n_out = req.num_output_tokens
+        if token in p.stop_token_ids and n_out >= p.min_tokens:
+            reason, stop_reason = "stop", token
+        elif token in req.eos_token_ids and not p.ignore_eos and n_out >= p.min_tokens:
+            reason = "stop"
+        elif n_out >= p.min_tokens and (stop := req.detokenizer.find_stop(len(new_text))) is not None:
+            reason, stop_reason = "stop", stop
+        elif (p.max_tokens is not None and n_out >= p.max_tokens) or req.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(req, reason, stop_reason)
+            self.seq_to_group[req.request_id].finished_seqs.add(req.index)
+
+    def _completion(self, seq: Request) -> CompletionOutput:
+        det = seq.detokenizer
+        assert det is not None
+        finished = seq.is_finished
+        delta_text = det.take_delta(finished)
+        delta_ids = seq.output_token_ids[seq.num_emitted_tokens :]
+        seq.num_emitted_tokens = seq.num_output_tokens
+        delta_lp = None
+        if seq.logprobs is not None:
+            delta_lp = seq.logprobs[seq.num_emitted_logprobs :]
+            seq.num_emitted_logprobs = len(seq.logprobs)
+        return CompletionOutput(
+            index=seq.index,
+            text=det.visible_text(finished),
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+            delta_logprobs=delta_lp,
+        )
+
+    def _make_output(self, g: RequestGroup) -> RequestOutput:
+        first = g.seqs[0]
+        times = [s.first_token_time for s in g.seqs if s.first_token_time is not None]
+        last = [s.last_token_time for s in g.seqs if s.last_token_time is not None]
+        sched_times = [s.first_scheduled_time for s in g.seqs if s.first_scheduled_time is not None]
+        finished_times = [s.finished_time for s in g.seqs if s.finished_time is not None]
+        metrics = RequestMetrics(
+            arrival_time=g.arrival_time,
+            first_scheduled_time=min(sched_times) if sched_times else None,
+            first_token_time=min(times) if times else None,
+            last_token_time=max(last) if last else None,
+            finished_time=max(finished_times) if g.finished and finished_times else None,
+            num_prompt_tokens=len(g.prompt_token_ids),
+            num_generation_tokens=sum(s.num_output_tokens for s in g.seqs),
+            num_cached_tokens=max(first.num_cached_tokens, 0),
+            num_preemptions=sum(s.num_preemptions for s in g.seqs),
+            finish_reason=first.finish_reason if g.finished else None,
+        )
+        return RequestOutput(
+            request_id=g.request_id,
+            prompt_token_ids=g.prompt_token_ids,
+            outputs=[self._completion(s) for s in g.seqs],
+            finished=g.finished,
+            metrics=metrics,
+            prompt=g.prompt,
+        )
+
+    def _finish_group_output(self, g: RequestGroup) -> RequestOutput:
+        out = self._make_output(g)
+        self._retire(g, out)
+        return out
+
+    def _retire(self, g: RequestGroup, out: RequestOutput) -> None:
+        self.groups.pop(g.request_id, None)
+        for s in g.seqs:
+            self.seq_to_group.pop(s.request_id, None)
+            s.generator = None  # the engine keeps nothing per finished request
+        if self.observer is not None:
+            self.observer.on_request_finished(out)
+
+    def _step_stats(self, sched: Any, step_time: float) -> StepStats:
+        return StepStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            batch_size=len(sched.scheduled),
+            num_scheduled_tokens=sched.num_scheduled_tokens,
+            num_prefill_tokens=sched.num_prefill_tokens,
+            num_decode_tokens=sched.num_decode_tokens,
+            num_preemptions=len(sched.preempted),
+            num_kv_allocation_failures=sched.num_kv_allocation_failures,
+            prefix_cache_queries=sched.prefix_cache_queries,
+            prefix_cache_hits=sched.prefix_cache_hits,
+            kv_cache_usage=self.scheduler.kv.usage(),
+            step_time_s=step_time,
+        )
+
+    def stats(self) -> EngineStats:
+        kv = self.scheduler.kv
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=kv.usage(),
+            num_blocks=self.num_blocks,
+            num_free_blocks=kv.num_free_blocks,
+            block_size=self.config.block_size,
+            enable_prefix_caching=self.config.enable_prefix_caching,
+        )
+
+    def warmup(self) -> None:
+        """One tiny request through every stage, so the first real request pays no first-call costs."""
+        self.add_request(
+            "__warmup__", [int(self.tokenizer.bos_token_id or 0)], SamplingParams(max_tokens=2, temperature=0)
+        )
+        while self.has_unfinished_requests():
+            self.step()
+
+    def generate(
+        self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in prompt order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(
+                f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one per prompt"
+            )
+        base = f"gen-{self.rng.getrandbits(48):x}"
+        ids = [f"{base}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, plist, strict=True):
+            self.add_request(rid, prompt, p)  # type: ignore[arg-type]  # list invariance
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[rid] for rid in ids]

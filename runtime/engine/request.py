@@ -1,0 +1,113 @@
+"""Per-sequence state inside the engine: tokens, progress, blocks, status, timestamps.
+
+What it is: one ``Request`` per generated sequence (a request with ``n > 1`` becomes
+``n`` sibling sequences sharing a ``group_id``). What it is not: scheduling or KV
+logic; the scheduler and the KV cache manager read and update these fields.
+"""
+
+import enum
+import hashlib
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
+    from plimsoll.runtime.engine.outputs import Logprob
+
+# First parent of every hash chain: fixed, so hashes agree across processes and pods.
+ROOT_HASH = hashlib.sha256(b"plimsoll-prefix-cache-v1").digest()
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+def hash_block(parent: bytes, token_ids: list[int] | tuple[int, ...], salt: str | None) -> bytes:
+    """Chained hash of one full block: its tokens, its parent's hash, and an optional salt."""
+    h = hashlib.sha256(parent)
+    if salt is not None:
+        h.update(salt.encode())
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return h.digest()
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence. ``all_token_ids`` = prompt + generated; the scheduler lets
+    ``num_computed_tokens`` catch up with ``num_tokens``."""
+
+    request_id: str  # unique per sequence: "<group_id>" or "<group_id>#<index>"
+    group_id: str
+    index: int  # 0..n-1 within the group
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+    arrival_time: float = field(default_factory=time.monotonic)
+    # Set when blocks may be shared across requests: None = no sharing (prefix caching
+    # off, n == 1); "" = global prefix cache; otherwise only siblings share (n > 1, caching off).
+    cache_salt: str | None = ""
+
+    all_token_ids: list[int] = field(init=False)
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1 = not yet scheduled
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    generator: "torch.Generator | None" = None
+    detokenizer: "IncrementalDetokenizer | None" = None
+    logprobs: "list[dict[int, Logprob]] | None" = None
+    num_emitted_tokens: int = 0  # output tokens already reported to the consumer
+    num_emitted_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+        if self.params.logprobs is not None:
+            self.logprobs = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def update_block_hashes(self, block_size: int) -> None:
+        """Extend ``block_hashes`` to cover every full block of known tokens."""
+        if self.cache_salt is None:
+            return
+        num_full = self.num_tokens // block_size
+        for i in range(len(self.block_hashes), num_full):
+            parent = self.block_hashes[i - 1] if i else ROOT_HASH
+            tokens = self.all_token_ids[i * block_size : (i + 1) * block_size]
+            salt = (self.cache_salt or None) if i == 0 else None  # the chain carries it onward
+            self.block_hashes.append(hash_block(parent, tokens, salt))

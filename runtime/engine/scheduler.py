@@ -1,0 +1,173 @@
+"""Iteration-level (continuous) batching over the paged KV cache.
+
+What it is: each step, decide how many tokens every request computes. One rule
+covers prefill, chunked prefill, prefix hits and decode: a request closes the gap
+between ``num_computed_tokens`` and the tokens it knows, within a per-step token
+budget and a sequence cap. Running requests go first (oldest first); when blocks
+run out the newest running request is preempted (blocks freed, recomputed later).
+Waiting requests are admitted FCFS, only in steps that preempted nobody.
+
+``policy="static"`` is the baseline continuous batching beats: a new batch is
+admitted only once the running one has fully drained; admission stays open until
+the batch is full (``max_num_seqs``) or nothing is waiting.
+
+What it is not: the model run or sampling; pure Python, no tensors.
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
+from plimsoll.runtime.engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, new tokens)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+    num_kv_allocation_failures: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        policy: str = "continuous",
+    ) -> None:
+        if policy not in ("continuous", "static"):
+            raise ValueError(f"scheduling_policy must be 'continuous' or 'static', got {policy!r}")
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.policy = policy
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._static_admission_open = True
+        self.total_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use; use a unique id")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def _admission_allowed(self) -> bool:
+        if self.policy == "continuous":
+            return True
+        if not self.running:
+            self._static_admission_open = True
+        return self._static_admission_open
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        allowed = self._admission_allowed()
+
+        # Pass 1: running requests, oldest first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            assert num_new > 0, f"running request {req.request_id} has nothing to compute"
+            while not self.kv.allocate_slots(req, num_new):
+                out.num_kv_allocation_failures += 1
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted itself; ``i`` now indexes the next request
+            self._record(req, num_new, out)
+            budget -= num_new
+            i += 1
+
+        # Pass 2: waiting requests, FCFS, only if nobody was preempted this step.
+        if not out.preempted and allowed:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                req = self.waiting[0]
+                hits, num_hit = self.kv.get_computed_blocks(req)
+                num_new = min(req.num_tokens - num_hit, budget)
+                if not self.kv.allocate_slots(req, num_new, hits):
+                    out.num_kv_allocation_failures += 1
+                    break
+                self.waiting.popleft()
+                out.prefix_cache_queries += req.num_tokens
+                out.prefix_cache_hits += num_hit
+                req.num_computed_tokens = num_hit
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = num_hit
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = time.monotonic()
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                self._record(req, num_new, out)
+                budget -= num_new
+            if self.policy == "static" and (not self.waiting or len(self.running) >= self.max_num_seqs):
+                self._static_admission_open = False
+
+        # Progress is booked now; the runner reads the pre-step value from the tuple.
+        for req, num_new in out.scheduled:
+            req.num_computed_tokens += num_new
+        return out
+
+    def _record(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
+        out.scheduled.append((req, num_new))
+        # Tokens before the first sampled one are prefill (prompt, or recompute after preemption).
+        num_prefill = max(0, min(num_new, req.num_tokens - 1 - req.num_computed_tokens))
+        if req.num_output_tokens == 0:
+            num_prefill = num_new
+        out.num_prefill_tokens += num_prefill
+        out.num_decode_tokens += num_new - num_prefill
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.total_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req)
+
+    def finish(self, req: Request, reason: str, stop_reason: str | int | None = None) -> None:
+        """Mark finished and free its blocks at once."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.waiting.remove(req)
+        else:
+            return
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        req.finished_time = time.monotonic()
+        del self.requests[req.request_id]
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.finish(req, "abort")
+        return req

@@ -1,0 +1,211 @@
+"""Float32 CPU kernels for decoding, from ``csrc/cpu_kernels.cpp``, built at first use.
+
+What it is: two functions with torch-shaped signatures.
+- ``decode_attention``: the contract of ``sdpa.decode_attention`` (one
+  query per sequence over its paged context). It reads K and V straight from their
+  blocks; the torch path first gathers every context into a padded copy and then
+  reads that copy again, which on a CPU is most of decode attention's time once a
+  batch holds tens of sequences.
+- ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
+  concurrency), where a matmul is bound by reading W and torch's libraries stream
+  it at well under the memory bandwidth (``models/dense.py`` picks it).
+``library()`` compiles the source once per source, compiler, flags and CPU into
+``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
+lock, loads it with ctypes (which releases the GIL during each call) and returns
+``None`` when it cannot: no C++ compiler, a failed build, or ``PLIMSOLL_CPU_KERNELS=0``.
+The reason is logged once and the caller keeps the torch path, so a machine without
+a compiler is slower, never broken. The first matmul of the engine's warm-up builds it.
+
+What it is not: prefill attention, other dtypes, or a GPU kernel (those stay in
+``attention/sdpa.py`` and ``attention/triton_backend.py``).
+"""
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-pthread")
+
+
+def _cpu_model() -> str:
+    """The CPU's model and instruction-set flags: ``-march=native`` code must not meet another CPU."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    first: dict[str, str] = {}
+    for line in lines:
+        key = line.split(":", 1)[0].strip()
+        if key in ("model name", "flags"):
+            first.setdefault(key, line)
+    return "\n".join(first.values()) or platform.processor()
+
+
+def _cache_dir() -> Path:
+    return Path(
+        os.environ.get("PLIMSOLL_KERNEL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll" / "kernels"
+    )
+
+
+def build(compiler: str) -> Path:
+    """Compile the kernel (or find it already compiled) and return the library's path."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                " ".join(FLAGS).encode(),
+                version.encode(),
+                _cpu_model().encode(),
+                platform.machine().encode(),
+            ]
+        )
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_kernels-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            staging = target.with_suffix(f".{os.getpid()}.tmp")
+            result = subprocess.run(
+                [compiler, *FLAGS, str(SOURCE), "-o", str(staging)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                staging.unlink(missing_ok=True)
+                raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-800:]}")
+            staging.rename(target)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or ``None`` (reason logged once) when they cannot be had here."""
+    if os.environ.get("PLIMSOLL_CPU_KERNELS", "1") == "0":
+        log.info("CPU kernels off (PLIMSOLL_CPU_KERNELS=0); decode attention and small matmuls use torch")
+        return None
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        log.warning("no C++ compiler (set CXX or install g++); the CPU kernels fall back to torch")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build(compiler)))
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        log.warning("could not build the CPU kernels, falling back to torch: %s", exc)
+        return None
+    lib.plimsoll_paged_decode_attention_f32.restype = ctypes.c_int
+    lib.plimsoll_paged_decode_attention_f32.argtypes = (
+        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
+    )
+    lib.plimsoll_small_batch_linear_f32.restype = ctypes.c_int
+    lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    return lib
+
+
+def _float32_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+
+
+def supports_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether ``decode_attention`` can take these tensors (and the kernels are built)."""
+    return (
+        _float32_cpu(query, k_cache, v_cache)
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and library() is not None
+    )
+
+
+# Up to this many rows the matmul reads W at memory speed (measured: 1 row 1.3x, 4 rows
+# 1.5x faster than oneDNN over a SmolLM2-sized model's weights; 8 rows break even).
+SMALL_BATCH_MAX_ROWS = 4
+
+
+def supports_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``small_batch_linear`` should take this matmul (few rows, float32 on CPU, built)."""
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= SMALL_BATCH_MAX_ROWS
+        and _float32_cpu(x, weight, *(() if bias is None else (bias,)))
+        and weight.is_contiguous()
+        and library() is not None
+    )
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for ``x`` ``[M, K]`` and ``weight`` ``[N, K]``; returns ``[M, N]``."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available; check supports_linear() first")
+    x = x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"x has {k} columns but weight has {weight.shape[1]}; they must match")
+    out = torch.empty((m, n), dtype=x.dtype)
+    bias_ptr = None if bias is None else bias.contiguous().data_ptr()
+    rc = lib.plimsoll_small_batch_linear_f32(
+        x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), m, n, k, torch.get_num_threads()
+    )
+    if rc != 0:
+        raise ValueError(
+            f"small_batch_linear rejected shapes x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+        )
+    return out
+
+
+def decode_attention(
+    query: torch.Tensor,  # [B, H, D], one query per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    context_lens: torch.Tensor,  # [B]
+    scale: float,
+) -> torch.Tensor:  # [B, H, D]
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available; check supports_attention() first")
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    q = query.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    out = torch.empty_like(q)
+    rc = lib.plimsoll_paged_decode_attention_f32(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        lens.data_ptr(),
+        out.data_ptr(),
+        num_seqs,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        tables.shape[1],
+        scale,
+        torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise ValueError(
+            f"CPU decode attention rejected its inputs (code {rc}): heads {num_heads}/{num_kv_heads}, "
+            f"block_size {block_size}, context lengths must be 1..{tables.shape[1] * block_size}"
+        )
+    return out

@@ -1,0 +1,121 @@
+"""Loads a model, its tokenizer and its stop tokens from a HF directory, a GGUF file or a name.
+
+What it is: path resolution (``smollm2-135m`` → the embedded model), config and
+tokenizer through transformers, weights from safetensors (or through transformers'
+GGUF support for ``.gguf``), and the checks that turn unsupported models into clear
+errors. What it is not: a downloader; nothing here talks to a hub.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plimsoll.runtime.models.llama import LlamaForCausalLM, check_architecture, fuse_hf_state_dict
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    hf_config: Any
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    path: Path
+    max_position_embeddings: int
+
+
+def resolve_model_path(model: str) -> tuple[Path, str | None]:
+    """Return ``(directory, gguf file name or None)``."""
+    from plimsoll.runtime.models import embedded
+
+    if model in embedded.EMBEDDED_MODELS:
+        return embedded.ensure_embedded_model(model), None
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return path, ggufs[0].name
+            raise ValueError(
+                f"{path} has no config.json; pass a Hugging Face model directory or a .gguf file"
+            )
+        return path, None
+    raise ValueError(
+        f"model {model!r} is neither a directory, a .gguf file, nor an embedded model name "
+        f"({', '.join(embedded.EMBEDDED_MODELS)}); nothing is downloaded from a hub"
+    )
+
+
+def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {directory}; save the model with safe_serialization")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def _eos_token_ids(directory: Path, gguf_file: str | None, hf_config: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    try:
+        from transformers import GenerationConfig
+
+        extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+        gen = GenerationConfig.from_pretrained(str(directory), **extra)
+        eos = gen.eos_token_id
+    except (OSError, ValueError, TypeError):
+        eos = getattr(hf_config, "eos_token_id", None)
+    for value in eos if isinstance(eos, list) else [eos]:
+        if value is not None:
+            ids.add(int(value))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load_model(model: str, dtype: torch.dtype, device: str | torch.device = "cpu") -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    directory, gguf_file = resolve_model_path(model)
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    hf_config = AutoConfig.from_pretrained(str(directory), **extra)
+    check_architecture(hf_config)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), **extra)
+    if gguf_file:
+        from transformers import AutoModelForCausalLM
+
+        state = AutoModelForCausalLM.from_pretrained(
+            str(directory), gguf_file=gguf_file, dtype=torch.float32
+        ).state_dict()
+    else:
+        state = _read_safetensors(directory)
+    with torch.device("meta"):
+        net = LlamaForCausalLM(hf_config)
+    if net.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = net.load_state_dict(fuse_hf_state_dict(state), strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(
+            f"weights in {directory} do not match a {type(net).__name__} built from its config: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    # Non-persistent buffers (RoPE inv_freq) were created on meta; rebuild them for real.
+    from plimsoll.runtime.models.llama import RotaryEmbedding
+
+    net.model.rotary_emb = RotaryEmbedding(hf_config)
+    net = net.to(device=device, dtype=dtype).eval()
+    net.model.rotary_emb.inv_freq = net.model.rotary_emb.inv_freq.float()
+    return LoadedModel(
+        model=net,
+        hf_config=hf_config,
+        tokenizer=tokenizer,
+        eos_token_ids=_eos_token_ids(directory, gguf_file, hf_config, tokenizer),
+        path=directory,
+        max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 2048)),
+    )

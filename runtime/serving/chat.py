@@ -1,0 +1,152 @@
+"""``POST /v1/chat/completions``: messages through the chat template, ``chat.completion`` out.
+
+Streaming follows OpenAI and vLLM: one chunk per choice carrying the assistant
+role (``content: ""``) first, then content deltas, the finish reason on each
+choice's last chunk, an optional usage chunk with ``choices: []``, and
+``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
+from plimsoll.runtime.serving.errors import APIError, bad_request
+from plimsoll.runtime.serving.logprobs import chat_logprobs
+from plimsoll.runtime.serving.prompts import encode_chat, resolve_max_tokens
+from plimsoll.runtime.serving.protocol import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    UsageInfo,
+)
+from plimsoll.runtime.serving.requests import Admission, ServingContext, until_disconnect
+from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
+
+
+async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
+    engine = ctx.engine
+    prompt_ids = encode_chat(engine.tokenizer, req)
+    max_tokens = resolve_max_tokens(
+        len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
+    )
+    params = req.to_sampling_params(max_tokens)
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+
+    adm = ctx.admit("chatcmpl")
+    stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat")
+    if req.stream:
+        streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
+        return streaming
+    try:
+        final = await until_disconnect(raw, lambda: _last(stream))
+    finally:
+        adm.release()
+    return JSONResponse(_response(ctx, req, adm.request_id, final).model_dump(mode="json"))
+
+
+async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    final: RequestOutput | None = None
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async for out in stream:
+            final = out
+    assert final is not None, "the engine finished a request without any output"
+    return final
+
+
+def _usage(out: RequestOutput) -> UsageInfo:
+    prompt = len(out.prompt_token_ids)
+    completion = sum(len(c.token_ids) for c in out.outputs)
+    return UsageInfo(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details={"cached_tokens": out.metrics.num_cached_tokens},
+    )
+
+
+def _num_top(req: ChatCompletionRequest) -> int:
+    return req.top_logprobs or 0
+
+
+def _response(
+    ctx: ServingContext, req: ChatCompletionRequest, request_id: str, final: RequestOutput
+) -> ChatCompletionResponse:
+    tokenizer = ctx.engine.tokenizer
+    choices = []
+    for o in sorted(final.outputs, key=lambda o: o.index):
+        lp = None
+        if req.logprobs and o.logprobs is not None:
+            lp = chat_logprobs(o.token_ids, o.logprobs, _num_top(req), tokenizer)
+        choices.append(
+            ChatChoice(
+                index=o.index,
+                message=ChatResponseMessage(content=o.text),
+                logprobs=lp,
+                finish_reason=o.finish_reason,
+                stop_reason=o.stop_reason,
+            )
+        )
+    return ChatCompletionResponse(
+        id=request_id, model=ctx.settings.served_model_name, choices=choices, usage=_usage(final)
+    )
+
+
+async def _stream(
+    ctx: ServingContext, req: ChatCompletionRequest, adm: Admission, stream: AsyncIterator[RequestOutput]
+) -> AsyncIterator[str]:
+    chunk = ChunkFrame(adm.request_id, "chat.completion.chunk", ctx.settings.served_model_name).event
+    tokenizer = ctx.engine.tokenizer
+    finish_sent: set[int] = set()
+    continuous = bool(req.stream_options and req.include_usage and req.stream_options.continuous_usage_stats)
+
+    def choice(o: CompletionOutput) -> dict[str, Any] | None:
+        finishing = o.finish_reason is not None and o.index not in finish_sent
+        if not o.delta_text and not finishing:
+            return None
+        lp = None
+        if req.logprobs and o.delta_logprobs is not None:
+            lp = chat_logprobs(o.delta_token_ids, o.delta_logprobs, _num_top(req), tokenizer).model_dump()
+        if finishing:
+            finish_sent.add(o.index)
+        return {
+            "index": o.index,
+            "delta": {"content": o.delta_text},
+            "logprobs": lp,
+            "finish_reason": o.finish_reason if finishing else None,
+            "stop_reason": o.stop_reason if finishing else None,
+        }
+
+    for i in range(req.n):
+        yield chunk(
+            [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
+    last: RequestOutput | None = None
+    try:
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for out in stream:
+                last = out
+                choices = [c for o in out.outputs if (c := choice(o)) is not None]
+                if choices:
+                    yield chunk(choices, _usage(out) if continuous else None)
+        if req.include_usage and last is not None:
+            yield chunk([], _usage(last))
+    except APIError as err:
+        yield sse(err.body())
+    yield DONE

@@ -1,0 +1,160 @@
+"""``POST /v1/completions``: prompts in, ``text_completion`` objects or SSE chunks out.
+
+A request may carry several prompts (strings or token-id lists); each is its own
+engine request with ``n`` sequences, and choice ``i * n + k`` is prompt ``i``'s
+``k``-th completion, as in OpenAI's API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
+from plimsoll.runtime.serving.errors import APIError, bad_request
+from plimsoll.runtime.serving.logprobs import completion_logprobs
+from plimsoll.runtime.serving.prompts import encode_prompt, resolve_max_tokens
+from plimsoll.runtime.serving.protocol import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+)
+from plimsoll.runtime.serving.requests import Admission, ServingContext, merge, until_disconnect
+from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
+
+
+async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Request) -> Response:
+    engine = ctx.engine
+    tokenizer = engine.tokenizer
+    prompts = req.prompts()
+    prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
+    max_tokens = [
+        resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt") for ids in prompt_ids
+    ]
+    params = [req.to_sampling_params(m) for m in max_tokens]
+    try:
+        for p in params:
+            p.validate()
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+
+    adm = ctx.admit("cmpl")
+    streams = [
+        ctx.outputs(ids, p, f"{adm.request_id}-{i}", "completions")
+        for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
+    ]
+    if req.stream:
+        streaming: Response = SSEResponse(_stream(ctx, req, adm, streams), on_close=adm.release)
+        return streaming
+    try:
+        finals = await until_disconnect(raw, lambda: _collect(streams))
+    finally:
+        adm.release()
+    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts] if req.echo else None
+    return JSONResponse(_response(ctx, req, adm.request_id, finals, texts).model_dump(mode="json"))
+
+
+async def _collect(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    finals: dict[int, RequestOutput] = {}
+    async for i, out in merge(streams):
+        finals[i] = out
+    return [finals[i] for i in range(len(streams))]
+
+
+def _response(
+    ctx: ServingContext,
+    req: CompletionRequest,
+    request_id: str,
+    finals: list[RequestOutput],
+    echo: list[str] | None,
+) -> CompletionResponse:
+    tokenizer = ctx.engine.tokenizer
+    choices: list[CompletionChoice] = []
+    for i, final in enumerate(finals):
+        for o in sorted(final.outputs, key=lambda o: o.index):
+            prefix = echo[i] if echo is not None else ""
+            lp = None
+            if req.logprobs is not None and o.logprobs is not None:
+                lp = completion_logprobs(o.token_ids, o.logprobs, req.logprobs, tokenizer, len(prefix))
+            choices.append(
+                CompletionChoice(
+                    index=i * req.n + o.index,
+                    text=prefix + o.text,
+                    logprobs=lp,
+                    finish_reason=o.finish_reason,
+                    stop_reason=o.stop_reason,
+                )
+            )
+    return CompletionResponse(
+        id=request_id, model=ctx.settings.served_model_name, choices=choices, usage=_usage(finals)
+    )
+
+
+def _usage(outputs: list[RequestOutput]) -> UsageInfo:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    cached = sum(o.metrics.num_cached_tokens for o in outputs)
+    return UsageInfo(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details={"cached_tokens": cached},
+    )
+
+
+async def _stream(
+    ctx: ServingContext, req: CompletionRequest, adm: Admission, streams: list[AsyncIterator[RequestOutput]]
+) -> AsyncIterator[str]:
+    chunk = ChunkFrame(adm.request_id, "text_completion", ctx.settings.served_model_name).event
+    tokenizer = ctx.engine.tokenizer
+    latest: dict[int, RequestOutput] = {}
+    finish_sent: set[int] = set()
+    text_offsets: dict[int, int] = {}
+
+    def choice(i: int, o: CompletionOutput) -> dict[str, Any] | None:
+        index = i * req.n + o.index
+        finishing = o.finish_reason is not None and index not in finish_sent
+        if not o.delta_text and not finishing:
+            return None  # empty deltas are suppressed, as vLLM does
+        lp = None
+        if req.logprobs is not None and o.delta_logprobs is not None:
+            start = text_offsets.get(index, 0)
+            lp = completion_logprobs(
+                o.delta_token_ids, o.delta_logprobs, req.logprobs, tokenizer, start
+            ).model_dump()
+            text_offsets[index] = start + len(o.delta_text)
+        if finishing:
+            finish_sent.add(index)
+        return {
+            "index": index,
+            "text": o.delta_text,
+            "logprobs": lp,
+            "finish_reason": o.finish_reason if finishing else None,
+            "stop_reason": o.stop_reason if finishing else None,
+        }
+
+    merged = merge(streams)
+    try:
+        async with contextlib.aclosing(merged):
+            async for i, out in merged:
+                latest[i] = out
+                choices = [c for o in out.outputs if (c := choice(i, o)) is not None]
+                if choices:
+                    usage = _usage(list(latest.values())) if _continuous(req) else None
+                    yield chunk(choices, usage)
+        if req.include_usage:
+            yield chunk([], _usage(list(latest.values())))
+    except APIError as err:
+        yield sse(err.body())
+    yield DONE
+
+
+def _continuous(req: CompletionRequest) -> bool:
+    return bool(
+        req.stream_options and req.stream_options.include_usage and req.stream_options.continuous_usage_stats
+    )

@@ -1,0 +1,63 @@
+"""The process lifecycle Kubernetes sees: start the engine, drain on SIGTERM, exit 0.
+
+What it is: :class:`DrainingServer`, a uvicorn ``Server`` whose first SIGTERM
+does not close the listening socket. Instead the replica keeps answering (so
+``/ready`` can report 503 and new requests get a clear 503 instead of a refused
+connection), lets in-flight requests finish for up to ``drain_timeout`` seconds,
+then shuts uvicorn down and the process exits 0. A second SIGTERM or SIGINT
+stops at once, as uvicorn normally does.
+
+What it is not: the engine's own shutdown (the app's lifespan calls
+``engine.shutdown()`` after the server stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from plimsoll.runtime.serving.requests import ServingContext
+
+log = logging.getLogger("plimsoll.runtime.serving.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, ctx: ServingContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+        self._drain_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)  # type: ignore[arg-type]
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self.ctx.draining and self._loop is not None:
+            # Not recorded in _captured_signals: uvicorn would re-raise it after
+            # shutdown and the process would die by SIGTERM instead of exiting 0.
+            self.ctx.draining = True
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        n = self.ctx.num_in_flight
+        timeout = self.ctx.settings.drain_timeout
+        log.info("SIGTERM: draining, %d request(s) in flight, waiting up to %.0fs", n, timeout)
+        if await self.ctx.wait_idle(timeout):
+            log.info("drained; shutting down")
+        else:
+            log.warning(
+                "drain timeout: %d request(s) still in flight after %.0fs are cut off",
+                self.ctx.num_in_flight,
+                timeout,
+            )
+        self.should_exit = True

@@ -1,0 +1,284 @@
+"""How one HTTP request becomes engine work: admission, the output stream, abort, the log line.
+
+What it is: :class:`ServingContext` holds the engine, the server settings, the
+metrics and the drain state; :meth:`ServingContext.admit` refuses work the replica
+cannot take (draining -> 503, waiting queue full -> 429 with ``Retry-After``);
+:meth:`ServingContext.outputs` iterates the engine's outputs for one prompt with
+the request timeout, and aborts the request (freeing its KV blocks) whenever the
+consumer stops early: client disconnect, timeout, error. Every request that
+reached the engine leaves one structured log line.
+
+What it is not: the OpenAI response shapes (``completions.py``,
+``chat.py``) or the routes (``server.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+from starlette.requests import Request
+
+from plimsoll.runtime.engine.outputs import RequestOutput
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.serving.errors import APIError, bad_request
+from plimsoll.runtime.serving.metrics import ServerMetrics
+from plimsoll.runtime.serving.settings import ServerSettings
+
+log = logging.getLogger("plimsoll.runtime.requests")
+T = TypeVar("T")
+
+
+@dataclass
+class Admission:
+    """What admit() hands the request: its id and a way to leave the in-flight set."""
+
+    request_id: str
+    ctx: ServingContext
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.ctx.num_in_flight -= 1
+            if self.ctx.num_in_flight == 0:
+                self.ctx.idle.set()
+
+
+@dataclass
+class ServingContext:
+    engine: Any  # plimsoll.runtime.engine.async_engine.AsyncEngine (duck-typed so tests may wrap it)
+    settings: ServerSettings
+    metrics: ServerMetrics
+    draining: bool = False
+    num_in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # ---- admission -----------------------------------------------------------
+
+    def admit(self, prefix: str) -> Admission:
+        """Take a request in, or raise 503 (draining) / 429 (waiting queue full)."""
+        if self.draining:
+            self.metrics.reject("draining")
+            raise APIError(
+                503,
+                "The server is shutting down and accepts no new requests; retry against another replica.",
+                headers={"Retry-After": str(self.settings.retry_after_s)},
+            )
+        limit = self.settings.max_waiting
+        if limit is not None:
+            # Requests beyond the engine's sequence slots are waiting even before the
+            # engine thread has picked them up: counting them here keeps a burst from
+            # slipping past the limit before the scheduler's own count catches up. The
+            # scheduler's count covers the rest (requests held back by a full KV cache).
+            stats = self.engine.stats()
+            waiting = max(stats.num_waiting, self.num_in_flight - self.engine.config.max_num_seqs)
+            if waiting >= limit:
+                self.metrics.reject("queue_full")
+                raise APIError(
+                    429,
+                    f"The waiting queue is full ({waiting} waiting, --max-waiting {limit}); "
+                    f"retry after {self.settings.retry_after_s}s or send to another replica.",
+                    headers={"Retry-After": str(self.settings.retry_after_s)},
+                )
+        self.num_in_flight += 1
+        self.idle.clear()
+        return Admission(f"{prefix}-{uuid.uuid4().hex[:16]}", self)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight; False if ``timeout`` passed first."""
+        if self.num_in_flight == 0:
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.idle.wait()
+                return True
+        return False
+
+    # ---- one prompt through the engine ---------------------------------------
+
+    async def outputs(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, endpoint: str
+    ) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one prompt; aborts the request if iteration stops early.
+
+        Raises APIError(504) when ``--request-timeout`` passes. The request is
+        aborted (blocks freed) on every exit but a normal finish, including the
+        cancellation Starlette delivers when the client disconnects.
+        """
+        started = time.monotonic()
+        deadline = started + self.settings.request_timeout if self.settings.request_timeout else None
+        gen = self.engine.generate(prompt_ids, params, request_id)
+        last: RequestOutput | None = None
+        last_emit = started
+        status = "ok"
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(_loop_deadline(deadline)):
+                        out = await anext(gen)
+                except StopAsyncIteration:
+                    break
+                except ValueError as exc:
+                    # The engine refuses bad input before queueing it, with a message saying what to change.
+                    status = "invalid_request"
+                    self.metrics.reject("invalid_request")
+                    raise bad_request(str(exc)) from None
+                except TimeoutError:
+                    status = "timeout"
+                    self.metrics.reject("timeout")
+                    raise APIError(
+                        504,
+                        f"The request ran past --request-timeout ({self.settings.request_timeout:g}s) "
+                        "and was aborted; lower max_tokens or raise the timeout.",
+                    ) from None
+                now = time.monotonic()
+                if last is not None and any(o.delta_token_ids for o in out.outputs):
+                    self.metrics.observe_token_gap(now - last_emit)
+                if any(o.delta_token_ids for o in out.outputs):
+                    last_emit = now
+                last = out
+                yield out
+                if out.finished:
+                    break
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "client_disconnected"
+            raise
+        except APIError:
+            raise
+        except Exception as exc:
+            # An engine failure (e.g. its loop died) reaches a streaming client as an SSE
+            # error event and a non-streaming one as a 500, both in OpenAI's shape.
+            status = "error"
+            log.exception("request %s failed in the engine", request_id)
+            raise APIError(500, f"The engine failed on this request: {type(exc).__name__}: {exc}") from exc
+        finally:
+            finished = last is not None and last.finished
+            if not finished:
+                with contextlib.suppress(KeyError):
+                    self.engine.abort(request_id)
+            with anyio.CancelScope(shield=True), contextlib.suppress(RuntimeError, StopAsyncIteration):
+                await gen.aclose()
+            self._log_finished(request_id, endpoint, last, started, status if not finished else "ok")
+
+    def _log_finished(
+        self, request_id: str, endpoint: str, last: RequestOutput | None, started: float, status: str
+    ) -> None:
+        """One structured line per request: ids, token counts, TTFT, E2E, finish reason; no text."""
+        record: dict[str, Any] = {
+            "event": "request_finished",
+            "request_id": request_id,
+            "endpoint": endpoint,
+            "model": self.settings.served_model_name,
+            "status": status,
+        }
+        if last is not None:
+            rm = last.metrics
+            record.update(
+                prompt_tokens=len(last.prompt_token_ids),
+                completion_tokens=sum(len(o.token_ids) for o in last.outputs),
+                cached_tokens=rm.num_cached_tokens,
+                preemptions=rm.num_preemptions,
+                finish_reasons=[o.finish_reason for o in last.outputs],
+                ttft_s=_round(rm.first_token_time - rm.arrival_time) if rm.first_token_time else None,
+                e2e_s=_round(time.monotonic() - rm.arrival_time),
+            )
+        else:
+            record.update(
+                prompt_tokens=None, completion_tokens=0, ttft_s=None, e2e_s=_round(time.monotonic() - started)
+            )
+        log.info(json.dumps(record, separators=(",", ":")))
+
+
+def _round(x: float) -> float:
+    return round(x, 6)
+
+
+def _loop_deadline(deadline: float | None) -> float | None:
+    # asyncio.timeout_at wants the loop's clock; time.monotonic() is the same clock in CPython's
+    # default loop, but convert anyway so a custom loop clock cannot skew the timeout.
+    if deadline is None:
+        return None
+    loop = asyncio.get_running_loop()
+    return loop.time() + (deadline - time.monotonic())
+
+
+async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several async iterators as their items arrive, tagged with their index.
+
+    Used for a completions request with several prompts. The first exception
+    ends the merge; the other streams are cancelled (which aborts their requests).
+    """
+    if len(streams) == 1:
+        # aclosing: when our consumer stops early, close the stream now (aborting its
+        # request) instead of whenever the garbage collector finalises it.
+        async with contextlib.aclosing(streams[0]) as only:  # type: ignore[type-var]
+            async for item in only:
+                yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for item in stream:
+                    await queue.put((i, item, None, False))
+            await queue.put((i, None, None, True))
+        except BaseException as exc:
+            await queue.put((i, None, exc, True))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item, exc, done = await queue.get()
+            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                raise exc
+            if done:
+                remaining -= 1
+                continue
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T:
+    """Run ``work`` but cancel it if the client disconnects first (non-streaming requests).
+
+    Starlette only notices disconnects while streaming; a request waiting for a
+    full completion would otherwise keep its KV blocks until the engine finished.
+    """
+    task = asyncio.ensure_future(work())
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                task.cancel()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            # Nobody reads this response; returning one keeps the ASGI server's log clean.
+            raise APIError(499, "The client closed the connection; the request was aborted.") from None
+        raise
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher

@@ -1,0 +1,186 @@
+"""The HTTP face of one replica: an OpenAI-compatible API, health, readiness and metrics.
+
+What it is: :func:`build_app` wires an engine (``AsyncEngine`` or anything with
+its interface), :class:`ServerSettings` and :class:`ServerMetrics` into a FastAPI
+app with ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``,
+``/health`` (alive), ``/ready`` (weights, KV cache and warm-up done, not
+draining) and ``/metrics``. The engine is started in the background by the
+app's lifespan, so ``/health`` answers while weights load.
+
+What it is not: the process around it (``cli.py`` builds the engine and runs
+uvicorn through ``lifecycle.DrainingServer``) or the engine itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from plimsoll import __version__
+from plimsoll.runtime.serving.chat import create_chat_completion
+from plimsoll.runtime.serving.completions import create_completion
+from plimsoll.runtime.serving.errors import APIError, install_error_handlers
+from plimsoll.runtime.serving.metrics import ServerMetrics
+from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from plimsoll.runtime.serving.requests import ServingContext
+from plimsoll.runtime.serving.settings import ServerSettings
+
+log = logging.getLogger("plimsoll.runtime.serving.server")
+
+__all__ = ["ServerSettings", "build_app"]
+
+
+class APIKeyMiddleware:
+    """``Authorization: Bearer KEY`` on ``/v1/*``; probes and ``/metrics`` stay open.
+
+    A plain ASGI middleware (not ``BaseHTTPMiddleware``) so it runs before the
+    body is parsed and does not get between a streaming response and Starlette's
+    disconnect detection.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                what = "missing" if not given else "wrong"
+                err = APIError(401, f"The API key is {what}; send the header `Authorization: Bearer <key>`.")
+                await err.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(
+    engine: Any,
+    settings: ServerSettings,
+    metrics: ServerMetrics | None = None,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``engine``; pass the same ``metrics`` the engine observes.
+
+    ``on_fatal`` is called if the engine fails to start (the CLI uses it to exit
+    non-zero); ``/health`` then answers 503.
+    """
+    metrics = metrics if metrics is not None else ServerMetrics(settings.served_model_name)
+    ctx = ServingContext(engine=engine, settings=settings, metrics=metrics)
+    state: dict[str, Any] = {"fatal": None}
+
+    async def start_engine() -> None:
+        try:
+            if not engine.is_ready:
+                await engine.start()
+            s = engine.stats()
+            metrics.set_cache_config(
+                block_size=s.block_size,
+                num_blocks=s.num_blocks,
+                enable_prefix_caching=s.enable_prefix_caching,
+                cache_dtype=str(getattr(getattr(engine, "config", None), "dtype", "auto")),
+            )
+            metrics.refresh(s)
+            metrics.start_counting()
+            log.info(
+                "engine ready: model %s, %d KV blocks of %d tokens",
+                settings.served_model_name,
+                s.num_blocks,
+                s.block_size,
+            )
+        except Exception as exc:
+            state["fatal"] = exc
+            log.exception("the engine failed to start")
+            if on_fatal is not None:
+                on_fatal(exc)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        starting = asyncio.create_task(start_engine())
+        try:
+            yield
+        finally:
+            if not starting.done():
+                starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await engine.shutdown()
+
+    app = FastAPI(title="plimsoll runtime", version=__version__, lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+
+    def check_serving(model: str | None) -> None:
+        if state["fatal"] is not None:
+            raise APIError(503, "The engine failed to start; see the server log.")
+        if not engine.is_ready:
+            raise APIError(
+                503,
+                "The model is still loading; retry when /ready answers 200.",
+                headers={"Retry-After": str(settings.retry_after_s)},
+            )
+        if model is not None and model != settings.served_model_name:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist. Valid model names: {settings.served_model_name}.",
+                param="model",
+            )
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state["fatal"] is not None or getattr(engine, "is_dead", False):
+            return JSONResponse({"status": "engine failed"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        if ctx.draining:
+            return JSONResponse({"ready": False, "reason": "draining"}, status_code=503)
+        if state["fatal"] is not None or not engine.is_ready:
+            reason = "engine failed" if state["fatal"] is not None else "loading"
+            return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+        return JSONResponse({"ready": True})
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        if engine.is_ready:
+            metrics.refresh(engine.stats())
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        card = ModelCard(
+            id=settings.served_model_name,
+            created=int(time.time()),
+            root=settings.model_root,
+            max_model_len=engine.max_model_len if engine.is_ready else None,
+        )
+        return ModelList(data=[card])
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        check_serving(body.model)
+        response: Response = await create_completion(ctx, body, raw)
+        return response
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        check_serving(body.model)
+        response: Response = await create_chat_completion(ctx, body, raw)
+        return response
+
+    return app

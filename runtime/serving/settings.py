@@ -1,0 +1,20 @@
+"""The HTTP server's settings: one validated object built by ``plimsoll serve`` and passed down.
+
+What it is not: the engine's settings (``engine/config.py``), which the server never reads.
+"""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServerSettings(BaseModel):
+    """The server's one validated config object (the engine has its own)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    served_model_name: str = Field(description="the name clients put in `model`")
+    model_root: str | None = Field(None, description="where the weights came from, shown by /v1/models")
+    api_key: str | None = Field(None, description="require `Authorization: Bearer KEY` on /v1/*")
+    max_waiting: int | None = Field(None, ge=0, description="waiting requests beyond which new ones get 429")
+    request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted")
+    drain_timeout: float = Field(25.0, ge=0, description="seconds SIGTERM waits for in-flight requests")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")

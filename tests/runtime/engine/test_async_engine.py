@@ -1,0 +1,85 @@
+"""AsyncEngine: streams per step, validates before queueing, aborts (and frees blocks) on disconnect."""
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from plimsoll.runtime.engine.async_engine import AsyncEngine
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+
+
+@pytest.fixture
+async def engine(tiny_model_dir: Any) -> Any:
+    eng = AsyncEngine(
+        EngineConfig(model=str(tiny_model_dir("llama")), kv_cache_memory="2MiB", max_model_len=256)
+    )
+    await eng.start()
+    yield eng
+    await eng.shutdown()
+
+
+async def wait_all_blocks_free(eng: AsyncEngine) -> None:
+    for _ in range(200):
+        stats = eng.stats()
+        if stats.num_free_blocks == stats.num_blocks and stats.num_running == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"blocks not freed: {eng.stats()}")
+
+
+async def test_streams_concurrent_requests(engine: AsyncEngine) -> None:
+    assert engine.is_ready and engine.max_model_len == 256
+    rng = random.Random(0)
+
+    async def one(i: int) -> tuple[int, list[int]]:
+        outs = [
+            o
+            async for o in engine.generate(
+                [rng.randrange(3, 259) for _ in range(10 + i)],
+                SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                f"req-{i}",
+            )
+        ]
+        assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+        deltas = [t for o in outs for t in o.outputs[0].delta_token_ids]
+        assert deltas == outs[-1].outputs[0].token_ids
+        return len(outs), outs[-1].outputs[0].token_ids
+
+    results = await asyncio.gather(*(one(i) for i in range(6)))
+    assert all(n == 8 and len(ids) == 8 for n, ids in results)  # one yield per step that made a token
+    await wait_all_blocks_free(engine)
+
+
+async def test_closing_the_stream_aborts_and_frees_blocks(engine: AsyncEngine) -> None:
+    gen = engine.generate([5] * 40, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True), "gone")
+    seen = 0
+    async for out in gen:
+        seen += 1
+        assert not out.finished
+        if seen == 3:
+            break
+    await gen.aclose()  # what a client disconnect does to the server's iterator
+    await wait_all_blocks_free(engine)
+
+
+async def test_explicit_abort_finishes_with_abort(engine: AsyncEngine) -> None:
+    outs = []
+    async for out in engine.generate([6] * 20, SamplingParams(max_tokens=200, ignore_eos=True), "ab"):
+        outs.append(out)
+        if len(outs) == 2:
+            engine.abort("ab")
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    await wait_all_blocks_free(engine)
+
+
+async def test_bad_input_raises_before_queueing(engine: AsyncEngine) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        async for _ in engine.generate([5] * 300, SamplingParams(), "too-long"):
+            pass
+    with pytest.raises(ValueError, match="temperature"):
+        async for _ in engine.generate("hi", SamplingParams(temperature=-1), "bad"):
+            pass
+    assert engine.stats().num_waiting == 0

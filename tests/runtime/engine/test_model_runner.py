@@ -1,0 +1,56 @@
+"""ModelRunner.prepare: the tensor-built step metadata equals a per-token Python reference."""
+
+import torch
+
+from plimsoll.runtime.engine.model_runner import ModelRunner
+from plimsoll.runtime.engine.request import Request
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.engine.scheduler import SchedulerOutput
+
+
+def booked(
+    prompt_len: int, outputs: int, computed_after: int, num_new: int, blocks: list[int]
+) -> tuple[Request, int]:
+    """A request as the scheduler leaves it: this step's ``num_new`` tokens already booked."""
+    req = Request("r", "r", 0, list(range(10, 10 + prompt_len)), SamplingParams(), frozenset())
+    for t in range(outputs):
+        req.append_token(500 + t)
+    req.num_computed_tokens = computed_after
+    req.block_ids = blocks
+    return req, num_new
+
+
+def test_prepare_matches_per_token_reference() -> None:
+    bs = 4
+    runner = ModelRunner.__new__(ModelRunner)  # prepare needs no model or KV tensors
+    runner.block_size, runner.device = bs, torch.device("cpu")
+    sched = SchedulerOutput(
+        scheduled=[
+            booked(10, 0, 10, 10, [7, 2, 9]),  # fresh prefill, samples
+            booked(9, 3, 12, 1, [4, 0, 5]),  # decode
+            booked(20, 0, 12, 4, [1, 3, 6, 8, 11]),  # a middle chunk after a prefix hit: no sample
+            booked(6, 0, 6, 2, [10, 12]),  # last chunk of a prompt: samples
+        ]
+    )
+    ids, pos, meta, last_rows = runner.prepare(sched)
+    exp_ids, exp_pos, exp_slots, cu, exp_last = [], [], [], [0], []
+    for req, n in sched.scheduled:
+        end = req.num_computed_tokens
+        exp_ids += req.all_token_ids[end - n : end]
+        exp_pos += list(range(end - n, end))
+        exp_slots += [req.block_ids[p // bs] * bs + p % bs for p in range(end - n, end)]
+        cu.append(cu[-1] + n)
+        exp_last.append(cu[-1] - 1 if end == req.num_tokens else -1)
+    assert ids.tolist() == exp_ids
+    assert pos.tolist() == exp_pos
+    assert meta.slot_mapping.tolist() == exp_slots and meta.slot_mapping.dtype == torch.int64
+    assert meta.cu_seqlens_q.tolist() == cu
+    assert meta.context_lens.tolist() == [req.num_computed_tokens for req, _ in sched.scheduled]
+    assert meta.block_tables.tolist() == [
+        [7, 2, 9, -1, -1],
+        [4, 0, 5, -1, -1],
+        [1, 3, 6, 8, 11],
+        [10, 12, -1, -1, -1],
+    ]
+    assert meta.max_q_len == 10
+    assert last_rows == exp_last == [9, 10, -1, 16]

@@ -1,0 +1,161 @@
+"""The compiled CPU kernels (``cpu_kernels``) against torch.
+
+Decode attention against the einsum oracle: ragged batches with GQA (and without),
+shuffled non-contiguous block tables padded with -1, contexts that end mid-block and
+exactly on a block edge, one sequence and many. The small-batch matmul against
+``F.linear`` (with and without bias, shapes too small to split, non-contiguous
+input) and the dispatch of ``models.dense.linear``. The fallback when the kernels
+are switched off or cannot be built; the kernels' own checks of bad input.
+"""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from test_attention_sdpa import make_batch
+from torch.nn import functional as F
+
+from plimsoll.runtime.attention import reference as attention_torch
+from plimsoll.runtime.attention import sdpa as attention_sdpa
+from plimsoll.runtime.kernels import cpu_kernels
+from plimsoll.runtime.models import dense
+
+COMPILER = shutil.which("c++") or shutil.which("g++")
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler to build the kernels")
+
+
+def test_kernels_build_where_a_compiler_exists() -> None:
+    # A compiler is here (else the module is skipped), so a fallback would hide a broken build.
+    assert cpu_kernels.library() is not None
+
+
+DECODE_CASES = {
+    "ragged GQA": ([37, 5, 16, 1, 90, 64], (6, 2), 32, 4),
+    "MHA": ([20, 7, 33], (4, 4), 32, 4),
+    "one sequence, block edge": ([64], (8, 2), 64, 16),
+    "SmolLM2 shape": ([160, 171, 200, 3, 17, 224, 96, 128], (9, 3), 64, 16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+def test_kernel_equals_oracle(case: str) -> None:
+    ctx, heads, head_dim, block_size = DECODE_CASES[case]
+    args = make_batch(
+        ctx,
+        [1] * len(ctx),
+        num_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=head_dim,
+        block_size=block_size,
+    )
+    query, kc, vc, tables, _cu, lens, scale = args
+    expected = attention_torch.paged_attention(*args)
+    got = cpu_kernels.decode_attention(query, kc, vc, tables, lens, scale)
+    err = (got - expected).abs().max().item()
+    print(f"{case}: max abs error vs oracle {err:.2e}")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # The torch path it replaces agrees too, so switching either way changes nothing.
+    torch.testing.assert_close(
+        attention_sdpa.sdpa_decode_attention(query, kc, vc, tables, lens, scale), got, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_kernel_is_used_for_float32_and_not_for_other_dtypes() -> None:
+    query, kc, vc, *_ = make_batch([9, 4], [1, 1])
+    assert cpu_kernels.supports_attention(query, kc, vc)
+    assert not cpu_kernels.supports_attention(query.double(), kc.double(), vc.double())
+    assert not cpu_kernels.supports_attention(query, kc.transpose(1, 2), vc)  # a non-contiguous cache view
+
+
+def test_kernel_rejects_a_context_longer_than_its_block_table() -> None:
+    query, kc, vc, tables, _cu, _lens, scale = make_batch([9, 4], [1, 1])
+    too_long = torch.tensor([9, tables.shape[1] * kc.shape[1] + 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"context lengths must be 1\.\."):
+        cpu_kernels.decode_attention(query, kc, vc, tables, too_long, scale)
+
+
+def test_switched_off_or_unbuildable_kernel_falls_back_to_torch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    args = make_batch([37, 5, 16], [1, 1, 1])
+    expected = attention_torch.paged_attention(*args)
+    cpu_kernels.library.cache_clear()
+    try:
+        monkeypatch.setenv("PLIMSOLL_CPU_KERNELS", "0")
+        assert cpu_kernels.library() is None
+        torch.testing.assert_close(attention_sdpa.paged_attention(*args), expected, rtol=1e-5, atol=1e-5)
+        cpu_kernels.library.cache_clear()
+        monkeypatch.delenv("PLIMSOLL_CPU_KERNELS")
+        monkeypatch.setenv("PLIMSOLL_KERNEL_CACHE_DIR", str(tmp_path))
+        broken = tmp_path / "broken.cpp"
+        broken.write_text("this is not C++\n")
+        monkeypatch.setattr(cpu_kernels, "SOURCE", broken)
+        with pytest.raises(RuntimeError, match="failed"):
+            cpu_kernels.build(cpu_kernels.shutil.which("c++") or "g++")
+        assert cpu_kernels.library() is None  # logged, not raised
+        torch.testing.assert_close(attention_sdpa.paged_attention(*args), expected, rtol=1e-5, atol=1e-5)
+    finally:
+        cpu_kernels.library.cache_clear()
+
+
+def test_build_reuses_the_compiled_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PLIMSOLL_KERNEL_CACHE_DIR", str(tmp_path))
+    compiler = cpu_kernels.shutil.which("c++") or "g++"
+    first = cpu_kernels.build(compiler)
+    stamp = first.stat().st_mtime_ns
+    calls: list[list[str]] = []
+    real_run = subprocess.run
+
+    def spy(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        return real_run(cmd, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", spy)
+    assert cpu_kernels.build(compiler) == first
+    assert first.stat().st_mtime_ns == stamp
+    assert all("-o" not in cmd for cmd in calls)  # only `--version`, no second compile
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "with_bias"),
+    [(1, 960, 576, False), (3, 576, 1536, True), (4, 49152, 64, False), (2, 7, 5, True), (1, 1, 1, False)],
+)
+def test_small_batch_linear_equals_f_linear(m: int, n: int, k: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(m * 7 + n)
+    x = torch.randn((m, k), generator=gen)
+    weight = torch.randn((n, k), generator=gen) / k**0.5
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    got = cpu_kernels.small_batch_linear(x, weight, bias)
+    expected = F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+    print(f"m={m} n={n} k={k}: max abs error vs float64 {(got - expected).abs().max().item():.2e}")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_small_batch_linear_takes_a_non_contiguous_input() -> None:
+    x = torch.randn(3, 2 * 64)[:, ::2]
+    weight = torch.randn(32, 64)
+    torch.testing.assert_close(cpu_kernels.small_batch_linear(x, weight, None), x @ weight.T)
+
+
+def test_dense_linear_uses_the_kernel_for_a_few_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight, bias = torch.randn(96, 48), torch.randn(96)
+    calls: list[int] = []
+    real = cpu_kernels.small_batch_linear
+
+    def spy(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(x, w, b)
+
+    monkeypatch.setattr(cpu_kernels, "small_batch_linear", spy)
+    for rows in range(1, 9):
+        x = torch.randn(rows, 48)
+        torch.testing.assert_close(dense.linear(x, weight, bias), F.linear(x, weight, bias))
+    dense.linear(torch.randn(2, 48).double(), weight.double(), None)  # float64 stays with torch
+    assert calls == list(range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 1))
+
+
+def test_small_batch_linear_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="must match"):
+        cpu_kernels.small_batch_linear(torch.randn(2, 8), torch.randn(4, 9), None)
