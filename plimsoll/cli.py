@@ -12,6 +12,7 @@ from plimsoll.bench.cli import app as bench_app
 from plimsoll.bench.cli import diagnose
 from plimsoll.demo import demo
 from plimsoll.devcluster.cli import app as dev_app
+from plimsoll.model_fetch import fetch_command
 from plimsoll.operator.cli import run_operator
 from plimsoll.plan import plan
 from plimsoll.router.cli import route
@@ -41,6 +42,9 @@ def _root(
 app.command("serve", help="Run the inference server (OpenAI-compatible API, /metrics).")(serve)
 app.add_typer(bench_app, name="bench", help="Load-test a server and find its saturation knees.")
 app.command("diagnose", help="Read a server's metrics and name the layer that limits it.")(diagnose)
+app.command("fetch", help="Download a Hugging Face model before an engine starts (hf://org/name[@rev]).")(
+    fetch_command
+)
 app.command("plan", help="Offline capacity planning from a model config and GPU memory.")(plan)
 app.command("route", help="Run the queue-aware, prefix-affine router.")(route)
 app.command("operator", help="Run the LLMService operator (kopf).")(run_operator)

@@ -20,10 +20,57 @@ CapacityMode = Literal["Profile", "Manual"]
 Reprofile = Literal["Auto", "OnAnnotation"]
 AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
 RouterPolicy = Literal["least-in-flight", "prefix-affinity"]
+RouterMode = Literal["plimsoll", "inferencePool"]
+# Volume names the builders use themselves; a user volume may not take one.
+RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp")
 
 DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class SecretKeyRef(APIModel):
+    """One key of a Secret in the LLMService's namespace (Kubernetes SecretKeySelector shape)."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Secret name."
+    )
+    key: str = Field(
+        "token", min_length=1, pattern=r"^[-._a-zA-Z0-9]+$", description="Key in the Secret (default token)."
+    )
+
+
+class ModelCacheSpec(APIModel):
+    """The volume an hf:// model is downloaded to before the engine starts."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.claimName) && has(self.sizeLimit))",
+                    "model.cache takes claimName (a PVC) or sizeLimit (an emptyDir), not both",
+                ),
+            ]
+        }
+    )
+
+    claim_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="PersistentVolumeClaim holding the cache: downloaded once, kept across restarts "
+        "(ReadWriteMany lets replicas share it).",
+    )
+    size_limit: Quantity | None = Field(
+        None,
+        description="Size of the per-pod emptyDir cache used when no claim is named, e.g. 40Gi "
+        "(each new pod downloads again).",
+    )
+
+    @model_validator(mode="after")
+    def _one_volume(self) -> "ModelCacheSpec":
+        if self.claim_name is not None and self.size_limit is not None:
+            raise ValueError("model.cache takes claimName (a PVC) or sizeLimit (an emptyDir), not both")
+        return self
 
 
 class ModelSpec(APIModel):
@@ -31,7 +78,7 @@ class ModelSpec(APIModel):
 
     uri: str = Field(
         pattern=MODEL_URI_PATTERN,
-        description="Where the weights come from: pvc://<claim>[/path], hf://<org>/<name>, "
+        description="Where the weights come from: pvc://<claim>[/path], hf://<org>/<name>[@revision], "
         "file:///<path in the image> or embedded://smollm2-135m.",
     )
     served_name: str | None = Field(
@@ -39,6 +86,15 @@ class ModelSpec(APIModel):
         min_length=1,
         max_length=256,
         description="Model name clients pass in requests; defaults to the LLMService name.",
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        None,
+        description="Secret key holding a Hugging Face token for gated or private hf:// repositories "
+        "(given to the download step as HF_TOKEN, never to the engine).",
+    )
+    cache: ModelCacheSpec = Field(
+        default_factory=lambda: ModelCacheSpec.model_validate({}),
+        description="Where hf:// weights are downloaded (an emptyDir unless claimName is set).",
     )
 
 
@@ -274,11 +330,65 @@ class ExpectedLoadSpec(APIModel):
         return self
 
 
-class RouterSpec(APIModel):
-    """The queue-aware router in front of the replicas."""
+class EndpointPickerRef(APIModel):
+    """The Gateway API Inference Extension endpoint picker an InferencePool names (v1 shape)."""
 
-    enabled: bool = Field(False, description="Deploy a router and point the endpoint at it.")
+    name: str = Field(min_length=1, max_length=253, description="Name of the endpoint picker's Service.")
+    port: int | None = Field(
+        None, ge=1, le=65535, description="Its ext_proc gRPC port (the picker's default when unset)."
+    )
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        "FailClose", description="What the gateway does when the picker does not answer."
+    )
+
+
+class RouterSpec(APIModel):
+    """What sits in front of the replicas: plimsoll's router, or a Gateway API InferencePool."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.endpointPickerRef) || (has(self.mode) && self.mode == 'inferencePool')",
+                    "router.endpointPickerRef needs router.mode inferencePool",
+                ),
+                cel(
+                    "!(has(self.enabled) && self.enabled && has(self.mode) && self.mode == 'inferencePool')",
+                    "router.enabled (plimsoll's router) and router.mode inferencePool (a Gateway's picker) "
+                    "exclude each other; choose one",
+                ),
+            ]
+        }
+    )
+
+    enabled: bool = Field(False, description="Deploy plimsoll's router and point the endpoint at it.")
     policy: RouterPolicy = Field("least-in-flight", description="How the router picks a replica.")
+    mode: RouterMode = Field(
+        "plimsoll",
+        description="plimsoll (the router above, when enabled) or inferencePool: an InferencePool "
+        "(inference.networking.k8s.io/v1) selecting the replicas, for a Gateway's endpoint picker; "
+        "plimsoll replicas then also export the vllm: series the picker reads.",
+    )
+    endpoint_picker_ref: EndpointPickerRef | None = Field(
+        None, description="The endpoint picker the InferencePool names (inferencePool mode)."
+    )
+
+    @model_validator(mode="after")
+    def _picker_needs_pool(self) -> "RouterSpec":
+        if self.endpoint_picker_ref is not None and self.mode != "inferencePool":
+            raise ValueError("router.endpointPickerRef needs router.mode inferencePool")
+        if self.enabled and self.mode == "inferencePool":
+            raise ValueError(
+                "router.enabled (plimsoll's router) and router.mode inferencePool (a Gateway's picker) "
+                "exclude each other; choose one"
+            )
+        return self
+
+
+class LocalObjectReference(APIModel):
+    """A reference by name to an object in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Object name.")
 
 
 class LLMServiceSpec(APIModel):
@@ -336,10 +446,41 @@ class LLMServiceSpec(APIModel):
     pod_annotations: dict[str, str] = Field(
         default_factory=dict, description="Extra annotations on every replica pod (e.g. for a service mesh)."
     )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, description="Secrets for pulling the engine image from a private registry."
+    )
+    service_account_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ServiceAccount the replicas run as (its token is mounted); unset: the namespace's "
+        "default, with no token mounted.",
+    )
+    volumes: list[FreeForm] = Field(
+        default_factory=list,
+        description="Extra pod volumes (Kubernetes Volume objects), e.g. a ConfigMap or a CSI volume.",
+    )
+    volume_mounts: list[FreeForm] = Field(
+        default_factory=list,
+        description="Where the engine container mounts them (Kubernetes VolumeMount objects).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "LLMServiceSpec":
         location = parse_model_uri(self.model.uri)
+        for volume in self.volumes:
+            if not isinstance(volume.get("name"), str) or not volume["name"]:
+                raise ValueError("every entry of volumes needs a name")
+            if volume["name"] in RESERVED_VOLUME_NAMES:
+                raise ValueError(
+                    f"volume name {volume['name']!r} is used by the operator "
+                    f"({', '.join(RESERVED_VOLUME_NAMES)}); pick another"
+                )
+        names = {v["name"] for v in self.volumes}
+        for mount in self.volume_mounts:
+            if mount.get("name") not in names or not mount.get("mountPath"):
+                raise ValueError(
+                    f"volumeMounts entry {mount!r} needs a mountPath and the name of an entry in volumes"
+                )
         if self.engine.kind == "vllm" and location.scheme == "embedded":
             raise ValueError(
                 "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "

@@ -9,8 +9,10 @@ count beyond what the spec says (the autoscaler owns that) and does no I/O.
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.resources.engine import engine_container
 from plimsoll.operator.resources.labels import common_labels, selector_labels
+from plimsoll.operator.resources.model_fetch import build_fetch_container
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 # Non-root identity shared by the plimsoll image (Dockerfile) and applied to vLLM's.
@@ -29,7 +31,8 @@ def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | N
         )
 
     pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
+        # A ServiceAccount the user names is there to be used (workload identity); else no token.
+        "automountServiceAccountToken": spec.service_account_name is not None,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
         "securityContext": {
@@ -45,8 +48,16 @@ def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | N
             # vLLM and torch use shared memory between workers; the default 64 MiB is too small.
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
             {"name": "tmp", "emptyDir": {}},
+            *spec.volumes,
         ],
     }
+    location = parse_model_uri(spec.model.uri)
+    if location.scheme == "hf":
+        pod_spec["initContainers"] = [build_fetch_container(svc, location, settings)]
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [s.to_api() for s in spec.image_pull_secrets]
     if spec.scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(spec.scheduling.node_selector)
     if tolerations:

@@ -11,11 +11,16 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
+from plimsoll.operator.resources.model_fetch import (
+    MODEL_CACHE_MOUNT,
+    MODEL_CACHE_VOLUME,
+    cache_volume,
+    hf_local_dir,
+)
 from plimsoll.operator.resources.quantity import to_bytes
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 MODEL_MOUNT = "/mnt/models"
-HF_CACHE_MOUNT = "/var/cache/huggingface"
 
 
 @dataclass
@@ -31,9 +36,10 @@ class ModelPlacement:
 def model_placement(svc: LLMService) -> ModelPlacement:
     """Map ``model.uri`` onto a --model argument and pod volumes.
 
-    pvc:// mounts the claim read-only; hf:// lets the engine download into an
-    emptyDir cache; file:// is a path in the image; embedded:// uses the copy
-    converted into the plimsoll image at build time (no --model).
+    pvc:// mounts the claim read-only; hf:// reads the directory the fetch init
+    container (``model_fetch.py``) downloaded to the cache volume, with the hub off;
+    file:// is a path in the image; embedded:// uses the copy converted into the
+    plimsoll image at build time (no --model).
     """
     location = parse_model_uri(svc.spec.model.uri)
     if location.scheme == "pvc":
@@ -46,10 +52,11 @@ def model_placement(svc: LLMService) -> ModelPlacement:
         )
     if location.scheme == "hf":
         return ModelPlacement(
-            model_arg=location.name,
-            volumes=[{"name": "hf-cache", "emptyDir": {}}],
-            mounts=[{"name": "hf-cache", "mountPath": HF_CACHE_MOUNT}],
-            env=[{"name": "HF_HOME", "value": HF_CACHE_MOUNT}],
+            model_arg=hf_local_dir(location),
+            volumes=[cache_volume(svc)],
+            mounts=[{"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT, "readOnly": True}],
+            # The weights are local by now; a missing file must fail, not start a second download.
+            env=[{"name": "HF_HUB_OFFLINE", "value": "1"}],
         )
     if location.scheme == "file":
         return ModelPlacement(model_arg=location.name)
@@ -155,6 +162,7 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
             *placement.mounts,
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *spec.volume_mounts,
         ],
     }
     if settings.pre_stop_sleep_seconds > 0:

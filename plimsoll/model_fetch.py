@@ -1,0 +1,334 @@
+"""`plimsoll fetch hf://org/name[@revision] --local-dir DIR`: download a model before an engine starts.
+
+What it is: the init container of an LLMService replica whose ``model.uri`` is
+``hf://`` (both engines). It resolves the revision to a commit, lists the files,
+checks that they fit on the cache volume, and downloads them with huggingface_hub's
+``snapshot_download`` (the hub client users already trust: resumable ``.incomplete``
+files, etag checks, ``HF_ENDPOINT`` for mirrors, ``HF_TOKEN`` for gated repositories).
+Progress goes to the log as plain lines; a failure exits with a code per cause and
+writes a one-line reason to the container's termination message, which the operator
+turns into a condition (``operator/resources/model_fetch.py`` maps the codes back):
+
+======  ====================  ==================================================
+ code    reason                 what the user does
+======  ====================  ==================================================
+ 3       RepositoryNotFound     fix ``model.uri`` (or the token: private repos 404)
+ 4       AccessDenied           accept the licence / set ``model.tokenSecretRef``
+ 5       RevisionNotFound       fix the ``@revision``
+ 6       DiskFull               a larger ``model.cache.sizeLimit`` or claim
+ 7       DownloadFailed         hub or network trouble, retried with back-off
+======  ====================  ==================================================
+
+Transient failures (connection errors, 5xx, 429) are retried here with exponential
+back-off before the process gives up; after that the kubelet's restart back-off
+takes over, so nothing loops hot. A directory already fetched at the same commit is
+reused without downloading (a PVC cache survives restarts).
+
+What it is not: a loader (the engines read the directory) or a general hub client;
+nothing here runs in the engine process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+log = logging.getLogger("plimsoll.fetch")
+
+FETCH_EXIT_CODES = {
+    "RepositoryNotFound": 3,
+    "AccessDenied": 4,
+    "RevisionNotFound": 5,
+    "DiskFull": 6,
+    "DownloadFailed": 7,
+}
+MARKER = ".plimsoll-fetch.json"
+# Other weight formats a repository often carries beside safetensors; the engines read safetensors.
+_DUPLICATE_WEIGHTS = (
+    ".bin",
+    ".pt",
+    ".pth",
+    ".h5",
+    ".msgpack",
+    ".ot",
+    ".onnx",
+    ".onnx_data",
+    ".gguf",
+    ".tflite",
+)
+
+
+class FetchError(Exception):
+    """A download that cannot succeed as asked; ``reason`` is a key of FETCH_EXIT_CODES."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class HubRef:
+    """``hf://org/name@revision`` parsed."""
+
+    repo_id: str
+    revision: str
+
+    @classmethod
+    def parse(cls, uri: str) -> HubRef:
+        rest = uri.removeprefix("hf://")
+        repo, _, revision = rest.partition("@")
+        parts = repo.split("/")
+        if not uri.startswith("hf://") or len(parts) != 2 or not all(parts):
+            raise ValueError(f"{uri!r} is not hf://<org>/<name>[@revision]")
+        return cls(repo, revision or "main")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def select_files(sizes: dict[str, int]) -> list[str]:
+    """The files to download: everything, minus other weight formats when safetensors exist."""
+    names = sorted(sizes)
+    if not any(n.endswith(".safetensors") for n in names):
+        return names
+    return [n for n in names if not n.endswith(_DUPLICATE_WEIGHTS)]
+
+
+def _classify(error: BaseException) -> tuple[str, bool]:
+    """(reason, transient) for an exception from huggingface_hub or the filesystem."""
+    from huggingface_hub import errors
+
+    if isinstance(error, errors.RevisionNotFoundError):
+        return "RevisionNotFound", False
+    if isinstance(error, errors.GatedRepoError | errors.DisabledRepoError):
+        return "AccessDenied", False
+    if isinstance(error, errors.RepositoryNotFoundError):
+        # The hub answers 401/404 alike for "missing" and "private without a token".
+        return "RepositoryNotFound", False
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "DiskFull", False
+    if isinstance(error, errors.HfHubHTTPError):
+        status = error.response.status_code if error.response is not None else 0
+        if status in (401, 403):
+            return "AccessDenied", False
+        return "DownloadFailed", status >= 500 or status in (408, 429)
+    return "DownloadFailed", True
+
+
+def _explain(reason: str, ref: HubRef, error: BaseException) -> str:
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    token = "a token (HF_TOKEN)" if os.environ.get("HF_TOKEN") else "no token"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    hints = {
+        "RepositoryNotFound": f"repository {ref.repo_id} not found at {endpoint} with {token}; check "
+        "model.uri, or set model.tokenSecretRef if it is private",
+        "AccessDenied": f"no access to {ref.repo_id} with {token}: accept its licence on the hub and set "
+        "model.tokenSecretRef to a Secret holding a token that has read access",
+        "RevisionNotFound": f"revision {ref.revision!r} does not exist in {ref.repo_id}; fix the @revision "
+        "in model.uri (a branch, tag or commit)",
+        "DiskFull": f"the cache volume is full: {first}; raise model.cache.sizeLimit or use a larger "
+        "model.cache.claimName",
+    }
+    return hints.get(reason, f"download of {ref.repo_id}@{ref.revision} failed: {first}")
+
+
+def _log_progress_class(every_seconds: float) -> Any:
+    """A tqdm class that writes a plain log line every ``every_seconds`` and when done.
+
+    A pod log is not a terminal: a redrawn bar would be thousands of lines. Only the
+    byte-counting bar is logged; huggingface_hub grows its total as files start, so
+    the line says bytes so far, not a percentage that would jump backwards.
+    """
+    from tqdm.auto import tqdm
+
+    class LogProgress(tqdm):  # type: ignore[misc,type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # huggingface_hub's byte bar for the whole snapshot; per-file bars stay silent.
+            self._logged = kwargs.get("desc") == "Downloading bytes"
+            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - closed with the bar
+            kwargs["disable"] = False
+            self._last_log = time.monotonic()
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            shown = super().update(n)
+            if self._logged and time.monotonic() - self._last_log >= every_seconds:
+                self._last_log = time.monotonic()
+                log.info("downloaded %s of %s so far", _size(self.n), _size(self.total or 0))
+            return shown
+
+        def close(self) -> None:
+            if self._logged and not self.disable:
+                log.info("downloaded %s", _size(self.n))
+            super().close()
+            if self.fp is not None and not self.fp.closed:
+                self.fp.close()
+
+    return LogProgress
+
+
+def _read_marker(local_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((local_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cached(local_dir: Path, commit: str, files: list[str], sizes: dict[str, int]) -> bool:
+    marker = _read_marker(local_dir)
+    if marker.get("commit") != commit or sorted(marker.get("files", [])) != files:
+        return False
+    return all((local_dir / f).is_file() and (local_dir / f).stat().st_size == sizes[f] for f in files)
+
+
+def _free_bytes(local_dir: Path) -> int:
+    probe = local_dir
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def fetch(
+    ref: HubRef,
+    local_dir: Path,
+    *,
+    attempts: int = 4,
+    backoff_seconds: float = 2.0,
+    progress_seconds: float = 10.0,
+) -> str:
+    """Download ``ref`` into ``local_dir``; return the commit. Raises FetchError."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.hf_api import RepoFile
+
+    # HF_ENDPOINT and HF_TOKEN, as every hub client reads them; read here rather than at
+    # huggingface_hub's import so the values of this call are the ones used.
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    token = os.environ.get("HF_TOKEN") or None
+    api = HfApi(endpoint=endpoint, token=token)
+    delay = backoff_seconds
+    for attempt in range(1, attempts + 1):
+        try:
+            info = api.repo_info(ref.repo_id, revision=ref.revision)
+            commit = str(info.sha)
+            tree = api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
+            sizes = {f.path: int(f.size) for f in tree if isinstance(f, RepoFile)}
+            files = select_files(sizes)
+            total = sum(sizes[f] for f in files)
+            log.info(
+                "%s@%s is commit %s: %d files, %s (skipped %d other-format weight files)",
+                ref.repo_id, ref.revision, commit[:12], len(files), _size(total), len(sizes) - len(files),
+            )  # fmt: skip
+            if _cached(local_dir, commit, files, sizes):
+                log.info("already in %s at commit %s; nothing to download", local_dir, commit[:12])
+                return commit
+            missing = sum(
+                sizes[f]
+                for f in files
+                if not ((local_dir / f).is_file() and (local_dir / f).stat().st_size == sizes[f])
+            )
+            free = _free_bytes(local_dir)
+            if missing > free:
+                raise FetchError(
+                    "DiskFull",
+                    f"{ref.repo_id} needs {_size(missing)} more but the cache volume has {_size(free)} free; "
+                    "raise model.cache.sizeLimit or use a larger model.cache.claimName",
+                )
+            started = time.monotonic()
+            snapshot_download(
+                ref.repo_id,
+                revision=commit,
+                local_dir=str(local_dir),
+                allow_patterns=files,
+                endpoint=endpoint,
+                token=token,
+                tqdm_class=_log_progress_class(progress_seconds),
+                max_workers=4,
+            )
+            (local_dir / MARKER).write_text(
+                json.dumps({"repo": ref.repo_id, "revision": ref.revision, "commit": commit, "files": files})
+            )
+            log.info(
+                "fetched %s (%s) into %s in %.1f s",
+                ref.repo_id,
+                _size(total),
+                local_dir,
+                time.monotonic() - started,
+            )
+            return commit
+        except FetchError:
+            raise
+        except Exception as error:
+            reason, transient = _classify(error)
+            message = _explain(reason, ref, error)
+            if not transient or attempt == attempts:
+                raise FetchError(reason, message) from error
+            log.warning("attempt %d/%d: %s; retrying in %.0f s", attempt, attempts, message, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _write_termination_message(text: str) -> None:
+    path = Path(os.environ.get("PLIMSOLL_TERMINATION_LOG", "/dev/termination-log"))
+    # Outside Kubernetes there is no termination log; the log line says it all.
+    with contextlib.suppress(OSError):
+        path.write_text(text + "\n")
+
+
+def fetch_command(
+    uri: str = typer.Argument(
+        ..., help="hf://<org>/<name>[@revision] (revision: branch, tag or commit; default main)."
+    ),
+    local_dir: Path = typer.Option(
+        ..., "--local-dir", help="Directory the files are written to (the cache volume)."
+    ),
+    attempts: int = typer.Option(
+        4, "--attempts", min=1, help="Tries for transient failures (network, 5xx, 429)."
+    ),
+    backoff: float = typer.Option(
+        2.0, "--backoff", min=0, help="Seconds before the first retry; doubles each time."
+    ),
+) -> None:
+    """Download a Hugging Face model before an engine starts (the LLMService init container)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # One line per HTTP request is noise in a pod log; failures are logged by this module.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        ref = HubRef.parse(uri)
+    except ValueError as error:
+        typer.echo(f"plimsoll fetch: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    try:
+        local_dir.mkdir(parents=True, exist_ok=True)
+        fetch(ref, local_dir, attempts=attempts, backoff_seconds=backoff)
+    except FetchError as error:
+        line = f"{error.reason}: {error}"
+        log.error("%s", line)
+        _write_termination_message(line)
+        raise typer.Exit(code=FETCH_EXIT_CODES[error.reason]) from None
+    except OSError as error:
+        reason = "DiskFull" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "DownloadFailed"
+        line = f"{reason}: cannot write {local_dir}: {error}"
+        log.error("%s", line)
+        _write_termination_message(line)
+        raise typer.Exit(code=FETCH_EXIT_CODES[reason]) from None
