@@ -19,6 +19,12 @@ def run_operator(
     ),
     print_crd: bool = typer.Option(False, "--print-crd", help="Print the LLMService CRD YAML and exit."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every handler step."),
+    metrics_bind_address: str | None = typer.Option(
+        None,
+        "--metrics-bind-address",
+        help="Serve the operator's own Prometheus metrics (process, Python, build info) at /metrics "
+        "on HOST:PORT, e.g. 0.0.0.0:8081.",
+    ),
 ) -> None:
     """Run the LLMService operator (kopf, standalone: one active replica, no peering)."""
     if print_crd:
@@ -32,6 +38,21 @@ def run_operator(
     # and the capacity-profiling timer.
     from plimsoll.operator.handlers import autoscaling, llmservice, profiling  # noqa: F401
 
+    if metrics_bind_address is not None:
+        from prometheus_client import Info, start_http_server
+
+        from plimsoll import __version__
+
+        host, _, port = metrics_bind_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            typer.echo(
+                f"plimsoll operator: --metrics-bind-address {metrics_bind_address!r} is not HOST:PORT",
+                err=True,
+            )
+            raise typer.Exit(code=2)
+        # The default registry: process_* and python_* collectors come with it.
+        Info("plimsoll_operator_build", "Version of the running operator.").info({"version": __version__})
+        start_http_server(int(port), addr=host.strip("[]"))
     llmservice.CLUSTERWIDE = not namespace
     kopf.configure(verbose=verbose)
     kopf.run(

@@ -74,6 +74,13 @@ def serve(
         25.0, "--drain-timeout", min=0, help="Seconds SIGTERM waits for in-flight requests before exiting."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    metrics_compat: str | None = typer.Option(
+        None,
+        "--metrics-compat",
+        help="Also export this engine's metric names: vllm (vllm:num_requests_waiting, "
+        "vllm:num_requests_running, vllm:kv_cache_usage_perc, vllm:cache_config_info), "
+        "what a Gateway API Inference Extension endpoint picker reads.",
+    ),
 ) -> None:
     """Run the inference server (OpenAI-compatible API, /health, /ready, /metrics)."""
     import uvicorn
@@ -118,7 +125,9 @@ def serve(
         _fail(f"invalid settings: {problems}")
         return
 
-    metrics = ServerMetrics(settings.served_model_name)
+    if metrics_compat not in (None, "vllm"):
+        _fail(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
+    metrics = ServerMetrics(settings.served_model_name, metrics_compat=metrics_compat)
     engine = AsyncEngine(config, observer=metrics)
     failed: list[BaseException] = []
     server: DrainingServer | None = None

@@ -334,9 +334,7 @@ class EndpointPickerRef(APIModel):
     """The Gateway API Inference Extension endpoint picker an InferencePool names (v1 shape)."""
 
     name: str = Field(min_length=1, max_length=253, description="Name of the endpoint picker's Service.")
-    port: int | None = Field(
-        None, ge=1, le=65535, description="Its ext_proc gRPC port (the picker's default when unset)."
-    )
+    port: int = Field(9002, ge=1, le=65535, description="Its ext_proc gRPC port (the picker's usual 9002).")
     failure_mode: Literal["FailOpen", "FailClose"] = Field(
         "FailClose", description="What the gateway does when the picker does not answer."
     )

@@ -14,7 +14,14 @@ from pydantic import Field
 from plimsoll.operator.api.base import APIModel, FreeForm
 
 ConditionType = Literal[
-    "Ready", "Progressing", "Degraded", "Profiled", "ProfileStale", "ScalingLimited", "SLOAtRisk"
+    "Ready",
+    "Progressing",
+    "Degraded",
+    "Profiled",
+    "ProfileStale",
+    "ScalingLimited",
+    "SLOAtRisk",
+    "ModelReady",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -29,7 +36,8 @@ class Condition(APIModel):
     """One observation about the LLMService (metav1.Condition shape)."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ScalingLimited or SLOAtRisk."
+        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ScalingLimited, SLOAtRisk or "
+        "ModelReady (an hf:// model's download)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason.")

@@ -27,6 +27,7 @@ PLURALS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules",
     ("plimsoll.dev/v1alpha1", "LLMService"): "llmservices",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",

@@ -19,10 +19,17 @@ from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.kube import Kube, contains
+from plimsoll.operator.handlers.model_download import report_model_download
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.sizing import apply_start_size
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.disruption import build_pdb
+from plimsoll.operator.resources.inference_pool import (
+    INFERENCE_POOL_GROUP_VERSION,
+    INFERENCE_POOL_PLURAL,
+    build_inference_pool,
+    uses_inference_pool,
+)
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
     build_pod_monitor,
@@ -142,6 +149,16 @@ async def reconcile(
         # Thresholds follow status.capacity, so a new profile updates the rule on the next pass.
         children.append(build_prometheus_rule(svc, (body.get("status") or {}).get("capacity")))
     children.extend(router_children(svc, settings))
+    if uses_inference_pool(svc):
+        if await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
+            children.append(build_inference_pool(svc))
+        else:
+            kopf.warn(
+                _as_body(body),
+                reason="InferencePoolUnavailable",
+                message="router.mode is inferencePool but inferencepools.inference.networking.k8s.io "
+                "is not served; install the Gateway API Inference Extension CRDs",
+            )
     await remove_disabled_router(kube, body, svc, settings, logger)
 
     created: list[str] = []
@@ -152,11 +169,12 @@ async def reconcile(
             try:
                 change, stored = await _apply_child(kube, body, child, logger)
             except ApiException as error:
-                if error.status != 404 or child["apiVersion"] != MONITORING_GROUP_VERSION:
+                optional = (MONITORING_GROUP_VERSION, INFERENCE_POOL_GROUP_VERSION)
+                if error.status != 404 or child["apiVersion"] not in optional:
                     raise
-                # The Prometheus operator's CRDs were removed after discovery was cached:
-                # skip the optional object and look again on the next pass.
-                kube.forget_resources(MONITORING_GROUP_VERSION)
+                # An optional CRD (Prometheus operator, InferencePool) was removed after
+                # discovery was cached: skip the object and look again on the next pass.
+                kube.forget_resources(child["apiVersion"])
                 logger.warning("%s is no longer served; skipped", child["kind"])
                 continue
             label = f"{child['kind']}/{child['metadata']['name']}"
@@ -179,6 +197,7 @@ async def reconcile(
     ready = await write_status(kube, body, svc, deployment)
     # After write_status: it sets ScalingLimited on the freshest copy, so neither overwrites the other.
     await ensure_external_autoscaler(kube, body, svc, logger)
+    await report_model_download(kube, body, svc, logger)
     return Outcome(tuple(created), tuple(updated), ready)
 
 

@@ -86,6 +86,9 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
     args = ["serve", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", svc.served_name]
     if model_arg is not None:
         args += ["--model", model_arg]
+    if svc.spec.router.mode == "inferencePool":
+        # A Gateway's endpoint picker reads vLLM's series names (model-server protocol).
+        args += ["--metrics-compat", "vllm"]
     return args + _engine_flags(svc, "--kv-cache-memory")
 
 

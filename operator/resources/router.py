@@ -31,9 +31,19 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
     """The router Deployment: `plimsoll route` discovering the replicas from the LLMService's pods."""
     name = router_name(svc)
     args = [
-        "route", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
-        "--llmservice", svc.name, "--namespace", svc.namespace,
-        "--backend-port", str(ENGINE_PORT), "--policy", svc.spec.router.policy,
+        "route",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ENGINE_PORT),
+        "--llmservice",
+        svc.name,
+        "--namespace",
+        svc.namespace,
+        "--backend-port",
+        str(ENGINE_PORT),
+        "--policy",
+        svc.spec.router.policy,
     ]
     container = {
         "name": "router",
@@ -63,8 +73,11 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
             "template": {
                 "metadata": {
                     "labels": common_labels(svc, COMPONENT),
-                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(ENGINE_PORT),
-                                    "prometheus.io/path": "/metrics"},
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(ENGINE_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
                 },
                 "spec": {
                     "serviceAccountName": name,
@@ -88,8 +101,11 @@ def build_router_service(svc: LLMService) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": router_name(svc), "namespace": svc.namespace,
-                     "labels": common_labels(svc, COMPONENT)},
+        "metadata": {
+            "name": router_name(svc),
+            "namespace": svc.namespace,
+            "labels": common_labels(svc, COMPONENT),
+        },
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(svc, COMPONENT),

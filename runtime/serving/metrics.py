@@ -52,7 +52,9 @@ def _strip_total(name: str) -> str:
 class ServerMetrics:
     """Every ``plimsoll_*`` series for one served model, in its own registry."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, model_name: str, registry: CollectorRegistry | None = None, metrics_compat: str | None = None
+    ) -> None:
         self.model_name = model_name
         self.registry = registry if registry is not None else CollectorRegistry()
         r, labels = self.registry, ["model_name"]
@@ -127,6 +129,28 @@ class ServerMetrics:
         self.rejections = counter(
             mn.ADMISSION_REJECTIONS, "Requests refused before reaching the engine, by reason.", ("reason",)
         )
+        # --metrics-compat vllm: the same readings also under the vLLM names a Gateway API
+        # Inference Extension endpoint picker reads (model-server protocol); see docs/metrics.md.
+        self.compat: tuple[Gauge, Gauge, Gauge, Gauge] | None = None
+        if metrics_compat == "vllm":
+            self.compat = (
+                gauge(
+                    "vllm:num_requests_running",
+                    "Requests in the running batch (= plimsoll_num_requests_running).",
+                ),
+                gauge(
+                    "vllm:num_requests_waiting",
+                    "Requests waiting to be scheduled (= plimsoll_num_requests_waiting).",
+                ),
+                gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1 (= plimsoll_kv_cache_usage_ratio)."),
+                gauge(
+                    "vllm:cache_config_info",
+                    "KV-cache configuration; value 1 (= plimsoll_cache_config_info).",
+                    ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+                ),
+            )
+        elif metrics_compat is not None:
+            raise ValueError(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).
         self.counting = False
@@ -146,10 +170,8 @@ class ServerMetrics:
     def on_step(self, stats: _StepStats) -> None:
         if not self.counting:
             return
+        self._set_gauges(stats)
         m = self.model_name
-        self.running.labels(m).set(stats.num_running)
-        self.waiting.labels(m).set(stats.num_waiting)
-        self.kv_usage.labels(m).set(stats.kv_cache_usage)
         if stats.batch_size > 0:
             self.batch_size.labels(m).observe(stats.batch_size)
             self.step_tokens.labels(m).observe(stats.num_scheduled_tokens)
@@ -206,16 +228,24 @@ class ServerMetrics:
     def set_cache_config(
         self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str
     ) -> None:
-        self.cache_config.labels(
-            self.model_name, str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype
-        ).set(1)
+        labels = (self.model_name, str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype)
+        self.cache_config.labels(*labels).set(1)
+        if self.compat is not None:
+            self.compat[3].labels(*labels).set(1)
 
     def refresh(self, stats: _EngineStats) -> None:
         """Read the gauges fresh from the engine: an abort frees blocks between steps."""
+        self._set_gauges(stats)
+
+    def _set_gauges(self, stats: _EngineStats) -> None:
         m = self.model_name
-        self.running.labels(m).set(stats.num_running)
-        self.waiting.labels(m).set(stats.num_waiting)
-        self.kv_usage.labels(m).set(stats.kv_cache_usage)
+        families = [(self.running, self.waiting, self.kv_usage)]
+        if self.compat is not None:
+            families.append(self.compat[:3])
+        for running, waiting, kv_usage in families:
+            running.labels(m).set(stats.num_running)
+            waiting.labels(m).set(stats.num_waiting)
+            kv_usage.labels(m).set(stats.kv_cache_usage)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -33,6 +33,7 @@ def _load(path: Path) -> LLMService:
 CASES = {
     "embedded": ROOT / "examples" / "llmservice-embedded.yaml",
     "qwen-vllm": ROOT / "examples" / "llmservice-qwen-vllm.yaml",
+    "hf-gateway": ROOT / "examples" / "llmservice-hf-gateway.yaml",
 }
 
 
@@ -120,7 +121,8 @@ def test_spec_change_changes_pod_template() -> None:
     ("uri", "model_arg", "volume_keys"),
     [
         ("pvc://weights", "/mnt/models", ["persistentVolumeClaim"]),
-        ("hf://Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B", ["emptyDir"]),
+        ("hf://Qwen/Qwen2.5-0.5B", "/var/cache/plimsoll/models/hf/Qwen/Qwen2.5-0.5B/main", ["emptyDir"]),
+        ("hf://Qwen/Qwen2.5-0.5B@refs/pr/1", "/var/cache/plimsoll/models/hf/Qwen/Qwen2.5-0.5B/refs--pr--1", ["emptyDir"]),
         ("file:///opt/models/x", "/opt/models/x", []),
         ("embedded://smollm2-135m", None, []),
     ],

@@ -1,6 +1,8 @@
 """The Helm chart: strict lint, schema, rendered RBAC; install/upgrade/uninstall on the local control plane."""
 
+import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -127,3 +129,70 @@ def test_install_upgrade_uninstall(devcluster: Any) -> None:
     )
     assert left.stdout.strip() == ""
     devcluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# --- golden renders ------------------------------------------------------------------------
+
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+GOLDEN_CHART = Path(__file__).parent / "golden" / "chart"
+
+
+def _golden_text(values: Path) -> str:
+    """`helm template` with one values file, as sorted YAML; the dashboard JSON (tested on its
+    own in test_monitoring_dashboard) is kept as its digest so dashboard edits do not churn here."""
+    out = helm("template", "plimsoll", str(CHART), "--namespace", "plimsoll-system", "-f", str(values)).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-dashboard"):
+            doc["data"] = {
+                k: "sha256:" + hashlib.sha256(v.encode()).hexdigest() for k, v in doc["data"].items()
+            }
+    return yaml.safe_dump_all(docs, sort_keys=True, width=120)
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=[v.name for v in CI_VALUES])
+def test_render_matches_golden(values: Path) -> None:
+    """Regenerate after an intended change with PLIMSOLL_UPDATE_GOLDEN=1 and review the diff."""
+    helm("lint", "--strict", str(CHART), "-f", str(values))
+    text = _golden_text(values)
+    path = GOLDEN_CHART / values.name.replace("-values.yaml", ".yaml")
+    if os.environ.get("PLIMSOLL_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"{path} missing; run with PLIMSOLL_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), (
+        f"{values.name}: the chart renders differently; review, then PLIMSOLL_UPDATE_GOLDEN=1"
+    )
+
+
+def test_platform_values_reach_the_pod() -> None:
+    docs = [d for d in yaml.safe_load_all(_golden_text(CHART / "ci" / "platform-values.yaml")) if d]
+    by_kind = {d["kind"]: d for d in docs}
+    assert by_kind["Deployment"]["metadata"]["name"] == "platform-llm-operator"
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"} in container["env"]
+    assert container["args"][-2:] == ["--metrics-bind-address=0.0.0.0:8081", "--verbose"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    monitor = by_kind["ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    service = by_kind["Service"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service["spec"]["selector"] == by_kind["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert (
+        by_kind["Deployment"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "llm-operator"
+    )
+
+
+def test_service_monitor_needs_metrics() -> None:
+    proc = helm("template", "x", str(CHART), "--set", "metrics.serviceMonitor.enabled=true", check=False)
+    assert proc.returncode != 0 and "needs metrics.enabled" in proc.stderr
+
+
+def test_readme_is_shown_and_names_every_top_level_value() -> None:
+    readme = helm("show", "readme", str(CHART)).stdout
+    assert "never upgrades" in readme, "the crds/ upgrade caveat"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [key for key in values if f"`{key}" not in readme]
+    assert not missing, f"values not documented in charts/plimsoll/README.md: {missing}"

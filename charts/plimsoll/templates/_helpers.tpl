@@ -1,14 +1,20 @@
-{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{/* Chart name (or nameOverride), truncated to the 63 characters a label value allows. */}}
 {{- define "plimsoll.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Full name: the release name, with the chart name appended unless already in it. */}}
+{{/* Full name: fullnameOverride, else the release name with the (overridden) chart name
+appended unless already in it. */}}
 {{- define "plimsoll.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -76,6 +82,10 @@ app.kubernetes.io/part-of: plimsoll
 # Scrape objects and alert rules, only used when the Prometheus Operator's CRDs exist.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "servicemonitors", "prometheusrules"]
+  verbs: ["get", "create", "patch", "update", "delete"]
+# The InferencePool of router.mode inferencePool, only used when the Gateway API Inference Extension is installed.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "update", "delete"]
 # Events explaining what the operator did.
 - apiGroups: ["", "events.k8s.io"]
