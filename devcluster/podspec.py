@@ -224,6 +224,7 @@ class ContainerState:
     last_exit_code: int | None = None
     last_started_at: str | None = None
     last_finished_at: str | None = None
+    last_message: str = ""
 
     def status(self) -> dict[str, Any]:
         state: dict[str, Any]
@@ -260,6 +261,7 @@ class ContainerState:
                     "reason": "Completed" if self.last_exit_code == 0 else "Error",
                     "startedAt": self.last_started_at,
                     "finishedAt": self.last_finished_at,
+                    **({"message": self.last_message} if self.last_message else {}),
                 }
             }
         return out
@@ -283,13 +285,25 @@ def pod_status(
     restart_policy: str,
     previous_conditions: list[dict[str, Any]],
     now: str,
+    init_containers: list[ContainerState] | None = None,
 ) -> dict[str, Any]:
-    """The ``status`` a kubelet would write; keeps ``lastTransitionTime`` of unchanged conditions."""
+    """The ``status`` a kubelet would write; keeps ``lastTransitionTime`` of unchanged conditions.
+
+    Init containers run one after another before the others; until all have completed
+    the pod is not Initialized (and, unless one failed for good, Pending)."""
+    inits = init_containers or []
+    initialized = all(c.state == "terminated" and c.exit_code == 0 for c in inits)
     phase = pod_phase(containers, restart_policy)
-    all_ready = bool(containers) and all(c.ready for c in containers)
+    if not initialized:
+        failed = (
+            any(c.state == "terminated" and c.exit_code != 0 for c in inits) and restart_policy == "Never"
+        )
+        # A kubelet keeps the pod Pending (Init:CrashLoopBackOff) while an init container retries.
+        phase = "Failed" if failed else "Pending"
+    all_ready = initialized and bool(containers) and all(c.ready for c in containers)
     wanted = {
         "PodReadyToStartContainers": True,
-        "Initialized": True,
+        "Initialized": initialized,
         "ContainersReady": all_ready,
         "Ready": all_ready,
         "PodScheduled": True,
@@ -312,4 +326,7 @@ def pod_status(
             not_ready = [c.name for c in containers if not c.ready]
             cond["message"] = f"containers with unready status: [{' '.join(not_ready)}]"
         conditions.append(cond)
-    return {"phase": phase, "conditions": conditions, "containerStatuses": [c.status() for c in containers]}
+    status = {"phase": phase, "conditions": conditions, "containerStatuses": [c.status() for c in containers]}
+    if inits:
+        status["initContainerStatuses"] = [c.status() for c in inits]
+    return status

@@ -73,6 +73,7 @@ class ContainerPlan:
     readiness: Probe
     liveness: Probe
     pre_stop_sleep_s: float
+    logs_as_message: bool = False  # terminationMessagePolicy FallbackToLogsOnError
 
 
 class PodWorker:
@@ -89,6 +90,9 @@ class PodWorker:
         self.pod_ip: str = pod["status"]["podIP"]
         self.restart_policy: str = pod["spec"].get("restartPolicy", "Always")
         self.containers = [ContainerState(c["name"], c.get("image", "")) for c in pod["spec"]["containers"]]
+        self.init_containers = [
+            ContainerState(c["name"], c.get("image", "")) for c in pod["spec"].get("initContainers") or []
+        ]
         self.conditions: list[dict[str, Any]] = list(pod.get("status", {}).get("conditions", []))
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.stopping = asyncio.Event()
@@ -116,8 +120,11 @@ class PodWorker:
             await self._event("Warning", "Failed", f"Error: {exc}")
             await self.stopping.wait()
         else:
-            tasks = [asyncio.create_task(self._run_container(c, specs[c.name])) for c in self.containers]
-            await asyncio.gather(*tasks)
+            if await self._run_init_containers(specs):
+                tasks = [asyncio.create_task(self._run_container(c, specs[c.name])) for c in self.containers]
+                await asyncio.gather(*tasks)
+            else:
+                await self.stopping.wait()
         if self.delete_when_stopped:
             await self.api.delete_pod_now(self.namespace, self.name, self.uid)
 
@@ -131,7 +138,7 @@ class PodWorker:
         if sa_kubeconfig is not None:
             base_env["KUBECONFIG"] = str(sa_kubeconfig)
         out = {}
-        for spec in self.pod["spec"]["containers"]:
+        for spec in [*(self.pod["spec"].get("initContainers") or []), *self.pod["spec"]["containers"]]:
             mounts = podspec.local_mounts(self.pod, spec, self.config.model_cache, scratch)
             for local in mounts.values():
                 local.mkdir(parents=True, exist_ok=True)
@@ -146,6 +153,7 @@ class PodWorker:
                 readiness=Probe.from_spec(spec.get("readinessProbe"), spec),
                 liveness=Probe.from_spec(spec.get("livenessProbe"), spec),
                 pre_stop_sleep_s=float(pre_stop.get("seconds", 0)),
+                logs_as_message=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
             )
         return out
 
@@ -203,6 +211,79 @@ class PodWorker:
             else:
                 raise ValueError(f"env {name}: valueFrom {sorted(vf)} is not supported by the pod runner")
         return env
+
+    # ---- init containers -----------------------------------------------
+
+    async def _run_init_containers(self, specs: dict[str, ContainerPlan]) -> bool:
+        """Run each init container to completion, in order, restarting a failed one with back-off
+        (unless restartPolicy is Never). False when the pod stops (or fails) before all completed."""
+        if not self.init_containers:
+            return True
+        for c in self.containers:
+            c.reason = "PodInitializing"
+        for c in self.init_containers:
+            plan = specs[c.name]
+            backoff = BACKOFF_START_S
+            logfile = self.config.log_dir / f"{self.slug}_{c.name}.log"
+            logfile.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                if self.stopping.is_set():
+                    return False
+                with logfile.open("ab") as out:
+                    out.write(
+                        f"\n==== {now()} starting (restart {c.restart_count}): {' '.join(plan.argv)}\n".encode()
+                    )
+                    out.flush()
+                    proc = await asyncio.create_subprocess_exec(
+                        *plan.argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                        env=plan.env, cwd=str(self.config.state_dir), start_new_session=True,
+                    )  # fmt: skip
+                self.procs[c.name] = proc
+                c.state, c.reason, c.message, c.started_at = "running", "", "", now()
+                await self._publish()
+                await self._event(
+                    "Normal", "Started", f"Started init container {c.name} as PID {proc.pid}; log: {logfile}"
+                )
+                stop_wait = asyncio.create_task(self.stopping.wait())
+                exit_wait = asyncio.create_task(proc.wait())
+                await asyncio.wait({stop_wait, exit_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if not exit_wait.done():
+                    await self._terminate(c, proc, 0)
+                code = await exit_wait
+                stop_wait.cancel()
+                c.state, c.finished_at = "terminated", now()
+                c.exit_code = code if code >= 0 else 128 - code
+                c.reason = "Completed" if c.exit_code == 0 else "Error"
+                c.message = _log_tail(logfile) if c.exit_code != 0 and plan.logs_as_message else ""
+                c.ready = c.exit_code == 0
+                await self._publish()
+                if c.exit_code == 0:
+                    break
+                if self.stopping.is_set() or self.restart_policy == "Never":
+                    return False
+                await self._event(
+                    "Warning",
+                    "BackOff",
+                    f"init container {c.name} exited with code {c.exit_code}; restarting in {backoff:.0f}s",
+                )
+                c.last_exit_code, c.last_started_at, c.last_finished_at = (
+                    c.exit_code,
+                    c.started_at,
+                    c.finished_at,
+                )
+                c.last_message = c.message
+                c.state, c.reason, c.message = (
+                    "waiting",
+                    "CrashLoopBackOff",
+                    f"back-off {backoff:.0f}s restarting failed container",
+                )
+                c.restart_count += 1
+                await self._publish()
+                await self._sleep_unless_stopping(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+        for c in self.containers:
+            c.reason = "ContainerCreating"
+        return True
 
     # ---- one container -------------------------------------------------
 
@@ -385,7 +466,9 @@ class PodWorker:
 
     async def _publish(self) -> None:
         async with self._publish_lock:
-            status = podspec.pod_status(self.containers, self.restart_policy, self.conditions, now())
+            status = podspec.pod_status(
+                self.containers, self.restart_policy, self.conditions, now(), self.init_containers
+            )
             try:
                 await self.api.patch_pod_status(self.namespace, self.name, status)
                 self.conditions = status["conditions"]
@@ -398,6 +481,15 @@ class PodWorker:
             await self.api.post_event(self.pod, kind, reason, message, now())
         except (KubeAPIError, httpx.HTTPError) as exc:
             log.warning("%s/%s: event not posted: %s", self.namespace, self.name, exc)
+
+
+def _log_tail(path: Path, limit: int = 2048) -> str:
+    """The end of a container's log, as a kubelet's FallbackToLogsOnError keeps (80 lines, 2 KiB)."""
+    try:
+        data = path.read_bytes()[-limit:]
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-80:])
 
 
 def _killpg(pid: int, sig: signal.Signals) -> None:
