@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
+from plimsoll.operator.handlers.inference_pool import remove_unused_inference_pool
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
@@ -159,6 +160,12 @@ async def reconcile(
                 message="router.mode is inferencePool but inferencepools.inference.networking.k8s.io "
                 "is not served; install the Gateway API Inference Extension CRDs",
             )
+    elif await remove_unused_inference_pool(kube, svc, logger):
+        kopf.info(
+            _as_body(body),
+            reason="Deleted",
+            message=f"deleted InferencePool/{svc.name} (router.mode plimsoll)",
+        )
     await remove_disabled_router(kube, body, svc, settings, logger)
 
     created: list[str] = []

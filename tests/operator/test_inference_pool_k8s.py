@@ -137,3 +137,18 @@ def test_pool_selects_exactly_the_ready_replicas_and_follows_scaling(
         lambda: len(_selected_ready(devcluster, ns, pool)) == 1, 180, "1 Ready pod in the pool", interval=1
     )
     assert get_json(devcluster, "inferencepool", name, "-n", ns)["metadata"]["resourceVersion"] == version
+
+    # Leaving the mode takes the pool away (owner references alone would keep it until the LLMService goes).
+    devcluster.kubectl(
+        "patch",
+        "llms",
+        name,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"router":{"mode":"plimsoll","endpointPickerRef":null}}}',
+    )
+    wait_for(
+        lambda: get_json(devcluster, "inferencepool", name, "-n", ns) is None, 60, "the InferencePool deleted"
+    )
