@@ -67,7 +67,7 @@ class HubMirror:
     def endpoint(self) -> str:
         assert self._server is not None, "start() the mirror first"
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> HubMirror:
         mirror = self

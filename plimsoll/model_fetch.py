@@ -157,7 +157,7 @@ def _log_progress_class(every_seconds: float) -> Any:
     """
     from tqdm.auto import tqdm
 
-    class LogProgress(tqdm):  # type: ignore[misc,type-arg]
+    class LogProgress(tqdm):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             # huggingface_hub's byte bar for the whole snapshot; per-file bars stay silent.
             self._logged = kwargs.get("desc") == "Downloading bytes"
@@ -167,7 +167,7 @@ def _log_progress_class(every_seconds: float) -> Any:
             super().__init__(*args, **kwargs)
 
         def update(self, n: float | None = 1) -> bool | None:
-            shown = super().update(n)
+            shown: bool | None = super().update(n)
             if self._logged and time.monotonic() - self._last_log >= every_seconds:
                 self._last_log = time.monotonic()
                 log.info("downloaded %s of %s so far", _size(self.n), _size(self.total or 0))

@@ -32,11 +32,11 @@ async def report_model_download(
     if condition is None:
         return
     conditions = (body.get("status") or {}).get("conditions") or []
-    before = next((c for c in conditions if c.get("type") == "ModelReady"), {})
+    before: dict[str, Any] = next((c for c in conditions if c.get("type") == "ModelReady"), {})
     changed = await patch_profile_status(
         kube,
         svc,
-        (("ModelReady", condition.status, condition.reason, condition.message),),  # type: ignore[arg-type]
+        (("ModelReady", condition.status, condition.reason, condition.message),),
     )
     if changed and condition.status == "False" and before.get("reason") != condition.reason:
         logger.warning("model download failed: %s", condition.message)

@@ -24,7 +24,7 @@ INFERENCE_POOL_PLURAL = "inferencepools"
 
 
 def uses_inference_pool(svc: LLMService) -> bool:
-    return svc.spec.router.mode == "inferencePool"
+    return bool(svc.spec.router.mode == "inferencePool")
 
 
 def build_inference_pool(svc: LLMService) -> dict[str, Any]:

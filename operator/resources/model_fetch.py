@@ -20,6 +20,7 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import ModelLocation
+from plimsoll.operator.api.status import ConditionStatus
 from plimsoll.operator.resources.settings import BuildSettings
 
 MODEL_CACHE_VOLUME = "model-cache"
@@ -100,7 +101,7 @@ class FetchCondition:
     """What the replicas' downloads say: ``status`` True (every pod has its weights),
     False (a download failed; ``reason`` names how) or Unknown (still downloading)."""
 
-    status: str
+    status: ConditionStatus
     reason: str
     message: str
 
