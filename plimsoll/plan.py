@@ -21,19 +21,18 @@ context, so it is a floor on what really fits.
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from plimsoll.byte_size import parse_bytes
+
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
     "fp8": 1, "int8": 1, "int4": 0.5,
 }  # fmt: skip
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
 GiB = 2**30
 
 
@@ -41,13 +40,12 @@ class PlanError(ValueError):
     """Input `plimsoll plan` cannot use; the message says what to change."""
 
 
-def parse_bytes(text: str) -> int:
-    """'80GiB' → 85899345920, '80GB' → 80000000000 (GB is decimal, GiB binary, as on the GPU's label)."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", text)
-    if not m:
-        raise PlanError(f"cannot read {text!r} as a memory size; write e.g. 80GiB, 80GB or 24Gi")
-    unit = (m.group(2) or "").lower()
-    return int(float(m.group(1)) * _UNITS[unit])
+def memory_size(text: str) -> int:
+    """A GPU memory size such as 80GiB or 80GB, or :class:`PlanError` saying how to write one."""
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
 
 
 def dtype_bytes(name: str) -> float:
@@ -330,7 +328,7 @@ def plan(
                 source += f"; mean E2E there {report_latency:.3g} s (report)"
         steps = make_plan(
             read_model_config(model_config),
-            gpu_memory=parse_bytes(gpu_memory),
+            gpu_memory=memory_size(gpu_memory),
             dtype=dtype,
             kv_dtype=kv_dtype,
             memory_fraction=memory_fraction,

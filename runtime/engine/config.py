@@ -1,57 +1,18 @@
-"""The engine's one validated config object, and the byte-size parser it uses.
+"""The engine's one validated config object.
 
 What it is: every knob the engine reads (model, limits, KV budget, policies),
 checked once at the edge. What it is not: HTTP/server settings (those belong to
 the server) or model hyper-parameters (those come from the model's own config).
 """
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "ki": 1024,
-    "kib": 1024,
-    "mi": 1024**2,
-    "mib": 1024**2,
-    "gi": 1024**3,
-    "gib": 1024**3,
-    "ti": 1024**4,
-    "tib": 1024**4,
-}
+# Re-exported: callers that build an EngineConfig by hand parse sizes the same way.
+from plimsoll.byte_size import parse_bytes
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
-
-
-def parse_bytes(value: str | int | float) -> int:
-    """``"2GiB" -> 2147483648``; ``"512MB" -> 512000000``; plain numbers are bytes."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a byte size like '2GiB' or 1073741824, got {value!r}")
-    if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError(f"byte size must be positive, got {value!r}")
-        return int(value)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", value)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(
-            f"cannot parse byte size {value!r}: use a number with an optional unit "
-            "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. '2GiB'"
-        )
-    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if size <= 0:
-        raise ValueError(f"byte size must be positive, got {value!r}")
-    return size
 
 
 class EngineConfig(BaseModel):
