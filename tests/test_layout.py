@@ -1,8 +1,8 @@
 """The distribution's layout: folders map to import names, and nothing shadows the stdlib."""
 
-import collections
 import importlib
-import operator
+import os
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -18,10 +18,18 @@ def test_no_operator_init_shadows_stdlib() -> None:
     assert not (ROOT / "operator" / "__init__.py").exists(), (
         "operator/__init__.py shadows the standard library's operator module; delete it"
     )
-    # The stdlib module is the one imported, and collections (which needs it) works.
-    assert hasattr(operator, "itemgetter")
-    assert Path(operator.__file__ or "").parent != ROOT / "operator"
-    assert collections.OrderedDict is not None
+    # Run from the checkout with its folders first on sys.path, as `python -c` and
+    # scripts do: the stdlib operator module must still win, and collections
+    # (whose OrderedDict and namedtuple need operator.itemgetter) must work.
+    probe = (
+        "import collections, operator; "
+        "collections.namedtuple('P', 'x')(1); collections.OrderedDict(a=1).move_to_end('a'); "
+        "print(operator.__file__)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert not Path(result.stdout.strip()).resolve().is_relative_to(ROOT), result.stdout
 
 
 def _import_name(folder: Path) -> str | None:
@@ -49,10 +57,35 @@ def test_every_source_folder_is_packaged() -> None:
     assert not missing, f"source folders missing from [tool.setuptools] packages: {sorted(set(missing))}"
 
 
-def test_every_listed_package_imports() -> None:
+def _source_folder(package: str) -> Path:
+    """The folder package-dir maps a package to (the longest mapped prefix wins)."""
+    mapped = max((n for n in SETUPTOOLS["package-dir"] if package == n or package.startswith(n + ".")), key=len)
+    rest = package.removeprefix(mapped).lstrip(".").split(".")
+    return ROOT / SETUPTOOLS["package-dir"][mapped] / Path(*[p for p in rest if p])
+
+
+def test_every_listed_package_imports_its_own_folder() -> None:
+    # The installed package holds exactly the source folder's modules, byte for byte:
+    # a module added or removed without reinstalling (strict editable installs link
+    # files one by one) or a package-dir pointing elsewhere fails here.
     for name in SETUPTOOLS["packages"]:
         module = importlib.import_module(name)
-        assert module is sys.modules[name]
+        installed = {p.name: p.read_bytes() for d in module.__path__ for p in Path(d).glob("*.py")}
+        source = {p.name: p.read_bytes() for p in _source_folder(name).glob("*.py")}
+        assert installed.keys() == source.keys(), (
+            f"{name}: installed {sorted(installed)} but {_source_folder(name)} has {sorted(source)}; reinstall"
+        )
+        assert installed == source, f"{name}: installed modules differ from {_source_folder(name)}; reinstall"
+
+
+def test_every_package_data_pattern_matches_a_file() -> None:
+    empty = [
+        f"{package}: {pattern}"
+        for package, patterns in SETUPTOOLS["package-data"].items()
+        for pattern in patterns
+        if not any(_source_folder(package).glob(pattern))
+    ]
+    assert not empty, f"package-data patterns that match no file (delete them or add the files): {empty}"
 
 
 def test_cli_lists_every_subcommand() -> None:

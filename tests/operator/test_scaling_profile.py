@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from plimsoll.operator.scaling.profile import (
@@ -117,7 +118,6 @@ def sweep_report() -> dict[str, Any]:
 
 
 def test_sample_report_matches_the_bench_schema() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((Path(__file__).resolve().parents[2] / "bench" / "report.schema.json").read_text())
     jsonschema.validate(sweep_report(), schema)
 
