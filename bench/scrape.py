@@ -1,8 +1,8 @@
 """Reading a server's Prometheus ``/metrics`` during a level or a diagnose window.
 
-What it is: a parser into flat :class:`Snapshot` objects (series summed over label
-sets, histogram buckets kept), deltas between snapshots, bucket quantiles, and a
-:class:`Scraper` task that polls while load runs. Either engine family works: the
+What it is: timed :class:`Snapshot` objects of a server's exposition (read by
+:mod:`plimsoll.prometheus`, whose histograms give the quantiles), deltas between
+snapshots, and a :class:`Scraper` task that polls while load runs. Either engine family works: the
 names come from :mod:`plimsoll.metric_names` and the family is detected from the
 scrape. What it is not: a Prometheus server; nothing is stored beyond one run.
 """
@@ -11,44 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from plimsoll.metric_names import EngineMetricNames, detect_family
+from plimsoll.prometheus import Histogram, Scrape, parse
 
 
 @dataclass(slots=True)
 class Snapshot:
-    """One scrape: sample name -> value summed over labels; histogram name -> buckets."""
+    """One scrape at time ``t``: every sample, and each name summed over its label sets."""
 
     t: float
+    scrape: Scrape = field(default_factory=lambda: Scrape({}))
     values: dict[str, float] = field(default_factory=dict)
-    # histogram base name -> sorted [(le, cumulative count)], summed over labels
-    buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
 
 
 def parse_metrics(text: str, t: float | None = None) -> Snapshot:
-    snap = Snapshot(time.monotonic() if t is None else t)
-    acc: dict[str, dict[float, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_bucket") and "le" in sample.labels:
-                le = float(sample.labels["le"])
-                per = acc.setdefault(sample.name.removesuffix("_bucket"), {})
-                per[le] = per.get(le, 0.0) + sample.value
-            else:
-                snap.values[sample.name] = snap.values.get(sample.name, 0.0) + sample.value
-    snap.buckets = {name: sorted(b.items()) for name, b in acc.items()}
-    return snap
+    """Read exposition text; raises :class:`plimsoll.prometheus.ExpositionError` (a ValueError) on bad text."""
+    scrape = parse(text)
+    return Snapshot(time.monotonic() if t is None else t, scrape, scrape.sums())
 
 
 async def fetch(http: httpx.AsyncClient, url: str) -> Snapshot:
@@ -69,45 +58,10 @@ def counter_delta(a: Snapshot, b: Snapshot, name: str) -> float | None:
     return max(0.0, b.values[name] - a.values.get(name, 0.0))
 
 
-@dataclass(frozen=True, slots=True)
-class HistogramDelta:
-    """What a histogram observed between two scrapes."""
-
-    count: float
-    total: float
-    buckets: tuple[tuple[float, float], ...]
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count > 0 else None
-
-    def quantile(self, q: float) -> float | None:
-        """Linear interpolation inside the bucket holding rank q·count (Prometheus' method)."""
-        if self.count <= 0 or not self.buckets:
-            return None
-        rank = q * self.count
-        prev_le, prev_c = 0.0, 0.0
-        for le, c in self.buckets:
-            if c >= rank:
-                if math.isinf(le):
-                    return prev_le
-                width = c - prev_c
-                return prev_le + (le - prev_le) * ((rank - prev_c) / width if width > 0 else 1.0)
-            prev_le, prev_c = le, c
-        return prev_le
-
-
-def histogram_delta(a: Snapshot, b: Snapshot, name: str) -> HistogramDelta | None:
-    base = name
-    if f"{base}_count" not in b.values:
-        return None
-    old = dict(a.buckets.get(base, []))
-    buckets = tuple((le, max(0.0, c - old.get(le, 0.0))) for le, c in b.buckets.get(base, []))
-    return HistogramDelta(
-        count=max(0.0, b.values[f"{base}_count"] - a.values.get(f"{base}_count", 0.0)),
-        total=max(0.0, b.values.get(f"{base}_sum", 0.0) - a.values.get(f"{base}_sum", 0.0)),
-        buckets=buckets,
-    )
+def histogram_delta(a: Snapshot, b: Snapshot, name: str) -> Histogram | None:
+    """What histogram ``name`` observed between two scrapes (all label sets); None when the server lacks it."""
+    now = b.scrape.histogram(name)
+    return None if now is None else now.delta(a.scrape.histogram(name))
 
 
 def gauge_summary(samples: list[Snapshot], name: str) -> dict[str, float] | None:

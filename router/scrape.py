@@ -13,9 +13,9 @@ import asyncio
 import logging
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from plimsoll.metric_names import ENGINE_FAMILIES, EngineMetricNames, detect_family
+from plimsoll.prometheus import parse
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.metrics import RouterMetrics
 
@@ -24,17 +24,14 @@ log = logging.getLogger(__name__)
 
 def parse_queue(text: str, engine: str | None = None) -> tuple[float | None, float | None, str | None]:
     """Return (waiting, running, engine family name) summed over label sets from an exposition text."""
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    scrape = parse(text)
     names: EngineMetricNames | None = (
-        ENGINE_FAMILIES[engine] if engine is not None else detect_family(set(samples))
+        ENGINE_FAMILIES[engine] if engine is not None else detect_family(scrape.names())
     )
     if names is None:
         return None, None, None
     family_name = next(k for k, v in ENGINE_FAMILIES.items() if v is names)
-    return samples.get(names.waiting), samples.get(names.running), family_name
+    return scrape.sum(names.waiting), scrape.sum(names.running), family_name
 
 
 class Scraper:

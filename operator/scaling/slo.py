@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from plimsoll.operator.scaling.formula import fmt
-from plimsoll.operator.scaling.metrics import Histogram, PodSample, histogram_quantile, merge_histograms
+from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.prometheus import Histogram, histogram_quantile, merge_histograms
 
 # Fewer finished requests than this in a window say little about a p95.
 MIN_REQUESTS = 20

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from plimsoll.operator.handlers.autoscaling import scrape
-from plimsoll.operator.scaling.metrics import PodSample, histogram_quantile
+from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.prometheus import histogram_quantile
 
 pytestmark = pytest.mark.slow
 
