@@ -6,24 +6,24 @@ What it is: pure functions over the *valid* levels of a sweep.
   ``alpha`` (0.9) of the best; none when that is the largest tested level (the
   curve is still rising). Cross-checked by Kneedle on an evenly resampled grid —
   never on raw, log-spaced levels, where its x-blind flip finds false knees.
-- Latency knee: the worst normalised margin m(c) = max_j (observed_j / limit_j − 1)
-  over the SLOs (or, without SLOs, TTFT p95 ≤ 3× and TPOT p50 ≤ 2× of the lowest
-  level), made monotone by a running max, and interpolated in log2(c) where it
-  crosses zero. None when it never does; "below range" when the lowest level fails.
-- Recommendation: ⌊headroom × min(knees)⌋.
+- Latency knee: where the worst latency margin crosses zero over the SLOs (or,
+  without SLOs, TTFT p95 ≤ 3× and TPOT p50 ≤ 2× of the lowest level); the rule is
+  :func:`plimsoll.capacity.latency_crossing`, shared with the operator.
+- Recommendation: ⌊headroom × min(knees)⌋, :func:`plimsoll.capacity.recommend`.
 
 What it is not: I/O or statistics; invalid levels never get here.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from plimsoll.bench.config import SLO
+from plimsoll.capacity import Recommendation, latency_crossing
+from plimsoll.capacity import recommend as shared_recommend
 
 TTFT_INFLATION = 3.0
 TPOT_INFLATION = 2.0
@@ -45,15 +45,6 @@ class LatencyKnee:
     basis: str  # "slo" | "inflation_vs_lowest_level"
     binding: str | None
     margins: list[dict[str, Any]]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    concurrency_per_replica: int | None
-    headroom: float
-    limited_by: str | None
-    knee_concurrency: float | None
     reason: str
 
 
@@ -148,98 +139,47 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
     basis, limits = _limits(levels, slo)
     if not limits:
         return LatencyKnee(None, "no_data", basis, None, [], "no latency data at the lowest level")
-    margins: list[dict[str, Any]] = []
-    running = -math.inf
-    for lv in levels:
-        per = {}
-        for name, (metric, pct, limit) in limits.items():
-            dist = lv["latency_ms"].get(metric)
-            per[name] = math.inf if dist is None else dist[pct] / limit - 1.0
-        worst_name = max(per, key=lambda k: per[k])
-        running = max(running, per[worst_name])  # monotone: once over, stays over
-        margins.append(
+    observed = [
+        (
+            lv["concurrency"],
             {
-                "concurrency": lv["concurrency"],
-                "margin": per[worst_name],
-                "monotone_margin": running,
-                "binding": worst_name,
-                "margins": per,
-            }
+                name: None if lv["latency_ms"].get(metric) is None else lv["latency_ms"][metric][pct]
+                for name, (metric, pct, _) in limits.items()
+            },
         )
-    first_fail = next((i for i, m in enumerate(margins) if m["monotone_margin"] > 0), None)
+        for lv in levels
+    ]
+    crossing = latency_crossing(observed, {name: limit for name, (_, _, limit) in limits.items()})
     note = (
         ""
         if basis == "slo"
         else f" (limits: TTFT p95 ≤ {TTFT_INFLATION:g}×, TPOT p50 ≤ {TPOT_INFLATION:g}× of c={levels[0]['concurrency']})"
     )
-    if first_fail is None:
-        return LatencyKnee(
-            None,
-            "none",
-            basis,
-            None,
-            margins,
+    if crossing.status == "none":
+        reason = (
             f"no knee within the tested range: every level up to c={levels[-1]['concurrency']} "
-            f"meets the latency limits{note}",
+            f"meets the latency limits{note}"
         )
-    binding = margins[first_fail]["binding"]
-    if first_fail == 0:
-        return LatencyKnee(
-            None,
-            "below_range",
-            basis,
-            binding,
-            margins,
-            f"the lowest level c={levels[0]['concurrency']} already misses {binding}; "
-            "lower the load or relax the SLO",
+    elif crossing.status == "below_range":
+        reason = (
+            f"the lowest level c={levels[0]['concurrency']} already misses {crossing.binding}; "
+            "lower the load or relax the SLO"
         )
-    lo, hi = margins[first_fail - 1], margins[first_fail]
-    x0, x1 = math.log2(lo["concurrency"]), math.log2(hi["concurrency"])
-    m0, m1 = lo["monotone_margin"], min(hi["monotone_margin"], 1e9)
-    x = x0 + (0.0 - m0) * (x1 - x0) / (m1 - m0) if m1 > m0 else x0
-    c = round(2.0**x, 2)
+    else:
+        reason = (
+            f"{crossing.binding} margin crosses zero between c={crossing.last_pass:g} and "
+            f"c={crossing.first_fail:g} (interpolated in log2 c){note}"
+        )
     return LatencyKnee(
-        c,
-        "found",
-        basis,
-        binding,
-        margins,
-        f"{binding} margin crosses zero between c={lo['concurrency']} and c={hi['concurrency']} "
-        f"(interpolated in log2 c){note}",
+        crossing.concurrency, crossing.status, basis, crossing.binding, crossing.margins, reason
     )
 
 
 def recommend(thr: ThroughputKnee, lat: LatencyKnee, headroom: float) -> Recommendation:
-    """⌊headroom × min(knees)⌋, or None with the reason when there is no knee to stand on."""
+    """The shared rule (:func:`plimsoll.capacity.recommend`); none when even the lowest level misses latency."""
     if lat.status == "below_range":
         return Recommendation(None, headroom, "latency", None, f"no safe concurrency: {lat.reason}")
-    knees = [
-        (k, name)
-        for k, name in ((thr.concurrency, "throughput"), (lat.concurrency, "latency"))
-        if k is not None
-    ]
-    if not knees:
-        return Recommendation(
-            None,
-            headroom,
-            None,
-            None,
-            "no knee within the tested range; the replica was not saturated — extend --levels",
-        )
-    knee, name = min(knees)
-    value = math.floor(headroom * knee)
-    if value < 1:
-        return Recommendation(
-            1,
-            headroom,
-            name,
-            float(knee),
-            f"{headroom:g} × {name} knee {knee:g} rounds below 1; using 1 (the replica saturates "
-            "almost at once)",
-        )
-    return Recommendation(
-        value, headroom, name, float(knee), f"⌊{headroom:g} × {name} knee {knee:g}⌋ = {value}"
-    )
+    return shared_recommend({"throughput": thr.concurrency, "latency": lat.concurrency}, headroom)
 
 
 def as_dict(obj: ThroughputKnee | LatencyKnee | Recommendation) -> dict[str, Any]:

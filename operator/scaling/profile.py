@@ -18,13 +18,13 @@ yields a capacity: there is no default to fall back on.
 import hashlib
 import itertools
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from plimsoll.capacity import latency_crossing, recommend
 from plimsoll.operator.scaling.formula import fmt
 
 # Major versions of the report this reader understands.
@@ -108,10 +108,12 @@ class CapacityProfile:
     ) -> tuple[int, str]:
         """Per-replica concurrency re-derived for another SLO or headroom, with its arithmetic.
 
-        Without either, the report's own recommendation. With an SLO: the highest
-        measured level up to which every level meets it, then
-        ``⌊headroom × min(that level, throughput knee)⌋``. Raises ValueError when
-        not even the lowest level meets the SLO.
+        Without either, the report's own recommendation. Otherwise the bench's own
+        rules (:mod:`plimsoll.capacity`) on the report's levels: the latency knee
+        where this SLO's margin crosses zero (the report's latency knee when only
+        the headroom changes), then ``⌊headroom × min(latency knee, throughput knee)⌋``.
+        Raises ValueError when not even the lowest level meets the SLO, or when
+        there is no knee to stand on.
         """
         if ttft_p95_ms is None and tpot_p50_ms is None and headroom is None:
             return self.concurrency_per_replica, (
@@ -119,37 +121,36 @@ class CapacityProfile:
                 f"latency knee {fmt_opt(self.latency_knee)})"
             )
         h = headroom if headroom is not None else (self.headroom or 0.75)
-        knees: list[tuple[float, str]] = []
-        if self.throughput_knee is not None:
-            knees.append((self.throughput_knee, "throughput knee"))
-        if ttft_p95_ms is None and tpot_p50_ms is None:
-            if self.latency_knee is not None:
-                knees.append((self.latency_knee, "latency knee"))
-        else:
-            meets = None
-            for lv in self.levels:
-                broken = [
-                    f"{name} {fmt_opt(value)} ms > {fmt(limit)} ms"
-                    for name, value, limit in (("TTFT p95", lv.ttft_p95_ms, ttft_p95_ms),
-                                               ("TPOT p50", lv.tpot_p50_ms, tpot_p50_ms))
-                    if limit is not None and (value is None or value > limit)
-                ]  # fmt: skip
-                if broken:
-                    if meets is None:
-                        raise ValueError(
-                            f"no measured level meets the SLO: at concurrency {lv.concurrency}, "
-                            f"{'; '.join(broken)}; one replica cannot hold this SLO at any tested load"
-                        )
-                    break
-                meets = lv.concurrency
-            if meets is None:
+        latency_knee = self.latency_knee
+        if ttft_p95_ms is not None or tpot_p50_ms is not None:
+            limits = {
+                name: limit
+                for name, limit in (("ttft_p95", ttft_p95_ms), ("tpot_p50", tpot_p50_ms))
+                if limit is not None
+            }
+            crossing = latency_crossing(
+                [(lv.concurrency, {"ttft_p95": lv.ttft_p95_ms, "tpot_p50": lv.tpot_p50_ms}) for lv in self.levels],
+                limits,
+            )
+            if crossing.status == "no_data":
                 raise ValueError("the report has no valid closed-loop levels to check an SLO against")
-            knees.append((meets, "last level within SLO"))
-        if not knees:
-            raise ValueError("the report has no knee to derive a per-replica concurrency from")
-        knee, name = min(knees)
-        value = max(1, math.floor(h * knee))
-        return value, f"⌊{fmt(h)} × {name} {fmt(knee)}⌋ = {value}"
+            if crossing.status == "below_range":
+                lowest = self.levels[0]
+                broken = [
+                    f"{name} {fmt_opt(value)} ms > {fmt(limits[key])} ms"
+                    for key, name, value in (("ttft_p95", "TTFT p95", lowest.ttft_p95_ms),
+                                             ("tpot_p50", "TPOT p50", lowest.tpot_p50_ms))
+                    if key in limits and (value is None or value > limits[key])
+                ]  # fmt: skip
+                raise ValueError(
+                    f"no measured level meets the SLO: at concurrency {lowest.concurrency}, "
+                    f"{'; '.join(broken)}; one replica cannot hold this SLO at any tested load"
+                )
+            latency_knee = crossing.concurrency
+        rec = recommend({"throughput": self.throughput_knee, "latency": latency_knee}, h)
+        if rec.concurrency_per_replica is None:
+            raise ValueError(f"the report has no knee to derive a per-replica concurrency from: {rec.reason}")
+        return rec.concurrency_per_replica, rec.reason
 
     def mean_latency_s(self, concurrency: float) -> float | None:
         """Mean end-to-end seconds at ``concurrency``, interpolated between measured levels (None without data)."""
