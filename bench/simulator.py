@@ -2,13 +2,16 @@
 
 What it is: real HTTP (FastAPI on uvicorn, bound to 127.0.0.1), SSE streaming for
 ``/v1/completions`` and ``/v1/chat/completions``, ``/v1/models``, ``/health``,
-``/ready`` and ``/metrics`` with plimsoll metric names. At most ``batch_cap``
+``/ready`` and ``/metrics`` in either engine family's names (``engine``:
+plimsoll's, or vLLM's, which has no ``/ready``), and OpenAI-style 4xx errors for
+malformed requests. At most ``batch_cap``
 requests run at once (FIFO queue beyond that); each running request emits one
 token every ``t(b) = step_t0 + step_k * b`` seconds, where ``b`` is the number of
 running requests when the token is due. Closed-loop throughput is therefore
 ``min(c, B) / t(min(c, B))`` tokens per second and the knees are analytic (see
 :func:`analytic_knees`). Times are in real seconds but tiny, so a sweep takes
-seconds. It is test infrastructure and a way to try `plimsoll bench` without a GPU.
+seconds. It is test infrastructure (the bench's sweeps, the router's replicas, the
+operator's replay) and a way to try `plimsoll bench` without a GPU.
 
 What it is not: a model. Tokens are the word ``tok``; a prompt's token count is
 its whitespace-separated word count.
@@ -46,6 +49,13 @@ class ServiceCurve:
     error_rate: float = 0.0  # fraction of requests answered with HTTP 500
     model: str = "sim-model"
     seed: int = 0
+    engine: str = "plimsoll"  # metric names and probes: a key of metric_names.ENGINE_FAMILIES
+
+    def __post_init__(self) -> None:
+        if self.engine not in mn.ENGINE_FAMILIES:
+            raise ValueError(f"engine must be one of {sorted(mn.ENGINE_FAMILIES)}, got {self.engine!r}")
+        if self.batch_cap < 1:
+            raise ValueError(f"batch_cap must be at least 1, got {self.batch_cap}")
 
     def step_s(self, batch: int) -> float:
         return self.step_t0_s + self.step_k_s * max(batch, 1)
@@ -93,31 +103,31 @@ class SimEngine:
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
             return Counter(name.removesuffix("_total"), doc, labels, registry=reg)
 
-        Gauge(mn.NUM_REQUESTS_RUNNING, "Requests running.", registry=reg).set_function(lambda: self.running)
-        Gauge(mn.NUM_REQUESTS_WAITING, "Requests waiting.", registry=reg).set_function(lambda: self.waiting)
-        Gauge(mn.KV_CACHE_USAGE_RATIO, "KV cache usage.", registry=reg).set_function(
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, buckets=buckets, registry=reg)
+
+        names = mn.ENGINE_FAMILIES[curve.engine]
+        Gauge(names.running, "Requests running.", registry=reg).set_function(lambda: self.running)
+        Gauge(names.waiting, "Requests waiting.", registry=reg).set_function(lambda: self.waiting)
+        Gauge(names.kv_usage, "KV cache usage.", registry=reg).set_function(
             lambda: min(1.0, self.kv_tokens / self.kv_capacity)
         )
-        self.ttft = Histogram(mn.TIME_TO_FIRST_TOKEN, "TTFT.", buckets=mn.TTFT_BUCKETS, registry=reg)
-        self.itl = Histogram(mn.INTER_TOKEN_LATENCY, "ITL.", buckets=mn.TOKEN_LATENCY_BUCKETS, registry=reg)
-        self.tpot = Histogram(
-            mn.TIME_PER_OUTPUT_TOKEN, "TPOT.", buckets=mn.TOKEN_LATENCY_BUCKETS, registry=reg
+        self.ttft = histogram(names.ttft, "TTFT.", mn.TTFT_BUCKETS)
+        self.itl = histogram(names.itl, "ITL.", mn.TOKEN_LATENCY_BUCKETS)
+        self.tpot = histogram(names.tpot, "TPOT.", mn.TOKEN_LATENCY_BUCKETS)
+        self.e2e = histogram(names.e2e, "E2E.", mn.REQUEST_LATENCY_BUCKETS)
+        self.queue = histogram(names.queue_time, "Queue.", mn.REQUEST_LATENCY_BUCKETS)
+        self.prefill = histogram(names.prefill_time, "Prefill.", mn.REQUEST_LATENCY_BUCKETS)
+        self.decode = histogram(names.decode_time, "Decode.", mn.REQUEST_LATENCY_BUCKETS)
+        self.prompt_tokens = counter(names.prompt_tokens, "Prompt tokens.")
+        self.generation_tokens = counter(names.generation_tokens, "Generated tokens.")
+        self.success = counter(names.request_success, "Finished requests.", ("finished_reason",))
+        self.preemptions = counter(names.preemptions, "Preemptions.")
+        # vLLM has no admission-rejection counter; plimsoll's is beyond vLLM.
+        self.rejections = counter(
+            mn.ADMISSION_REJECTIONS if curve.engine == "plimsoll" else "sim_admission_rejections",
+            "Rejected requests.",
         )
-        self.e2e = Histogram(mn.E2E_REQUEST_LATENCY, "E2E.", buckets=mn.REQUEST_LATENCY_BUCKETS, registry=reg)
-        self.queue = Histogram(
-            mn.REQUEST_QUEUE_TIME, "Queue.", buckets=mn.REQUEST_LATENCY_BUCKETS, registry=reg
-        )
-        self.prefill = Histogram(
-            mn.REQUEST_PREFILL_TIME, "Prefill.", buckets=mn.REQUEST_LATENCY_BUCKETS, registry=reg
-        )
-        self.decode = Histogram(
-            mn.REQUEST_DECODE_TIME, "Decode.", buckets=mn.REQUEST_LATENCY_BUCKETS, registry=reg
-        )
-        self.prompt_tokens = counter(mn.PROMPT_TOKENS, "Prompt tokens.")
-        self.generation_tokens = counter(mn.GENERATION_TOKENS, "Generated tokens.")
-        self.success = counter(mn.REQUEST_SUCCESS, "Finished requests.", ("finished_reason",))
-        self.preemptions = counter(mn.NUM_PREEMPTIONS, "Preemptions.")
-        self.rejections = counter(mn.ADMISSION_REJECTIONS, "Rejected requests.")
 
     def admit(self) -> str | None:
         """Why a new request is refused now (429/500), or None to accept it."""
@@ -181,6 +191,25 @@ def _count_tokens(body: dict[str, Any]) -> int:
     return len(str(prompt).split())
 
 
+def _request_problem(body: Any, chat: bool) -> tuple[str, str | None] | None:
+    """What is wrong with a request body, as (message, param), or None when it can be served."""
+    if not isinstance(body, dict):
+        return "request body must be a JSON object", None
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            return "messages must be a non-empty list of objects", "messages"
+    else:
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, str) and prompt) and not (isinstance(prompt, list) and prompt):
+            return "prompt must be a non-empty string or list", "prompt"
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"{key} must be a positive integer, got {value!r}", key
+    return None
+
+
 def build_app(curve: ServiceCurve) -> Any:
     """The FastAPI app serving one simulated model."""
     from fastapi import FastAPI, Request
@@ -205,9 +234,11 @@ def build_app(curve: ServiceCurve) -> Any:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
-    async def ready() -> dict[str, str]:
-        return {"status": "ready"}
+    if curve.engine == "plimsoll":  # vLLM has no /ready: its /health is all a prober gets
+
+        @app.get("/ready")
+        async def ready() -> dict[str, str]:
+            return {"status": "ready"}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -225,6 +256,9 @@ def build_app(curve: ServiceCurve) -> Any:
             body = await request.json()
         except json.JSONDecodeError:
             return error(400, "request body is not JSON", "invalid_request_error")
+        problem = _request_problem(body, chat)
+        if problem is not None:
+            return error(400, problem[0], "invalid_request_error", problem[1])
         if body.get("model") != curve.model:
             return error(
                 404,
@@ -232,9 +266,7 @@ def build_app(curve: ServiceCurve) -> Any:
                 "NotFoundError",
                 "model",
             )
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        if max_tokens < 1:
-            return error(400, "max_tokens must be at least 1", "invalid_request_error", "max_tokens")
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         eng = engine()
         refused = eng.admit()
         if refused == "queue_full":
@@ -321,45 +353,71 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def running_simulator(curve: ServiceCurve, startup_timeout_s: float = 30.0) -> Iterator[str]:
-    """Start the simulator in a child process (its own CPU and GIL); yield its base URL."""
-    port = free_port()
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "plimsoll.bench.simulator",
-            "--port",
-            str(port),
-            "--curve",
-            json.dumps(asdict(curve)),
-        ],
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_timeout_s
+@dataclass
+class SimulatorProcess:
+    """A simulator in a child process (its own CPU and GIL): stop it, or SIGKILL it as a crashed pod dies."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Return once ``/health`` answers 200; raise if the process exits or the time runs out."""
+        deadline = time.monotonic() + timeout_s
         while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"simulator exited with status {proc.returncode} before it was ready")
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"simulator on {self.url} exited with status {self.process.returncode} before it was ready"
+                )
             try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"simulator on {url} not ready after {startup_timeout_s:.0f} s")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
+                raise RuntimeError(f"simulator on {self.url} not ready after {timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies with its open connections."""
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
         try:
-            proc.wait(timeout=10)
+            self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            self.kill()
+
+
+def spawn_simulator(curve: ServiceCurve) -> SimulatorProcess:
+    """Start the simulator in a child process on a free port; call :meth:`SimulatorProcess.wait_ready`."""
+    port = free_port()
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    args = [
+        sys.executable,
+        "-m",
+        "plimsoll.bench.simulator",
+        "--port",
+        str(port),
+        "--curve",
+        json.dumps(asdict(curve)),
+    ]
+    return SimulatorProcess(f"http://127.0.0.1:{port}", subprocess.Popen(args, env=env))
+
+
+@contextlib.contextmanager
+def running_simulator(curve: ServiceCurve, startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """Start the simulator in a child process; yield its base URL; stop it afterwards."""
+    sim = spawn_simulator(curve)
+    try:
+        sim.wait_ready(startup_timeout_s)
+        yield sim.url
+    finally:
+        sim.stop()
 
 
 @contextlib.asynccontextmanager

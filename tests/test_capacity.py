@@ -36,7 +36,11 @@ def test_crossing_none_below_range_and_unmeasured() -> None:
 
 def test_recommend_floors_the_smallest_knee_and_never_goes_below_one() -> None:
     rec = recommend({"throughput": 16, "latency": 18.5}, 0.75)
-    assert (rec.concurrency_per_replica, rec.limited_by, rec.reason) == (12, "throughput", "⌊0.75 × throughput knee 16⌋ = 12")
+    assert (rec.concurrency_per_replica, rec.limited_by, rec.reason) == (
+        12,
+        "throughput",
+        "⌊0.75 × throughput knee 16⌋ = 12",
+    )
     assert recommend({"throughput": None, "latency": 1.2}, 0.5).concurrency_per_replica == 1
     none = recommend({"throughput": None, "latency": None}, 0.75)
     assert none.concurrency_per_replica is None and "extend --levels" in none.reason

@@ -59,7 +59,9 @@ def test_every_source_folder_is_packaged() -> None:
 
 def _source_folder(package: str) -> Path:
     """The folder package-dir maps a package to (the longest mapped prefix wins)."""
-    mapped = max((n for n in SETUPTOOLS["package-dir"] if package == n or package.startswith(n + ".")), key=len)
+    mapped = max(
+        (n for n in SETUPTOOLS["package-dir"] if package == n or package.startswith(n + ".")), key=len
+    )
     rest = package.removeprefix(mapped).lstrip(".").split(".")
     return ROOT / SETUPTOOLS["package-dir"][mapped] / Path(*[p for p in rest if p])
 

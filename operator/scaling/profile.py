@@ -129,7 +129,10 @@ class CapacityProfile:
                 if limit is not None
             }
             crossing = latency_crossing(
-                [(lv.concurrency, {"ttft_p95": lv.ttft_p95_ms, "tpot_p50": lv.tpot_p50_ms}) for lv in self.levels],
+                [
+                    (lv.concurrency, {"ttft_p95": lv.ttft_p95_ms, "tpot_p50": lv.tpot_p50_ms})
+                    for lv in self.levels
+                ],
                 limits,
             )
             if crossing.status == "no_data":

@@ -1,91 +1,53 @@
-"""Router test harness: replica processes on 127.0.0.1 and an in-loop router on a free port."""
+"""Router test harness: bench-simulator replicas in their own processes on 127.0.0.1, and an in-loop router."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
+from plimsoll.bench.simulator import ServiceCurve, SimulatorProcess, free_port, spawn_simulator
+from plimsoll.prometheus import parse
 from plimsoll.router.app import RouterState, build_app
 from plimsoll.router.config import RouterConfig
 
-FAKE_REPLICA = Path(__file__).with_name("fake_replica.py")
+__all__ = ["fake_replicas", "free_port", "replica_metric", "run_router"]
+
+# What the router tests' replicas default to: model "fake", 5 ms per token, 8 at once.
+REPLICA_DEFAULTS: dict[str, Any] = {"model": "fake", "step_t0_s": 0.005, "batch_cap": 8}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class FakeReplica:
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def kill(self) -> None:
-        """SIGKILL: the process dies with its connections, as a crashed pod does."""
-        self.process.kill()
-        self.process.wait()
-
-    def metric(self, name: str) -> float:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
-
-
-def wait_ready(urls: Sequence[str], processes: Sequence[subprocess.Popen[bytes]], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(zip(urls, processes, strict=True))
-    while pending:
-        url, process = pending[0]
-        if process.poll() is not None:
-            raise RuntimeError(f"replica {url} exited with {process.returncode} before /health")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                pending.pop(0)
-                continue
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"replica {url} not ready after {timeout}s")
-        time.sleep(0.05)
+def replica_metric(replica: SimulatorProcess, name: str) -> float:
+    """A replica's series ``name`` summed over its label sets, 0 when it has none yet."""
+    return parse(httpx.get(f"{replica.url}/metrics", timeout=5).text).sum(name) or 0.0
 
 
 @pytest.fixture
 def fake_replicas() -> Iterator[Any]:
-    """``spawn([args_for_replica_0, args_for_replica_1, ...]) -> [FakeReplica]``; all killed at teardown."""
-    started: list[FakeReplica] = []
+    """``spawn([curve_fields_for_replica_0, ...]) -> [SimulatorProcess]``; bench simulators, all killed at teardown.
 
-    def spawn(per_replica_args: Sequence[Sequence[str]]) -> list[FakeReplica]:
-        batch = []
-        for args in per_replica_args:
-            port = free_port()
-            process = subprocess.Popen(
-                [sys.executable, str(FAKE_REPLICA), "--port", str(port), *args],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            batch.append(FakeReplica(f"http://127.0.0.1:{port}", process))
+    Each replica is a :class:`ServiceCurve` of ``REPLICA_DEFAULTS`` updated with its own fields,
+    in its own process so a test can SIGKILL it.
+    """
+    started: list[SimulatorProcess] = []
+
+    def spawn(per_replica: Sequence[Mapping[str, Any]]) -> list[SimulatorProcess]:
+        batch = [spawn_simulator(ServiceCurve(**{**REPLICA_DEFAULTS, **fields})) for fields in per_replica]
         started.extend(batch)
-        wait_ready([r.url for r in batch], [r.process for r in batch])
+        for replica in batch:
+            replica.wait_ready(timeout_s=60)
         return batch
 
     yield spawn
     for replica in started:
-        if replica.process.poll() is None:
-            replica.kill()
+        replica.kill()
 
 
 @dataclass
@@ -102,8 +64,9 @@ class RunningRouter:
 async def run_router(**config: Any) -> AsyncIterator[RunningRouter]:
     """A real router (uvicorn, real sockets) inside the test's event loop."""
     app = build_app(RouterConfig(port=0, **config))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws="none",
-                                           lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws="none", lifespan="on")
+    )
     task = asyncio.create_task(server.serve())
     deadline = time.monotonic() + 30
     while not server.started:

@@ -27,7 +27,7 @@ def test_route_rejects_bad_options_with_a_fix() -> None:
 
 
 def test_route_serves_in_front_of_a_replica(fake_replicas) -> None:  # type: ignore[no-untyped-def]
-    (replica,) = fake_replicas([[]])
+    (replica,) = fake_replicas([{}])
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-c", "from plimsoll.cli import main; main()", "route", "--port", str(port),
@@ -48,7 +48,7 @@ def test_route_serves_in_front_of_a_replica(fake_replicas) -> None:  # type: ign
             assert time.monotonic() < deadline, "plimsoll route never became ready"
             time.sleep(0.1)
         answer = httpx.post(url + "/v1/completions", json={"model": "fake", "prompt": "hello", "max_tokens": 2})
-        assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == "t0 t1 "
+        assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == " tok tok"
         metrics = httpx.get(url + "/metrics").text
         assert 'policy="prefix_affinity",reason="prefix_affinity"' in metrics
     finally:

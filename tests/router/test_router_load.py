@@ -34,7 +34,7 @@ async def drive(url: str, total: int, concurrency: int, **create: object) -> col
 @pytest.mark.slow
 async def test_least_inflight_sends_a_slow_replica_fewer_requests(fake_replicas) -> None:  # type: ignore[no-untyped-def]
     """Must-show 2: one replica 10x slower per token gets clearly fewer requests under least in-flight."""
-    replicas = fake_replicas([["--token-delay", "0.05"], ["--token-delay", "0.005"], ["--token-delay", "0.005"]])
+    replicas = fake_replicas([{"step_t0_s": 0.05}, {"step_t0_s": 0.005}, {"step_t0_s": 0.005}])
     slow, fast = replicas[0].url, [r.url for r in replicas[1:]]
     async with run_router(backends=tuple(r.url for r in replicas), policy="least-in-flight",
                           scrape_interval_s=0.2) as router:
@@ -60,7 +60,7 @@ class Outcome:
 @pytest.mark.slow
 async def test_killing_a_replica_fails_only_its_running_streams(fake_replicas) -> None:  # type: ignore[no-untyped-def]
     """Must-show 3: SIGKILL one replica mid-load; requests not yet on it succeed elsewhere."""
-    replicas = fake_replicas([["--token-delay", "0.02"]] * 3)
+    replicas = fake_replicas([{"step_t0_s": 0.02}] * 3)
     victim = replicas[0]
     # A long scrape interval: the router must learn of the death from the failures
     # themselves (broken streams, refused connects), not from a lucky probe.
@@ -116,8 +116,8 @@ async def test_killing_a_replica_fails_only_its_running_streams(fake_replicas) -
 
 async def test_a_vllm_replica_is_probed_on_health_and_its_queue_read(fake_replicas) -> None:  # type: ignore[no-untyped-def]
     """A vLLM replica has no /ready and spells its gauges vllm:*; the router still sees it and its queue."""
-    replicas = fake_replicas([["--engine", "vllm", "--max-running", "1", "--token-delay", "0.05"],
-                              ["--engine", "plimsoll"]])
+    replicas = fake_replicas([{"engine": "vllm", "batch_cap": 1, "step_t0_s": 0.05},
+                              {"engine": "plimsoll"}])
     vllm_url = replicas[0].url
     async with run_router(backends=tuple(r.url for r in replicas), scrape_interval_s=0.1) as router:
         assert len(router.state.replica_set.ready()) == 2
@@ -139,7 +139,7 @@ async def test_a_vllm_replica_is_probed_on_health_and_its_queue_read(fake_replic
 
 
 async def test_length_lanes_keep_long_requests_off_the_short_lane(fake_replicas) -> None:  # type: ignore[no-untyped-def]
-    replicas = fake_replicas([["--token-delay", "0.001"]] * 3)
+    replicas = fake_replicas([{"step_t0_s": 0.001}] * 3)
     long_lane = sorted(r.url for r in replicas)[-1]
     async with run_router(backends=tuple(r.url for r in replicas),
                           lanes={"long_request_tokens": 100, "long_lane_replicas": 1}) as router:
