@@ -30,7 +30,7 @@ triton: Any = None
 tl: Any = None
 _max_combine: Any = None
 _sum_combine: Any = None
-_attend_kv_tile: Any = None
+_attend_kv: Any = None
 
 
 def build(interpret: bool) -> SimpleNamespace:
@@ -39,7 +39,7 @@ def build(interpret: bool) -> SimpleNamespace:
     ``triton.jit`` decides at decoration time, from TRITON_INTERPRET, whether it
     builds an interpreted or a compiled function. Callers cache the result per mode.
     """
-    global triton, tl, _max_combine, _sum_combine, _attend_kv_tile
+    global triton, tl, _max_combine, _sum_combine, _attend_kv
     try:
         import triton as _triton
         import triton.language as _tl
@@ -65,55 +65,66 @@ def build(interpret: bool) -> SimpleNamespace:
     _max_combine = getattr(tl.standard, "_elementwise_max", None) or triton.jit(max_combine)
     _sum_combine = getattr(tl.standard, "_sum_combine", None) or triton.jit(sum_combine)
 
-    # The KV tile loop body both attention kernels share: gather one BLOCK_N tile of
-    # paged K and V for one KV head and fold it into the online softmax of q's rows
-    # (the GROUP query heads of a decode program, or BLOCK_M query positions of a
-    # prefill tile). A module global, like the combiners, so the kernels can call it.
-    def attend_kv_tile(
-        q, acc, run_max, run_sum, tile, kv_end, q_pos,
+    # The KV loop both attention kernels share: walk keys [start, end) of one
+    # sequence in BLOCK_N tiles, gather each tile of paged K and V for one KV head
+    # and fold it into the online softmax of q's ROWS rows (the GROUP query heads of
+    # a decode program, or BLOCK_M query positions of a prefill tile). Returns the
+    # unnormalised output and the running max and sum, which a decode split stores
+    # for the merge. A module global, like the combiners, so the kernels can call it.
+    def attend_kv(
+        q, start, end, q_pos,
         k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
         stride_kc_block, stride_kc_slot, stride_kc_head,
         stride_vc_block, stride_vc_slot, stride_vc_head,
         stride_bt,
-        HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        COMPUTE_F32: tl.constexpr, CAUSAL: tl.constexpr,
+        ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, COMPUTE_F32: tl.constexpr, CAUSAL: tl.constexpr,
     ):
-        offs_n = tile + tl.arange(0, BLOCK_N)  # token positions in the sequence
-        n_mask = offs_n < kv_end
-        offs_d = tl.arange(0, BLOCK_D)
-        page = tl.load(block_tables_ptr + seq * stride_bt + offs_n // PAGE_SIZE,
-                       mask=n_mask, other=0).to(tl.int64)
-        in_page = offs_n % PAGE_SIZE
-        kv_mask = n_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_slot
-                    + kv_head * stride_kc_head + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_slot
-                    + kv_head * stride_vc_head + offs_d[None, :], mask=kv_mask, other=0.0)
         if COMPUTE_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [rows, BLOCK_N]
-        else:
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
-            scores = tl.dot(q, tl.trans(k))
-        scores = scores * scale
-        # Causal (prefill): each row sees keys up to its own absolute position q_pos.
-        # Decode: one query per sequence, after every key, so all of [tile, kv_end).
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :] if CAUSAL else n_mask[None, :]
-        scores = tl.where(visible, scores, float("-inf"))
-        # Callers make every row see a key in each tile they pass (or in the first),
-        # so new_max is finite and no row divides 0 by 0.
-        new_max = tl.maximum(run_max, tl.reduce(scores, 1, _max_combine))
-        p = tl.exp(scores - new_max[:, None])
-        alpha = tl.exp(run_max - new_max)
-        run_sum = run_sum * alpha + tl.reduce(p, 1, _sum_combine)
-        # In 16 bits the torch oracle also casts the probabilities to the value dtype.
-        pv = tl.dot(p, v, input_precision="ieee") if COMPUTE_F32 else tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        return acc, new_max, run_sum
+            q = q.to(tl.float32)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_mask = offs_d < HEAD_DIM
+        # A finite start (not -inf) so an empty decode split merges with weight 0, never NaN.
+        run_max = tl.full([ROWS], -1.0e30, tl.float32)
+        run_sum = tl.full([ROWS], 0.0, tl.float32)
+        acc = tl.full([ROWS, BLOCK_D], 0.0, tl.float32)
+        for tile in range(start, end, BLOCK_N):
+            offs_n = tile + tl.arange(0, BLOCK_N)  # token positions in the sequence
+            n_mask = offs_n < end
+            page = tl.load(block_tables_ptr + seq * stride_bt + offs_n // PAGE_SIZE,
+                           mask=n_mask, other=0).to(tl.int64)
+            in_page = offs_n % PAGE_SIZE
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_cache_ptr + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_slot
+                        + kv_head * stride_kc_head + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_slot
+                        + kv_head * stride_vc_head + offs_d[None, :], mask=kv_mask, other=0.0)
+            if COMPUTE_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [ROWS, BLOCK_N]
+            else:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+                scores = tl.dot(q, tl.trans(k))
+            scores = scores * scale
+            # Causal (prefill): each row sees keys up to its own absolute position q_pos.
+            # Decode: one query per sequence, after every key, so all of [tile, end).
+            visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :] if CAUSAL else n_mask[None, :]
+            scores = tl.where(visible, scores, float("-inf"))
+            # Every row sees a key in the first tile (decode: each tile holds a real
+            # key; prefill: key 0 is visible to all), so new_max is finite from then on.
+            new_max = tl.maximum(run_max, tl.reduce(scores, 1, _max_combine))
+            p = tl.exp(scores - new_max[:, None])
+            alpha = tl.exp(run_max - new_max)
+            run_sum = run_sum * alpha + tl.reduce(p, 1, _sum_combine)
+            # In 16 bits the torch oracle also casts the probabilities to the value dtype.
+            pv = tl.dot(p, v, input_precision="ieee") if COMPUTE_F32 else tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            run_max = new_max
+        return acc, run_max, run_sum
 
-    _attend_kv_tile = triton.jit(attend_kv_tile)
+    _attend_kv = triton.jit(attend_kv)
 
     @triton.jit
     def store_kv_kernel(
@@ -182,22 +193,11 @@ def build(interpret: bool) -> SimpleNamespace:
         row_mask = (offs_g[:, None] < GROUP) & (offs_d[None, :] < HEAD_DIM * tl.minimum(q_len, 1))
         q = tl.load(query_ptr + q_start * stride_q_n + heads[:, None] * stride_q_h + offs_d[None, :],
                     mask=row_mask, other=0.0)  # [BLOCK_G, BLOCK_D]
-        if COMPUTE_F32:
-            q = q.to(tl.float32)
-        # A finite start (not -inf) so an empty split merges with weight 0, never NaN.
-        run_max = tl.full([BLOCK_G], -1.0e30, tl.float32)
-        run_sum = tl.full([BLOCK_G], 0.0, tl.float32)
-        acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
-        # Every tile of [start, end) holds at least one real key.
-        for tile in range(start, end, BLOCK_N):
-            acc, run_max, run_sum = _attend_kv_tile(
-                q, acc, run_max, run_sum, tile, end, ctx_len,
-                k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
-                stride_kc_block, stride_kc_slot, stride_kc_head,
-                stride_vc_block, stride_vc_slot, stride_vc_head,
-                stride_bt,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, False,
-            )
+        acc, run_max, run_sum = _attend_kv(
+            q, start, end, ctx_len, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
+            stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
+            stride_bt, BLOCK_G, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, False,
+        )
         if num_splits == 1:  # (Triton specialises 1: this branch is resolved at compile time)
             # The whole context was ours: normalise and write the output, no merge.
             out = acc / tl.maximum(run_sum, 1.0e-30)[:, None]  # run_sum >= 1 for a real query
@@ -266,25 +266,14 @@ def build(interpret: bool) -> SimpleNamespace:
         d_mask = offs_d < HEAD_DIM
         q = tl.load(query_ptr + (q_start + offs_m)[:, None] * stride_q_n + head * stride_q_h + offs_d[None, :],
                     mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-        if COMPUTE_F32:
-            q = q.to(tl.float32)
         q_pos = prefix_len + offs_m  # absolute positions of the queries
         # Causal: the last query of this tile sees keys up to its own position.
         kv_end = tl.minimum(ctx_len, prefix_len + (q_tile + 1) * BLOCK_M)
-
-        run_max = tl.full([BLOCK_M], -1.0e30, tl.float32)
-        run_sum = tl.full([BLOCK_M], 0.0, tl.float32)
-        acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
-        # Key 0 is visible to every row, so run_max is finite after the first tile.
-        for tile in range(0, kv_end, BLOCK_N):
-            acc, run_max, run_sum = _attend_kv_tile(
-                q, acc, run_max, run_sum, tile, kv_end, q_pos,
-                k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
-                stride_kc_block, stride_kc_slot, stride_kc_head,
-                stride_vc_block, stride_vc_slot, stride_vc_head,
-                stride_bt,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, True,
-            )
+        acc, _, run_sum = _attend_kv(
+            q, 0, kv_end, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
+            stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
+            stride_bt, BLOCK_M, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, True,
+        )
         out = acc / run_sum[:, None]
         tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_o_n + head * stride_o_h + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
