@@ -125,6 +125,19 @@ def _drift(values: list[float | None]) -> float | None:
     return (tail - head) / head if head > 0 else None
 
 
+def _no_drift_data(name: str, windows: int) -> str:
+    """Why a drift check could not run, and what would let it."""
+    if windows < 3:
+        fix = f"only {windows} window(s); raise --duration or lower --window for at least 3"
+    elif name == "resident_memory_mean":
+        fix = "the server exposes no process_resident_memory_bytes on /metrics"
+    elif name == "kv_usage_mean":
+        fix = "the server exposes no KV-cache usage gauge on /metrics (or it stayed at 0)"
+    else:
+        fix = "fewer than 3 windows produced this latency (or its first third was 0)"
+    return f"drift check {name} has no data: {fix}"
+
+
 async def run_soak(
     session: BenchSession,
     concurrency: int,
@@ -153,6 +166,9 @@ async def run_soak(
         "resident_memory_mean": _drift(server("resident_memory_bytes")),
     }
     flagged = sorted(k for k, v in drift.items() if v is not None and v > DRIFT_LIMIT)
+    unchecked = sorted(k for k, v in drift.items() if v is None)
+    for name in unchecked:
+        session.warnings.append(_no_drift_data(name, windows))
     for name in flagged:
         session.warnings.append(
             f"upward drift: {name} rose {drift[name]:.0%} from the first to the last third"
@@ -163,5 +179,6 @@ async def run_soak(
         "drift": drift,
         "drift_limit": DRIFT_LIMIT,
         "drifting": flagged,
+        "unchecked": unchecked,
     }
     return session.report("soak", levels, scenario, knees=False)

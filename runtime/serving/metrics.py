@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from plimsoll import metric_names as mn
@@ -58,6 +67,13 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry = registry if registry is not None else CollectorRegistry()
         r, labels = self.registry, ["model_name"]
+        # The default registry's process_* (resident memory, CPU, fds), python_gc_* and
+        # python_info series: `bench soak` and dashboards watch memory growth through them.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            try:
+                r.register(collector)
+            except ValueError:  # a caller's registry (e.g. the default one) may hold them already
+                pass
 
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
             return Gauge(name, doc, [*labels, *extra], registry=r)
