@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,10 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels
+from plimsoll.bench.progress import Live, plan_line
 
 app = typer.Typer(no_args_is_help=True, help="Load-test a server and find its saturation knees.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one message, one line: never wrapped at 80 columns
 
 URL = typer.Option(..., "--url", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
 MODEL = typer.Option(None, "--model", help="Model id to request (default: the server's only model)")
@@ -39,7 +39,11 @@ PREFIX_FRACTION = typer.Option(
     0.0, "--shared-prefix-fraction", help="Fraction of requests using the shared prefix"
 )
 REQUESTS = typer.Option(
-    None, "--requests-per-level", help="Measured requests per level (at least one per client)"
+    None,
+    "--requests-per-level",
+    help="Measured requests per level, at least one per client (default: max(100, 4 × concurrency); "
+    "with --duration-per-level, as many as fit)",
+    show_default=False,
 )
 DURATION = typer.Option(None, "--duration-per-level", help="Measured seconds per level (after warm-up)")
 WARMUP = typer.Option(
@@ -97,73 +101,33 @@ def make_config(flags: dict[str, Any], **fields: Any) -> BenchConfig:
         raise typer.Exit(2) from exc
 
 
-class Live:
-    """Progress per level: a rich bar on a terminal, one line per level otherwise."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.progress: Any = None
-
-    @contextmanager
-    def running(self) -> Iterator[Live]:
-        if self.tty:
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            with Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                TimeElapsedColumn(),
-                console=err,
-                transient=False,
-            ) as progress:
-                self.progress = progress
-                yield self
-        else:
-            yield self
-
-    def start(self, label: str, repeat: int) -> Callable[[int, int], None]:
-        name = f"{label} (repeat {repeat + 1})" if repeat else label
-        if self.progress is None:
-            err.print(f"level {name}: running", markup=False, highlight=False)
-            return lambda done, failed: None
-        task = self.progress.add_task(name)
-
-        def update(done: int, failed: int) -> None:
-            self.progress.update(task, description=f"{name}: {done} done, {failed} failed")
-
-        return update
-
-    def level(self, lv: dict[str, Any]) -> None:
-        lat = lv["latency_ms"]
-        ttft = lat["ttft"]["p95"] if lat["ttft"] else float("nan")
-        tpot = lat["tpot"]["p50"] if lat["tpot"] else float("nan")
-        flag = "" if lv["valid"] else "  INVALID: " + "; ".join(lv["invalid_reasons"])
-        err.print(
-            f"level c={lv['concurrency']}: {lv['throughput']['output_tokens_per_s']:.1f} out tok/s, "
-            f"TTFT p95 {ttft:.0f} ms, TPOT p50 {tpot:.1f} ms, errors {lv['requests']['failed']}{flag}",
-            markup=False,
-            highlight=False,
-        )
-
-
 def execute(
     cfg: BenchConfig,
     body: Callable[[Any, Live], Awaitable[dict[str, Any]]],
     output: Path | None,
     report_configmap: str | None = None,
+    kind: str = "scenario",
 ) -> None:
     """Open a session, run ``body``, print the summary and write outputs; map failures to exit codes."""
     from plimsoll.bench.client import BenchError
     from plimsoll.bench.report import print_summary, write_outputs
     from plimsoll.bench.session import BenchSession
 
+    partial: dict[str, Any] = {}
+
     async def main() -> tuple[dict[str, Any], list[Any]]:
         session = await BenchSession.open(cfg)
         try:
-            live = Live()
+            live = Live(cfg, err)
+            if kind in ("sweep", "run"):
+                err.print(plan_line(cfg, kind), markup=False, highlight=False)
             with live.running():
                 report = await body(session, live)
             return report, session.runs
+        except asyncio.CancelledError:
+            # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt.
+            partial.update(session=session)
+            raise
         finally:
             await session.aclose()
 
@@ -172,6 +136,9 @@ def execute(
     except BenchError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(1) from exc
+    except KeyboardInterrupt as exc:
+        _write_partial(partial.get("session"), kind, output)
+        raise typer.Exit(130) from exc
     # Off a terminal rich would wrap the table at 80 columns; logs and CI want it whole.
     print_summary(report, Console(width=None if sys.stdout.isatty() else 200))
     if output is not None:
@@ -198,6 +165,37 @@ def _sweep_body(kind: str) -> Callable[[Any, Live], Awaitable[dict[str, Any]]]:
         return dict(session.report(kind, levels))
 
     return body
+
+
+def _write_partial(session: Any, kind: str, output: Path | None) -> None:
+    """After Ctrl-C: keep the finished levels as a report marked partial, and say where it went."""
+    import datetime as dt
+
+    from plimsoll.bench.client import BenchError
+    from plimsoll.bench.report import write_outputs
+
+    done = list(session.finished_levels) if session is not None else []
+    planned = len(session.cfg.levels) if session is not None else 0
+    if kind not in ("sweep", "run") or not done:
+        err.print("interrupted before any level finished; no report written", markup=False)
+        return
+    try:
+        report = session.report(kind, done, partial=True)
+    except BenchError as exc:
+        err.print(f"interrupted; no partial report: {exc}", markup=False)
+        return
+    if output is None:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        output = Path(f"plimsoll-bench-{kind}-partial-{stamp}.json")
+    write_outputs(
+        report, output, [r for r in session.runs if r.concurrency in {lv["concurrency"] for lv in done}]
+    )
+    err.print(
+        f"interrupted after {len(done)} of {planned} levels: wrote partial report {output} "
+        '(marked "partial": true; rerun the missing levels with --levels)',
+        markup=False,
+        highlight=False,
+    )
 
 
 @app.command("sweep")
@@ -247,7 +245,7 @@ def sweep(
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from exc
     cfg = make_config(locals(), levels=level_list)
-    execute(cfg, _sweep_body("sweep"), output, report_configmap)
+    execute(cfg, _sweep_body("sweep"), output, report_configmap, kind="sweep")
 
 
 @app.command("run")
@@ -278,7 +276,7 @@ def run(
 ) -> None:
     """One closed-loop level at --concurrency."""
     cfg = make_config(locals(), levels=(concurrency,))
-    execute(cfg, _sweep_body("run"), output)
+    execute(cfg, _sweep_body("run"), output, kind="run")
 
 
 @app.command("rate")

@@ -45,6 +45,8 @@ class BenchSession:
     scraper: Scraper | None
     runs: list[LevelRun] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Levels summarised so far, so that an interrupted sweep can still report them.
+    finished_levels: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     async def open(cls, cfg: BenchConfig) -> BenchSession:
@@ -115,6 +117,7 @@ class BenchSession:
         for c in self.cfg.levels:
             lv = await self.level(c, on_start)
             levels.append(lv)
+            self.finished_levels.append(lv)
             if on_level is not None:
                 on_level(lv)
         return levels
@@ -125,6 +128,7 @@ class BenchSession:
         levels: list[dict[str, Any]],
         scenario: dict[str, Any] | None = None,
         knees: bool = True,
+        partial: bool = False,
     ) -> dict[str, Any]:
         """Knees, recommendation and the validated report; BenchError when nothing was valid.
 
@@ -162,6 +166,12 @@ class BenchSession:
             else Recommendation(None, self.cfg.headroom, None, None, thr.reason)
         )
         warnings = list(self.warnings)
+        if partial:
+            missing = [c for c in self.cfg.levels if c not in {lv["concurrency"] for lv in levels}]
+            warnings.append(
+                f"partial: interrupted before levels {','.join(map(str, missing))}; knees and the "
+                "recommendation rest on the finished levels only"
+            )
         if valid and valid[0]["concurrency"] != 1:
             warnings.append(
                 f"the lowest valid level is c={valid[0]['concurrency']}, not 1: latency inflation "
@@ -175,6 +185,9 @@ class BenchSession:
                     f"throughput knee ({thr.concurrency}) by more than a doubling step"
                 )
         workload = self.workload.describe()
-        return build_report(
+        report = build_report(
             kind, self.cfg, self.server_info(), workload, levels, thr, lat, rec, warnings, scenario
         )
+        if partial:
+            report["partial"] = True
+        return report

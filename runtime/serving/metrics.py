@@ -15,6 +15,7 @@ high-cardinality labels: the only labels are ``model_name`` and small fixed sets
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -70,10 +71,9 @@ class ServerMetrics:
         # The default registry's process_* (resident memory, CPU, fds), python_gc_* and
         # python_info series: `bench soak` and dashboards watch memory growth through them.
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            try:
+            # A caller's registry (e.g. the default one) may hold them already.
+            with contextlib.suppress(ValueError):
                 r.register(collector)
-            except ValueError:  # a caller's registry (e.g. the default one) may hold them already
-                pass
 
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
             return Gauge(name, doc, [*labels, *extra], registry=r)

@@ -14,7 +14,21 @@ SOAK = ["--input-tokens", "8", "--output-tokens", "4", "--max-client-lag-ms", "1
 def soak(url: str, out: Path) -> tuple[int, str, dict]:
     result = CliRunner().invoke(
         app,
-        ["bench", "soak", "--url", url, "-c", "2", "--duration", "1.5", "--window", "0.5", *SOAK, "-o", str(out)],
+        [
+            "bench",
+            "soak",
+            "--url",
+            url,
+            "-c",
+            "2",
+            "--duration",
+            "1.5",
+            "--window",
+            "0.5",
+            *SOAK,
+            "-o",
+            str(out),
+        ],
     )
     return result.exit_code, result.output, json.loads(out.read_text()) if out.exists() else {}
 
