@@ -139,8 +139,8 @@ def execute(
     except KeyboardInterrupt as exc:
         _write_partial(partial.get("session"), kind, output)
         raise typer.Exit(130) from exc
-    # Off a terminal rich would wrap the table at 80 columns; logs and CI want it whole.
-    print_summary(report, Console(width=None if sys.stdout.isatty() else 200))
+    # On a terminal the table wraps to its width; off one (logs, CI) rich assumes 80 columns.
+    print_summary(report, Console(width=None if sys.stdout.isatty() else 120, soft_wrap=False))
     if output is not None:
         from plimsoll.bench.plots import write_plots
 

@@ -32,6 +32,15 @@ from plimsoll.bench.scrape import Scraper, family_of, fetch
 from plimsoll.bench.stats import summarize_level
 from plimsoll.bench.workload import Workload, load_local_tokenizer
 
+# Completed requests below which a percentile is mostly one or two samples.
+MIN_SAMPLES_P95 = 20
+MIN_SAMPLES_P99 = 100
+
+
+def _label(lv: dict[str, Any]) -> str:
+    return f"c={lv['concurrency']}" if lv["concurrency"] is not None else f"rate={lv['rate']:g}/s"
+
+
 # Called as (label, repeat) when a level starts; returns the per-completion callback.
 LevelStart = Callable[[str, int], Progress | None]
 
@@ -171,6 +180,14 @@ class BenchSession:
             warnings.append(
                 f"partial: interrupted before levels {','.join(map(str, missing))}; knees and the "
                 "recommendation rest on the finished levels only"
+            )
+        few = [lv for lv in levels if lv["valid"] and lv["requests"]["completed"] < MIN_SAMPLES_P99]
+        if few:
+            counts = ", ".join(f"{_label(lv)} ({lv['requests']['completed']} requests)" for lv in few)
+            warnings.append(
+                f"few samples: {counts}; a p95 needs {MIN_SAMPLES_P95} and a p99 {MIN_SAMPLES_P99} completed "
+                "requests to mean much, so treat those percentiles, knees and the recommendation as rough; "
+                f"raise --requests-per-level to {MIN_SAMPLES_P99} or more"
             )
         if valid and valid[0]["concurrency"] != 1:
             warnings.append(

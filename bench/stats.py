@@ -104,7 +104,19 @@ def summarize_level(runs: list[LevelRun], cfg: BenchConfig) -> dict[str, Any]:
         reasons.append("every measured request failed")
     if measured and error_rate > cfg.max_error_rate:
         reasons.append(f"error rate {error_rate:.1%} > {cfg.max_error_rate:.0%} ({dict(errors)})")
-    if target is not None and runs[0].rate is None and achieved < cfg.min_concurrency_ratio * target:
+    # A window that closed before any measured request could finish (e.g. --requests-per-level 1
+    # at c=1) has no length to average concurrency over; the cause is the count, not the server.
+    empty_window = bool(measured) and not any(
+        r.end is not None and run.window_start <= r.end <= run.window_end
+        for run in runs
+        for r in run.measured
+    )
+    if empty_window and runs[0].rate is None:
+        reasons.append(
+            f"measurement window closed before any of its {len(measured)} request(s) finished; "
+            "raise --requests-per-level (100 or more) or use --duration-per-level"
+        )
+    elif target is not None and runs[0].rate is None and achieved < cfg.min_concurrency_ratio * target:
         reasons.append(
             f"achieved concurrency {achieved:.2f} < {cfg.min_concurrency_ratio:.0%} of target {target}"
         )
