@@ -213,7 +213,48 @@ def summary_table(report: dict[str, Any]) -> Table:
 
 def knee_lines(report: dict[str, Any]) -> list[str]:
     thr, lat, rec = report["knees"]["throughput"], report["knees"]["latency"], report["recommendation"]
-    lines = [
+    if report["kind"] == "run":
+        lines = _single_level_lines(report)
+    else:
+        lines = _knee_lines(thr, lat, rec)
+    for lv in report["levels"]:
+        if not lv["valid"]:
+            label = lv["concurrency"] if lv["concurrency"] is not None else lv["rate"]
+            lines.append(f"level {label} invalid: {'; '.join(lv['invalid_reasons'])}")
+    lines.extend(f"warning: {w}" for w in report["warnings"])
+    return lines
+
+
+def _single_level_lines(report: dict[str, Any]) -> list[str]:
+    """`bench run`: one level has no knee; say what the server did at it instead."""
+    lines = []
+    for lv in report["levels"]:
+        srv = lv.get("server") or {}
+        running, waiting = srv.get("running"), srv.get("waiting")
+        if running and waiting and waiting["mean"] >= 0.5:
+            lines.append(
+                f"server queue at c={lv['concurrency']}: {waiting['mean']:.1f} waiting beside "
+                f"{running['mean']:.1f} running on average, so this level is past the server's batch; "
+                "`plimsoll diagnose` names the limit"
+            )
+    levels = ",".join(str(c) for c in _sweep_levels(report["levels"][0]["concurrency"] or 1))
+    lines.append(
+        "one level has no knee or recommendation; for those run "
+        f"`plimsoll bench sweep --levels {levels}` against the same server"
+    )
+    return lines
+
+
+def _sweep_levels(c: int) -> list[int]:
+    """Doubling levels from 1 to at least twice ``c``: a sweep that brackets the run's level."""
+    levels = [1]
+    while levels[-1] < 2 * c:
+        levels.append(levels[-1] * 2)
+    return levels
+
+
+def _knee_lines(thr: dict[str, Any], lat: dict[str, Any], rec: dict[str, Any]) -> list[str]:
+    return [
         f"throughput knee: {thr['concurrency'] if thr['concurrency'] is not None else 'none'} — {thr['reason']}"
         + (
             f" (Kneedle on an even grid: {thr['kneedle_concurrency']:.1f})"
@@ -223,12 +264,6 @@ def knee_lines(report: dict[str, Any]) -> list[str]:
         f"latency knee: {lat['concurrency'] if lat['concurrency'] is not None else 'none'} — {lat['reason']}",
         f"recommended concurrency per replica: {rec['concurrency_per_replica']} — {rec['reason']}",
     ]
-    for lv in report["levels"]:
-        if not lv["valid"]:
-            label = lv["concurrency"] if lv["concurrency"] is not None else lv["rate"]
-            lines.append(f"level {label} invalid: {'; '.join(lv['invalid_reasons'])}")
-    lines.extend(f"warning: {w}" for w in report["warnings"])
-    return lines
 
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:

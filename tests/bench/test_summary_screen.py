@@ -78,3 +78,17 @@ def test_one_request_per_level_names_the_empty_window(sim_url: str) -> None:
         "raise --requests-per-level (100 or more) or use --duration-per-level"
     ) in result.output
     assert "Traceback" not in result.output
+
+
+def test_bench_run_reports_the_queue_not_a_sweep_recommendation(sim_url: str) -> None:
+    # batch cap 2 under 8 clients: 6 wait beside 2 running, as `diagnose` says
+    args = ["bench", "run", "--url", sim_url, "-c", "8", "--requests-per-level", "24", *SHAPE]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "extend --levels" not in result.output and "recommended concurrency" not in result.output
+    queue = [ln for ln in result.output.splitlines() if ln.startswith("server queue at c=8: ")]
+    assert len(queue) == 1 and "running on average, so this level is past the server's batch" in queue[0]
+    assert (
+        "one level has no knee or recommendation; for those run "
+        "`plimsoll bench sweep --levels 1,2,4,8,16` against the same server"
+    ) in result.output
