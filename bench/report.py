@@ -213,10 +213,7 @@ def summary_table(report: dict[str, Any]) -> Table:
 
 def knee_lines(report: dict[str, Any]) -> list[str]:
     thr, lat, rec = report["knees"]["throughput"], report["knees"]["latency"], report["recommendation"]
-    if report["kind"] == "run":
-        lines = _single_level_lines(report)
-    else:
-        lines = _knee_lines(thr, lat, rec)
+    lines = _single_level_lines(report) if report["kind"] == "run" else _knee_lines(thr, lat, rec)
     for lv in report["levels"]:
         if not lv["valid"]:
             label = lv["concurrency"] if lv["concurrency"] is not None else lv["rate"]
