@@ -19,10 +19,17 @@ def _fail(message: str) -> None:
 
 
 def serve(
-    model: str = typer.Option(
-        "smollm2-135m",
+    model_arg: str | None = typer.Argument(
+        None,
+        metavar="MODEL",
+        help="Model to serve, as in `vllm serve MODEL` (same as --model).",
+        show_default=False,
+    ),
+    model: str | None = typer.Option(
+        None,
         "--model",
-        help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded).",
+        help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded; the default).",
+        show_default=False,
     ),
     served_model_name: str | None = typer.Option(
         None, "--served-model-name", help="Name clients send as `model` (default: --model)."
@@ -33,8 +40,23 @@ def serve(
     max_num_batched_tokens: int = typer.Option(
         2048, "--max-num-batched-tokens", min=1, help="Token budget of one engine step."
     ),
-    kv_cache_memory: str = typer.Option(
-        "1GiB", "--kv-cache-memory", help="Bytes for the paged KV cache, e.g. 2GiB."
+    kv_cache_memory: str | None = typer.Option(
+        None,
+        "--kv-cache-memory",
+        help="Size of the paged KV cache, e.g. 2GiB (default 1GiB).",
+        show_default=False,
+    ),
+    kv_cache_memory_bytes: int | None = typer.Option(
+        None,
+        "--kv-cache-memory-bytes",
+        min=1,
+        help="KV cache size in bytes (vLLM's flag; or --kv-cache-memory).",
+    ),
+    gpu_memory_utilization: float | None = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        help="Fraction of the GPU's memory this server may use, KV cache sized to fill it (vLLM's flag; "
+        "CUDA only).",
     ),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     enable_prefix_caching: bool = typer.Option(
@@ -60,7 +82,11 @@ def serve(
     api_key: str | None = typer.Option(
         None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Require `Authorization: Bearer KEY` on /v1/*."
     ),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    dtype: str = typer.Option(
+        "auto",
+        "--dtype",
+        help="auto (float32 on CPU, bfloat16 on GPU), bfloat16|bf16, float16|half or float32.",
+    ),
     device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
     attention_backend: str = typer.Option("torch", "--attention-backend", help="torch or triton."),
     scheduling_policy: str = typer.Option(
@@ -88,11 +114,32 @@ def serve(
 
     from plimsoll.runtime.engine.async_engine import AsyncEngine
     from plimsoll.runtime.engine.config import EngineConfig
+    from plimsoll.runtime.serve_args import (
+        ServeArgError,
+        check_model,
+        check_port,
+        choose_model,
+        gpu_kv_cache_bytes,
+        kv_cache_bytes,
+        resolve_dtype,
+    )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
     from plimsoll.runtime.serving.server import build_app
     from plimsoll.runtime.serving.settings import ServerSettings
 
+    # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
+    try:
+        model = choose_model(model_arg, model)
+        dtype = resolve_dtype(dtype, device)
+        check_model(model)
+        kv_size = kv_cache_bytes(kv_cache_memory, kv_cache_memory_bytes)
+        if gpu_memory_utilization is not None:
+            kv_size = gpu_kv_cache_bytes(gpu_memory_utilization, device, model)
+        check_port(host, port)
+    except ServeArgError as exc:
+        _fail(str(exc))
+        return
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -105,7 +152,7 @@ def serve(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
-            kv_cache_memory=kv_cache_memory,
+            kv_cache_memory=kv_size,
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
@@ -127,6 +174,9 @@ def serve(
 
     if metrics_compat not in (None, "vllm"):
         _fail(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
+    from plimsoll.runtime.serve_args import kernel_line
+
+    logging.getLogger("plimsoll.serve").info(kernel_line(device, attention_backend, dtype))
     metrics = ServerMetrics(settings.served_model_name, metrics_compat=metrics_compat)
     engine = AsyncEngine(config, observer=metrics)
     failed: list[BaseException] = []

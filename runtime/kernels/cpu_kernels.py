@@ -95,20 +95,30 @@ def build(compiler: str) -> Path:
     return target
 
 
+_why_not: list[str] = []
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`library` returned ``None`` (after it was called), or ``None`` when it loaded."""
+    return None if library() is not None else (_why_not[0] if _why_not else "unavailable")
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or ``None`` (reason logged once) when they cannot be had here."""
+    # The reason is kept for `plimsoll serve`'s one start-up line (see unavailable_reason).
     if os.environ.get("PLIMSOLL_CPU_KERNELS", "1") == "0":
-        log.info("CPU kernels off (PLIMSOLL_CPU_KERNELS=0); decode attention and small matmuls use torch")
+        _why_not.append("off (PLIMSOLL_CPU_KERNELS=0)")
         return None
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
-        log.warning("no C++ compiler (set CXX or install g++); the CPU kernels fall back to torch")
+        _why_not.append("not built: no C++ compiler (install g++ or set CXX)")
         return None
     try:
         lib = ctypes.CDLL(str(build(compiler)))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        log.warning("could not build the CPU kernels, falling back to torch: %s", exc)
+        _why_not.append(f"not built: {str(exc).splitlines()[0][:200]}")
+        log.debug("CPU kernel build failed: %s", exc)
         return None
     lib.plimsoll_paged_decode_attention_f32.restype = ctypes.c_int
     lib.plimsoll_paged_decode_attention_f32.argtypes = (

@@ -1,0 +1,168 @@
+"""Checks `plimsoll serve` runs on its flags before it loads anything or binds a port.
+
+What it is: the vLLM spellings `plimsoll serve` accepts (a positional model,
+``--dtype auto|bf16|half``, ``--kv-cache-memory-bytes``, ``--gpu-memory-utilization``)
+turned into plimsoll's settings, plus the mistakes a newcomer makes first (a model
+path that does not exist, a port in use), each raised as :class:`ServeArgError`
+with a message of one line saying what is wrong and how to fix it.
+What it is not: the engine's own validation (``EngineConfig``) or the model loader.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from pathlib import Path
+
+# vLLM's --dtype spellings; "auto" keeps full precision on CPU (no fast bf16 matmul
+# there) and takes bfloat16 on an accelerator, as vLLM does for float32 checkpoints.
+DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "half": "float16",
+    "float16": "float16",
+    "fp16": "float16",
+    "float": "float32",
+    "float32": "float32",
+    "fp32": "float32",
+}
+# Hub ids whose weights ship inside plimsoll (nothing is downloaded).
+EMBEDDED_HUB_IDS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m"}
+
+
+class ServeArgError(ValueError):
+    """A `plimsoll serve` flag that cannot work; the message says how to fix it."""
+
+
+def choose_model(positional: str | None, option: str | None) -> str:
+    """The model to serve: ``plimsoll serve MODEL`` (vLLM) or ``--model MODEL``."""
+    if positional and option and positional != option:
+        raise ServeArgError(f"two models given ({positional!r} and --model {option!r}); pass one of them")
+    model = positional or option or "smollm2-135m"
+    return EMBEDDED_HUB_IDS.get(model, model)
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """vLLM's ``--dtype`` values to plimsoll's three; ``auto`` by device."""
+    value = dtype.lower()
+    if value == "auto":
+        return "float32" if device == "cpu" else "bfloat16"
+    if value not in DTYPE_ALIASES:
+        raise ServeArgError(
+            f"--dtype {dtype!r} is not a dtype; use auto, bfloat16 (bf16), float16 (half) or float32"
+        )
+    return DTYPE_ALIASES[value]
+
+
+def check_model(model: str) -> None:
+    """Fail on a model that cannot load, before the engine or the port is touched."""
+    from plimsoll.runtime.models.embedded import EMBEDDED_MODELS
+
+    if model in EMBEDDED_MODELS:
+        return
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ServeArgError(
+                f"model {model} is a file but not a .gguf; pass a .gguf file or a model directory"
+            )
+        return
+    if path.is_dir():
+        has_gguf = any(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and not has_gguf:
+            raise ServeArgError(
+                f"model directory {model} has no config.json (nor a .gguf); pass a Hugging Face "
+                "model directory (config.json, tokenizer, *.safetensors) or a .gguf file"
+            )
+        if (path / "config.json").exists() and not any(path.glob("*.safetensors")):
+            raise ServeArgError(
+                f"model directory {model} has config.json but no *.safetensors weights; "
+                "save the model with save_pretrained(..., safe_serialization=True)"
+            )
+        return
+    if "/" in model and not model.startswith(("/", ".", "~")):
+        raise ServeArgError(
+            f"model {model!r} looks like a hub id, and plimsoll downloads nothing; fetch it with "
+            f"`huggingface-cli download {model} --local-dir DIR` and run `plimsoll serve DIR`"
+        )
+    raise ServeArgError(
+        f"model {model} does not exist; pass a model directory, a .gguf file, or smollm2-135m (embedded)"
+    )
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail on a port another process holds, before minutes of model loading."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # uvicorn sets SO_REUSEADDR too: only a live listener makes this fail.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ServeArgError(
+                    f"port {port} on {host} is in use by another process; stop it or pass --port N"
+                ) from exc
+            raise ServeArgError(
+                f"cannot bind {host}:{port} ({exc.strerror}); check --host and --port"
+            ) from exc
+
+
+def kv_cache_bytes(kv_cache_memory: str | None, kv_cache_memory_bytes: int | None) -> str | int:
+    """``--kv-cache-memory-bytes`` (vLLM) or ``--kv-cache-memory`` (a size like 2GiB); default 1GiB."""
+    if kv_cache_memory is not None and kv_cache_memory_bytes is not None:
+        raise ServeArgError("pass --kv-cache-memory or --kv-cache-memory-bytes, not both")
+    if kv_cache_memory_bytes is not None:
+        return kv_cache_memory_bytes
+    return kv_cache_memory if kv_cache_memory is not None else "1GiB"
+
+
+def gpu_kv_cache_bytes(utilization: float, device: str, model: str) -> int:
+    """vLLM's ``--gpu-memory-utilization``: this server may hold ``utilization`` × the device's
+    memory; the KV cache gets that less what is already in use there and the model's weights
+    (their file size: an estimate, exact for unquantised safetensors at the served dtype)."""
+    if not 0 < utilization <= 1:
+        raise ServeArgError(f"--gpu-memory-utilization {utilization} must be in (0, 1], e.g. 0.9")
+    if not device.startswith("cuda"):
+        raise ServeArgError(
+            "--gpu-memory-utilization needs --device cuda; on CPU size the cache with "
+            "--kv-cache-memory-bytes (or --kv-cache-memory 2GiB)"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ServeArgError("--gpu-memory-utilization: no CUDA device is visible; check CUDA_VISIBLE_DEVICES")
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    path = Path(model).expanduser()
+    files = [path] if path.is_file() else [*path.glob("*.safetensors"), *path.glob("*.gguf")]
+    weights = sum(f.stat().st_size for f in files if f.exists())
+    budget = int(utilization * total) - (total - free) - weights
+    if budget <= 0:
+        raise ServeArgError(
+            f"--gpu-memory-utilization {utilization}: {utilization:.0%} of {total / 2**30:.1f} GiB leaves no "
+            f"room for the KV cache beside {(total - free) / 2**30:.1f} GiB in use and "
+            f"{weights / 2**30:.1f} GiB of weights; raise it or free the device"
+        )
+    return budget
+
+
+def kernel_line(device: str, attention_backend: str, dtype: str) -> str:
+    """The one start-up line naming the kernels this server runs, and what is slower without them."""
+    if not device.startswith("cpu"):
+        return (
+            f"kernels: {attention_backend} attention on {device}, {dtype}; the CPU C++ kernels are not used"
+        )
+    from plimsoll.runtime.kernels import cpu_kernels
+
+    if dtype != "float32":
+        return (
+            f"kernels: torch on CPU ({dtype}); the C++ decode-attention and small-matmul kernels "
+            "are float32 only, so decode is slower (use --dtype float32)"
+        )
+    why = cpu_kernels.unavailable_reason()
+    if why is None:
+        return "kernels: C++ paged decode attention and small-batch matmuls on CPU, oneDNN for decode matmuls"
+    return (
+        f"kernels: torch only on CPU; the C++ decode kernels are {why}, so decode attention and "
+        "small-batch matmuls are slower"
+    )
