@@ -5,9 +5,42 @@ in ``plimsoll.operator.handlers``. kopf and the handlers are imported inside the
 command body so `plimsoll --help` stays fast.
 """
 
+import os
+import socket
 import sys
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import typer
+
+HINT = "start a local one with `plimsoll dev up` and export the KUBECONFIG it prints, or set KUBECONFIG"
+
+
+def cluster_problem() -> str | None:
+    """Why kopf could not reach a cluster, checked in a second instead of its retry loop; None if it can."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None  # in a pod: kopf uses the service account
+    paths = [Path(p) for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    paths = paths or [Path.home() / ".kube" / "config"]
+    existing = [p for p in paths if p.is_file()]
+    if not existing:
+        return f"no Kubernetes cluster configured (no kubeconfig at {', '.join(map(str, paths))}); {HINT}"
+    import yaml
+
+    try:
+        conf = yaml.safe_load(existing[0].read_text()) or {}
+        contexts = {c["name"]: c["context"] for c in conf.get("contexts") or []}
+        clusters = {c["name"]: c["cluster"] for c in conf.get("clusters") or []}
+        server = clusters[contexts[conf["current-context"]]["cluster"]]["server"]
+    except (yaml.YAMLError, KeyError, TypeError) as exc:
+        return f"kubeconfig {existing[0]} has no usable current-context ({exc!r}); {HINT}"
+    url = urlsplit(server)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=5).close()
+    except OSError as exc:
+        return f"the cluster at {server} (kubeconfig {existing[0]}) is not reachable ({exc.strerror or exc}); {HINT}"
+    return None
 
 
 def run_operator(
@@ -32,6 +65,10 @@ def run_operator(
 
         sys.stdout.write(render())
         return
+    problem = cluster_problem()
+    if problem is not None:
+        typer.echo(f"plimsoll operator: {problem}", err=True)
+        raise typer.Exit(code=2)
     import kopf
 
     # Importing registers the handlers: reconcile (llmservice), the built-in autoscaler daemon
