@@ -231,6 +231,14 @@ def make_plan(
         steps.append(Step("target in flight", load, f"{load:g} concurrent requests"))
     if per_replica is None:
         per_replica, per_replica_source = float(sequences), "KV capacity at full context (no bench report)"
+        steps.append(
+            Step(
+                "note",
+                "",
+                "sized by KV room alone, ignoring latency: each replica is assumed to hold every sequence "
+                "that fits; give --report (a `plimsoll bench sweep` of this model) to size by its knee",
+            )
+        )
     if per_replica <= 0:
         raise PlanError(f"per-replica concurrency is {per_replica:g}; nothing fits at this context length")
     steps.append(Step("per-replica concurrency", per_replica, per_replica_source or "given"))
@@ -257,6 +265,33 @@ def _param_how(d: ModelDims) -> str:
     mlp = f"MLP {d.intermediate}" + (f" × {d.experts} experts" if d.experts > 1 else "")
     emb = "tied" if d.tied_embeddings else "untied"
     return f"{d.layers} layers × (attention {attention}, {mlp}), hidden {d.hidden}, vocab {d.vocab} ({emb})"
+
+
+def _name_tokens(text: str) -> set[str]:
+    # "HuggingFaceTB/SmolLM2-135M-Instruct" -> {"huggingfacetb", "smollm2", "135m", "instruct"}
+    return {t for t in re.split(r"[^a-z0-9]+", text.lower()) if len(t) >= 3 and not t.isdigit()}
+
+
+def _other_model(report: Path, model_config: Path) -> str | None:
+    """A warning when the report was measured on another model than the config describes, else None."""
+    try:
+        measured = str(json.loads(report.read_text())["server"]["model"])
+        config_file = model_config / "config.json" if model_config.is_dir() else model_config
+        cfg = json.loads(config_file.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable inputs get their own errors below
+    names = [
+        model_config.stem if model_config.is_file() else model_config.name,
+        str(cfg.get("_name_or_path", "")),
+    ]
+    config_tokens = set().union(*(_name_tokens(n) for n in names))
+    if _name_tokens(measured) & config_tokens:
+        return None
+    return (
+        f"the report measured {measured!r} but the config is {names[0]!r} ({cfg.get('model_type', '?')}); "
+        "its per-replica figure holds only for the model it measured: sweep this model, or pass "
+        "--concurrency-per-replica"
+    )
 
 
 def _report_target(
@@ -320,8 +355,16 @@ def plan(
             raise PlanError(
                 "--ttft-p95-ms, --tpot-p50-ms and --headroom re-derive the target from --report; give one"
             )
+        if re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?\s*", gpu_memory):
+            raise PlanError(
+                f"--gpu-memory {gpu_memory.strip()} has no unit; write {gpu_memory.strip()}GiB or {gpu_memory.strip()}GB"
+            )
         per_replica, source = concurrency_per_replica, "--concurrency-per-replica"
         if report is not None:
+            mismatch = _other_model(report, model_config)
+            if mismatch is not None:
+                typer.echo(f"plimsoll plan: WARNING: {mismatch}", err=True)
+                source += f" — WARNING: {mismatch}"
             per_replica, source, report_latency = _report_target(report, ttft_p95_ms, tpot_p50_ms, headroom)
             if latency_s is None and target_rps is not None and report_latency is not None:
                 latency_s = report_latency

@@ -20,7 +20,7 @@ runner = CliRunner()
 def run_json(*args: str) -> dict[str, Any]:
     result = runner.invoke(app, ["plan", *args, "--json"])
     assert result.exit_code == 0, result.output
-    steps = json.loads(result.output)["steps"]
+    steps = json.loads(result.stdout)["steps"]  # a warning may go to stderr
     return {s["name"]: s["value"] for s in steps}
 
 
