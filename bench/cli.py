@@ -10,6 +10,7 @@ written then. What it is not: measurement logic (session.py, loadgen.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -443,19 +444,46 @@ def simulate(
 
 def diagnose(
     url: str = typer.Option(..., "--url", help="Base URL of the server whose /metrics to read"),
-    window: float = typer.Option(30.0, "--window", help="Seconds to watch"),
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between scrapes"),
+    window: float = typer.Option(30.0, "--window", min=0.1, help="Seconds to watch"),
+    interval: float = typer.Option(1.0, "--interval", min=0.05, help="Seconds between scrapes"),
     api_key: str | None = API_KEY,
+    slo_ttft_p95_ms: float | None = typer.Option(
+        None, "--slo-ttft-p95-ms", help="SLO: TTFT above it is slow"
+    ),
+    slo_tpot_p50_ms: float | None = typer.Option(
+        None, "--slo-tpot-p50-ms", help="SLO: TPOT above it is slow"
+    ),
+    baseline: Path | None = typer.Option(
+        None,
+        "--baseline",
+        help="A `plimsoll bench baseline` (or sweep) report of this server: decode is slow at "
+        "2× its c=1 TPOT",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
 ) -> None:
     """Read a server's /metrics over a window and name the layer that limits it."""
     import httpx
 
-    from plimsoll.bench.diagnose import analyse, observe, render
+    from plimsoll.bench.diagnose import Thresholds, analyse, observe, render
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    th = Thresholds()
     try:
-        samples = asyncio.run(observe(url.rstrip("/"), window, interval, headers))
+        th = _decode_limit(th, slo_tpot_p50_ms, baseline)
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    if slo_ttft_p95_ms is not None:
+        th = dataclasses.replace(th, ttft_high_s=slo_ttft_p95_ms / 1e3)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    err.print(
+        f"watching {url.rstrip('/')}/metrics for {window:g} s (a scrape every {interval:g} s); "
+        "put load on the server meanwhile",
+        markup=False,
+        highlight=False,
+    )
+    bar = _window_progress(window)
+    try:
+        samples = asyncio.run(observe(url.rstrip("/"), window, interval, headers, bar))
     except (httpx.HTTPError, ValueError) as exc:
         err.print(
             f"error: cannot read {url}/metrics ({type(exc).__name__}: {exc}); check --url and that the "
@@ -463,11 +491,62 @@ def diagnose(
             markup=False,
         )
         raise typer.Exit(1) from exc
-    result = analyse(samples)
+    finally:
+        if bar is not None:
+            bar(-1.0)  # stop the bar
+    result = analyse(samples, th)
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
     else:
         for line in render(result):
             typer.echo(line)
+        if th.tpot_limit_s is None and result.engine_family is not None:
+            typer.echo(
+                "note: decode speed not judged (only its spread): give --slo-tpot-p50-ms, or --baseline "
+                "with a `plimsoll bench baseline` report of this server"
+            )
     if result.engine_family is None:
         raise typer.Exit(1)
+
+
+def _decode_limit(th: Any, slo_tpot_p50_ms: float | None, baseline: Path | None) -> Any:
+    """The TPOT above which decode counts as slow: the SLO, else 2× the server's own c=1 TPOT."""
+    if slo_tpot_p50_ms is not None:
+        return dataclasses.replace(
+            th,
+            tpot_limit_s=slo_tpot_p50_ms / 1e3,
+            tpot_limit_why=f"the SLO --slo-tpot-p50-ms {slo_tpot_p50_ms:g}",
+        )
+    if baseline is None:
+        return th
+    try:
+        report = json.loads(baseline.read_text())
+        c1 = next(lv for lv in report["levels"] if lv.get("concurrency") == 1 and lv["latency_ms"]["tpot"])
+        tpot_c1 = c1["latency_ms"]["tpot"]["p50"] / 1e3
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as exc:
+        raise BenchInputError(
+            f"--baseline {baseline}: no c=1 level with TPOT in it ({type(exc).__name__}); "
+            "write one with `plimsoll bench baseline --url URL -o baseline.json`"
+        ) from exc
+    limit = th.tpot_inflation * tpot_c1
+    why = f"{th.tpot_inflation:g}× this server's c=1 TPOT p50 of {tpot_c1 * 1e3:.0f} ms in {baseline.name}"
+    return dataclasses.replace(th, tpot_limit_s=limit, tpot_limit_why=why)
+
+
+def _window_progress(window: float) -> Callable[[float], None] | None:
+    """A rich bar over the watch window on a terminal; nothing in logs (the start line said how long)."""
+    if not err.is_terminal:
+        return None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("watching /metrics"), BarColumn(), TimeRemainingColumn(), console=err)
+    task = progress.add_task("watch", total=window)
+    progress.start()
+
+    def update(elapsed: float) -> None:
+        if elapsed < 0:
+            progress.stop()
+        else:
+            progress.update(task, completed=min(elapsed, window))
+
+    return update

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from plimsoll.bench.scrape import Snapshot, counter_delta, family_of, fetch, gau
 
 LAYERS = ("queueing", "prefill", "decode", "kv_capacity")
 
+# Advice names only flags the server in front of us has: plimsoll serve's own, or vLLM's.
 ADVICE = {
     "queueing": [
         "requests wait for a batch slot: if KV usage leaves room, raise the batch cap (--max-num-seqs)",
@@ -30,21 +32,37 @@ ADVICE = {
         "check the router spreads requests by queue length, not round-robin",
     ],
     "prefill": [
-        "prompt processing dominates TTFT: enable prefix caching for shared prefixes",
-        "use chunked prefill (a smaller --max-num-batched-tokens) so long prompts interleave with decode",
+        "prompt processing dominates TTFT: keep prefix caching on (--enable-prefix-caching) for shared prefixes",
+        "a smaller --max-num-batched-tokens splits long prompts into more, shorter steps beside decode",
         "shorten prompts, or send prefill-heavy traffic to its own replicas",
     ],
-    "decode": [
-        "decode steps are slow or uneven: a smaller batch cap lowers TPOT at the cost of throughput",
-        "quantise weights or the KV cache to cut memory traffic; consider speculative decoding or tensor parallel",
-        "uneven TPOT usually means prefill interference: enable chunked prefill",
+    "decode_slow": [
+        "decode steps are slow at this batch: a smaller batch cap (--max-num-seqs) lowers TPOT at the cost of "
+        "throughput",
+        "a lower-precision --dtype (bfloat16 on a GPU) cuts memory traffic per step",
+    ],
+    "decode_uneven": [
+        "uneven TPOT usually means prefill interference: a smaller --max-num-batched-tokens keeps prompt "
+        "chunks from stalling decode steps",
     ],
     "kv_capacity": [
-        "the KV cache is full: give it more memory (--gpu-memory-utilization / KV budget) or lower --max-model-len",
-        "quantise the KV cache (fp8) or use a GQA model to fit more tokens",
-        "lower the batch cap to stop preemption thrash, or add replicas",
+        "the KV cache is full: give it more memory (--kv-cache-memory-bytes, or --gpu-memory-utilization on a "
+        "GPU) or lower --max-model-len",
+        "lower the batch cap (--max-num-seqs) to stop preemption thrash, or add replicas",
     ],
 }
+# vLLM has the flags plimsoll serve does not (yet): name them only to a vLLM server.
+VLLM_EXTRA = {
+    "decode_slow": [
+        "quantise (--quantization), speculative decoding (--speculative-config) or tensor parallel "
+        "(--tensor-parallel-size)"
+    ],
+    "kv_capacity": ["an fp8 KV cache (--kv-cache-dtype fp8) fits about twice the tokens"],
+}
+
+
+def advice(cause: str, family: str | None) -> list[str]:
+    return ADVICE[cause] + (VLLM_EXTRA.get(cause, []) if family == "vllm" else [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +72,11 @@ class Thresholds:
     queue_share: float = 0.5  # queue time / TTFT
     prefill_share: float = 0.5  # prefill time / TTFT
     ttft_high_s: float = 1.0
-    tpot_high_s: float = 0.1
+    # Decode is judged against a limit the user gives (an SLO) or the server's own c=1 TPOT
+    # (--baseline) times tpot_inflation; no fixed number suits both a GPU and a CPU.
+    tpot_limit_s: float | None = None
+    tpot_limit_why: str = ""
+    tpot_inflation: float = 2.0
     tpot_spread: float = 2.0  # p90 / p50 of TPOT
     kv_high: float = 0.9
     waiting_min: float = 0.5
@@ -116,6 +138,7 @@ def analyse(samples: list[Snapshot], th: Thresholds = Thresholds()) -> Diagnosis
         "preemptions": counter_delta(first, last, fam.preemptions),
         "kv_allocation_failures": counter_delta(first, last, alloc_name) if alloc_name else None,
     }
+    judged = dict(obs, _family=family)
     if not obs["requests"] and not obs["running_mean"]:
         return Diagnosis(
             "no_traffic",
@@ -125,7 +148,9 @@ def analyse(samples: list[Snapshot], th: Thresholds = Thresholds()) -> Diagnosis
             summary="no request ran during the window: put load on the server "
             "(e.g. `plimsoll bench run`) while diagnosing",
         )
-    findings = [f for f in (_kv(obs, th), _queue(obs, th), _prefill(obs, th), _decode(obs, th)) if f]
+    findings = [
+        f for f in (_kv(judged, th), _queue(judged, th), _prefill(judged, th), _decode(judged, th)) if f
+    ]
     findings.sort(key=lambda f: f.score, reverse=True)
     # KV exhaustion is the root cause of the queue and preemptions it creates.
     kv_first = [f for f in findings if f.layer == "kv_capacity"]
@@ -138,7 +163,7 @@ def analyse(samples: list[Snapshot], th: Thresholds = Thresholds()) -> Diagnosis
     return Diagnosis(top.layer, family, window, obs, ordered, f"limited by {top.layer}: {top.evidence[0]}")
 
 
-def _kv(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+def _kv(o: dict[str, Any], th: Thresholds) -> Finding | None:
     kv_max, pre, alloc = o["kv_usage_max"] or 0.0, o["preemptions"] or 0.0, o["kv_allocation_failures"] or 0.0
     evidence = []
     if kv_max >= th.kv_high:
@@ -150,10 +175,10 @@ def _kv(o: dict[str, float | None], th: Thresholds) -> Finding | None:
     if not evidence:
         return None
     score = 1.0 + max(0.0, kv_max - th.kv_high) * 10 + (1.0 if pre else 0.0) + (1.0 if alloc else 0.0)
-    return Finding("kv_capacity", score, evidence, ADVICE["kv_capacity"])
+    return Finding("kv_capacity", score, evidence, advice("kv_capacity", family_of_obs(o)))
 
 
-def _queue(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+def _queue(o: dict[str, Any], th: Thresholds) -> Finding | None:
     ttft, queue, waiting = o["ttft_mean_s"], o["queue_mean_s"], o["waiting_mean"] or 0.0
     if not ttft or queue is None:
         return None
@@ -167,11 +192,11 @@ def _queue(o: dict[str, float | None], th: Thresholds) -> Finding | None:
             f"queue time is {share:.0%} of TTFT ({_ms(queue)} of {_ms(ttft)})",
             f"{waiting:.1f} requests waiting on average beside {o['running_mean'] or 0:.1f} running",
         ],
-        ADVICE["queueing"],
+        advice("queueing", family_of_obs(o)),
     )
 
 
-def _prefill(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+def _prefill(o: dict[str, Any], th: Thresholds) -> Finding | None:
     ttft, prefill = o["ttft_mean_s"], o["prefill_mean_s"]
     if not ttft or prefill is None:
         return None
@@ -185,39 +210,49 @@ def _prefill(o: dict[str, float | None], th: Thresholds) -> Finding | None:
             f"prefill time is {share:.0%} of TTFT ({_ms(prefill)} of {_ms(ttft)})",
             f"mean TTFT {_ms(ttft)} is above {_ms(th.ttft_high_s)}",
         ],
-        ADVICE["prefill"],
+        advice("prefill", family_of_obs(o)),
     )
 
 
-def _decode(o: dict[str, float | None], th: Thresholds) -> Finding | None:
+def family_of_obs(o: dict[str, Any]) -> str | None:
+    return o.get("_family")
+
+
+def _decode(o: dict[str, Any], th: Thresholds) -> Finding | None:
     mean, p50, p90 = o["tpot_mean_s"], o["tpot_p50_s"], o["tpot_p90_s"]
     if mean is None:
         return None
     spread = p90 / p50 if p50 and p90 else 1.0
-    evidence = []
-    if mean >= th.tpot_high_s:
-        evidence.append(f"mean TPOT {_ms(mean)} is above {_ms(th.tpot_high_s)}")
+    evidence, tips, score = [], [], 1.0
+    if th.tpot_limit_s is not None and mean >= th.tpot_limit_s:
+        evidence.append(f"mean TPOT {_ms(mean)} is above {_ms(th.tpot_limit_s)} ({th.tpot_limit_why})")
+        tips += advice("decode_slow", family_of_obs(o))
+        score += mean / th.tpot_limit_s - 1.0
     if spread >= th.tpot_spread:
         evidence.append(f"TPOT is unstable: p90/p50 = {spread:.1f} (≥ {th.tpot_spread:g})")
+        tips += advice("decode_uneven", family_of_obs(o))
+        score += spread / th.tpot_spread - 1.0
     if not evidence:
         return None
-    return Finding(
-        "decode",
-        1.0 + max(mean / th.tpot_high_s - 1.0, 0.0) + max(spread / th.tpot_spread - 1.0, 0.0),
-        evidence,
-        ADVICE["decode"],
-    )
+    return Finding("decode", score, evidence, tips)
 
 
 async def observe(
-    url: str, window_s: float, interval_s: float = 1.0, headers: dict[str, str] | None = None
+    url: str,
+    window_s: float,
+    interval_s: float = 1.0,
+    headers: dict[str, str] | None = None,
+    on_scrape: Callable[[float], None] | None = None,
 ) -> list[Snapshot]:
-    """Scrape ``url``/metrics every ``interval_s`` for ``window_s`` seconds."""
+    """Scrape ``url``/metrics every ``interval_s`` for ``window_s`` seconds; ``on_scrape(elapsed)`` after each."""
     samples: list[Snapshot] = []
     async with httpx.AsyncClient(headers=headers or {}) as http:
-        deadline = time.monotonic() + window_s
+        start = time.monotonic()
+        deadline = start + window_s
         while True:
             samples.append(await fetch(http, url))
+            if on_scrape is not None:
+                on_scrape(time.monotonic() - start)
             if time.monotonic() >= deadline:
                 return samples
             await asyncio.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
