@@ -327,6 +327,45 @@ def curl_command(url: str, model: str) -> str:
     return f"curl -s {url}/v1/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
 
 
+_LIMITS = {
+    "TooManyReplicas": "capped at maxReplicas",
+    "TooFewReplicas": "raised to minReplicas",
+    "ScaleUpLimit": "held back by the scale-up rate limit",
+}
+
+
+def autoscaler_lines(auto: dict[str, Any]) -> list[str]:
+    """The autoscaler's last decision as `kubectl describe` would put it: saw, wants, does, why."""
+    decision = auto.get("decision") or {}
+    if not decision:
+        return ["autoscaler: no decision recorded yet"]
+    if decision.get("reason") == "NoTarget":
+        return [f"autoscaler: idle, {decision.get('message')}"]
+    inputs = auto.get("inputs") or {}
+    current, desired = decision.get("currentReplicas"), decision.get("desiredReplicas")
+    saw = (
+        f"autoscaler saw: {inputs.get('inFlight', 0):g} requests in flight and {inputs.get('waiting', 0):g} "
+        f"waiting on {inputs.get('readyPods', 0)} ready pod(s), {inputs.get('averageInFlightPerPod') or 0:g} per "
+        f"pod against a target of {inputs.get('targetInFlightPerReplica')} per replica"
+    )
+    wants = f"autoscaler wants: {decision.get('recommendation')} replica(s), by {auto.get('formula')}"
+    limited = decision.get("limitedReason")
+    if limited:
+        bound = inputs.get("maxReplicas") if limited == "TooManyReplicas" else inputs.get("minReplicas")
+        wants += f"; {_LIMITS.get(limited, limited)} {bound if limited != 'ScaleUpLimit' else ''}".rstrip()
+        wants += f" ({limited})"
+    if current == desired:
+        does = f"autoscaler does: stays at {current} replica(s)"
+    else:
+        does = f"autoscaler does: scales {current} → {desired} replicas"
+    does += f" ({decision.get('reason')}: {decision.get('message')})"
+    if limited == "TooManyReplicas" and not decision.get("scalingLimited"):
+        does += (
+            f"; ScalingLimited turns true only at maxReplicas {inputs.get('maxReplicas')} if still overloaded"
+        )
+    return [saw, wants, does]
+
+
 def show_status(console: Console, cluster: Cluster, namespace: str, name: str, profile_note: str) -> None:
     """Conditions, capacity and knees, the autoscaler's last decision, and the Events."""
     from rich.table import Table
@@ -352,13 +391,8 @@ def show_status(console: Console, cluster: Cluster, namespace: str, name: str, p
     spec_capacity = (svc.get("spec") or {}).get("capacity") or {}
     target = capacity.get("concurrencyPerReplica") or spec_capacity.get("concurrencyPerReplica")
     console.print(f"concurrency per replica: {target} (capacity.mode {spec_capacity.get('mode', 'Profile')})")
-    auto = status.get("autoscaler") or {}
-    if auto:
-        console.print(
-            f"autoscaler: {auto.get('formula')}  decision {json.dumps(auto.get('decision'))}", soft_wrap=True
-        )
-    else:
-        console.print("autoscaler: no decision recorded yet")
+    for line in autoscaler_lines(status.get("autoscaler") or {}):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     # The Deployment and Service share the name; the operator's decisions are the LLMService's Events.
     events = cluster.get_json(
         "events",
