@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from plimsoll.bench.knees import TPOT_INFLATION, TTFT_INFLATION
 from plimsoll.bench.report import knee_lines, level_row
 
 
@@ -28,6 +32,40 @@ def _closed_levels(report: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(
         (lv for lv in report["levels"] if lv["concurrency"] is not None), key=lambda lv: lv["concurrency"]
     )
+
+
+def _level_ticks(ax: Any, levels: list[dict[str, Any]]) -> None:
+    """Log-2 axis labelled with the swept levels as plain numbers (1, 2, 4), not 2⁰ 2¹ 2²."""
+    ax.set_xscale("log", base=2)
+    cs = sorted({lv["concurrency"] for lv in levels})
+    if cs:
+        ax.set_xticks(cs)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _interpolate(levels: list[dict[str, Any]], c: float, value: Any) -> float:
+    """``value(level)`` at concurrency ``c``, linear in log2(c) between the levels around it."""
+    xs = [math.log2(lv["concurrency"]) for lv in levels]
+    return float(np.interp(math.log2(c), xs, [value(lv) for lv in levels]))
+
+
+def _binding_limit(report: dict[str, Any], metric: str) -> tuple[float, str] | None:
+    """The latency limit (ms) on ``metric`` that decided the latency knee, with its label."""
+    lat = report["knees"]["latency"]
+    binding = lat.get("binding")
+    if not binding or not binding.startswith(metric):
+        return None
+    pct = binding.split("_")[1]
+    if lat.get("basis") == "slo":
+        value = report["slo"].get(f"{binding}_ms")
+        return (value, f"SLO {metric.upper()} {pct} (decided the knee)") if value else None
+    base = next((lv for lv in _closed_levels(report) if lv["valid"] and lv["latency_ms"].get(metric)), None)
+    if base is None:
+        return None
+    factor = TTFT_INFLATION if metric == "ttft" else TPOT_INFLATION
+    value = factor * base["latency_ms"][metric][pct]
+    return value, f"{factor:g}× c={base['concurrency']} {pct} (decided the knee)"
 
 
 def _mark_knees(ax: Any, report: dict[str, Any]) -> None:
@@ -63,7 +101,7 @@ def throughput_figure(report: dict[str, Any]) -> Figure:
     if best:
         ax.axhline(alpha * best, color="grey", linestyle=":", label=f"{alpha:.0%} of best")
     _mark_knees(ax, report)
-    ax.set_xscale("log", base=2)
+    _level_ticks(ax, levels)
     ax.set_xlabel("concurrency (clients in flight)")
     ax.set_ylabel("output tokens / s")
     ax.set_title("Throughput vs concurrency")
@@ -84,10 +122,13 @@ def latency_figure(report: dict[str, Any]) -> Figure:
             ]
             ax.plot(cs, ys, marker=".", label=pct)
         slo = report["slo"].get("ttft_p95_ms" if metric == "ttft" else "tpot_p50_ms")
-        if slo:
+        limit = _binding_limit(report, metric)
+        if limit is not None:
+            ax.axhline(limit[0], color="tab:purple", linestyle="-.", label=f"limit: {limit[1]}")
+        elif slo:
             ax.axhline(slo, color="black", linestyle="-.", label="SLO")
         _mark_knees(ax, report)
-        ax.set_xscale("log", base=2)
+        _level_ticks(ax, levels)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(f"{title} (ms)")
         ax.set_title(f"{title} percentiles vs concurrency")
@@ -112,17 +153,14 @@ def latency_throughput_figure(report: dict[str, Any]) -> Figure:
         "latency knee": report["knees"]["latency"]["concurrency"],
     }
     for (name, c), color in zip(knees.items(), ("tab:red", "tab:purple"), strict=True):
-        near = min(levels, key=lambda lv: abs(lv["concurrency"] - c)) if c is not None and levels else None
-        if near is not None:
-            ax.scatter(
-                [near["throughput"]["output_tokens_per_s"]],
-                [near["latency_ms"]["e2e"]["p95"]],
-                s=160,
-                facecolors="none",
-                edgecolors=color,
-                linewidths=2,
-                label=f"{name} (c≈{c:g})",
-            )
+        if c is None or not levels:
+            continue
+        # At the knee itself (a latency knee lies between levels), not on the nearest level.
+        x = _interpolate(levels, c, lambda lv: lv["throughput"]["output_tokens_per_s"])
+        y = _interpolate(levels, c, lambda lv: lv["latency_ms"]["e2e"]["p95"])
+        ax.scatter(
+            [x], [y], s=160, facecolors="none", edgecolors=color, linewidths=2, label=f"{name} (c={c:.3g})"
+        )
     ax.set_xlabel("output tokens / s")
     ax.set_ylabel("E2E p95 (ms)")
     ax.set_title("Latency vs throughput")
