@@ -17,6 +17,13 @@ FROM ${BASE_IMAGE}
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG EXTRAS=""
+# The build machine's pip settings, for builds behind a proxy or a private index
+# (e.g. --build-arg PIP_INDEX_URL=... --build-arg PIP_CERT=/path/in/base/ca.crt).
+# Unset ARGs stay out of the environment, so pip's defaults hold otherwise.
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_CERT
+ARG PIP_TRUSTED_HOST
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
