@@ -21,6 +21,7 @@ context, so it is a floor on what really fits.
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any

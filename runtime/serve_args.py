@@ -82,8 +82,8 @@ def check_model(model: str) -> None:
         return
     if "/" in model and not model.startswith(("/", ".", "~")):
         raise ServeArgError(
-            f"model {model!r} looks like a hub id, and plimsoll downloads nothing; fetch it with "
-            f"`huggingface-cli download {model} --local-dir DIR` and run `plimsoll serve DIR`"
+            f"model {model!r} looks like a hub id, and `plimsoll serve` downloads nothing; fetch it with "
+            f"`plimsoll fetch hf://{model} --local-dir DIR` and run `plimsoll serve DIR`"
         )
     raise ServeArgError(
         f"model {model} does not exist; pass a model directory, a .gguf file, or smollm2-135m (embedded)"

@@ -26,7 +26,7 @@ def test_missing_model_fails_in_one_line_before_binding(tmp_path: Path) -> None:
     assert one_line(["--model", str(tmp_path)]).startswith(
         f"plimsoll serve: model directory {tmp_path} has no config.json (nor a .gguf); pass a Hugging Face"
     )
-    assert "huggingface-cli download org/other-model --local-dir DIR" in one_line(["org/other-model"])
+    assert "`plimsoll fetch hf://org/other-model --local-dir DIR` and run `plimsoll serve DIR`" in one_line(["org/other-model"])
 
 
 def test_port_in_use_is_one_line_naming_the_port(tmp_path: Path) -> None:
