@@ -32,7 +32,7 @@ def test_serve_help_lists_every_flag_of_the_issue() -> None:
 def test_bad_settings_exit_2_naming_the_setting() -> None:
     result = CliRunner().invoke(app, ["serve", "--kv-cache-memory", "lots", "--port", "1"])
     assert result.exit_code == 2
-    assert "kv_cache_memory" in result.output and "2GiB" in result.output
+    assert "kv_cache_memory" in result.output and "GiB" in result.output
     result = CliRunner().invoke(app, ["serve", "--dtype", "int3", "--port", "1"])
     assert result.exit_code == 2 and "dtype" in result.output
     result = CliRunner().invoke(app, ["serve", "--scheduling-policy", "fifo", "--port", "1"])
