@@ -78,13 +78,13 @@ class Kube:
     _discovery: dict[str, tuple[float, set[str]]]
 
     @classmethod
-    async def connect(cls) -> "Kube":
-        """Load in-cluster credentials inside a pod, else the kubeconfig ($KUBECONFIG)."""
+    async def connect(cls, kubeconfig: str | None = None) -> "Kube":
+        """Load ``kubeconfig`` when given, else in-cluster credentials inside a pod, else $KUBECONFIG."""
         configuration = client.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
-            await config.load_kube_config(client_configuration=configuration)
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         return cls(api=client.ApiClient(configuration), _discovery={})
 
     async def close(self) -> None:
