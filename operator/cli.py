@@ -91,7 +91,9 @@ def run_operator(
         Info("plimsoll_operator_build", "Version of the running operator.").info({"version": __version__})
         start_http_server(int(port), addr=host.strip("[]"))
     llmservice.CLUSTERWIDE = not namespace
-    kopf.configure(verbose=verbose)
+    # Each line names its object ("[namespace/name] ..."), as `kopf run` does: a log reader
+    # (and the Kubernetes tests) can tell which LLMService a handler ran for.
+    kopf.configure(verbose=verbose, log_prefix=True)
     kopf.run(
         standalone=True,
         clusterwide=not namespace,

@@ -25,6 +25,8 @@ ConditionType = Literal[
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 ConditionStatus = Literal["True", "False", "Unknown"]
+# (type, status, reason, message): one condition a writer wants set.
+ConditionUpdate = tuple[ConditionType, ConditionStatus, str, str]
 
 
 def now_rfc3339() -> str:

@@ -19,20 +19,25 @@ default registry.
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import kopf
-from kubernetes_asyncio import client
 from pydantic import ValidationError
 
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.api.status import ConditionStatus, set_condition
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.resources.labels import selector_string
-from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision, PodObservation
+from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
+from plimsoll.operator.scaling.autoscaler_loop import (
+    LoopState,
+    condition_states,
+    same_decision,
+    status_patch,
+    warn_scaling_limited,
+)
 from plimsoll.operator.scaling.inputs import autoscaler_config
 from plimsoll.operator.scaling.metrics import MetricsError, PodSample, parse_scrape
 from plimsoll.operator.scaling.sizing import NoTargetError
@@ -44,12 +49,6 @@ SCRAPE_TIMEOUT_S = 2.0
 SLO_WINDOW_S = 60.0
 # Unchanged replicas and conditions: refresh status.autoscaler at most this often.
 STATUS_MIN_INTERVAL_S = 15.0
-# ScalingLimited=False (reason, message) when the decision touched a bound that is not a problem.
-_WITHIN_RANGE = ("DesiredWithinRange", "desired {desired} within bounds")
-_QUIET_LIMITS = {
-    "TooFewReplicas": ("AtMinReplicas", "at min {min} with less load than it can carry; normal when idle"),
-    "ScaleUpLimit": ("ScaleUpRateLimited", "adding replicas as fast as the scale-up rate policy allows"),
-}
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:
@@ -105,9 +104,9 @@ async def observe(http: httpx.AsyncClient, pods: list[dict[str, Any]]) -> list[P
 
 
 async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
-    core = client.CoreV1Api(kube.api)
-    listing = await core.list_namespaced_pod(svc.namespace, label_selector=selector_string(svc))
-    pods: list[dict[str, Any]] = kube.api.sanitize_for_serialization(listing).get("items", [])
+    pods: list[dict[str, Any]] = await kube.list_objects(
+        "v1", "Pod", svc.namespace, label_selector=selector_string(svc)
+    )
     return pods
 
 
@@ -117,77 +116,7 @@ async def set_replicas(kube: Kube, svc: LLMService, replicas: int) -> None:
     A merge patch on the LLMService itself rather than on ``/scale``: same field,
     and the operator already holds ``patch`` on llmservices, so no extra RBAC.
     """
-    custom = client.CustomObjectsApi(kube.api)
-    await custom.patch_namespaced_custom_object(
-        GROUP, VERSION, svc.namespace, PLURAL, svc.name, {"spec": {"replicas": replicas}},
-        _content_type="application/merge-patch+json",  # type: ignore[call-arg]
-    )  # fmt: skip
-
-
-def status_patch(
-    previous: dict[str, Any], decision: Decision, generation: int | None, slo: tuple[str, str, str] | None
-) -> dict[str, Any]:
-    """``status.autoscaler`` plus the ScalingLimited (and, when checked, SLOAtRisk) conditions."""
-    conditions = list(previous.get("conditions") or [])
-    if decision.scaling_limited:
-        conditions = set_condition(
-            conditions, "ScalingLimited", "True", decision.limited_reason or "Limited",
-            decision.event_message(), observed_generation=generation,
-        )  # fmt: skip
-    else:
-        # Idle at min and a passing rate limit are normal operation: False, with the reason spelled out.
-        reason, message = _QUIET_LIMITS.get(decision.limited_reason or "", _WITHIN_RANGE)
-        conditions = set_condition(
-            conditions, "ScalingLimited", "False", reason,
-            message.format(desired=decision.desired_replicas, min=decision.min_replicas),
-            observed_generation=generation,
-        )  # fmt: skip
-    if slo is not None:
-        state: ConditionStatus = "True" if slo[0] == "True" else "False" if slo[0] == "False" else "Unknown"
-        conditions = set_condition(
-            conditions, "SLOAtRisk", state, slo[1], slo[2], observed_generation=generation
-        )
-    return {"autoscaler": decision.to_status(), "conditions": conditions}
-
-
-def warn_scaling_limited(decision: Decision, conditions: list[dict[str, Any]] | None) -> bool:
-    """A ScalingLimited Warning only when the service just reached max while still overloaded."""
-    was = _condition_states(conditions).get("ScalingLimited")
-    return decision.scaling_limited and was != "True"
-
-
-def _same_decision(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
-    # The time changes every tick; only write when something a reader cares about changed.
-    if a is None:
-        return False
-    return {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
-
-
-def _condition_states(conditions: list[dict[str, Any]] | None) -> dict[str, str]:
-    return {str(c.get("type")): str(c.get("status")) for c in conditions or []}
-
-
-@dataclass
-class LoopState:
-    """What one LLMService's loop carries from tick to tick."""
-
-    scaler: Autoscaler | None = None
-    last_now: float = 0.0
-    last_write: float = 0.0
-    slo_base: tuple[float, dict[str, PodSample]] | None = None
-    # The replica count the loop last saw or wrote; anything else means another writer moved it.
-    replicas: int | None = None
-    # The count before the loop's own last write: the body may still show it for a tick.
-    replaced: int | None = None
-
-    def needs_fresh_scaler(self, config: AutoscalerConfig, current: int) -> bool:
-        """No scaler yet, a new target or bounds, or replicas moved by another writer."""
-        moved = self.replicas is not None and current not in (self.replicas, self.replaced)
-        return self.scaler is None or self.scaler.config != config or moved
-
-    def saw(self, current: int, desired: int) -> None:
-        """Remember the count this tick saw and the one it decided (written when they differ)."""
-        self.replicas, self.replaced = desired, (current if desired != current else None)
+    await kube.merge_patch(API_VERSION, KIND, svc.namespace, svc.name, {"spec": {"replicas": replicas}})
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -213,14 +142,15 @@ async def autoscale_llmservice(
             await stopped.wait(interval)
 
 
+def _idle_reason(status: dict[str, Any]) -> Any:
+    return ((status.get("autoscaler") or {}).get("decision") or {}).get("reason")
+
+
 async def _report_no_target(
     kube: Kube, svc: LLMService, status: dict[str, Any], error: NoTargetError,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:  # fmt: skip
     """Say once, in status, why nothing is being scaled yet (e.g. the profile is still running)."""
-    previous = ((status.get("autoscaler") or {}).get("decision") or {}).get("reason")
-    if previous == "NoTarget":
-        return
     idle = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "formula": "no per-replica target",
@@ -233,8 +163,12 @@ async def _report_no_target(
             "message": str(error),
         },
     }  # fmt: skip
-    await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, {"autoscaler": idle})
-    logger.info("autoscaler idle: %s", error)
+
+    def change(current: dict[str, Any]) -> dict[str, Any] | None:
+        return None if _idle_reason(current) == "NoTarget" else {"autoscaler": idle}
+
+    if await update_status(kube, svc.namespace, svc.name, change, seen=status) is not None:
+        logger.info("autoscaler idle: %s", error)
 
 
 async def _tick(
@@ -287,15 +221,19 @@ async def _tick(
     if warn_scaling_limited(decision, status.get("conditions")):
         kopf.warn(body, reason="ScalingLimited", message=decision.event_message())
 
-    patch = status_patch(status, decision, svc.metadata.generation, slo)
+    generation = svc.metadata.generation
+    patch = status_patch(status, decision, generation, slo)
     # Write at once when replicas or a condition's status change; otherwise at most every
     # STATUS_MIN_INTERVAL_S, so a noisy load does not turn into a status write per tick.
-    must = decision.changed or _condition_states(patch["conditions"]) != _condition_states(
+    must = decision.changed or condition_states(patch["conditions"]) != condition_states(
         status.get("conditions")
     )
-    may = not _same_decision(status.get("autoscaler"), patch["autoscaler"]) and (
+    may = not same_decision(status.get("autoscaler"), patch["autoscaler"]) and (
         now - state.last_write >= STATUS_MIN_INTERVAL_S
     )
     if must or may:
-        await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, patch)
+        # Written on the freshest copy: reconcile or the profiler may have set other conditions since.
+        await update_status(
+            kube, svc.namespace, svc.name, lambda current: status_patch(current, decision, generation, slo)
+        )
         state.last_write = now

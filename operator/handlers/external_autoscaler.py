@@ -19,13 +19,11 @@ import logging
 from typing import Any, cast
 
 import kopf
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionStatus
-from plimsoll.operator.handlers.kube import FIELD_MANAGER, Kube
-from plimsoll.operator.handlers.profiling import patch_profile_status
+from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.status_writer import set_conditions
 from plimsoll.operator.resources.external_autoscaler import (
     KEDA_API_VERSION,
     build_hpa,
@@ -36,29 +34,14 @@ from plimsoll.operator.scaling.sizing import NoTargetError
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
-# (group, version, plural, kind) of the two objects.
-HPA = ("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
-SCALED_OBJECT = ("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
+# (apiVersion, kind) of the two objects.
+HPA = ("autoscaling/v2", "HorizontalPodAutoscaler")
+SCALED_OBJECT = (KEDA_API_VERSION, "ScaledObject")
 KEDA_NOT_INSTALLED = "KedaNotInstalled"
 EXTERNAL = "ExternalAutoscaler"
 WAITING_FOR_TARGET = "WaitingForTarget"
 # ScalingLimited reasons this module sets; a later mode must not inherit them.
 _OUR_REASONS = (KEDA_NOT_INSTALLED, EXTERNAL, WAITING_FOR_TARGET)
-
-
-async def _get(
-    kube: Kube, kind: tuple[str, str, str, str], namespace: str, name: str
-) -> dict[str, Any] | None:
-    group, version, plural, _ = kind
-    try:
-        obj: dict[str, Any] = await client.CustomObjectsApi(kube.api).get_namespaced_custom_object(
-            group, version, namespace, plural, name
-        )
-        return obj
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
 
 
 def _owned_by(obj: dict[str, Any], body: kopf.Body | dict[str, Any]) -> bool:
@@ -68,39 +51,28 @@ def _owned_by(obj: dict[str, Any], body: kopf.Body | dict[str, Any]) -> bool:
 
 async def _delete_ours(
     kube: Kube,
-    kind: tuple[str, str, str, str],
+    kind: tuple[str, str],
     body: kopf.Body | dict[str, Any],
     svc: LLMService,
     logger: Log,
 ) -> None:
     """Delete the object of ``kind`` named after the service, if this LLMService owns it."""
-    existing = await _get(kube, kind, svc.namespace, svc.name)
+    api_version, label = kind
+    existing = await kube.get(api_version, label, svc.namespace, svc.name)
     if existing is None or not _owned_by(existing, body):
         return  # never remove an autoscaler someone else made
-    group, version, plural, label = kind
-    try:
-        await client.CustomObjectsApi(kube.api).delete_namespaced_custom_object(
-            group, version, svc.namespace, plural, svc.name
-        )
-    except ApiException as error:
-        if error.status != 404:
-            raise
+    if not await kube.delete(api_version, label, svc.namespace, svc.name):
         return
     message = f"deleted {label}/{svc.name}: autoscaling.mode is {svc.spec.autoscaling.mode}"
     logger.info(message)
     kopf.info(cast(kopf.Body, body), reason="Deleted", message=message)
 
 
-async def _apply(kube: Kube, kind: tuple[str, str, str, str], obj: dict[str, Any]) -> bool:
+async def _apply(kube: Kube, obj: dict[str, Any]) -> bool:
     """Server-side apply; True when the object was created."""
-    group, version, plural, _ = kind
     meta = obj["metadata"]
-    before = await _get(kube, kind, meta["namespace"], meta["name"])
-    await client.CustomObjectsApi(kube.api).patch_namespaced_custom_object(
-        group, version, meta["namespace"], plural, meta["name"], obj,
-        field_manager=FIELD_MANAGER, force=True,
-        _content_type="application/apply-patch+yaml",  # type: ignore[call-arg]
-    )  # fmt: skip
+    before = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+    await kube.apply(obj)
     return before is None
 
 
@@ -108,7 +80,8 @@ async def _set_limited(
     kube: Kube, svc: LLMService, status: ConditionStatus, reason: str, message: str
 ) -> bool:
     """Set ScalingLimited on the freshest copy of the object (resourceVersion precondition)."""
-    changed: bool = await patch_profile_status(kube, svc, (("ScalingLimited", status, reason, message),))
+    update = (("ScalingLimited", status, reason, message),)
+    changed: bool = await set_conditions(kube, svc.namespace, svc.name, update, svc.metadata.generation)
     return changed
 
 
@@ -129,7 +102,7 @@ async def ensure_external_autoscaler(
 ) -> None:
     """Make the cluster hold exactly the external autoscaler ``autoscaling.mode`` asks for."""
     mode = svc.spec.autoscaling.mode
-    keda_served = await kube.has_resource(KEDA_API_VERSION, SCALED_OBJECT[2])
+    keda_served = await kube.has_resource(KEDA_API_VERSION, "scaledobjects")
     if mode != "hpa":
         await _delete_ours(kube, HPA, body, svc, logger)
     if mode != "keda" and keda_served:
@@ -165,13 +138,13 @@ async def ensure_external_autoscaler(
     kind = HPA if mode == "hpa" else SCALED_OBJECT
     obj = build_hpa(svc, target.value) if mode == "hpa" else build_scaled_object(svc, target.value)
     kopf.adopt(obj, owner=owner)
-    if await _apply(kube, kind, obj):
-        message = f"created {kind[3]}/{svc.name} on {target.value:g} in flight per replica ({target.source})"
+    if await _apply(kube, obj):
+        message = f"created {kind[1]}/{svc.name} on {target.value:g} in flight per replica ({target.source})"
         logger.info(message)
         kopf.info(owner, reason="Created", message=message)
     await _set_limited(
         kube, svc, "False", EXTERNAL,
-        f"replicas are decided by {kind[3]} {svc.name} (target {target.value:g} in flight per replica, "
+        f"replicas are decided by {kind[1]} {svc.name} (target {target.value:g} in flight per replica, "
         f"from {target.source}, bounds {svc.spec.scaling.min if svc.spec.scaling else '?'}.."
         f"{svc.spec.scaling.max if svc.spec.scaling else '?'})",
     )  # fmt: skip

@@ -1,11 +1,14 @@
-"""A small async Kubernetes client for the handlers: server-side apply, get, delete, status patch.
+"""A small async Kubernetes client for the handlers: get, list, create, apply, patch, delete.
 
 Built on kubernetes_asyncio's ApiClient (which handles kubeconfig, in-cluster
 service-account tokens and client certificates) but speaks to generic REST paths,
 so one ``apply()`` serves Deployments, Services, PDBs and the Prometheus Operator
 kinds alike. Server-side apply with a single field manager is what makes
 reconcile idempotent: re-applying the same object is a no-op, and a field someone
-edited by hand is put back. This is not a cache or an informer.
+edited by hand is put back. Every handler reaches the API server through
+:class:`Kube`; none builds its own kubernetes_asyncio API object. This is not a
+cache or an informer, and it does not decide how status is merged
+(``status_writer.py`` does).
 """
 
 import os
@@ -29,6 +32,11 @@ PLURALS = {
     ("plimsoll.dev/v1alpha1", "LLMService"): "llmservices",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Pod"): "pods",
+    ("v1", "ConfigMap"): "configmaps",
+    ("batch/v1", "Job"): "jobs",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
 }
@@ -70,13 +78,13 @@ class Kube:
     _discovery: dict[str, tuple[float, set[str]]]
 
     @classmethod
-    async def connect(cls) -> "Kube":
-        """Load in-cluster credentials inside a pod, else the kubeconfig ($KUBECONFIG)."""
+    async def connect(cls, kubeconfig: str | None = None) -> "Kube":
+        """Load ``kubeconfig`` when given, else in-cluster credentials inside a pod, else $KUBECONFIG."""
         configuration = client.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
-            await config.load_kube_config(client_configuration=configuration)
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         return cls(api=client.ApiClient(configuration), _discovery={})
 
     async def close(self) -> None:
@@ -96,7 +104,7 @@ class Kube:
             query_params=query or [],
             header_params={"Content-Type": content_type, "Accept": "application/json"},
             body=body,
-            response_types_map={200: "object", 201: "object"},
+            response_types_map={200: "object", 201: "object", 202: "object"},
             auth_settings=["BearerToken"],
             _return_http_data_only=True,
             _request_timeout=30,
@@ -155,12 +163,61 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The objects of ``kind`` in ``namespace`` (matching ``label_selector`` when given)."""
+        query = [("labelSelector", label_selector)] if label_selector else []
+        listing = await self._call("GET", object_path(api_version, kind, namespace), query=query)
+        items: list[dict[str, Any]] = listing.get("items", [])
+        return items
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST ``obj``; the API server answers 409 when it already exists."""
+        meta = obj["metadata"]
+        return await self._call(
+            "POST", object_path(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj
+        )
+
+    async def merge_patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        """JSON merge-patch the object (a ``metadata.resourceVersion`` in ``patch`` is a precondition:
+        the API server answers 409 when the object changed since that version)."""
+        return await self._call(
+            "PATCH",
+            object_path(api_version, kind, namespace, name),
+            body=patch,
+            query=[("fieldManager", FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
+
     async def patch_status(
-        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
-    ) -> None:
-        """Merge-patch the status subresource (lists such as conditions are replaced whole)."""
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource (lists such as conditions are replaced whole).
+
+        With ``resource_version`` the patch only applies to that version of the object
+        (409 otherwise). Handlers write LLMService status through ``status_writer.py``,
+        which re-reads and merges first.
+        """
         path = object_path(api_version, kind, namespace, name) + "/status"
-        await self._call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return await self._call(
+            "PATCH",
+            path,
+            body=body,
+            query=[("fieldManager", FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
 
     async def has_resource(self, group_version: str, plural: str, ttl: float | None = None) -> bool:
         """Whether the API server serves ``plural`` in ``group_version`` (discovery, cached for ``ttl``

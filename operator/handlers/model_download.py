@@ -2,7 +2,7 @@
 
 Reads the replica pods' ``fetch-model`` init containers (``resources/model_fetch.py``
 names what their exit codes and termination messages mean), sets ``ModelReady`` on
-the freshest copy of the status, and posts a Warning Event when a download fails for
+the freshest copy of the status (``status_writer.py``), and posts a Warning Event when a download fails for
 a new reason. It does not retry anything: the kubelet's restart back-off does.
 """
 
@@ -15,7 +15,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.handlers.autoscaling import list_pods
 from plimsoll.operator.handlers.kube import Kube
-from plimsoll.operator.handlers.profiling import patch_profile_status
+from plimsoll.operator.handlers.status_writer import set_conditions
 from plimsoll.operator.resources.model_fetch import fetch_condition
 
 
@@ -33,10 +33,12 @@ async def report_model_download(
         return
     conditions = (body.get("status") or {}).get("conditions") or []
     before: dict[str, Any] = next((c for c in conditions if c.get("type") == "ModelReady"), {})
-    changed = await patch_profile_status(
+    changed = await set_conditions(
         kube,
-        svc,
+        svc.namespace,
+        svc.name,
         (("ModelReady", condition.status, condition.reason, condition.message),),
+        svc.metadata.generation,
     )
     if changed and condition.status == "False" and before.get("reason") != condition.reason:
         logger.warning("model download failed: %s", condition.message)

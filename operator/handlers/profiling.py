@@ -4,7 +4,7 @@ What it is: a kopf timer on every LLMService (``PROFILE_INTERVAL_S``, default 5 
 that looks at what exists in the cluster — the service's profile Jobs (labelled,
 annotated with the spec hash they measure), their report ConfigMaps, the replica
 pods, ``status.capacity`` and the ``plimsoll.dev/reprofile`` annotation — and takes
-the one next step :func:`decide` names: start a Job, record a finished one, delete
+the one next step :func:`plimsoll.operator.scaling.profile_plan.decide` names: start a Job, record a finished one, delete
 an obsolete one, or only bring the ``Profiled`` / ``ProfileStale`` conditions up to
 date. Nothing is kept in memory, so a restarted operator carries on where the
 last one stopped; a Job's outcome is recorded once (the Job gets the annotation
@@ -20,26 +20,28 @@ A capacity measured for another spec hash gives ``ProfileStale=True``; with
 the user sets ``plimsoll.dev/reprofile``. The pod measured must run the current
 pod template, so a profile never measures a replica of the old spec.
 
-What it is not: the report reader (``operator/scaling/profile.py``) or the Job
-builder (``operator/resources/profile_job.py``). Only the ``Profiled`` and
-``ProfileStale`` conditions and ``status.capacity`` are written here, with the
-object's resourceVersion as a precondition, so a concurrent writer's conditions
-are never overwritten with a stale copy. Importing this module registers the timer.
+What it is not: the decision (``operator/scaling/profile_plan.py``), the report
+reader (``operator/scaling/profile.py``) or the Job builder
+(``operator/resources/profile_job.py``). Only the ``Profiled`` and
+``ProfileStale`` conditions and ``status.capacity`` are written here, through
+``status_writer.py`` (fresh copy, resourceVersion precondition), so a concurrent
+writer's conditions are never overwritten with a stale copy. Importing this
+module registers the timer.
 """
 
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from plimsoll.operator.api.base import API_VERSION, GROUP, PLURAL, VERSION
+from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.api.status import ConditionStatus, ConditionType, set_condition
-from plimsoll.operator.handlers.kube import FIELD_MANAGER, Kube
+from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
 from plimsoll.operator.resources.engine import engine_container
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
 from plimsoll.operator.resources.profile_job import (
@@ -54,142 +56,15 @@ from plimsoll.operator.resources.profile_job import (
 from plimsoll.operator.resources.settings import BuildSettings
 from plimsoll.operator.scaling.inputs import spec_profile_hash
 from plimsoll.operator.scaling.profile import CapacityProfile, fmt_opt, read_profile
+from plimsoll.operator.scaling.profile_plan import REPROFILE_ANNOTATION, JobState, JobView, Plan, decide
 
-REPROFILE_ANNOTATION = "plimsoll.dev/reprofile"
 RECORDED_ANNOTATION = "plimsoll.dev/profile-recorded"
 PROFILE_INTERVAL_S = float(os.environ.get("PLIMSOLL_PROFILE_INTERVAL_SECONDS", "5"))
-_MAX_MESSAGE = 1000
 
-JobState = Literal["Running", "Succeeded", "Failed"]
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
-@dataclass(frozen=True, slots=True)
-class JobView:
-    """What the decision needs to know about one profile Job."""
-
-    name: str
-    spec_hash: str
-    state: JobState
-    recorded: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The next step for one LLMService; at most one of start/record is set."""
-
-    conditions: tuple[tuple[ConditionType, ConditionStatus, str, str], ...] = ()
-    start: str | None = None  # why a Job starts (for the Event)
-    record: str | None = None  # the finished Job whose outcome to record
-    delete: tuple[str, ...] = ()
-    clear_annotation: bool = False
-    events: tuple[tuple[str, str], ...] = field(default=())  # (reason, message), Normal
-
-
-def decide(
-    svc: LLMService,
-    current_hash: str,
-    capacity_hash: str | None,
-    jobs: list[JobView],
-    has_ready_pod: bool,
-) -> Plan:
-    """The next profiling step for ``svc``, from what exists (pure; see the module docstring)."""
-    requested = REPROFILE_ANNOTATION in svc.metadata.annotations
-    capacity = svc.spec.capacity
-    running = [j for j in jobs if j.state == "Running"]
-    if capacity.mode == "Manual":
-        message = (
-            f"capacity.mode Manual: {capacity.concurrency_per_replica} concurrent requests per replica "
-            "from the spec; no benchmark runs"
-        )
-        return Plan(
-            conditions=(
-                ("Profiled", "False", "ManualCapacity", message),
-                ("ProfileStale", "False", "ManualCapacity", "no profile is used in Manual mode"),
-            ),
-            delete=tuple(j.name for j in running),
-            clear_annotation=requested,
-        )
-
-    obsolete = tuple(j.name for j in running if j.spec_hash != current_hash)
-    stale = capacity_hash is not None and capacity_hash != current_hash
-    if stale:
-        how = (
-            "re-profiling automatically (capacity.reprofile Auto)"
-            if capacity.reprofile == "Auto"
-            else f"annotate the LLMService with {REPROFILE_ANNOTATION}=<anything> to re-measure"
-        )
-        stale_condition: tuple[ConditionType, ConditionStatus, str, str] = (
-            "ProfileStale", "True", "SpecChanged",
-            f"the capacity was measured on spec {capacity_hash}, the spec is now {current_hash}; {how}",
-        )  # fmt: skip
-    elif capacity_hash is None:
-        stale_condition = ("ProfileStale", "False", "NotProfiled", "no capacity has been measured yet")
-    else:
-        stale_condition = (
-            "ProfileStale",
-            "False",
-            "ProfileCurrent",
-            f"measured on the current spec {current_hash}",
-        )
-
-    job = next((j for j in jobs if j.spec_hash == current_hash), None)
-    if job is not None and job.state == "Running":
-        return Plan(
-            conditions=(
-                ("Profiled", "False", "Profiling", f"benchmark Job {job.name} is measuring one replica"),
-                stale_condition,
-            ),
-            delete=obsolete,
-            clear_annotation=requested,  # the Job it asked for is running
-        )
-    if job is not None and not job.recorded:
-        # Recording writes both conditions itself, from the Job it reads.
-        return Plan(record=job.name, delete=obsolete)
-
-    if requested:
-        why = f"annotation {REPROFILE_ANNOTATION}"
-    elif job is not None:
-        # A recorded Job for this spec: success is in status, a failure waits for the back-off.
-        return Plan(conditions=(stale_condition,), delete=obsolete)
-    elif capacity_hash == current_hash:
-        return Plan(conditions=(stale_condition,), delete=obsolete)
-    elif capacity_hash is None:
-        why = "no capacity measured yet"
-    elif capacity.reprofile == "Auto":
-        why = "the profile is stale (engine, model, image or GPU changed)"
-    else:
-        return Plan(conditions=(stale_condition,), delete=obsolete)
-
-    if not has_ready_pod:
-        waiting: tuple[tuple[ConditionType, ConditionStatus, str, str], ...] = (stale_condition,)
-        if capacity_hash is None:
-            waiting = (
-                ("Profiled", "False", "WaitingForReplica", "profiling starts once a replica on the current spec is Ready"),
-                stale_condition,
-            )  # fmt: skip
-        return Plan(conditions=waiting, delete=obsolete)
-    return Plan(
-        conditions=(("Profiled", "False", "Profiling", f"starting a benchmark Job ({why})"), stale_condition),
-        start=why,
-        delete=tuple(sorted({*obsolete, *(j.name for j in jobs if j.spec_hash == current_hash)})),
-        clear_annotation=requested,
-    )
-
-
 # --- reading the cluster ---------------------------------------------------------------
-
-
-async def _call(kube: Kube, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
-    query: list[tuple[str, str]] = kw.pop("query", [])
-    content_type: str = kw.pop("content_type", "application/json")
-    result = await kube.api.call_api(
-        path, method, query_params=query,
-        header_params={"Content-Type": content_type, "Accept": "application/json"},
-        body=body, response_types_map={200: "object", 201: "object", 202: "object"},
-        auth_settings=["BearerToken"], _return_http_data_only=True, _request_timeout=30,
-    )  # fmt: skip
-    return result if isinstance(result, dict) else {}
 
 
 def _job_state(job: dict[str, Any]) -> JobState:
@@ -217,17 +92,8 @@ def _profile_selector(svc: LLMService) -> str:
 
 
 async def list_profile_jobs(kube: Kube, svc: LLMService) -> dict[str, dict[str, Any]]:
-    listing = await _call(
-        kube,
-        "GET",
-        f"/apis/batch/v1/namespaces/{svc.namespace}/jobs",
-        query=[("labelSelector", _profile_selector(svc))],
-    )
-    return {
-        j["metadata"]["name"]: j
-        for j in listing.get("items", [])
-        if not j["metadata"].get("deletionTimestamp")
-    }
+    jobs = await kube.list_objects("batch/v1", "Job", svc.namespace, label_selector=_profile_selector(svc))
+    return {j["metadata"]["name"]: j for j in jobs if not j["metadata"].get("deletionTimestamp")}
 
 
 def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict[str, Any]]) -> str | None:
@@ -258,58 +124,15 @@ def _engine_image(svc: LLMService, settings: BuildSettings) -> str:
 async def patch_profile_status(
     kube: Kube,
     svc: LLMService,
-    conditions: tuple[tuple[ConditionType, ConditionStatus, str, str], ...],
+    conditions: tuple[ConditionUpdate, ...],
     capacity: dict[str, Any] | None = None,
 ) -> bool:
-    """Set only our conditions (and capacity) on the freshest copy; True when something changed.
-
-    The patch carries the resourceVersion it was computed from: if reconcile or the
-    autoscaler wrote in between, the API server answers 409 and we recompute, rather
-    than write back their conditions as they were before.
-    """
-    path = f"/apis/{API_VERSION}/namespaces/{svc.namespace}/{PLURAL}/{svc.name}"
-    for _ in range(5):
-        obj = await _call(kube, "GET", path)
-        status = obj.get("status") or {}
-        before = list(status.get("conditions") or [])
-        merged = before
-        for type_, state, reason, message in conditions:
-            merged = set_condition(
-                merged,
-                type_,
-                state,
-                reason,
-                message[:_MAX_MESSAGE],
-                observed_generation=svc.metadata.generation,
-            )
-        if merged == before and (capacity is None or status.get("capacity") == capacity):
-            return False
-        patch: dict[str, Any] = {
-            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-            "status": {"conditions": merged, **({"capacity": capacity} if capacity is not None else {})},
-        }
-        try:
-            await _call(kube, "PATCH", path + "/status", patch, content_type="application/merge-patch+json")
-            return True
-        except ApiException as error:
-            if error.status != 409:
-                raise
-    raise kopf.TemporaryError("status kept changing under the profiler; retrying", delay=2)
-
-
-async def _apply(kube: Kube, path: str, obj: dict[str, Any]) -> None:
-    await _call(
-        kube, "PATCH", f"{path}/{obj['metadata']['name']}", obj,
-        query=[("fieldManager", FIELD_MANAGER), ("force", "true")], content_type="application/apply-patch+yaml",
-    )  # fmt: skip
-
-
-async def _delete(kube: Kube, path: str) -> None:
-    try:
-        await _call(kube, "DELETE", path, query=[("propagationPolicy", "Background")])
-    except ApiException as error:
-        if error.status != 404:
-            raise
+    """Set only our conditions (and capacity) on the freshest copy; True when something changed."""
+    fields = {"capacity": capacity} if capacity is not None else None
+    changed: bool = await set_conditions(
+        kube, svc.namespace, svc.name, conditions, svc.metadata.generation, fields=fields
+    )
+    return changed
 
 
 async def start_job(
@@ -322,18 +145,15 @@ async def start_job(
     why: str,
 ) -> str:
     """Create the RBAC, a fresh report ConfigMap and the Job; returns the Job name."""
-    ns = svc.namespace
     job = build_profile_job(svc, pod_ip, settings, spec_hash)
     name: str = job["metadata"]["name"]
-    sa, role, binding = build_profiler_rbac(svc, name)
-    await _apply(kube, f"/api/v1/namespaces/{ns}/serviceaccounts", sa)
-    await _apply(kube, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", role)
-    await _apply(kube, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", binding)
+    for obj in build_profiler_rbac(svc, name):  # ServiceAccount, Role, RoleBinding
+        await kube.apply(obj)
     # A report left by an earlier attempt for the same spec must not be read as this one's.
-    await _delete(kube, f"/api/v1/namespaces/{ns}/configmaps/{name}")
-    await _call(kube, "POST", f"/api/v1/namespaces/{ns}/configmaps", build_report_configmap(svc, spec_hash))
+    await kube.delete("v1", "ConfigMap", svc.namespace, name)
+    await kube.create(build_report_configmap(svc, spec_hash))
     try:
-        await _call(kube, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs", job)
+        await kube.create(job)
     except ApiException as error:
         if error.status != 409:
             raise
@@ -353,12 +173,7 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
     if _job_state(job) == "Failed":
         result = ("ProfileJobFailed", f"benchmark Job {name} failed: {await _failure_detail(kube, ns, job)}")
     else:
-        try:
-            cm = await _call(kube, "GET", f"/api/v1/namespaces/{ns}/configmaps/{name}")
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            cm = {}
+        cm = await kube.get("v1", "ConfigMap", ns, name) or {}
         report = (cm.get("data") or {}).get(REPORT_KEY)
         if report is None:
             result = (
@@ -393,12 +208,11 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
     else:
         reason, message = result
         await patch_profile_status(kube, svc, (("Profiled", "False", reason, message),))
-        kopf.warn(body, reason="ProfileFailed", message=f"{reason}: {message}"[:_MAX_MESSAGE])
+        kopf.warn(body, reason="ProfileFailed", message=f"{reason}: {message}"[:MAX_MESSAGE])
         logger.warning("profile failed: %s: %s", reason, message)
-    await _call(
-        kube, "PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/{name}",
-        {"metadata": {"annotations": {RECORDED_ANNOTATION: "true"}}}, content_type="application/merge-patch+json",
-    )  # fmt: skip
+    await kube.merge_patch(
+        "batch/v1", "Job", ns, name, {"metadata": {"annotations": {RECORDED_ANNOTATION: "true"}}}
+    )
 
 
 async def _failure_detail(kube: Kube, ns: str, job: dict[str, Any]) -> str:
@@ -407,13 +221,8 @@ async def _failure_detail(kube: Kube, ns: str, job: dict[str, Any]) -> str:
         (c for c in (job.get("status") or {}).get("conditions") or [] if c.get("type") == "Failed"), {}
     )
     detail = f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".strip()
-    pods = await _call(
-        kube,
-        "GET",
-        f"/api/v1/namespaces/{ns}/pods",
-        query=[("labelSelector", f"job-name={job['metadata']['name']}")],
-    )
-    for pod in pods.get("items", []):
+    pods = await kube.list_objects("v1", "Pod", ns, label_selector=f"job-name={job['metadata']['name']}")
+    for pod in pods:
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (cs.get("state") or {}).get("terminated") or {}
             if terminated:
@@ -432,19 +241,12 @@ async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, log
     current_hash = spec_profile_hash(svc.spec, _engine_image(svc, settings))
     capacity_hash = ((body.get("status") or {}).get("capacity") or {}).get("specHash")
     jobs = await list_profile_jobs(kube, svc)
-    pods = (
-        await _call(
-            kube,
-            "GET",
-            f"/api/v1/namespaces/{svc.namespace}/pods",
-            query=[("labelSelector", selector_string(svc))],
-        )
-    ).get("items", [])
+    pods = await kube.list_objects("v1", "Pod", svc.namespace, label_selector=selector_string(svc))
     pod_ip = current_replica_ip(svc, settings, pods)
     plan = decide(svc, current_hash, capacity_hash, [_view(j) for j in jobs.values()], pod_ip is not None)
 
     for name in plan.delete:
-        await _delete(kube, f"/apis/batch/v1/namespaces/{svc.namespace}/jobs/{name}")
+        await kube.delete("batch/v1", "Job", svc.namespace, name)
         logger.info("deleted profile Job %s (obsolete)", name)
     conditions = plan.conditions
     if plan.start is not None and pod_ip is not None:
@@ -458,10 +260,13 @@ async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, log
     if plan.record is not None:
         await record_job(kube, body, svc, jobs[plan.record], logger)
     if plan.clear_annotation:
-        await _call(
-            kube, "PATCH", f"/apis/{API_VERSION}/namespaces/{svc.namespace}/{PLURAL}/{svc.name}",
-            {"metadata": {"annotations": {REPROFILE_ANNOTATION: None}}}, content_type="application/merge-patch+json",
-        )  # fmt: skip
+        await kube.merge_patch(
+            API_VERSION,
+            KIND,
+            svc.namespace,
+            svc.name,
+            {"metadata": {"annotations": {REPROFILE_ANNOTATION: None}}},
+        )
     if conditions:
         changed = await patch_profile_status(kube, svc, conditions)
         stale = next((c for c in conditions if c[0] == "ProfileStale"), None)

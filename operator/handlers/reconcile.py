@@ -15,14 +15,14 @@ import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.inference_pool import remove_unused_inference_pool
+from plimsoll.operator.handlers.initial_sizing import apply_start_size
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
-from plimsoll.operator.handlers.sizing import apply_start_size
+from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.inference_pool import (
@@ -40,9 +40,6 @@ from plimsoll.operator.resources.monitoring import (
 from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
 from plimsoll.operator.resources.service import build_service
 from plimsoll.operator.resources.settings import BuildSettings
-
-# A condition message is capped by the API (32 KiB); keep ours readable anyway.
-_MAX_MESSAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ def describe_validation_error(error: ValidationError) -> str:
     for problem in error.errors():
         where = ".".join(["spec", *(str(p) for p in problem["loc"] if p != "spec")])
         parts.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}")
-    return "; ".join(parts)[:_MAX_MESSAGE]
+    return "; ".join(parts)[:MAX_MESSAGE]
 
 
 def parse(body: kopf.Body | dict[str, Any]) -> LLMService:
@@ -77,10 +74,13 @@ async def reject_invalid(kube: Kube, body: kopf.Body | dict[str, Any], error: Va
     """Record an invalid spec (Ready=False, reason InvalidSpec, an Event) and return the message."""
     meta = body["metadata"]
     message = describe_validation_error(error)
-    status = invalid_spec_status(meta.get("generation"), dict(body.get("status", {}) or {}), message)
-    previous = dict(body.get("status", {}) or {})
-    if previous.get("conditions") != status["conditions"]:
-        await kube.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], status)
+
+    def change(status: dict[str, Any]) -> dict[str, Any] | None:
+        invalid = invalid_spec_status(meta.get("generation"), status, message)
+        return invalid if status.get("conditions") != invalid["conditions"] else None
+
+    seen = dict(body.get("status", {}) or {})
+    if await update_status(kube, meta["namespace"], meta["name"], change, seen=seen) is not None:
         kopf.warn(_as_body(body), reason="InvalidSpec", message=message)
     return message
 
@@ -212,12 +212,20 @@ async def write_status(
     kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, deployment: dict[str, Any] | None
 ) -> bool:
     """Patch status from the Deployment when it changed; Event on a Ready transition. Returns Ready."""
-    previous = dict(body.get("status", {}) or {})
-    status = build_status(svc, deployment, previous, router=await current_router(kube, svc))
-    ready_now = next(c for c in status["conditions"] if c["type"] == "Ready")
-    ready_before = next((c for c in previous.get("conditions", []) or [] if c.get("type") == "Ready"), None)
-    if any(previous.get(k) != v for k, v in status.items()):
-        await kube.patch_status(API_VERSION, KIND, svc.namespace, svc.name, status)
+    router = await current_router(kube, svc)
+
+    def change(status: dict[str, Any]) -> dict[str, Any]:
+        built: dict[str, Any] = build_status(svc, deployment, status, router=router)
+        return built
+
+    seen = dict(body.get("status", {}) or {})
+    written = await update_status(kube, svc.namespace, svc.name, change, seen=seen)
+    if written is None:
+        # Nothing to write: Ready is what the stored status already says.
+        ready_now = next(c for c in change(seen)["conditions"] if c["type"] == "Ready")
+        return bool(ready_now["status"] == "True")
+    ready_now = next(c for c in written.patch["conditions"] if c["type"] == "Ready")
+    ready_before = written.condition_before("Ready")
     if ready_before is None or ready_before.get("status") != ready_now["status"]:
         kopf.info(
             _as_body(body),

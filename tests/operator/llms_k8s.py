@@ -25,6 +25,25 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+def handler_passes(operator: Any, handler: str, namespace: str, name: str) -> int:
+    """How often kopf logged ``handler`` (e.g. "Timer 'resync_llmservice'") succeeding for one object."""
+    text = operator.log_path.read_text(errors="replace") if operator.log_path.exists() else ""
+    return text.count(f"[{namespace}/{name}] {handler} succeeded.")
+
+
+def wait_for_passes(
+    operator: Any, handler: str, namespace: str, name: str, passes: int = 2, timeout: float = 120
+) -> None:
+    """Wait until ``handler`` has run ``passes`` more times for the object: the marker that lets a
+    test say "the operator looked again and did nothing", rather than sleeping for a guessed time."""
+    start = handler_passes(operator, handler, namespace, name)
+    wait_for(
+        lambda: handler_passes(operator, handler, namespace, name) >= start + passes,
+        timeout,
+        f"{passes} more passes of {handler} on {namespace}/{name}",
+    )
+
+
 def get_json(cluster: Any, *args: str) -> Any:
     """`kubectl get ... -o json`, or None when the object does not exist."""
     proc = cluster.kubectl("get", *args, "-o", "json", check=False)

@@ -8,15 +8,15 @@ mode back must remove the HPA. For keda: without the KEDA CRD a condition and a 
 once a (minimal) ScaledObject CRD exists the operator creates the ScaledObject.
 """
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from llms_k8s import apply, condition, get_json, llmservice, wait_for
+from llms_k8s import apply, condition, get_json, llmservice, wait_for, wait_for_passes
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.local import OperatorProcess
 from plimsoll.operator.resources.external_autoscaler import build_hpa
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -66,7 +66,7 @@ def deployment_replicas(cluster: Any, ns: str, name: str) -> int | None:
 
 
 def test_hpa_is_accepted_targets_the_llmservice_and_never_fights_reconcile(
-    devcluster: Any, llms_namespace: str
+    devcluster: Any, llms_namespace: str, running_operator: OperatorProcess
 ) -> None:
     ns, name = llms_namespace, "hpa"
     apply(devcluster, ns, external(name, "hpa"))
@@ -122,7 +122,7 @@ def test_hpa_is_accepted_targets_the_llmservice_and_never_fights_reconcile(
         return bool(status.get("currentReplicas") == 2)
 
     wait_for(hpa_sees_two, 60, "the HPA controller reading 2 replicas from the scale subresource")
-    time.sleep(12)  # two resyncs
+    wait_for_passes(running_operator, "Timer 'resync_llmservice'", ns, name)  # two resyncs
     assert deployment_replicas(devcluster, ns, name) == 2
     assert get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 2
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from llms_k8s import SIMULATED, apply, condition, get_json, llmservice, wait_for
+from llms_k8s import SIMULATED, apply, condition, get_json, llmservice, wait_for, wait_for_passes
 
 from plimsoll.operator.local import OperatorProcess
 
@@ -142,7 +142,8 @@ def test_invalid_spec_past_the_schema_gets_invalid_spec_without_retry_storm(
     assert running_operator.is_alive()
     assert get_json(devcluster, "deployment", "vllm-embedded", "-n", ns) is None
 
-    time.sleep(12)  # more than two resync periods: neither retries nor repeated Events
+    # Two more resyncs of the invalid object: neither retries nor repeated Events.
+    wait_for_passes(running_operator, "Timer 'resync_llmservice'", ns, "vllm-embedded")
     warnings = [e for e in events(devcluster, ns, "vllm-embedded") if e["reason"] == "InvalidSpec"]
     assert len(warnings) == 1 and warnings[0].get("count", 1) == 1, warnings
     assert running_operator.log_tail(200_000).count("invalid spec; see the Ready condition") <= 1

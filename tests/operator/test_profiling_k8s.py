@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llms_k8s import apply, condition, get_json, llmservice, wait_for
+from llms_k8s import apply, condition, get_json, llmservice, wait_for, wait_for_passes
 
+from plimsoll.operator.local import OperatorProcess
 from plimsoll.operator.resources.profile_job import PROFILE_ARGS_ANNOTATION, REPORT_KEY, SPEC_HASH_ANNOTATION
 from plimsoll.operator.scaling.profile import CapacityProfile, read_profile
 
@@ -142,7 +143,7 @@ def test_profile_measures_a_real_replica_and_reprofiles_when_engine_args_change(
 
 
 def test_failed_profile_is_reported_without_capacity_and_not_retried(
-    devcluster: Any, llms_namespace: str
+    devcluster: Any, llms_namespace: str, running_operator: OperatorProcess
 ) -> None:
     # A kwok-simulated replica: Ready with a pod IP, but nothing listens there, so the sweep fails.
     ns, name = llms_namespace, "noengine"
@@ -170,7 +171,8 @@ def test_failed_profile_is_reported_without_capacity_and_not_retried(
 
     first = jobs()
     assert len(first) == 1
-    time.sleep(12)  # two profiler ticks and more: the failed Job is the back-off, no new attempt
+    # Two more profiler ticks: the failed Job is the back-off, no new attempt.
+    wait_for_passes(running_operator, "Timer 'profile_llmservice'", ns, name)
     assert [j["metadata"]["uid"] for j in jobs()] == [first[0]["metadata"]["uid"]]
 
     # The annotation asks for another attempt now, and is consumed.

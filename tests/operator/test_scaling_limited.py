@@ -1,8 +1,8 @@
 """ScalingLimited means "at max and still overloaded" (idling at min or a rate limit stays quiet); the
 loop restarts its history when another writer moves the replica count."""
 
-from plimsoll.operator.handlers.autoscaling import LoopState, status_patch, warn_scaling_limited
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
+from plimsoll.operator.scaling.autoscaler_loop import LoopState, status_patch, warn_scaling_limited
 from plimsoll.operator.scaling.metrics import PodSample
 
 

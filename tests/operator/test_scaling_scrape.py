@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import MetricsHandler
 
 from plimsoll import metric_names as names
-from plimsoll.operator.handlers.autoscaling import metrics_url, observe, status_patch
+from plimsoll.operator.handlers.autoscaling import metrics_url, observe
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
+from plimsoll.operator.scaling.autoscaler_loop import status_patch
 
 
 def serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, int]:

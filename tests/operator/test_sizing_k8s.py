@@ -10,13 +10,13 @@ writes it) must win over the initial sizing.
 
 import json
 import math
-import time
 from typing import Any
 
 import pytest
-from llms_k8s import apply, get_json, llmservice, wait_for
+from llms_k8s import apply, get_json, llmservice, wait_for, wait_for_passes
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.local import OperatorProcess
 from plimsoll.operator.scaling.inputs import spec_profile_hash
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -54,7 +54,11 @@ def events(cluster: Any, ns: str, name: str, reason: str) -> list[str]:
     ids=["concurrency", "requests-per-second"],
 )
 def test_expected_load_sets_the_starting_replicas(
-    devcluster: Any, llms_namespace: str, load: dict[str, float], in_flight: float
+    devcluster: Any,
+    llms_namespace: str,
+    running_operator: OperatorProcess,
+    load: dict[str, float],
+    in_flight: float,
 ) -> None:
     ns, name = llms_namespace, "sized"
     expected = math.ceil(in_flight / TARGET)  # 14 / 4 → 4; 5 req/s × 2 s = 10 / 4 → 3
@@ -82,7 +86,7 @@ def test_expected_load_sets_the_starting_replicas(
     wait_for(
         lambda: deployment_replicas(devcluster, ns, name) == 2, 60, "Deployment following spec.replicas 2"
     )
-    time.sleep(12)
+    wait_for_passes(running_operator, "Timer 'resync_llmservice'", ns, name)
     assert deployment_replicas(devcluster, ns, name) == 2
     assert get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 2
     assert len(events(devcluster, ns, name, "InitialSizing")) == 1, "sized once, not on every reconcile"

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+<<<<<<< HEAD
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+=======
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+>>>>>>> h1-operator-structure
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +62,15 @@ class RunningRouter:
     def metric(self, name: str, **labels: str) -> float:
         value = self.state.metrics.registry.get_sample_value(name, labels)
         return value or 0.0
+
+
+async def eventually(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Let the event loop run until ``predicate()`` holds (a marker, not a guess at timing); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import openai
 import pytest
-from router_harness import replica_metric, run_router
+from router_harness import eventually, replica_metric, run_router
 
 from plimsoll.router.proxy import REPLICA_HEADER
 
@@ -93,7 +93,10 @@ async def test_429_with_retry_after_when_every_replica_is_saturated(fake_replica
                           retry_after_seconds=3) as router, httpx.AsyncClient(timeout=30) as client:
         body = {"model": "fake", "prompt": "hi", "max_tokens": 20}
         slow = [asyncio.create_task(client.post(router.url + "/v1/completions", json=body)) for _ in range(2)]
-        await asyncio.sleep(0.3)  # both replicas now hold one request each
+        await eventually(
+            lambda: all(router.metric("plimsoll_router_replica_inflight", replica=r.url) == 1 for r in replicas),
+            "both replicas to hold one request each",
+        )
         rejected = await client.post(router.url + "/v1/completions", json=body)
         assert rejected.status_code == 429
         assert rejected.headers["retry-after"] == "3"

@@ -17,13 +17,13 @@ import logging
 from typing import Any, cast
 
 import kopf
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import now_rfc3339
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.scaling.starting_size import StartPlan, plan_start
 
 
@@ -33,11 +33,7 @@ async def _write_replicas(kube: Kube, body: kopf.Body | dict[str, Any], replicas
     if meta.get("resourceVersion"):
         # Precondition: if anyone changed the object since we read it, the API server answers 409.
         patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
-    custom = client.CustomObjectsApi(kube.api)
-    await custom.patch_namespaced_custom_object(
-        GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch,
-        _content_type="application/merge-patch+json",  # type: ignore[call-arg]
-    )  # fmt: skip
+    await kube.merge_patch(API_VERSION, KIND, meta["namespace"], meta["name"], patch)
 
 
 def _same(previous: dict[str, Any] | None, plan: StartPlan) -> bool:
@@ -69,10 +65,11 @@ async def apply_start_size(
             logger.info("initial sizing skipped: the LLMService changed since it was read")
             return svc
         logger.info("initial sizing: %s", plan.event_message())
-    if not _same(status.get("sizing"), plan):
-        await kube.patch_status(
-            API_VERSION, KIND, svc.namespace, svc.name, {"sizing": plan.to_status(now_rfc3339())}
-        )
+
+    def change(current: dict[str, Any]) -> dict[str, Any] | None:
+        return None if _same(current.get("sizing"), plan) else {"sizing": plan.to_status(now_rfc3339())}
+
+    if await update_status(kube, svc.namespace, svc.name, change, seen=status) is not None:
         kopf.info(cast(kopf.Body, body), reason="InitialSizing", message=plan.event_message())
     if not plan.write:
         return svc

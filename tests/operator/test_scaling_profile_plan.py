@@ -1,20 +1,10 @@
-"""The profiler's decision table (``decide``) and the choice of the replica to measure, without a cluster."""
+"""The profiler's decision table (``scaling/profile_plan.decide``), without a cluster."""
 
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.handlers.profiling import (
-    REPROFILE_ANNOTATION,
-    JobView,
-    Plan,
-    current_replica_ip,
-    decide,
-)
-from plimsoll.operator.resources.deployment import build_deployment
-from plimsoll.operator.resources.settings import BuildSettings
 from plimsoll.operator.scaling.inputs import spec_profile_hash
-
-SETTINGS = BuildSettings(plimsoll_image="plimsoll:test")
+from plimsoll.operator.scaling.profile_plan import REPROFILE_ANNOTATION, JobView, Plan, decide
 
 
 def _svc(annotations: dict[str, str] | None = None, **capacity: Any) -> LLMService:
@@ -99,21 +89,3 @@ def test_spec_hash_follows_engine_args() -> None:
     changed = _svc()
     changed.spec.engine.max_num_seqs = 4
     assert spec_profile_hash(changed.spec, "plimsoll:test") != a
-
-
-def _pod(svc: LLMService, name: str, ip: str, ready: bool = True) -> dict[str, Any]:
-    template = build_deployment(svc, SETTINGS)["spec"]["template"]
-    return {
-        "metadata": {"name": name},
-        "spec": template["spec"],
-        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
-    }
-
-
-def test_only_a_ready_pod_on_the_current_spec_is_measured() -> None:
-    old, new = _svc(), _svc()
-    new.spec.engine.max_num_seqs = 4
-    pods = [_pod(old, "a-old", "127.1.0.2"), _pod(new, "b-new", "127.1.0.3", ready=False)]
-    assert current_replica_ip(new, SETTINGS, pods) is None  # the old replica would measure the old spec
-    pods.append(_pod(new, "c-new", "127.1.0.4"))
-    assert current_replica_ip(new, SETTINGS, pods) == "127.1.0.4"
