@@ -5,11 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-<<<<<<< HEAD
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-=======
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
->>>>>>> h1-operator-structure
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
