@@ -60,6 +60,11 @@ class RouterState:
         samples = cold.get("samplesSeconds") if isinstance(cold, dict) else None
         if self.hold is not None and isinstance(samples, list) and samples:
             self.hold.cold_starts.replace(float(s) for s in samples)
+        capacity = status.get("capacity")
+        profiled = capacity.get("concurrencyPerReplica") if isinstance(capacity, dict) else None
+        if self.hold is not None and self.config.release_concurrency is None and isinstance(profiled, int | float):
+            # Profile mode: the verified concurrency is only in status (the CLI flag wins when given).
+            self.hold.release_concurrency = max(1, int(profiled))
 
 
 def build_app(config: RouterConfig) -> Starlette:

@@ -27,24 +27,29 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
 
 
+def _verified_concurrency(svc: LLMService) -> int | None:
+    """The per-replica in-flight the spec states (override, else Manual capacity); None when only a profile knows."""
+    target = svc.spec.autoscaling.target_in_flight_per_replica
+    if target is None and svc.spec.capacity.mode == "Manual":
+        target = svc.spec.capacity.concurrency_per_replica
+    return None if target is None else max(1, int(target))
+
+
 def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: int = 1) -> dict[str, Any]:
     """The router Deployment: `plimsoll route` discovering the replicas from the LLMService's pods."""
     name = router_name(svc)
     args = [
-        "route",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(ENGINE_PORT),
-        "--llmservice",
-        svc.name,
-        "--namespace",
-        svc.namespace,
-        "--backend-port",
-        str(ENGINE_PORT),
-        "--policy",
-        svc.spec.router.policy,
-    ]
+        "route", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+        "--llmservice", svc.name, "--namespace", svc.namespace,
+        "--backend-port", str(ENGINE_PORT), "--policy", svc.spec.router.policy,
+        "--hold-queue", str(svc.spec.router.hold_queue),
+    ]  # fmt: skip
+    if svc.spec.router.hold_timeout_seconds is not None:
+        args += ["--hold-timeout", str(svc.spec.router.hold_timeout_seconds)]
+    concurrency = _verified_concurrency(svc)
+    if concurrency is not None:
+        # Held requests reach a fresh replica no faster than it is known to carry.
+        args += ["--release-concurrency", str(concurrency)]
     container = {
         "name": "router",
         "image": settings.plimsoll_image,
