@@ -4,7 +4,14 @@ import math
 
 from plimsoll.operator.scaling.autoscaler import AutoscalerConfig
 from plimsoll.operator.scaling.cold_start import ColdStartClock, p95
-from plimsoll.operator.scaling.drain import CutTally, DrainPlan, PodLoad, choose_victims, cut_by_shutdown, overloaded
+from plimsoll.operator.scaling.drain import (
+    CutTally,
+    DrainPlan,
+    PodLoad,
+    choose_victims,
+    cut_by_shutdown,
+    overloaded,
+)
 from plimsoll.operator.scaling.metrics import Histogram, PodSample
 from plimsoll.operator.scaling.scale_to_zero import IdleClock, floored, wake_replicas
 
