@@ -311,6 +311,8 @@ async def before_decide(
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
     state.idle.observe(now, samples, held)
+    if ready == 0:
+        state.idle.last_activity = now  # a service still starting is not idle: nobody could have used it
 
     plan = state.plan
     if plan is not None:
