@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -66,6 +67,7 @@ class Outcome:
     retry_after: str | None = None
     message: str = ""
     first_byte_at: float | None = None
+    first_byte_wall: float | None = None
     done_at: float | None = None
     complete: bool = False  # JSON with choices, or a stream that ended with [DONE]
     error: str | None = None
@@ -76,16 +78,18 @@ def send_one(base: str, model: str, index: int, stream: bool, max_tokens: int = 
     body = {"model": model, "prompt": f"request {index}: tell me", "max_tokens": max_tokens, "stream": stream,
             "temperature": 0}  # fmt: skip
     try:
-        with httpx.Client(timeout=httpx.Timeout(900, connect=10), trust_env=False) as http:
-            with http.stream("POST", f"{base}/v1/completions", json=body) as response:
-                out.status = response.status_code
-                out.retry_after = response.headers.get("retry-after")
-                chunks = []
-                for chunk in response.iter_text():
-                    if chunk and out.first_byte_at is None:
-                        out.first_byte_at = time.monotonic()
-                    chunks.append(chunk)
-                text = "".join(chunks)
+        with (
+            httpx.Client(timeout=httpx.Timeout(900, connect=10), trust_env=False) as http,
+            http.stream("POST", f"{base}/v1/completions", json=body) as response,
+        ):
+            out.status = response.status_code
+            out.retry_after = response.headers.get("retry-after")
+            chunks = []
+            for chunk in response.iter_text():
+                if chunk and out.first_byte_at is None:
+                    out.first_byte_at, out.first_byte_wall = time.monotonic(), time.time()
+                chunks.append(chunk)
+            text = "".join(chunks)
         out.done_at = time.monotonic()
         if out.status != 200:
             out.message = json.loads(text)["error"]["message"]
@@ -106,17 +110,28 @@ def burst(base: str, model: str, count: int, streaming: Callable[[int], bool]) -
         return sent, [f.result() for f in futures]
 
 
+def _wall(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 @dataclass
 class Watch:
-    """First-seen times of the phases of a cold start, polled with kubectl every ``interval`` s."""
+    """The new replica's own timestamps during a cold start (wall clock, as the API server records them).
+
+    Polls the pods with kubectl until a replica pod has been seen Ready, and keeps
+    its container's ``startedAt`` and its Ready condition's ``lastTransitionTime``
+    (whole seconds: the API server's resolution). Leaving the ``with`` block waits
+    (up to 60 s) for them, since the pod may turn Ready before a slow poll sees it.
+    """
 
     cluster: Any
     ns: str
     name: str
     interval: float = 0.25
-    decided_at: float | None = None
-    pod_running_at: float | None = None
-    ready_at: float | None = None
+    container_started: float | None = None
+    ready_transition: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -126,23 +141,22 @@ class Watch:
         return self
 
     def __exit__(self, *_: object) -> None:
+        deadline = time.monotonic() + 60
+        while self.ready_transition is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stop.is_set() and self.ready_at is None:
-            now = time.monotonic()
-            if self.decided_at is None:
-                obj = get_json(self.cluster, "llms", self.name, "-n", self.ns)
-                if int(((obj or {}).get("spec") or {}).get("replicas") or 0) >= 1:
-                    self.decided_at = now
+        while not self._stop.is_set() and self.ready_transition is None:
             for pod in pods(self.cluster, self.ns, self.name):
-                statuses = (pod.get("status") or {}).get("containerStatuses") or []
-                if self.pod_running_at is None and any("running" in (c.get("state") or {}) for c in statuses):
-                    self.pod_running_at = now
-                if self.ready_at is None and is_ready(pod):
-                    self.ready_at = now
+                if not is_ready(pod):
+                    continue
+                for c in (pod.get("status") or {}).get("containerStatuses") or []:
+                    started = _wall(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+                    self.container_started = started
+                self.ready_transition = _wall((condition(pod, "Ready") or {}).get("lastTransitionTime"))
             self._stop.wait(self.interval)
 
 
