@@ -35,8 +35,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
 sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the scenario drivers the k8s test uses
 
-from llms_k8s import apply, get_json  # noqa: E402
-from test_scale_to_zero_k8s import IDLE_S, ZeroRun, _at_zero, phases, play_drain, zero_manifest  # noqa: E402
+from llms_k8s import apply  # noqa: E402
+from test_scale_to_zero_k8s import (  # noqa: E402
+    IDLE_S,
+    ZeroRun,
+    _at_zero,
+    last_cold_start,
+    new_cold_start,
+    phases,
+    play_drain,
+    zero_manifest,
+)
 from zero_k8s import Watch, burst, hold_state, router_ip, wait_until  # noqa: E402
 
 from plimsoll.devcluster.cluster import Cluster  # noqa: E402
@@ -52,12 +61,12 @@ def cold_starts(cluster: Cluster, ns: str, model: Path, rounds: int) -> list[dic
         ip = wait_until(lambda: router_ip(cluster, ns, name), 120, "a ready router pod")
         wait_until(lambda ip=ip: hold_state(ip)["coldStartMeasured"], 60, "the router to read a cold start")
         run = ZeroRun()
+        before = last_cold_start(cluster, ns, name)
         with Watch(cluster, ns, name) as watch:
             run.sent_wall = time.time()
             run.sent_at, run.held = burst(f"http://{ip}:8000", name, 8, lambda i: i % 2 == 1)
         run.watch = watch
-        cold = ((get_json(cluster, "llms", name, "-n", ns) or {}).get("status") or {}).get("coldStart") or {}
-        run.cold_last = dict(cold.get("last") or {})
+        run.cold_last = new_cold_start(cluster, ns, name, before)
         row = phases(run)
         ok = sum(o.status == 200 and o.complete for o in run.held)
         results.append(row)

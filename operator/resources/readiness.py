@@ -29,7 +29,7 @@ def _router_wait(svc: LLMService, router: dict[str, Any] | None) -> str:
     if router is None:
         return "the router Deployment does not exist yet"
     if int((router.get("status") or {}).get("readyReplicas", 0) or 0) < 1:
-        # The router turns ready once it has discovered a ready replica.
+        # The router turns ready once it can take requests (a ready replica, or room to hold them).
         return "the router has no ready pod yet"
     return ""
 

@@ -56,7 +56,8 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
         "command": ["plimsoll"],
         "args": args,
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        # Ready only once at least one replica is ready: an empty router takes no traffic.
+        # With a hold queue (router.holdQueue > 0) the router is Ready at zero replicas: it holds requests
+        # while one starts. Without, it is Ready only once a replica is, and an empty router takes no traffic.
         "readinessProbe": _probe("/ready", period=5, failures=3),
         "livenessProbe": _probe("/health", period=10, failures=3),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
