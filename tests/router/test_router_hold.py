@@ -9,23 +9,31 @@ No test here waits on a timer except the one about the hold deadline itself.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
+from dataclasses import asdict
+from typing import Any
 
 import httpx
 import pytest
-from router_harness import FAKE_REPLICA, free_port, run_router, wait_ready
+from router_harness import REPLICA_DEFAULTS, run_router
 
+from plimsoll.bench.simulator import ServiceCurve, SimulatorProcess, free_port
 from plimsoll.router.hold import ColdStarts, HoldFull, HoldQueue, p95
 
 
-def _start_replica(port: int, *args: str) -> subprocess.Popen[bytes]:
+def _start_replica(port: int, **fields: Any) -> SimulatorProcess:
+    """The bench simulator on a port chosen before it existed (the router already points there)."""
+    curve = ServiceCurve(**{**REPLICA_DEFAULTS, **fields})
     process = subprocess.Popen(
-        [sys.executable, str(FAKE_REPLICA), "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "plimsoll.bench.simulator", "--port", str(port), "--curve", json.dumps(asdict(curve))],
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
     )  # fmt: skip
-    wait_ready([f"http://127.0.0.1:{port}"], [process])
-    return process
+    replica = SimulatorProcess(f"http://127.0.0.1:{port}", process)
+    replica.wait_ready(timeout_s=60)
+    return replica
 
 
 async def _until(predicate, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -37,7 +45,12 @@ async def _until(predicate, what: str, timeout: float = 60.0) -> None:  # type: 
 
 
 def _completion(i: int, stream: bool = False) -> dict[str, object]:
-    return {"model": "fake", "prompt": f"held request {i}", "max_tokens": 8, "stream": stream}
+    return {
+        "model": REPLICA_DEFAULTS.get("model", "sim-model"),
+        "prompt": f"held request {i}",
+        "max_tokens": 8,
+        "stream": stream,
+    }
 
 
 async def test_a_burst_of_200_at_zero_never_holds_more_than_the_bound() -> None:
@@ -73,7 +86,6 @@ async def test_a_burst_of_200_at_zero_never_holds_more_than_the_bound() -> None:
     finally:
         if process is not None:
             process.kill()
-            process.wait()
 
 
 async def test_held_requests_are_released_no_faster_than_the_replicas_concurrency() -> None:
@@ -97,7 +109,7 @@ async def test_held_requests_are_released_no_faster_than_the_replicas_concurrenc
 
             tasks = [asyncio.create_task(streamed(i) if i % 2 else plain(i)) for i in range(6)]
             await _until(lambda: hold.held == 6, "six held requests")
-            process = _start_replica(port, "--token-delay", "0.05", "--max-running", "16")
+            process = _start_replica(port, step_t0_s=0.05, batch_cap=16)
             results = await asyncio.gather(*tasks)
             assert [code for code, _ in results] == [200] * 6
             for i, (_, text) in enumerate(results):
@@ -109,7 +121,6 @@ async def test_held_requests_are_released_no_faster_than_the_replicas_concurrenc
     finally:
         if process is not None:
             process.kill()
-            process.wait()
 
 
 async def test_a_held_request_past_its_deadline_gets_503_saying_the_service_is_starting() -> None:
