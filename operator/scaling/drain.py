@@ -21,9 +21,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from plimsoll.metric_names import REQUESTS_CUT_BY_SHUTDOWN
+from plimsoll.prometheus import ExpositionError, parse
 
 DRAINING_LABEL = "plimsoll.dev/draining"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
@@ -112,12 +111,10 @@ def overloaded(in_flight_of_kept: Iterable[float], target: float, tolerance: flo
 
 def cut_by_shutdown(text: str) -> float | None:
     """The replica's own count of requests its shutdown ended; None for an engine without the series (vLLM)."""
-    name = REQUESTS_CUT_BY_SHUTDOWN.removesuffix("_total")
-    total = None
-    for family in text_string_to_metric_families(text):
-        if family.name == name:
-            total = sum(s.value for s in family.samples if s.name == REQUESTS_CUT_BY_SHUTDOWN)
-    return total
+    try:
+        return parse(text).sum(REQUESTS_CUT_BY_SHUTDOWN)
+    except ExpositionError:
+        return None
 
 
 @dataclass
