@@ -35,6 +35,8 @@ KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
 BATCH_SIZE = "plimsoll_batch_size"
 STEP_TOKENS = "plimsoll_step_tokens"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
+# Requests still in flight when the drain deadline after SIGTERM passed (cut off by the shutdown).
+REQUESTS_CUT_BY_SHUTDOWN = "plimsoll_requests_cut_by_shutdown_total"
 
 # vLLM 0.32 histogram buckets (+Inf implied).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

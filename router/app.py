@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from plimsoll.router.backends import ReplicaSet
 from plimsoll.router.config import RouterConfig
+from plimsoll.router.hold import ColdStarts, HoldQueue
 from plimsoll.router.metrics import RouterMetrics
 from plimsoll.router.policy import Router
 from plimsoll.router.proxy import Proxy
@@ -40,6 +41,30 @@ class RouterState:
         self.client: httpx.AsyncClient | None = None
         self.scraper: Scraper | None = None
         self.proxy: Proxy | None = None
+        self.hold: HoldQueue | None = None
+        if config.hold_queue > 0:
+            self.hold = HoldQueue(
+                config.hold_queue,
+                lambda: len(self.replica_set.ready()),
+                ColdStarts(fallback_s=config.cold_start_fallback_s),
+                release_concurrency=config.release_concurrency,
+                timeout_override_s=config.hold_timeout_s,
+                # With an LLMService the operator measures cold starts (status.coldStart); alone, the router does.
+                record_cold_starts=config.llmservice is None,
+            )
+            self.replica_set.on_ready.append(self.hold.pump)
+
+    def take_status(self, status: dict[str, object]) -> None:
+        """The LLMService's status, polled by discovery: the operator's measured cold starts."""
+        cold = status.get("coldStart")
+        samples = cold.get("samplesSeconds") if isinstance(cold, dict) else None
+        if self.hold is not None and isinstance(samples, list) and samples:
+            self.hold.cold_starts.replace(float(s) for s in samples)
+        capacity = status.get("capacity")
+        profiled = capacity.get("concurrencyPerReplica") if isinstance(capacity, dict) else None
+        if self.hold is not None and self.config.release_concurrency is None and isinstance(profiled, int | float):
+            # Profile mode: the verified concurrency is only in status (the CLI flag wins when given).
+            self.hold.release_concurrency = max(1, int(profiled))
 
 
 def build_app(config: RouterConfig) -> Starlette:
@@ -56,15 +81,15 @@ def build_app(config: RouterConfig) -> Starlette:
             state.client = client
             state.scraper = Scraper(state.replica_set, client, state.metrics, interval_s=config.scrape_interval_s,
                                     timeout_s=config.scrape_timeout_s, engine=config.metrics_engine)
-            state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client)
+            state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client, hold=state.hold)
             # One probe before serving, so /ready is truthful from the first request.
             await state.scraper.scrape_all()
             tasks = [asyncio.create_task(state.scraper.run(), name="router-scrape")]
             if config.llmservice is not None:
                 from plimsoll.router.discovery import PodDiscovery
 
-                tasks.append(asyncio.create_task(PodDiscovery(config, state.replica_set).run(),
-                                                 name="router-discovery"))
+                discovery = PodDiscovery(config, state.replica_set, on_status=state.take_status)
+                tasks.append(asyncio.create_task(discovery.run(), name="router-discovery"))
             try:
                 yield
             finally:
@@ -83,11 +108,20 @@ def build_app(config: RouterConfig) -> Starlette:
     async def ready(_: Request) -> Response:
         ready_urls = [r.url for r in state.replica_set.ready()]
         body = {"ready": bool(ready_urls), "ready_replicas": ready_urls,
-                "replicas": sorted(state.replica_set.replicas)}
-        return JSONResponse(body, status_code=200 if ready_urls else 503)
+                "replicas": sorted(state.replica_set.replicas), "holding": state.hold is not None}
+        # A router that holds requests serves even at zero replicas: that is when it is needed most.
+        return JSONResponse(body, status_code=200 if ready_urls or state.hold is not None else 503)
+
+    async def hold(_: Request) -> Response:
+        """What the operator polls each tick to scale from zero: held requests and the cold-start basis."""
+        if state.hold is None:
+            return JSONResponse({"held": 0, "capacity": 0, "enabled": False})
+        return JSONResponse({"enabled": True, **state.hold.demand()})
 
     async def metrics(_: Request) -> Response:
         state.metrics.observe_replicas(state.replica_set)
+        if state.hold is not None:
+            state.metrics.held.set(state.hold.held)
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     routes = [
@@ -96,6 +130,7 @@ def build_app(config: RouterConfig) -> Starlette:
         Route("/v1/models", proxied, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
+        Route("/hold", hold, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

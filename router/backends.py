@@ -33,10 +33,13 @@ class Replica:
     engine: str | None = None
     last_scrape: float | None = None
     routed_total: int = 0
+    # Marked for removal by the operator's scale-down (pod label plimsoll.dev/draining):
+    # requests on it finish there, nothing new is sent.
+    draining: bool = False
 
     @property
     def is_ready(self) -> bool:
-        return self.discovered_ready and self.reachable
+        return self.discovered_ready and self.reachable and not self.draining
 
     @property
     def load(self) -> float:
@@ -54,6 +57,8 @@ class ReplicaSet:
 
     replicas: dict[str, Replica] = field(default_factory=dict)
     on_change: list[Callable[[], None]] = field(default_factory=list)
+    # Called whenever readiness may have changed (the hold queue releases on it).
+    on_ready: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
     def static(cls, urls: Iterable[str]) -> ReplicaSet:
@@ -71,7 +76,9 @@ class ReplicaSet:
     def get(self, url: str) -> Replica | None:
         return self.replicas.get(url)
 
-    def replace(self, urls: Iterable[str], ready: dict[str, bool] | None = None) -> None:
+    def replace(
+        self, urls: Iterable[str], ready: dict[str, bool] | None = None, draining: Iterable[str] = ()
+    ) -> None:
         """Make the set exactly `urls`; keep the state of replicas that stay."""
         wanted = list(dict.fromkeys(urls))
         changed = set(wanted) != set(self.replicas)
@@ -84,15 +91,23 @@ class ReplicaSet:
             replica = self.replicas.setdefault(url, Replica(url=url))
             if ready is not None:
                 replica.discovered_ready = ready.get(url, False)
+            replica.draining = url in set(draining)
         if changed:
             self._notify()
+        self.ready_changed()
 
-    def upsert(self, url: str, discovered_ready: bool) -> None:
+    def upsert(self, url: str, discovered_ready: bool, draining: bool = False) -> None:
         is_new = url not in self.replicas
         replica = self.replicas.setdefault(url, Replica(url=url))
         replica.discovered_ready = discovered_ready
+        replica.draining = draining
         if is_new:
             self._notify()
+        self.ready_changed()
+
+    def ready_changed(self) -> None:
+        for callback in self.on_ready:
+            callback()
 
     def remove(self, url: str) -> None:
         if self.replicas.pop(url, None) is not None:

@@ -37,6 +37,18 @@ def route(
     long_lane_replicas: int = typer.Option(1, help="Replicas serving the long lane (with --long-request-tokens)."),
     scrape_interval: float = typer.Option(1.0, help="Seconds between readiness probes and /metrics scrapes."),
     metrics_engine: str | None = typer.Option(None, help="Replica metric family: plimsoll or vllm (default: detect)."),
+    hold_queue: int = typer.Option(
+        0, help="Hold up to this many requests while no replica is Ready (scale from zero); 0 answers 503 at once."
+    ),
+    hold_timeout: float | None = typer.Option(
+        None, help="Seconds a request may be held (default: twice the measured cold-start p95, at most 600)."
+    ),
+    release_concurrency: int | None = typer.Option(
+        None, help="Release held requests at most this many at a time per ready replica (its verified concurrency)."
+    ),
+    cold_start_fallback: float = typer.Option(
+        60.0, help="Cold start assumed (for Retry-After and the hold timeout) until one is measured."
+    ),
     log_level: str = typer.Option("info", help="Log level."),
 ) -> None:
     """Run the queue-aware, prefix-affine router in front of plimsoll (or vLLM) replicas."""
@@ -57,7 +69,8 @@ def route(
             backend_port=backend_port, policy=policy, max_inflight_per_replica=max_inflight_per_replica,
             retry_after_seconds=retry_after, prefix_chars=prefix_chars, load_factor=load_factor,
             virtual_nodes=virtual_nodes, lanes=lanes, scrape_interval_s=scrape_interval,
-            metrics_engine=metrics_engine,
+            metrics_engine=metrics_engine, hold_queue=hold_queue, hold_timeout_s=hold_timeout,
+            release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
         )
     except ValidationError as exc:
         for error in exc.errors():

@@ -74,6 +74,15 @@ class RouterConfig(BaseModel):
     read_timeout_s: float | None = Field(default=None, gt=0)
     # Which metric family to read from replicas; None detects it per scrape.
     metrics_engine: str | None = None
+    # Scale from zero (router/hold.py): hold up to `hold_queue` requests while no replica is
+    # Ready (0 turns holding off: such requests get 503 at once), each for `hold_timeout_s`
+    # (default twice the measured cold-start p95, at most 600 s), released at most
+    # `release_concurrency` per ready replica at a time (the replica's verified concurrency).
+    hold_queue: int = Field(default=0, ge=0)
+    hold_timeout_s: float | None = Field(default=None, gt=0, le=600)
+    release_concurrency: int | None = Field(default=None, gt=0)
+    # Cold start assumed until one is measured (for Retry-After and the hold timeout).
+    cold_start_fallback_s: float = Field(default=60.0, gt=0)
 
     @field_validator("backends")
     @classmethod

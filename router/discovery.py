@@ -15,12 +15,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from plimsoll.router.backends import ReplicaSet
 from plimsoll.router.config import RouterConfig
 
 log = logging.getLogger(__name__)
+
+
+# Set by the operator on replicas its scale-down is draining: no new requests go there.
+DRAINING_LABEL = "plimsoll.dev/draining"
+# How often the LLMService's status is read (the hold queue takes the measured cold starts from it).
+STATUS_POLL_S = 5.0
+
+
+def is_draining(pod: dict[str, Any]) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(DRAINING_LABEL) == "true"
 
 
 def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | None:
@@ -45,8 +56,14 @@ def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | N
 class PodDiscovery:
     """Keeps a ReplicaSet equal to the ready-or-not pods of one LLMService."""
 
-    def __init__(self, config: RouterConfig, replica_set: ReplicaSet) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        replica_set: ReplicaSet,
+        on_status: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         assert config.llmservice is not None
+        self._on_status = on_status
         self._config = config
         self._name = config.llmservice
         self._replica_set = replica_set
@@ -65,22 +82,41 @@ class PodDiscovery:
             await config.load_kube_config()  # $KUBECONFIG or ~/.kube/config
         async with client.ApiClient() as api_client:
             core = client.CoreV1Api(api_client)
-            while True:
-                try:
-                    selector = await self._selector(client.CustomObjectsApi(api_client))
-                    pods = await core.list_namespaced_pod(self._config.namespace, label_selector=selector)
-                    self._replace([api_client.sanitize_for_serialization(p) for p in pods.items])
-                    stream = watch.Watch().stream(
-                        core.list_namespaced_pod, self._config.namespace, label_selector=selector,
-                        resource_version=pods.metadata.resource_version, timeout_seconds=300,
-                    )
-                    async with stream as events:
-                        async for event in events:
-                            self._apply(event["type"], event["raw_object"])
-                except ApiException as exc:
-                    # 410 Gone (watch too old) and transient API errors: list again.
-                    log.warning("pod watch for LLMService %s: %s; re-listing", self._name, exc.reason)
-                    await asyncio.sleep(1.0)
+            poller = asyncio.create_task(self._poll_status(client.CustomObjectsApi(api_client)))
+            try:
+                while True:
+                    try:
+                        selector = await self._selector(client.CustomObjectsApi(api_client))
+                        pods = await core.list_namespaced_pod(self._config.namespace, label_selector=selector)
+                        self._replace([api_client.sanitize_for_serialization(p) for p in pods.items])
+                        stream = watch.Watch().stream(
+                            core.list_namespaced_pod, self._config.namespace, label_selector=selector,
+                            resource_version=pods.metadata.resource_version, timeout_seconds=300,
+                        )
+                        async with stream as events:
+                            async for event in events:
+                                self._apply(event["type"], event["raw_object"])
+                    except ApiException as exc:
+                        # 410 Gone (watch too old) and transient API errors: list again.
+                        log.warning("pod watch for LLMService %s: %s; re-listing", self._name, exc.reason)
+                        await asyncio.sleep(1.0)
+            finally:
+                poller.cancel()
+
+    async def _poll_status(self, custom: Any) -> None:
+        """Hand the LLMService's status to ``on_status`` every STATUS_POLL_S."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        while self._on_status is not None:
+            try:
+                service = await custom.get_namespaced_custom_object(
+                    self._config.crd_group, self._config.crd_version, self._config.namespace, "llmservices",
+                    self._name,
+                )
+                self._on_status(dict(service.get("status") or {}))
+            except ApiException as exc:
+                log.debug("cannot read LLMService %s status: %s", self._name, exc.reason)
+            await asyncio.sleep(STATUS_POLL_S)
 
     async def _selector(self, custom: Any) -> str:
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -101,12 +137,15 @@ class PodDiscovery:
     def _replace(self, pods: list[dict[str, Any]]) -> None:
         self._pods.clear()
         ready: dict[str, bool] = {}
+        draining: list[str] = []
         for pod in pods:
             endpoint = pod_endpoint(pod, self._config.backend_port)
             if endpoint is not None:
                 self._pods[pod["metadata"]["name"]] = endpoint[0]
                 ready[endpoint[0]] = endpoint[1]
-        self._replica_set.replace(ready, ready)
+                if is_draining(pod):
+                    draining.append(endpoint[0])
+        self._replica_set.replace(ready, ready, draining)
 
     def _apply(self, event_type: str, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -120,4 +159,4 @@ class PodDiscovery:
         if old_url is not None and old_url != url:
             self._replica_set.remove(old_url)
         self._pods[name] = url
-        self._replica_set.upsert(url, ready)
+        self._replica_set.upsert(url, ready, draining=is_draining(pod))

@@ -29,6 +29,8 @@ UPSTREAM_ERRORS = PREFIX + "upstream_errors"
 REJECTIONS = PREFIX + "rejections"
 REQUEST_DURATION = PREFIX + "request_duration_seconds"
 TIME_TO_FIRST_BYTE = PREFIX + "time_to_first_byte_seconds"
+HELD_REQUESTS = PREFIX + "held_requests"
+HOLD_DURATION = PREFIX + "hold_duration_seconds"
 
 
 class RouterMetrics:
@@ -48,12 +50,16 @@ class RouterMetrics:
         self.upstream_errors = Counter(UPSTREAM_ERRORS, "Failures talking to a replica, by kind "
                                        "(connect, read, stream_broken).", ["replica", "kind"], registry=r)
         self.rejections = Counter(REJECTIONS, "Requests the router answered itself, by reason "
-                                  "(saturated -> 429, no_replica -> 503, upstream_failed -> 502).",
+                                  "(saturated -> 429, hold_full -> 429, no_replica -> 503, hold_timeout -> 503, "
+                                  "upstream_failed -> 502).",
                                   ["reason"], registry=r)
         self.duration = Histogram(REQUEST_DURATION, "Request latency through the router, arrival to last byte.",
                                   ["endpoint", "code"], buckets=REQUEST_LATENCY_BUCKETS, registry=r)
         self.first_byte = Histogram(TIME_TO_FIRST_BYTE, "Arrival to the first body byte from the replica "
                                     "(TTFT for streams).", ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self.held = Gauge(HELD_REQUESTS, "Requests held while no replica is Ready (scale from zero).", registry=r)
+        self.hold_seconds = Histogram(HOLD_DURATION, "Time a request spent held before a replica took it.",
+                                      buckets=REQUEST_LATENCY_BUCKETS, registry=r)
         self._known: set[str] = set()
 
     def observe_replicas(self, replica_set: ReplicaSet) -> None:

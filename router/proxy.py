@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.config import RouterConfig
+from plimsoll.router.hold import HoldFull, HoldQueue, HoldTimeout
 from plimsoll.router.metrics import RouterMetrics
 from plimsoll.router.policy import AllSaturated, NoReadyReplica, RequestFeatures, Router
 
@@ -75,8 +76,10 @@ class Proxy:
         router: Router,
         metrics: RouterMetrics,
         client: httpx.AsyncClient,
+        hold: HoldQueue | None = None,
     ) -> None:
         self._config = config
+        self._hold = hold
         self._replica_set = replica_set
         self._router = router
         self._metrics = metrics
@@ -95,6 +98,46 @@ class Proxy:
             headers.append(("x-forwarded-for", request.client.host))
         target = endpoint + (f"?{request.url.query}" if request.url.query else "")
         tried: set[str] = set()
+        # Released from the hold queue: the release slot is given back when the response ends.
+        held = False
+        if self._hold is not None and self._hold.should_hold():
+            refused = await self._wait_in_hold(endpoint, arrival)
+            if refused is not None:
+                return refused
+            held = True
+        try:
+            response = await self._forward(request, endpoint, body, features, headers, target, arrival, tried, held)
+        except BaseException:
+            if held:
+                self._hold.done()  # type: ignore[union-attr]
+            raise
+        if held and not isinstance(response, _RelayResponse):
+            self._hold.done()  # type: ignore[union-attr]
+        return response
+
+    async def _wait_in_hold(self, endpoint: str, arrival: float) -> Response | None:
+        """Hold until a replica can take the request; None when released, else the 429/503 to send."""
+        assert self._hold is not None
+        self._metrics.held.set(self._hold.held + 1)
+        try:
+            waited = await self._hold.hold()
+        except HoldFull as full:
+            response = error_response(429, str(full), "RateLimitError",
+                                      headers={"Retry-After": str(full.retry_after_s)})
+            return self._finish(response, endpoint, arrival, reason="hold_full")
+        except HoldTimeout as timeout:
+            response = error_response(503, str(timeout), "ServiceUnavailableError",
+                                      headers={"Retry-After": str(self._hold.cold_starts.retry_after_s(None))})
+            return self._finish(response, endpoint, arrival, reason="hold_timeout")
+        finally:
+            self._metrics.held.set(self._hold.held)
+        self._metrics.hold_seconds.observe(waited)
+        return None
+
+    async def _forward(
+        self, request: Request, endpoint: str, body: bytes, features: RequestFeatures,
+        headers: list[tuple[str, str]], target: str, arrival: float, tried: set[str], held: bool,
+    ) -> Response:
         while True:
             try:
                 decision = self._router.choose(features, frozenset(tried))
@@ -129,7 +172,7 @@ class Proxy:
                                    "BadGatewayError"),
                     endpoint, arrival, reason="upstream_failed",
                 )
-            release = self._releaser(upstream, replica, endpoint, arrival)
+            release = self._releaser(upstream, replica, endpoint, arrival, held)
             return _RelayResponse(
                 self._relay(upstream, replica, endpoint, arrival, release),
                 release,
@@ -142,7 +185,7 @@ class Proxy:
             )
 
     def _releaser(
-        self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float
+        self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float, held: bool = False
     ) -> Callable[[], Awaitable[None]]:
         """Close the upstream response and count the request out, exactly once."""
         released = False
@@ -152,8 +195,12 @@ class Proxy:
             if released:
                 return
             released = True
-            await upstream.aclose()
-            self._end(replica)
+            try:
+                await upstream.aclose()
+            finally:
+                self._end(replica)
+                if held and self._hold is not None:
+                    self._hold.done()
             self._metrics.duration.labels(endpoint, str(upstream.status_code)).observe(time.monotonic() - arrival)
 
         return release

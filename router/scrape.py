@@ -65,6 +65,7 @@ class Scraper:
         replicas = list(self._replica_set.replicas.values())
         await asyncio.gather(*(self.scrape(r) for r in replicas))
         self._metrics.observe_replicas(self._replica_set)
+        self._replica_set.ready_changed()
 
     async def scrape(self, replica: Replica) -> None:
         try:

@@ -166,8 +166,16 @@ class ScalingSpec(APIModel):
         }
     )
 
-    min: int = Field(1, ge=0, description="Fewest replicas.")
+    min: int = Field(1, ge=0, description="Fewest replicas; 0 scales to zero after idleSeconds (the router holds "
+                     "requests meanwhile).")
     max: int = Field(ge=1, description="Most replicas.")
+    idle_seconds: int = Field(
+        600, ge=1, description="With min 0: seconds without a request before the replicas go to zero."
+    )
+    drain_seconds: int = Field(
+        120, ge=0, description="Built-in scale-down: the longest a replica chosen for removal is drained "
+        "(no new requests, in-flight ones finish) before the count is lowered."
+    )
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> "ScalingSpec":
@@ -359,8 +367,20 @@ class RouterSpec(APIModel):
         }
     )
 
-    enabled: bool = Field(False, description="Deploy plimsoll's router and point the endpoint at it.")
+    enabled: bool = Field(
+        False,
+        description="Deploy plimsoll's router and point the endpoint at it (always on with scaling.min 0 "
+        "unless mode is inferencePool).",
+    )
     policy: RouterPolicy = Field("least-in-flight", description="How the router picks a replica.")
+    hold_queue: int = Field(
+        64, ge=0, description="Requests the router holds while no replica is Ready; beyond it, 429 with "
+        "Retry-After from the measured cold starts."
+    )
+    hold_timeout_seconds: int | None = Field(
+        None, ge=1, le=600, description="Longest a request is held; default twice the measured cold-start p95, "
+        "at most 600."
+    )
     mode: RouterMode = Field(
         "plimsoll",
         description="plimsoll (the router above, when enabled) or inferencePool: an InferencePool "
@@ -500,6 +520,12 @@ class LLMServiceSpec(APIModel):
                 "(the external autoscaler's bounds)"
             )
         return self
+
+    def router_in_front(self) -> bool:
+        """The router runs when asked for, and always with scaling.min 0: it holds requests at zero."""
+        return self.router.enabled or (
+            self.scaling is not None and self.scaling.min == 0 and self.router.mode == "plimsoll"
+        )
 
     def desired_replicas(self) -> int:
         """Replicas the Deployment gets before any autoscaler decision: spec.replicas, else scaling.min, else 1."""

@@ -98,6 +98,12 @@ class LLMServiceStatus(APIModel):
     capacity: CapacityStatus | None = Field(None, description="Per-replica capacity.")
     autoscaler: AutoscalerStatus | None = Field(None, description="Last autoscaling decision.")
     sizing: SizingStatus | None = Field(None, description="Starting replica count from expectedLoad.")
+    cold_start: FreeForm | None = Field(
+        None, description="Measured times from a replica being needed to Ready (samplesSeconds, p95Seconds, last)."
+    )
+    scale_down: FreeForm | None = Field(
+        None, description="The two-phase scale-down: pods being drained, why it ended, requestsCutTotal."
+    )
 
 
 def set_condition(

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers import scale_phases
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.resources.labels import selector_string
@@ -40,6 +41,7 @@ from plimsoll.operator.scaling.autoscaler_loop import (
 )
 from plimsoll.operator.scaling.inputs import autoscaler_config
 from plimsoll.operator.scaling.metrics import MetricsError, PodSample, parse_scrape
+from plimsoll.operator.scaling.scale_to_zero import floored
 from plimsoll.operator.scaling.sizing import NoTargetError
 from plimsoll.operator.scaling.slo import check_slo
 
@@ -182,7 +184,8 @@ async def _tick(
     status = dict(body.get("status") or {})
     profiled = (status.get("capacity") or {}).get("concurrencyPerReplica")
     try:
-        config: AutoscalerConfig = autoscaler_config(svc.spec, profiled)
+        # Zero is the idle rule's decision (scale_phases), never the HPA formula's.
+        config: AutoscalerConfig = floored(autoscaler_config(svc.spec, profiled))
     except NoTargetError as error:
         state.scaler = None
         await _report_no_target(kube, svc, status, error, logger)
@@ -195,9 +198,13 @@ async def _tick(
         # so recommendations made for the old count cannot undo the new one before a full window.
         scaler = state.scaler = Autoscaler(config)
 
-    observations = await observe(http, await list_pods(kube, svc))
+    pods = await list_pods(kube, svc)
+    observations = await observe(http, pods)
     # Wall time for readable status, never going backwards for the decision's windows.
     now = state.last_now = max(time.time(), state.last_now)
+    # Zero replicas, a drain under way, or an idle service going to zero: scale_phases owns the tick.
+    if await scale_phases.before_decide(kube, body, svc, http, config, current, pods, observations, now, logger):
+        return
     decision = scaler.decide(now, current, observations)
     state.saw(current, decision.desired_replicas)
 
@@ -213,11 +220,13 @@ async def _tick(
         slo = (check.status, check.reason, check.message)
         state.slo_base = (now, samples)
 
-    if decision.changed:
+    if decision.changed and decision.desired_replicas < current:
+        # Two-phase: drain the chosen pods first; scale_phases lowers the count once they are empty.
+        await scale_phases.start_scale_down(kube, body, svc, http, decision, pods, observations, logger)
+    elif decision.changed:
         await set_replicas(kube, svc, decision.desired_replicas)
-        reason = "ScaledUp" if decision.desired_replicas > current else "ScaledDown"
-        kopf.info(body, reason=reason, message=decision.event_message())
-        logger.info("%s: %s", reason, decision.event_message())
+        kopf.info(body, reason="ScaledUp", message=decision.event_message())
+        logger.info("ScaledUp: %s", decision.event_message())
     if warn_scaling_limited(decision, status.get("conditions")):
         kopf.warn(body, reason="ScalingLimited", message=decision.event_message())
 

@@ -110,8 +110,10 @@ def _removed_router(owner: dict[str, Any], meta: dict[str, Any]) -> bool:
     """A router child deleted while the owner's router is off: nothing to restore."""
     if (meta.get("labels") or {}).get(COMPONENT_LABEL) != "router":
         return False
-    router = (owner.get("spec") or {}).get("router") or {}
-    return not router.get("enabled", False)
+    try:
+        return not parse(owner).spec.router_in_front()
+    except ValidationError:
+        return False
 
 
 async def _on_child(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger) -> None:

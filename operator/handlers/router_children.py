@@ -30,7 +30,7 @@ def router_objects(svc: LLMService, settings: BuildSettings) -> list[dict[str, A
 
 def router_children(svc: LLMService, settings: BuildSettings) -> list[dict[str, Any]]:
     """The router objects reconcile should apply: all of them when enabled, none otherwise."""
-    return router_objects(svc, settings) if svc.spec.router.enabled else []
+    return router_objects(svc, settings) if svc.spec.router_in_front() else []
 
 
 async def remove_disabled_router(
@@ -45,7 +45,7 @@ async def remove_disabled_router(
     The router Deployment is the marker: without it nothing is looked up further,
     so an LLMService that never had a router costs one GET per reconcile.
     """
-    if svc.spec.router.enabled:
+    if svc.spec.router_in_front():
         return ()
     if await kube.get("apps/v1", "Deployment", svc.namespace, router_name(svc)) is None:
         return ()
@@ -65,7 +65,7 @@ async def remove_disabled_router(
 
 async def current_router(kube: Kube, svc: LLMService) -> dict[str, Any] | None:
     """The router's Deployment as stored, for Ready; None (and no lookup) when the router is off."""
-    if not svc.spec.router.enabled:
+    if not svc.spec.router_in_front():
         return None
     router: dict[str, Any] | None = await kube.get("apps/v1", "Deployment", svc.namespace, router_name(svc))
     return router

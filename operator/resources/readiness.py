@@ -24,12 +24,12 @@ def _deployment_condition(deployment: dict[str, Any], type_: str) -> dict[str, A
 
 def _router_wait(svc: LLMService, router: dict[str, Any] | None) -> str:
     """Why the router keeps the endpoint from serving ("" when it does not): clients are sent to it."""
-    if not svc.spec.router.enabled:
+    if not svc.spec.router_in_front():
         return ""
     if router is None:
         return "the router Deployment does not exist yet"
     if int((router.get("status") or {}).get("readyReplicas", 0) or 0) < 1:
-        # The router turns ready once it has discovered a ready replica.
+        # The router turns ready once it can take requests (a ready replica, or room to hold them).
         return "the router has no ready pod yet"
     return ""
 
@@ -72,7 +72,11 @@ def build_status(
         )
         conditions = put(conditions, "Progressing", "True", "CreatingReplicas", "creating the Deployment")
     elif desired == 0:
-        conditions = put(conditions, "Ready", "False", "ScaledToZero", "replicas is 0; nothing serves")
+        message = (
+            "scaled to zero; the router holds requests and the first one brings a replica up"
+            if svc.spec.router_in_front() else "replicas is 0; nothing serves"
+        )
+        conditions = put(conditions, "Ready", "False", "ScaledToZero", message)
         conditions = put(conditions, "Progressing", "False", "ScaledToZero", "no replicas requested")
     elif all_ready and not router_wait:
         conditions = put(conditions, "Ready", "True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
@@ -105,7 +109,7 @@ def build_status(
         "readyReplicas": ready,
         "selector": selector_string(svc),
         # With the router on, clients go through it: it balances LLM work, not connections.
-        "endpoint": router_endpoint_url(svc) if svc.spec.router.enabled else endpoint_url(svc),
+        "endpoint": router_endpoint_url(svc) if svc.spec.router_in_front() else endpoint_url(svc),
     }
 
 

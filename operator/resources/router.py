@@ -27,31 +27,37 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
 
 
+def _verified_concurrency(svc: LLMService) -> int | None:
+    """The per-replica in-flight the spec states (override, else Manual capacity); None when only a profile knows."""
+    target = svc.spec.autoscaling.target_in_flight_per_replica
+    if target is None and svc.spec.capacity.mode == "Manual":
+        target = svc.spec.capacity.concurrency_per_replica
+    return None if target is None else max(1, int(target))
+
+
 def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: int = 1) -> dict[str, Any]:
     """The router Deployment: `plimsoll route` discovering the replicas from the LLMService's pods."""
     name = router_name(svc)
     args = [
-        "route",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(ENGINE_PORT),
-        "--llmservice",
-        svc.name,
-        "--namespace",
-        svc.namespace,
-        "--backend-port",
-        str(ENGINE_PORT),
-        "--policy",
-        svc.spec.router.policy,
-    ]
+        "route", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+        "--llmservice", svc.name, "--namespace", svc.namespace,
+        "--backend-port", str(ENGINE_PORT), "--policy", svc.spec.router.policy,
+        "--hold-queue", str(svc.spec.router.hold_queue),
+    ]  # fmt: skip
+    if svc.spec.router.hold_timeout_seconds is not None:
+        args += ["--hold-timeout", str(svc.spec.router.hold_timeout_seconds)]
+    concurrency = _verified_concurrency(svc)
+    if concurrency is not None:
+        # Held requests reach a fresh replica no faster than it is known to carry.
+        args += ["--release-concurrency", str(concurrency)]
     container = {
         "name": "router",
         "image": settings.plimsoll_image,
         "command": ["plimsoll"],
         "args": args,
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        # Ready only once at least one replica is ready: an empty router takes no traffic.
+        # With a hold queue (router.holdQueue > 0) the router is Ready at zero replicas: it holds requests
+        # while one starts. Without, it is Ready only once a replica is, and an empty router takes no traffic.
         "readinessProbe": _probe("/ready", period=5, failures=3),
         "livenessProbe": _probe("/health", period=10, failures=3),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},

@@ -55,6 +55,7 @@ class DrainingServer(uvicorn.Server):
         if await self.ctx.wait_idle(timeout):
             log.info("drained; shutting down")
         else:
+            self.ctx.metrics.cut_by_shutdown_add(self.ctx.num_in_flight)
             log.warning(
                 "drain timeout: %d request(s) still in flight after %.0fs are cut off",
                 self.ctx.num_in_flight,

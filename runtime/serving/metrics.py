@@ -167,6 +167,10 @@ class ServerMetrics:
             )
         elif metrics_compat is not None:
             raise ValueError(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
+        self.cut_by_shutdown = counter(
+            mn.REQUESTS_CUT_BY_SHUTDOWN,
+            "Requests still in flight when the drain deadline after SIGTERM passed, ended by the shutdown.",
+        )
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).
         self.counting = False
@@ -175,7 +179,8 @@ class ServerMetrics:
             self.request_success.labels(model_name, reason)
         for reason in REJECTION_REASONS:
             self.rejections.labels(model_name, reason)
-        for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits):
+        for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits,
+                       self.cut_by_shutdown):
             family.labels(model_name)
 
     # ---- the engine observer ---------------------------------------------------
@@ -240,6 +245,10 @@ class ServerMetrics:
     def reject(self, reason: str) -> None:
         assert reason in REJECTION_REASONS, reason
         self.rejections.labels(self.model_name, reason).inc()
+
+    def cut_by_shutdown_add(self, count: int) -> None:
+        """Count requests the shutdown ends because the drain deadline passed (the operator reads it)."""
+        self.cut_by_shutdown.labels(self.model_name).inc(count)
 
     def set_cache_config(
         self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str

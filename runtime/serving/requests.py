@@ -59,6 +59,9 @@ class ServingContext:
     settings: ServerSettings
     metrics: ServerMetrics
     draining: bool = False
+    # Marked by the operator for a scale-down (POST /drain): /ready fails so no new work is routed
+    # here, but requests are still admitted, so one already on its way is not refused.
+    marked_for_removal: bool = False
     num_in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 

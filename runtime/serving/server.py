@@ -148,7 +148,20 @@ def build_app(
         if state["fatal"] is not None or not engine.is_ready:
             reason = "engine failed" if state["fatal"] is not None else "loading"
             return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+        if ctx.marked_for_removal:
+            return JSONResponse({"ready": False, "reason": "marked for removal"}, status_code=503)
         return JSONResponse({"ready": True})
+
+    @app.post("/drain")
+    async def mark_for_removal() -> Response:
+        # The operator's two-phase scale-down: readiness drops, in-flight work finishes here.
+        ctx.marked_for_removal = True
+        return JSONResponse({"markedForRemoval": True, "inFlight": ctx.num_in_flight})
+
+    @app.delete("/drain")
+    async def unmark_for_removal() -> Response:
+        ctx.marked_for_removal = False
+        return JSONResponse({"markedForRemoval": False, "inFlight": ctx.num_in_flight})
 
     @app.get("/version")
     async def version() -> Response:

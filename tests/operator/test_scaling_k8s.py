@@ -59,6 +59,8 @@ class SimulatedEngines:
             self.cluster, "pods", "-n", self.namespace, "-l", f"plimsoll.dev/llmservice={self.name}"
         )
         ips = set()
+        # Pods the two-phase scale-down is draining get no new work (as behind the router): their share is 0.
+        draining = set()
         for pod in (listing or {}).get("items", []):
             ready = any(
                 c.get("type") == "Ready" and c.get("status") == "True"
@@ -67,6 +69,8 @@ class SimulatedEngines:
             ip = pod.get("status", {}).get("podIP")
             if ready and ip and not pod["metadata"].get("deletionTimestamp"):
                 ips.add(ip)
+                if (pod["metadata"].get("labels") or {}).get("plimsoll.dev/draining") == "true":
+                    draining.add(ip)
         for ip in set(self._servers) - ips:
             server, _, _ = self._servers.pop(ip)
             server.shutdown()
@@ -78,11 +82,13 @@ class SimulatedEngines:
             server = ThreadingHTTPServer((ip, ENGINE_PORT), MetricsHandler.factory(registry))
             threading.Thread(target=server.serve_forever, daemon=True).start()
             self._servers[ip] = (server, running, waiting)
-        if self._servers:
-            share = self.total / len(self._servers)
-            for _, running, waiting in self._servers.values():
-                running.set(min(share, self.running_cap))
-                waiting.set(max(share - self.running_cap, 0.0))
+        serving = [ip for ip in self._servers if ip not in draining]
+        if serving:
+            share = self.total / len(serving)
+            for ip, (_, running, waiting) in self._servers.items():
+                mine = share if ip in serving else 0.0
+                running.set(min(mine, self.running_cap))
+                waiting.set(max(mine - self.running_cap, 0.0))
 
 
 def _events(cluster: Any, ns: str, name: str) -> list[dict[str, Any]]:

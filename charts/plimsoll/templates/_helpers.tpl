@@ -75,10 +75,11 @@ app.kubernetes.io/part-of: plimsoll
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# The autoscaler lists replica pods to scrape their /metrics (read-only).
+# The autoscaler lists replica pods to scrape their /metrics; its two-phase scale-down
+# patches the pods it drains (label plimsoll.dev/draining, controller.kubernetes.io/pod-deletion-cost).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 # Scrape objects and alert rules, only used when the Prometheus Operator's CRDs exist.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors", "servicemonitors", "prometheusrules"]
