@@ -37,6 +37,10 @@ STEP_TOKENS = "plimsoll_step_tokens"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
 # Requests still in flight when the drain deadline after SIGTERM passed (cut off by the shutdown).
 REQUESTS_CUT_BY_SHUTDOWN = "plimsoll_requests_cut_by_shutdown_total"
+# Per priority class (label ``priority``; never a tenant id): --scheduling-policy priority
+PRIORITY_TIME_TO_FIRST_TOKEN = "plimsoll_priority_time_to_first_token_seconds"
+PRIORITY_REQUEST_QUEUE_TIME = "plimsoll_priority_request_queue_time_seconds"
+PRIORITY_REQUESTS = "plimsoll_priority_requests_total"
 
 # vLLM 0.32 histogram buckets (+Inf implied).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -92,8 +92,22 @@ def serve(
     scheduling_policy: str = typer.Option(
         "continuous",
         "--scheduling-policy",
-        help="continuous (admit new requests every step) or static (admit a new batch only when the "
-        "running one has drained; for comparison, see docs/runtime.md).",
+        help="continuous (admit new requests every step), static (admit a new batch only when the "
+        "running one has drained; for comparison, see docs/runtime.md) or priority (the request's "
+        "`priority` decides, lower first; fair share across x-gateway-inference-fairness-id tenants).",
+    ),
+    max_tenant_inflight_tokens: int | None = typer.Option(
+        None,
+        "--max-tenant-inflight-tokens",
+        min=1,
+        help="Prompt + max_tokens one tenant (x-gateway-inference-fairness-id, else `user`) may have in "
+        "flight; beyond it new requests get 429 (default: unlimited).",
+    ),
+    otlp_traces_endpoint: str | None = typer.Option(
+        None,
+        "--otlp-traces-endpoint",
+        envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        help="OTLP/HTTP URL to send OpenTelemetry traces to, e.g. http://collector:4318/v1/traces.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for requests that do not send one."),
     drain_timeout: float = typer.Option(
@@ -166,6 +180,7 @@ def serve(
             max_waiting=max_waiting,
             request_timeout=request_timeout,
             drain_timeout=drain_timeout,
+            max_tenant_inflight_tokens=max_tenant_inflight_tokens,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
@@ -177,6 +192,10 @@ def serve(
     from plimsoll.runtime.serve_args import kernel_line
 
     logging.getLogger("plimsoll.serve").info(kernel_line(device, attention_backend, dtype))
+    if otlp_traces_endpoint:
+        from plimsoll.tracing import configure_tracing
+
+        configure_tracing("plimsoll-serve", otlp_traces_endpoint)
     metrics = ServerMetrics(settings.served_model_name, metrics_compat=metrics_compat)
     engine = AsyncEngine(config, observer=metrics)
     failed: list[BaseException] = []

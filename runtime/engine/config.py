@@ -34,7 +34,7 @@ class EngineConfig(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     enable_prefix_caching: bool = True
     attention_backend: Literal["torch", "triton"] = "torch"
-    scheduling_policy: Literal["continuous", "static"] = "continuous"
+    scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
 
     @field_validator("kv_cache_memory", mode="before")

@@ -200,9 +200,12 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         touched: dict[str, RequestGroup] = {}
         if not sched.is_empty:
+            prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_output_tokens == 0]
             reqs, logits = self.runner.execute(sched)
             sampled = self.sampler(reqs, logits) if reqs else []
             now = time.monotonic()
+            for r, n in prompt_chunks:
+                r.prefill_chunks.append((t0, now, n))  # for the trace's prefill-chunk spans
             for req, (token, logprobs) in zip(reqs, sampled, strict=True):
                 self._append(req, token, logprobs, now)
                 touched[req.group_id] = self.seq_to_group[req.request_id]
@@ -281,6 +284,8 @@ class LLMEngine:
             num_cached_tokens=max(first.num_cached_tokens, 0),
             num_preemptions=sum(s.num_preemptions for s in g.seqs),
             finish_reason=first.finish_reason if g.finished else None,
+            priority=first.params.priority,
+            prefill_chunks=list(first.prefill_chunks),
         )
         return RequestOutput(
             request_id=g.request_id,

@@ -49,6 +49,9 @@ class RequestMetrics:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     finish_reason: str | None = None
+    priority: int = 0
+    # (start, end, tokens) of every step that computed prompt tokens: the trace's prefill chunks
+    prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

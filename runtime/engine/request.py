@@ -75,6 +75,7 @@ class Request:
     logprobs: "list[dict[int, Logprob]] | None" = None
     num_emitted_tokens: int = 0  # output tokens already reported to the consumer
     num_emitted_logprobs: int = 0
+    prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, tokens)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -29,6 +29,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs; 0 = only the chosen token's
     skip_special_tokens: bool = True
+    # Scheduling hints ride along with the request's parameters (read only by the priority
+    # policy): lower ``priority`` runs first (vLLM), ``fairness_id`` names the tenant.
+    priority: int = 0
+    fairness_id: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

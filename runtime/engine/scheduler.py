@@ -7,6 +7,12 @@ budget and a sequence cap. Running requests go first (oldest first); when blocks
 run out the newest running request is preempted (blocks freed, recomputed later).
 Waiting requests are admitted FCFS, only in steps that preempted nobody.
 
+``policy="priority"`` (vLLM's ``--scheduling-policy priority``): the order of the
+waiting queue, the preemption victim and who may displace whom come from
+``policy.py`` (lower ``priority`` first, fair share across tenants within a class);
+a waiting request of a strictly higher class preempts the lowest-class running one
+when the sequence slots are full, and KV preemptions pick the lowest class too.
+
 ``policy="static"`` is the baseline continuous batching beats: a new batch is
 admitted only once the running one has fully drained; admission stays open until
 the batch is full (``max_num_seqs``) or nothing is waiting.
@@ -19,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
+from plimsoll.runtime.engine.policy import make_policy
 from plimsoll.runtime.engine.request import Request, RequestStatus
 
 
@@ -50,13 +57,16 @@ class Scheduler:
         max_model_len: int,
         policy: str = "continuous",
     ) -> None:
-        if policy not in ("continuous", "static"):
-            raise ValueError(f"scheduling_policy must be 'continuous' or 'static', got {policy!r}")
+        if policy not in ("continuous", "static", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'continuous', 'static' or 'priority', got {policy!r}"
+            )
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.policy = policy
+        self.order = make_policy(policy)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -72,9 +82,10 @@ class Scheduler:
             raise ValueError(f"request id {req.request_id!r} is already in use; use a unique id")
         self.requests[req.request_id] = req
         self.waiting.append(req)
+        self.order.on_added(req, self.requests.values())
 
     def _admission_allowed(self) -> bool:
-        if self.policy == "continuous":
+        if self.policy != "static":
             return True
         if not self.running:
             self._static_admission_open = True
@@ -84,8 +95,12 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         allowed = self._admission_allowed()
+        if self.order.is_priority:
+            self._displace_for_higher_classes(out)
+        num_displaced = len(out.preempted)
+        self.order.running_order(self.running)
 
-        # Pass 1: running requests, oldest first.
+        # Pass 1: running requests, oldest first (by class first under the priority policy).
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -93,7 +108,7 @@ class Scheduler:
             assert num_new > 0, f"running request {req.request_id} has nothing to compute"
             while not self.kv.allocate_slots(req, num_new):
                 out.num_kv_allocation_failures += 1
-                victim = self.running[-1]
+                victim = self.order.victim(self.running)
                 self._preempt(victim, out)
                 if victim is req:
                     break
@@ -103,16 +118,16 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        # Pass 2: waiting requests, FCFS, only if nobody was preempted this step.
-        if not out.preempted and allowed:
+        # Pass 2: waiting requests in the policy's order, only if the KV cache preempted nobody.
+        if len(out.preempted) == num_displaced and allowed:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                req = self.waiting[0]
+                req = self.order.select(self.waiting)
                 hits, num_hit = self.kv.get_computed_blocks(req)
                 num_new = min(req.num_tokens - num_hit, budget)
                 if not self.kv.allocate_slots(req, num_new, hits):
                     out.num_kv_allocation_failures += 1
                     break
-                self.waiting.popleft()
+                self.waiting.remove(req)
                 out.prefix_cache_queries += req.num_tokens
                 out.prefix_cache_hits += num_hit
                 req.num_computed_tokens = num_hit
@@ -130,7 +145,24 @@ class Scheduler:
         # Progress is booked now; the runner reads the pre-step value from the tuple.
         for req, num_new in out.scheduled:
             req.num_computed_tokens += num_new
+            self.order.on_scheduled(req, num_new)
         return out
+
+    def _displace_for_higher_classes(self, out: SchedulerOutput) -> None:
+        """Free sequence slots for waiting requests that outrank running ones (priority policy).
+
+        Walks the waiting requests in the policy's order: each takes a free slot if
+        there is one, else preempts the lowest-class running request below its own class.
+        """
+        free = self.max_num_seqs - len(self.running)
+        for candidate in self.order.first(self.waiting, self.max_num_seqs):
+            if free > 0:
+                free -= 1
+                continue
+            victim = self.order.should_displace(candidate, self.running)
+            if victim is None:
+                return
+            self._preempt(victim, out)
 
     def _record(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         out.scheduled.append((req, num_new))

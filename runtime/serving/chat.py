@@ -26,7 +26,7 @@ from plimsoll.runtime.serving.protocol import (
     ChatResponseMessage,
     UsageInfo,
 )
-from plimsoll.runtime.serving.requests import Admission, ServingContext, until_disconnect
+from plimsoll.runtime.serving.requests import Admission, ServingContext, tenant_of, until_disconnect
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -42,7 +42,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     except ValueError as exc:
         raise bad_request(str(exc)) from None
 
-    adm = ctx.admit("chatcmpl")
+    params.fairness_id = tenant_of(raw, req.user)
+    held = (len(prompt_ids) + max_tokens) * req.n
+    adm = ctx.admit("chatcmpl", params.fairness_id, held)
     stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat")
     if req.stream:
         streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)

@@ -24,7 +24,7 @@ from plimsoll.runtime.serving.protocol import (
     CompletionResponse,
     UsageInfo,
 )
-from plimsoll.runtime.serving.requests import Admission, ServingContext, merge, until_disconnect
+from plimsoll.runtime.serving.requests import Admission, ServingContext, merge, tenant_of, until_disconnect
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -43,7 +43,11 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     except ValueError as exc:
         raise bad_request(str(exc)) from None
 
-    adm = ctx.admit("cmpl")
+    tenant = tenant_of(raw, req.user)
+    for p in params:
+        p.fairness_id = tenant
+    held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
+    adm = ctx.admit("cmpl", tenant, held)
     streams = [
         ctx.outputs(ids, p, f"{adm.request_id}-{i}", "completions")
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))

@@ -33,7 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from plimsoll import metric_names as mn
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout")
+REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
 
 
 class _StepStats(Protocol):
@@ -81,8 +81,8 @@ class ServerMetrics:
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(_strip_total(name), doc, [*labels, *extra], registry=r)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...], extra: tuple[str, ...] = ()) -> Histogram:
+            return Histogram(name, doc, [*labels, *extra], buckets=buckets, registry=r)
 
         self.running = gauge(
             mn.NUM_REQUESTS_RUNNING, "Requests in the running batch (vllm:num_requests_running)."
@@ -141,6 +141,23 @@ class ServerMetrics:
             mn.STEP_TOKENS,
             "Tokens scheduled per engine step.",
             tuple(float(b) for b in mn.STEP_TOKENS_BUCKETS),
+        )
+        # One series per priority class; classes are the request's integer, clamped so a
+        # client cannot mint unbounded label values.
+        self.priority_ttft = histogram(
+            mn.PRIORITY_TIME_TO_FIRST_TOKEN,
+            "Arrival to first token by priority class, seconds.",
+            mn.TTFT_BUCKETS,
+            ("priority",),
+        )
+        self.priority_queue_time = histogram(
+            mn.PRIORITY_REQUEST_QUEUE_TIME,
+            "Arrival to first scheduled by priority class, seconds.",
+            mn.REQUEST_LATENCY_BUCKETS,
+            ("priority",),
+        )
+        self.priority_requests = counter(
+            mn.PRIORITY_REQUESTS, "Finished requests by priority class.", ("priority",)
         )
         self.rejections = counter(
             mn.ADMISSION_REJECTIONS, "Requests refused before reaching the engine, by reason.", ("reason",)
@@ -219,6 +236,8 @@ class ServerMetrics:
         m = self.model_name
         reason = rm.finish_reason or _finish_reason(output) or "abort"
         self.request_success.labels(m, reason if reason in FINISHED_REASONS else "error").inc()
+        cls = priority_label(rm.priority)
+        self.priority_requests.labels(m, cls).inc()
         self.prompt_tokens.labels(m).inc(rm.num_prompt_tokens)
         self.generation_tokens.labels(m).inc(rm.num_generation_tokens)
         arrival, sched = rm.arrival_time, rm.first_scheduled_time
@@ -227,8 +246,10 @@ class ServerMetrics:
             self.e2e.labels(m).observe(max(0.0, done - arrival))
         if sched is not None:
             self.queue_time.labels(m).observe(max(0.0, sched - arrival))
+            self.priority_queue_time.labels(m, cls).observe(max(0.0, sched - arrival))
         if first is not None:
             self.ttft.labels(m).observe(max(0.0, first - arrival))
+            self.priority_ttft.labels(m, cls).observe(max(0.0, first - arrival))
             if sched is not None:
                 self.prefill_time.labels(m).observe(max(0.0, first - sched))
             if last is not None:
@@ -274,6 +295,17 @@ class ServerMetrics:
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+PRIORITY_LABEL_RANGE = 16  # classes -16..16 keep their own label; beyond, they share one
+
+
+def priority_label(priority: int) -> str:
+    if priority > PRIORITY_LABEL_RANGE:
+        return f">{PRIORITY_LABEL_RANGE}"
+    if priority < -PRIORITY_LABEL_RANGE:
+        return f"<-{PRIORITY_LABEL_RANGE}"
+    return str(priority)
 
 
 def _finish_reason(output: Any) -> str | None:

@@ -58,6 +58,8 @@ class _SamplingFields(_Request):
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     skip_special_tokens: bool = True
+    # vLLM: lower runs first under --scheduling-policy priority; ignored by the other policies.
+    priority: int = Field(0, ge=-(2**31), lt=2**31)
 
     @field_validator("stop")
     @classmethod
@@ -92,6 +94,8 @@ class _SamplingFields(_Request):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            priority=self.priority,
+            fairness_id=self.user,
         )
 
     @property

@@ -44,10 +44,18 @@ class Admission:
     request_id: str
     ctx: ServingContext
     released: bool = False
+    tenant: str | None = None
+    num_tokens: int = 0  # prompt + max_tokens held against the tenant's in-flight cap
 
     def release(self) -> None:
         if not self.released:
             self.released = True
+            if self.tenant is not None:
+                held = self.ctx.tenant_tokens.get(self.tenant, 0) - self.num_tokens
+                if held > 0:
+                    self.ctx.tenant_tokens[self.tenant] = held
+                else:
+                    self.ctx.tenant_tokens.pop(self.tenant, None)
             self.ctx.num_in_flight -= 1
             if self.ctx.num_in_flight == 0:
                 self.ctx.idle.set()
@@ -64,11 +72,12 @@ class ServingContext:
     marked_for_removal: bool = False
     num_in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    tenant_tokens: dict[str, int] = field(default_factory=dict)  # in-flight prompt + max_tokens
 
     # ---- admission -----------------------------------------------------------
 
-    def admit(self, prefix: str) -> Admission:
-        """Take a request in, or raise 503 (draining) / 429 (waiting queue full)."""
+    def admit(self, prefix: str, tenant: str | None = None, num_tokens: int = 0) -> Admission:
+        """Take a request in, or raise 503 (draining) / 429 (waiting queue full, tenant cap hit)."""
         if self.draining:
             self.metrics.reject("draining")
             raise APIError(
@@ -92,9 +101,25 @@ class ServingContext:
                     f"retry after {self.settings.retry_after_s}s or send to another replica.",
                     headers={"Retry-After": str(self.settings.retry_after_s)},
                 )
+        cap = self.settings.max_tenant_inflight_tokens
+        if cap is not None and tenant is not None:
+            held = self.tenant_tokens.get(tenant, 0)
+            if held + num_tokens > cap:
+                self.metrics.reject("tenant_limit")
+                raise APIError(
+                    429,
+                    f"Tenant {tenant!r} has {held} tokens in flight and this request needs {num_tokens} more "
+                    f"(prompt + max_tokens), over --max-tenant-inflight-tokens {cap}; retry after "
+                    f"{self.settings.retry_after_s}s or lower max_tokens.",
+                    headers={"Retry-After": str(self.settings.retry_after_s)},
+                )
         self.num_in_flight += 1
         self.idle.clear()
-        return Admission(f"{prefix}-{uuid.uuid4().hex[:16]}", self)
+        adm = Admission(f"{prefix}-{uuid.uuid4().hex[:16]}", self)
+        if tenant is not None:
+            adm.tenant, adm.num_tokens = tenant, num_tokens
+            self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + num_tokens
+        return adm
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight; False if ``timeout`` passed first."""
@@ -199,6 +224,14 @@ class ServingContext:
                 prompt_tokens=None, completion_tokens=0, ttft_s=None, e2e_s=_round(time.monotonic() - started)
             )
         log.info(json.dumps(record, separators=(",", ":")))
+
+
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+
+
+def tenant_of(raw: Request, user: str | None) -> str | None:
+    """The tenant a request is charged to: the GIE fairness header, else OpenAI's ``user``."""
+    return raw.headers.get(FAIRNESS_HEADER) or user or None
 
 
 def _round(x: float) -> float:

@@ -17,4 +17,7 @@ class ServerSettings(BaseModel):
     max_waiting: int | None = Field(None, ge=0, description="waiting requests beyond which new ones get 429")
     request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted")
     drain_timeout: float = Field(25.0, ge=0, description="seconds SIGTERM waits for in-flight requests")
+    max_tenant_inflight_tokens: int | None = Field(
+        None, ge=1, description="prompt + max_tokens one tenant may have in flight before 429"
+    )
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
