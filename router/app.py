@@ -26,6 +26,7 @@ from plimsoll.router.metrics import RouterMetrics
 from plimsoll.router.policy import Router
 from plimsoll.router.proxy import Proxy
 from plimsoll.router.scrape import Scraper
+from plimsoll.tracing import TraceMiddleware
 
 PROXIED = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 
@@ -134,5 +135,6 @@ def build_app(config: RouterConfig) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(TraceMiddleware)
     app.state.router = state
     return app

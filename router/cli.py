@@ -50,6 +50,10 @@ def route(
         60.0, help="Cold start assumed (for Retry-After and the hold timeout) until one is measured."
     ),
     log_level: str = typer.Option("info", help="Log level."),
+    otlp_traces_endpoint: str | None = typer.Option(
+        None, envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        help="OTLP/HTTP URL for OpenTelemetry traces, e.g. http://collector:4318/v1/traces.",
+    ),
 ) -> None:
     """Run the queue-aware, prefix-affine router in front of plimsoll (or vLLM) replicas."""
     import uvicorn
@@ -78,4 +82,8 @@ def route(
             typer.echo(f"plimsoll route: {where}: {error['msg']}", err=True)
         raise typer.Exit(code=2) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if otlp_traces_endpoint:
+        from plimsoll.tracing import configure_tracing
+
+        configure_tracing("plimsoll-route", otlp_traces_endpoint)
     uvicorn.run(build_app(config), host=config.host, port=config.port, log_level=log_level.lower())

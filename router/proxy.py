@@ -31,6 +31,7 @@ from plimsoll.router.config import RouterConfig
 from plimsoll.router.hold import HoldFull, HoldQueue, HoldTimeout
 from plimsoll.router.metrics import RouterMetrics
 from plimsoll.router.policy import AllSaturated, NoReadyReplica, RequestFeatures, Router
+from plimsoll.tracing import inject_headers, tracer
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +141,19 @@ class Proxy:
     ) -> Response:
         while True:
             try:
-                decision = self._router.choose(features, frozenset(tried))
+                with tracer().start_as_current_span("pick", attributes={"plimsoll.router.policy": self._router.picker.name}) as pick:
+                    decision = self._router.choose(features, frozenset(tried))
+                    pick.set_attributes({
+                        "plimsoll.router.replica": decision.replica.url,
+                        "plimsoll.router.reason": decision.reason,
+                        "plimsoll.router.lane": decision.lane,
+                    })
             except AllSaturated:
                 return self._reject_saturated(endpoint, arrival)
             except NoReadyReplica:
                 return self._reject_unavailable(endpoint, arrival, tried)
             replica = decision.replica
+            inject_headers(headers)  # the replica's spans join this trace (W3C traceparent)
             self._metrics.decisions.labels(self._router.picker.name, decision.reason, decision.lane).inc()
             self._begin(replica)
             upstream_request = self._client.build_request(

@@ -31,6 +31,7 @@ from plimsoll.runtime.engine.outputs import RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.runtime.serving.metrics import ServerMetrics
+from plimsoll.runtime.serving.request_spans import record_request_spans
 from plimsoll.runtime.serving.settings import ServerSettings
 
 log = logging.getLogger("plimsoll.runtime.requests")
@@ -195,6 +196,8 @@ class ServingContext:
                     self.engine.abort(request_id)
             with anyio.CancelScope(shield=True), contextlib.suppress(RuntimeError, StopAsyncIteration):
                 await gen.aclose()
+            if last is not None:
+                record_request_spans(last, self.settings.served_model_name, endpoint, request_id, time.monotonic())
             self._log_finished(request_id, endpoint, last, started, status if not finished else "ok")
 
     def _log_finished(

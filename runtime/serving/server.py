@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.util
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,7 @@ from plimsoll.runtime.serving.metrics import ServerMetrics
 from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from plimsoll.runtime.serving.requests import ServingContext
 from plimsoll.runtime.serving.settings import ServerSettings
+from plimsoll.tracing import TraceMiddleware
 
 log = logging.getLogger("plimsoll.runtime.serving.server")
 
@@ -118,6 +120,10 @@ def build_app(
     install_error_handlers(app)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    if importlib.util.find_spec("fastapi.telemetry") is None:
+        # FastAPI >= 0.16x opens its own server span (continuing traceparent) when
+        # OpenTelemetry is installed; older ones get ours, outermost, covering auth and the response.
+        app.add_middleware(TraceMiddleware)
 
     def check_serving(model: str | None) -> None:
         if state["fatal"] is not None:

@@ -1,0 +1,161 @@
+"""One request through a real router and a real replica yields one trace, as an OTLP receiver sees it.
+
+The receiver is a plain HTTP server on 127.0.0.1 that decodes each POST /v1/traces
+body with ``opentelemetry-proto`` (the collector's own wire format). Both processes
+export to it; the test waits for the spans to arrive (observable marker, no sleeps
+standing in for it) and checks names, parentage and GenAI attributes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from plimsoll.runtime.testing import ServerProcess, free_port, write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}  # ms between batch exports
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                req = ExportTraceServiceRequest.FromString(body)
+                for rs in req.resource_spans:
+                    service = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
+                    for ss in rs.scope_spans:
+                        for s in ss.spans:
+                            attrs = {a.key: _value(a.value) for a in s.attributes}
+                            with receiver.lock:
+                                receiver.spans.append({
+                                    "service": service, "name": s.name, "trace_id": s.trace_id.hex(),
+                                    "span_id": s.span_id.hex(), "parent": s.parent_span_id.hex(), "attrs": attrs,
+                                })
+                payload = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, names: set[str], timeout: float = 60) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if names <= {s["name"] for s in self.spans}:
+                    return list(self.spans)
+            time.sleep(0.05)
+        raise AssertionError(f"spans {names - {s['name'] for s in self.spans}} never arrived; got {self.spans}")
+
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind) if kind else None
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+def test_one_request_through_router_and_replica_is_one_trace(receiver: Receiver) -> None:
+    model = write_tiny_model(tempfile.gettempdir() + "/plimsoll-trace-tiny-model")
+    replica = ServerProcess(
+        ["--model", str(model), "--served-model-name", "tiny", "--kv-cache-memory", "512KiB",
+         "--max-num-batched-tokens", "8", "--otlp-traces-endpoint", receiver.url, "--drain-timeout", "1"],
+        env=FAST_EXPORT, startup_timeout=300,
+    )
+    with replica:
+        port = free_port("127.0.0.1")
+        router = subprocess.Popen(
+            [sys.executable, "-c", "from plimsoll.cli import main; main()", "route", "--host", "127.0.0.1",
+             "--port", str(port), "--backend", replica.url, "--otlp-traces-endpoint", receiver.url],
+            env={**replica.env, **FAST_EXPORT}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline and router.poll() is None, "router never became ready"
+                time.sleep(0.1)
+            parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            resp = httpx.post(
+                f"{url}/v1/completions",
+                json={"model": "tiny", "prompt": "a prompt long enough for two chunks", "max_tokens": 4,
+                      "temperature": 0, "priority": 1},
+                headers={"traceparent": parent, "x-gateway-inference-fairness-id": "team-a"}, timeout=60,
+            )
+            assert resp.status_code == 200, resp.text
+            spans = receiver.wait_for({"pick", "queue", "prefill", "prefill_chunk", "decode",
+                                       "text_completion tiny", "POST /v1/completions"})
+        finally:
+            router.terminate()
+            router.wait(timeout=30)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    # The replica's warm-up request and the router's probes are traces of their own.
+    spans = [s for s in spans if s["trace_id"] == trace_id]
+    print("\n".join(f"{s['service']:<15} {s['name']:<24} span {s['span_id']} parent {s['parent'] or '-'}"
+                    for s in spans))
+    expected = {"POST /v1/completions", "pick", "text_completion tiny", "queue", "prefill", "prefill_chunk", "decode"}
+    assert expected <= {s["name"] for s in spans}
+    by_id = {s["span_id"]: s for s in spans}
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        by_name.setdefault(s["name"], []).append(s)
+    router_span = next(s for s in by_name["POST /v1/completions"] if s["service"] == "plimsoll-route")
+    assert router_span["parent"] == "b7ad6b7169203331"  # the caller's span
+    assert by_name["pick"][0]["parent"] == router_span["span_id"]
+    gen = by_name["text_completion tiny"][0]
+    # Up from the engine's span: only replica spans, then the router's span (traceparent propagated).
+    hop = by_id[gen["parent"]]
+    while hop["service"] == "plimsoll-serve":
+        hop = by_id[hop["parent"]]
+    assert hop is router_span
+    assert any(s["service"] == "plimsoll-serve" and s["parent"] == router_span["span_id"] for s in spans)
+    for name in ("queue", "prefill", "decode"):
+        assert by_name[name][0]["parent"] == gen["span_id"]
+    prefill = by_name["prefill"][0]
+    chunks = by_name["prefill_chunk"]
+    assert len(chunks) >= 2 and all(c["parent"] == prefill["span_id"] for c in chunks)
+    assert sum(c["attrs"]["plimsoll.chunk.tokens"] for c in chunks) == gen["attrs"]["gen_ai.usage.input_tokens"]
+    assert gen["attrs"]["gen_ai.request.model"] == "tiny"
+    assert gen["attrs"]["gen_ai.usage.output_tokens"] == 4
+    assert gen["attrs"]["plimsoll.request.priority"] == 1
+    every_value = " ".join(str(v) for s in spans for v in s["attrs"].values())
+    assert "a prompt long enough" not in every_value  # no prompt text by default
