@@ -125,6 +125,11 @@ class EngineSpec(APIModel):
     kv_cache_memory: Quantity | None = Field(None, description="KV-cache byte budget, e.g. 8Gi.")
     block_size: PositiveInt | None = Field(None, description="Tokens per KV-cache block.")
     prefix_caching: bool | None = Field(None, description="Reuse KV blocks of shared prompt prefixes.")
+    scheduling_policy: Literal["continuous", "static", "priority"] | None = Field(
+        None,
+        description="--scheduling-policy: priority serves a request's lower `priority` first, with fair "
+        "share across x-gateway-inference-fairness-id tenants (plimsoll); vLLM knows fcfs and priority.",
+    )
 
 
 class GPUSpec(APIModel):
@@ -409,6 +414,24 @@ class LocalObjectReference(APIModel):
     name: str = Field(min_length=1, max_length=253, description="Object name.")
 
 
+class TracingSpec(APIModel):
+    """OpenTelemetry traces from the replicas and the router."""
+
+    otlp_endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="OTLP/HTTP traces URL (--otlp-traces-endpoint), e.g. http://otel-collector:4318/v1/traces.",
+    )
+
+
+class ObservabilitySpec(APIModel):
+    """Where telemetry beyond Prometheus metrics goes."""
+
+    tracing: TracingSpec = Field(
+        default_factory=lambda: TracingSpec.model_validate({}), description="OpenTelemetry tracing."
+    )
+
+
 class LLMServiceSpec(APIModel):
     """What an LLMService asks for: a model, an engine, GPUs and how to size and scale it."""
 
@@ -461,6 +484,9 @@ class LLMServiceSpec(APIModel):
     router: RouterSpec = Field(
         default_factory=lambda: RouterSpec.model_validate({}), description="Router in front of the replicas."
     )
+    observability: ObservabilitySpec = Field(
+        default_factory=lambda: ObservabilitySpec.model_validate({}), description="Traces."
+    )
     pod_annotations: dict[str, str] = Field(
         default_factory=dict, description="Extra annotations on every replica pod (e.g. for a service mesh)."
     )
@@ -499,6 +525,10 @@ class LLMServiceSpec(APIModel):
                 raise ValueError(
                     f"volumeMounts entry {mount!r} needs a mountPath and the name of an entry in volumes"
                 )
+        if self.engine.kind == "vllm" and self.engine.scheduling_policy == "static":
+            raise ValueError(
+                "engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with vllm"
+            )
         if self.engine.kind == "vllm" and location.scheme == "embedded":
             raise ValueError(
                 "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "

@@ -79,6 +79,12 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
         args += ["--block-size", str(engine.block_size)]
     if engine.prefix_caching is not None:
         args.append("--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching")
+    if engine.scheduling_policy is not None:
+        # vLLM names the FCFS continuous batcher "fcfs"; the API rejects static for vLLM.
+        vllm_fcfs = engine.kind == "vllm" and engine.scheduling_policy == "continuous"
+        args += ["--scheduling-policy", "fcfs" if vllm_fcfs else engine.scheduling_policy]
+    if svc.spec.observability.tracing.otlp_endpoint:
+        args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
     return args + list(engine.args)
 
 

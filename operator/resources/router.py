@@ -50,6 +50,8 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
     if concurrency is not None:
         # Held requests reach a fresh replica no faster than it is known to carry.
         args += ["--release-concurrency", str(concurrency)]
+    if svc.spec.observability.tracing.otlp_endpoint:
+        args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
     container = {
         "name": "router",
         "image": settings.plimsoll_image,

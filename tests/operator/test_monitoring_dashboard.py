@@ -40,6 +40,7 @@ GRAFANA_VARIABLES = {
     "$namespace": "team-a",
     "$llmservice": "chat|code",
     "${datasource}": "prom",
+    "$priority": "0|1",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -68,7 +69,7 @@ def variable_selectors() -> list[str]:
             continue
         match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]["query"])
         assert match, variable
-        assert match.group(2) in ("namespace", SERIES_LABEL)
+        assert match.group(2) in ("namespace", SERIES_LABEL, "priority")
         selectors.append(match.group(1))
     return selectors
 
@@ -101,14 +102,15 @@ def test_committed_json_is_what_the_generator_writes() -> None:
     )
 
 
-def test_six_panels_and_the_filter_variables() -> None:
+def test_six_panels_a_priority_class_panel_and_the_filter_variables() -> None:
     board = dashboard()
-    assert [p["title"] for p in board["panels"]] == SIX_PANELS
+    assert [p["title"] for p in board["panels"]] == [*SIX_PANELS, "Priority class $priority"]
+    assert board["panels"][-1]["repeat"] == "priority"  # Grafana draws one per priority class
     for p in board["panels"]:
         assert p["targets"] and p["description"], p["title"]
         assert {t["refId"] for t in p["targets"]} == {chr(ord("A") + i) for i in range(len(p["targets"]))}
     names = [v["name"] for v in board["templating"]["list"]]
-    assert names == ["datasource", "namespace", SERIES_LABEL]
+    assert names == ["datasource", "namespace", SERIES_LABEL, "priority"]
     # No two panels overlap on the grid.
     cells = [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in board["panels"]]
     assert len(set(cells)) == len(cells)

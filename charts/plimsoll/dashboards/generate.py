@@ -231,6 +231,34 @@ def errors_panel() -> dict[str, Any]:
     )
 
 
+def priority_panel() -> dict[str, Any]:
+    """One panel per priority class (Grafana repeats it over ``$priority``); plimsoll only."""
+    cls = f'{SEL}, priority=~"$priority"'
+
+    def pq(q: float, name: str) -> str:
+        return f"histogram_quantile({q}, sum by (le) (rate({name}_bucket{{{cls}}}[{RATE}])))"
+
+    body = panel(
+        6,
+        "Priority class $priority",
+        "With --scheduling-policy priority: time to first token and queue time of this class "
+        "(lower priority value runs first), and its finished-request rate. Under overload the "
+        "high class should keep its TTFT while the low classes absorb the queue.",
+        "s",
+        [
+            (pq(0.5, mn.PRIORITY_TIME_TO_FIRST_TOKEN), "TTFT p50"),
+            (pq(0.95, mn.PRIORITY_TIME_TO_FIRST_TOKEN), "TTFT p95"),
+            (pq(0.95, mn.PRIORITY_REQUEST_QUEUE_TIME), "queue time p95"),
+            (f"sum (rate({mn.PRIORITY_REQUESTS}{{{cls}}}[{RATE}]))", "requests/s"),
+        ],
+        overrides=[right_axis("requests/s", "reqps")],
+    )
+    body["repeat"] = "priority"
+    body["repeatDirection"] = "h"
+    body["maxPerRow"] = 2
+    return body
+
+
 def variables() -> list[dict[str, Any]]:
     # Any replica series names its namespace and LLMService; running-requests exists on both engines.
     series = f'{{__name__=~"{PLIMSOLL.running}|{VLLM.running}"'
@@ -260,6 +288,20 @@ def variables() -> list[dict[str, Any]]:
             "includeAll": True,
             "allValue": ".+",
         },
+        {
+            "name": "priority",
+            "label": "Priority class",
+            "type": "query",
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": {
+                "query": f'label_values({mn.PRIORITY_REQUESTS}{{namespace="$namespace"}}, priority)',
+                "refId": "priority",
+            },
+            "refresh": 2,
+            "sort": 3,
+            "multi": True,
+            "includeAll": True,
+        },
     ]
 
 
@@ -284,6 +326,7 @@ def dashboard() -> dict[str, Any]:
             queue_panel(),
             kv_panel(),
             errors_panel(),
+            priority_panel(),
         ],
     }
 

@@ -26,6 +26,7 @@ ALLOWED_LABELS = {
     "num_gpu_blocks",
     "enable_prefix_caching",
     "cache_dtype",
+    "priority",  # the request's integer class, clamped to -16..16 (never a tenant id)
 }
 
 

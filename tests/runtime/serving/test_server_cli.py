@@ -37,4 +37,4 @@ def test_bad_settings_exit_2_naming_the_setting() -> None:
     assert result.exit_code == 2 and "dtype" in result.output
     result = CliRunner().invoke(app, ["serve", "--scheduling-policy", "fifo", "--port", "1"])
     assert result.exit_code == 2
-    assert "scheduling_policy" in result.output and "'continuous' or 'static'" in result.output
+    assert "scheduling_policy" in result.output and "'priority'" in result.output
