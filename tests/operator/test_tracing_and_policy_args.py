@@ -44,6 +44,6 @@ def test_policy_and_tracing_rendered(kind: str, policy: str, rendered: str) -> N
 def test_static_is_refused_for_vllm_and_endpoint_must_be_a_url() -> None:
     with pytest.raises(ValueError, match="static exists only in plimsoll"):
         svc({"kind": "vllm", "schedulingPolicy": "static"})
-    with pytest.raises(ValueError, match="otlpEndpoint|otlp_endpoint"):
+    with pytest.raises(ValueError, match=r"otlpEndpoint|otlp_endpoint"):
         LLMService.from_body({"metadata": {"name": "x"}, "spec": {
             "model": {"uri": "hf://a/b"}, "observability": {"tracing": {"otlpEndpoint": "collector:4318"}}}})
