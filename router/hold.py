@@ -100,6 +100,7 @@ class HoldTimeout(Exception):
 class _Waiter:
     future: asyncio.Future[None]
     arrived: float
+    priority: int = 0  # the request body's vLLM ``priority``: lower is released first
 
 
 class HoldQueue:
@@ -180,8 +181,11 @@ class HoldQueue:
 
     # ---- the request's side --------------------------------------------------
 
-    async def hold(self) -> float:
-        """Wait for a release; return the seconds held. Raises HoldFull or HoldTimeout."""
+    async def hold(self, priority: int = 0) -> float:
+        """Wait for a release; return the seconds held. Raises HoldFull or HoldTimeout.
+
+        Held requests are released lowest ``priority`` first, then in arrival order.
+        """
         now = self._clock()
         if self._needed_since is None and self._ready_replicas() == 0:
             self._needed_since = now
@@ -199,7 +203,7 @@ class HoldQueue:
                 f"the service is starting a replica and already holds {self.held} request(s), its limit "
                 f"(router.holdQueue); retry after {retry} s ({basis})",
             )
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), now)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), now, priority)
         self._waiters.append(waiter)
         self.max_held = max(self.max_held, len(self._waiters))
         self.pump()
@@ -235,7 +239,7 @@ class HoldQueue:
     # ---- the replicas' side --------------------------------------------------
 
     def pump(self) -> None:
-        """Release held requests from the head while a ready replica has room for them."""
+        """Release held requests, best class first, while a ready replica has room for them."""
         ready = self._ready_replicas()
         if ready > 0 and self._needed_since is not None and not self._waiters:
             self._needed_since = None
@@ -244,7 +248,8 @@ class HoldQueue:
                 self._released_in_flight >= self.release_concurrency * ready
             ):
                 return
-            waiter = self._waiters.popleft()
+            waiter = min(self._waiters, key=lambda w: (w.priority, w.arrived))  # stable: min keeps FIFO on ties
+            self._waiters.remove(waiter)
             if waiter.future.done():
                 continue
             if self._needed_since is not None:

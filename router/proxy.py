@@ -102,7 +102,7 @@ class Proxy:
         # Released from the hold queue: the release slot is given back when the response ends.
         held = False
         if self._hold is not None and self._hold.should_hold():
-            refused = await self._wait_in_hold(endpoint, arrival)
+            refused = await self._wait_in_hold(endpoint, arrival, _priority(body))
             if refused is not None:
                 return refused
             held = True
@@ -116,12 +116,12 @@ class Proxy:
             self._hold.done()  # type: ignore[union-attr]
         return response
 
-    async def _wait_in_hold(self, endpoint: str, arrival: float) -> Response | None:
+    async def _wait_in_hold(self, endpoint: str, arrival: float, priority: int = 0) -> Response | None:
         """Hold until a replica can take the request; None when released, else the 429/503 to send."""
         assert self._hold is not None
         self._metrics.held.set(self._hold.held + 1)
         try:
-            waited = await self._hold.hold()
+            waited = await self._hold.hold(priority)
         except HoldFull as full:
             response = error_response(429, str(full), "RateLimitError",
                                       headers={"Retry-After": str(full.retry_after_s)})
@@ -281,6 +281,13 @@ class Proxy:
         self._metrics.rejections.labels(reason).inc()
         self._metrics.duration.labels(endpoint, str(response.status_code)).observe(time.monotonic() - arrival)
         return response
+
+
+def _priority(body: bytes) -> int:
+    """The request's vLLM ``priority`` (lower first), 0 when absent or not an integer."""
+    parsed = _parse_json(body)
+    value = parsed.get("priority", 0) if isinstance(parsed, dict) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _parse_json(body: bytes) -> Any:
