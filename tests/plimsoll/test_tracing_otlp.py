@@ -65,14 +65,16 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def wait_for(self, names: set[str], timeout: float = 60) -> list[dict[str, Any]]:
+    def wait_for(self, wanted: set[tuple[str, str]], timeout: float = 60) -> list[dict[str, Any]]:
+        """Wait until every (service, span name) in ``wanted`` has arrived; each process exports on its own."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
-                if names <= {s["name"] for s in self.spans}:
+                if wanted <= {(s["service"], s["name"]) for s in self.spans}:
                     return list(self.spans)
             time.sleep(0.05)
-        raise AssertionError(f"spans {names - {s['name'] for s in self.spans}} never arrived; got {self.spans}")
+        got = {(s["service"], s["name"]) for s in self.spans}
+        raise AssertionError(f"spans {wanted - got} never arrived; got {sorted(got)}")
 
 
 def _value(v: Any) -> Any:
@@ -122,8 +124,10 @@ def test_one_request_through_router_and_replica_is_one_trace(receiver: Receiver)
                 headers={"traceparent": parent, "x-gateway-inference-fairness-id": "team-a"}, timeout=60,
             )
             assert resp.status_code == 200, resp.text
-            spans = receiver.wait_for({"pick", "queue", "prefill", "prefill_chunk", "decode",
-                                       "text_completion tiny", "POST /v1/completions"})
+            replica_names = ("queue", "prefill", "prefill_chunk", "decode", "text_completion tiny")
+            spans = receiver.wait_for({("plimsoll-route", "pick"), ("plimsoll-route", "POST /v1/completions"),
+                                       ("plimsoll-serve", "POST /v1/completions"),
+                                       *(("plimsoll-serve", n) for n in replica_names)})
         finally:
             router.terminate()
             router.wait(timeout=30)
