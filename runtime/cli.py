@@ -96,6 +96,12 @@ def serve(
         "running one has drained; for comparison, see docs/runtime.md).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for requests that do not send one."),
+    speculative_config: str | None = typer.Option(
+        None,
+        "--speculative-config",
+        help='Speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+        'or \'{"model": DIR, "num_speculative_tokens": 4}\' (see docs/runtime.md).',
+    ),
     drain_timeout: float = typer.Option(
         25.0, "--drain-timeout", min=0, help="Seconds SIGTERM waits for in-flight requests before exiting."
     ),
@@ -158,6 +164,7 @@ def serve(
             attention_backend=attention_backend,
             scheduling_policy=scheduling_policy,
             seed=seed,
+            speculative_config=speculative_config,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,
