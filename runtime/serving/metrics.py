@@ -173,7 +173,9 @@ class ServerMetrics:
         self.spec_draft_tokens = counter(mn.SPEC_DECODE_NUM_DRAFT_TOKENS, "Proposed tokens verified.")
         self.spec_accepted_tokens = counter(mn.SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Proposed tokens accepted.")
         self.spec_accepted_per_pos = counter(
-            mn.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, "Accepted proposals by position (0-based).", ("position",)
+            mn.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
+            "Accepted proposals by position (0-based).",
+            ("position",),
         )
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).

@@ -64,7 +64,9 @@ class DraftProposer:
         self.k = num_speculative_tokens
         self.block_size = block_size
         self.bytes_per_token = kv_bytes_per_token(loaded.hf_config, dtype)
-        self.runner = ModelRunner(loaded.model, num_target_blocks, block_size, dtype, device, attention_backend)
+        self.runner = ModelRunner(
+            loaded.model, num_target_blocks, block_size, dtype, device, attention_backend
+        )
         self.free_blocks = list(range(num_target_blocks - 1, -1, -1))
         self.seqs: dict[str, DraftSeq] = {}
         self.probs_fn = probs_fn  # (request, logits [V]) -> probs [V]: the request's sampling transform
@@ -89,9 +91,7 @@ class DraftProposer:
         return int(torch.multinomial(probs, 1, generator=req.generator)), probs
 
     @torch.inference_mode()
-    def propose(
-        self, reqs: list[Request], limits: list[int]
-    ) -> list[tuple[list[int], torch.Tensor | None]]:
+    def propose(self, reqs: list[Request], limits: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
         """Per request, up to ``limits[i]`` proposals and (sampled requests) their ``q`` ``[n, V]``."""
         results: list[tuple[list[int], list[torch.Tensor]]] = [([], []) for _ in reqs]
         active: list[tuple[int, DraftSeq]] = []

@@ -117,7 +117,9 @@ class Speculator:
             results[i] = [(t, None) for t in tokens]
         assert row == logits.shape[0], (row, logits.shape)
         if plain_idx:
-            for i, out in zip(plain_idx, sampler([reqs[i] for i in plain_idx], torch.stack(plain_rows)), strict=True):
+            for i, out in zip(
+                plain_idx, sampler([reqs[i] for i in plain_idx], torch.stack(plain_rows)), strict=True
+            ):
                 results[i] = [out]
         self.step_stats = stats
         return results

@@ -47,7 +47,9 @@ def greedy_params(seed: int, count: int = 32) -> list[Any]:
     from plimsoll.runtime import SamplingParams
 
     rng = random.Random(seed)
-    return [SamplingParams(temperature=0, max_tokens=rng.randrange(4, 48), ignore_eos=True) for _ in range(count)]
+    return [
+        SamplingParams(temperature=0, max_tokens=rng.randrange(4, 48), ignore_eos=True) for _ in range(count)
+    ]
 
 
 def run(model: str, observer: Any = None, **kwargs: Any) -> list[list[int]]:
@@ -74,12 +76,16 @@ def test_draft_model_greedy_is_identical(tiny_model_dir: Any, reference: list[li
     # Another random model with the same byte tokenizer: mostly wrong proposals.
     other = SpecCounter()
     cfg = {"model": str(tiny_model_dir("mistral")), "num_speculative_tokens": 3}
-    assert run(str(tiny_model_dir("llama")), other, kv_cache_memory="8MiB", speculative_config=cfg) == reference
+    assert (
+        run(str(tiny_model_dir("llama")), other, kv_cache_memory="8MiB", speculative_config=cfg) == reference
+    )
     assert other.draft_tokens > other.accepted > 0
     # The target as its own draft: every proposal must be accepted (the multi-token path).
     same = SpecCounter()
     cfg = {"model": str(tiny_model_dir("llama")), "num_speculative_tokens": 3}
-    assert run(str(tiny_model_dir("llama")), same, kv_cache_memory="8MiB", speculative_config=cfg) == reference
+    assert (
+        run(str(tiny_model_dir("llama")), same, kv_cache_memory="8MiB", speculative_config=cfg) == reference
+    )
     print(f"draft: other {other.accepted}/{other.draft_tokens}, self {same.accepted}/{same.draft_tokens}")
     assert same.draft_tokens > 0 and same.accepted == same.draft_tokens
 
@@ -114,7 +120,10 @@ def test_bad_speculative_configs_say_what_to_fix(tiny_model_dir: Any, tmp_path: 
         ("{not json", "not valid JSON"),
         ('{"num_speculative_tokens": 4}', '"method": "ngram"'),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
-        ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2}', "<="),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
+            "<=",
+        ),
         ('{"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}', "lookahead"),
     ]:
         with pytest.raises(ValidationError, match=says):
@@ -130,4 +139,7 @@ def test_bad_speculative_configs_say_what_to_fix(tiny_model_dir: Any, tmp_path: 
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(str(wide))
     byte_tokenizer().save_pretrained(str(wide))
     with pytest.raises(ValueError, match="300 tokens and the target 259"):
-        LLM(model=str(tiny_model_dir("llama")), speculative_config={"model": str(wide), "num_speculative_tokens": 2})
+        LLM(
+            model=str(tiny_model_dir("llama")),
+            speculative_config={"model": str(wide), "num_speculative_tokens": 2},
+        )

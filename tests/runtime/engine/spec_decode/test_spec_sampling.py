@@ -26,14 +26,18 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs[support].double() * n
     stat = float(((counts[support].double() - expected) ** 2 / expected).sum())
     dof = int(support.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
+    return float(
+        torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0))
+    )
 
 
 @pytest.mark.parametrize("kind", ["point_mass", "draft_distribution"])
 def test_rejection_sampler_emits_the_target_distribution(kind: str) -> None:
     gen = torch.Generator().manual_seed(0)
     vocab, trials = 6, 20_000
-    p = torch.tensor([[0.05, 0.3, 0.0, 0.25, 0.1, 0.3], [0.2, 0.2, 0.2, 0.1, 0.1, 0.2], [0.5, 0.1, 0.1, 0.1, 0.1, 0.1]])
+    p = torch.tensor(
+        [[0.05, 0.3, 0.0, 0.25, 0.1, 0.3], [0.2, 0.2, 0.2, 0.1, 0.1, 0.2], [0.5, 0.1, 0.1, 0.1, 0.1, 0.1]]
+    )
     q = torch.tensor([[0.4, 0.1, 0.3, 0.1, 0.1, 0.0], [0.1, 0.5, 0.1, 0.1, 0.1, 0.1]])
     first = torch.zeros(vocab)
     second = torch.zeros(vocab)  # the token after an accepted first proposal
@@ -71,7 +75,7 @@ def exact_first_two(model_dir: str, prompt: list[int], top_k: int) -> dict[tuple
     p1 = probs(prompt)
     joint = {}
     for t1 in torch.nonzero(p1).flatten().tolist():
-        p2 = probs(prompt + [t1])
+        p2 = probs([*prompt, t1])
         for t2 in torch.nonzero(p2).flatten().tolist():
             joint[(t1, t2)] = float(p1[t1] * p2[t2])
     return joint
@@ -79,9 +83,9 @@ def exact_first_two(model_dir: str, prompt: list[int], top_k: int) -> dict[tuple
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_engine_sampling_keeps_the_target_distribution(tiny_model_dir: Any, method: str) -> None:
-    from plimsoll.runtime import LLM, SamplingParams
-
     from test_spec_greedy import SpecCounter
+
+    from plimsoll.runtime import LLM, SamplingParams
 
     target = str(tiny_model_dir("llama"))
     # Every token occurs in the n-gram prompt, so whatever the first token is, a second one is
@@ -97,7 +101,9 @@ def test_engine_sampling_keeps_the_target_distribution(tiny_model_dir: Any, meth
     seen = SpecCounter()
     llm = LLM(model=target, observer=seen, kv_cache_memory="16MiB", max_num_seqs=256, speculative_config=cfg)
     # max_tokens=3: after the first token one proposal fits, so every second token is verified.
-    params = [SamplingParams(temperature=1.0, top_k=top_k, max_tokens=3, ignore_eos=True, seed=s) for s in range(n)]
+    params = [
+        SamplingParams(temperature=1.0, top_k=top_k, max_tokens=3, ignore_eos=True, seed=s) for s in range(n)
+    ]
     outs = llm.generate([prompt] * n, params)
     joint = exact_first_two(target, prompt, top_k)
     cells = sorted(joint)
