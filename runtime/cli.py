@@ -96,6 +96,11 @@ def serve(
         "running one has drained; for comparison, see docs/runtime.md).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for requests that do not send one."),
+    quantization: str | None = typer.Option(
+        None,
+        "--quantization",
+        help="int8: weight-only, per output channel, computed at load (docs/runtime.md).",
+    ),
     speculative_config: str | None = typer.Option(
         None,
         "--speculative-config",
@@ -165,6 +170,7 @@ def serve(
             scheduling_policy=scheduling_policy,
             seed=seed,
             speculative_config=speculative_config,
+            quantization=quantization,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,

@@ -37,6 +37,9 @@ class EngineConfig(BaseModel):
     attention_backend: Literal["torch", "triton"] = "torch"
     scheduling_policy: Literal["continuous", "static"] = "continuous"
     seed: int = 0
+    quantization: Literal["int8"] | None = Field(
+        None, description="weight-only int8, per output channel, computed at load (vLLM's --quantization)"
+    )
     speculative_config: SpeculativeConfig | None = Field(
         None, description="vLLM's --speculative-config: ngram prompt lookup or a draft model"
     )

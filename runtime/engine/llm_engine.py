@@ -58,7 +58,7 @@ class LLMEngine:
         self.config = config
         self.observer = observer
         self.device = torch.device(config.device)
-        loaded = load_model(config.model, config.torch_dtype, self.device)
+        loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization)
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
