@@ -30,6 +30,11 @@ NUM_PREEMPTIONS = "plimsoll_num_preemptions_total"
 PROMPT_TOKENS = "plimsoll_prompt_tokens_total"
 GENERATION_TOKENS = "plimsoll_generation_tokens_total"
 REQUEST_SUCCESS = "plimsoll_request_success_total"
+# Speculative decoding (vllm:spec_decode_*)
+SPEC_DECODE_NUM_DRAFTS = "plimsoll_spec_decode_num_drafts_total"
+SPEC_DECODE_NUM_DRAFT_TOKENS = "plimsoll_spec_decode_num_draft_tokens_total"
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = "plimsoll_spec_decode_num_accepted_tokens_total"
+SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = "plimsoll_spec_decode_num_accepted_tokens_per_pos_total"
 # Beyond vLLM
 KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
 BATCH_SIZE = "plimsoll_batch_size"

@@ -126,6 +126,19 @@ def parameter_count(d: ModelDims) -> int:
     return d.layers * (attention + mlp + router + norms) + embeddings + d.hidden
 
 
+def int8_weight_bytes(d: ModelDims) -> int:
+    """Bytes of the weights under plimsoll's ``--quantization int8``: every matrix in int8 plus
+    one float32 scale per output row; norms and biases stay float32."""
+    q_out, kv_out = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    # (inputs, output rows) of each matrix of one layer: qkv, o, gate_up, down (per expert).
+    layer = [(d.hidden, q_out + 2 * kv_out), (q_out, d.hidden)]
+    layer += [(d.hidden, 2 * d.intermediate), (d.intermediate, d.hidden)] * d.experts
+    matrices = d.layers * sum(k * n for k, n in layer) + d.vocab * d.hidden * (1 if d.tied_embeddings else 2)
+    rows = d.layers * sum(n for _, n in layer) + d.vocab * (1 if d.tied_embeddings else 2)
+    other = parameter_count(d) - matrices
+    return matrices + 4 * (rows + other)
+
+
 def fmt_bytes(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
 
@@ -164,11 +177,11 @@ def make_plan(
     params = parameter_count(dims)
     steps.append(Step("parameters", params, _param_how(dims)))
     weights = params * w_bytes
-    steps.append(
-        Step(
-            "weight bytes", weights, f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
-        )
-    )
+    how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
+    if dtype.lower() == "int8":
+        weights = int8_weight_bytes(dims)
+        how = f"matrices × 1 B + a float32 scale per output row + float32 norms/biases = {fmt_bytes(weights)}"
+    steps.append(Step("weight bytes", weights, how))
     usable = gpu_memory * gpus_per_replica * memory_fraction
     steps.append(
         Step(

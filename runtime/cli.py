@@ -110,6 +110,17 @@ def serve(
         help="OTLP/HTTP URL to send OpenTelemetry traces to, e.g. http://collector:4318/v1/traces.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for requests that do not send one."),
+    quantization: str | None = typer.Option(
+        None,
+        "--quantization",
+        help="int8: weight-only, per output channel, computed at load (docs/runtime.md).",
+    ),
+    speculative_config: str | None = typer.Option(
+        None,
+        "--speculative-config",
+        help='Speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+        'or \'{"model": DIR, "num_speculative_tokens": 4}\' (see docs/runtime.md).',
+    ),
     drain_timeout: float = typer.Option(
         25.0, "--drain-timeout", min=0, help="Seconds SIGTERM waits for in-flight requests before exiting."
     ),
@@ -172,6 +183,8 @@ def serve(
             attention_backend=attention_backend,
             scheduling_policy=scheduling_policy,
             seed=seed,
+            speculative_config=speculative_config,
+            quantization=quantization,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,

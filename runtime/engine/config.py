@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Re-exported: callers that build an EngineConfig by hand parse sizes the same way.
 from plimsoll.byte_size import parse_bytes
+from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
 
@@ -36,6 +37,17 @@ class EngineConfig(BaseModel):
     attention_backend: Literal["torch", "triton"] = "torch"
     scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
+    quantization: Literal["int8"] | None = Field(
+        None, description="weight-only int8, per output channel, computed at load (vLLM's --quantization)"
+    )
+    speculative_config: SpeculativeConfig | None = Field(
+        None, description="vLLM's --speculative-config: ngram prompt lookup or a draft model"
+    )
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _parse_speculative_config(cls, value: object) -> object:
+        return SpeculativeConfig.parse(value)  # type: ignore[arg-type]
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.sampler import Sampler
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
+from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.models.loader import load_model
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class LLMEngine:
         self.config = config
         self.observer = observer
         self.device = torch.device(config.device)
-        loaded = load_model(config.model, config.torch_dtype, self.device)
+        loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization)
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
@@ -83,6 +84,9 @@ class LLMEngine:
             loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend
         )
         self.sampler = Sampler(self.tokenizer)
+        self.speculator: Speculator | None = None
+        if config.speculative_config is not None:
+            self.speculator = Speculator(config.speculative_config, self)
         self.rng = random.Random(config.seed)
         self.groups: dict[str, RequestGroup] = {}
         self.seq_to_group: dict[str, RequestGroup] = {}
@@ -202,13 +206,21 @@ class LLMEngine:
         if not sched.is_empty:
             prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_output_tokens == 0]
             reqs, logits = self.runner.execute(sched)
-            sampled = self.sampler(reqs, logits) if reqs else []
+            if self.speculator is not None:
+                sampled = self.speculator.sample(reqs, logits, self.sampler) if reqs else []
+            else:
+                sampled = [[s] for s in self.sampler(reqs, logits)] if reqs else []
             now = time.monotonic()
             for r, n in prompt_chunks:
                 r.prefill_chunks.append((t0, now, n))  # for the trace's prefill-chunk spans
-            for req, (token, logprobs) in zip(reqs, sampled, strict=True):
-                self._append(req, token, logprobs, now)
+            for req, tokens in zip(reqs, sampled, strict=True):
+                for token, logprobs in tokens:  # several when proposals were accepted
+                    self._append(req, token, logprobs, now)
+                    if req.is_finished:
+                        break
                 touched[req.group_id] = self.seq_to_group[req.request_id]
+            if self.speculator is not None:
+                self.speculator.after_step(reqs, self.scheduler.running)
         outputs = []
         for g in touched.values():
             out = self._make_output(g)
@@ -323,7 +335,19 @@ class LLMEngine:
             prefix_cache_hits=sched.prefix_cache_hits,
             kv_cache_usage=self.scheduler.kv.usage(),
             step_time_s=step_time,
+            **self._spec_stats(sched),
         )
+
+    def _spec_stats(self, sched: Any) -> dict[str, Any]:
+        if self.speculator is None or sched.is_empty:
+            return {}
+        s = self.speculator.step_stats
+        return {
+            "spec_num_drafts": s.num_drafts,
+            "spec_num_draft_tokens": s.num_draft_tokens,
+            "spec_num_accepted_tokens": s.num_accepted_tokens,
+            "spec_num_accepted_tokens_per_pos": s.num_accepted_tokens_per_pos,
+        }
 
     def stats(self) -> EngineStats:
         kv = self.scheduler.kv

@@ -67,12 +67,13 @@ class ModelRunner:
         num_tokens = 0
         for req, num_new in sched.scheduled:
             end = req.num_computed_tokens  # the scheduler has already booked this step
-            input_ids.extend(req.all_token_ids[end - num_new : end])
+            tokens = req.all_token_ids + req.spec_token_ids if req.spec_token_ids else req.all_token_ids
+            input_ids.extend(tokens[end - num_new : end])
             q_lens.append(num_new)
             context_lens.append(end)
             tables.append(req.block_ids + [-1] * (max_blocks - len(req.block_ids)))
             num_tokens += num_new
-            last_rows.append(num_tokens - 1 if end == req.num_tokens else -1)
+            last_rows.append(num_tokens - 1 if end == req.num_tokens + len(req.spec_token_ids) else -1)
         block_tables = torch.tensor(tables, dtype=torch.int32)  # [B, max_blocks]
         q_lens_t = torch.tensor(q_lens, dtype=torch.int64)  # [B]
         ctx_t = torch.tensor(context_lens, dtype=torch.int64)  # [B]
@@ -95,11 +96,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> tuple[list[Request], torch.Tensor]:
-        """Run one step; return the requests that sample now and their fp32 logits ``[S, V]``."""
+        """Run one step; return the requests that sample now and their fp32 logits ``[S, V]``.
+
+        A request carrying k proposals (``spec_token_ids``) gets k + 1 rows, in order:
+        the logits after its last known token and after each proposal.
+        """
         ids, pos, meta, last_rows = self.prepare(sched)
         hidden = self.model(ids, pos, self.kv_caches, meta, self.store_kv, self.paged_attention)
-        rows = [r for r in last_rows if r >= 0]
-        reqs = [req for (req, _), r in zip(sched.scheduled, last_rows, strict=True) if r >= 0]
+        rows: list[int] = []
+        reqs = []
+        for (req, _), r in zip(sched.scheduled, last_rows, strict=True):
+            if r >= 0:
+                rows.extend(range(r - len(req.spec_token_ids), r + 1))
+                reqs.append(req)
         if not rows:
             return [], torch.empty(0)
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])

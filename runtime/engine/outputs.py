@@ -80,6 +80,11 @@ class StepStats:
     prefix_cache_hits: int  # tokens found
     kv_cache_usage: float
     step_time_s: float
+    # Speculative decoding (vLLM's spec_decode_* counters); zero without it.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -76,6 +76,8 @@ class Request:
     num_emitted_tokens: int = 0  # output tokens already reported to the consumer
     num_emitted_logprobs: int = 0
     prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, tokens)
+    # Proposed next tokens (speculative decoding), verified by the next step; never in all_token_ids.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -104,7 +104,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = self._num_new_tokens(req, budget)
             assert num_new > 0, f"running request {req.request_id} has nothing to compute"
             while not self.kv.allocate_slots(req, num_new):
                 out.num_kv_allocation_failures += 1
@@ -164,6 +164,18 @@ class Scheduler:
                 return
             self._preempt(victim, out)
 
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        """Known tokens still to compute, plus the proposals that fit (speculative decoding).
+
+        Proposals ride only on a decode row (exactly one known token to compute) and are
+        trimmed to the budget and to ``max_model_len``; trimmed ones are dropped.
+        """
+        known = req.num_tokens - req.num_computed_tokens
+        if req.spec_token_ids:
+            fits = min(budget - known, self.max_model_len - 1 - req.num_tokens) if known == 1 else 0
+            del req.spec_token_ids[max(fits, 0) :]
+        return min(known + len(req.spec_token_ids), budget)
+
     def _record(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         out.scheduled.append((req, num_new))
         # Tokens before the first sampled one are prefill (prompt, or recompute after preemption).
@@ -178,6 +190,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.num_preemptions += 1
         self.total_preemptions += 1
         self.waiting.appendleft(req)

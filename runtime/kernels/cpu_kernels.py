@@ -1,6 +1,6 @@
 """Float32 CPU kernels for decoding, from ``csrc/cpu_kernels.cpp``, built at first use.
 
-What it is: two functions with torch-shaped signatures.
+What it is: three functions with torch-shaped signatures.
 - ``decode_attention``: the contract of ``sdpa.decode_attention`` (one
   query per sequence over its paged context). It reads K and V straight from their
   blocks; the torch path first gathers every context into a padded copy and then
@@ -9,6 +9,8 @@ What it is: two functions with torch-shaped signatures.
 - ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
   concurrency), where a matmul is bound by reading W and torch's libraries stream
   it at well under the memory bandwidth (``models/dense.py`` picks it).
+- ``int8_linear``: the same for int8 weights with one scale per output row
+  (``--quantization int8``, ``models/quant.py``): a quarter of the bytes to stream.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
 ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
 lock, loads it with ctypes (which releases the GIL during each call) and returns
@@ -126,6 +128,8 @@ def library() -> ctypes.CDLL | None:
     )
     lib.plimsoll_small_batch_linear_f32.restype = ctypes.c_int
     lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
+    lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4
     return lib
 
 
@@ -177,6 +181,45 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         raise ValueError(
             f"small_batch_linear rejected shapes x {tuple(x.shape)}, weight {tuple(weight.shape)}"
         )
+    return out
+
+
+def supports_int8_linear(x: torch.Tensor, qweight: torch.Tensor) -> bool:
+    """Whether ``int8_linear`` can take this matmul (float32 rows on CPU, int8 weight, built)."""
+    return (
+        x.dim() == 2
+        and x.shape[0] > 0
+        and _float32_cpu(x)
+        and qweight.dtype == torch.int8
+        and qweight.device.type == "cpu"
+        and qweight.is_contiguous()
+        and library() is not None
+    )
+
+
+def int8_linear(
+    x: torch.Tensor,  # [M, K] float32
+    qweight: torch.Tensor,  # [N, K] int8
+    scales: torch.Tensor,  # [N] float32, one per output row
+    bias: torch.Tensor | None,
+) -> torch.Tensor:  # [M, N]
+    """``x @ (qweight * scales[:, None]).T + bias`` without materialising the float weight."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available; check supports_int8_linear() first")
+    x = x.contiguous()
+    (m, k), n = x.shape, qweight.shape[0]
+    if qweight.shape[1] != k:
+        raise ValueError(f"x has {k} columns but the weight has {qweight.shape[1]}; they must match")
+    out = torch.empty((m, n), dtype=torch.float32)
+    scales = scales.to(torch.float32).contiguous()
+    bias_ptr = None if bias is None else bias.to(torch.float32).contiguous().data_ptr()
+    rc = lib.plimsoll_int8_linear_f32(
+        x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), bias_ptr, out.data_ptr(), m, n, k,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"int8_linear rejected shapes x {tuple(x.shape)}, weight {tuple(qweight.shape)}")
     return out
 
 

@@ -204,8 +204,10 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return linear(hidden, weight)
+        if self.tie_word_embeddings:
+            return linear(hidden, self.model.embed_tokens.weight)
+        logits: torch.Tensor = self.lm_head(hidden)  # a Linear, or an Int8Linear (models/quant.py)
+        return logits
 
 
 FUSED_PROJECTIONS = {

@@ -79,7 +79,9 @@ def _eos_token_ids(directory: Path, gguf_file: str | None, hf_config: Any, token
     return frozenset(ids)
 
 
-def load_model(model: str, dtype: torch.dtype, device: str | torch.device = "cpu") -> LoadedModel:
+def load_model(
+    model: str, dtype: torch.dtype, device: str | torch.device = "cpu", quantization: str | None = None
+) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer
 
     directory, gguf_file = resolve_model_path(model)
@@ -110,6 +112,12 @@ def load_model(model: str, dtype: torch.dtype, device: str | torch.device = "cpu
 
     net.model.rotary_emb = RotaryEmbedding(hf_config)
     net = net.to(device=device, dtype=dtype).eval()
+    if quantization is not None:
+        from plimsoll.runtime.models.quant import quantize_model
+
+        # After the cast, so the float32 scales are not cast with the model (int8 rounding
+        # dwarfs a bf16 weight's own).
+        quantize_model(net, quantization, dtype)
     net.model.rotary_emb.inv_freq = net.model.rotary_emb.inv_freq.float()
     return LoadedModel(
         model=net,

@@ -188,6 +188,16 @@ class ServerMetrics:
             mn.REQUESTS_CUT_BY_SHUTDOWN,
             "Requests still in flight when the drain deadline after SIGTERM passed, ended by the shutdown.",
         )
+        self.spec_drafts = counter(
+            mn.SPEC_DECODE_NUM_DRAFTS, "Sequences that carried proposals into a step (speculative decoding)."
+        )
+        self.spec_draft_tokens = counter(mn.SPEC_DECODE_NUM_DRAFT_TOKENS, "Proposed tokens verified.")
+        self.spec_accepted_tokens = counter(mn.SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Proposed tokens accepted.")
+        self.spec_accepted_per_pos = counter(
+            mn.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
+            "Accepted proposals by position (0-based).",
+            ("position",),
+        )
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).
         self.counting = False
@@ -221,6 +231,16 @@ class ServerMetrics:
             self.prefix_queries.labels(m).inc(stats.prefix_cache_queries)
         if stats.prefix_cache_hits:
             self.prefix_hits.labels(m).inc(stats.prefix_cache_hits)
+        if getattr(stats, "spec_num_drafts", 0):
+            self._on_spec_step(stats)
+
+    def _on_spec_step(self, stats: Any) -> None:
+        m = self.model_name
+        self.spec_drafts.labels(m).inc(stats.spec_num_drafts)
+        self.spec_draft_tokens.labels(m).inc(stats.spec_num_draft_tokens)
+        self.spec_accepted_tokens.labels(m).inc(stats.spec_num_accepted_tokens)
+        for pos, count in enumerate(stats.spec_num_accepted_tokens_per_pos):
+            self.spec_accepted_per_pos.labels(m, str(pos)).inc(count)
 
     def on_request_finished(self, output: Any) -> None:
         """Request-level histograms and counters from the engine's timestamps.

@@ -1,6 +1,6 @@
 // CPU kernels for float32 that torch's CPU ops run poorly at serving shapes.
 //
-// What it is: two functions compiled at first use by cpu_kernels.py (c++ -O3
+// What it is: three functions compiled at first use by cpu_kernels.py (c++ -O3
 // -march=native -fopenmp-simd) and called through ctypes, each splitting its work
 // over std::threads:
 // - plimsoll_paged_decode_attention_f32: the decode half of
@@ -160,6 +160,62 @@ extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, c
     pool.emplace_back(linear_rows, x, w, bias, y, m_len, begin, end, n_len, k_len);
   }
   linear_rows(x, w, bias, y, m_len, 0, std::min(n_len, chunk), n_len, k_len);
+  for (auto& t : pool) t.join();
+  return 0;
+}
+
+// plimsoll_int8_linear_f32: y = x @ (W_int8 * scale[:, None]).T + bias, W int8 [N, K] with one
+// float scale per output row (weight-only quantisation). Same split as the float32 kernel:
+// each thread streams its rows of W once (a quarter of the float32 bytes), converting each
+// int8 weight to float in registers and reusing it for four rows of x at a time.
+namespace {
+
+void int8_linear_rows(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                      int64_t m_len, int64_t n_begin, int64_t n_end, int64_t n_len, int64_t k_len) {
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int8_t* wn = w + n * k_len;
+    const float b = bias != nullptr ? bias[n] : 0.f;
+    int64_t m = 0;
+    for (; m + 4 <= m_len; m += 4) {
+      const float *x0 = x + m * k_len, *x1 = x0 + k_len, *x2 = x1 + k_len, *x3 = x2 + k_len;
+      float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+#pragma omp simd reduction(+ : d0, d1, d2, d3)
+      for (int64_t k = 0; k < k_len; ++k) {
+        const float wk = static_cast<float>(wn[k]);
+        d0 += x0[k] * wk;
+        d1 += x1[k] * wk;
+        d2 += x2[k] * wk;
+        d3 += x3[k] * wk;
+      }
+      y[m * n_len + n] = d0 * scale[n] + b;
+      y[(m + 1) * n_len + n] = d1 * scale[n] + b;
+      y[(m + 2) * n_len + n] = d2 * scale[n] + b;
+      y[(m + 3) * n_len + n] = d3 * scale[n] + b;
+    }
+    for (; m < m_len; ++m) {
+      const float* xm = x + m * k_len;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t k = 0; k < k_len; ++k) dot += xm[k] * static_cast<float>(wn[k]);
+      y[m * n_len + n] = dot * scale[n] + b;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int plimsoll_int8_linear_f32(const float* x, const int8_t* w, const float* scale, const float* bias,
+                                        float* y, int64_t m_len, int64_t n_len, int64_t k_len,
+                                        int64_t num_threads) {
+  if (m_len <= 0 || n_len <= 0 || k_len <= 0) return 1;
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 262144));
+  const int64_t chunk = (n_len + workers - 1) / workers;
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < workers; ++i) {
+    const int64_t begin = std::min(n_len, i * chunk), end = std::min(n_len, (i + 1) * chunk);
+    pool.emplace_back(int8_linear_rows, x, w, scale, bias, y, m_len, begin, end, n_len, k_len);
+  }
+  int8_linear_rows(x, w, scale, bias, y, m_len, 0, std::min(n_len, chunk), n_len, k_len);
   for (auto& t : pool) t.join();
   return 0;
 }
