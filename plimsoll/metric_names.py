@@ -46,6 +46,7 @@ REQUESTS_CUT_BY_SHUTDOWN = "plimsoll_requests_cut_by_shutdown_total"
 PRIORITY_TIME_TO_FIRST_TOKEN = "plimsoll_priority_time_to_first_token_seconds"
 PRIORITY_REQUEST_QUEUE_TIME = "plimsoll_priority_request_queue_time_seconds"
 PRIORITY_REQUESTS = "plimsoll_priority_requests_total"
+REQUEST_ERRORS = "plimsoll_request_errors_total"
 
 # vLLM 0.32 histogram buckets (+Inf implied).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

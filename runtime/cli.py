@@ -122,7 +122,19 @@ def serve(
         'or \'{"model": DIR, "num_speculative_tokens": 4}\' (see docs/runtime.md).',
     ),
     drain_timeout: float = typer.Option(
-        25.0, "--drain-timeout", min=0, help="Seconds SIGTERM waits for in-flight requests before exiting."
+        20.0,
+        "--drain-timeout",
+        min=0,
+        help="Seconds SIGTERM waits for in-flight requests; then unfinished streams end with an error "
+        "event and [DONE] and the process exits (keep it under terminationGracePeriodSeconds).",
+    ),
+    max_request_bytes: int = typer.Option(
+        8 * 1024 * 1024, "--max-request-bytes", min=1024, help="Largest request body; larger ones get 413."
+    ),
+    allow_client_chat_template: bool = typer.Option(
+        False,
+        "--allow-client-chat-template",
+        help="Accept a chat_template in chat_template_kwargs (rendering one costs unbounded CPU).",
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     metrics_compat: str | None = typer.Option(
@@ -194,6 +206,8 @@ def serve(
             request_timeout=request_timeout,
             drain_timeout=drain_timeout,
             max_tenant_inflight_tokens=max_tenant_inflight_tokens,
+            max_request_bytes=max_request_bytes,
+            allow_client_chat_template=allow_client_chat_template,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
@@ -217,7 +231,7 @@ def serve(
     def on_fatal(exc: BaseException) -> None:
         failed.append(exc)
         if server is not None:
-            server.should_exit = True
+            server.begin_drain()  # finish what can finish, then exit 1 so the kubelet restarts us
 
     app = build_app(engine, settings, metrics, on_fatal=on_fatal)
     uv_config = uvicorn.Config(
@@ -226,11 +240,13 @@ def serve(
         port=port,
         log_level=log_level.lower(),
         access_log=False,  # one structured line per request is logged by the server instead
-        timeout_graceful_shutdown=5,
+        # The drain deadline covers everything (DrainingServer cuts streams itself at
+        # --drain-timeout); uvicorn's own wait after that is only for sockets to close.
+        timeout_graceful_shutdown=1,
         timeout_keep_alive=30,
     )
     server = DrainingServer(uv_config, app.state.ctx)
     server.run()
     if failed:
-        typer.echo(f"plimsoll serve: the engine failed to start: {failed[0]}", err=True)
+        typer.echo(f"plimsoll serve: the engine failed: {failed[0]}", err=True)
         raise typer.Exit(code=1)

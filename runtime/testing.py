@@ -38,7 +38,7 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def _byte_level_tokenizer() -> object:
+def byte_level_tokenizer(chat_template: bool = True) -> Any:
     """A 259-id byte-level tokenizer: <pad>=0, <s>=1, </s>=2, then the 256 byte symbols.
 
     BPE with no merges over the ByteLevel alphabet round-trips any UTF-8 text,
@@ -57,8 +57,26 @@ def _byte_level_tokenizer() -> object:
     tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call,unused-ignore]
         tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
-    tok.chat_template = TINY_CHAT_TEMPLATE
+    if chat_template:
+        tok.chat_template = TINY_CHAT_TEMPLATE
     return tok
+
+
+# The tiny model's shapes; tests/runtime/tiny_models.py varies them per architecture.
+TINY_SHAPE: dict[str, Any] = dict(
+    vocab_size=259,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+    initializer_range=0.3,
+)
 
 
 def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Path:
@@ -75,20 +93,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     out = Path(path)
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
-    common: dict[str, Any] = dict(
-        vocab_size=259,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        initializer_range=0.3,
-    )
+    common = dict(TINY_SHAPE)
     if arch == "llama":
         config: object = LlamaConfig(**common)
     elif arch == "qwen3":
@@ -99,7 +104,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    _byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
+    byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
     return out
 
 
@@ -146,9 +151,12 @@ class ThreadedServer:
         host: str = "127.0.0.1",
         startup_timeout: float = 120.0,
         server: dict[str, object] | None = None,
+        step_delay: float = 0.0,
         **engine: object,
     ) -> None:
         self.host = host
+        self.step_delay = step_delay
+        self.fatal: list[BaseException] = []
         self.port = free_port(host)
         self.model = str(model)
         self.engine_kwargs = engine
@@ -177,7 +185,12 @@ class ThreadedServer:
         )
         self.metrics = ServerMetrics(settings.served_model_name)
         self.engine = AsyncEngine(config, observer=self.metrics)
-        self.app = build_app(self.engine, settings, self.metrics)
+
+        def on_fatal(exc: BaseException) -> None:  # what `plimsoll serve` does: drain, then exit 1
+            self.fatal.append(exc)
+            self.server.begin_drain()
+
+        self.app = build_app(self.engine, settings, self.metrics, on_fatal=on_fatal)
         self.ctx = self.app.state.ctx
         uv = uvicorn.Config(
             self.app,
@@ -185,7 +198,7 @@ class ThreadedServer:
             port=self.port,
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=1,
         )
         self.server = DrainingServer(uv, self.ctx)
 
@@ -203,12 +216,29 @@ class ThreadedServer:
                 raise RuntimeError(f"the server thread stopped before /ready: {self._error!r}")
             try:
                 if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
+                    if self.step_delay:
+                        self._slow_down_steps(self.step_delay)
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"server not ready after {self.startup_timeout}s")
+
+    def _slow_down_steps(self, seconds: float) -> None:
+        """Make every engine step take at least ``seconds``: a step is then slow on any CPU.
+
+        Timeout and abort tests use it so "the request is still running when X
+        happens" holds however fast the machine is.
+        """
+        core = self.engine.engine
+        step = core.step
+
+        def slow_step() -> Any:
+            time.sleep(seconds)
+            return step()
+
+        core.step = slow_step  # the engine thread looks the method up on every iteration
 
     def drain(self) -> None:
         """What SIGTERM does: stop admission, finish in-flight requests, then stop."""
@@ -221,7 +251,7 @@ class ThreadedServer:
         self._thread.join(timeout)
 
     def __enter__(self) -> ThreadedServer:
-        return self.start()
+        return self if self._thread is not None else self.start()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

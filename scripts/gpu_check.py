@@ -317,7 +317,7 @@ def write_random_model(
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype_name))
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
-    testing._byte_level_tokenizer().save_pretrained(directory)
+    testing.byte_level_tokenizer().save_pretrained(directory)
     del model
     import gc
 

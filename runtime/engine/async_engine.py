@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from plimsoll.runtime.engine.config import EngineConfig
@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped on an error; no request can proceed."""
+
+
+class StreamCutError(RuntimeError):
+    """The server cut this request at its drain deadline (the engine itself is fine)."""
 
 
 class AsyncEngine:
@@ -43,6 +47,8 @@ class AsyncEngine:
         self._stopping = False
         self._error: BaseException | None = None
         self.is_ready = False
+        # Called from the engine thread when the loop dies; the server uses it to drain and exit 1.
+        self.on_dead: Callable[[BaseException], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -88,6 +94,12 @@ class AsyncEngine:
         return int(self._engine().max_model_len)
 
     @property
+    def vocab_size(self) -> int:
+        """Ids a client may send: those both the tokenizer and the model's embedding know."""
+        engine = self._engine()
+        return min(len(engine.tokenizer), int(engine.hf_config.vocab_size))
+
+    @property
     def is_dead(self) -> bool:
         return self._error is not None
 
@@ -96,44 +108,41 @@ class AsyncEngine:
 
     # -- requests ----------------------------------------------------------------------
 
-    def _validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """Check the request in the caller's thread, so bad input fails before it is queued."""
-        engine = self._engine()
-        params.validate()
-        ids: list[int] = engine.tokenize(prompt)[1]
-        if len(ids) >= engine.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but max_model_len is {engine.max_model_len}, which must "
-                "also leave room for at least one generated token; shorten the prompt"
-            )
-        return ids
-
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request already validated by the caller (the HTTP edge)."""
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
         arrival = time.monotonic()
-        ids = self._validate(prompt, params)  # bad input fails here, before anything is queued
+        ids = list(prompt_token_ids)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request_id, prompt, params, arrival, ids))
+        self._post("add", (request_id, ids, params, arrival, ids))
         finished = False
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
+                    # Failed in the engine: nothing left there to abort, unless the server cut it.
+                    finished = not isinstance(item, StreamCutError)
                     raise item
                 finished = item.finished
                 yield item
                 if finished:
                     return
         finally:
+            # The one place a request is aborted: any early exit (close, cancel, timeout).
             self._streams.pop(request_id, None)
             if not finished:
                 self._post("abort", request_id)
+
+    def cut_streams(self) -> None:
+        """End every open stream now with :class:`StreamCutError`; each then aborts its request."""
+        for request_id in list(self._streams):
+            self._deliver(StreamCutError("the server's drain deadline passed"), request_id)
 
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
@@ -166,7 +175,7 @@ class AsyncEngine:
                         request_id, prompt, params, arrival, ids = payload
                         try:
                             engine.add_request(request_id, prompt, params, arrival, ids)
-                        except ValueError as exc:
+                        except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)
                     else:
                         out = engine.abort_request(payload)
@@ -181,3 +190,5 @@ class AsyncEngine:
             self.is_ready = False
             for request_id in list(self._streams):
                 self._deliver(EngineDeadError(f"the engine loop died: {exc!r}"), request_id)
+            if self.on_dead is not None:
+                self.on_dead(exc)

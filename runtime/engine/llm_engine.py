@@ -1,16 +1,16 @@
 """The synchronous engine: schedule → run → sample → update, one step at a time.
 
-What it is: request intake (tokenise, validate, split ``n > 1`` into sibling
-sequences), the step loop, finishing rules (EOS, stop token ids, stop strings,
-``max_tokens``, ``max_model_len``; ``min_tokens`` and ``ignore_eos``), and the
-outputs and statistics of every step. What it is not: threads or asyncio (see
-``async_engine.py``), or HTTP.
+What it is: request intake (tokenise, split ``n > 1`` into sibling sequences),
+the step loop, finishing rules (EOS, stop token ids, stop strings,
+``max_tokens``, ``max_model_len``; ``min_tokens`` and ``ignore_eos``), fault
+isolation (a request whose sampling raises fails alone), and the statistics of
+every step. What it is not: threads or asyncio (see ``async_engine.py``), HTTP,
+or assembling outputs (``output_processor.py``).
 """
 
 import logging
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,15 +19,9 @@ from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConf
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.model_runner import ModelRunner, kv_bytes_per_token
-from plimsoll.runtime.engine.outputs import (
-    CompletionOutput,
-    EngineObserver,
-    EngineStats,
-    RequestMetrics,
-    RequestOutput,
-    StepStats,
-)
-from plimsoll.runtime.engine.request import Request
+from plimsoll.runtime.engine.output_processor import make_request_output
+from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
+from plimsoll.runtime.engine.request import Request, RequestGroup
 from plimsoll.runtime.engine.sampler import Sampler
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
@@ -35,22 +29,6 @@ from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.models.loader import load_model
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class RequestGroup:
-    """A user request: ``n`` sibling sequences reported together."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    seqs: list[Request]
-    arrival_time: float
-    finished_seqs: set[int] = field(default_factory=set)
-
-    @property
-    def finished(self) -> bool:
-        return len(self.finished_seqs) == len(self.seqs)
 
 
 class LLMEngine:
@@ -170,7 +148,7 @@ class LLMEngine:
             seq = Request(seq_id, request_id, i, ids, params, self.eos_token_ids, arrival, cache_salt=salt)
             seq.generator = torch.Generator(device="cpu")
             if params.seed is not None:
-                seq.generator.manual_seed(params.seed + i * 1_000_003)
+                seq.generator.manual_seed((params.seed + i * 1_000_003) % 2**64)
             else:
                 seq.generator.manual_seed(self.rng.getrandbits(63))
             seq.detokenizer = IncrementalDetokenizer(
@@ -205,20 +183,25 @@ class LLMEngine:
         touched: dict[str, RequestGroup] = {}
         if not sched.is_empty:
             prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_output_tokens == 0]
-            reqs, logits = self.runner.execute(sched)
-            if self.speculator is not None:
-                sampled = self.speculator.sample(reqs, logits, self.sampler) if reqs else []
-            else:
-                sampled = [[s] for s in self.sampler(reqs, logits)] if reqs else []
+            reqs, logits = self.runner.execute(sched)  # a failure here is the engine's: it propagates
+            sampled = self._sample(reqs, logits)
             now = time.monotonic()
             for r, n in prompt_chunks:
                 r.prefill_chunks.append((t0, now, n))  # for the trace's prefill-chunk spans
-            for req, tokens in zip(reqs, sampled, strict=True):
-                for token, logprobs in tokens:  # several when proposals were accepted
-                    self._append(req, token, logprobs, now)
-                    if req.is_finished:
-                        break
-                touched[req.group_id] = self.seq_to_group[req.request_id]
+            for req, result in zip(reqs, sampled, strict=True):
+                group = self.seq_to_group.get(req.request_id)
+                if group is None or group.finished:
+                    continue  # a sibling failed earlier in this step and took the group with it
+                touched[req.group_id] = group
+                try:
+                    if isinstance(result, Exception):
+                        raise result
+                    for token, logprobs in result:  # several when proposals were accepted
+                        self._append(req, token, logprobs, now)
+                        if req.is_finished:
+                            break
+                except Exception as exc:
+                    self._fail_group(group, req, exc)
             if self.speculator is not None:
                 self.speculator.after_step(reqs, self.scheduler.running)
         outputs = []
@@ -230,6 +213,38 @@ class LLMEngine:
         if self.observer is not None:
             self.observer.on_step(self._step_stats(sched, time.monotonic() - t0))
         return outputs
+
+    def _sample_rows(self, reqs: list[Request], logits: torch.Tensor) -> list[Any]:
+        """``[(token, logprobs), ...]`` per request (several when proposals were accepted)."""
+        if self.speculator is not None:
+            return list(self.speculator.sample(reqs, logits, self.sampler))
+        return [[s] for s in self.sampler(reqs, logits)]
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Any]:
+        """The batch's samples; if the batch raises, each row alone, so one bad row fails only itself."""
+        if not reqs:
+            return []
+        try:
+            return self._sample_rows(reqs, logits)
+        except Exception:
+            if self.speculator is not None:
+                raise  # verified rows are not one per request: no per-row retry (engine-fatal for now)
+            results: list[Any] = []
+            for i, req in enumerate(reqs):
+                try:
+                    results.append(self._sample_rows([req], logits[i : i + 1])[0])
+                except Exception as exc:
+                    results.append(exc)
+            return results
+
+    def _fail_group(self, group: RequestGroup, req: Request, exc: Exception) -> None:
+        """Fail one request (all its sequences) and free its blocks; the engine carries on."""
+        log.error("request %s failed in the engine: %r", group.request_id, exc, exc_info=exc)
+        group.error = f"{type(exc).__name__}: {exc}"
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "error")
+            group.finished_seqs.add(seq.index)
 
     def _append(self, req: Request, token: int, logprobs: Any, now: float) -> None:
         p = req.params
@@ -256,57 +271,8 @@ class LLMEngine:
             self.scheduler.finish(req, reason, stop_reason)
             self.seq_to_group[req.request_id].finished_seqs.add(req.index)
 
-    def _completion(self, seq: Request) -> CompletionOutput:
-        det = seq.detokenizer
-        assert det is not None
-        finished = seq.is_finished
-        delta_text = det.take_delta(finished)
-        delta_ids = seq.output_token_ids[seq.num_emitted_tokens :]
-        seq.num_emitted_tokens = seq.num_output_tokens
-        delta_lp = None
-        if seq.logprobs is not None:
-            delta_lp = seq.logprobs[seq.num_emitted_logprobs :]
-            seq.num_emitted_logprobs = len(seq.logprobs)
-        return CompletionOutput(
-            index=seq.index,
-            text=det.visible_text(finished),
-            token_ids=list(seq.output_token_ids),
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-            delta_text=delta_text,
-            delta_token_ids=delta_ids,
-            delta_logprobs=delta_lp,
-        )
-
     def _make_output(self, g: RequestGroup) -> RequestOutput:
-        first = g.seqs[0]
-        times = [s.first_token_time for s in g.seqs if s.first_token_time is not None]
-        last = [s.last_token_time for s in g.seqs if s.last_token_time is not None]
-        sched_times = [s.first_scheduled_time for s in g.seqs if s.first_scheduled_time is not None]
-        finished_times = [s.finished_time for s in g.seqs if s.finished_time is not None]
-        metrics = RequestMetrics(
-            arrival_time=g.arrival_time,
-            first_scheduled_time=min(sched_times) if sched_times else None,
-            first_token_time=min(times) if times else None,
-            last_token_time=max(last) if last else None,
-            finished_time=max(finished_times) if g.finished and finished_times else None,
-            num_prompt_tokens=len(g.prompt_token_ids),
-            num_generation_tokens=sum(s.num_output_tokens for s in g.seqs),
-            num_cached_tokens=max(first.num_cached_tokens, 0),
-            num_preemptions=sum(s.num_preemptions for s in g.seqs),
-            finish_reason=first.finish_reason if g.finished else None,
-            priority=first.params.priority,
-            prefill_chunks=list(first.prefill_chunks),
-        )
-        return RequestOutput(
-            request_id=g.request_id,
-            prompt_token_ids=g.prompt_token_ids,
-            outputs=[self._completion(s) for s in g.seqs],
-            finished=g.finished,
-            metrics=metrics,
-            prompt=g.prompt,
-        )
+        return make_request_output(g)
 
     def _finish_group_output(self, g: RequestGroup) -> RequestOutput:
         out = self._make_output(g)

@@ -62,6 +62,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     prompt: str | None = None
+    error: str | None = None  # set when this request failed in the engine (the engine itself went on)
 
 
 @dataclass(slots=True)

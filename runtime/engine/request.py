@@ -114,3 +114,20 @@ class Request:
             tokens = self.all_token_ids[i * block_size : (i + 1) * block_size]
             salt = (self.cache_salt or None) if i == 0 else None  # the chain carries it onward
             self.block_hashes.append(hash_block(parent, tokens, salt))
+
+
+@dataclass(eq=False)
+class RequestGroup:
+    """A user request: ``n`` sibling sequences reported together."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Request]
+    arrival_time: float
+    finished_seqs: set[int] = field(default_factory=set)
+    error: str | None = None  # why this request failed in the engine, if it did
+
+    @property
+    def finished(self) -> bool:
+        return len(self.finished_seqs) == len(self.seqs)

@@ -16,9 +16,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
-from plimsoll.runtime.serving.errors import APIError, bad_request
+from plimsoll.runtime.serving.errors import APIError
 from plimsoll.runtime.serving.logprobs import chat_logprobs
-from plimsoll.runtime.serving.prompts import encode_chat, resolve_max_tokens
+from plimsoll.runtime.serving.prompts import (
+    MAX_CHARS_PER_TOKEN,
+    check_token_ids,
+    encode_chat,
+    off_loop,
+    resolve_max_tokens,
+)
 from plimsoll.runtime.serving.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -32,19 +38,20 @@ from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
     engine = ctx.engine
-    prompt_ids = encode_chat(engine.tokenizer, req)
+    check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
+    allow = ctx.settings.allow_client_chat_template
+    prompt_ids = await off_loop(
+        lambda: encode_chat(engine.tokenizer, req, max_chars, allow), ctx.settings.tokenize_timeout
+    )
     max_tokens = resolve_max_tokens(
         len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
     )
     params = req.to_sampling_params(max_tokens)
-    try:
-        params.validate()
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
 
     params.fairness_id = tenant_of(raw, req.user)
     held = (len(prompt_ids) + max_tokens) * req.n
-    adm = ctx.admit("chatcmpl", params.fairness_id, held)
+    adm = ctx.admit("chatcmpl", params.fairness_id, held, req.num_seqs)
     stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat")
     if req.stream:
         streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
@@ -113,8 +120,8 @@ async def _stream(
 
     def choice(o: CompletionOutput) -> dict[str, Any] | None:
         finishing = o.finish_reason is not None and o.index not in finish_sent
-        if not o.delta_text and not finishing:
-            return None
+        if not o.delta_text and not o.delta_token_ids and not finishing:
+            return None  # a chunk whenever token ids advance (text may be empty), as vLLM does
         lp = None
         if req.logprobs and o.delta_logprobs is not None:
             lp = chat_logprobs(o.delta_token_ids, o.delta_logprobs, _num_top(req), tokenizer).model_dump()

@@ -15,9 +15,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
-from plimsoll.runtime.serving.errors import APIError, bad_request
+from plimsoll.runtime.serving.errors import APIError
 from plimsoll.runtime.serving.logprobs import completion_logprobs
-from plimsoll.runtime.serving.prompts import encode_prompt, resolve_max_tokens
+from plimsoll.runtime.serving.prompts import (
+    MAX_CHARS_PER_TOKEN,
+    check_token_ids,
+    encode_prompt,
+    off_loop,
+    resolve_max_tokens,
+)
 from plimsoll.runtime.serving.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -32,22 +38,22 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     engine = ctx.engine
     tokenizer = engine.tokenizer
     prompts = req.prompts()
-    prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
+    check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
+    prompt_ids = await off_loop(
+        lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],
+        ctx.settings.tokenize_timeout,
+    )
     max_tokens = [
         resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt") for ids in prompt_ids
     ]
     params = [req.to_sampling_params(m) for m in max_tokens]
-    try:
-        for p in params:
-            p.validate()
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
 
     tenant = tenant_of(raw, req.user)
     for p in params:
         p.fairness_id = tenant
     held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
-    adm = ctx.admit("cmpl", tenant, held)
+    adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
     streams = [
         ctx.outputs(ids, p, f"{adm.request_id}-{i}", "completions")
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
@@ -123,8 +129,8 @@ async def _stream(
     def choice(i: int, o: CompletionOutput) -> dict[str, Any] | None:
         index = i * req.n + o.index
         finishing = o.finish_reason is not None and index not in finish_sent
-        if not o.delta_text and not finishing:
-            return None  # empty deltas are suppressed, as vLLM does
+        if not o.delta_text and not o.delta_token_ids and not finishing:
+            return None  # a chunk whenever token ids advance (text may be empty), as vLLM does
         lp = None
         if req.logprobs is not None and o.delta_logprobs is not None:
             start = text_offsets.get(index, 0)

@@ -4,8 +4,13 @@ What it is: :class:`DrainingServer`, a uvicorn ``Server`` whose first SIGTERM
 does not close the listening socket. Instead the replica keeps answering (so
 ``/ready`` can report 503 and new requests get a clear 503 instead of a refused
 connection), lets in-flight requests finish for up to ``drain_timeout`` seconds,
-then shuts uvicorn down and the process exits 0. A second SIGTERM or SIGINT
-stops at once, as uvicorn normally does.
+then shuts uvicorn down and the process exits 0. At the deadline every request
+still running is cut by the engine: a stream ends with an error event and
+``[DONE]`` (status ``shutdown`` in the request log), a non-streaming request gets
+a 503, so ``--drain-timeout`` is the whole budget (uvicorn's own graceful wait only
+closes sockets after that). A second SIGTERM or SIGINT stops at once, as uvicorn
+normally does. :meth:`DrainingServer.begin_drain` is the same path without a
+signal, taken when the engine dies (the CLI then exits 1).
 
 What it is not: the engine's own shutdown (the app's lifespan calls
 ``engine.shutdown()`` after the server stops).
@@ -23,6 +28,8 @@ import uvicorn
 from plimsoll.runtime.serving.requests import ServingContext
 
 log = logging.getLogger("plimsoll.runtime.serving.server")
+
+CUT_GRACE_S = 1.0  # after the drain deadline, for cut streams to send their last event
 
 
 class DrainingServer(uvicorn.Server):
@@ -45,8 +52,17 @@ class DrainingServer(uvicorn.Server):
             return
         super().handle_exit(sig, frame)
 
+    def begin_drain(self) -> None:
+        """Drain as on SIGTERM; callable from the event loop or any thread."""
+        self.ctx.draining = True
+        if self._loop is None:
+            self.should_exit = True
+        else:
+            self._loop.call_soon_threadsafe(self._start_drain)
+
     def _start_drain(self) -> None:
-        self._drain_task = asyncio.ensure_future(self._drain())
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
 
     async def _drain(self) -> None:
         n = self.ctx.num_in_flight
@@ -57,8 +73,15 @@ class DrainingServer(uvicorn.Server):
         else:
             self.ctx.metrics.cut_by_shutdown_add(self.ctx.num_in_flight)
             log.warning(
-                "drain timeout: %d request(s) still in flight after %.0fs are cut off",
+                "drain timeout: %d request(s) still in flight after %gs are cut off",
                 self.ctx.num_in_flight,
                 timeout,
             )
+            self.ctx.drain_deadline_passed = True
+            engine = getattr(self.ctx, "engine", None)  # a bare context (tests) has no engine to cut
+            if engine is not None:
+                engine.cut_streams()
+            # The cut streams write their error event and [DONE] and close; this only bounds
+            # a client that stopped reading.
+            await self.ctx.wait_idle(CUT_GRACE_S)
         self.should_exit = True

@@ -34,6 +34,8 @@ from plimsoll import metric_names as mn
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
+# Why an admitted request failed server-side: its own fault in the engine, or the engine dead.
+ERROR_REASONS = ("engine_error", "engine_dead")
 
 
 class _StepStats(Protocol):
@@ -198,6 +200,9 @@ class ServerMetrics:
             "Accepted proposals by position (0-based).",
             ("position",),
         )
+        self.request_errors = counter(
+            mn.REQUEST_ERRORS, "Admitted requests that failed with a server error, by reason.", ("reason",)
+        )
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).
         self.counting = False
@@ -206,6 +211,8 @@ class ServerMetrics:
             self.request_success.labels(model_name, reason)
         for reason in REJECTION_REASONS:
             self.rejections.labels(model_name, reason)
+        for reason in ERROR_REASONS:
+            self.request_errors.labels(model_name, reason)
         for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits,
                        self.cut_by_shutdown):
             family.labels(model_name)
@@ -290,6 +297,10 @@ class ServerMetrics:
     def cut_by_shutdown_add(self, count: int) -> None:
         """Count requests the shutdown ends because the drain deadline passed (the operator reads it)."""
         self.cut_by_shutdown.labels(self.model_name).inc(count)
+
+    def request_error(self, reason: str) -> None:
+        assert reason in ERROR_REASONS, reason
+        self.request_errors.labels(self.model_name, reason).inc()
 
     def set_cache_config(
         self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str

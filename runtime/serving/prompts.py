@@ -6,32 +6,86 @@ anything is queued, report ``usage.prompt_tokens`` and validate ids a client sen
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from plimsoll.runtime.serving.errors import bad_request
 from plimsoll.runtime.serving.protocol import ChatCompletionRequest
 
+T = TypeVar("T")
 
-def vocab_size(tokenizer: Any) -> int:
-    return len(tokenizer)
+# No tokenizer we serve packs more characters than this into one token on average, so a
+# prompt longer than max_model_len x this cannot fit; refusing it first bounds tokenising work.
+MAX_CHARS_PER_TOKEN = 32
 
 
-def encode_prompt(tokenizer: Any, prompt: str | list[int]) -> list[int]:
-    """A completions prompt as token ids; client-sent ids must exist in the vocabulary."""
-    if isinstance(prompt, str):
-        return list(tokenizer.encode(prompt, add_special_tokens=True))
-    size = vocab_size(tokenizer)
-    bad = [t for t in prompt if not 0 <= t < size]
+async def off_loop(work: Callable[[], T], timeout: float) -> T:
+    """Run tokenising or template rendering in a worker thread, so ``/health`` keeps answering.
+
+    Past ``timeout`` the request gets a 400; the thread cannot be interrupted and
+    finishes on its own, but the event loop never waits for it.
+    """
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(work), timeout)
+    except TimeoutError:
+        raise bad_request(
+            f"Preparing this prompt took longer than {timeout:g}s (tokenising or rendering the chat "
+            "template); send a shorter prompt or simpler chat_template_kwargs."
+        ) from None
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """Client-sent ids must exist in the vocabulary (the engine indexes logits with them)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise bad_request(
-            f"Token ids {bad[:5]} are outside this model's vocabulary (0..{size - 1}); send ids in that range.",
-            "prompt",
+            f"Token ids {bad[:5]} are outside this model's vocabulary (0..{vocab_size - 1}); "
+            "send ids in that range.",
+            param,
         )
+
+
+def check_prompt_chars(text: str, max_chars: int, param: str) -> None:
+    """Refuse a text longer than any prompt the model can hold before paying to tokenise it."""
+    if len(text) > max_chars:
+        raise bad_request(
+            f"The {param} has {len(text)} characters; this server tokenises at most {max_chars} "
+            f"(a prompt this long cannot fit the model's context); shorten the {param}.",
+            param,
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON allows lone surrogates ("\ud800"); tokenizers do not
+        raise bad_request(
+            f"The {param} is not valid Unicode (a lone surrogate at character {exc.start}); "
+            "send UTF-8 text.",
+            param,
+        ) from None
+
+
+def encode_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, max_chars: int) -> list[int]:
+    """A completions prompt as token ids; client-sent ids must exist in the vocabulary."""
+    if isinstance(prompt, str):
+        check_prompt_chars(prompt, max_chars, "prompt")
+        return list(tokenizer.encode(prompt, add_special_tokens=True))
+    check_token_ids(prompt, vocab_size, "prompt")
     return list(prompt)
 
 
-def encode_chat(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
+def encode_chat(
+    tokenizer: Any, request: ChatCompletionRequest, max_chars: int, allow_client_template: bool
+) -> list[int]:
     """Render the messages with the tokenizer's chat template and tokenize the result."""
+    kwargs = dict(request.chat_template_kwargs or {})
+    if "chat_template" in kwargs and not allow_client_template:
+        raise bad_request(
+            "A client-supplied chat_template is refused on this server (rendering one costs unbounded "
+            "CPU); leave chat_template out of chat_template_kwargs, or start the server with "
+            "--allow-client-chat-template.",
+            "chat_template_kwargs",
+        )
+    check_prompt_chars("".join(m.text() for m in request.messages), max_chars, "messages")
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request(
             "This model's tokenizer has no chat template; use /v1/completions with a plain prompt.",
@@ -46,10 +100,11 @@ def encode_chat(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
             messages,
             tokenize=False,
             add_generation_prompt=request.add_generation_prompt,
-            **(request.chat_template_kwargs or {}),
+            **kwargs,
         )
     except Exception as exc:  # jinja raises TemplateError and plain exceptions alike
         raise bad_request(f"The chat template rejected these messages: {exc}", "messages") from None
+    check_prompt_chars(str(text), max_chars, "messages")
     # The template already wrote any BOS it wants; adding special tokens again would double it.
     return list(tokenizer.encode(str(text), add_special_tokens=False))
 

@@ -17,12 +17,19 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs and OpenAI's top_logprobs limit
 MAX_N = 16  # choices per request; each one is a sequence in the batch
+MAX_PROMPTS = 64  # prompts in one completions request
+MAX_STOP = 16  # stop strings, and stop token ids
+MAX_STOP_CHARS = 256  # per stop string: the detokenizer scans for every stop at every token
+# vLLM's _SAMPLING_EPS: below it a temperature only overflows the logits, so it means greedy.
+MIN_TEMPERATURE = 1e-5
+MIN_TOP_P = 1e-6  # below it top_p keeps only the top token, like greedy; tiny floats only underflow
+MIN_REPETITION_PENALTY = 0.01  # dividing logits by a near-zero penalty overflows them to inf
 
 StopField = Annotated[str | list[str] | None, Field(default=None, description="Up to 16 stop strings.")]
 
@@ -41,22 +48,22 @@ class _SamplingFields(_Request):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, ge=MIN_TOP_P, le=1.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     stop: StopField
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM extensions
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
-    min_tokens: int = Field(0, ge=0)
+    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=2.0, allow_inf_nan=False)
+    min_tokens: int = Field(0, ge=0, le=2**31 - 1)
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(None, max_length=MAX_STOP)
     skip_special_tokens: bool = True
     # vLLM: lower runs first under --scheduling-policy priority; ignored by the other policies.
     priority: int = Field(0, ge=-(2**31), lt=2**31)
@@ -67,10 +74,12 @@ class _SamplingFields(_Request):
         stops = [v] if isinstance(v, str) else v
         if stops is None:
             return None
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop strings are allowed")
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings are allowed")
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"each stop string may have at most {MAX_STOP_CHARS} characters")
         return stops
 
     def stop_list(self) -> list[str]:
@@ -79,7 +88,7 @@ class _SamplingFields(_Request):
     def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         return SamplingParams(
             n=self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
+            temperature=_temperature(self.temperature),
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=-1 if self.top_k is None else self.top_k,
             min_p=self.min_p or 0.0,
@@ -103,18 +112,35 @@ class _SamplingFields(_Request):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-PromptField = str | list[str] | list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]]
+def _temperature(value: float | None) -> float:
+    if value is None:
+        return 1.0
+    return 0.0 if value < MIN_TEMPERATURE else value  # as vLLM: a vanishing temperature is greedy
+
+
+TokenId = Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]  # StrictInt: `true` is not token id 1
+PromptField = (
+    str
+    | Annotated[list[str], Field(max_length=MAX_PROMPTS)]
+    | list[TokenId]
+    | Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS)]
+)
 
 
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``."""
 
     prompt: PromptField
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=2**31 - 1)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences this request puts in the engine: prompts x max(n, best_of)."""
+        return len(self.prompts()) * max(self.n, self.best_of or 1)
 
     @field_validator("prompt")
     @classmethod
@@ -169,9 +195,9 @@ class ChatMessage(_Request):
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
@@ -182,6 +208,10 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true; set logprobs to true")
         return self
+
+    @property
+    def num_seqs(self) -> int:
+        return self.n
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

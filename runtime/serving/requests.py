@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
+from plimsoll.runtime.engine.async_engine import StreamCutError
+from plimsoll.runtime.engine.client import EngineClient
 from plimsoll.runtime.engine.outputs import RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.serving.errors import APIError, bad_request
@@ -44,6 +46,7 @@ class Admission:
 
     request_id: str
     ctx: ServingContext
+    num_seqs: int = 1
     released: bool = False
     tenant: str | None = None
     num_tokens: int = 0  # prompt + max_tokens held against the tenant's in-flight cap
@@ -58,13 +61,14 @@ class Admission:
                 else:
                     self.ctx.tenant_tokens.pop(self.tenant, None)
             self.ctx.num_in_flight -= 1
+            self.ctx.num_seqs_in_flight -= self.num_seqs
             if self.ctx.num_in_flight == 0:
                 self.ctx.idle.set()
 
 
 @dataclass
 class ServingContext:
-    engine: Any  # plimsoll.runtime.engine.async_engine.AsyncEngine (duck-typed so tests may wrap it)
+    engine: EngineClient
     settings: ServerSettings
     metrics: ServerMetrics
     draining: bool = False
@@ -72,13 +76,22 @@ class ServingContext:
     # here, but requests are still admitted, so one already on its way is not refused.
     marked_for_removal: bool = False
     num_in_flight: int = 0
+    num_seqs_in_flight: int = 0
+    drain_deadline_passed: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     tenant_tokens: dict[str, int] = field(default_factory=dict)  # in-flight prompt + max_tokens
 
     # ---- admission -----------------------------------------------------------
 
-    def admit(self, prefix: str, tenant: str | None = None, num_tokens: int = 0) -> Admission:
-        """Take a request in, or raise 503 (draining) / 429 (waiting queue full, tenant cap hit)."""
+    def admit(
+        self, prefix: str, tenant: str | None = None, num_tokens: int = 0, num_seqs: int = 1
+    ) -> Admission:
+        """Take a request in, or raise 503 (draining) / 429 (replica full, tenant cap hit).
+
+        Admission counts sequences (prompts x n), not HTTP requests: one request of
+        100 prompts x n=16 is 1,600 sequences of work. The replica holds at most
+        ``max_num_seqs`` running plus ``--max-waiting`` waiting.
+        """
         if self.draining:
             self.metrics.reject("draining")
             raise APIError(
@@ -88,17 +101,19 @@ class ServingContext:
             )
         limit = self.settings.max_waiting
         if limit is not None:
-            # Requests beyond the engine's sequence slots are waiting even before the
-            # engine thread has picked them up: counting them here keeps a burst from
-            # slipping past the limit before the scheduler's own count catches up. The
-            # scheduler's count covers the rest (requests held back by a full KV cache).
-            stats = self.engine.stats()
-            waiting = max(stats.num_waiting, self.num_in_flight - self.engine.config.max_num_seqs)
-            if waiting >= limit:
+            capacity = self.engine.config.max_num_seqs + limit
+            if num_seqs > capacity:
+                self.metrics.reject("invalid_request")
+                raise bad_request(
+                    f"This request asks for {num_seqs} sequences (prompts x n) but this replica holds at "
+                    f"most {capacity} (--max-num-seqs + --max-waiting); send fewer prompts or a lower n."
+                )
+            if self.num_seqs_in_flight + num_seqs > capacity:
                 self.metrics.reject("queue_full")
                 raise APIError(
                     429,
-                    f"The waiting queue is full ({waiting} waiting, --max-waiting {limit}); "
+                    f"The replica is full ({self.num_seqs_in_flight} sequences in flight, this request "
+                    f"adds {num_seqs}, room for {capacity} = --max-num-seqs + --max-waiting {limit}); "
                     f"retry after {self.settings.retry_after_s}s or send to another replica.",
                     headers={"Retry-After": str(self.settings.retry_after_s)},
                 )
@@ -115,8 +130,9 @@ class ServingContext:
                     headers={"Retry-After": str(self.settings.retry_after_s)},
                 )
         self.num_in_flight += 1
+        self.num_seqs_in_flight += num_seqs
         self.idle.clear()
-        adm = Admission(f"{prefix}-{uuid.uuid4().hex[:16]}", self)
+        adm = Admission(f"{prefix}-{uuid.uuid4().hex[:16]}", self, num_seqs)
         if tenant is not None:
             adm.tenant, adm.num_tokens = tenant, num_tokens
             self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + num_tokens
@@ -161,6 +177,13 @@ class ServingContext:
                     status = "invalid_request"
                     self.metrics.reject("invalid_request")
                     raise bad_request(str(exc)) from None
+                except StreamCutError:
+                    status = "shutdown"
+                    raise APIError(
+                        503,
+                        f"The server's drain deadline (--drain-timeout {self.settings.drain_timeout:g}s) "
+                        "passed and this request was cut; retry against another replica.",
+                    ) from None
                 except TimeoutError:
                     status = "timeout"
                     self.metrics.reject("timeout")
@@ -175,29 +198,40 @@ class ServingContext:
                 if any(o.delta_token_ids for o in out.outputs):
                     last_emit = now
                 last = out
+                if out.error is not None:
+                    status = "engine_error"
+                    self.metrics.request_error("engine_error")
+                    raise APIError(
+                        500,
+                        f"Request {request_id} failed in the engine ({out.error}); the engine carries on "
+                        "serving other requests. Retry, and report it if it repeats.",
+                    )
                 yield out
                 if out.finished:
                     break
         except (asyncio.CancelledError, GeneratorExit):
             status = "client_disconnected"
             raise
-        except APIError:
+        except APIError as err:
+            if err.status >= 500 and status == "ok":
+                status = "error"
             raise
         except Exception as exc:
             # An engine failure (e.g. its loop died) reaches a streaming client as an SSE
             # error event and a non-streaming one as a 500, both in OpenAI's shape.
             status = "error"
-            log.exception("request %s failed in the engine", request_id)
+            self.metrics.request_error("engine_dead" if self.engine.is_dead else "engine_error")
+            log.error("request %s failed in the engine: %r", request_id, exc)
             raise APIError(500, f"The engine failed on this request: {type(exc).__name__}: {exc}") from exc
         finally:
             finished = last is not None and last.finished
-            if not finished:
-                with contextlib.suppress(KeyError):
-                    self.engine.abort(request_id)
+            # Closing the engine's stream aborts the request there if it did not finish.
             with anyio.CancelScope(shield=True), contextlib.suppress(RuntimeError, StopAsyncIteration):
                 await gen.aclose()
             if last is not None:
                 record_request_spans(last, self.settings.served_model_name, endpoint, request_id, time.monotonic())
+            if status == "client_disconnected" and self.drain_deadline_passed:
+                status = "shutdown"
             self._log_finished(request_id, endpoint, last, started, status if not finished else "ok")
 
     def _log_finished(

@@ -24,9 +24,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plimsoll import __version__
+from plimsoll.runtime.engine.client import EngineClient
 from plimsoll.runtime.serving.chat import create_chat_completion
 from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
@@ -64,22 +65,86 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class BodyLimitMiddleware:
+    """Refuse a request body over ``max_bytes`` with 413, reading no more of it than that.
+
+    A declared ``Content-Length`` over the limit is refused before any byte is read;
+    a chunked body is counted as it arrives. Without this a 10 MB prompt is read,
+    parsed and held in memory before anything can say no.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, size: str) -> APIError:
+        return APIError(
+            413,
+            f"The request body is {size} bytes; this server accepts at most {self.max_bytes} "
+            "(--max-request-bytes); send a smaller request.",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(declared.decode()).response()(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self._too_large(f"more than {self.max_bytes}").response()(scope, receive, send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnect notices, as the server sends them
+
+        await self.app(scope, replay, send)
+
+
 def build_app(
-    engine: Any,
+    engine: EngineClient,
     settings: ServerSettings,
     metrics: ServerMetrics | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine``; pass the same ``metrics`` the engine observes.
 
-    ``on_fatal`` is called if the engine fails to start (the CLI uses it to exit
-    non-zero); ``/health`` then answers 503.
+    ``on_fatal`` is called, on the event loop, if the engine fails to start or its
+    loop dies later (the CLI then drains and exits non-zero, so the kubelet
+    restarts the pod); ``/health`` then answers 503 "engine failed".
     """
     metrics = metrics if metrics is not None else ServerMetrics(settings.served_model_name)
     ctx = ServingContext(engine=engine, settings=settings, metrics=metrics)
     state: dict[str, Any] = {"fatal": None}
 
+    def engine_died(exc: BaseException) -> None:  # on the event loop
+        if state["fatal"] is None:
+            state["fatal"] = exc
+            log.error("the engine loop died (%r): draining and exiting non-zero", exc)
+            if on_fatal is not None:
+                on_fatal(exc)
+
     async def start_engine() -> None:
+        loop = asyncio.get_running_loop()
+        if hasattr(engine, "on_dead"):
+            engine.on_dead = lambda exc: loop.call_soon_threadsafe(engine_died, exc)
         try:
             if not engine.is_ready:
                 await engine.start()
@@ -124,10 +189,12 @@ def build_app(
         # FastAPI >= 0.16x opens its own server span (continuing traceparent) when
         # OpenTelemetry is installed; older ones get ours, outermost, covering auth and the response.
         app.add_middleware(TraceMiddleware)
+    # Added last, so it runs first: an oversized body is refused before anything else reads it.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
 
     def check_serving(model: str | None) -> None:
-        if state["fatal"] is not None:
-            raise APIError(503, "The engine failed to start; see the server log.")
+        if state["fatal"] is not None or engine.is_dead:
+            raise APIError(503, "The engine failed and this replica is shutting down; retry on another.")
         if not engine.is_ready:
             raise APIError(
                 503,
@@ -143,16 +210,17 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
-        if state["fatal"] is not None or getattr(engine, "is_dead", False):
+        if state["fatal"] is not None or engine.is_dead:
             return JSONResponse({"status": "engine failed"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
     async def ready() -> Response:
-        if ctx.draining:
+        if ctx.draining and not engine.is_dead:
             return JSONResponse({"ready": False, "reason": "draining"}, status_code=503)
-        if state["fatal"] is not None or not engine.is_ready:
-            reason = "engine failed" if state["fatal"] is not None else "loading"
+        failed = state["fatal"] is not None or engine.is_dead
+        if failed or not engine.is_ready:
+            reason = "engine failed" if failed else "loading"
             return JSONResponse({"ready": False, "reason": reason}, status_code=503)
         if ctx.marked_for_removal:
             return JSONResponse({"ready": False, "reason": "marked for removal"}, status_code=503)

@@ -16,8 +16,17 @@ class ServerSettings(BaseModel):
     api_key: str | None = Field(None, description="require `Authorization: Bearer KEY` on /v1/*")
     max_waiting: int | None = Field(None, ge=0, description="waiting requests beyond which new ones get 429")
     request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted")
-    drain_timeout: float = Field(25.0, ge=0, description="seconds SIGTERM waits for in-flight requests")
+    drain_timeout: float = Field(20.0, ge=0, description="seconds SIGTERM waits for in-flight requests")
     max_tenant_inflight_tokens: int | None = Field(
         None, ge=1, description="prompt + max_tokens one tenant may have in flight before 429"
+    )
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="largest request body accepted; larger ones get 413"
+    )
+    allow_client_chat_template: bool = Field(
+        False, description="let clients send their own chat_template (rendering costs unbounded CPU)"
+    )
+    tokenize_timeout: float = Field(
+        10.0, gt=0, description="seconds tokenising and template rendering may take before a 400"
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")

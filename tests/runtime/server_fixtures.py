@@ -25,8 +25,13 @@ def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.getbasetemp() / "plimsoll-chat-tiny")
 
 
-def start_server(model_dir: Path, server: dict[str, Any] | None = None, **engine: Any) -> ThreadedServer:
-    return ThreadedServer(model_dir, server=server, **{**ENGINE_ARGS, **engine}).start()
+def start_server(
+    model_dir: Path, server: dict[str, Any] | None = None, step_delay: float = 0.0, **engine: Any
+) -> ThreadedServer:
+    """A started server; ``step_delay`` makes every engine step sleep that long (slow on any CPU)."""
+    return ThreadedServer(
+        model_dir, server=server, step_delay=step_delay, **{**ENGINE_ARGS, **engine}
+    ).start()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,6 @@
-"""Tiny random-initialised Llama-family models with a byte-level tokenizer, saved as HF dirs.
+"""Tiny random-initialised models of four architectures, saved as HF dirs.
+
+The shapes and the byte-level tokenizer are the ones of ``plimsoll.runtime.testing``.
 
 Imported by the runtime tests (``from tiny_models import ...``) and their conftest.
 """
@@ -6,40 +8,19 @@ Imported by the runtime tests (``from tiny_models import ...``) and their confte
 from pathlib import Path
 from typing import Any
 
+from plimsoll.runtime.testing import TINY_SHAPE, byte_level_tokenizer
+
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def byte_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for i, sym in enumerate(alphabet):
-        vocab[sym] = i + 3
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return byte_level_tokenizer(chat_template=False)
 
 
 def tiny_config(arch: str) -> Any:
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    common: dict[str, Any] = dict(
-        vocab_size=259,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
+    common: dict[str, Any] = {**TINY_SHAPE, "max_position_embeddings": 1024}
     if arch == "llama":
         # llama3 RoPE scaling exercises the non-default RoPE path.
         return LlamaConfig(

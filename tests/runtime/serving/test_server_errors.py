@@ -48,7 +48,7 @@ BAD_BODIES = [
     # (path, body, status, param, message fragment)
     (COMP, {"prompt": "x", "temperature": "hot"}, 400, "temperature", "valid number"),
     (COMP, {"prompt": "x", "temperature": 2.5}, 400, "temperature", "less than or equal to 2"),
-    (COMP, {"prompt": "x", "top_p": 0}, 400, "top_p", "greater than 0"),
+    (COMP, {"prompt": "x", "top_p": 0}, 400, "top_p", "greater than or equal to"),
     (COMP, {"prompt": "x", "n": 0}, 400, "n", "greater than or equal to 1"),
     (COMP, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
     (COMP, {"prompt": "x", "max_tokens": 1.5}, 400, "max_tokens", None),

@@ -101,14 +101,21 @@ async def test_ready_is_503_and_requests_wait_while_the_engine_loads(chat_model_
         assert "retry-after" in r.headers
 
 
-def test_non_streaming_client_that_gives_up_aborts_its_request(server: ThreadedServer) -> None:  # noqa: F811
-    before = scrape(server.url)
+def test_non_streaming_client_that_gives_up_aborts_its_request(chat_model_dir: Path) -> None:  # noqa: F811
+    # Every step sleeps 50 ms, so 220 tokens take >= 11 s on any machine: the client's
+    # 0.3 s read timeout always fires while the request is still running.
+    with start_server(chat_model_dir, step_delay=0.05) as slow:
+        _gives_up_and_is_aborted(slow)
+
+
+def _gives_up_and_is_aborted(srv: ThreadedServer) -> None:
+    before = scrape(srv.url)
     body = {"prompt": "a long one", "max_tokens": 220, "ignore_eos": True}
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
-    after = wait_idle(server.url)
-    assert metric(after, mn.KV_CACHE_USAGE_RATIO) == 0.0 and server.ctx.num_in_flight == 0
+        httpx.post(f"{srv.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+    after = wait_idle(srv.url)
+    assert metric(after, mn.KV_CACHE_USAGE_RATIO) == 0.0 and srv.ctx.num_in_flight == 0
     aborted = metric(after, mn.REQUEST_SUCCESS, finished_reason="abort") - metric(
         before, mn.REQUEST_SUCCESS, finished_reason="abort"
     )
@@ -154,7 +161,8 @@ async def test_overload_gets_only_200_or_429_and_the_server_recovers(chat_model_
 
 @pytest.mark.slow
 def test_request_timeout_aborts_and_reports(chat_model_dir: Path) -> None:  # noqa: F811
-    srv = start_server(chat_model_dir, server={"request_timeout": 0.3})
+    # 50 ms per step: 200 tokens take >= 10 s, past the 0.3 s timeout however fast the CPU is.
+    srv = start_server(chat_model_dir, server={"request_timeout": 0.3}, step_delay=0.05)
     try:
         long = {"prompt": "long", "max_tokens": 200, "ignore_eos": True}
         r = httpx.post(f"{srv.url}/v1/completions", json=long, timeout=60)

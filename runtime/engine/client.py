@@ -1,0 +1,48 @@
+"""The engine as the HTTP layer sees it: one typed interface, whatever runs behind it.
+
+What it is: :class:`EngineClient`, a ``typing.Protocol`` that ``AsyncEngine`` (and
+any test wrapper around it) satisfies; the server types ``ServingContext.engine``
+with it. The server validates every request before calling ``generate``; an engine
+behind this interface trusts what it gets. What it is not: an implementation.
+"""
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.outputs import EngineStats, RequestOutput
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+
+
+class EngineClient(Protocol):
+    config: EngineConfig
+    is_ready: bool
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def is_dead(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def cut_streams(self) -> None: ...
