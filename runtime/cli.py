@@ -12,6 +12,18 @@ import sys
 
 import typer
 
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.serving.settings import ServerSettings
+
+
+def _engine_default(name: str) -> object:
+    """A flag's default is the config field's: written once, in the config classes."""
+    return EngineConfig.model_fields[name].default
+
+
+def _server_default(name: str) -> object:
+    return ServerSettings.model_fields[name].default
+
 
 def _fail(message: str) -> None:
     typer.echo(f"plimsoll serve: {message}", err=True)
@@ -36,9 +48,9 @@ def serve(
     ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
-    max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1, help="Most sequences in one batch."),
+    max_num_seqs: int = typer.Option(_engine_default("max_num_seqs"), "--max-num-seqs", min=1, help="Most sequences in one batch."),
     max_num_batched_tokens: int = typer.Option(
-        2048, "--max-num-batched-tokens", min=1, help="Token budget of one engine step."
+        _engine_default("max_num_batched_tokens"), "--max-num-batched-tokens", min=1, help="Token budget of one engine step."
     ),
     kv_cache_memory: str | None = typer.Option(
         None,
@@ -58,9 +70,9 @@ def serve(
         help="Fraction of the GPU's memory this server may use, KV cache sized to fill it (vLLM's flag; "
         "CUDA only).",
     ),
-    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
+    block_size: int = typer.Option(_engine_default("block_size"), "--block-size", min=1, help="Tokens per KV-cache block."),
     enable_prefix_caching: bool = typer.Option(
-        True,
+        _engine_default("enable_prefix_caching"),
         "--enable-prefix-caching/--no-enable-prefix-caching",
         help="Reuse KV blocks of shared prompt prefixes.",
     ),
@@ -87,10 +99,10 @@ def serve(
         "--dtype",
         help="auto (float32 on CPU, bfloat16 on GPU), bfloat16|bf16, float16|half or float32.",
     ),
-    device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda."),
-    attention_backend: str = typer.Option("torch", "--attention-backend", help="torch or triton."),
+    device: str = typer.Option(_engine_default("device"), "--device", help="torch device, e.g. cpu or cuda."),
+    attention_backend: str = typer.Option(_engine_default("attention_backend"), "--attention-backend", help="torch or triton."),
     scheduling_policy: str = typer.Option(
-        "continuous",
+        _engine_default("scheduling_policy"),
         "--scheduling-policy",
         help="continuous (admit new requests every step), static (admit a new batch only when the "
         "running one has drained; for comparison, see docs/runtime.md) or priority (the request's "
@@ -109,7 +121,7 @@ def serve(
         envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         help="OTLP/HTTP URL to send OpenTelemetry traces to, e.g. http://collector:4318/v1/traces.",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed for requests that do not send one."),
+    seed: int = typer.Option(_engine_default("seed"), "--seed", help="Seed for requests that do not send one."),
     quantization: str | None = typer.Option(
         None,
         "--quantization",
@@ -122,17 +134,17 @@ def serve(
         'or \'{"model": DIR, "num_speculative_tokens": 4}\' (see docs/runtime.md).',
     ),
     drain_timeout: float = typer.Option(
-        20.0,
+        _server_default("drain_timeout"),
         "--drain-timeout",
         min=0,
         help="Seconds SIGTERM waits for in-flight requests; then unfinished streams end with an error "
         "event and [DONE] and the process exits (keep it under terminationGracePeriodSeconds).",
     ),
     max_request_bytes: int = typer.Option(
-        8 * 1024 * 1024, "--max-request-bytes", min=1024, help="Largest request body; larger ones get 413."
+        _server_default("max_request_bytes"), "--max-request-bytes", min=1024, help="Largest request body; larger ones get 413."
     ),
     allow_client_chat_template: bool = typer.Option(
-        False,
+        _server_default("allow_client_chat_template"),
         "--allow-client-chat-template",
         help="Accept a chat_template in chat_template_kwargs (rendering one costs unbounded CPU).",
     ),
