@@ -87,7 +87,22 @@ class LLMEngine:
         if window:
             limits["the model's sliding_window (not implemented)"] = int(window)
         if asked is None:
-            return int(min(DEFAULT_MAX_MODEL_LEN_CAP, *limits.values()))
+            # Like vLLM: a KV budget that cannot hold one sequence of the default length is
+            # refused at start, not silently turned into a tiny max_model_len.
+            default = int(min(DEFAULT_MAX_MODEL_LEN_CAP, *(v for k, v in limits.items() if k != "the KV cache")))
+            if kv_tokens < default:
+                bs = self.config.block_size
+                per_token = self.config.kv_cache_memory // max(kv_tokens, 1) if kv_tokens else 0
+                need = -(-default // bs) * bs
+                raise ValueError(
+                    f"the KV cache holds {kv_tokens} tokens ({self.num_blocks} blocks of {bs}, "
+                    f"kv_cache_memory={self.config.kv_cache_memory} bytes), less than one sequence of "
+                    f"max_model_len {default} ({need} tokens"
+                    + (f", about {need * per_token} bytes" if per_token else "")
+                    + "); raise kv_cache_memory, or set max_model_len explicitly "
+                    f"to at most {kv_tokens}"
+                )
+            return default
         for what, limit in limits.items():
             if asked > limit:
                 raise ValueError(

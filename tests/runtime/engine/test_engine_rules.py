@@ -90,5 +90,11 @@ def test_config_errors_say_what_to_change(tiny_model_dir: Any) -> None:
         LLM(model=str(tiny_model_dir("llama")), kv_cache_memory=1000)
     with pytest.raises(ValueError, match="raise kv_cache_memory"):
         LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="64KiB", max_model_len=1000)
+    # A KV budget too small for one default-length sequence is refused with the numbers
+    # (not silently turned into a tiny max_model_len); lowering max_model_len explicitly is accepted.
+    with pytest.raises(ValueError, match=r"less than one sequence of max_model_len \d+.*set max_model_len explicitly"):
+        LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="64KiB")
+    small = LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="64KiB", max_model_len=32)
+    assert small.engine.max_model_len == 32
     with pytest.raises(ValueError, match="neither a directory"):
         LLM(model="/nonexistent/model")

@@ -102,6 +102,7 @@ def test_identical_under_preemption_prefix_hits_and_a_small_budget(
         str(tiny_model_dir("llama")),
         seen,
         kv_cache_memory=24 * 16 * 512,
+        max_model_len=384,  # the whole (small) cache: an explicit choice, so start-up accepts it
         max_num_batched_tokens=40,
         speculative_config=cfg,
     )
