@@ -17,7 +17,7 @@ SETUPS = {
     "prefix-caching": dict(enable_prefix_caching=True, kv_cache_memory="8MiB"),
     "no-prefix-caching": dict(enable_prefix_caching=False, kv_cache_memory="8MiB"),
     # 512 bytes/token x 16 = 8 KiB per block: 40 blocks for ~4,200 tokens of demand.
-    "preemption": dict(enable_prefix_caching=True, kv_cache_memory=40 * 8192, max_num_batched_tokens=96),
+    "preemption": dict(enable_prefix_caching=True, kv_cache_memory=40 * 8192, max_model_len=640, max_num_batched_tokens=96),
 }
 
 
