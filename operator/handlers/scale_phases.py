@@ -23,14 +23,13 @@ What it is not: the decisions themselves (``operator/scaling/scale_to_zero.py``,
 import asyncio
 import contextlib
 import logging
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import httpx
 import kopf
-from prometheus_client import Counter, start_http_server
+from prometheus_client import Counter
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
@@ -57,22 +56,14 @@ from plimsoll.operator.scaling.scale_to_zero import IdleClock, wake_replicas
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 TIMEOUT_S = 2.0
 
+# In the default registry: `plimsoll operator --metrics-bind-address` (the chart's
+# metrics.enabled) serves it beside the process collectors.
 REQUESTS_CUT = Counter(
     "plimsoll_operator_requests_cut_by_scale_down",
     "Requests the replicas removed by a scale-down ended at shutdown (their own "
     "plimsoll_requests_cut_by_shutdown_total, last seen before they went).",
     ["namespace", "llmservice"],
 )
-_metrics_started = False
-
-
-def _serve_metrics_once() -> None:
-    """Expose the operator's counter on $PLIMSOLL_OPERATOR_METRICS_PORT when set (the chart can scrape it)."""
-    global _metrics_started
-    port = os.environ.get("PLIMSOLL_OPERATOR_METRICS_PORT")
-    if port and not _metrics_started:
-        _metrics_started = True
-        start_http_server(int(port), addr=os.environ.get("PLIMSOLL_OPERATOR_METRICS_ADDR", "0.0.0.0"))
 
 
 @dataclass
@@ -250,7 +241,6 @@ async def before_decide(
     """Handle this tick here (True: the autoscaler's decide is skipped) or leave it to the autoscaler."""
     from plimsoll.operator.handlers.autoscaling import set_replicas  # the loop's one writer of spec.replicas
 
-    _serve_metrics_once()
     ready = sum(o.ready for o in observations)
     state = _state(body, svc, now, ready)
     by_name = {p["metadata"]["name"]: p for p in pods}
