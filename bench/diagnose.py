@@ -253,7 +253,9 @@ async def observe(
             samples.append(await fetch(http, url))
             if on_scrape is not None:
                 on_scrape(time.monotonic() - start)
-            if time.monotonic() >= deadline:
+            # At least two scrapes whatever the window: on a slow or busy host the first
+            # scrape alone can outlast a short window, and one scrape bounds no delta.
+            if time.monotonic() >= deadline and len(samples) >= 2:
                 return samples
             await asyncio.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
 

@@ -144,6 +144,17 @@ def test_diagnose_cli_prints_verdict_and_advice() -> None:
     assert "prefix caching" in result.output
 
 
+def test_observe_takes_two_scrapes_even_when_one_outlasts_the_window() -> None:
+    # A window shorter than one scrape (a busy host) still yields the two scrapes analyse needs.
+    import asyncio
+
+    from plimsoll.bench.diagnose import observe
+
+    with metrics_server(timeline(mn.PLIMSOLL, SCENARIOS["prefill"])) as url:
+        samples = asyncio.run(observe(url, window_s=1e-9, interval_s=0.05))
+    assert len(samples) == 2
+
+
 def test_diagnose_cli_unreachable_url_fails_clearly() -> None:
     result = CliRunner().invoke(app, ["diagnose", "--url", "http://127.0.0.1:9", "--window", "0.1"])
     assert result.exit_code != 0
