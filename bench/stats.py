@@ -104,16 +104,16 @@ def summarize_level(runs: list[LevelRun], cfg: BenchConfig) -> dict[str, Any]:
         reasons.append("every measured request failed")
     if measured and error_rate > cfg.max_error_rate:
         reasons.append(f"error rate {error_rate:.1%} > {cfg.max_error_rate:.0%} ({dict(errors)})")
-    # A window that closed before any measured request could finish (e.g. --requests-per-level 1
-    # at c=1) has no length to average concurrency over; the cause is the count, not the server.
-    empty_window = bool(measured) and not any(
-        r.end is not None and run.window_start <= r.end <= run.window_end
-        for run in runs
-        for r in run.measured
+    # The closed-loop window runs from the first to the N-th measured send. With one request a
+    # level (--requests-per-level 1 at c=1) it holds nothing to average concurrency over; the
+    # cause is the count, not the server. (No completion inside a non-empty window is normal
+    # when the count is near the concurrency: every worker is busy the whole window.)
+    empty_window = bool(measured) and all(
+        run.window_end <= run.window_start or achieved_concurrency(run) == 0.0 for run in runs
     )
     if empty_window and runs[0].rate is None:
         reasons.append(
-            f"measurement window closed before any of its {len(measured)} request(s) finished; "
+            f"measurement window of its {len(measured)} request(s) held no request in flight (it closes at the last measured send); "
             "raise --requests-per-level (100 or more) or use --duration-per-level"
         )
     elif target is not None and runs[0].rate is None and achieved < cfg.min_concurrency_ratio * target:

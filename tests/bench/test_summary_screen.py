@@ -74,7 +74,7 @@ def test_one_request_per_level_names_the_empty_window(sim_url: str) -> None:
     assert result.exit_code == 1
     assert "achieved concurrency 0.00" not in result.output
     assert (
-        "measurement window closed before any of its 1 request(s) finished; "
+        "measurement window of its 1 request(s) held no request in flight (it closes at the last measured send); "
         "raise --requests-per-level (100 or more) or use --duration-per-level"
     ) in result.output
     assert "Traceback" not in result.output
