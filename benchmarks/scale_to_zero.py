@@ -49,7 +49,7 @@ from test_scale_to_zero_k8s import (  # noqa: E402
 from zero_k8s import Watch, burst, hold_state, router_ip, wait_until  # noqa: E402
 
 from plimsoll.devcluster.cluster import Cluster  # noqa: E402
-from plimsoll.operator.local import OperatorProcess, token_kubeconfig  # noqa: E402
+from plimsoll.operator.local import chart_operator  # noqa: E402
 
 
 def cold_starts(cluster: Cluster, ns: str, model: Path, rounds: int) -> list[dict[str, float]]:
@@ -94,27 +94,12 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="plimsoll-zero-") as tmp,
         Cluster(Path(tmp) / "cluster", pod_runner=True) as cluster,
+        chart_operator(cluster, CHART, Path(tmp)),
     ):
-        cluster.kubectl("create", "namespace", "plimsoll-system")
-        cluster.helm(
-            "install", "plimsoll", str(CHART), "-n", "plimsoll-system",
-            "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false", "--wait", "--timeout", "120s",
-        )  # fmt: skip
-        token = cluster.kubectl("create", "token", "plimsoll", "-n", "plimsoll-system").stdout.strip()
-        kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, Path(tmp) / "sa.kubeconfig")
-        operator = OperatorProcess(
-            kubeconfig=kubeconfig,
-            log_path=Path(tmp) / "operator.log",
-            extra_env={"PLIMSOLL_RESYNC_SECONDS": "5", "PLIMSOLL_IMAGE": "ghcr.io/plimsoll/plimsoll:test"},
-        )
-        operator.start()
-        try:
-            cluster.kubectl("create", "namespace", "bench")
-            rows = cold_starts(cluster, "bench", model, args.rounds)
-            cluster.kubectl("delete", "llms", "zero", "-n", "bench", "--wait=true")
-            drain = play_drain(cluster, "bench", "drain3", model, clients=args.clients)
-        finally:
-            operator.stop()
+        cluster.kubectl("create", "namespace", "bench")
+        rows = cold_starts(cluster, "bench", model, args.rounds)
+        cluster.kubectl("delete", "llms", "zero", "-n", "bench", "--wait=true")
+        drain = play_drain(cluster, "bench", "drain3", model, clients=args.clients)
     print(f"\ncold start from 0 replicas, {len(rows)} round(s), median seconds:")
     for phase in ("decision", "pod start", "engine start-up", "release", "total"):
         print(f"  {phase:16} {statistics.median(r[phase] for r in rows):6.1f}")

@@ -35,7 +35,7 @@ import yaml
 
 from plimsoll.devcluster.cluster import Cluster
 from plimsoll.devcluster.podload import Completion, LoadConfig, PodLoad
-from plimsoll.operator.local import OperatorProcess, token_kubeconfig
+from plimsoll.operator.local import chart_operator
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
@@ -193,27 +193,12 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="plimsoll-stepload-") as tmp,
         Cluster(Path(tmp) / "cluster", pod_runner=True) as cluster,
+        chart_operator(cluster, CHART, Path(tmp)),
     ):
-        cluster.kubectl("create", "namespace", "plimsoll-system")
-        cluster.helm(
-            "install", "plimsoll", str(CHART), "-n", "plimsoll-system",
-            "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false", "--wait", "--timeout", "120s",
-        )  # fmt: skip
-        token = cluster.kubectl("create", "token", "plimsoll", "-n", "plimsoll-system").stdout.strip()
-        kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, Path(tmp) / "sa.kubeconfig")
-        operator = OperatorProcess(
-            kubeconfig=kubeconfig,
-            log_path=Path(tmp) / "operator.log",
-            extra_env={"PLIMSOLL_RESYNC_SECONDS": "5", "PLIMSOLL_IMAGE": "ghcr.io/plimsoll/plimsoll:test"},
-        )
-        operator.start()
-        try:
-            results = [
-                replay(cluster, args, model, autoscale=False),
-                replay(cluster, args, model, autoscale=True),
-            ]
-        finally:
-            operator.stop()
+        results = [
+            replay(cluster, args, model, autoscale=False),
+            replay(cluster, args, model, autoscale=True),
+        ]
 
     print(
         f"\nstep {args.low} → {args.high} closed-loop clients, {args.after:.0f} s measured after the step; "

@@ -7,12 +7,14 @@ exactly the chart's RBAC permissions and nothing more. This module starts and
 stops that one process (by its own PID) and never touches others.
 """
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -126,3 +128,26 @@ class OperatorProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         return 0
+
+
+@contextlib.contextmanager
+def chart_operator(cluster: Any, chart: Path, workdir: Path, **extra_env: str) -> Iterator[OperatorProcess]:
+    """Install the chart (its operator pod kept off the pod runner) and run the operator here.
+
+    The operator runs as a local process with the chart's ServiceAccount token, so it
+    has exactly the chart's RBAC; ``cluster`` is a ``plimsoll.devcluster`` Cluster.
+    """
+    cluster.kubectl("create", "namespace", "plimsoll-system")
+    cluster.helm(
+        "install", "plimsoll", str(chart), "-n", "plimsoll-system",
+        "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false", "--wait", "--timeout", "120s",
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", "plimsoll", "-n", "plimsoll-system").stdout.strip()
+    kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, workdir / "sa.kubeconfig")
+    env = {"PLIMSOLL_RESYNC_SECONDS": "5", "PLIMSOLL_IMAGE": "ghcr.io/plimsoll/plimsoll:test", **extra_env}
+    operator = OperatorProcess(kubeconfig=kubeconfig, log_path=workdir / "operator.log", extra_env=env)
+    operator.start()
+    try:
+        yield operator
+    finally:
+        operator.stop()
