@@ -261,25 +261,8 @@ class PodWorker:
                     break
                 if self.stopping.is_set() or self.restart_policy == "Never":
                     return False
-                await self._event(
-                    "Warning",
-                    "BackOff",
-                    f"init container {c.name} exited with code {c.exit_code}; restarting in {backoff:.0f}s",
-                )
-                c.last_exit_code, c.last_started_at, c.last_finished_at = (
-                    c.exit_code,
-                    c.started_at,
-                    c.finished_at,
-                )
                 c.last_message = c.message
-                c.state, c.reason, c.message = (
-                    "waiting",
-                    "CrashLoopBackOff",
-                    f"back-off {backoff:.0f}s restarting failed container",
-                )
-                c.restart_count += 1
-                await self._publish()
-                await self._sleep_unless_stopping(backoff)
+                await self._back_off(c, f"init container {c.name}", backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
         for c in self.containers:
             c.reason = "ContainerCreating"
@@ -347,21 +330,23 @@ class PodWorker:
                 await self._event("Normal" if c.exit_code == 0 else "Warning", "Completed" if c.exit_code == 0 else "Failed",
                                   f"container {c.name} exited with code {c.exit_code}")  # fmt: skip
                 return
-            await self._event(
-                "Warning",
-                "BackOff",
-                f"container {c.name} exited with code {c.exit_code}; restarting in {backoff:.0f}s",
-            )
-            c.last_exit_code, c.last_started_at, c.last_finished_at = c.exit_code, c.started_at, c.finished_at
-            c.state, c.reason, c.message = (
-                "waiting",
-                "CrashLoopBackOff",
-                f"back-off {backoff:.0f}s restarting failed container",
-            )
-            c.restart_count += 1
-            await self._publish()
-            await self._sleep_unless_stopping(backoff)
+            await self._back_off(c, f"container {c.name}", backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _back_off(self, c: Any, what: str, backoff: float) -> None:
+        """A failed container waits in CrashLoopBackOff for ``backoff`` seconds, as the kubelet does."""
+        await self._event(
+            "Warning", "BackOff", f"{what} exited with code {c.exit_code}; restarting in {backoff:.0f}s"
+        )
+        c.last_exit_code, c.last_started_at, c.last_finished_at = c.exit_code, c.started_at, c.finished_at
+        c.state, c.reason, c.message = (
+            "waiting",
+            "CrashLoopBackOff",
+            f"back-off {backoff:.0f}s restarting failed container",
+        )
+        c.restart_count += 1
+        await self._publish()
+        await self._sleep_unless_stopping(backoff)
 
     async def _terminate(
         self, c: ContainerState, proc: asyncio.subprocess.Process, pre_stop_s: float
