@@ -106,7 +106,9 @@ async def test_an_object_that_changes_under_every_attempt_is_a_temporary_error(
     with pytest.raises(kopf.TemporaryError):
         await update_status(kube, namespace, NAME, change)
     assert len(calls) == status_writer.ATTEMPTS
-    assert "Degraded" not in _conditions(devcluster, namespace), "nothing written from a stale copy"
+    # The chart's operator may reconcile this object and write a Degraded of its own; ours has reason "Ours".
+    stored = _conditions(devcluster, namespace)
+    assert stored.get("Degraded", {}).get("reason") != "Ours", "nothing written from a stale copy"
 
 
 async def test_last_transition_time_moves_only_when_the_status_changes(
