@@ -22,6 +22,14 @@ CACHE=${PLIMSOLL_TESTPLANE_DIR:-${PLIMSOLL_CACHE:-$HOME/.cache/plimsoll}/testpla
 SVER=0.${KVER#1.}
 MINOR=$(cut -d. -f2 <<<"$KVER")
 mkdir -p "$CACHE"
+# One build at a time per cache: each product's module dir is wiped before it is
+# built, so a second build beside the first (a test fixture, `plimsoll dev up` in
+# another shell) would delete the first one's working directory under it.
+exec 9>"$CACHE/.build.lock"
+if ! flock -n 9; then
+  printf '[build %s] another build holds %s; waiting for it\n' "$(date +%H:%M:%S)" "$CACHE/.build.lock"
+  flock 9
+fi
 
 step() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 fail() { printf '[build] FAILED: %s (log: %s)\n' "$1" "$2" >&2; tail -n 30 "$2" >&2; exit 1; }
