@@ -49,7 +49,9 @@ def build_report(
     rec: Recommendation,
     warnings: list[str],
     scenario: dict[str, Any] | None = None,
+    confidence: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The report dict, validated; ``confidence`` is by knee name (and "recommendation")."""
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,
@@ -72,6 +74,11 @@ def build_report(
     }
     if scenario is not None:
         report["scenario"] = scenario
+    for name, note in (confidence or {}).items():
+        target = report["recommendation"] if name == "recommendation" else report["knees"][name]
+        target["confidence"] = note
+    disturbed = [lv["concurrency"] for lv in levels if (lv.get("disturbed") or {}).get("reasons")]
+    report["disturbed_levels"] = disturbed
     validate(report)
     return report
 
