@@ -299,7 +299,11 @@ def confidence(levels: list[dict[str, Any]], knee: float | None) -> dict[str, An
     spreads = []
     for lv in levels:
         thr = lv["throughput"]
-        lo, hi, mid = thr.get("output_tokens_per_s_min"), thr.get("output_tokens_per_s_max"), thr["output_tokens_per_s"]
+        lo, hi, mid = (
+            thr.get("output_tokens_per_s_min"),
+            thr.get("output_tokens_per_s_max"),
+            thr["output_tokens_per_s"],
+        )
         if lv.get("repeats", 1) > 1 and lo is not None and hi is not None and mid > 0:
             spreads.append((hi - lo) / mid)
     spread = max(spreads) if spreads else None
@@ -314,13 +318,16 @@ def confidence(levels: list[dict[str, Any]], knee: float | None) -> dict[str, An
         problems.append(f"throughput differs by up to {spread:.0%} between repeats")
     if near:
         problems.append(f"disturbed levels near the knee: {', '.join(f'c={c}' for c in near)}")
-    rating = "high" if not problems else ("low" if near or (spread or 0) > 0.1 or min(counts) < 20 else "medium")
+    rating = (
+        "high" if not problems else ("low" if near or (spread or 0) > 0.1 or min(counts) < 20 else "medium")
+    )
     return {
         "rating": rating,
         "requests_per_level_min": min(counts),
         "repeat_spread": spread,
         "disturbed_levels": disturbed,
-        "note": "; ".join(problems) or f"{min(counts)}+ requests a level, repeats within 10%, no disturbed level",
+        "note": "; ".join(problems)
+        or f"{min(counts)}+ requests a level, repeats within 10%, no disturbed level",
     }
 
 

@@ -75,7 +75,9 @@ def _mark_knees(ax: Any, report: dict[str, Any]) -> None:
     if thr is not None:
         ax.axvline(thr, color="tab:red", linestyle="--", label=f"throughput knee c={thr}")
     if lat is not None:
-        ax.axvline(lat, color="tab:purple", linestyle="--", label=f"latency knee c={lat:g}")
+        queue = report["knees"]["latency"].get("binding") == "queueing"
+        label = f"latency knee c={lat:g}" + (" (queueing begins)" if queue else "")
+        ax.axvline(lat, color="tab:purple", linestyle="--", label=label)
     if rec is not None:
         ax.axvline(rec, color="tab:green", linestyle=":", label=f"recommended c={rec}")
 

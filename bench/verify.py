@@ -64,7 +64,9 @@ def _waiting(samples: list[Snapshot], lo: float, hi: float) -> float | None:
     return None if fam is None else load_from_histograms(inside[0], inside[-1], fam)["waiting_mean"]
 
 
-def windows_of(run: LevelRun, slo: SLO, n: int, samples: list[Snapshot], to_monotonic: float) -> list[dict[str, Any]]:
+def windows_of(
+    run: LevelRun, slo: SLO, n: int, samples: list[Snapshot], to_monotonic: float
+) -> list[dict[str, Any]]:
     """Cut the hold's measurement window into ``n`` equal windows and judge each."""
     span = (run.window_end - run.window_start) / n
     out = []
@@ -103,7 +105,11 @@ def judge(windows: list[dict[str, Any]], concurrency: int) -> tuple[bool, float 
     if attainment is None:
         problems.append("no request finished during the hold")
     elif attainment < MIN_ATTAINMENT:
-        misses = [f"{w['start_s']:g}–{w['end_s']:g} s: {w['good']}/{w['finished']}" for w in windows if w["finished"] and w["good"] < w["finished"]]
+        misses = [
+            f"{w['start_s']:g}–{w['end_s']:g} s: {w['good']}/{w['finished']}"
+            for w in windows
+            if w["finished"] and w["good"] < w["finished"]
+        ]
         problems.append(
             f"attainment {attainment:.1%} < {MIN_ATTAINMENT:.0%} ({finished - good} of {finished} requests "
             f"missed; windows {', '.join(misses)})"
@@ -115,7 +121,12 @@ def judge(windows: list[dict[str, Any]], concurrency: int) -> tuple[bool, float 
         )
     if problems:
         return False, attainment, growth, "; ".join(problems)
-    return True, attainment, growth, f"attainment {attainment:.1%} over {len(windows)} windows, no growing queue"
+    return (
+        True,
+        attainment,
+        growth,
+        f"attainment {attainment:.1%} over {len(windows)} windows, no growing queue",
+    )
 
 
 async def hold(session: Any, concurrency: int, seconds: float, slo: SLO) -> dict[str, Any]:
@@ -183,7 +194,8 @@ def apply_verification(report: dict[str, Any], verification: dict[str, Any]) -> 
     swept = rec["concurrency_per_replica"]
     verified = verification["verified_concurrency"]
     steps = ", ".join(
-        f"c={t['concurrency']} {'held' if t['passed'] else 'missed'} ({t['why']})" for t in verification["tried"]
+        f"c={t['concurrency']} {'held' if t['passed'] else 'missed'} ({t['why']})"
+        for t in verification["tried"]
     )
     rec["swept_concurrency_per_replica"] = swept
     rec["concurrency_per_replica"] = verified

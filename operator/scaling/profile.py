@@ -321,7 +321,11 @@ def profile_conditions(
     if v is not None:
         message += (
             f"; held {fmt(v['seconds'])} s at {v['verified_concurrency']}"
-            + (f" after stepping down from {v.get('swept_concurrency')}" if v.get("swept_concurrency") != v["verified_concurrency"] else "")
+            + (
+                f" after stepping down from {v.get('swept_concurrency')}"
+                if v.get("swept_concurrency") != v["verified_concurrency"]
+                else ""
+            )
             + (f", SLO attainment {v['attainment']:.1%}" if v.get("attainment") is not None else "")
         )
     reason, warning = "ProfileMeasured", None

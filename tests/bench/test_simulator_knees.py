@@ -107,9 +107,15 @@ def test_knees_at_the_batch_cap(curve: ServiceCurve) -> None:
     assert no_slo.binding == "queueing", no_slo.reason
     rec = report["recommendation"]
     assert rec["concurrency_per_replica"] == max(
-        1, math.floor(0.75 * min(report["knees"]["throughput"]["concurrency"], report["knees"]["latency"]["concurrency"]))
+        1,
+        math.floor(
+            0.75
+            * min(report["knees"]["throughput"]["concurrency"], report["knees"]["latency"]["concurrency"])
+        ),
     )
-    assert rec["confidence"]["requests_per_level_min"] == min(lv["requests"]["completed"] for lv in report["levels"])
+    assert rec["confidence"]["requests_per_level_min"] == min(
+        lv["requests"]["completed"] for lv in report["levels"]
+    )
     assert report["knees"]["latency"]["confidence"]["rating"] in ("low", "medium", "high")
 
 

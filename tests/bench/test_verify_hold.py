@@ -51,7 +51,11 @@ def test_step_down_and_judge_rules() -> None:
     short = {**window, "good": 98}
     passed, attainment, _, why = judge([window, short, window], 8)
     assert passed is False and attainment == pytest.approx(296 / 300) and "attainment 98.7% < 99%" in why
-    growing = [{**window, "waiting_mean": 0.0}, {**window, "waiting_mean": 1.0}, {**window, "waiting_mean": 3.0}]
+    growing = [
+        {**window, "waiting_mean": 0.0},
+        {**window, "waiting_mean": 1.0},
+        {**window, "waiting_mean": 3.0},
+    ]
     passed, _, growth, why = judge(growing, 8)
     assert passed is False and growth == 3.0 and "queue grew by 3.0" in why
 
@@ -74,7 +78,11 @@ def test_hold_steps_down_past_the_degradation_and_records_why() -> None:
     report = {
         "schema_version": "1.0",
         "knees": {"throughput": {"concurrency": 16}, "latency": {"concurrency": 11.0}},
-        "recommendation": {"concurrency_per_replica": 8, "headroom": 0.75, "reason": "⌊0.75 × latency knee 11⌋ = 8"},
+        "recommendation": {
+            "concurrency_per_replica": 8,
+            "headroom": 0.75,
+            "reason": "⌊0.75 × latency knee 11⌋ = 8",
+        },
         "levels": [],
         "warnings": [],
     }
