@@ -12,7 +12,9 @@ What it is: pure functions over the *valid* levels of a sweep.
 - Latency knee without SLOs: where queueing begins — the first level at which the
   server's own histograms show requests waiting, placed at the batch the server
   held there — or, if lower, where client latency inflates (TTFT p95 past 3× and
-  +100 ms, TPOT p50 past 2× and +10 ms of the lowest undisturbed level).
+  +100 ms, TPOT p50 past 2× and +10 ms of the lowest undisturbed level) at a
+  level the server did not see queue (inflation first seen at a queueing level is
+  that queue, and the server's figure places it).
 - Confidence: requests per level, spread between repeats, disturbed levels near the knee.
 - Recommendation: ⌊headroom × min(knees)⌋, :func:`plimsoll.capacity.recommend`.
 
@@ -168,6 +170,10 @@ def _held_batch(level: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
+def _at(levels: list[dict[str, Any]], concurrency: float | None) -> dict[str, Any]:
+    return next((lv for lv in levels if lv["concurrency"] == concurrency), {})
+
+
 def _queueing_knee(levels: list[dict[str, Any]]) -> tuple[str, float | None, str] | None:
     """(status, concurrency, reason) of where queueing begins, or None when no level has server data."""
     flags = [(lv["concurrency"], queueing(lv), lv) for lv in levels]
@@ -274,8 +280,11 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
         )
     if queue is not None:
         q_status, q_knee, q_reason = queue
+        # Client inflation first seen at a level the server says queued is that queue, seen from
+        # outside: the server's figure places it better than interpolating client latencies.
+        explained = status == "found" and queueing(_at(levels, crossing.first_fail)) is True
         if q_status == "below_range" or (
-            q_status == "found" and status != "below_range" and (knee is None or q_knee < knee)  # type: ignore[operator]
+            q_status == "found" and status != "below_range" and (knee is None or explained or q_knee < knee)  # type: ignore[operator]
         ):
             client = reason
             status, knee, binding = q_status, q_knee, "queueing"

@@ -221,6 +221,15 @@ def summary_table(report: dict[str, Any]) -> Table:
 def knee_lines(report: dict[str, Any]) -> list[str]:
     thr, lat, rec = report["knees"]["throughput"], report["knees"]["latency"], report["recommendation"]
     lines = _single_level_lines(report) if report["kind"] == "run" else _knee_lines(thr, lat, rec)
+    note = (lat.get("confidence") or {}).get("note")
+    if report["kind"] != "run" and note:
+        lines.append(f"confidence: {lat['confidence']['rating']} — {note}")
+    verification = report.get("verification")
+    if verification is not None:
+        for t in verification["tried"]:
+            lines.append(
+                f"hold c={t['concurrency']} for {t['seconds']:g} s: {'held' if t['passed'] else 'missed'} — {t['why']}"
+            )
     for lv in report["levels"]:
         if not lv["valid"]:
             label = lv["concurrency"] if lv["concurrency"] is not None else lv["rate"]

@@ -2,7 +2,7 @@
 
 The simulator runs in its own process with 40-50 ms steps, so its step cost
 dominates the client's per-chunk work (at most ~200 chunks/s at these caps) and
-both sides keep their own CPU. Every level lasts 0.8 s after a warm-up round.
+both sides keep their own CPU. Every level lasts 0.6 s after a warm-up round.
 No assertion depends on how fast this machine is: the no-SLO knee rests on the
 server's own queue-time histogram, and the busy-host sweep may either keep its
 knees or say which levels were disturbed and why.
@@ -61,7 +61,7 @@ def run_sweep(curve: ServiceCurve, levels: tuple[int, ...], slo: SLO) -> dict[st
         cfg = sim_config(
             url,
             levels,
-            duration_per_level_s=0.8,
+            duration_per_level_s=0.6,
             output_tokens=LengthSpec(value=OUTPUT_TOKENS),
             scrape_interval_s=0.2,
             slo=slo,
