@@ -12,6 +12,7 @@ import asyncio
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from plimsoll.bench.simulator import ServiceCurve, running_simulator
 from plimsoll.operator.scaling.profile import CapacityProfile, profile_conditions, read_profile
 
 OUTPUT_TOKENS = 8
+# Each curve's simulator serves its quiet sweep, then its busy one (the metrics are deltas per level).
 CURVES = [
     pytest.param(ServiceCurve(batch_cap=2, step_t0_s=0.04), id="cap2-flat"),
     pytest.param(ServiceCurve(batch_cap=4, step_t0_s=0.03, step_k_s=0.005), id="cap4-growing-step"),
@@ -56,18 +58,29 @@ def position(levels: tuple[int, ...], c: float) -> float:
     return 0.0 if x < logs[0] else len(levels) - 1.0
 
 
+@pytest.fixture(scope="module", params=CURVES)
+def simulated(request: pytest.FixtureRequest) -> Iterator[tuple[ServiceCurve, str]]:
+    """One simulator process per curve, shared by the quiet and the busy sweep (start-up is seconds here)."""
+    with running_simulator(request.param) as url:
+        yield request.param, url
+
+
+def sweep_at(url: str, levels: tuple[int, ...], slo: SLO) -> dict[str, Any]:
+    cfg = sim_config(
+        url,
+        levels,
+        duration_per_level_s=0.6,
+        output_tokens=LengthSpec(value=OUTPUT_TOKENS),
+        scrape_interval_s=0.2,
+        slo=slo,
+    )
+    report, _ = asyncio.run(sweep(cfg))
+    return report
+
+
 def run_sweep(curve: ServiceCurve, levels: tuple[int, ...], slo: SLO) -> dict[str, Any]:
     with running_simulator(curve) as url:
-        cfg = sim_config(
-            url,
-            levels,
-            duration_per_level_s=0.6,
-            output_tokens=LengthSpec(value=OUTPUT_TOKENS),
-            scrape_interval_s=0.2,
-            slo=slo,
-        )
-        report, _ = asyncio.run(sweep(cfg))
-    return report
+        return sweep_at(url, levels, slo)
 
 
 def knees_of(report: dict[str, Any]) -> dict[str, float | None]:
@@ -96,9 +109,9 @@ def misplaced(report: dict[str, Any], cap: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("curve", CURVES)
-def test_knees_at_the_batch_cap(curve: ServiceCurve) -> None:
-    report = run_sweep(curve, levels_around(curve.batch_cap), loose_slo(curve))
+def test_knees_at_the_batch_cap(simulated: tuple[ServiceCurve, str]) -> None:
+    curve, url = simulated
+    report = sweep_at(url, levels_around(curve.batch_cap), loose_slo(curve))
     assert all(lv["valid"] for lv in report["levels"]), [lv["invalid_reasons"] for lv in report["levels"]]
     assert not misplaced(report, curve.batch_cap), (misplaced(report, curve.batch_cap), report["knees"])
     # The no-SLO knee stands on the server's queue: the level past the cap queued, the cap did not.
@@ -126,11 +139,13 @@ def burners(n: int, seconds: float) -> list[subprocess.Popen[bytes]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("curve", CURVES)
-def test_busy_host_keeps_the_knees_or_says_which_levels_were_disturbed(curve: ServiceCurve) -> None:
+def test_busy_host_keeps_the_knees_or_says_which_levels_were_disturbed(
+    simulated: tuple[ServiceCurve, str],
+) -> None:
+    curve, url = simulated
     procs = burners(3, 60.0)
     try:
-        report = run_sweep(curve, levels_around(curve.batch_cap), loose_slo(curve))
+        report = sweep_at(url, levels_around(curve.batch_cap), loose_slo(curve))
     finally:
         for p in procs:
             p.kill()
