@@ -162,8 +162,24 @@ def execute(
 
 def _sweep_body(kind: str) -> Callable[[Any, Live], Awaitable[dict[str, Any]]]:
     async def body(session: Any, live: Live) -> dict[str, Any]:
+        from plimsoll.bench.report import validate
+        from plimsoll.bench.verify import apply_verification, verify
+
         levels = await session.sweep(live.start, live.level)
-        return dict(session.report(kind, levels))
+        report = dict(session.report(kind, levels))
+        if kind == "sweep" and session.cfg.verify_seconds > 0:
+            rec = report["recommendation"]["concurrency_per_replica"]
+            if rec is not None:
+                err.print(
+                    f"verifying: holding c={rec} for {session.cfg.verify_seconds:g} s (stepping down if it misses)",
+                    markup=False,
+                    highlight=False,
+                )
+            verification = await verify(session, report)
+            if verification is not None:
+                report = apply_verification(report, verification)
+                validate(report)
+        return report
 
     return body
 
@@ -224,6 +240,18 @@ def sweep(
     max_error_rate: float = MAX_ERRORS,
     min_concurrency_ratio: float = MIN_CONC,
     max_client_lag_ms: float = MAX_LAG,
+    disturbed_client_lag_ms: float = typer.Option(
+        20.0,
+        "--disturbed-client-lag-ms",
+        help="Mark a level disturbed (host busy) when the client's event-loop lag p99 is above this",
+    ),
+    verify_seconds: float = typer.Option(
+        0.0,
+        "--verify-seconds",
+        min=0.0,
+        help="After the sweep, hold the recommended concurrency this long; below 99% SLO attainment or "
+        "with a growing queue step down and hold again (0: no hold)",
+    ),
     output: Path | None = OUTPUT,
     report_configmap: str | None = typer.Option(
         None,
@@ -421,6 +449,12 @@ def simulate(
     step_per_seq_ms: float = typer.Option(
         0.5, "--step-per-seq-ms", help="Added step time per running request (k)"
     ),
+    degrade_above: int = typer.Option(
+        0, "--degrade-above", min=0, help="Above this many running requests steps slow down (0: never)"
+    ),
+    degrade_factor: float = typer.Option(
+        1.0, "--degrade-factor", min=1.0, help="How many times slower a step is above --degrade-above"
+    ),
     prefill_ms_per_token: float = typer.Option(0.0, "--prefill-ms-per-token"),
     model: str = typer.Option("sim-model", "--model"),
 ) -> None:
@@ -433,6 +467,8 @@ def simulate(
         step_k_s=step_per_seq_ms / 1e3,
         prefill_s_per_token=prefill_ms_per_token / 1e3,
         model=model,
+        degrade_above=degrade_above,
+        degrade_factor=degrade_factor,
     )
     err.print(
         f"simulating {model} on http://127.0.0.1:{port}: batch cap {batch_cap}, "

@@ -142,6 +142,10 @@ class BenchConfig(BaseModel):
     # Event-loop lag p99 above which the client itself is the bottleneck. The
     # reference's 10 ms assumes a dedicated load-generator host.
     max_client_lag_ms: float = Field(default=50.0, gt=0)
+    # Event-loop lag p99 above which a (still valid) level is marked disturbed: the host was busy.
+    disturbed_client_lag_ms: float = Field(default=20.0, gt=0)
+    # After the sweep, hold the recommendation this long and step down until it holds (0 = no hold).
+    verify_seconds: float = Field(default=0.0, ge=0)
     scrape_interval_s: float = Field(default=0.5, gt=0)
     seed: int = 0
 

@@ -61,11 +61,11 @@ def _binding_limit(report: dict[str, Any], metric: str) -> tuple[float, str] | N
         value = report["slo"].get(f"{binding}_ms")
         return (value, f"SLO {metric.upper()} {pct} (decided the knee)") if value else None
     base = next((lv for lv in _closed_levels(report) if lv["valid"] and lv["latency_ms"].get(metric)), None)
-    if base is None:
+    value = (lat.get("limits_ms") or {}).get(binding)
+    if base is None or value is None:
         return None
     factor = TTFT_INFLATION if metric == "ttft" else TPOT_INFLATION
-    value = factor * base["latency_ms"][metric][pct]
-    return value, f"{factor:g}× c={base['concurrency']} {pct} (decided the knee)"
+    return value, f"max({factor:g}×, floor) of c={base['concurrency']} {pct} (decided the knee)"
 
 
 def _mark_knees(ax: Any, report: dict[str, Any]) -> None:
@@ -75,7 +75,9 @@ def _mark_knees(ax: Any, report: dict[str, Any]) -> None:
     if thr is not None:
         ax.axvline(thr, color="tab:red", linestyle="--", label=f"throughput knee c={thr}")
     if lat is not None:
-        ax.axvline(lat, color="tab:purple", linestyle="--", label=f"latency knee c={lat:g}")
+        queue = report["knees"]["latency"].get("binding") == "queueing"
+        label = f"latency knee c={lat:g}" + (" (queueing begins)" if queue else "")
+        ax.axvline(lat, color="tab:purple", linestyle="--", label=label)
     if rec is not None:
         ax.axvline(rec, color="tab:green", linestyle=":", label=f"recommended c={rec}")
 

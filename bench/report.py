@@ -49,7 +49,9 @@ def build_report(
     rec: Recommendation,
     warnings: list[str],
     scenario: dict[str, Any] | None = None,
+    confidence: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The report dict, validated; ``confidence`` is by knee name (and "recommendation")."""
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,
@@ -72,6 +74,11 @@ def build_report(
     }
     if scenario is not None:
         report["scenario"] = scenario
+    for name, note in (confidence or {}).items():
+        target = report["recommendation"] if name == "recommendation" else report["knees"][name]
+        target["confidence"] = note
+    disturbed = [lv["concurrency"] for lv in levels if (lv.get("disturbed") or {}).get("reasons")]
+    report["disturbed_levels"] = disturbed
     validate(report)
     return report
 
@@ -214,6 +221,15 @@ def summary_table(report: dict[str, Any]) -> Table:
 def knee_lines(report: dict[str, Any]) -> list[str]:
     thr, lat, rec = report["knees"]["throughput"], report["knees"]["latency"], report["recommendation"]
     lines = _single_level_lines(report) if report["kind"] == "run" else _knee_lines(thr, lat, rec)
+    note = (lat.get("confidence") or {}).get("note")
+    if report["kind"] != "run" and note:
+        lines.append(f"confidence: {lat['confidence']['rating']} — {note}")
+    verification = report.get("verification")
+    if verification is not None:
+        for t in verification["tried"]:
+            lines.append(
+                f"hold c={t['concurrency']} for {t['seconds']:g} s: {'held' if t['passed'] else 'missed'} — {t['why']}"
+            )
     for lv in report["levels"]:
         if not lv["valid"]:
             label = lv["concurrency"] if lv["concurrency"] is not None else lv["rate"]

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from plimsoll.metric_names import EngineMetricNames, detect_family
+from plimsoll.metric_names import BATCH_SIZE, STEP_TOKENS, EngineMetricNames, detect_family
 from plimsoll.prometheus import Histogram, Scrape, parse
 
 
@@ -118,8 +118,44 @@ class Scraper:
         await self._http.aclose()
 
 
+def _mean_ms(h: Histogram | None) -> float | None:
+    return None if h is None or h.mean is None else h.mean * 1e3
+
+
+def load_from_histograms(first: Snapshot, last: Snapshot, fam: EngineMetricNames) -> dict[str, Any]:
+    """What the server's own histograms say about the load between two scrapes.
+
+    By Little's law over the requests finished between them: mean requests waiting
+    = Σ queue time / elapsed, mean running = Σ (E2E − queue time) / elapsed. Step
+    time is the server's mean inter-token latency (one decode step per token);
+    batch and tokens per step come from plimsoll's per-step histograms (vLLM has
+    none). Sums, not sampled gauges, so a level of a second is not two samples.
+    """
+    span = last.t - first.t
+    queue = histogram_delta(first, last, fam.queue_time)
+    e2e = histogram_delta(first, last, fam.e2e)
+    itl = histogram_delta(first, last, fam.itl)
+    batch = histogram_delta(first, last, BATCH_SIZE)
+    step_tokens = histogram_delta(first, last, STEP_TOKENS)
+    out: dict[str, Any] = {
+        "span_s": span,
+        "requests_finished": None if e2e is None else e2e.count,
+        "queue_time_mean_ms": _mean_ms(queue),
+        "e2e_mean_ms": _mean_ms(e2e),
+        "step_time_ms": _mean_ms(itl),
+        "waiting_mean": None,
+        "running_mean": None,
+        "batch_mean": None if batch is None else batch.mean,
+        "step_tokens_mean": None if step_tokens is None else step_tokens.mean,
+    }
+    if span > 0 and queue is not None and e2e is not None and e2e.count > 0:
+        out["waiting_mean"] = queue.sum / span
+        out["running_mean"] = max(0.0, e2e.sum - queue.sum) / span
+    return out
+
+
 def summarize_server(samples: list[Snapshot]) -> dict[str, Any] | None:
-    """Running, waiting, KV usage (mean/p95/max) and preemptions over the samples."""
+    """Running, waiting, KV usage (mean/p95/max), preemptions and the histogram view of the load."""
     if len(samples) < 1:
         return None
     fam = family_of(samples[-1])
@@ -127,6 +163,7 @@ def summarize_server(samples: list[Snapshot]) -> dict[str, Any] | None:
         return None
     first, last = samples[0], samples[-1]
     return {
+        "load": load_from_histograms(first, last, fam),
         "engine_family": "vllm" if fam.running.startswith("vllm:") else "plimsoll",
         "running": gauge_summary(samples, fam.running),
         "waiting": gauge_summary(samples, fam.waiting),

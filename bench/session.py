@@ -22,6 +22,8 @@ from plimsoll.bench.knees import (
     LatencyKnee,
     Recommendation,
     ThroughputKnee,
+    confidence,
+    is_disturbed,
     latency_knee,
     recommend,
     throughput_knee,
@@ -29,7 +31,7 @@ from plimsoll.bench.knees import (
 from plimsoll.bench.loadgen import LevelRun, Progress, run_concurrency, run_schedule
 from plimsoll.bench.report import build_report
 from plimsoll.bench.scrape import Scraper, family_of, fetch
-from plimsoll.bench.stats import summarize_level
+from plimsoll.bench.stats import mark_disturbed, summarize_level
 from plimsoll.bench.workload import Workload, load_local_tokenizer
 
 # Completed requests below which a percentile is mostly one or two samples.
@@ -143,6 +145,7 @@ class BenchSession:
 
         ``knees=False`` for scenarios whose levels are not a concurrency sweep (rate, burst, soak).
         """
+        levels = mark_disturbed(levels, self.cfg) if knees else levels
         valid = [lv for lv in levels if lv["valid"] and lv["concurrency"] is not None]
         if levels and not any(lv["valid"] for lv in levels):
             reasons = "; ".join(
@@ -201,9 +204,23 @@ class BenchSession:
                     f"Kneedle cross-check ({thr.kneedle_concurrency:.1f}) disagrees with the 90% "
                     f"throughput knee ({thr.concurrency}) by more than a doubling step"
                 )
+        disturbed = [lv for lv in levels if is_disturbed(lv)]
+        if disturbed:
+            warnings.append(
+                "disturbed: the host was busy during "
+                + "; ".join(f"{_label(lv)} ({' and '.join(lv['disturbed']['reasons'])})" for lv in disturbed)
+                + ". Client latency limits ignore those levels; rerun on a quieter host to confirm the knees"
+            )
+        notes = None
+        if knees:
+            notes = {
+                "throughput": confidence(valid, thr.concurrency),
+                "latency": confidence(valid, lat.concurrency),
+                "recommendation": confidence(valid, rec.knee_concurrency),
+            }
         workload = self.workload.describe()
         report = build_report(
-            kind, self.cfg, self.server_info(), workload, levels, thr, lat, rec, warnings, scenario
+            kind, self.cfg, self.server_info(), workload, levels, thr, lat, rec, warnings, scenario, notes
         )
         if partial:
             report["partial"] = True

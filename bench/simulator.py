@@ -7,7 +7,10 @@ plimsoll's, or vLLM's, which has no ``/ready``), and OpenAI-style 4xx errors for
 malformed requests. At most ``batch_cap``
 requests run at once (FIFO queue beyond that); each running request emits one
 token every ``t(b) = step_t0 + step_k * b`` seconds, where ``b`` is the number of
-running requests when the token is due. Closed-loop throughput is therefore
+running requests when the token is due (× ``degrade_factor`` while more than
+``degrade_above`` run: a replica whose service falls apart above some load).
+Token times are deadlines from the request's start, so the server's own CPU work
+between tokens does not add to the step time until it exceeds it. Closed-loop throughput is therefore
 ``min(c, B) / t(min(c, B))`` tokens per second and the knees are analytic (see
 :func:`analytic_knees`). Times are in real seconds but tiny, so a sweep takes
 seconds. It is test infrastructure (the bench's sweeps, the router's replicas, the
@@ -50,15 +53,25 @@ class ServiceCurve:
     model: str = "sim-model"
     seed: int = 0
     engine: str = "plimsoll"  # metric names and probes: a key of metric_names.ENGINE_FAMILIES
+    # Above this many running requests every step takes degrade_factor times as long (0 = never).
+    degrade_above: int = 0
+    degrade_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.engine not in mn.ENGINE_FAMILIES:
             raise ValueError(f"engine must be one of {sorted(mn.ENGINE_FAMILIES)}, got {self.engine!r}")
         if self.batch_cap < 1:
             raise ValueError(f"batch_cap must be at least 1, got {self.batch_cap}")
+        if self.degrade_above < 0 or self.degrade_factor < 1.0:
+            raise ValueError(
+                f"degrade_above must be >= 0 and degrade_factor >= 1, got {self.degrade_above}, {self.degrade_factor}"
+            )
 
     def step_s(self, batch: int) -> float:
-        return self.step_t0_s + self.step_k_s * max(batch, 1)
+        step = self.step_t0_s + self.step_k_s * max(batch, 1)
+        if self.degrade_above and batch > self.degrade_above:
+            step *= self.degrade_factor
+        return step
 
     def tokens_per_s(self, concurrency: int) -> float:
         b = min(concurrency, self.batch_cap)
@@ -153,16 +166,17 @@ class SimEngine:
         held = prompt_tokens
         last = start
         try:
-            await asyncio.sleep(
-                self.curve.prefill_s_per_token * prompt_tokens + self.curve.step_s(self.running)
-            )
+            due = start + self.curve.prefill_s_per_token * prompt_tokens + self.curve.step_s(self.running)
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
             first = last = time.perf_counter()
             self.ttft.observe(first - arrived)
             self.prefill.observe(first - start)
             self.prompt_tokens.inc(prompt_tokens)
             for i in range(max_tokens):
                 if i:
-                    await asyncio.sleep(self.curve.step_s(self.running))
+                    # A deadline, not a sleep: the time spent streaming the last token is inside the step.
+                    due = max(due + self.curve.step_s(self.running), time.perf_counter())
+                    await asyncio.sleep(due - time.perf_counter())
                     now = time.perf_counter()
                     self.itl.observe(now - last)
                     last = now

@@ -183,3 +183,79 @@ def tpot_variation(records: list[RequestRecord]) -> float | None:
         return None
     mean = statistics.fmean(values)
     return statistics.pstdev(values) / mean if mean > 0 else None
+
+
+# A level's server step time this much above what the other levels predict for its batch is disturbed.
+STEP_DISTURBED_RATIO = 1.3
+STEP_DISTURBED_FLOOR_MS = 2.0
+
+
+def quiet_step_line(levels: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """(intercept ms, slope ms per running request): the server's step time against its batch, Theil–Sen.
+
+    The median of pairwise slopes and of the intercepts it leaves, so one or two
+    levels slowed by a neighbour on the host do not move the line (up to ~29% of
+    the levels may be outliers). None with fewer than four levels carrying both
+    figures, or no two distinct batches.
+    """
+    points = []
+    for lv in levels:
+        load = (lv.get("server") or {}).get("load") or {}
+        batch = load.get("batch_mean") or load.get("running_mean")
+        if batch and load.get("step_time_ms"):
+            points.append((float(batch), float(load["step_time_ms"])))
+    slopes = [
+        (s1 - s0) / (b1 - b0)
+        for i, (b0, s0) in enumerate(points)
+        for b1, s1 in points[i + 1 :]
+        if abs(b1 - b0) > 0.5
+    ]
+    if len(points) < 4 or not slopes:
+        return None
+    slope = max(0.0, statistics.median(slopes))
+    return statistics.median(s - slope * b for b, s in points), slope
+
+
+def mark_disturbed(levels: list[dict[str, Any]], cfg: BenchConfig) -> list[dict[str, Any]]:
+    """Add ``disturbed`` (reasons, figures) to each closed-loop level: was the host busy while it ran?
+
+    Two witnesses: the load generator's own event-loop lag (p99 above
+    ``cfg.disturbed_client_lag_ms``: the client could not keep up with its own
+    schedule, so its latencies include its own waiting), and the server's step
+    time against the quiet figure the other levels give for that batch
+    (:func:`quiet_step_line`; above ×1.3 and +2 ms, the server's steps ran slow for
+    a reason that is not the batch). Returns the levels marked (new dicts).
+    """
+    line = quiet_step_line([lv for lv in levels if lv["concurrency"] is not None])
+    out = []
+    for lv in levels:
+        reasons = []
+        lag = lv["client"]["loop_lag_p99_ms"]
+        if lag > cfg.disturbed_client_lag_ms:
+            reasons.append(
+                f"client lag: the load generator's event loop woke up to {lag:.0f} ms late (p99 > "
+                f"{cfg.disturbed_client_lag_ms:g} ms), so its timings include its own waiting"
+            )
+        load = (lv.get("server") or {}).get("load") or {}
+        batch = load.get("batch_mean") or load.get("running_mean")
+        step = load.get("step_time_ms")
+        quiet = None
+        if line is not None and batch and step:
+            quiet = line[0] + line[1] * batch
+            if step > STEP_DISTURBED_RATIO * quiet and step - quiet > STEP_DISTURBED_FLOOR_MS:
+                reasons.append(
+                    f"server step time {step:.1f} ms against a quiet {quiet:.1f} ms for a batch of "
+                    f"{batch:.1f} (the line through the other levels): the server ran slow"
+                )
+        out.append(
+            {
+                **lv,
+                "disturbed": {
+                    "reasons": reasons,
+                    "client_lag_p99_ms": lag,
+                    "server_step_time_ms": step,
+                    "quiet_step_time_ms": quiet,
+                },
+            }
+        )
+    return out

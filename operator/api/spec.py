@@ -247,6 +247,14 @@ class CapacitySpec(APIModel):
     reprofile: Reprofile = Field(
         "Auto", description="Re-measure when the profile goes stale (Auto) or on request."
     )
+    verify_seconds: int = Field(
+        60,
+        ge=0,
+        le=1800,
+        description="After the sweep, the profile Job holds the recommended concurrency this long, measuring "
+        "SLO attainment per window; below 99% or with a growing queue it steps down and holds again. "
+        "0 skips the hold.",
+    )
 
     @model_validator(mode="after")
     def _manual_needs_value(self) -> "CapacitySpec":

@@ -60,6 +60,14 @@ class CapacityStatus(APIModel):
     spec_hash: str | None = Field(
         None, description="Hash of model, image, engine args and GPU it was measured on."
     )
+    verification: FreeForm | None = Field(
+        None,
+        description="The hold at the recommendation after the sweep: verifiedConcurrency, sweptConcurrency, "
+        "holdSeconds, attainment, windowsMeasured and each concurrency tried (passed, attainment, why).",
+    )
+    disturbed_levels: list[str] | None = Field(
+        None, description="Levels the bench measured while the host was busy, each with why (Profiled says so too)."
+    )
 
 
 class AutoscalerStatus(APIModel):

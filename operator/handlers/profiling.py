@@ -55,7 +55,7 @@ from plimsoll.operator.resources.profile_job import (
 )
 from plimsoll.operator.resources.settings import BuildSettings
 from plimsoll.operator.scaling.inputs import spec_profile_hash
-from plimsoll.operator.scaling.profile import CapacityProfile, fmt_opt, read_profile
+from plimsoll.operator.scaling.profile import CapacityProfile, profile_conditions, read_profile
 from plimsoll.operator.scaling.profile_plan import REPROFILE_ANNOTATION, JobState, JobView, Plan, decide
 
 RECORDED_ANNOTATION = "plimsoll.dev/profile-recorded"
@@ -192,18 +192,17 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
             "workload": result.workload or {},
             "measuredAt": measured_at,
             "specHash": spec_hash,
+            "verification": result.verification_status(),
+            "disturbedLevels": list(result.disturbed) or None,
         }
-        message = (
-            f"{result.concurrency_per_replica} concurrent requests per replica (throughput knee "
-            f"{fmt_opt(result.throughput_knee)}, latency knee {fmt_opt(result.latency_knee)}), Job {name}"
-        )
+        conditions, warning = profile_conditions(result, name, spec_hash)
+        message = conditions[0][3]
         await patch_profile_status(
-            kube, svc,
-            (("Profiled", "True", "ProfileMeasured", message),
-             ("ProfileStale", "False", "ProfileCurrent", f"measured on the current spec {spec_hash}")),
-            capacity={k: v for k, v in capacity.items() if v is not None},
-        )  # fmt: skip
-        kopf.info(body, reason="Profiled", message=message)
+            kube, svc, conditions, capacity={k: v for k, v in capacity.items() if v is not None}
+        )
+        kopf.info(body, reason="Profiled", message=message[:MAX_MESSAGE])
+        if warning is not None:
+            kopf.warn(body, reason="ProfileDisturbed", message=warning[:MAX_MESSAGE])
         logger.info("profiled: %s", message)
     else:
         reason, message = result

@@ -5,7 +5,8 @@ Role that may read and update exactly one ConfigMap, its RoleBinding, that
 ConfigMap (created empty by the operator, so the Job's Role never needs
 ``create``), and the Job itself: the plimsoll image running
 ``plimsoll bench sweep`` against one replica pod's IP with the spec's workload
-and SLOs, publishing its JSON report into the ConfigMap (key ``report.json``).
+and SLOs, then holding the recommendation for ``capacity.verifySeconds``
+(stepping down until it holds), publishing its JSON report into the ConfigMap (key ``report.json``).
 
 What it is not: the decision when to profile or how to read the result
 (``operator/handlers/profiling.py`` and ``operator/scaling/profile.py``); it
@@ -27,8 +28,9 @@ SPEC_HASH_ANNOTATION = "plimsoll.dev/spec-hash"
 PROFILE_ARGS_ANNOTATION = "plimsoll.dev/profile-args"
 REPORT_KEY = "report.json"
 WORK_MOUNT = "/profile"
-# A sweep of the default ten levels at 32 requests each fits well inside this.
-ACTIVE_DEADLINE_SECONDS = 1800
+# A sweep of the default ten levels at 32 requests each, and the verification hold's
+# (at most four) attempts of capacity.verifySeconds, fit well inside this.
+ACTIVE_DEADLINE_SECONDS = 3600
 # A finished Job stays this long; while a failed one exists the operator does not
 # retry, so this is also the back-off between failed attempts.
 TTL_AFTER_FINISHED_SECONDS = 600
@@ -155,6 +157,7 @@ def sweep_args(svc: LLMService, pod_ip: str, configmap: str) -> list[str]:
         "--levels", ",".join(str(c) for c in workload.concurrency),
         "--requests-per-level", str(workload.requests_per_level),
         "--headroom", str(svc.spec.capacity.headroom),
+        "--verify-seconds", str(svc.spec.capacity.verify_seconds),
     ]  # fmt: skip
     for flag, value in (
         ("--slo-ttft-p95-ms", slo.ttft_p95_ms),

@@ -7,7 +7,10 @@ knee was found) and ``recommendation.concurrency_per_replica`` — and
 :func:`read_profile`, which turns a report into a :class:`CapacityProfile` or a
 :class:`ProfileFailure` with a CamelCase reason and a readable message. Also the
 hash of what a profile measured (model, image, engine, GPU), which marks
-``ProfileStale`` when it changes.
+``ProfileStale`` when it changes, and :func:`profile_conditions`: the conditions
+a recorded profile gives — ``Profiled`` reason ``ProfileDisturbed`` with a
+warning when the bench marked levels measured on a busy host, the verification
+hold's outcome in the message.
 
 What it is not: the bench's own report writer (``plimsoll.bench.report``), which
 this module deliberately does not import, so the operator image does not pull
@@ -25,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from plimsoll.capacity import latency_crossing, recommend
+from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.scaling.formula import fmt
 
 # Major versions of the report this reader understands.
@@ -63,10 +67,32 @@ class _LevelLatency(_Lenient):
     e2e: _Distribution | None = None
 
 
+class _Disturbed(_Lenient):
+    reasons: list[str] = Field(default_factory=list)
+
+
 class _Level(_Lenient):
     concurrency: int | None = None  # None for open-loop (rate) levels
     valid: bool = True
     latency_ms: _LevelLatency = Field(default_factory=_LevelLatency)
+    disturbed: _Disturbed | None = None
+
+
+class _Attempt(_Lenient):
+    concurrency: int
+    passed: bool
+    attainment: float | None = None
+    why: str = ""
+    windows: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class _Verification(_Lenient):
+    verified_concurrency: int | None = Field(default=None, ge=1)
+    swept_concurrency: int | None = None
+    seconds: float
+    attainment: float | None = None
+    windows_measured: int = 0
+    tried: list[_Attempt] = Field(default_factory=list)
 
 
 class _Report(_Lenient):
@@ -75,6 +101,7 @@ class _Report(_Lenient):
     recommendation: _Recommendation
     workload: dict[str, Any] | None = None
     levels: list[_Level] = Field(default_factory=list)
+    verification: _Verification | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +125,33 @@ class CapacityProfile:
     workload: dict[str, Any] | None
     headroom: float | None = None
     levels: tuple[LevelPoint, ...] = ()
+    # "c=N: why" for each level the bench marked disturbed (the host was busy while it ran).
+    disturbed: tuple[str, ...] = ()
+    # The hold at the recommendation (status.capacity.verification), when the Job ran one.
+    verification: dict[str, Any] | None = None
+
+    def verification_status(self) -> dict[str, Any] | None:
+        """For ``status.capacity.verification``: verified concurrency, attainment, windows, what was tried."""
+        v = self.verification
+        if v is None:
+            return None
+        return {
+            "verifiedConcurrency": v["verified_concurrency"],
+            "sweptConcurrency": v.get("swept_concurrency"),
+            "holdSeconds": v["seconds"],
+            "attainment": v.get("attainment"),
+            "windowsMeasured": v.get("windows_measured", 0),
+            "tried": [
+                {
+                    "concurrency": t["concurrency"],
+                    "passed": t["passed"],
+                    "attainment": t.get("attainment"),
+                    "windows": len(t.get("windows") or []),
+                    "why": t.get("why", "")[:300],
+                }
+                for t in v.get("tried") or []
+            ],
+        }
 
     def concurrency_for(
         self,
@@ -230,6 +284,12 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
         concurrency_per_replica=per_replica,
         workload=parsed.workload,
         headroom=parsed.recommendation.headroom,
+        disturbed=tuple(
+            f"c={lv.concurrency}: {'; '.join(lv.disturbed.reasons)}"
+            for lv in parsed.levels
+            if lv.disturbed is not None and lv.disturbed.reasons
+        ),
+        verification=parsed.verification.model_dump() if parsed.verification is not None else None,
         levels=tuple(
             LevelPoint(
                 concurrency=lv.concurrency,
@@ -241,6 +301,46 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
             if lv.valid and lv.concurrency is not None
         ),
     )
+
+
+def profile_conditions(
+    profile: CapacityProfile, job: str, spec_hash: str
+) -> tuple[tuple[ConditionUpdate, ...], str | None]:
+    """The Profiled/ProfileStale conditions for a recorded profile, and a warning when it needs one.
+
+    A profile measured while the host was busy is used (it is the best figure
+    there is) but never silently: ``Profiled`` carries reason ``ProfileDisturbed``
+    naming the disturbed levels, and the warning becomes a Warning Event. A
+    recommendation the hold had to step down is said in the message.
+    """
+    message = (
+        f"{profile.concurrency_per_replica} concurrent requests per replica (throughput knee "
+        f"{fmt_opt(profile.throughput_knee)}, latency knee {fmt_opt(profile.latency_knee)}), Job {job}"
+    )
+    v = profile.verification
+    if v is not None:
+        message += (
+            f"; held {fmt(v['seconds'])} s at {v['verified_concurrency']}"
+            + (
+                f" after stepping down from {v.get('swept_concurrency')}"
+                if v.get("swept_concurrency") != v["verified_concurrency"]
+                else ""
+            )
+            + (f", SLO attainment {v['attainment']:.1%}" if v.get("attainment") is not None else "")
+        )
+    reason, warning = "ProfileMeasured", None
+    if profile.disturbed:
+        reason = "ProfileDisturbed"
+        warning = (
+            f"the profile was measured while the host was busy, so its knees may sit low: "
+            f"{' | '.join(profile.disturbed)}; re-profile on a quieter node (annotate plimsoll.dev/reprofile) "
+            "to confirm"
+        )
+        message = f"{message}; disturbed levels: {' | '.join(profile.disturbed)}"
+    return (
+        ("Profiled", "True", reason, message),
+        ("ProfileStale", "False", "ProfileCurrent", f"measured on the current spec {spec_hash}"),
+    ), warning
 
 
 def profile_spec_hash(

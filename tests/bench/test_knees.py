@@ -5,8 +5,9 @@ from typing import Any
 
 import pytest
 
-from plimsoll.bench.config import SLO
-from plimsoll.bench.knees import kneedle, latency_knee, recommend, throughput_knee
+from plimsoll.bench.config import SLO, BenchConfig
+from plimsoll.bench.knees import confidence, kneedle, latency_knee, queueing, recommend, throughput_knee
+from plimsoll.bench.stats import mark_disturbed
 
 GEOMETRIC = [1, 2, 4, 8, 16, 32, 48, 64]
 
@@ -95,3 +96,77 @@ def test_no_recommendation_without_knees_or_below_range() -> None:
     assert recommend(thr, lat, 0.75).concurrency_per_replica is None
     below = latency_knee([level(c, 100, 20) for c in GEOMETRIC], SLO(tpot_p50_ms=1))
     assert recommend(thr, below, 0.75).concurrency_per_replica is None
+
+
+def served(
+    c: int, ttft: float, tpot: float, queue_ms: float, running: float, step_ms: float
+) -> dict[str, Any]:
+    """A level with the server's histogram view of it (bench.scrape.load_from_histograms)."""
+    lv = level(c, ttft, tpot)
+    lv["server"] = {
+        "load": {
+            "queue_time_mean_ms": queue_ms,
+            "step_time_ms": step_ms,
+            "running_mean": running,
+            "batch_mean": None,
+        }
+    }
+    lv["client"] = {"loop_lag_p99_ms": 1.0}
+    lv["requests"] = {"completed": 120}
+    lv["throughput"] = {"output_tokens_per_s": 10.0 * min(c, 12)}
+    return lv
+
+
+def test_absolute_floors_keep_small_latencies_from_being_a_knee() -> None:
+    # TTFT 20 → 70 ms is 3.5× but only +50 ms; TPOT 4 → 9 ms is 2.25× but only +5 ms.
+    levels = [level(c, 20 if c < 8 else 70, 4 if c < 8 else 9) for c in (1, 2, 4, 8, 16)]
+    knee = latency_knee(levels, SLO())
+    assert knee.status == "none", knee.reason
+    assert knee.limits_ms == {"ttft_p95": 120.0, "tpot_p50": 14.0}
+
+
+def test_no_slo_knee_is_where_the_server_starts_to_queue() -> None:
+    # Cap 12: no queue up to 12; at 16 four wait and the server holds 11.6.
+    levels = [served(c, 40, 20, 0.0 if c <= 12 else 90.0, min(c, 11.6), 20) for c in (1, 2, 4, 8, 12, 16, 24)]
+    knee = latency_knee(levels, SLO())
+    assert knee.status == "found" and knee.binding == "queueing" and knee.basis == "queueing_and_inflation"
+    assert knee.concurrency == 12.0  # the held 11.6, clamped to the last level that did not queue
+    assert [m["queueing"] for m in knee.margins] == [False] * 5 + [True] * 2
+    # One step of waiting (a request joining at the next step boundary) is not a queue.
+    assert (
+        queueing(served(8, 40, 20, 19.0, 8, 20)) is False and queueing(served(8, 40, 20, 21.0, 8, 20)) is True
+    )
+    # Client inflation first seen at a queueing level is that queue: the server's figure binds.
+    slow_ttft = [
+        served(c, 40 if c <= 12 else 400, 20, 0.0 if c <= 12 else 90.0, min(c, 11.6), 20)
+        for c in (1, 4, 8, 12, 16)
+    ]
+    assert latency_knee(slow_ttft, SLO()).concurrency == 12.0
+    # Client inflation before any queue (TPOT doubling with the batch) binds where it crosses.
+    tpot_grows = [
+        served(c, 40, 20 if c <= 4 else 60, 0.0 if c <= 12 else 90.0, min(c, 11.6), 20)
+        for c in (1, 2, 4, 8, 12, 16)
+    ]
+    early = latency_knee(tpot_grows, SLO())
+    assert early.binding == "tpot_p50" and 4 < early.concurrency < 8  # type: ignore[operator]
+
+
+def test_disturbed_levels_are_marked_with_why_and_left_out_of_client_limits() -> None:
+    cfg = BenchConfig(url="http://127.0.0.1:1")
+    # Step time 20 + 1·batch ms, except c=8 whose steps ran at 45 ms; c=4's client lagged 80 ms.
+    levels = [
+        served(c, 40, 20, 0.0 if c <= 12 else 90.0, min(c, 12), 20 + min(c, 12)) for c in (1, 2, 4, 8, 12, 16)
+    ]
+    levels[3]["server"]["load"]["step_time_ms"] = 45.0
+    levels[2]["client"]["loop_lag_p99_ms"] = 80.0
+    levels[2]["latency_ms"]["ttft"] = {k: 900.0 for k in ("mean", "p50", "p90", "p95", "p99")}
+    marked = mark_disturbed(levels, cfg)
+    reasons = {lv["concurrency"]: lv["disturbed"]["reasons"] for lv in marked}
+    assert [c for c, why in reasons.items() if why] == [4, 8]
+    assert reasons[4][0].startswith("client lag") and "80 ms" in reasons[4][0]
+    assert reasons[8][0].startswith("server step time 45.0 ms against a quiet 28.0 ms")
+    # c=4's 900 ms TTFT is the host, not the server: the knee stays where the queue begins.
+    knee = latency_knee(marked, SLO())
+    assert knee.binding == "queueing" and knee.concurrency == 12.0
+    note = confidence(marked, knee.concurrency)
+    assert note["rating"] == "low" and note["disturbed_levels"] == [4, 8] and "c=8" in note["note"]

@@ -28,10 +28,20 @@ def test_ticks_are_plain_numbers(report: dict[str, Any]) -> None:
 def test_the_deciding_limit_is_drawn(report: dict[str, Any]) -> None:
     lat = report["knees"]["latency"]
     assert lat["concurrency"] is not None, lat["reason"]
-    fig = latency_figure(report)
-    ax = fig.axes[0] if lat["binding"].startswith("ttft") else fig.axes[1]
-    labels = [line.get_label() for line in ax.get_lines()]
-    assert any(lb.startswith("limit: ") and lb.endswith("(decided the knee)") for lb in labels), labels
+    # Without an SLO the simulator's knee is where its queue begins: the knee line says so.
+    assert lat["binding"] == "queueing", lat["reason"]
+    labels = [line.get_label() for line in latency_figure(report).axes[0].get_lines()]
+    assert any(lb.startswith("latency knee") and "queueing begins" in lb for lb in labels), labels
+    # A knee decided by an SLO draws that SLO's line on its panel.
+    slo_report = {
+        **report,
+        "slo": {**report["slo"], "ttft_p95_ms": 55.0},
+        "knees": {**report["knees"], "latency": {**lat, "basis": "slo", "binding": "ttft_p95"}},
+    }
+    labels = [line.get_label() for line in latency_figure(slo_report).axes[0].get_lines()]
+    assert any(lb.startswith("limit: SLO TTFT") and lb.endswith("(decided the knee)") for lb in labels), (
+        labels
+    )
 
 
 def test_knee_marker_is_at_the_knee(report: dict[str, Any]) -> None:

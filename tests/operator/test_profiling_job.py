@@ -70,6 +70,7 @@ def test_job_runs_one_sweep_of_the_spec_workload_against_the_pod() -> None:
     assert _flag(args, "--slo-ttft-p95-ms") == "500.0" and _flag(args, "--slo-tpot-p50-ms") == "40.0"
     assert "--slo-e2e-p95-ms" not in args
     assert _flag(args, "--headroom") == "0.7"
+    assert _flag(args, "--verify-seconds") == "60"  # capacity.verifySeconds' default
     name = profile_name(svc, HASH)
     assert _flag(args, "--report-configmap") == f"team-a/{name}"
     assert _flag(args, "--output").startswith(container["volumeMounts"][0]["mountPath"])
@@ -143,3 +144,16 @@ def test_profile_args_annotation_is_appended_and_checked() -> None:
         )
     with pytest.raises(ProfileArgsError, match="shell word list"):
         build_profile_job(_svc({PROFILE_ARGS_ANNOTATION: "--seed '1"}), "10.0.0.7", SETTINGS, HASH)
+
+
+def test_verify_seconds_reaches_the_sweep_and_zero_skips_the_hold() -> None:
+    svc = _svc()
+    body = svc.model_dump(by_alias=True, exclude_none=True)
+    body["spec"]["capacity"]["verifySeconds"] = 5
+    args = build_profile_job(LLMService.from_body(body), "10.0.0.7", SETTINGS, HASH)["spec"]["template"][
+        "spec"
+    ]["containers"][0]["args"]
+    assert _flag(args, "--verify-seconds") == "5"
+    body["spec"]["capacity"]["verifySeconds"] = -1
+    with pytest.raises(ValueError, match=r"verifySeconds|verify_seconds"):
+        LLMService.from_body(body)

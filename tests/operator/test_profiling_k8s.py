@@ -66,6 +66,7 @@ def test_profile_measures_a_real_replica_and_reprofiles_when_engine_args_change(
         capacity={
             "mode": "Profile",
             "headroom": 0.75,
+            "verifySeconds": 3,  # the hold after the sweep, short here
             "profile": {
                 "workload": {
                     "inputTokens": 16,
@@ -101,7 +102,13 @@ def test_profile_measures_a_real_replica_and_reprofiles_when_engine_args_change(
     assert knees == {"throughput": profile.throughput_knee, "latency": profile.latency_knee}
     found = [k for k in knees.values() if k is not None]
     assert found, "a recommendation needs a knee"
-    assert capacity["concurrencyPerReplica"] == max(1, math.floor(0.75 * min(found)))
+    # The sweep recommends ⌊0.75 × knee⌋; the hold may step that down, and status says what it tried.
+    swept = max(1, math.floor(0.75 * min(found)))
+    verification = capacity["verification"]
+    assert verification["sweptConcurrency"] == swept and verification["holdSeconds"] == 3
+    assert capacity["concurrencyPerReplica"] == verification["verifiedConcurrency"] <= swept
+    assert verification["tried"][0]["concurrency"] == swept and verification["tried"][-1]["passed"] is True
+    assert verification["windowsMeasured"] == 3 * len(verification["tried"])
     assert [lv.concurrency for lv in profile.levels], "the sweep measured no valid level"
     assert json.loads(report)["server"]["model"] == name, "the Job measured another model"
     assert capacity["specHash"].startswith("sha256:") and capacity["measuredAt"]

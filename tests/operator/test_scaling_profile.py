@@ -11,6 +11,7 @@ from plimsoll.operator.scaling.profile import (
     CapacityProfile,
     ProfileFailure,
     is_stale,
+    profile_conditions,
     profile_spec_hash,
     read_profile,
 )
@@ -138,3 +139,74 @@ def test_concurrency_rederived_for_another_slo_and_latency_interpolated() -> Non
     # Mean E2E at 12: halfway between 2000 ms (c=8) and 3000 ms (c=16).
     assert p.mean_latency_s(12) == pytest.approx(2.5)
     assert p.mean_latency_s(0.5) == pytest.approx(1.3) and p.mean_latency_s(64) == pytest.approx(6.5)
+
+
+def test_a_disturbed_profile_is_used_but_never_silently() -> None:
+    disturbed = {
+        "concurrency": 16,
+        "disturbed": {"reasons": ["client lag: the load generator's event loop woke up to 80 ms late"]},
+    }
+    p = read_profile(report(levels=[{"concurrency": 1, "disturbed": {"reasons": []}}, disturbed]))
+    assert isinstance(p, CapacityProfile) and p.concurrency_per_replica == 12
+    assert p.disturbed == ("c=16: client lag: the load generator's event loop woke up to 80 ms late",)
+    conditions, warning = profile_conditions(p, "chat-profile-1", "sha256:abc")
+    profiled = dict((c[0], c) for c in conditions)["Profiled"]
+    assert profiled[1:3] == ("True", "ProfileDisturbed")
+    assert "c=16: client lag" in profiled[3] and warning is not None and "re-profile" in warning
+    quiet = read_profile(report())
+    assert isinstance(quiet, CapacityProfile)
+    conditions, warning = profile_conditions(quiet, "chat-profile-1", "sha256:abc")
+    assert conditions[0][2] == "ProfileMeasured" and warning is None
+
+
+def test_verification_goes_to_status_capacity() -> None:
+    verification = {
+        "verified_concurrency": 9,
+        "swept_concurrency": 12,
+        "seconds": 60,
+        "attainment": 0.995,
+        "windows_measured": 12,
+        "tried": [
+            {
+                "concurrency": 12,
+                "passed": False,
+                "attainment": 0.91,
+                "why": "attainment 91.0% < 99%",
+                "windows": [{}] * 6,
+            },
+            {
+                "concurrency": 9,
+                "passed": True,
+                "attainment": 0.995,
+                "why": "attainment 99.5%",
+                "windows": [{}] * 6,
+            },
+        ],
+    }
+    p = read_profile(
+        report(recommendation={"concurrency_per_replica": 9, "headroom": 0.75}, verification=verification)
+    )
+    assert isinstance(p, CapacityProfile)
+    assert p.verification_status() == {
+        "verifiedConcurrency": 9,
+        "sweptConcurrency": 12,
+        "holdSeconds": 60,
+        "attainment": 0.995,
+        "windowsMeasured": 12,
+        "tried": [
+            {
+                "concurrency": 12,
+                "passed": False,
+                "attainment": 0.91,
+                "windows": 6,
+                "why": "attainment 91.0% < 99%",
+            },
+            {"concurrency": 9, "passed": True, "attainment": 0.995, "windows": 6, "why": "attainment 99.5%"},
+        ],
+    }
+    conditions, _ = profile_conditions(p, "job", "sha256:abc")
+    assert "held 60 s at 9 after stepping down from 12, SLO attainment 99.5%" in conditions[0][3]
+    # The status schema takes it (CRD generated from the model).
+    from plimsoll.operator.api.status import CapacityStatus
+
+    CapacityStatus.model_validate({"verification": p.verification_status(), "disturbedLevels": ["c=16: x"]})

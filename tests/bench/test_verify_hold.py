@@ -1,0 +1,121 @@
+"""Must-show 3 (issue 14): the hold after the sweep steps down when the recommendation misses the SLO.
+
+The simulator's service degrades above four running requests (every step four
+times as long), so a recommendation of 8 misses a TPOT SLO the replica meets at
+4. The SLO leaves 60 ms a token of room for client noise on a busy machine; the
+degraded step misses it by 60 ms a token.
+"""
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchkit import sim_config
+from typer.testing import CliRunner
+
+from plimsoll.bench.config import SLO, LengthSpec
+from plimsoll.bench.session import BenchSession
+from plimsoll.bench.simulator import ServiceCurve, running_simulator
+from plimsoll.bench.verify import apply_verification, judge, step_down, verify
+from plimsoll.cli import app
+from plimsoll.operator.scaling.profile import CapacityProfile, profile_conditions, read_profile
+
+DEGRADING = ServiceCurve(batch_cap=16, step_t0_s=0.04, degrade_above=4, degrade_factor=4.0)
+
+
+async def hold_from(url: str, recommended: int) -> dict[str, Any]:
+    cfg = sim_config(
+        url,
+        (1,),
+        output_tokens=LengthSpec(value=6),
+        slo=SLO(tpot_p50_ms=100.0),
+        verify_seconds=1.5,
+        scrape_interval_s=0.2,
+    )
+    session = await BenchSession.open(cfg)
+    try:
+        report = {"levels": [], "recommendation": {"concurrency_per_replica": recommended}}
+        verification = await verify(session, report)
+    finally:
+        await session.aclose()
+    assert verification is not None
+    return verification
+
+
+def test_step_down_and_judge_rules() -> None:
+    assert [step_down(c) for c in (8, 6, 4, 2, 1)] == [6, 4, 3, 1, 1]
+    window = {"start_s": 0.0, "end_s": 1.0, "finished": 100, "good": 99, "waiting_mean": 0.0}
+    assert judge([window, window, window], 8)[0] is True
+    short = {**window, "good": 98}
+    passed, attainment, _, why = judge([window, short, window], 8)
+    assert passed is False and attainment == pytest.approx(296 / 300) and "attainment 98.7% < 99%" in why
+    growing = [
+        {**window, "waiting_mean": 0.0},
+        {**window, "waiting_mean": 1.0},
+        {**window, "waiting_mean": 3.0},
+    ]
+    passed, _, growth, why = judge(growing, 8)
+    assert passed is False and growth == 3.0 and "queue grew by 3.0" in why
+
+
+@pytest.mark.slow
+def test_hold_steps_down_past_the_degradation_and_records_why() -> None:
+    with running_simulator(DEGRADING) as url:
+        verification = asyncio.run(hold_from(url, 8))
+    tried = verification["tried"]
+    assert [t["concurrency"] for t in tried] == [8, 6, 4], [(t["concurrency"], t["why"]) for t in tried]
+    for miss in tried[:2]:
+        assert miss["passed"] is False and miss["attainment"] < 0.99
+        assert "attainment" in miss["why"] and "missed" in miss["why"]
+    assert tried[2]["passed"] is True and tried[2]["attainment"] >= 0.99
+    assert verification["verified_concurrency"] == 4
+    assert verification["windows_measured"] == 3 * 3
+    assert all(sum(w["finished"] for w in t["windows"]) > 0 for t in tried)
+
+    # The report and the operator carry it: the verified concurrency is the recommendation.
+    report = {
+        "schema_version": "1.0",
+        "knees": {"throughput": {"concurrency": 16}, "latency": {"concurrency": 11.0}},
+        "recommendation": {
+            "concurrency_per_replica": 8,
+            "headroom": 0.75,
+            "reason": "⌊0.75 × latency knee 11⌋ = 8",
+        },
+        "levels": [],
+        "warnings": [],
+    }
+    verified = apply_verification(report, verification)
+    assert verified["recommendation"]["concurrency_per_replica"] == 4
+    assert verified["recommendation"]["swept_concurrency_per_replica"] == 8
+    assert "stepped down to 4" in verified["recommendation"]["reason"]
+    profile = read_profile(verified)
+    assert isinstance(profile, CapacityProfile) and profile.concurrency_per_replica == 4
+    status = profile.verification_status()
+    assert status is not None
+    assert status["verifiedConcurrency"] == 4 and status["windowsMeasured"] == 9
+    assert [t["passed"] for t in status["tried"]] == [False, False, True]
+    conditions, _ = profile_conditions(profile, "job", "sha256:x")
+    assert "after stepping down from 8" in conditions[0][3]
+
+
+@pytest.mark.slow
+def test_sweep_cli_verifies_the_recommendation(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    with running_simulator(ServiceCurve(batch_cap=4, step_t0_s=0.04)) as url:
+        result = CliRunner().invoke(
+            app,
+            ["bench", "sweep", "--url", url, "--levels", "1,2,4,8,12", "--input-tokens", "16",
+             "--output-tokens", "6", "--duration-per-level", "0.8", "--verify-seconds", "1.5",
+             "--max-client-lag-ms", "1000", "--min-concurrency-ratio", "0.8", "--output", str(out)],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    v = report["verification"]
+    assert v["swept_concurrency"] == report["recommendation"]["swept_concurrency_per_replica"]
+    assert report["recommendation"]["concurrency_per_replica"] == v["verified_concurrency"]
+    assert v["tried"][0]["concurrency"] == v["swept_concurrency"]
+    assert v["windows_measured"] == 3 * len(v["tried"])
+    # Without an SLO the hold is judged by the knee's own inflation limits.
+    assert v["judged_by"].startswith("no SLO given")
