@@ -56,9 +56,11 @@ COPY operator/ operator/
 COPY router/ router/
 COPY devcluster/ devcluster/
 
+# `python -P`: the bare plimsoll/ folder in /src must not shadow the installed
+# package (its runtime/, operator/ ... folders are mapped in only when installed).
 RUN pip install --upgrade pip \
  && pip install --extra-index-url "$TORCH_INDEX_URL" ".${EXTRAS:+[$EXTRAS]}" \
- && python -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
+ && python -P -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
  && chown -R 1000:1000 /opt/plimsoll \
  && rm -rf /src
 
