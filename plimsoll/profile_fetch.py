@@ -76,8 +76,12 @@ async def take_profile(
         except httpx.HTTPError as error:
             raise ProfileError(f"could not reach {url}: {error!r}") from error
     if response.status_code != 200:
-        raise ProfileError(f"{url} answered {response.status_code}: {_reason(response)}", response.status_code)
-    return Profile(kind=kind, data=response.content, server_path=response.headers.get("x-plimsoll-profile-path"))
+        raise ProfileError(
+            f"{url} answered {response.status_code}: {_reason(response)}", response.status_code
+        )
+    return Profile(
+        kind=kind, data=response.content, server_path=response.headers.get("x-plimsoll-profile-path")
+    )
 
 
 def _countdown(seconds: float, done: asyncio.Event, show: Callable[[str], None]) -> asyncio.Task[None]:
@@ -96,7 +100,9 @@ def _countdown(seconds: float, done: asyncio.Event, show: Callable[[str], None])
 def profile_command(
     url: str = typer.Option(..., "--url", help="The replica, e.g. http://127.0.0.1:8000."),
     seconds: float = typer.Option(20.0, "--seconds", min=1, max=300, help="How long to record (1-300)."),
-    out_dir: Path = typer.Option(Path("."), "-o", "--output-dir", help="Directory the profile is written to."),
+    out_dir: Path = typer.Option(
+        Path("."), "-o", "--output-dir", help="Directory the profile is written to."
+    ),
     kind: str = typer.Option(
         "torch", "--kind", help="torch (Chrome trace of the engine loop) or py-spy (flame graph SVG)."
     ),

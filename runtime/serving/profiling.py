@@ -75,11 +75,15 @@ def parse_profile_query(query: Any) -> tuple[float, str]:
     """``seconds`` and ``kind`` from the query string; APIError 400 saying what to send."""
     raw = query.get("seconds")
     if raw is None:
-        raise APIError(400, "seconds is required, e.g. POST /debug/profile?seconds=20&kind=torch", param="seconds")
+        raise APIError(
+            400, "seconds is required, e.g. POST /debug/profile?seconds=20&kind=torch", param="seconds"
+        )
     try:
         seconds = float(str(raw).removesuffix("s"))
     except ValueError:
-        raise APIError(400, f"seconds={raw!r} is not a number; send e.g. seconds=20", param="seconds") from None
+        raise APIError(
+            400, f"seconds={raw!r} is not a number; send e.g. seconds=20", param="seconds"
+        ) from None
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
         raise APIError(
             400,

@@ -35,8 +35,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _complete(url: str, max_tokens: int = 8) -> httpx.Response:
     return httpx.post(
         f"{url}/v1/completions",
-        json={"model": "tiny", "prompt": "hello there", "max_tokens": max_tokens, "temperature": 0,
-              "ignore_eos": True},
+        json={
+            "model": "tiny",
+            "prompt": "hello there",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
         headers={"Authorization": f"Bearer {KEY}"},
         timeout=60,
     )
@@ -135,7 +140,9 @@ def test_bad_profile_requests_say_what_to_send(
 def test_a_torch_profile_in_process_has_one_span_per_step(profiling_server: ThreadedServer) -> None:
     steps_before = profiling_server.engine.engine.stats()
     holder: dict[str, httpx.Response] = {}
-    thread = threading.Thread(target=lambda: holder.setdefault("r", _profile(profiling_server.url, seconds=2)))
+    thread = threading.Thread(
+        target=lambda: holder.setdefault("r", _profile(profiling_server.url, seconds=2))
+    )
     thread.start()
     while not profiling_server.engine.step_profiler.is_active:
         thread.join(0.05)
