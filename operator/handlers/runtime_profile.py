@@ -80,7 +80,12 @@ async def _refuse(kube: Kube, body: kopf.Body, svc: LLMService, message: str, **
 
 async def profile_replica(kube: Kube, body: kopf.Body, logger: Log) -> dict[str, Any] | None:
     """One pass of the annotation flow; returns the ``lastProfile`` written (None while waiting)."""
-    svc = LLMService.from_body(body)
+    meta = body["metadata"]
+    # The freshest copy: a tick that raced the removal of a served request must not serve it twice.
+    fresh = await kube.get(API_VERSION, KIND, meta["namespace"], meta["name"])
+    if fresh is None or PROFILE_ANNOTATION not in (fresh["metadata"].get("annotations") or {}):
+        return None
+    svc = LLMService.from_body(fresh)
     try:
         request = profile_request(svc)
     except ProfileRequestError as error:
@@ -89,7 +94,7 @@ async def profile_replica(kube: Kube, body: kopf.Body, logger: Log) -> dict[str,
     pods = await kube.list_objects("v1", "Pod", svc.namespace, label_selector=selector_string(svc))
     pod = ready_replica(pods)
     if pod is None:
-        logger.info("runtime profile requested; waiting for a Ready replica")
+        logger.debug("runtime profile requested; waiting for a Ready replica")
         return None
     name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
     api_key, why_not = replica_api_key(svc)
