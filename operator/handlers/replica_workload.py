@@ -50,7 +50,7 @@ async def _delete_ours(kube: Kube, api_version: str, kind: str, svc: LLMService)
     labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
     if existing is None or labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
         return False
-    return await kube.delete(api_version, kind, svc.namespace, svc.name)
+    return bool(await kube.delete(api_version, kind, svc.namespace, svc.name))
 
 
 async def replica_workload(

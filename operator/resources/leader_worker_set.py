@@ -41,7 +41,7 @@ _COUNT_RAY_NODES = (
 
 
 def uses_leader_worker_set(svc: LLMService) -> bool:
-    return svc.spec.resources.nodes > 1
+    return bool(svc.spec.resources.nodes > 1)
 
 
 def _leader_script(container: dict[str, Any]) -> str:
