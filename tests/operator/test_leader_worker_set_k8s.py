@@ -58,7 +58,11 @@ def test_multi_node_replicas_wait_for_the_lws_api_then_become_a_leader_worker_se
     assert get_json(devcluster, "deployment", name, "-n", ns) is None  # no replicas of the wrong shape
 
     devcluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    devcluster.kubectl("wait", "--for=condition=Established", CRD_NAME, "--timeout=60s")
+    wait_for(  # `kubectl wait` fails while the new CRD has no conditions at all
+        lambda: (condition(get_json(devcluster, CRD_NAME), "Established") or {}).get("status") == "True",
+        60,
+        "the LWS CRD Established",
+    )
     lws = wait_for(
         lambda: get_json(devcluster, "leaderworkersets.leaderworkerset.x-k8s.io", name, "-n", ns),
         90,
