@@ -61,8 +61,19 @@ VLLM_EXTRA = {
 }
 
 
+# Slow or uneven steps can be the CPU side (scheduling, sampling, detokenising, Python between kernels)
+# rather than the model: a profile of the engine loop tells which (plimsoll serve only).
+PROFILE_TIP = (
+    "if the step time is not the model's (the CPU cannot feed the accelerator: scheduling, sampling, "
+    "detokenising), profile the engine loop: `plimsoll profile --url URL --seconds 20 -o profiles/` "
+    "(the server needs --enable-profiling; engine_step spans show each step and the gaps between them)"
+)
+PLIMSOLL_EXTRA = {"decode_slow": [PROFILE_TIP], "decode_uneven": [PROFILE_TIP]}
+
+
 def advice(cause: str, family: str | None) -> list[str]:
-    return ADVICE[cause] + (VLLM_EXTRA.get(cause, []) if family == "vllm" else [])
+    extra = VLLM_EXTRA if family == "vllm" else PLIMSOLL_EXTRA
+    return ADVICE[cause] + extra.get(cause, [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +241,7 @@ def _decode(o: dict[str, Any], th: Thresholds) -> Finding | None:
         score += mean / th.tpot_limit_s - 1.0
     if spread >= th.tpot_spread:
         evidence.append(f"TPOT is unstable: p90/p50 = {spread:.1f} (≥ {th.tpot_spread:g})")
-        tips += advice("decode_uneven", family_of_obs(o))
+        tips += [t for t in advice("decode_uneven", family_of_obs(o)) if t not in tips]
         score += spread / th.tpot_spread - 1.0
     if not evidence:
         return None

@@ -16,6 +16,7 @@ from plimsoll.help_format import hide_flag_types
 from plimsoll.model_fetch import fetch_command
 from plimsoll.operator.cli import run_operator
 from plimsoll.plan import plan
+from plimsoll.profile_fetch import profile_command
 from plimsoll.router.cli import route
 from plimsoll.runtime.cli import serve
 
@@ -48,6 +49,9 @@ app.command("fetch", help="Download a Hugging Face model before an engine starts
     fetch_command
 )
 app.command("plan", help="Offline capacity planning from a model config and GPU memory.")(plan)
+app.command("profile", help="Take a profile of a running replica (torch trace or py-spy flame graph).")(
+    profile_command
+)
 app.command("route", help="Run the queue-aware, prefix-affine router.")(route)
 app.command("operator", help="Run the LLMService operator (kopf).")(run_operator)
 app.add_typer(dev_app, name="dev", help="Local Kubernetes control plane with simulated GPU nodes.")

@@ -426,3 +426,15 @@ def plan(
             value = f"{s.value:g}"
         table.add_row(s.name, str(value), s.how)
     Console().print(table)
+    typer.echo(llmservice_resources_line(gpus_per_replica))
+
+
+def llmservice_resources_line(gpus_per_replica: int) -> str:
+    """How the plan's GPUs per replica are asked for in an LLMService (the operator's side)."""
+    if gpus_per_replica == 1:
+        return "LLMService: resources.gpu.count: 1 (one GPU per replica, no tensor parallelism)"
+    return (
+        f"LLMService: resources.gpu.count: {gpus_per_replica} (the operator requests {gpus_per_replica} GPUs "
+        f"per pod and passes --tensor-parallel-size {gpus_per_replica}; override with "
+        "engine.tensorParallelSize)"
+    )

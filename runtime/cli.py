@@ -148,6 +148,15 @@ def serve(
         "--allow-client-chat-template",
         help="Accept a chat_template in chat_template_kwargs (rendering one costs unbounded CPU).",
     ),
+    enable_profiling: bool = typer.Option(
+        _server_default("enable_profiling"),
+        "--enable-profiling",
+        help="Answer POST /debug/profile?seconds=S&kind=torch|py-spy (behind --api-key when set); "
+        "fetch one with `plimsoll profile`.",
+    ),
+    profile_dir: str | None = typer.Option(
+        None, "--profile-dir", help="Where profiles are also written (default: $TMPDIR/plimsoll-profiles)."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     metrics_compat: str | None = typer.Option(
         None,
@@ -220,6 +229,8 @@ def serve(
             max_tenant_inflight_tokens=max_tenant_inflight_tokens,
             max_request_bytes=max_request_bytes,
             allow_client_chat_template=allow_client_chat_template,
+            enable_profiling=enable_profiling,
+            profile_dir=profile_dir,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

@@ -196,3 +196,14 @@ def test_a_real_bench_sweep_report_feeds_plan(tmp_path: Path) -> None:
     plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--report", str(out),
                     "--target-concurrency", "100")  # fmt: skip
     assert plan["replicas"] == math.ceil(100 / profile.concurrency_per_replica)
+
+
+def test_table_output_says_how_an_llmservice_asks_for_the_gpus() -> None:
+    one = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB"])
+    assert "LLMService: resources.gpu.count: 1 (one GPU per replica" in one.output
+    four = runner.invoke(
+        app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "24GiB", "--gpus-per-replica", "4"],
+        env={"COLUMNS": "250"},
+    )  # fmt: skip
+    assert four.exit_code == 0, four.output
+    assert "resources.gpu.count: 4" in four.output and "--tensor-parallel-size 4" in four.output

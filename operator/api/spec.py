@@ -125,6 +125,16 @@ class EngineSpec(APIModel):
     kv_cache_memory: Quantity | None = Field(None, description="KV-cache byte budget, e.g. 8Gi.")
     block_size: PositiveInt | None = Field(None, description="Tokens per KV-cache block.")
     prefix_caching: bool | None = Field(None, description="Reuse KV blocks of shared prompt prefixes.")
+    tensor_parallel_size: PositiveInt | None = Field(
+        None,
+        description="--tensor-parallel-size: ranks one model is split across; default resources.gpu.count "
+        "(a --tensor-parallel-size in args wins over both).",
+    )
+    profiling: bool = Field(
+        False,
+        description="plimsoll: start replicas with --enable-profiling, so the plimsoll.dev/profile "
+        "annotation (or `plimsoll profile`) can take a profile of one.",
+    )
     scheduling_policy: Literal["continuous", "static", "priority"] | None = Field(
         None,
         description="--scheduling-policy: priority serves a request's lower `priority` first, with fair "
@@ -146,7 +156,27 @@ class GPUSpec(APIModel):
 class ResourcesSpec(APIModel):
     """Compute each replica requests."""
 
-    gpu: GPUSpec = Field(default_factory=lambda: GPUSpec.model_validate({}), description="GPUs per replica.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.nodes) || self.nodes == 1 || (has(self.gpu) && has(self.gpu.count) "
+                    "&& self.gpu.count >= 1)",
+                    "resources.nodes above 1 needs resources.gpu.count of at least 1 (GPUs on each node)",
+                ),
+            ]
+        }
+    )
+
+    gpu: GPUSpec = Field(
+        default_factory=lambda: GPUSpec.model_validate({}), description="GPUs per pod (per node of a replica)."
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        description="Nodes (pods) one replica spans; above 1 each replica is a LeaderWorkerSet group "
+        "(leaderworkerset.x-k8s.io must be installed), the leader serving.",
+    )
     cpu: Quantity | None = Field(None, description="CPU request and limit, e.g. 4.")
     memory: Quantity | None = Field(None, description="Memory request and limit, e.g. 32Gi.")
 
@@ -537,6 +567,7 @@ class LLMServiceSpec(APIModel):
             raise ValueError(
                 "engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with vllm"
             )
+        self._check_parallelism()
         if self.engine.kind == "vllm" and location.scheme == "embedded":
             raise ValueError(
                 "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "
@@ -558,6 +589,31 @@ class LLMServiceSpec(APIModel):
                 "(the external autoscaler's bounds)"
             )
         return self
+
+    def _check_parallelism(self) -> None:
+        gpus, nodes = self.resources.gpu.count, self.resources.nodes
+        if nodes > 1 and gpus < 1:
+            raise ValueError(
+                "resources.nodes above 1 needs resources.gpu.count of at least 1 (GPUs on each node)"
+            )
+        if nodes > 1 and self.engine.kind == "plimsoll":
+            raise ValueError(
+                f"resources.nodes {nodes}: plimsoll's runtime runs tensor parallelism inside one pod; set "
+                "resources.nodes 1 with resources.gpu.count up to a node's GPUs, or use engine.kind vllm "
+                "for replicas across nodes"
+            )
+        tp = self.engine.tensor_parallel_size
+        if tp is not None and gpus > 0 and tp > gpus:
+            raise ValueError(
+                f"engine.tensorParallelSize {tp} needs {tp} GPUs per pod, but resources.gpu.count is {gpus}; "
+                f"raise resources.gpu.count to {tp}"
+            )
+
+    def tensor_parallel_size(self) -> int:
+        """Ranks per pod: engine.tensorParallelSize, else the pod's GPUs (at least 1)."""
+        if self.engine.tensor_parallel_size is not None:
+            return self.engine.tensor_parallel_size
+        return max(1, self.resources.gpu.count)
 
     def router_in_front(self) -> bool:
         """The router runs when asked for, and always with scaling.min 0: it holds requests at zero."""

@@ -90,6 +90,21 @@ class SizingStatus(APIModel):
     time: str | None = Field(None, description="When it was sized (RFC 3339).")
 
 
+class LastProfileStatus(APIModel):
+    """The last runtime profile taken on the ``plimsoll.dev/profile`` annotation, and how to fetch it."""
+
+    pod: str | None = Field(None, description="The replica profiled.")
+    kind: str | None = Field(None, description="torch (Chrome trace JSON) or py-spy (flame graph SVG).")
+    seconds: float | None = Field(None, description="How long it recorded.")
+    config_map: str | None = Field(None, description="ConfigMap holding it (small profiles).")
+    key: str | None = Field(None, description="Its key in the ConfigMap's binaryData (gzip).")
+    path: str | None = Field(None, description="Where it lies on the pod's volume (large profiles).")
+    bytes: int | None = Field(None, description="Size of the stored (gzip) file.")
+    time: str | None = Field(None, description="When it finished (RFC 3339).")
+    fetch: str | None = Field(None, description="A command that fetches it.")
+    error: str | None = Field(None, description="Why the last request gave no profile.")
+
+
 class LLMServiceStatus(APIModel):
     """Observed state of an LLMService."""
 
@@ -106,6 +121,9 @@ class LLMServiceStatus(APIModel):
     capacity: CapacityStatus | None = Field(None, description="Per-replica capacity.")
     autoscaler: AutoscalerStatus | None = Field(None, description="Last autoscaling decision.")
     sizing: SizingStatus | None = Field(None, description="Starting replica count from expectedLoad.")
+    last_profile: LastProfileStatus | None = Field(
+        None, description="The last runtime profile (plimsoll.dev/profile annotation) and how to fetch it."
+    )
     cold_start: FreeForm | None = Field(
         None, description="Measured times from a replica being needed to Ready (samplesSeconds, p95Seconds, last)."
     )

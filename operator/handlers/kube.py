@@ -31,6 +31,7 @@ PLURALS = {
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrules",
     ("plimsoll.dev/v1alpha1", "LLMService"): "llmservices",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Pod"): "pods",
     ("v1", "ConfigMap"): "configmaps",

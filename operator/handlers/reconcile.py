@@ -21,9 +21,9 @@ from plimsoll.operator.handlers.inference_pool import remove_unused_inference_po
 from plimsoll.operator.handlers.initial_sizing import apply_start_size
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
+from plimsoll.operator.handlers.replica_workload import replica_workload
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
-from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.inference_pool import (
     INFERENCE_POOL_GROUP_VERSION,
@@ -31,6 +31,7 @@ from plimsoll.operator.resources.inference_pool import (
     build_inference_pool,
     uses_inference_pool,
 )
+from plimsoll.operator.resources.leader_worker_set import LWS_GROUP_VERSION
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
     build_pod_monitor,
@@ -72,8 +73,13 @@ def parse(body: kopf.Body | dict[str, Any]) -> LLMService:
 
 async def reject_invalid(kube: Kube, body: kopf.Body | dict[str, Any], error: ValidationError) -> str:
     """Record an invalid spec (Ready=False, reason InvalidSpec, an Event) and return the message."""
+    return await reject_unservable(kube, body, describe_validation_error(error))
+
+
+async def reject_unservable(kube: Kube, body: kopf.Body | dict[str, Any], message: str) -> str:
+    """Record a spec this cluster cannot serve as InvalidSpec (an Event when it is new)."""
     meta = body["metadata"]
-    message = describe_validation_error(error)
+    message = message[:MAX_MESSAGE]
 
     def change(status: dict[str, Any]) -> dict[str, Any] | None:
         invalid = invalid_spec_status(meta.get("generation"), status, message)
@@ -140,7 +146,15 @@ async def reconcile(
     # No spec.replicas yet: size from expectedLoad (or seed it for an HPA) before the Deployment is built.
     svc = await apply_start_size(kube, body, svc, logger)
 
-    replicas = build_deployment(svc, settings)
+    workload = await replica_workload(kube, svc, settings, logger)
+    if workload.removed:
+        kopf.info(_as_body(body), reason="Deleted", message=f"deleted {workload.removed} (resources.nodes changed)")
+    if workload.obj is None:
+        # Not the user's typo but a missing API: nothing is created until it is installed,
+        # and the periodic pass picks it up then without a spec edit.
+        await reject_unservable(kube, body, workload.unservable or "the replicas cannot be built")
+        return Outcome((), (), False)
+    replicas = workload.obj
     children = [replicas, build_service(svc), build_pdb(svc)]
     if await kube.has_resource(MONITORING_GROUP_VERSION, "podmonitors"):
         children.append(build_pod_monitor(svc))
@@ -176,7 +190,7 @@ async def reconcile(
             try:
                 change, stored = await _apply_child(kube, body, child, logger)
             except ApiException as error:
-                optional = (MONITORING_GROUP_VERSION, INFERENCE_POOL_GROUP_VERSION)
+                optional = (MONITORING_GROUP_VERSION, INFERENCE_POOL_GROUP_VERSION, LWS_GROUP_VERSION)
                 if error.status != 404 or child["apiVersion"] not in optional:
                     raise
                 # An optional CRD (Prometheus operator, InferencePool) was removed after

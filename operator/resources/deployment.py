@@ -19,8 +19,8 @@ from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 RUN_AS_USER = 1000
 
 
-def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | None = None) -> dict[str, Any]:
-    """The Deployment for ``svc``; ``replicas`` overrides the spec's count (the autoscaler's decision)."""
+def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, Any]:
+    """The pod template of a serving pod (a Deployment's replica, or a LeaderWorkerSet's leader)."""
     spec = svc.spec
     container, placement = engine_container(svc, settings)
     tolerations = list(spec.scheduling.tolerations)
@@ -66,7 +66,23 @@ def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | N
         pod_spec["affinity"] = spec.scheduling.affinity
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    return {
+        "metadata": {
+            "labels": common_labels(svc),
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(ENGINE_PORT),
+                "prometheus.io/path": "/metrics",
+                **spec.pod_annotations,
+            },
+        },
+        "spec": pod_spec,
+    }
 
+
+def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | None = None) -> dict[str, Any]:
+    """The Deployment for ``svc``; ``replicas`` overrides the spec's count (the autoscaler's decision)."""
+    spec = svc.spec
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -77,17 +93,6 @@ def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | N
             # Never drop below the current capacity during a rollout; the surge pod
             # needs free GPUs, which is the usual price of zero-downtime updates.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {
-                    "labels": common_labels(svc),
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(ENGINE_PORT),
-                        "prometheus.io/path": "/metrics",
-                        **spec.pod_annotations,
-                    },
-                },
-                "spec": pod_spec,
-            },
+            "template": replica_pod_template(svc, settings),
         },
     }

@@ -63,6 +63,11 @@ def model_placement(svc: LLMService) -> ModelPlacement:
     return ModelPlacement(model_arg=None)
 
 
+def _has_flag(args: list[str], *names: str) -> bool:
+    """``--flag V`` or ``--flag=V`` given by the user in ``engine.args``."""
+    return any(a in names or a.split("=", 1)[0] in names for a in args)
+
+
 def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
     """The tuning flags both engines spell the same way, except the KV budget's name."""
     engine = svc.spec.engine
@@ -83,6 +88,9 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
         # vLLM names the FCFS continuous batcher "fcfs"; the API rejects static for vLLM.
         vllm_fcfs = engine.kind == "vllm" and engine.scheduling_policy == "continuous"
         args += ["--scheduling-policy", "fcfs" if vllm_fcfs else engine.scheduling_policy]
+    tp = svc.spec.tensor_parallel_size()
+    if tp > 1 and not _has_flag(engine.args, "--tensor-parallel-size", "-tp"):
+        args += ["--tensor-parallel-size", str(tp)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
     return args + list(engine.args)
@@ -95,6 +103,8 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
     if svc.spec.router.mode == "inferencePool":
         # A Gateway's endpoint picker reads vLLM's series names (model-server protocol).
         args += ["--metrics-compat", "vllm"]
+    if svc.spec.engine.profiling:
+        args.append("--enable-profiling")
     return args + _engine_flags(svc, "--kv-cache-memory")
 
 
@@ -102,6 +112,11 @@ def _vllm_args(svc: LLMService, model_arg: str | None) -> list[str]:
     # The API validator refuses vllm + embedded://, so a model argument always exists here.
     assert model_arg is not None, "vllm needs a model path or repository"
     args = ["--model", model_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name"]
+    nodes = svc.spec.resources.nodes
+    if nodes > 1 and not _has_flag(svc.spec.engine.args, "--pipeline-parallel-size", "-pp"):
+        # vLLM's multi-node layout: tensor parallel inside a node, pipeline stages across nodes, on Ray.
+        args = [*args[:-1], "--pipeline-parallel-size", str(nodes), "--distributed-executor-backend", "ray",
+                args[-1]]  # fmt: skip
     return [*args, svc.served_name, *_engine_flags(svc, "--kv-cache-memory-bytes")]
 
 

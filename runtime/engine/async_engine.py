@@ -11,6 +11,7 @@ through ``loop.call_soon_threadsafe`` into per-request asyncio queues.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.engine.step_profiler import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class AsyncEngine:
         self.is_ready = False
         # Called from the engine thread when the loop dies; the server uses it to drain and exit 1.
         self.on_dead: Callable[[BaseException], None] | None = None
+        self.step_profiler = StepProfiler(config.device)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -147,6 +150,21 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
 
+    async def begin_profile(self) -> None:
+        """Start a torch profile of the engine loop (on its thread); ProfileBusyError if one runs."""
+        await self._on_engine_thread(self.step_profiler.begin)
+
+    async def end_profile(self) -> Any:
+        """Stop it and return the torch profile (export it off the event loop)."""
+        return await self._on_engine_thread(self.step_profiler.end)
+
+    async def _on_engine_thread(self, call: Callable[[], Any]) -> Any:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine loop died: {self._error!r}")
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._post("call", (call, done))
+        return await asyncio.wrap_future(done)
+
     def _post(self, kind: str, payload: Any) -> None:
         with self._cond:
             self._commands.append((kind, payload))
@@ -177,12 +195,20 @@ class AsyncEngine:
                             engine.add_request(request_id, prompt, params, arrival, ids)
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)
+                    elif kind == "call":  # e.g. start/stop the profiler on this thread
+                        call, done = payload
+                        try:
+                            done.set_result(call())
+                        except Exception as exc:
+                            done.set_exception(exc)
                     else:
                         out = engine.abort_request(payload)
                         if out is not None:
                             self._deliver(out, payload)
                 if engine.has_unfinished_requests():
-                    for out in engine.step():
+                    with self.step_profiler.span():
+                        outs = engine.step()
+                    for out in outs:
                         self._deliver(out, out.request_id)
         except BaseException as exc:  # the loop must report, not vanish
             log.exception("engine loop died")

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,6 +33,7 @@ from plimsoll.runtime.serving.chat import create_chat_completion
 from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
 from plimsoll.runtime.serving.metrics import ServerMetrics
+from plimsoll.runtime.serving.profiling import add_profile_route
 from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from plimsoll.runtime.serving.requests import ServingContext
 from plimsoll.runtime.serving.settings import ServerSettings
@@ -43,7 +45,7 @@ __all__ = ["ServerSettings", "build_app"]
 
 
 class APIKeyMiddleware:
-    """``Authorization: Bearer KEY`` on ``/v1/*``; probes and ``/metrics`` stay open.
+    """``Authorization: Bearer KEY`` on ``/v1/*`` and ``/debug/*``; probes and ``/metrics`` stay open.
 
     A plain ASGI middleware (not ``BaseHTTPMiddleware``) so it runs before the
     body is parsed and does not get between a streaming response and Starlette's
@@ -55,7 +57,7 @@ class APIKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"].startswith(("/v1", "/debug")):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 what = "missing" if not given else "wrong"
@@ -270,4 +272,6 @@ def build_app(
         response: Response = await create_chat_completion(ctx, body, raw)
         return response
 
+    profile_dir = Path(settings.profile_dir) if settings.profile_dir else None
+    add_profile_route(app, engine, settings.enable_profiling, profile_dir)
     return app

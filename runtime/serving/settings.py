@@ -29,4 +29,6 @@ class ServerSettings(BaseModel):
     tokenize_timeout: float = Field(
         10.0, gt=0, description="seconds tokenising and template rendering may take before a 400"
     )
+    enable_profiling: bool = Field(False, description="answer POST /debug/profile (torch or py-spy profiles)")
+    profile_dir: str | None = Field(None, description="where profiles are also written (default: $TMPDIR/plimsoll-profiles)")
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")

@@ -159,3 +159,14 @@ def test_diagnose_cli_unreachable_url_fails_clearly() -> None:
     result = CliRunner().invoke(app, ["diagnose", "--url", "http://127.0.0.1:9", "--window", "0.1"])
     assert result.exit_code != 0
     assert "cannot read" in result.output
+
+
+def test_slow_decode_on_plimsoll_points_at_plimsoll_profile() -> None:
+    texts = timeline(mn.PLIMSOLL, SCENARIOS["decode"])
+    d = analyse([parse_metrics(t, t=i * 10.0) for i, t in enumerate(texts)])
+    assert d.verdict == "decode", d.summary
+    tips = d.findings[0].advice
+    assert sum("plimsoll profile --url" in t for t in tips) == 1
+    texts = timeline(mn.VLLM, SCENARIOS["decode"])
+    vllm = analyse([parse_metrics(t, t=i * 10.0) for i, t in enumerate(texts)])
+    assert not any("plimsoll profile" in t for t in vllm.findings[0].advice)  # vLLM has its own profiler

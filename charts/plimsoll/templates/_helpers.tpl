@@ -88,6 +88,10 @@ app.kubernetes.io/part-of: plimsoll
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "update", "delete"]
+# Multi-node replicas (resources.nodes > 1), only used when the LeaderWorkerSet API is installed.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "create", "patch", "update", "delete"]
 # Events explaining what the operator did.
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
