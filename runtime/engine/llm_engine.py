@@ -132,10 +132,15 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         prompt_token_ids: list[int] | None = None,
+        *,
+        priority: int = 0,
+        fairness_id: str | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
 
         ``prompt_token_ids`` skips tokenising a text prompt that the caller already tokenised.
+        ``priority`` (lower first) and ``fairness_id`` (the tenant) are the request's scheduling
+        attributes, read by ``--scheduling-policy priority`` only, as vLLM's ``add_request`` takes them.
         """
         params.validate()
         if request_id in self.groups:
@@ -160,7 +165,10 @@ class LLMEngine:
         seqs = []
         for i in range(params.n):
             seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
-            seq = Request(seq_id, request_id, i, ids, params, self.eos_token_ids, arrival, cache_salt=salt)
+            seq = Request(
+                seq_id, request_id, i, ids, params, self.eos_token_ids, arrival,
+                cache_salt=salt, priority=priority, fairness_id=fairness_id,
+            )
             seq.generator = torch.Generator(device="cpu")
             if params.seed is not None:
                 seq.generator.manual_seed((params.seed + i * 1_000_003) % 2**64)

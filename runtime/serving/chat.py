@@ -32,7 +32,13 @@ from plimsoll.runtime.serving.protocol import (
     ChatResponseMessage,
     UsageInfo,
 )
-from plimsoll.runtime.serving.requests import Admission, ServingContext, tenant_of, until_disconnect
+from plimsoll.runtime.serving.requests import (
+    Admission,
+    ServingContext,
+    priority_of,
+    tenant_of,
+    until_disconnect,
+)
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -48,11 +54,11 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
     )
     params = req.to_sampling_params(max_tokens)
-
-    params.fairness_id = tenant_of(raw, req.user)
+    priority = priority_of(raw, req.priority, ctx.settings)
+    tenant = tenant_of(raw, req.user)
     held = (len(prompt_ids) + max_tokens) * req.n
-    adm = ctx.admit("chatcmpl", params.fairness_id, held, req.num_seqs)
-    stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat")
+    adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
+    stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat", priority=priority, fairness_id=tenant)
     if req.stream:
         streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
         return streaming

@@ -30,3 +30,8 @@ class ServerSettings(BaseModel):
         10.0, gt=0, description="seconds tokenising and template rendering may take before a 400"
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
+    inference_objectives: dict[str, int] = Field(
+        default_factory=dict,
+        description="x-gateway-inference-objective name -> vLLM priority (lower first), "
+        "from --inference-objective NAME=PRIORITY",
+    )
