@@ -21,7 +21,10 @@ from plimsoll.runtime.serving.logprobs import chat_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
     check_token_ids,
+    client_template,
+    client_template_context,
     encode_chat,
+    encode_text,
     off_loop,
     resolve_max_tokens,
 )
@@ -46,10 +49,15 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     engine = ctx.engine
     check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
-    allow = ctx.settings.allow_client_chat_template
-    prompt_ids = await off_loop(
-        lambda: encode_chat(engine.tokenizer, req, max_chars, allow), ctx.settings.tokenize_timeout
-    )
+    timeout = ctx.settings.tokenize_timeout
+    template = client_template(req, ctx.settings.allow_client_chat_template)
+    if template is None:
+        prompt_ids = await off_loop(lambda: encode_chat(engine.tokenizer, req, max_chars), timeout)
+    else:
+        assert ctx.templates is not None, "--allow-client-chat-template builds the template pool"
+        context = client_template_context(engine.tokenizer, req, max_chars)
+        text = await ctx.templates.render(template, context, max_chars, timeout)
+        prompt_ids = await off_loop(lambda: encode_text(engine.tokenizer, text, max_chars), timeout)
     max_tokens = resolve_max_tokens(
         len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
     )

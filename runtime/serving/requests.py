@@ -36,6 +36,7 @@ from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.runtime.serving.metrics import ServerMetrics
 from plimsoll.runtime.serving.request_spans import record_request_spans
 from plimsoll.runtime.serving.settings import ServerSettings
+from plimsoll.runtime.serving.template_pool import TemplatePool
 
 log = logging.getLogger("plimsoll.runtime.requests")
 T = TypeVar("T")
@@ -81,6 +82,7 @@ class ServingContext:
     drain_deadline_passed: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     tenant_tokens: dict[str, int] = field(default_factory=dict)  # in-flight prompt + max_tokens
+    templates: TemplatePool | None = None  # renders client chat templates (--allow-client-chat-template)
 
     # ---- admission -----------------------------------------------------------
 

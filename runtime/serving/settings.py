@@ -26,6 +26,9 @@ class ServerSettings(BaseModel):
     allow_client_chat_template: bool = Field(
         False, description="let clients send their own chat_template (rendering costs unbounded CPU)"
     )
+    chat_template_workers: int = Field(
+        2, ge=1, le=64, description="processes rendering client chat templates (with allow_client_chat_template)"
+    )
     tokenize_timeout: float = Field(
         10.0, gt=0, description="seconds tokenising and template rendering may take before a 400"
     )
