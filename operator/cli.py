@@ -58,6 +58,13 @@ def run_operator(
         help="Serve the operator's own Prometheus metrics (process, Python, build info) at /metrics "
         "on HOST:PORT, e.g. 0.0.0.0:8081.",
     ),
+    otlp_traces_endpoint: str | None = typer.Option(
+        None,
+        "--otlp-traces-endpoint",
+        envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        help="OTLP/HTTP URL for the operator's own OpenTelemetry traces (a span per reconcile pass and "
+        "per autoscaler decision), e.g. http://collector:4318/v1/traces.",
+    ),
 ) -> None:
     """Run the LLMService operator (kopf, standalone: one active replica, no peering)."""
     if print_crd:
@@ -90,6 +97,14 @@ def run_operator(
         # The default registry: process_* and python_* collectors come with it.
         Info("plimsoll_operator_build", "Version of the running operator.").info({"version": __version__})
         start_http_server(int(port), addr=host.strip("[]"))
+    if otlp_traces_endpoint:
+        from plimsoll.tracing import configure_tracing
+
+        try:
+            configure_tracing("plimsoll-operator", otlp_traces_endpoint)
+        except ValueError as exc:
+            typer.echo(f"plimsoll operator: {exc}", err=True)
+            raise typer.Exit(code=2) from None
     llmservice.CLUSTERWIDE = not namespace
     # Each line names its object ("[namespace/name] ..."), as `kopf run` does: a log reader
     # (and the Kubernetes tests) can tell which LLMService a handler ran for.

@@ -49,6 +49,11 @@ def route(
     cold_start_fallback: float = typer.Option(
         60.0, help="Cold start assumed (for Retry-After and the hold timeout) until one is measured."
     ),
+    inference_objective: list[str] = typer.Option(
+        [], "--inference-objective",
+        help="NAME=PRIORITY (repeatable): held requests whose x-gateway-inference-objective header names NAME "
+        "are released as that InferenceObjective's spec.priority says (higher first); headers are forwarded.",
+    ),
     log_level: str = typer.Option("info", help="Log level."),
     otlp_traces_endpoint: str | None = typer.Option(
         None, envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -59,9 +64,15 @@ def route(
     import uvicorn
     from pydantic import ValidationError
 
+    from plimsoll.objectives import parse_objectives
     from plimsoll.router.app import build_app
     from plimsoll.router.config import LaneConfig, RouterConfig
 
+    try:
+        objectives = parse_objectives(inference_objective)
+    except ValueError as exc:
+        typer.echo(f"plimsoll route: {exc}", err=True)
+        raise typer.Exit(code=2) from None
     try:
         lanes = (
             LaneConfig(long_request_tokens=long_request_tokens, long_lane_replicas=long_lane_replicas)
@@ -75,6 +86,7 @@ def route(
             virtual_nodes=virtual_nodes, lanes=lanes, scrape_interval_s=scrape_interval,
             metrics_engine=metrics_engine, hold_queue=hold_queue, hold_timeout_s=hold_timeout,
             release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
+            inference_objectives=objectives,
         )
     except ValidationError as exc:
         for error in exc.errors():

@@ -83,6 +83,9 @@ class RouterConfig(BaseModel):
     release_concurrency: int | None = Field(default=None, gt=0)
     # Cold start assumed until one is measured (for Retry-After and the hold timeout).
     cold_start_fallback_s: float = Field(default=60.0, gt=0)
+    # x-gateway-inference-objective name -> vLLM priority (lower first), from
+    # --inference-objective NAME=PRIORITY; held requests are released in that order.
+    inference_objectives: dict[str, int] = Field(default_factory=dict)
 
     @field_validator("backends")
     @classmethod

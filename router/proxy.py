@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from plimsoll.objectives import OBJECTIVE_HEADER, objective_priority
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.config import RouterConfig
 from plimsoll.router.hold import HoldFull, HoldQueue, HoldTimeout
@@ -102,7 +103,10 @@ class Proxy:
         # Released from the hold queue: the release slot is given back when the response ends.
         held = False
         if self._hold is not None and self._hold.should_hold():
-            refused = await self._wait_in_hold(endpoint, arrival, _priority(body))
+            priority = hold_priority(
+                request.headers.get(OBJECTIVE_HEADER), body, self._config.inference_objectives
+            )
+            refused = await self._wait_in_hold(endpoint, arrival, priority)
             if refused is not None:
                 return refused
             held = True
@@ -281,6 +285,14 @@ class Proxy:
         self._metrics.rejections.labels(reason).inc()
         self._metrics.duration.labels(endpoint, str(response.status_code)).observe(time.monotonic() - arrival)
         return response
+
+
+def hold_priority(objective: str | None, body: bytes, objectives: dict[str, int]) -> int:
+    """The vLLM priority a held request is released by: its objective's, else the body's ``priority``."""
+    try:
+        return objective_priority(objective, _priority(body), objectives)
+    except ValueError:
+        return _priority(body)  # forwarded as it is: the replica answers the 400 that names the fix
 
 
 def _priority(body: bytes) -> int:

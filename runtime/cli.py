@@ -115,6 +115,13 @@ def serve(
         help="Prompt + max_tokens one tenant (x-gateway-inference-fairness-id, else `user`) may have in "
         "flight; beyond it new requests get 429 (default: unlimited).",
     ),
+    inference_objective: list[str] = typer.Option(
+        [],
+        "--inference-objective",
+        help="NAME=PRIORITY (repeatable): a request whose x-gateway-inference-objective header names NAME "
+        "gets that InferenceObjective's spec.priority (higher is more important; served as vLLM "
+        "priority -PRIORITY). An unknown name gets 400.",
+    ),
     otlp_traces_endpoint: str | None = typer.Option(
         None,
         "--otlp-traces-endpoint",
@@ -170,6 +177,7 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
+    from plimsoll.objectives import parse_objectives
     from plimsoll.runtime.engine.async_engine import AsyncEngine
     from plimsoll.runtime.engine.config import EngineConfig
     from plimsoll.runtime.serve_args import (
@@ -195,7 +203,8 @@ def serve(
         if gpu_memory_utilization is not None:
             kv_size = gpu_kv_cache_bytes(gpu_memory_utilization, device, model)
         check_port(host, port)
-    except ServeArgError as exc:
+        objectives = parse_objectives(inference_objective)
+    except (ServeArgError, ValueError) as exc:
         _fail(str(exc))
         return
     logging.basicConfig(
@@ -231,6 +240,7 @@ def serve(
             allow_client_chat_template=allow_client_chat_template,
             enable_profiling=enable_profiling,
             profile_dir=profile_dir,
+            inference_objectives=objectives,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

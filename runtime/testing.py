@@ -266,7 +266,9 @@ class ServerProcess:
     ``/ready`` until it answers 200 (or the process dies, or ``startup_timeout``
     passes, each a clear error carrying the server's log), and on exit sends
     SIGTERM and waits. ``server.url`` is ``http://127.0.0.1:PORT``; ``server.log()``
-    returns everything the process wrote so far.
+    returns everything the process wrote so far. ``prelude`` is Python run in the server
+    process before the CLI (a test's fault injection or slow step, patched into the real
+    engine classes), so the process stays the real `plimsoll serve`.
     """
 
     def __init__(
@@ -277,8 +279,10 @@ class ServerProcess:
         port: int | None = None,
         startup_timeout: float = 120.0,
         env: dict[str, str] | None = None,
+        prelude: str = "",
     ) -> None:
         self.host = host
+        self.prelude = prelude
         self.port = port if port is not None else free_port(host)
         self.args = list(args)
         self.startup_timeout = startup_timeout
@@ -298,7 +302,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-c",
-            "from plimsoll.cli import main; main()",
+            f"{self.prelude}\nfrom plimsoll.cli import main; main()",
             "serve",
             "--host",
             self.host,

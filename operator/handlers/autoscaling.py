@@ -23,12 +23,14 @@ from typing import Any
 
 import httpx
 import kopf
+from opentelemetry import trace
 from pydantic import ValidationError
 
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers import scale_phases
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.spans import decision_attributes, llmservice_span
 from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
@@ -136,7 +138,8 @@ async def autoscale_llmservice(
                 if svc.spec.autoscaling.mode != "builtin":
                     state.scaler = None
                 else:
-                    await _tick(memo.kube, body, svc, http, state, logger)
+                    with llmservice_span("autoscale", svc.namespace, svc.name):
+                        await _tick(memo.kube, body, svc, http, state, logger)
             except ValidationError:
                 pass  # reported by reconcile as InvalidSpec
             except Exception as error:  # one failed tick must not end the loop
@@ -206,6 +209,7 @@ async def _tick(
     if await scale_phases.before_decide(kube, body, svc, http, config, current, pods, observations, now, logger):
         return
     decision = scaler.decide(now, current, observations)
+    trace.get_current_span().set_attributes(decision_attributes(decision))
     state.saw(current, decision.desired_replicas)
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}

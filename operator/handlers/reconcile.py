@@ -23,6 +23,7 @@ from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
 from plimsoll.operator.handlers.replica_workload import replica_workload
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
+from plimsoll.operator.handlers.spans import llmservice_span
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.inference_pool import (
@@ -137,7 +138,25 @@ async def reconcile(
 
     Raises ValidationError (after recording InvalidSpec) when the spec cannot be
     served; callers turn that into kopf.PermanentError so kopf does not retry it.
+    Each pass is one ``reconcile`` span (what it created and updated, whether Ready).
     """
+    meta = body.get("metadata") or {}
+    with llmservice_span("reconcile", str(meta.get("namespace", "")), str(meta.get("name", ""))) as span:
+        outcome = await _reconcile(kube, body, settings, logger)
+        span.set_attributes({
+            "plimsoll.reconcile.created": list(outcome.created),
+            "plimsoll.reconcile.updated": list(outcome.updated),
+            "plimsoll.reconcile.ready": outcome.ready,
+        })
+        return outcome
+
+
+async def _reconcile(
+    kube: Kube,
+    body: kopf.Body | dict[str, Any],
+    settings: BuildSettings,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> Outcome:
     try:
         svc = parse(body)
     except ValidationError as error:

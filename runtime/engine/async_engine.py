@@ -112,9 +112,19 @@ class AsyncEngine:
     # -- requests ----------------------------------------------------------------------
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        fairness_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Outputs of one request already validated by the caller (the HTTP edge)."""
+        """Outputs of one request already validated by the caller (the HTTP edge).
+
+        ``priority`` and ``fairness_id`` are the request's scheduling attributes (see
+        ``LLMEngine.add_request``).
+        """
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
         if request_id in self._streams:
@@ -123,7 +133,7 @@ class AsyncEngine:
         ids = list(prompt_token_ids)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request_id, ids, params, arrival, ids))
+        self._post("add", (request_id, ids, params, arrival, priority, fairness_id))
         finished = False
         try:
             while True:
@@ -190,9 +200,11 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, prompt, params, arrival, ids = payload
+                        request_id, ids, params, arrival, priority, fairness_id = payload
                         try:
-                            engine.add_request(request_id, prompt, params, arrival, ids)
+                            engine.add_request(
+                                request_id, ids, params, arrival, ids, priority=priority, fairness_id=fairness_id
+                            )
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)
                     elif kind == "call":  # e.g. start/stop the profiler on this thread

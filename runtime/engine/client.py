@@ -40,7 +40,13 @@ class EngineClient(Protocol):
     def stats(self) -> EngineStats: ...
 
     def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        priority: int = 0,
+        fairness_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> None: ...

@@ -22,7 +22,7 @@ from plimsoll.runtime.engine.model_runner import ModelRunner, kv_bytes_per_token
 from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
 from plimsoll.runtime.engine.request import Request, RequestGroup
-from plimsoll.runtime.engine.sampler import Sampler
+from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
@@ -132,10 +132,15 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         prompt_token_ids: list[int] | None = None,
+        *,
+        priority: int = 0,
+        fairness_id: str | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
 
         ``prompt_token_ids`` skips tokenising a text prompt that the caller already tokenised.
+        ``priority`` (lower first) and ``fairness_id`` (the tenant) are the request's scheduling
+        attributes, read by ``--scheduling-policy priority`` only, as vLLM's ``add_request`` takes them.
         """
         params.validate()
         if request_id in self.groups:
@@ -160,7 +165,10 @@ class LLMEngine:
         seqs = []
         for i in range(params.n):
             seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
-            seq = Request(seq_id, request_id, i, ids, params, self.eos_token_ids, arrival, cache_salt=salt)
+            seq = Request(
+                seq_id, request_id, i, ids, params, self.eos_token_ids, arrival,
+                cache_salt=salt, priority=priority, fairness_id=fairness_id,
+            )
             seq.generator = torch.Generator(device="cpu")
             if params.seed is not None:
                 seq.generator.manual_seed((params.seed + i * 1_000_003) % 2**64)
@@ -229,28 +237,14 @@ class LLMEngine:
             self.observer.on_step(self._step_stats(sched, time.monotonic() - t0))
         return outputs
 
-    def _sample_rows(self, reqs: list[Request], logits: torch.Tensor) -> list[Any]:
-        """``[(token, logprobs), ...]`` per request (several when proposals were accepted)."""
-        if self.speculator is not None:
-            return list(self.speculator.sample(reqs, logits, self.sampler))
-        return [[s] for s in self.sampler(reqs, logits)]
-
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Any]:
-        """The batch's samples; if the batch raises, each row alone, so one bad row fails only itself."""
+        """Per request ``[(token, logprobs), ...]`` (several when proposals were accepted), or the
+        exception that request's sampling raised: one bad request fails only itself."""
         if not reqs:
             return []
-        try:
-            return self._sample_rows(reqs, logits)
-        except Exception:
-            if self.speculator is not None:
-                raise  # verified rows are not one per request: no per-row retry (engine-fatal for now)
-            results: list[Any] = []
-            for i, req in enumerate(reqs):
-                try:
-                    results.append(self._sample_rows([req], logits[i : i + 1])[0])
-                except Exception as exc:
-                    results.append(exc)
-            return results
+        if self.speculator is not None:
+            return list(self.speculator.sample(reqs, logits, self.sampler))
+        return [s if isinstance(s, Exception) else [s] for s in sample_each(self.sampler, reqs, logits)]
 
     def _fail_group(self, group: RequestGroup, req: Request, exc: Exception) -> None:
         """Fail one request (all its sequences) and free its blocks; the engine carries on."""

@@ -51,7 +51,7 @@ def make_request_output(g: RequestGroup) -> RequestOutput:
         num_cached_tokens=max(first.num_cached_tokens, 0),
         num_preemptions=sum(s.num_preemptions for s in g.seqs),
         finish_reason=first.finish_reason if g.finished else None,
-        priority=first.params.priority,
+        priority=first.priority,
         prefill_chunks=list(first.prefill_chunks),
     )
     return RequestOutput(

@@ -62,10 +62,10 @@ class PriorityPolicy:
         self.virtual_tokens: dict[str, int] = {}
 
     def _tenant(self, req: Request) -> str:
-        return req.params.fairness_id or DEFAULT_TENANT
+        return req.fairness_id or DEFAULT_TENANT
 
     def _key(self, req: Request) -> tuple[int, int, float]:
-        return (req.params.priority, self.virtual_tokens.get(self._tenant(req), 0), req.arrival_time)
+        return (req.priority, self.virtual_tokens.get(self._tenant(req), 0), req.arrival_time)
 
     def select(self, waiting: Iterable[Request]) -> Request:
         return min(waiting, key=self._key)
@@ -76,18 +76,18 @@ class PriorityPolicy:
 
     def victim(self, running: list[Request]) -> Request:
         # Highest priority value loses; among equals the newest arrival.
-        return max(running, key=lambda r: (r.params.priority, r.arrival_time))
+        return max(running, key=lambda r: (r.priority, r.arrival_time))
 
     def running_order(self, running: list[Request]) -> None:
         # When the token budget runs short, the higher classes are the ones served.
-        running.sort(key=lambda r: (r.params.priority, r.arrival_time))
+        running.sort(key=lambda r: (r.priority, r.arrival_time))
 
     def should_displace(self, candidate: Request, running: list[Request]) -> Request | None:
         """The running request ``candidate`` may preempt to get a slot: a strictly lower class only."""
         if not running:
             return None
         worst = self.victim(running)
-        return worst if worst.params.priority > candidate.params.priority else None
+        return worst if worst.priority > candidate.priority else None
 
     def on_scheduled(self, req: Request, num_tokens: int) -> None:
         tenant = self._tenant(req)

@@ -55,6 +55,10 @@ class Request:
     # Set when blocks may be shared across requests: None = no sharing (prefix caching
     # off, n == 1); "" = global prefix cache; otherwise only siblings share (n > 1, caching off).
     cache_salt: str | None = ""
+    # Scheduling attributes (read only by the priority policy): lower ``priority`` runs
+    # first (vLLM's semantics); ``fairness_id`` names the tenant charged for the tokens.
+    priority: int = 0
+    fairness_id: str | None = None
 
     all_token_ids: list[int] = field(init=False)
     output_token_ids: list[int] = field(default_factory=list)

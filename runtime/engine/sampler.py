@@ -5,8 +5,11 @@ over output), ``min_tokens`` masking of stop tokens, greedy or temperature
 sampling with top-k, top-p and min-p, and logprobs of the chosen and top tokens
 (from the raw model distribution, like vLLM's default). Every sequence draws from
 its own ``torch.Generator``, so a seeded request samples the same tokens whatever
-else is in the batch. What it is not: stop-string or length handling.
+else is in the batch; ``sample_each`` keeps one bad row from failing the batch.
+What it is not: stop-string or length handling.
 """
+
+from collections.abc import Callable
 
 import torch
 
@@ -58,6 +61,29 @@ def is_plain_greedy(req: Request) -> bool:
             or (not p.stop_token_ids and (p.ignore_eos or not req.eos_token_ids))
         )
     )
+
+
+Sample = tuple[int, dict[int, Logprob] | None]
+
+
+def sample_each(
+    sampler: Callable[[list[Request], torch.Tensor], list[Sample]], reqs: list[Request], logits: torch.Tensor
+) -> list[Sample | Exception]:
+    """The batch's samples; if the batch raises, each row alone, so one bad row fails only itself.
+
+    A row that still raises alone comes back as its exception, for the engine to fail
+    that request with; the rows around it are sampled as usual.
+    """
+    try:
+        return list(sampler(reqs, logits))
+    except Exception:
+        results: list[Sample | Exception] = []
+        for i, req in enumerate(reqs):
+            try:
+                results.append(sampler([req], logits[i : i + 1])[0])
+            except Exception as exc:
+                results.append(exc)
+        return results
 
 
 class Sampler:

@@ -1,7 +1,9 @@
 """Per-request sampling and stopping parameters (the vLLM-shaped ``SamplingParams``).
 
 What it is: plain data plus ``validate()``. What it is not: the sampling itself
-(see ``sampler.py``) or stop detection (see ``detokenizer.py`` and ``engine.py``).
+(see ``sampler.py``), stop detection (see ``detokenizer.py`` and ``engine.py``), or
+scheduling attributes: ``priority`` and the tenant belong to the request
+(``Request``, ``LLMEngine.add_request``), as in vLLM.
 """
 
 from dataclasses import dataclass, field
@@ -29,10 +31,6 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs; 0 = only the chosen token's
     skip_special_tokens: bool = True
-    # Scheduling hints ride along with the request's parameters (read only by the priority
-    # policy): lower ``priority`` runs first (vLLM), ``fairness_id`` names the tenant.
-    priority: int = 0
-    fairness_id: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -21,7 +21,10 @@ from plimsoll.runtime.serving.logprobs import chat_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
     check_token_ids,
+    client_template,
+    client_template_context,
     encode_chat,
+    encode_text,
     off_loop,
     resolve_max_tokens,
 )
@@ -32,7 +35,13 @@ from plimsoll.runtime.serving.protocol import (
     ChatResponseMessage,
     UsageInfo,
 )
-from plimsoll.runtime.serving.requests import Admission, ServingContext, tenant_of, until_disconnect
+from plimsoll.runtime.serving.requests import (
+    Admission,
+    ServingContext,
+    priority_of,
+    tenant_of,
+    until_disconnect,
+)
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -40,19 +49,24 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     engine = ctx.engine
     check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
-    allow = ctx.settings.allow_client_chat_template
-    prompt_ids = await off_loop(
-        lambda: encode_chat(engine.tokenizer, req, max_chars, allow), ctx.settings.tokenize_timeout
-    )
+    timeout = ctx.settings.tokenize_timeout
+    template = client_template(req, ctx.settings.allow_client_chat_template)
+    if template is None:
+        prompt_ids = await off_loop(lambda: encode_chat(engine.tokenizer, req, max_chars), timeout)
+    else:
+        assert ctx.templates is not None, "--allow-client-chat-template builds the template pool"
+        context = client_template_context(engine.tokenizer, req, max_chars)
+        text = await ctx.templates.render(template, context, max_chars, timeout)
+        prompt_ids = await off_loop(lambda: encode_text(engine.tokenizer, text, max_chars), timeout)
     max_tokens = resolve_max_tokens(
         len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
     )
     params = req.to_sampling_params(max_tokens)
-
-    params.fairness_id = tenant_of(raw, req.user)
+    priority = priority_of(raw, req.priority, ctx.settings)
+    tenant = tenant_of(raw, req.user)
     held = (len(prompt_ids) + max_tokens) * req.n
-    adm = ctx.admit("chatcmpl", params.fairness_id, held, req.num_seqs)
-    stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat")
+    adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
+    stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat", priority=priority, fairness_id=tenant)
     if req.stream:
         streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
         return streaming

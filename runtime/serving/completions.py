@@ -30,7 +30,14 @@ from plimsoll.runtime.serving.protocol import (
     CompletionResponse,
     UsageInfo,
 )
-from plimsoll.runtime.serving.requests import Admission, ServingContext, merge, tenant_of, until_disconnect
+from plimsoll.runtime.serving.requests import (
+    Admission,
+    ServingContext,
+    merge,
+    priority_of,
+    tenant_of,
+    until_disconnect,
+)
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -49,13 +56,12 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     ]
     params = [req.to_sampling_params(m) for m in max_tokens]
 
+    priority = priority_of(raw, req.priority, ctx.settings)
     tenant = tenant_of(raw, req.user)
-    for p in params:
-        p.fairness_id = tenant
     held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
     adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
     streams = [
-        ctx.outputs(ids, p, f"{adm.request_id}-{i}", "completions")
+        ctx.outputs(ids, p, f"{adm.request_id}-{i}", "completions", priority=priority, fairness_id=tenant)
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
     if req.stream:

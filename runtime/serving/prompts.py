@@ -21,7 +21,7 @@ MAX_CHARS_PER_TOKEN = 32
 
 
 async def off_loop(work: Callable[[], T], timeout: float) -> T:
-    """Run tokenising or template rendering in a worker thread, so ``/health`` keeps answering.
+    """Run tokenising or the model's own template in a worker thread, so ``/health`` keeps answering.
 
     Past ``timeout`` the request gets a 400; the thread cannot be interrupted and
     finishes on its own, but the event loop never waits for it.
@@ -73,28 +73,63 @@ def encode_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, max_
     return list(prompt)
 
 
-def encode_chat(
-    tokenizer: Any, request: ChatCompletionRequest, max_chars: int, allow_client_template: bool
-) -> list[int]:
-    """Render the messages with the tokenizer's chat template and tokenize the result."""
-    kwargs = dict(request.chat_template_kwargs or {})
-    if "chat_template" in kwargs and not allow_client_template:
+def client_template(request: ChatCompletionRequest, allow_client_template: bool) -> str | None:
+    """The chat_template a client sent in chat_template_kwargs, or None; refused unless allowed."""
+    template = (request.chat_template_kwargs or {}).get("chat_template")
+    if template is None:
+        return None
+    if not allow_client_template:
         raise bad_request(
             "A client-supplied chat_template is refused on this server (rendering one costs unbounded "
             "CPU); leave chat_template out of chat_template_kwargs, or start the server with "
             "--allow-client-chat-template.",
             "chat_template_kwargs",
         )
+    if not isinstance(template, str):
+        raise bad_request("chat_template_kwargs.chat_template must be a string (a Jinja template).",
+                          "chat_template_kwargs")
+    return template
+
+
+def chat_messages(request: ChatCompletionRequest, max_chars: int) -> list[dict[str, str]]:
+    """The messages as a chat template reads them, after the length check that bounds the work."""
     check_prompt_chars("".join(m.text() for m in request.messages), max_chars, "messages")
+    return [
+        {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+        for m in request.messages
+    ]
+
+
+def client_template_context(tokenizer: Any, request: ChatCompletionRequest, max_chars: int) -> dict[str, Any]:
+    """What a client template renders with: messages, the generation flag, special tokens, the kwargs."""
+    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k != "chat_template"}
+    return {
+        **dict(getattr(tokenizer, "special_tokens_map", {}) or {}),
+        **kwargs,  # as in transformers: kwargs overwrite special tokens
+        "messages": chat_messages(request, max_chars),
+        "add_generation_prompt": request.add_generation_prompt,
+    }
+
+
+def encode_text(tokenizer: Any, text: str, max_chars: int) -> list[int]:
+    """A rendered chat as token ids; the template already wrote any BOS it wants."""
+    check_prompt_chars(text, max_chars, "messages")
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_chat(tokenizer: Any, request: ChatCompletionRequest, max_chars: int) -> list[int]:
+    """Render the messages with the model's own chat template and tokenize the result.
+
+    A client-supplied template never comes here: it renders in a worker process
+    (``template_pool.py``).
+    """
+    kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items() if k != "chat_template"}
+    messages = chat_messages(request, max_chars)
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request(
             "This model's tokenizer has no chat template; use /v1/completions with a plain prompt.",
             "messages",
         )
-    messages = [
-        {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-        for m in request.messages
-    ]
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -104,9 +139,8 @@ def encode_chat(
         )
     except Exception as exc:  # jinja raises TemplateError and plain exceptions alike
         raise bad_request(f"The chat template rejected these messages: {exc}", "messages") from None
-    check_prompt_chars(str(text), max_chars, "messages")
     # The template already wrote any BOS it wants; adding special tokens again would double it.
-    return list(tokenizer.encode(str(text), add_special_tokens=False))
+    return encode_text(tokenizer, str(text), max_chars)
 
 
 def resolve_max_tokens(prompt_len: int, requested: int | None, max_model_len: int, prompt_param: str) -> int:

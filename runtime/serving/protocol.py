@@ -103,8 +103,6 @@ class _SamplingFields(_Request):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
-            priority=self.priority,
-            fairness_id=self.user,
         )
 
     @property

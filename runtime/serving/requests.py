@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import anyio
 from starlette.requests import Request
 
+from plimsoll.objectives import FAIRNESS_HEADER, OBJECTIVE_HEADER, objective_priority
 from plimsoll.runtime.engine.async_engine import StreamCutError
 from plimsoll.runtime.engine.client import EngineClient
 from plimsoll.runtime.engine.outputs import RequestOutput
@@ -35,6 +36,7 @@ from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.runtime.serving.metrics import ServerMetrics
 from plimsoll.runtime.serving.request_spans import record_request_spans
 from plimsoll.runtime.serving.settings import ServerSettings
+from plimsoll.runtime.serving.template_pool import TemplatePool
 
 log = logging.getLogger("plimsoll.runtime.requests")
 T = TypeVar("T")
@@ -80,6 +82,7 @@ class ServingContext:
     drain_deadline_passed: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     tenant_tokens: dict[str, int] = field(default_factory=dict)  # in-flight prompt + max_tokens
+    templates: TemplatePool | None = None  # renders client chat templates (--allow-client-chat-template)
 
     # ---- admission -----------------------------------------------------------
 
@@ -151,7 +154,14 @@ class ServingContext:
     # ---- one prompt through the engine ---------------------------------------
 
     async def outputs(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, endpoint: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        endpoint: str,
+        *,
+        priority: int = 0,
+        fairness_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one prompt; aborts the request if iteration stops early.
 
@@ -161,7 +171,7 @@ class ServingContext:
         """
         started = time.monotonic()
         deadline = started + self.settings.request_timeout if self.settings.request_timeout else None
-        gen = self.engine.generate(prompt_ids, params, request_id)
+        gen = self.engine.generate(prompt_ids, params, request_id, priority=priority, fairness_id=fairness_id)
         last: RequestOutput | None = None
         last_emit = started
         status = "ok"
@@ -263,12 +273,17 @@ class ServingContext:
         log.info(json.dumps(record, separators=(",", ":")))
 
 
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-
-
 def tenant_of(raw: Request, user: str | None) -> str | None:
     """The tenant a request is charged to: the GIE fairness header, else OpenAI's ``user``."""
     return raw.headers.get(FAIRNESS_HEADER) or user or None
+
+
+def priority_of(raw: Request, body_priority: int, settings: ServerSettings) -> int:
+    """The request's vLLM priority: its ``x-gateway-inference-objective``'s, else the body's (400 if unknown)."""
+    try:
+        return objective_priority(raw.headers.get(OBJECTIVE_HEADER), body_priority, settings.inference_objectives)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
 
 
 def _round(x: float) -> float:

@@ -37,6 +37,7 @@ from plimsoll.runtime.serving.profiling import add_profile_route
 from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from plimsoll.runtime.serving.requests import ServingContext
 from plimsoll.runtime.serving.settings import ServerSettings
+from plimsoll.runtime.serving.template_pool import TemplatePool
 from plimsoll.tracing import TraceMiddleware
 
 log = logging.getLogger("plimsoll.runtime.serving.server")
@@ -134,6 +135,8 @@ def build_app(
     """
     metrics = metrics if metrics is not None else ServerMetrics(settings.served_model_name)
     ctx = ServingContext(engine=engine, settings=settings, metrics=metrics)
+    if settings.allow_client_chat_template:
+        ctx.templates = TemplatePool(settings.chat_template_workers)
     state: dict[str, Any] = {"fatal": None}
 
     def engine_died(exc: BaseException) -> None:  # on the event loop
@@ -174,12 +177,16 @@ def build_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         starting = asyncio.create_task(start_engine())
+        if ctx.templates is not None:
+            ctx.templates.start()
         try:
             yield
         finally:
             if not starting.done():
                 starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
+            if ctx.templates is not None:
+                await ctx.templates.close()
             await engine.shutdown()
 
     app = FastAPI(title="plimsoll runtime", version=__version__, lifespan=lifespan)
@@ -221,7 +228,8 @@ def build_app(
         if ctx.draining and not engine.is_dead:
             return JSONResponse({"ready": False, "reason": "draining"}, status_code=503)
         failed = state["fatal"] is not None or engine.is_dead
-        if failed or not engine.is_ready:
+        loading = not engine.is_ready or (ctx.templates is not None and not ctx.templates.is_started)
+        if failed or loading:
             reason = "engine failed" if failed else "loading"
             return JSONResponse({"ready": False, "reason": reason}, status_code=503)
         if ctx.marked_for_removal:

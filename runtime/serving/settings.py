@@ -26,9 +26,17 @@ class ServerSettings(BaseModel):
     allow_client_chat_template: bool = Field(
         False, description="let clients send their own chat_template (rendering costs unbounded CPU)"
     )
+    chat_template_workers: int = Field(
+        2, ge=1, le=64, description="processes rendering client chat templates (with allow_client_chat_template)"
+    )
     tokenize_timeout: float = Field(
         10.0, gt=0, description="seconds tokenising and template rendering may take before a 400"
     )
     enable_profiling: bool = Field(False, description="answer POST /debug/profile (torch or py-spy profiles)")
     profile_dir: str | None = Field(None, description="where profiles are also written (default: $TMPDIR/plimsoll-profiles)")
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
+    inference_objectives: dict[str, int] = Field(
+        default_factory=dict,
+        description="x-gateway-inference-objective name -> vLLM priority (lower first), "
+        "from --inference-objective NAME=PRIORITY",
+    )

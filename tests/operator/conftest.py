@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from otlp_receiver import Receiver
 
 from plimsoll.operator.local import OperatorProcess, token_kubeconfig
 
@@ -35,8 +36,16 @@ def operator_release(devcluster: Any) -> str:
 
 
 @pytest.fixture(scope="session")
+def operator_traces() -> Iterator[Receiver]:
+    """Where the session's operator sends its spans (--otlp-traces-endpoint, via the env var)."""
+    receiver = Receiver()
+    yield receiver
+    receiver.server.shutdown()
+
+
+@pytest.fixture(scope="session")
 def running_operator(
-    devcluster: Any, operator_release: str, tmp_path_factory: pytest.TempPathFactory
+    devcluster: Any, operator_release: str, tmp_path_factory: pytest.TempPathFactory, operator_traces: Receiver
 ) -> Iterator[OperatorProcess]:
     """The operator, local process, authenticated with a token of the chart's ServiceAccount."""
     token = devcluster.kubectl(
@@ -51,6 +60,8 @@ def running_operator(
             "PLIMSOLL_RESYNC_SECONDS": "5",
             "PLIMSOLL_DISCOVERY_TTL_SECONDS": "3",
             "PLIMSOLL_IMAGE": "ghcr.io/plimsoll/plimsoll:test",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": operator_traces.url,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",  # ms between span exports
         },
     )
     process.start()

@@ -11,77 +11,19 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from otlp_receiver import Receiver
 
 from plimsoll.runtime.testing import ServerProcess, free_port, write_tiny_model
 
 pytestmark = pytest.mark.slow
 
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}  # ms between batch exports
-
-
-class Receiver:
-    def __init__(self) -> None:
-        self.spans: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                req = ExportTraceServiceRequest.FromString(body)
-                for rs in req.resource_spans:
-                    service = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
-                    for ss in rs.scope_spans:
-                        for s in ss.spans:
-                            attrs = {a.key: _value(a.value) for a in s.attributes}
-                            with receiver.lock:
-                                receiver.spans.append({
-                                    "service": service, "name": s.name, "trace_id": s.trace_id.hex(),
-                                    "span_id": s.span_id.hex(), "parent": s.parent_span_id.hex(), "attrs": attrs,
-                                })
-                payload = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def wait_for(self, wanted: set[tuple[str, str]], timeout: float = 60) -> list[dict[str, Any]]:
-        """Wait until every (service, span name) in ``wanted`` has arrived; each process exports on its own."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                if wanted <= {(s["service"], s["name"]) for s in self.spans}:
-                    return list(self.spans)
-            time.sleep(0.05)
-        got = {(s["service"], s["name"]) for s in self.spans}
-        raise AssertionError(f"spans {wanted - got} never arrived; got {sorted(got)}")
-
-
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import torch
 
 from plimsoll.runtime.engine.outputs import Logprob
 from plimsoll.runtime.engine.request import Request, RequestStatus
-from plimsoll.runtime.engine.sampler import Sampler, filter_logits
+from plimsoll.runtime.engine.sampler import Sampler, filter_logits, sample_each
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 from plimsoll.runtime.engine.spec_decode.draft_proposer import DraftProposer
 from plimsoll.runtime.engine.spec_decode.ngram_proposer import NgramProposer
@@ -89,10 +89,14 @@ class Speculator:
 
     def sample(
         self, reqs: list[Request], logits: torch.Tensor, sampler: Sampler
-    ) -> list[list[tuple[int, dict[int, Logprob] | None]]]:
-        """``logits`` holds ``1 + len(req.spec_token_ids)`` rows per request, in order."""
+    ) -> list[list[tuple[int, dict[int, Logprob] | None]] | Exception]:
+        """``logits`` holds ``1 + len(req.spec_token_ids)`` rows per request, in order.
+
+        Per request the accepted tokens, or the exception its verification or sampling
+        raised (the engine fails that request alone, as without speculation).
+        """
         stats = SpecDecodeStats(num_accepted_tokens_per_pos=[0] * self.k)
-        results: list[list[tuple[int, dict[int, Logprob] | None]]] = [[] for _ in reqs]
+        results: list[list[tuple[int, dict[int, Logprob] | None]] | Exception] = [[] for _ in reqs]
         plain_idx, plain_rows = [], []
         row = 0
         for i, req in enumerate(reqs):
@@ -103,11 +107,11 @@ class Speculator:
                 plain_idx.append(i)
                 plain_rows.append(rows[0])
                 continue
-            if req.params.is_greedy:
-                tokens = verify_greedy(rows.argmax(dim=-1).tolist(), proposals)
-            else:
-                q = self.proposal_probs.pop(req.request_id, None)
-                tokens = verify_sampled(target_probs(req, rows), proposals, q, req.generator)
+            try:
+                tokens = self._verify(req, rows, proposals)
+            except Exception as exc:  # this request's fault: the others in the batch carry on
+                results[i] = exc
+                continue
             accepted = len(tokens) - 1
             stats.num_drafts += 1
             stats.num_draft_tokens += len(proposals)
@@ -117,12 +121,18 @@ class Speculator:
             results[i] = [(t, None) for t in tokens]
         assert row == logits.shape[0], (row, logits.shape)
         if plain_idx:
-            for i, out in zip(
-                plain_idx, sampler([reqs[i] for i in plain_idx], torch.stack(plain_rows)), strict=True
-            ):
-                results[i] = [out]
+            plain = sample_each(sampler, [reqs[i] for i in plain_idx], torch.stack(plain_rows))
+            for i, out in zip(plain_idx, plain, strict=True):
+                results[i] = out if isinstance(out, Exception) else [out]
         self.step_stats = stats
         return results
+
+    def _verify(self, req: Request, rows: torch.Tensor, proposals: list[int]) -> list[int]:
+        """The target's verdict on ``proposals``: 1..k+1 tokens (``rows`` is ``[k + 1, V]``)."""
+        if req.params.is_greedy:
+            return verify_greedy(rows.argmax(dim=-1).tolist(), proposals)
+        q = self.proposal_probs.pop(req.request_id, None)
+        return verify_sampled(target_probs(req, rows), proposals, q, req.generator)
 
     # -- after the tokens are appended: roll back, then propose ----------------------------
 

@@ -30,10 +30,11 @@ class Sim:
     def add(self, prompt_len: int, max_tokens: int, priority: int = 0, tenant: str | None = None) -> Request:
         rid = f"r{self._next_id}"
         self._next_id += 1
-        params = SamplingParams(max_tokens=max_tokens, priority=priority, fairness_id=tenant)
+        params = SamplingParams(max_tokens=max_tokens)
         # Arrival is the step number: ties in class and tenant go to the earlier step.
         req = Request(rid, rid, 0, [1 + (self._next_id + i) % 50 for i in range(prompt_len)], params,
-                      frozenset(), arrival_time=float(self.step_no), cache_salt=None)
+                      frozenset(), arrival_time=float(self.step_no), cache_salt=None,
+                      priority=priority, fairness_id=tenant)
         self.sched.add_request(req)
         self.arrived[rid] = self.step_no
         return req
@@ -42,7 +43,7 @@ class Sim:
         out = self.sched.schedule()
         self.step_no += 1
         for req, num_new in out.scheduled:
-            tenant = req.params.fairness_id or ""
+            tenant = req.fairness_id or ""
             self.tokens_by_tenant[tenant] = self.tokens_by_tenant.get(tenant, 0) + num_new
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk; no token sampled yet
@@ -99,7 +100,7 @@ def test_high_class_keeps_its_ttft_under_3x_overload() -> None:
     assert high <= 1.5 * base
     # The low class absorbs the queue: it is the one left waiting, and its TTFT grows.
     assert p95(loaded_low) > 10 * base
-    assert all(r.params.priority == 1 for r in sim.sched.waiting)
+    assert all(r.priority == 1 for r in sim.sched.waiting)
 
 
 def test_fcfs_lets_the_overload_reach_the_high_class() -> None:
@@ -119,7 +120,7 @@ def test_two_tenants_offering_10_to_1_get_equal_shares_while_backlogged() -> Non
             sim.add(8, 8, tenant="small")  # ... and still more than an equal share (0.3 vs ~0.22)
         before = dict(sim.tokens_by_tenant)
         sim.step()
-        waiting_tenants = {r.params.fairness_id for r in sim.sched.waiting}
+        waiting_tenants = {r.fairness_id for r in sim.sched.waiting}
         if s >= 100 and waiting_tenants == {"big", "small"}:
             for t in ("big", "small"):
                 window[t] = window.get(t, 0) + sim.tokens_by_tenant.get(t, 0) - before.get(t, 0)
@@ -189,8 +190,8 @@ def test_priority_order_properties(ops: list, num_blocks: int, budget: int, max_
         # KV cache or the token budget is what held the better one back.
         full = len(sim.sched.running) >= max_seqs and sim.sched.waiting
         if full and not out.num_kv_allocation_failures and out.num_scheduled_tokens < budget:
-            best_waiting = min(r.params.priority for r in sim.sched.waiting)
-            assert all(r.params.priority <= best_waiting for r in sim.sched.running)
+            best_waiting = min(r.priority for r in sim.sched.waiting)
+            assert all(r.priority <= best_waiting for r in sim.sched.running)
         for req, _ in out.scheduled:
             if req.num_computed_tokens >= req.num_tokens and req.status is RequestStatus.RUNNING:
                 req.append_token(7)

@@ -192,7 +192,7 @@ def test_health_answers_fast_while_hostile_requests_are_in_flight(chat_model_dir
             f"/health under hostile load: {len(latencies)} probes, p50 {p50 * 1e3:.1f} ms, "
             f"p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms; hostile responses {dict(sent)}"
         )
-        assert set(sent) <= {400, 413}, sent
+        assert set(sent) <= {400, 413, 429}, sent  # 429: every template worker busy (Retry-After)
         assert p99 < 0.1, (p50, p99, latencies[-1])
     finally:
         srv.__exit__(None, None, None)

@@ -38,3 +38,13 @@ def test_bad_settings_exit_2_naming_the_setting() -> None:
     result = CliRunner().invoke(app, ["serve", "--scheduling-policy", "fifo", "--port", "1"])
     assert result.exit_code == 2
     assert "scheduling_policy" in result.output and "'priority'" in result.output
+
+
+def test_a_malformed_inference_objective_exits_2_saying_how_to_write_it() -> None:
+    for command in ("serve", "route"):
+        args = [command, "--inference-objective", "critical", "--port", "1"]
+        if command == "route":
+            args += ["--backend", "http://127.0.0.1:1"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "'critical' is not NAME=PRIORITY" in result.output and "interactive=10" in result.output

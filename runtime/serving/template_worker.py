@@ -1,0 +1,63 @@
+"""The child side of the chat-template pool: renders client-supplied templates, one at a time.
+
+What it is: :func:`main`, the target of each worker process. It imports the
+renderer transformers' ``apply_chat_template`` uses (the same sandboxed Jinja
+environment, so a template renders here as it would in the tokenizer), caps its own
+address space, lowers its CPU priority, says ``ready``, then answers one job per message on its pipe:
+``("ok", text)``, ``("too_long", num_chars)`` or ``("error", message)``.
+
+What it is not: the time budget. A render that runs too long is not stopped here;
+the parent (``template_pool.py``) kills the whole process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+from multiprocessing.connection import Connection
+from typing import Any
+
+Job = tuple[str, dict[str, Any], int]  # (template, context, max_chars)
+
+
+def _cap_memory(extra_bytes: int) -> None:
+    """Limit the address space to what the process uses now plus ``extra_bytes`` (Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (used + extra_bytes, used + extra_bytes))
+    except (OSError, ValueError):
+        pass  # no /proc or no permission: the parent's time budget still bounds the work
+
+
+def render(job: Job) -> tuple[str, Any]:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    template, context, max_chars = job
+    messages = context.pop("messages")
+    try:
+        rendered, _ = render_jinja_template(conversations=[messages], chat_template=template, **context)
+    except MemoryError:
+        return "too_long", -1
+    except Exception as exc:  # jinja raises TemplateError and plain exceptions alike
+        return "error", f"{type(exc).__name__}: {exc}"
+    text = str(rendered[0])
+    if len(text) > max_chars:
+        return "too_long", len(text)
+    return "ok", text
+
+
+def main(conn: Connection, memory_bytes: int) -> None:
+    import transformers.utils.chat_template_utils  # noqa: F401  (paid once, before "ready")
+
+    _cap_memory(memory_bytes)
+    with contextlib.suppress(OSError):
+        os.nice(10)  # a hostile render yields the CPU to the server process it would slow down
+    conn.send(("ready", None))
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return  # the server closed the pipe: it is shutting down
+        conn.send(render(job))
