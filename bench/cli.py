@@ -423,23 +423,35 @@ def simulate(
     ),
     prefill_ms_per_token: float = typer.Option(0.0, "--prefill-ms-per-token"),
     model: str = typer.Option("sim-model", "--model"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    enable_lora: bool = typer.Option(False, "--enable-lora", help="Serve vLLM's LoRA adapter API"),
+    lora_modules: list[str] = typer.Option(
+        [], "--lora-modules", help="An adapter as name=path (a directory with adapter_config.json); repeatable"
+    ),
+    max_loras: int = typer.Option(4, "--max-loras", min=1, help="The lora_requests_info max_lora label"),
 ) -> None:
     """Serve a simulated OpenAI-compatible model with a known service curve (no GPU needed)."""
     from plimsoll.bench.simulator import ServiceCurve, serve
 
-    curve = ServiceCurve(
-        batch_cap=batch_cap,
-        step_t0_s=step_ms / 1e3,
-        step_k_s=step_per_seq_ms / 1e3,
-        prefill_s_per_token=prefill_ms_per_token / 1e3,
-        model=model,
-    )
+    try:
+        curve = ServiceCurve(
+            batch_cap=batch_cap,
+            step_t0_s=step_ms / 1e3,
+            step_k_s=step_per_seq_ms / 1e3,
+            prefill_s_per_token=prefill_ms_per_token / 1e3,
+            model=model,
+            enable_lora=enable_lora or bool(lora_modules),
+            lora_modules=tuple(lora_modules),
+            max_loras=max_loras,
+        )
+    except ValueError as error:  # a bad name=path or adapter directory
+        raise typer.BadParameter(str(error)) from error
     err.print(
-        f"simulating {model} on http://127.0.0.1:{port}: batch cap {batch_cap}, "
+        f"simulating {model} on http://{host}:{port}: batch cap {batch_cap}, "
         f"t(b) = {step_ms:g} + {step_per_seq_ms:g}·b ms",
         markup=False,
     )
-    serve(curve, port=port)
+    serve(curve, host=host, port=port)
 
 
 def diagnose(
