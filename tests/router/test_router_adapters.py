@@ -14,12 +14,12 @@ from pathlib import Path
 import openai
 from router_harness import eventually, run_router
 
+from plimsoll.prometheus import parse
 from plimsoll.router.backends import ReplicaSet
 from plimsoll.router.config import RouterConfig
 from plimsoll.router.policy import RequestFeatures, Router
 from plimsoll.router.proxy import REPLICA_HEADER
 from plimsoll.router.scrape import active_adapters, served_adapters
-from plimsoll.prometheus import parse
 
 URLS = ("http://r0", "http://r1", "http://r2")
 
