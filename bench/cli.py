@@ -21,7 +21,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels
+from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels, parse_models
 from plimsoll.bench.progress import Live, plan_line
 
 app = typer.Typer(no_args_is_help=True, help="Load-test a server and find its saturation knees.")
@@ -29,6 +29,12 @@ err = Console(stderr=True, soft_wrap=True)  # one message, one line: never wrapp
 
 URL = typer.Option(..., "--url", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
 MODEL = typer.Option(None, "--model", help="Model id to request (default: the server's only model)")
+MODELS = typer.Option(
+    None,
+    "--models",
+    help="Comma-separated model ids sent in an even mix (a base model and its LoRA adapters); "
+    "the report adds per-model figures to each level",
+)
 API_KEY = typer.Option(
     None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Bearer token, if the server needs one"
 )
@@ -89,6 +95,7 @@ def make_config(flags: dict[str, Any], **fields: Any) -> BenchConfig:
     kw = {_FLAG_TO_FIELD.get(k, k): v for k, v in flags.items() if k not in _SLO_FLAGS}
     kw = {k: v for k, v in kw.items() if k in BenchConfig.model_fields} | fields
     try:
+        kw["models"] = parse_models(kw.get("models"))
         kw["input_tokens"] = LengthSpec.parse(kw["input_tokens"])
         kw["output_tokens"] = LengthSpec.parse(kw["output_tokens"])
         kw["slo"] = SLO(**{field: flags.get(flag) for flag, field in _SLO_FLAGS.items()})
@@ -203,6 +210,7 @@ def _write_partial(session: Any, kind: str, output: Path | None) -> None:
 def sweep(
     url: str = URL,
     model: str | None = MODEL,
+    models: str | None = MODELS,
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     input_tokens: str = INPUT,
@@ -253,6 +261,7 @@ def sweep(
 def run(
     url: str = URL,
     model: str | None = MODEL,
+    models: str | None = MODELS,
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
@@ -284,6 +293,7 @@ def run(
 def rate(
     url: str = URL,
     model: str | None = MODEL,
+    models: str | None = MODELS,
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     rates: str = typer.Option("1", "--rate", help="Requests per second; comma-separated for several levels"),
