@@ -21,7 +21,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels
+from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels, parse_models
 from plimsoll.bench.progress import Live, plan_line
 
 app = typer.Typer(no_args_is_help=True, help="Load-test a server and find its saturation knees.")
@@ -29,6 +29,12 @@ err = Console(stderr=True, soft_wrap=True)  # one message, one line: never wrapp
 
 URL = typer.Option(..., "--url", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
 MODEL = typer.Option(None, "--model", help="Model id to request (default: the server's only model)")
+MODELS = typer.Option(
+    None,
+    "--models",
+    help="Comma-separated model ids sent in an even mix (a base model and its LoRA adapters); "
+    "the report adds per-model figures to each level",
+)
 API_KEY = typer.Option(
     None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Bearer token, if the server needs one"
 )
@@ -89,6 +95,7 @@ def make_config(flags: dict[str, Any], **fields: Any) -> BenchConfig:
     kw = {_FLAG_TO_FIELD.get(k, k): v for k, v in flags.items() if k not in _SLO_FLAGS}
     kw = {k: v for k, v in kw.items() if k in BenchConfig.model_fields} | fields
     try:
+        kw["models"] = parse_models(kw.get("models"))
         kw["input_tokens"] = LengthSpec.parse(kw["input_tokens"])
         kw["output_tokens"] = LengthSpec.parse(kw["output_tokens"])
         kw["slo"] = SLO(**{field: flags.get(flag) for flag, field in _SLO_FLAGS.items()})
@@ -219,6 +226,7 @@ def _write_partial(session: Any, kind: str, output: Path | None) -> None:
 def sweep(
     url: str = URL,
     model: str | None = MODEL,
+    models: str | None = MODELS,
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     input_tokens: str = INPUT,
@@ -281,6 +289,7 @@ def sweep(
 def run(
     url: str = URL,
     model: str | None = MODEL,
+    models: str | None = MODELS,
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
@@ -312,6 +321,7 @@ def run(
 def rate(
     url: str = URL,
     model: str | None = MODEL,
+    models: str | None = MODELS,
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     rates: str = typer.Option("1", "--rate", help="Requests per second; comma-separated for several levels"),
@@ -457,25 +467,37 @@ def simulate(
     ),
     prefill_ms_per_token: float = typer.Option(0.0, "--prefill-ms-per-token"),
     model: str = typer.Option("sim-model", "--model"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    enable_lora: bool = typer.Option(False, "--enable-lora", help="Serve vLLM's LoRA adapter API"),
+    lora_modules: list[str] = typer.Option(
+        [], "--lora-modules", help="An adapter as name=path (a directory with adapter_config.json); repeatable"
+    ),
+    max_loras: int = typer.Option(4, "--max-loras", min=1, help="The lora_requests_info max_lora label"),
 ) -> None:
     """Serve a simulated OpenAI-compatible model with a known service curve (no GPU needed)."""
     from plimsoll.bench.simulator import ServiceCurve, serve
 
-    curve = ServiceCurve(
-        batch_cap=batch_cap,
-        step_t0_s=step_ms / 1e3,
-        step_k_s=step_per_seq_ms / 1e3,
-        prefill_s_per_token=prefill_ms_per_token / 1e3,
-        model=model,
-        degrade_above=degrade_above,
-        degrade_factor=degrade_factor,
-    )
+    try:
+        curve = ServiceCurve(
+            batch_cap=batch_cap,
+            step_t0_s=step_ms / 1e3,
+            step_k_s=step_per_seq_ms / 1e3,
+            prefill_s_per_token=prefill_ms_per_token / 1e3,
+            model=model,
+            enable_lora=enable_lora or bool(lora_modules),
+            lora_modules=tuple(lora_modules),
+            max_loras=max_loras,
+            degrade_above=degrade_above,
+            degrade_factor=degrade_factor,
+        )
+    except ValueError as error:  # a bad name=path or adapter directory
+        raise typer.BadParameter(str(error)) from error
     err.print(
-        f"simulating {model} on http://127.0.0.1:{port}: batch cap {batch_cap}, "
+        f"simulating {model} on http://{host}:{port}: batch cap {batch_cap}, "
         f"t(b) = {step_ms:g} + {step_per_seq_ms:g}·b ms",
         markup=False,
     )
-    serve(curve, port=port)
+    serve(curve, host=host, port=port)
 
 
 def diagnose(

@@ -44,6 +44,7 @@ class RequestRecord:
     error_kind: str | None = None
     error_message: str | None = None
     measured: bool = False
+    model: str | None = None  # the model asked for (one of --models in a mix)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +84,7 @@ class RequestRecord:
 
         return {
             "request_id": self.request_id,
+            "model": self.model,
             "measured": self.measured,
             "ok": self.ok,
             "scheduled_s": rel(self.scheduled),
@@ -117,9 +119,11 @@ def _error_text(response: httpx.Response, body: bytes) -> str:
 class OpenAIClient:
     """Sends requests to one server and times them."""
 
-    def __init__(self, cfg: BenchConfig, model: str) -> None:
+    def __init__(self, cfg: BenchConfig, model: str, models: tuple[str, ...] = ()) -> None:
         self.cfg = cfg
         self.model = model
+        # A mix: request i asks for models[i % len(models)], so every level sends an even mix.
+        self.models = models or (model,)
         headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         self.http = httpx.AsyncClient(
             base_url=cfg.url,
@@ -133,9 +137,9 @@ class OpenAIClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    def payload(self, spec: RequestSpec, stream: bool = True) -> dict[str, Any]:
+    def payload(self, spec: RequestSpec, stream: bool = True, model: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": model or self.model,
             "max_tokens": spec.max_tokens,
             "temperature": 0.0,
             "stream": stream,
@@ -155,9 +159,10 @@ class OpenAIClient:
         """Stream one request, filling ``record``; never raises for server or network faults."""
         record.input_tokens_target = spec.input_tokens
         record.max_tokens = spec.max_tokens
+        record.model = self.models[max(record.request_id, 0) % len(self.models)]
         record.sent = time.perf_counter()
         try:
-            async with self.http.stream("POST", self.path, json=self.payload(spec)) as response:
+            async with self.http.stream("POST", self.path, json=self.payload(spec, model=record.model)) as response:
                 if response.status_code != 200:
                     body = await response.aread()
                     record.error_kind = f"http_{response.status_code}"
@@ -240,10 +245,18 @@ async def served_models(http: httpx.AsyncClient) -> list[str]:
 
 
 async def resolve_model(cfg: BenchConfig) -> str:
-    """The model to benchmark: --model if the server serves it, else its only model."""
+    """The model to benchmark: --model if the server serves it, else its only model.
+
+    With --models, every one must be served; the first is returned (the probe's model).
+    """
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     async with httpx.AsyncClient(base_url=cfg.url, headers=headers) as http:
         models = await served_models(http)
+    missing = [m for m in cfg.models if m not in models]
+    if missing:
+        raise BenchError(f"the server does not serve {missing}; it serves {models}. Fix --models.")
+    if cfg.models:
+        return cfg.models[0]
     if cfg.model is not None:
         if cfg.model not in models:
             raise BenchError(

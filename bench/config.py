@@ -120,6 +120,8 @@ class BenchConfig(BaseModel):
 
     url: str
     model: str | None = None
+    # --models a,b,c: requests cycle through these (an even mix, e.g. a base model and its LoRA adapters).
+    models: tuple[str, ...] = ()
     api_key: str | None = None
     endpoint: Literal["completions", "chat"] = "completions"
     input_tokens: LengthSpec = LengthSpec(value=128)
@@ -167,6 +169,10 @@ class BenchConfig(BaseModel):
     def _prefix(self) -> BenchConfig:
         if self.shared_prefix_fraction > 0 and self.shared_prefix_tokens == 0:
             raise ValueError("--shared-prefix-fraction needs --shared-prefix-tokens > 0")
+        if self.models and self.model is not None:
+            raise ValueError("give --model (one model) or --models (a mix), not both")
+        if len(set(self.models)) != len(self.models):
+            raise ValueError(f"--models names a model twice: {','.join(self.models)}")
         return self
 
     def measured_requests(self, concurrency: int) -> int | None:
@@ -178,6 +184,16 @@ class BenchConfig(BaseModel):
     def warmup_for(self, concurrency: int) -> int:
         """Completions excluded as warm-up: by default one round, one per client."""
         return concurrency if self.warmup_requests is None else self.warmup_requests
+
+
+def parse_models(text: str | None) -> tuple[str, ...]:
+    """Parse ``--models a,b,c`` (at least two names; one model is --model)."""
+    if text is None:
+        return ()
+    models = tuple(m.strip() for m in text.split(",") if m.strip())
+    if len(models) < 2:
+        raise BenchInputError(f"--models {text!r} needs two or more comma-separated model names (one is --model)")
+    return models
 
 
 def parse_levels(text: str) -> tuple[int, ...]:

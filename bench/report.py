@@ -279,8 +279,25 @@ def _knee_lines(thr: dict[str, Any], lat: dict[str, Any], rec: dict[str, Any]) -
     ]
 
 
+def model_lines(report: dict[str, Any]) -> list[str]:
+    """With --models: one line per level giving each model's output tok/s and TPOT p50 (ms)."""
+    lines = []
+    for lv in report["levels"]:
+        by_model = lv.get("by_model")
+        if not by_model:
+            continue
+        label = f"c={lv['concurrency']}" if lv["concurrency"] is not None else f"{lv['rate']:g}/s"
+        parts = [
+            f"{name} {_fmt(fig['output_tokens_per_s'])} tok/s, TPOT p50 "
+            f"{_fmt((fig['tpot'] or {}).get('p50'))} ms ({fig['completed']} ok)"
+            for name, fig in by_model.items()
+        ]
+        lines.append(f"{label} per model: " + "; ".join(parts))
+    return lines
+
+
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     console.print(summary_table(report))
-    for line in knee_lines(report):
+    for line in [*model_lines(report), *knee_lines(report)]:
         console.print(line, markup=False, highlight=False, soft_wrap=True)

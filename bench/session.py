@@ -62,7 +62,7 @@ class BenchSession:
     @classmethod
     async def open(cls, cfg: BenchConfig) -> BenchSession:
         model = await resolve_model(cfg)
-        client = OpenAIClient(cfg, model)
+        client = OpenAIClient(cfg, model, cfg.models)
         try:
             await probe(client, 8)
             tokenizer = load_local_tokenizer(model)
@@ -92,7 +92,8 @@ class BenchSession:
             await self.scraper.aclose()
 
     def server_info(self) -> dict[str, Any]:
-        return {"url": self.cfg.url, "model": self.client.model, "engine_family": self.engine_family}
+        info = {"url": self.cfg.url, "model": self.client.model, "engine_family": self.engine_family}
+        return {**info, "models": list(self.cfg.models)} if self.cfg.models else info
 
     async def level(self, concurrency: int, on_start: LevelStart | None = None) -> dict[str, Any]:
         """Run all repeats of one closed-loop level and summarise them."""

@@ -16,6 +16,10 @@ between tokens does not add to the step time until it exceeds it. Closed-loop th
 seconds. It is test infrastructure (the bench's sweeps, the router's replicas, the
 operator's replay) and a way to try `plimsoll bench` without a GPU.
 
+With ``enable_lora`` it also speaks vLLM's LoRA API (``sim_adapters.py``): adapters
+from ``lora_modules`` and the load/unload endpoints, listed by ``/v1/models`` with
+their ``parent``, served like the base model, and the ``lora_requests_info`` gauge.
+
 What it is not: a model. Tokens are the word ``tok``; a prompt's token count is
 its whitespace-separated word count.
 """
@@ -37,6 +41,7 @@ from typing import Any
 import httpx
 
 from plimsoll import metric_names as mn
+from plimsoll.bench.sim_adapters import AdapterError, SimAdapters, adapter_problem, parse_lora_module
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +61,18 @@ class ServiceCurve:
     # Above this many running requests every step takes degrade_factor times as long (0 = never).
     degrade_above: int = 0
     degrade_factor: float = 1.0
+    enable_lora: bool = False  # vLLM's --enable-lora: the adapter endpoints and gauge exist
+    lora_modules: tuple[str, ...] = ()  # name=path adapters registered at start
+    max_loras: int = 4  # the gauge's max_lora label
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # JSON gives a list
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules need enable_lora (vLLM refuses --lora-modules without --enable-lora)")
+        for entry in self.lora_modules:
+            name, path = parse_lora_module(entry)
+            if (problem := adapter_problem(path)) is not None:
+                raise ValueError(f"--lora-modules {name}: {problem}")
         if self.engine not in mn.ENGINE_FAMILIES:
             raise ValueError(f"engine must be one of {sorted(mn.ENGINE_FAMILIES)}, got {self.engine!r}")
         if self.batch_cap < 1:
@@ -112,6 +127,10 @@ class SimEngine:
         self._rng = random.Random(curve.seed)
         self.kv_capacity = curve.kv_capacity_tokens or curve.batch_cap * 2048
         reg = self.registry = CollectorRegistry()
+        self.adapters: SimAdapters | None = None
+        if curve.enable_lora:
+            self.adapters = SimAdapters(curve.model, curve.lora_modules, curve.max_loras, curve.engine)
+            reg.register(self.adapters)
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
             return Counter(name.removesuffix("_total"), doc, labels, registry=reg)
@@ -151,14 +170,23 @@ class SimEngine:
             return "injected"
         return None
 
-    async def generate(self, prompt_tokens: int, max_tokens: int) -> AsyncIterator[int]:
-        """Yield token indices 0..max_tokens-1 on the curve's schedule."""
+    async def generate(self, prompt_tokens: int, max_tokens: int, model: str = "") -> AsyncIterator[int]:
+        """Yield token indices 0..max_tokens-1 on the curve's schedule (``model``: an adapter, counted)."""
         arrived = time.perf_counter()
+        adapters = self.adapters
         self.waiting += 1
+        if adapters is not None:
+            adapters.queued(model)
         try:
             await self._slots.acquire()
+        except BaseException:
+            if adapters is not None:
+                adapters.finished(model, was_running=False)
+            raise
         finally:
             self.waiting -= 1
+        if adapters is not None:
+            adapters.started(model)
         self.running += 1
         start = time.perf_counter()
         self.queue.observe(start - arrived)
@@ -194,6 +222,8 @@ class SimEngine:
             self.kv_tokens -= held
             self.running -= 1
             self._slots.release()
+            if adapters is not None:
+                adapters.finished(model, was_running=True)
 
 
 def _count_tokens(body: dict[str, Any]) -> int:
@@ -256,10 +286,42 @@ def build_app(curve: ServiceCurve) -> Any:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        adapters = engine().adapters
+        cards = adapters.model_cards(int(time.time())) if adapters is not None else []
         return {
             "object": "list",
-            "data": [{"id": curve.model, "object": "model", "owned_by": "plimsoll-sim"}],
+            "data": [{"id": curve.model, "object": "model", "owned_by": "plimsoll-sim"}, *cards],
         }
+
+    async def adapter_call(request: Request, load: bool) -> Any:
+        adapters = engine().adapters
+        if adapters is None:
+            return error(400, "LoRA is not enabled; start the server with --enable-lora", "BadRequestError")
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return error(400, "request body is not JSON", "BadRequestError")
+        if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str):
+            return error(400, "the body needs a string lora_name", "BadRequestError", "lora_name")
+        try:
+            if load:
+                path = body.get("lora_path")
+                adapters.load(body["lora_name"], path if isinstance(path, str) else "")
+            else:
+                adapters.unload(body["lora_name"])
+        except AdapterError as refused:
+            kind = "NotFoundError" if refused.status == 404 else "BadRequestError"
+            return error(refused.status, str(refused), kind, "lora_name")
+        verb = "loaded" if load else "unloaded"
+        return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' {verb} successfully.")
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Any:
+        return await adapter_call(request, load=True)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Any:
+        return await adapter_call(request, load=False)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -273,15 +335,17 @@ def build_app(curve: ServiceCurve) -> Any:
         problem = _request_problem(body, chat)
         if problem is not None:
             return error(400, problem[0], "invalid_request_error", problem[1])
-        if body.get("model") != curve.model:
+        eng = engine()
+        served = {curve.model, *(eng.adapters.paths if eng.adapters is not None else ())}
+        model = body.get("model")
+        if model not in served:
             return error(
                 404,
-                f"The model `{body.get('model')}` does not exist; this server serves `{curve.model}`.",
+                f"The model `{model}` does not exist; this server serves {', '.join(sorted(served))}.",
                 "NotFoundError",
                 "model",
             )
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
-        eng = engine()
         refused = eng.admit()
         if refused == "queue_full":
             return error(429, "waiting queue is full; retry later", "rate_limit_error")
@@ -303,10 +367,10 @@ def build_app(curve: ServiceCurve) -> Any:
                 choice["delta"] = {"role": "assistant", "content": " tok"} if i == 0 else {"content": " tok"}
             else:
                 choice["text"] = " tok"
-            return {"id": rid, "object": kind, "created": created, "model": curve.model, "choices": [choice]}
+            return {"id": rid, "object": kind, "created": created, "model": model, "choices": [choice]}
 
         if not body.get("stream"):
-            async for _ in eng.generate(prompt_tokens, max_tokens):
+            async for _ in eng.generate(prompt_tokens, max_tokens, model):
                 pass
             text = " tok" * max_tokens
             choice = (
@@ -318,7 +382,7 @@ def build_app(curve: ServiceCurve) -> Any:
                 "id": rid,
                 "object": "chat.completion" if chat else "text_completion",
                 "created": created,
-                "model": curve.model,
+                "model": model,
                 "choices": [choice],
                 "usage": usage,
             }
@@ -326,7 +390,7 @@ def build_app(curve: ServiceCurve) -> Any:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[str]:
-            async for i in eng.generate(prompt_tokens, max_tokens):
+            async for i in eng.generate(prompt_tokens, max_tokens, model):
                 finish = "length" if i == max_tokens - 1 else None
                 yield f"data: {json.dumps(chunk(i, finish))}\n\n"
             if include_usage:
@@ -334,7 +398,7 @@ def build_app(curve: ServiceCurve) -> Any:
                     "id": rid,
                     "object": kind,
                     "created": created,
-                    "model": curve.model,
+                    "model": model,
                     "choices": [],
                     "usage": usage,
                 }
@@ -407,20 +471,23 @@ class SimulatorProcess:
             self.kill()
 
 
-def spawn_simulator(curve: ServiceCurve) -> SimulatorProcess:
-    """Start the simulator in a child process on a free port; call :meth:`SimulatorProcess.wait_ready`."""
-    port = free_port()
+def spawn_simulator(curve: ServiceCurve, host: str = "127.0.0.1", port: int | None = None) -> SimulatorProcess:
+    """Start the simulator in a child process (on a free port unless given); call
+    :meth:`SimulatorProcess.wait_ready`. ``host`` is a loopback address (a pod IP in tests)."""
+    port = free_port() if port is None else port
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     args = [
         sys.executable,
         "-m",
         "plimsoll.bench.simulator",
+        "--host",
+        host,
         "--port",
         str(port),
         "--curve",
         json.dumps(asdict(curve)),
     ]
-    return SimulatorProcess(f"http://127.0.0.1:{port}", subprocess.Popen(args, env=env))
+    return SimulatorProcess(f"http://{host}:{port}", subprocess.Popen(args, env=env))
 
 
 @contextlib.contextmanager
@@ -467,10 +534,11 @@ def _main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--curve", default="{}", help="ServiceCurve fields as JSON")
     args = parser.parse_args()
-    serve(ServiceCurve(**json.loads(args.curve)), port=args.port)
+    serve(ServiceCurve(**json.loads(args.curve)), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ lag; the gates that mark a level invalid. What it is not: knee finding.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import Counter
 from typing import Any
@@ -168,7 +169,23 @@ def summarize_level(runs: list[LevelRun], cfg: BenchConfig) -> dict[str, Any]:
         },
         "server": runs[-1].server,
     }
+    if cfg.models:
+        level["by_model"] = {m: model_figures(runs, m) for m in cfg.models}
     return level
+
+
+def model_figures(runs: list[LevelRun], model: str) -> dict[str, Any]:
+    """One model's share of a mixed level: its requests, its output tokens/s in the window, TTFT and TPOT."""
+    own = [dataclasses.replace(run, records=[r for r in run.records if r.model == model]) for run in runs]
+    measured = [r for run in own for r in run.measured]
+    ok = [r for r in measured if r.ok]
+    return {
+        "completed": len(ok),
+        "failed": len(measured) - len(ok),
+        "output_tokens_per_s": statistics.median(window_throughput(run)["output_tokens_per_s"] for run in own),
+        "ttft": distribution_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot": distribution_ms([t for r in ok if (t := r.tpot) is not None]),
+    }
 
 
 def latency_value(level: dict[str, Any], metric: str, pct: str) -> float | None:

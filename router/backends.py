@@ -36,6 +36,11 @@ class Replica:
     # Marked for removal by the operator's scale-down (pod label plimsoll.dev/draining):
     # requests on it finish there, nothing new is sent.
     draining: bool = False
+    # LoRA: adapters the replica serves (its /v1/models cards with a parent; None: not known or
+    # LoRA off) and those with requests running or waiting there now (lora_requests_info), which
+    # sit in its GPU slots, so a request for one costs no adapter swap.
+    adapters: frozenset[str] | None = None
+    active_adapters: frozenset[str] = frozenset()
 
     @property
     def is_ready(self) -> bool:
@@ -124,6 +129,11 @@ class ReplicaSet:
             return
         replica.waiting, replica.running, replica.engine = waiting, running, engine
         replica.last_scrape = time.monotonic()
+
+    def record_adapters(self, url: str, *, adapters: frozenset[str] | None, active: frozenset[str]) -> None:
+        replica = self.replicas.get(url)
+        if replica is not None:
+            replica.adapters, replica.active_adapters = adapters, active
 
     def _notify(self) -> None:
         for callback in self.on_change:

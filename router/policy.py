@@ -3,8 +3,11 @@
 What it is: pure decisions over the replica set's current loads — round-robin
 (the baseline a Kubernetes Service gives), least in-flight (own in-flight count
 plus each replica's scraped waiting queue), prefix affinity (consistent hashing
-of the prompt's leading characters with bounded load), and optional length
-lanes in front of any of them. Each decision carries a reason that ends up in
+of the request's model and the prompt's leading characters with bounded load),
+optional length lanes in front of any of them, and LoRA adapter affinity: a
+request whose ``model`` is an adapter some replicas serve goes to one of those,
+preferring replicas where it is already active (no adapter swap) unless that
+would overload them. Each decision carries a reason that ends up in
 ``plimsoll_router_routing_decisions_total``. What it is not: I/O; the proxy
 calls :meth:`Router.choose` and does the HTTP.
 """
@@ -32,10 +35,11 @@ class AllSaturated(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RequestFeatures:
-    """What routing reads from a request body: the prefix key and a size estimate."""
+    """What routing reads from a request body: the prefix key, a size estimate and the model asked for."""
 
     prefix_key: str
     estimated_tokens: int
+    model: str = ""
 
     @classmethod
     def from_body(cls, body: Any, *, prefix_chars: int, chars_per_token: float = 4.0) -> RequestFeatures:
@@ -49,7 +53,10 @@ class RequestFeatures:
         text, prompt_tokens = _prompt_text(body, chars_per_token)
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         extra = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 0
-        return cls(prefix_key=text[:prefix_chars], estimated_tokens=prompt_tokens + extra)
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        # The model is part of the key: the same prompt under two adapters has two KV prefixes.
+        key = f"{model}\n{text[:prefix_chars]}" if text and model else text[:prefix_chars]
+        return cls(prefix_key=key, estimated_tokens=prompt_tokens + extra, model=model)
 
 
 def _prompt_text(body: dict[str, Any], chars_per_token: float) -> tuple[str, int]:
@@ -197,6 +204,7 @@ class Router:
         self.max_inflight = config.max_inflight_per_replica
         self.lanes: LaneConfig | None = config.lanes
         self.policy = config.policy
+        self._load_factor = config.load_factor
         self.picker: Picker
         if config.policy is Policy.ROUND_ROBIN:
             self.picker = RoundRobin()
@@ -214,8 +222,29 @@ class Router:
         if not available:
             raise AllSaturated()
         candidates, lane = self._lane(available, features)
+        candidates, adapter_reason = self._adapter(candidates, features.model)
         decision = self.picker.pick(candidates, features)
-        return Decision(decision.replica, decision.reason, lane)
+        return Decision(decision.replica, adapter_reason or decision.reason, lane)
+
+    def _adapter(self, candidates: list[Replica], model: str) -> tuple[list[Replica], str | None]:
+        """The candidates serving adapter ``model``; those with it active first, within bounded load.
+
+        No replica serving it (the base model, an unknown name, or nothing scraped yet):
+        every candidate, and the picker's own reason. Active replicas are preferred while
+        the lightest of them carries no more than ``load_factor`` × the serving replicas'
+        mean load (+1), so an adapter's popularity spreads it rather than piling on one pod.
+        """
+        if not model:
+            return candidates, None
+        serving = [r for r in candidates if r.adapters is not None and model in r.adapters]
+        if not serving:
+            return candidates, None
+        active = [r for r in serving if model in r.active_adapters]
+        if active:
+            cap = self._load_factor * (sum(r.load for r in serving) + 1) / len(serving)
+            if min(r.load for r in active) + 1 <= math.ceil(cap):
+                return active, "adapter_active"
+        return serving, "adapter_loaded"
 
     def _lane(self, available: list[Replica], features: RequestFeatures) -> tuple[list[Replica], str]:
         if self.lanes is None:

@@ -3,7 +3,9 @@
 What it is: a loop that, every ``scrape_interval_s``, asks each replica whether
 it is ready (``/ready``, or ``/health`` for engines without it, such as vLLM)
 and reads its waiting and running queues from ``/metrics`` in either the
-plimsoll or the vLLM spelling (:mod:`plimsoll.metric_names`). What it is not:
+plimsoll or the vLLM spelling (:mod:`plimsoll.metric_names`). A replica that
+exports ``lora_requests_info`` (LoRA on) is also asked ``/v1/models`` for the
+adapters it serves; the gauge's labels say which are active. What it is not:
 a metrics store; only the latest values are kept, on the replica itself.
 """
 
@@ -14,17 +16,39 @@ import logging
 
 import httpx
 
-from plimsoll.metric_names import ENGINE_FAMILIES, EngineMetricNames, detect_family
-from plimsoll.prometheus import parse
+from plimsoll.metric_names import ENGINE_FAMILIES, LORA_REQUESTS_INFO_NAMES, EngineMetricNames, detect_family
+from plimsoll.prometheus import Scrape, parse
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 
 
-def parse_queue(text: str, engine: str | None = None) -> tuple[float | None, float | None, str | None]:
+def active_adapters(scrape: Scrape) -> frozenset[str] | None:
+    """Adapters named running or waiting by the newest ``lora_requests_info`` sample; None without the gauge.
+
+    The gauge's value is the time its labels were set, so when an engine leaves older
+    label sets behind, the largest value is the current one.
+    """
+    rows = [row for name in LORA_REQUESTS_INFO_NAMES for row in scrape.samples.get(name, [])]
+    if not rows:
+        return None
+    labels, _ = max(rows, key=lambda row: row[1])
+    names = f"{labels.get('running_lora_adapters', '')},{labels.get('waiting_lora_adapters', '')}"
+    return frozenset(n for n in names.split(",") if n)
+
+
+def served_adapters(models: object) -> frozenset[str]:
+    """Adapter names in a ``/v1/models`` answer: the cards with a ``parent`` (the base model)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return frozenset(
+        str(card["id"]) for card in data or [] if isinstance(card, dict) and card.get("parent") and "id" in card
+    )
+
+
+def parse_queue(text: str | Scrape, engine: str | None = None) -> tuple[float | None, float | None, str | None]:
     """Return (waiting, running, engine family name) summed over label sets from an exposition text."""
-    scrape = parse(text)
+    scrape = parse(text) if isinstance(text, str) else text
     names: EngineMetricNames | None = (
         ENGINE_FAMILIES[engine] if engine is not None else detect_family(scrape.names())
     )
@@ -78,12 +102,24 @@ class Scraper:
         try:
             response = await self._client.get(f"{replica.url}/metrics", timeout=self._timeout)
             response.raise_for_status()
-            waiting, running, engine = parse_queue(response.text, self._engine)
+            scrape = parse(response.text)
+            waiting, running, engine = parse_queue(scrape, self._engine)
         except (httpx.HTTPError, ValueError) as exc:
             # Routing still works on the router's own in-flight count without a scrape.
             log.debug("scrape of %s failed: %s", replica.url, exc)
             return
         self._replica_set.record_scrape(replica.url, waiting=waiting, running=running, engine=engine)
+        active = active_adapters(scrape)
+        adapters: frozenset[str] | None = None
+        if active is not None:
+            try:
+                models = await self._client.get(f"{replica.url}/v1/models", timeout=self._timeout)
+                models.raise_for_status()
+                adapters = served_adapters(models.json()) | active
+            except (httpx.HTTPError, ValueError) as exc:
+                log.debug("adapter list of %s failed: %s", replica.url, exc)
+                adapters = active  # at least those it is running
+        self._replica_set.record_adapters(replica.url, adapters=adapters, active=active or frozenset())
 
     async def _probe(self, url: str) -> bool:
         if url not in self._health_only:

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from plimsoll.operator.api.base import API_VERSION, KIND, APIModel
 from plimsoll.operator.api.spec import LLMServiceSpec
@@ -28,6 +28,14 @@ class LLMService(APIModel):
     metadata: ObjectMeta
     spec: LLMServiceSpec
     status: LLMServiceStatus = Field(default_factory=lambda: LLMServiceStatus.model_validate({}))
+
+    @model_validator(mode="after")
+    def _adapters_apart_from_base(self) -> "LLMService":
+        if any(a.name == self.served_name for a in self.spec.adapters):
+            raise ValueError(
+                f"adapters: {self.served_name!r} is the base model's served name; give the adapter another name"
+            )
+        return self
 
     @classmethod
     def from_body(cls, body: Any) -> "LLMService":

@@ -6,7 +6,8 @@ namespace), ``hf://org/name[@revision]`` (a Hugging Face repository, fetched by
 branch, tag or commit, default ``main``),
 ``file:///path`` (a path baked into the image) and ``embedded://smollm2-135m``
 (the model shipped inside the plimsoll image). This module parses; it does not
-mount volumes or fetch anything (that is ``resources.deployment``).
+mount volumes or fetch anything (that is ``resources.deployment``). LoRA adapters
+(``spec.adapters``) take the same forms except ``embedded://``.
 """
 
 import re
@@ -27,6 +28,13 @@ MODEL_URI_PATTERN = (
     rf"|embedded://({'|'.join(EMBEDDED_MODELS)}))$"
 )
 _MODEL_URI = re.compile(MODEL_URI_PATTERN)
+# A LoRA adapter comes from the same places, except the image's embedded models.
+ADAPTER_URI_PATTERN = (
+    rf"^(pvc://{_DNS_LABEL}(/[^/].*)?"
+    rf"|hf://{_HF_PART}/{_HF_PART}(@{_HF_REVISION})?"
+    r"|file:///.+)$"
+)
+_ADAPTER_URI = re.compile(ADAPTER_URI_PATTERN)
 
 Scheme = Literal["pvc", "hf", "file", "embedded"]
 
@@ -53,6 +61,20 @@ def parse_model_uri(uri: str) -> ModelLocation:
             f"model.uri {uri!r} is not one of pvc://<claim>[/path], hf://<org>/<name>[@revision], "
             f"file:///<absolute path> or embedded://<{'|'.join(EMBEDDED_MODELS)}>"
         )
+    return _parse(uri)
+
+
+def parse_adapter_uri(uri: str) -> ModelLocation:
+    """Parse an adapter URI (pvc://, hf:// or file://), or raise ValueError saying which forms are accepted."""
+    if not _ADAPTER_URI.match(uri):
+        raise ValueError(
+            f"adapter uri {uri!r} is not one of pvc://<claim>[/path], hf://<org>/<name>[@revision] "
+            "or file:///<absolute path>"
+        )
+    return _parse(uri)
+
+
+def _parse(uri: str) -> ModelLocation:
     scheme, rest = uri.split("://", 1)
     if scheme == "pvc":
         claim, _, path = rest.partition("/")

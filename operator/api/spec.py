@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
-from plimsoll.operator.api.model_uri import MODEL_URI_PATTERN, parse_model_uri
+from plimsoll.operator.api.model_uri import ADAPTER_URI_PATTERN, MODEL_URI_PATTERN, parse_model_uri
 
 EngineKind = Literal["plimsoll", "vllm"]
 CapacityMode = Literal["Profile", "Manual"]
@@ -23,6 +23,10 @@ RouterPolicy = Literal["least-in-flight", "prefix-affinity"]
 RouterMode = Literal["plimsoll", "inferencePool"]
 # Volume names the builders use themselves; a user volume may not take one.
 RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp")
+# Adapter claims other than the model's are mounted as volumes named lora-<hash>.
+RESERVED_VOLUME_PREFIX = "lora-"
+# --max-loras when LoRA is on and engine.maxLoras is unset (vLLM's own default, 1, swaps on every mix).
+DEFAULT_MAX_LORAS = 4
 
 DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -106,6 +110,24 @@ class EnvVar(APIModel):
     value_from: FreeForm | None = Field(None, description="A Kubernetes EnvVarSource, passed through.")
 
 
+class AdapterSpec(APIModel):
+    """One LoRA adapter served on the base model's replicas, selected by a request's model field."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="Model name clients pass to use this adapter (vLLM's lora_name).",
+    )
+    uri: str = Field(
+        pattern=ADAPTER_URI_PATTERN,
+        description="Where the PEFT adapter directory is: pvc://<claim>[/path] or file:///<path> (loaded and "
+        "unloaded on running replicas without a restart; a claim other than the model's is mounted, which "
+        "rolls the pods once), or hf://<org>/<name>[@revision] (downloaded when a pod starts, so adding or "
+        "removing one rolls the pods).",
+    )
+
+
 class EngineSpec(APIModel):
     """The inference engine each replica runs and its batching/KV settings."""
 
@@ -139,6 +161,17 @@ class EngineSpec(APIModel):
         None,
         description="--scheduling-policy: priority serves a request's lower `priority` first, with fair "
         "share across x-gateway-inference-fairness-id tenants (plimsoll); vLLM knows fcfs and priority.",
+    )
+    enable_lora: bool | None = Field(
+        None,
+        description="--enable-lora; unset: on when spec.adapters is not empty. Set true to add the first "
+        "adapter later without a restart (turning LoRA on changes the engine's flags, so it rolls the pods).",
+    )
+    max_loras: PositiveInt | None = Field(
+        None, description=f"--max-loras: adapters batched in one step (default {DEFAULT_MAX_LORAS})."
+    )
+    max_lora_rank: PositiveInt | None = Field(
+        None, description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset)."
     )
 
 
@@ -545,6 +578,12 @@ class LLMServiceSpec(APIModel):
         default_factory=list,
         description="Where the engine container mounts them (Kubernetes VolumeMount objects).",
     )
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        description="LoRA adapters on the base model: loaded on every Ready replica through the engine's API "
+        "(POST /v1/load_lora_adapter), unloaded when removed; status.adapters says where each is loaded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "LLMServiceSpec":
@@ -552,10 +591,10 @@ class LLMServiceSpec(APIModel):
         for volume in self.volumes:
             if not isinstance(volume.get("name"), str) or not volume["name"]:
                 raise ValueError("every entry of volumes needs a name")
-            if volume["name"] in RESERVED_VOLUME_NAMES:
+            if volume["name"] in RESERVED_VOLUME_NAMES or volume["name"].startswith(RESERVED_VOLUME_PREFIX):
                 raise ValueError(
                     f"volume name {volume['name']!r} is used by the operator "
-                    f"({', '.join(RESERVED_VOLUME_NAMES)}); pick another"
+                    f"({', '.join(RESERVED_VOLUME_NAMES)}, {RESERVED_VOLUME_PREFIX}*); pick another"
                 )
         names = {v["name"] for v in self.volumes}
         for mount in self.volume_mounts:
@@ -573,6 +612,7 @@ class LLMServiceSpec(APIModel):
                 "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "
                 "use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
+        self._check_adapters()
         if (
             self.replicas is not None
             and self.scaling is not None
@@ -614,6 +654,18 @@ class LLMServiceSpec(APIModel):
         if self.engine.tensor_parallel_size is not None:
             return self.engine.tensor_parallel_size
         return max(1, self.resources.gpu.count)
+
+    def _check_adapters(self) -> None:
+        names = [a.name for a in self.adapters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"adapters: each name once; {', '.join(twice)} appear more than once")
+        if self.adapters and self.engine.enable_lora is False:
+            raise ValueError("adapters need LoRA: remove engine.enableLora false, or the adapters")
+
+    def lora_enabled(self) -> bool:
+        """--enable-lora: asked for, or implied by declared adapters."""
+        return bool(self.engine.enable_lora) or (self.engine.enable_lora is None and bool(self.adapters))
 
     def router_in_front(self) -> bool:
         """The router runs when asked for, and always with scaling.min 0: it holds requests at zero."""

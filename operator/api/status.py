@@ -22,6 +22,7 @@ ConditionType = Literal[
     "ScalingLimited",
     "SLOAtRisk",
     "ModelReady",
+    "AdaptersReady",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -38,8 +39,8 @@ class Condition(APIModel):
     """One observation about the LLMService (metav1.Condition shape)."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ScalingLimited, SLOAtRisk or "
-        "ModelReady (an hf:// model's download)."
+        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ScalingLimited, SLOAtRisk, "
+        "ModelReady (an hf:// model's download) or AdaptersReady (spec.adapters loaded on every Ready replica)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason.")
@@ -105,6 +106,24 @@ class LastProfileStatus(APIModel):
     error: str | None = Field(None, description="Why the last request gave no profile.")
 
 
+class AdapterLoadFailure(APIModel):
+    """A replica that refused to load an adapter, and what its engine said."""
+
+    pod: str = Field(description="The replica pod.")
+    message: str = Field(description="The engine's answer to POST /v1/load_lora_adapter.")
+
+
+class AdapterStatus(APIModel):
+    """Where one declared LoRA adapter is loaded."""
+
+    name: str = Field(description="The adapter (spec.adapters[].name).")
+    uri: str = Field(description="Where it was loaded from.")
+    loaded_on: list[str] = Field(default_factory=list, description="Ready replica pods that serve it.")
+    failures: list[AdapterLoadFailure] = Field(
+        default_factory=list, description="Replicas that refused it (retried on every resync)."
+    )
+
+
 class LLMServiceStatus(APIModel):
     """Observed state of an LLMService."""
 
@@ -126,6 +145,9 @@ class LLMServiceStatus(APIModel):
     )
     cold_start: FreeForm | None = Field(
         None, description="Measured times from a replica being needed to Ready (samplesSeconds, p95Seconds, last)."
+    )
+    adapters: list[AdapterStatus] | None = Field(
+        None, description="Each declared LoRA adapter and the Ready replicas it is loaded on."
     )
     scale_down: FreeForm | None = Field(
         None, description="The two-phase scale-down: pods being drained, why it ended, requestsCutTotal."

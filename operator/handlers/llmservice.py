@@ -20,6 +20,7 @@ import kopf
 from pydantic import ValidationError
 
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from plimsoll.operator.handlers.adapters import sync_adapters
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.reconcile import parse, reconcile, write_status
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, MANAGED_BY
@@ -142,6 +143,8 @@ async def _on_child(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger) 
             await write_status(memo.kube, owner, svc, replicas)
         elif component == "replica":
             await write_status(memo.kube, owner, svc, obj)
+            # A replica that just turned Ready gets its adapters now, not at the next resync.
+            await sync_adapters(memo.kube, owner, svc, logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_FILTER)

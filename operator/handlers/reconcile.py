@@ -16,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.adapters import sync_adapters
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.inference_pool import remove_unused_inference_pool
 from plimsoll.operator.handlers.initial_sizing import apply_start_size
@@ -238,6 +239,8 @@ async def _reconcile(
     # After write_status: it sets ScalingLimited on the freshest copy, so neither overwrites the other.
     await ensure_external_autoscaler(kube, body, svc, logger)
     await report_model_download(kube, body, svc, logger)
+    # Adapters are loaded through the replicas' API, not the pod template: a change never rolls the pods.
+    await sync_adapters(kube, body, svc, logger)
     return Outcome(tuple(created), tuple(updated), ready)
 
 

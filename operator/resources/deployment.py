@@ -10,9 +10,10 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
+from plimsoll.operator.resources.adapters import adapter_placement, fetch_container_name
 from plimsoll.operator.resources.engine import engine_container
 from plimsoll.operator.resources.labels import common_labels, selector_labels
-from plimsoll.operator.resources.model_fetch import build_fetch_container
+from plimsoll.operator.resources.model_fetch import build_fetch_container, cache_volume
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 # Non-root identity shared by the plimsoll image (Dockerfile) and applied to vLLM's.
@@ -23,6 +24,7 @@ def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, 
     """The pod template of a serving pod (a Deployment's replica, or a LeaderWorkerSet's leader)."""
     spec = svc.spec
     container, placement = engine_container(svc, settings)
+    adapters = adapter_placement(svc)
     tolerations = list(spec.scheduling.tolerations)
     if spec.resources.gpu.count > 0:
         # GPU nodes are commonly tainted with their resource name; a GPU pod belongs there.
@@ -45,6 +47,8 @@ def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, 
         "containers": [container],
         "volumes": [
             *placement.volumes,
+            *adapters.volumes,
+            *([cache_volume(svc)] if adapters.needs_cache_volume else []),
             # vLLM and torch use shared memory between workers; the default 64 MiB is too small.
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
             {"name": "tmp", "emptyDir": {}},
@@ -52,8 +56,13 @@ def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, 
         ],
     }
     location = parse_model_uri(spec.model.uri)
-    if location.scheme == "hf":
-        pod_spec["initContainers"] = [build_fetch_container(svc, location, settings)]
+    init = [build_fetch_container(svc, location, settings)] if location.scheme == "hf" else []
+    for name, adapter_location in adapters.hf_locations:
+        # hf:// adapters are downloaded at pod start like the model; the engine loads them through its API.
+        fetch = build_fetch_container(svc, adapter_location, settings)
+        init.append({**fetch, "name": fetch_container_name(name)})
+    if init:
+        pod_spec["initContainers"] = init
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.image_pull_secrets:

@@ -11,6 +11,7 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
+from plimsoll.operator.resources.adapters import VLLM_RUNTIME_LORA_ENV, adapter_placement, lora_flags
 from plimsoll.operator.resources.model_fetch import (
     MODEL_CACHE_MOUNT,
     MODEL_CACHE_VOLUME,
@@ -18,9 +19,7 @@ from plimsoll.operator.resources.model_fetch import (
     hf_local_dir,
 )
 from plimsoll.operator.resources.quantity import to_bytes
-from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
-
-MODEL_MOUNT = "/mnt/models"
+from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, BuildSettings
 
 
 @dataclass
@@ -93,7 +92,7 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
         args += ["--tensor-parallel-size", str(tp)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
-    return args + list(engine.args)
+    return args + lora_flags(svc) + list(engine.args)
 
 
 def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
@@ -150,6 +149,10 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
     """The engine container and the volumes it needs."""
     spec = svc.spec
     placement = model_placement(svc)
+    adapters = adapter_placement(svc)
+    env = [*placement.env]
+    if spec.engine.kind == "vllm" and spec.lora_enabled():
+        env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
     if spec.engine.kind == "plimsoll":
         image = spec.engine.image or settings.plimsoll_image
         command: list[str] | None = ["plimsoll"]
@@ -174,7 +177,7 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         **({"command": command} if command else {}),
         "args": args,
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "env": [*placement.env, *(e.to_api() for e in spec.engine.env)],
+        "env": [*env, *(e.to_api() for e in spec.engine.env)],
         "resources": {k: v for k, v in resources.items() if v},
         **probes(svc),
         "securityContext": {
@@ -184,6 +187,7 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         },
         "volumeMounts": [
             *placement.mounts,
+            *adapters.mounts,
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
             *spec.volume_mounts,

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from plimsoll import __version__
 
 ENGINE_PORT = 8000
+# Where a pvc:// model's claim is mounted in the engine container (adapters on that claim are read there too).
+MODEL_MOUNT = "/mnt/models"
 
 
 class BuildSettings(BaseModel):

@@ -34,6 +34,7 @@ CASES = {
     "embedded": ROOT / "examples" / "llmservice-embedded.yaml",
     "qwen-vllm": ROOT / "examples" / "llmservice-qwen-vllm.yaml",
     "hf-gateway": ROOT / "examples" / "llmservice-hf-gateway.yaml",
+    "lora-vllm": ROOT / "examples" / "llmservice-lora.yaml",
 }
 
 
