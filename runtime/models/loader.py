@@ -8,11 +8,14 @@ errors. What it is not: a downloader; nothing here talks to a hub.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from plimsoll.runtime.models.llama import LlamaForCausalLM, check_architecture, fuse_hf_state_dict
+
+if TYPE_CHECKING:
+    from plimsoll.runtime.distributed.group import TensorParallelGroup
 
 
 @dataclass
@@ -80,8 +83,13 @@ def _eos_token_ids(directory: Path, gguf_file: str | None, hf_config: Any, token
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: str | torch.device = "cpu", quantization: str | None = None
+    model: str,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    quantization: str | None = None,
+    tensor_parallel: "TensorParallelGroup | None" = None,
 ) -> LoadedModel:
+    """Load ``model``; with ``tensor_parallel``, keep only that rank's shard (before the copy to ``device``)."""
     from transformers import AutoConfig, AutoTokenizer
 
     directory, gguf_file = resolve_model_path(model)
@@ -111,6 +119,10 @@ def load_model(
     from plimsoll.runtime.models.llama import RotaryEmbedding
 
     net.model.rotary_emb = RotaryEmbedding(hf_config)
+    if tensor_parallel is not None and tensor_parallel.world_size > 1:
+        from plimsoll.runtime.models.tensor_parallel import shard_model
+
+        shard_model(net, tensor_parallel)
     net = net.to(device=device, dtype=dtype).eval()
     if quantization is not None:
         from plimsoll.runtime.models.quant import quantize_model
