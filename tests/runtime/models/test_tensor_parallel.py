@@ -71,7 +71,9 @@ def test_tp2_prefix_caching_and_preemption_reach_the_worker(tiny_model_dir: Any)
             outs = llm.generate(first, params) + llm.generate(batch, params)
         results.append(([o.outputs[0].token_ids for o in outs], seen))
     (ref, one), (got, two) = results
-    print(f"TP=1 preemptions {one.preemptions} hits {one.hits}; TP=2 preemptions {two.preemptions} hits {two.hits}")
+    print(
+        f"TP=1 preemptions {one.preemptions} hits {one.hits}; TP=2 preemptions {two.preemptions} hits {two.hits}"
+    )
     assert got == ref
     assert two.preemptions > 0 and two.hits >= 32  # the batch hit the first request's two prefix blocks
 
@@ -100,7 +102,9 @@ def test_tp2_replicates_a_kv_head_shared_by_both_ranks(tmp_path: Path) -> None:
 def test_shapes_that_cannot_split_are_refused_with_the_reason() -> None:
     from transformers import LlamaConfig
 
-    smollm = LlamaConfig(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, intermediate_size=1536)
+    smollm = LlamaConfig(
+        num_attention_heads=9, num_key_value_heads=3, hidden_size=576, intermediate_size=1536
+    )
     with pytest.raises(ValueError, match=r"does not divide the model's 9 attention heads"):
         check_tensor_parallel(smollm, 2)
     check_tensor_parallel(smollm, 3)  # 9 / 3 heads, 3 / 3 KV heads, 1536 / 3 columns
@@ -116,7 +120,9 @@ def test_shapes_that_cannot_split_are_refused_with_the_reason() -> None:
 
 
 def test_a_refused_split_fails_the_engine_before_any_step(tiny_model_dir: Any) -> None:
-    with pytest.raises(ValueError, match=r"tensor_parallel_size=3 does not divide the model's 4 attention heads"):
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_size=3 does not divide the model's 4 attention heads"
+    ):
         LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="1MiB", tensor_parallel_size=3)
 
 
@@ -127,7 +133,9 @@ def test_embedded_model_tp3_equals_tp1() -> None:
     prompts = ["The capital of France is", "def fibonacci(n):"]
     outs = []
     for tp in (1, 3):
-        with LLM(model="smollm2-135m", kv_cache_memory="64MiB", max_model_len=64, tensor_parallel_size=tp) as llm:
+        with LLM(
+            model="smollm2-135m", kv_cache_memory="64MiB", max_model_len=64, tensor_parallel_size=tp
+        ) as llm:
             outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
     print(f"smollm2 TP=1 {outs[0]}\nsmollm2 TP=3 {outs[1]}")
     assert outs[1] == outs[0]
