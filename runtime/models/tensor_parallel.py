@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from plimsoll import tp_split
 from plimsoll.runtime.distributed.group import TensorParallelGroup
 from plimsoll.runtime.models.dense import Linear
 
@@ -36,31 +37,15 @@ def _heads(config: Any) -> tuple[int, int, int]:
 
 def check_tensor_parallel(config: Any, tp: int) -> None:
     """Raise ``ValueError`` saying why ``config`` cannot be split over ``tp`` ranks (None if it can)."""
-    if tp == 1:
-        return
     num_heads, num_kv_heads, _ = _heads(config)
-    sizes = f"try a tensor_parallel_size that divides {num_heads}"
-    if num_heads % tp:
-        raise ValueError(
-            f"tensor_parallel_size={tp} does not divide the model's {num_heads} attention heads; {sizes}"
-        )
-    if num_kv_heads % tp and tp % num_kv_heads:
-        raise ValueError(
-            f"tensor_parallel_size={tp} neither divides the model's {num_kv_heads} KV heads nor is a "
-            f"multiple of them (so they can be neither split nor replicated evenly); {sizes} and either "
-            f"divides or is a multiple of {num_kv_heads}"
-        )
-    if int(config.intermediate_size) % tp:
-        raise ValueError(
-            f"tensor_parallel_size={tp} does not divide the model's intermediate_size "
-            f"{config.intermediate_size}; pick one that does"
-        )
+    error = tp_split.split_error(num_heads, num_kv_heads, int(config.intermediate_size), tp)
+    if error is not None:
+        raise ValueError(error)
 
 
 def kv_heads_per_rank(config: Any, tp: int) -> int:
     """KV heads each rank caches: its share, or one replicated head when there are fewer than ranks."""
-    _, num_kv_heads, _ = _heads(config)
-    return max(1, num_kv_heads // tp)
+    return tp_split.kv_heads_per_rank(_heads(config)[1], tp)
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -77,10 +62,9 @@ def _shard_attention(attn: nn.Module, config: Any, group: TensorParallelGroup) -
     tp, rank = group.world_size, group.rank
     num_heads, num_kv_heads, head_dim = _heads(config)
     local_heads = num_heads // tp
-    if num_kv_heads >= tp:
-        local_kv, first_kv = num_kv_heads // tp, rank * (num_kv_heads // tp)
-    else:  # replicated: the KV head this rank's query heads read
-        local_kv, first_kv = 1, rank * num_kv_heads // tp
+    local_kv = tp_split.kv_heads_per_rank(num_kv_heads, tp)
+    # Split: this rank's share; replicated: the one KV head this rank's query heads read.
+    first_kv = rank * local_kv if num_kv_heads >= tp else rank * num_kv_heads // tp
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
 
     def rows(t: torch.Tensor) -> torch.Tensor:  # [q | k | v] -> this rank's [q | k | v]
@@ -145,8 +129,7 @@ class VocabParallelEmbedding(nn.Module):
 
 def _vocab_rows(weight: torch.Tensor, group: TensorParallelGroup) -> tuple[torch.Tensor, int]:
     """This rank's rows of a ``[V, hidden]`` matrix, zero-padded to ``ceil(V / tp)``, and its first id."""
-    vocab = weight.shape[0]
-    per_rank = -(-vocab // group.world_size)
+    per_rank = tp_split.vocab_per_rank(weight.shape[0], group.world_size)
     first = group.rank * per_rank
     part = weight[first : first + per_rank]
     if part.shape[0] < per_rank:
