@@ -60,9 +60,10 @@ class AsyncEngine:
             engine.warmup()
             return engine
 
-        self.engine = await asyncio.to_thread(build)
-        if self.engine.executor is not None:
-            self.engine.executor.on_failure = self._die  # a rank died, maybe while this loop idles
+        engine = await asyncio.to_thread(build)
+        self.engine = engine
+        if engine.executor is not None:
+            engine.executor.on_failure = self._die  # a rank died, maybe while this loop idles
         self._thread = threading.Thread(target=self._loop, name="plimsoll-engine", daemon=True)
         self._thread.start()
         self.is_ready = True

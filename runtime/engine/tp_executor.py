@@ -155,7 +155,7 @@ class TensorParallelExecutor:
         ready = multiprocessing.connection.wait(list(sentinels))
         if self._closing:
             return
-        rank, proc = sentinels[ready[0]]  # type: ignore[index]
+        rank, proc = sentinels[ready[0]]
         proc.join(1.0)
         self.failure = TensorParallelError(
             f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}; "

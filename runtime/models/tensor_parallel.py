@@ -26,6 +26,7 @@ from torch.nn import functional as F
 from plimsoll import tp_split
 from plimsoll.runtime.distributed.group import TensorParallelGroup
 from plimsoll.runtime.models.dense import Linear
+from plimsoll.runtime.models.llama import MLP, Attention, DecoderLayer, LlamaForCausalLM
 
 
 def _heads(config: Any) -> tuple[int, int, int]:
@@ -54,11 +55,11 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 def _set_linear(layer: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     layer.weight = _param(weight)
-    layer.bias = None if bias is None else _param(bias)
+    layer.bias = None if bias is None else _param(bias)  # type: ignore[assignment]  # nn.Linear's bias is Optional
     layer.out_features, layer.in_features = weight.shape
 
 
-def _shard_attention(attn: nn.Module, config: Any, group: TensorParallelGroup) -> None:
+def _shard_attention(attn: Attention, config: Any, group: TensorParallelGroup) -> None:
     tp, rank = group.world_size, group.rank
     num_heads, num_kv_heads, head_dim = _heads(config)
     local_heads = num_heads // tp
@@ -82,7 +83,7 @@ def _shard_attention(attn: nn.Module, config: Any, group: TensorParallelGroup) -
     attn.q_size, attn.kv_size = local_heads * head_dim, local_kv * head_dim
 
 
-def _shard_mlp(mlp: nn.Module, group: TensorParallelGroup) -> None:
+def _shard_mlp(mlp: MLP, group: TensorParallelGroup) -> None:
     tp, rank = group.world_size, group.rank
     size = mlp.intermediate_size
     local = size // tp
@@ -137,20 +138,22 @@ def _vocab_rows(weight: torch.Tensor, group: TensorParallelGroup) -> tuple[torch
     return part, first
 
 
-def shard_model(net: nn.Module, group: TensorParallelGroup) -> nn.Module:
+def shard_model(net: LlamaForCausalLM, group: TensorParallelGroup) -> LlamaForCausalLM:
     """Keep this rank's share of ``net`` (a ``LlamaForCausalLM``), in place; see the module docstring."""
     config = net.config
     check_tensor_parallel(config, group.world_size)
     decoder = net.model
     for layer in decoder.layers:
+        assert isinstance(layer, DecoderLayer)
         _shard_attention(layer.self_attn, config, group)
         _shard_mlp(layer.mlp, group)
     vocab = int(config.vocab_size)
     embed_rows, first = _vocab_rows(decoder.embed_tokens.weight.data, group)
-    decoder.embed_tokens = VocabParallelEmbedding(embed_rows, first, group)
+    embedding = VocabParallelEmbedding(embed_rows, first, group)
+    decoder.embed_tokens = embedding  # same forward contract as nn.Embedding
     if net.tie_word_embeddings:
         head = Linear(embed_rows.shape[1], embed_rows.shape[0], bias=False, device="meta")
-        head.weight = decoder.embed_tokens.weight  # tied: the same shard serves both
+        head.weight = embedding.weight  # tied: the same shard serves both
         net.lm_head = head
         net.tie_word_embeddings = False
     else:
@@ -158,7 +161,8 @@ def shard_model(net: nn.Module, group: TensorParallelGroup) -> nn.Module:
         _set_linear(net.lm_head, head_rows, None)
 
     def gather_logits(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
-        return group.gather_last_dim(output)[..., :vocab]  # [S, V] on rank 0
+        gathered: torch.Tensor = group.gather_last_dim(output)[..., :vocab]  # [S, V] on rank 0
+        return gathered
 
     net.lm_head.register_forward_hook(gather_logits)
     return net
