@@ -39,6 +39,10 @@ def test_tp2_greedy_equals_tp1(tiny_model_dir: Any, arch: str) -> None:
     assert two.engine.num_blocks == 2 * one.engine.num_blocks
     kv_shape = two.engine.runner.kv_caches[0][0].shape  # [blocks, block_size, kv_heads, head_dim]
     assert kv_shape[2] == tiny_config(arch).num_key_value_heads // 2
+    executor = two.engine.executor
+    assert executor is not None and [p.exitcode for p in executor.workers] == [
+        0
+    ]  # close() stopped it cleanly
 
 
 class Recorder:
@@ -76,6 +80,41 @@ def test_tp2_prefix_caching_and_preemption_reach_the_worker(tiny_model_dir: Any)
     )
     assert got == ref
     assert two.preemptions > 0 and two.hits >= 32  # the batch hit the first request's two prefix blocks
+
+
+class Drafts:
+    def __init__(self) -> None:
+        self.drafts = 0
+
+    def on_step(self, stats: StepStats) -> None:
+        self.drafts += stats.spec_num_drafts
+
+    def on_request_finished(self, output: RequestOutput) -> None:
+        pass
+
+
+def test_tp2_speculative_decoding_keeps_tp1_greedy_tokens(tiny_model_dir: Any) -> None:
+    """n-gram proposals are verified by a k + 1-row forward on both ranks; rejected ones roll back on rank 0."""
+    model = str(tiny_model_dir("llama"))
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    # Every byte id once: whatever token comes out, the prompt holds it, so n-gram lookup proposes.
+    prompts = [list(range(3, 259)), list(range(258, 2, -1))]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    with LLM(model=model, kv_cache_memory="2MiB", max_model_len=512) as plain:
+        ref = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    seen = Drafts()
+    with LLM(
+        model=model,
+        observer=seen,
+        kv_cache_memory="2MiB",
+        max_model_len=512,
+        speculative_config=spec,
+        tensor_parallel_size=2,
+    ) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    print(f"TP=2 with ngram: {seen.drafts} drafts")
+    assert got == ref
+    assert seen.drafts > 0
 
 
 def _write_llama(directory: Path, **overrides: Any) -> Path:
