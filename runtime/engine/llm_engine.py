@@ -27,7 +27,8 @@ from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
-from plimsoll.runtime.models.loader import load_model
+from plimsoll.runtime.models.loader import load_model, read_hf_config
+from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class LLMEngine:
         # Tensor parallelism: this process is rank 0; the executor spawns and drives the others.
         self.executor: TensorParallelExecutor | None = None
         if config.tensor_parallel_size > 1:
+            # A shape that cannot split is refused before any worker process starts.
+            check_tensor_parallel(read_hf_config(config.model), config.tensor_parallel_size)
             self.executor = TensorParallelExecutor(config)
         try:
             self._build(config)

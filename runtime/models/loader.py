@@ -52,6 +52,15 @@ def resolve_model_path(model: str) -> tuple[Path, str | None]:
     )
 
 
+def read_hf_config(model: str) -> Any:
+    """The model's transformers config alone (no weights, no tokenizer)."""
+    from transformers import AutoConfig
+
+    directory, gguf_file = resolve_model_path(model)
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoConfig.from_pretrained(str(directory), **extra)
+
+
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
