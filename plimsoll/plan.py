@@ -6,8 +6,16 @@ replicas a load needs, with every step shown —
 - parameters estimated from the config's dimensions (Llama-family decoders:
   embeddings, attention with grouped-query KV heads, gated MLP or mixture of
   experts, norms), weight bytes = parameters × dtype bytes;
-- KV bytes per token = 2 × layers × kv_heads × head_dim × KV dtype bytes;
-- KV tokens that fit = (GPU memory × GPUs × memory fraction − weights) ÷ KV bytes per token;
+- tensor parallelism over N GPUs per replica (vLLM's ``--tensor-parallel-size``, as
+  ``plimsoll serve`` shards): query heads, MLP columns and the vocabulary are split
+  N ways, KV heads split or (fewer KV heads than GPUs) replicated, norms replicated
+  (``plimsoll/tp_split.py``), so every figure below is per GPU: weight bytes per
+  GPU, KV bytes per token per GPU (its KV heads only);
+- KV bytes per token = 2 × layers × kv_heads (per GPU) × head_dim × KV dtype bytes;
+- KV tokens that fit = (GPU memory × memory fraction − weight bytes per GPU) ÷ KV bytes
+  per token per GPU (every GPU holds the same tokens: block tables are shared);
+- GPUs a replica needs: the smallest valid split whose weights per GPU leave room for
+  one sequence at full context;
 - concurrent sequences at a context length = KV tokens ÷ context length;
 - with a bench report (its per-replica recommendation) or a given per-replica
   concurrency and a target load (concurrency, or requests/s × latency by
@@ -28,6 +36,7 @@ from typing import Annotated, Any
 
 import typer
 
+from plimsoll import tp_split
 from plimsoll.byte_size import parse_bytes
 
 DTYPE_BYTES: dict[str, float] = {
@@ -139,6 +148,43 @@ def int8_weight_bytes(d: ModelDims) -> int:
     return matrices + 4 * (rows + other)
 
 
+def parameters_per_gpu(d: ModelDims, tp: int) -> int:
+    """Parameters one GPU holds when the replica is split ``tp`` ways (``parameter_count`` at 1)."""
+    q_out = d.heads * d.head_dim // tp
+    kv_out = tp_split.kv_heads_per_rank(d.kv_heads, tp) * d.head_dim
+    attention = d.hidden * q_out + 2 * d.hidden * kv_out + q_out * d.hidden
+    if d.qkv_bias:
+        attention += q_out + 2 * kv_out
+    mlp = 3 * d.hidden * (d.intermediate // tp) * d.experts
+    router = d.hidden * d.experts if d.experts > 1 else 0  # replicated
+    norms = 2 * d.hidden  # replicated
+    embeddings = tp_split.vocab_per_rank(d.vocab, tp) * d.hidden * (1 if d.tied_embeddings else 2)
+    return d.layers * (attention + mlp + router + norms) + embeddings + d.hidden
+
+
+def weight_bytes_per_gpu(d: ModelDims, tp: int, dtype: str) -> float:
+    if dtype.lower() == "int8":  # the int8 layout's overhead (scales, float32 norms) shared out pro rata
+        return int8_weight_bytes(d) * parameters_per_gpu(d, tp) / parameter_count(d)
+    return parameters_per_gpu(d, tp) * dtype_bytes(dtype)
+
+
+def kv_bytes_per_token_per_gpu(d: ModelDims, tp: int, kv_dtype: str) -> float:
+    return 2 * d.layers * tp_split.kv_heads_per_rank(d.kv_heads, tp) * d.head_dim * dtype_bytes(kv_dtype)
+
+
+def gpus_needed(
+    d: ModelDims, gpu_memory: int, dtype: str, kv_dtype: str, memory_fraction: float, context_length: int
+) -> int | None:
+    """The smallest tensor-parallel size (up to 64) whose weights per GPU leave room for one full sequence."""
+    for tp in range(1, 65):
+        if tp_split.split_error(d.heads, d.kv_heads, d.intermediate, tp) is not None:
+            continue
+        room = gpu_memory * memory_fraction - weight_bytes_per_gpu(d, tp, dtype)
+        if room >= kv_bytes_per_token_per_gpu(d, tp, kv_dtype) * context_length:
+            return tp
+    return None
+
+
 def fmt_bytes(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
 
@@ -172,41 +218,82 @@ def make_plan(
         raise PlanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     if context_length < 1 or gpus_per_replica < 1:
         raise PlanError("--context-length and --gpus-per-replica must be at least 1")
-    w_bytes, kv_bytes = dtype_bytes(dtype), dtype_bytes(kv_dtype or dtype)
+    tp = gpus_per_replica
+    kv_name = kv_dtype or dtype
+    w_bytes, kv_bytes = dtype_bytes(dtype), dtype_bytes(kv_name)
+    split = tp_split.split_error(dims.heads, dims.kv_heads, dims.intermediate, tp)
+    if split is not None:
+        raise PlanError(f"--gpus-per-replica {tp}: {split.replace('tensor_parallel_size', 'tensor parallel size')}")
     steps: list[Step] = []
     params = parameter_count(dims)
     steps.append(Step("parameters", params, _param_how(dims)))
-    weights = params * w_bytes
-    how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
-    if dtype.lower() == "int8":
-        weights = int8_weight_bytes(dims)
+    if tp > 1:
+        local_kv = tp_split.kv_heads_per_rank(dims.kv_heads, tp)
+        kv_how = (
+            f"{dims.kv_heads} KV heads split {local_kv} per GPU"
+            if dims.kv_heads >= tp
+            else f"{dims.kv_heads} KV heads replicated: 1 per GPU, each on {tp // dims.kv_heads} GPUs"
+        )
+        steps.append(
+            Step(
+                "tensor parallel",
+                tp,
+                f"{tp} GPUs per replica: {dims.heads // tp} query heads, {dims.intermediate // tp} MLP columns, "
+                f"{tp_split.vocab_per_rank(dims.vocab, tp):,} vocabulary rows per GPU; {kv_how}",
+            )
+        )
+    weights = weight_bytes_per_gpu(dims, tp, dtype)
+    if tp > 1:
+        how = (
+            f"{parameters_per_gpu(dims, tp) / 1e9:.2f} B of the {params / 1e9:.2f} B parameters on each GPU "
+            f"× {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)} per GPU"
+        )
+    elif dtype.lower() == "int8":
         how = f"matrices × 1 B + a float32 scale per output row + float32 norms/biases = {fmt_bytes(weights)}"
+    else:
+        how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
     steps.append(Step("weight bytes", weights, how))
-    usable = gpu_memory * gpus_per_replica * memory_fraction
+    usable = gpu_memory * memory_fraction
+    per_gpu = " per GPU" if tp > 1 else ""
     steps.append(
         Step(
             "usable memory",
             usable,
-            (f"{fmt_bytes(gpu_memory)} × {gpus_per_replica} GPU × {memory_fraction:g} = {fmt_bytes(usable)}"),
+            f"{fmt_bytes(gpu_memory)} × 1 GPU × {memory_fraction:g} = {fmt_bytes(usable)}{per_gpu}",
+        )
+    )
+    needed = gpus_needed(dims, gpu_memory, dtype, kv_name, memory_fraction, context_length)
+    steps.append(
+        Step(
+            "GPUs needed",
+            needed if needed is not None else "more than 64",
+            "the smallest tensor-parallel split whose weights per GPU leave room for one "
+            f"{context_length:,}-token sequence",
         )
     )
     kv_budget = usable - weights
     if kv_budget <= 0:
+        fix = f"at least {needed} GPUs per replica (--gpus-per-replica {needed})" if needed else "more GPUs per replica"
         raise PlanError(
-            f"the weights ({fmt_bytes(weights)}) do not fit in {fmt_bytes(usable)}; use more GPUs per replica "
-            "(--gpus-per-replica), a smaller --dtype, or a larger --memory-fraction"
+            f"the weights ({fmt_bytes(weights)}{per_gpu}) do not fit in {fmt_bytes(usable)}; use {fix}, "
+            "a smaller --dtype, or a larger --memory-fraction"
         )
     steps.append(
-        Step("KV budget", kv_budget, f"{fmt_bytes(usable)} − {fmt_bytes(weights)} = {fmt_bytes(kv_budget)}")
+        Step(
+            "KV budget",
+            kv_budget,
+            f"{fmt_bytes(usable)} − {fmt_bytes(weights)} = {fmt_bytes(kv_budget)}{per_gpu}",
+        )
     )
-    per_token = 2 * dims.layers * dims.kv_heads * dims.head_dim * kv_bytes
+    per_token = kv_bytes_per_token_per_gpu(dims, tp, kv_name)
+    kv_heads = tp_split.kv_heads_per_rank(dims.kv_heads, tp)
     steps.append(
         Step(
             "KV bytes per token",
             per_token,
             (
-                f"2 × {dims.layers} layers × {dims.kv_heads} KV heads × {dims.head_dim} head dim × {kv_bytes:g} B "
-                f"({kv_dtype or dtype}) = {per_token:,.0f} B"
+                f"2 × {dims.layers} layers × {kv_heads} KV heads{per_gpu} × {dims.head_dim} head dim × {kv_bytes:g} B "
+                f"({kv_name}) = {per_token:,.0f} B{per_gpu}"
             ),
         )
     )
@@ -337,7 +424,15 @@ def plan(
     kv_dtype: Annotated[str | None, typer.Option(help="KV-cache dtype (default: the weight dtype).")] = None,
     memory_fraction: Annotated[float, typer.Option(help="Share of GPU memory the engine may use.")] = 0.9,
     context_length: Annotated[int, typer.Option(help="Tokens per sequence (prompt + output).")] = 4096,
-    gpus_per_replica: Annotated[int, typer.Option(help="GPUs per replica (tensor parallel).")] = 1,
+    gpus_per_replica: Annotated[
+        int,
+        typer.Option(
+            "--gpus-per-replica",
+            "--tensor-parallel-size",
+            "-tp",
+            help="GPUs per replica, one tensor-parallel rank each: figures become per GPU.",
+        ),
+    ] = 1,
     report: Annotated[Path | None, typer.Option(help="A `plimsoll bench sweep` JSON report.")] = None,
     concurrency_per_replica: Annotated[
         float | None, typer.Option(help="Per-replica concurrency, instead of a report.")

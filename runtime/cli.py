@@ -140,6 +140,14 @@ def serve(
         help='Speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
         'or \'{"model": DIR, "num_speculative_tokens": 4}\' (see docs/runtime.md).',
     ),
+    tensor_parallel_size: int = typer.Option(
+        _engine_default("tensor_parallel_size"),
+        "--tensor-parallel-size",
+        "-tp",
+        min=1,
+        help="Ranks (one process each; one GPU each on CUDA) that split attention heads and MLP columns "
+        "(vLLM's flag). The KV cache size is per rank.",
+    ),
     drain_timeout: float = typer.Option(
         _server_default("drain_timeout"),
         "--drain-timeout",
@@ -227,6 +235,7 @@ def serve(
             seed=seed,
             speculative_config=speculative_config,
             quantization=quantization,
+            tensor_parallel_size=tensor_parallel_size,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,

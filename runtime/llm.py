@@ -19,6 +19,16 @@ class LLM:
         self.config = EngineConfig(model=model, **kwargs)
         self.engine = LLMEngine(self.config, observer)
 
+    def close(self) -> None:
+        """Stop tensor-parallel workers, if any; ``with LLM(...) as llm:`` calls it."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer

@@ -207,3 +207,34 @@ def test_table_output_says_how_an_llmservice_asks_for_the_gpus() -> None:
     )  # fmt: skip
     assert four.exit_code == 0, four.output
     assert "resources.gpu.count: 4" in four.output and "--tensor-parallel-size 4" in four.output
+
+
+def test_tensor_parallel_figures_are_per_gpu() -> None:
+    """-tp 2 on Mistral 7B: each GPU holds half the heads, MLP columns and vocabulary, half the KV heads."""
+    one = run_json("--model-config", str(MISTRAL), "--gpu-memory", "24GiB")
+    two = run_json("--model-config", str(MISTRAL), "--gpu-memory", "24GiB", "--tensor-parallel-size", "2")
+    hidden, inter, layers, vocab, q_out, kv_dim = 4096, 14336, 32, 32000, 4096, 8 * 128
+    per_gpu = layers * (hidden * q_out // 2 * 2 + 2 * hidden * kv_dim // 2 + 3 * hidden * inter // 2 + 2 * hidden)
+    per_gpu += 2 * (vocab // 2) * hidden + hidden
+    assert two["weight bytes"] == per_gpu * 2  # bf16
+    assert two["KV bytes per token"] == one["KV bytes per token"] / 2 == 2 * 32 * 4 * 128 * 2
+    assert two["KV tokens that fit"] == math.floor((24 * 2**30 * 0.9 - per_gpu * 2) / (2 * 32 * 4 * 128 * 2))
+    assert two["tensor parallel"] == 2
+    assert one["GPUs needed"] == two["GPUs needed"] == 1  # 13.5 GiB of bf16 weights fit one 24 GiB GPU
+
+
+def test_gpus_needed_and_the_fix_when_the_weights_do_not_fit() -> None:
+    # 13.5 GiB of weights on 8 GiB GPUs: two GPUs hold 6.7 GiB each, leaving 0.5 GiB, room for 4,096 tokens
+    # of 64 KiB; the error names that split.
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "8GiB"])
+    assert result.exit_code == 2
+    assert "do not fit" in result.output and "--gpus-per-replica 2" in result.output
+    fits = run_json("--model-config", str(MISTRAL), "--gpu-memory", "8GiB", "-tp", "2")
+    assert fits["GPUs needed"] == 2 and fits["KV tokens that fit"] > 4096
+
+
+def test_kv_heads_fewer_than_gpus_are_replicated_and_bad_splits_refused() -> None:
+    sixteen = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "-tp", "16")
+    assert sixteen["KV bytes per token"] == 2 * 32 * 1 * 128 * 2  # 8 KV heads on 16 GPUs: one copy each
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "-tp", "3"])
+    assert result.exit_code == 2 and "does not divide the model's 32 attention heads" in result.output

@@ -26,6 +26,8 @@ from plimsoll.runtime.engine.step_profiler import StepProfiler
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_JOIN_S = 5.0
+
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped on an error; no request can proceed."""
@@ -61,7 +63,10 @@ class AsyncEngine:
             engine.warmup()
             return engine
 
-        self.engine = await asyncio.to_thread(build)
+        engine = await asyncio.to_thread(build)
+        self.engine = engine
+        if engine.executor is not None:
+            engine.executor.on_failure = self._die  # a rank died, maybe while this loop idles
         self._thread = threading.Thread(target=self._loop, name="plimsoll-engine", daemon=True)
         self._thread.start()
         self.is_ready = True
@@ -72,7 +77,10 @@ class AsyncEngine:
             self._stopping = True
             self._cond.notify()
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+            # A dead engine's thread may sit in a collective with a dead rank (bounded by its timeout).
+            await asyncio.to_thread(self._thread.join, None if self._error is None else SHUTDOWN_JOIN_S)
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.close)
         for loop, queue in list(self._streams.values()):
             loop.call_soon_threadsafe(queue.put_nowait, EngineDeadError("the engine was shut down"))
         self._streams.clear()
@@ -224,9 +232,16 @@ class AsyncEngine:
                         self._deliver(out, out.request_id)
         except BaseException as exc:  # the loop must report, not vanish
             log.exception("engine loop died")
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """Fail every stream and tell the server (from the engine thread or the TP watchdog)."""
+        with self._cond:
+            if self._error is not None:
+                return
             self._error = exc
-            self.is_ready = False
-            for request_id in list(self._streams):
-                self._deliver(EngineDeadError(f"the engine loop died: {exc!r}"), request_id)
-            if self.on_dead is not None:
-                self.on_dead(exc)
+        self.is_ready = False
+        for request_id in list(self._streams):
+            self._deliver(EngineDeadError(f"the engine loop died: {exc!r}"), request_id)
+        if self.on_dead is not None:
+            self.on_dead(exc)

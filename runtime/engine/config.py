@@ -7,7 +7,7 @@ the server) or model hyper-parameters (those come from the model's own config).
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Re-exported: callers that build an EngineConfig by hand parse sizes the same way.
 from plimsoll.byte_size import parse_bytes
@@ -43,6 +43,25 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = Field(
         None, description="vLLM's --speculative-config: ngram prompt lookup or a draft model"
     )
+
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="vLLM's --tensor-parallel-size: ranks (one process each) that split heads and MLP "
+        "columns; kv_cache_memory is per rank",
+    )
+    tensor_parallel_timeout_s: float = Field(
+        120.0, gt=0, description="longest wait in one collective before a rank gives up (no hang)"
+    )
+
+    @model_validator(mode="after")
+    def _check_tensor_parallel(self) -> "EngineConfig":
+        if self.tensor_parallel_size > 1 and self.quantization is not None:
+            raise ValueError(
+                f"quantization={self.quantization!r} with tensor_parallel_size={self.tensor_parallel_size} is "
+                "not supported yet; drop one of them"
+            )
+        return self
 
     @field_validator("speculative_config", mode="before")
     @classmethod

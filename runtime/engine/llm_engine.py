@@ -26,7 +26,9 @@ from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
-from plimsoll.runtime.models.loader import load_model
+from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
+from plimsoll.runtime.models.loader import load_model, read_hf_config
+from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,27 @@ class LLMEngine:
         self.config = config
         self.observer = observer
         self.device = torch.device(config.device)
-        loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization)
+        # Tensor parallelism: this process is rank 0; the executor spawns and drives the others.
+        self.executor: TensorParallelExecutor | None = None
+        if config.tensor_parallel_size > 1:
+            # A shape that cannot split is refused before any worker process starts.
+            check_tensor_parallel(read_hf_config(config.model), config.tensor_parallel_size)
+            self.executor = TensorParallelExecutor(config)
+        try:
+            self._build(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: EngineConfig) -> None:
+        tp_group = self.executor.group if self.executor is not None else None
+        loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization, tp_group)
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
         self.model_path = loaded.path
         bs = config.block_size
-        per_token = kv_bytes_per_token(loaded.hf_config, config.torch_dtype)
+        per_token = kv_bytes_per_token(loaded.hf_config, config.torch_dtype, config.tensor_parallel_size)
         self.num_blocks = config.kv_cache_memory // (per_token * bs)
         if self.num_blocks < 1:
             raise ValueError(
@@ -61,6 +77,9 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend
         )
+        if self.executor is not None:
+            self.executor.start_workers(self.num_blocks)
+            self.runner.plan_sink = self.executor.broadcast_plan
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
@@ -69,13 +88,19 @@ class LLMEngine:
         self.groups: dict[str, RequestGroup] = {}
         self.seq_to_group: dict[str, RequestGroup] = {}
         log.info(
-            "engine ready: %s, %d KV blocks x %d tokens (%d bytes/token), max_model_len %d",
+            "engine ready: %s, %d KV blocks x %d tokens (%d bytes/token%s), max_model_len %d",
             self.model_path,
             self.num_blocks,
             bs,
             per_token,
+            f" per rank, {config.tensor_parallel_size} ranks" if self.executor is not None else "",
             self.max_model_len,
         )
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (a no-op without tensor parallelism)."""
+        if self.executor is not None:
+            self.executor.close()
 
     def _max_model_len(self, model_max: int, kv_tokens: int) -> int:
         cfg = self.hf_config

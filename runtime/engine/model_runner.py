@@ -3,9 +3,14 @@
 What it is: owner of the KV cache tensors (one ``(k, v)`` pair per layer, each
 ``[num_blocks, block_size, num_kv_heads, head_dim]``) and the input builder
 (``input_ids``, ``positions``, ``slot_mapping``, ``block_tables``, ``cu_seqlens_q``,
-``context_lens``). What it is not: scheduling or sampling.
+``context_lens``). With tensor parallelism, rank 0's runner hands each step's
+``StepPlan`` to ``plan_sink`` (the executor broadcasts it) and every rank runs the
+same plan on its shard of the model and of the KV heads. What it is not:
+scheduling or sampling.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -14,11 +19,13 @@ from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
 from plimsoll.runtime.models.llama import LlamaForCausalLM
+from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
 
 
-def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
-    """2 (K and V) × layers × kv_heads × head_dim × bytes per element (GQA-aware)."""
-    num_kv_heads = hf_config.num_key_value_heads or hf_config.num_attention_heads
+def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
+    """2 (K and V) × layers × kv_heads × head_dim × bytes per element (GQA-aware), on one rank:
+    with tensor parallelism each rank caches its KV heads only (``kv_heads_per_rank``)."""
+    num_kv_heads = kv_heads_per_rank(hf_config, tensor_parallel_size)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     element = torch.empty((), dtype=dtype).element_size()
     return int(2 * hf_config.num_hidden_layers * num_kv_heads * head_dim * element)
@@ -39,13 +46,14 @@ class ModelRunner:
         self.device = device
         self.store_kv, self.paged_attention = get_backend(attention_backend)
         cfg = model.config
-        num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        attn = model.model.layers[0].self_attn  # this rank's heads (all of them without TP)
+        shape = (num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_hidden_layers)
         ]
+        # Rank 0 of a tensor-parallel replica: called with each step's plan before it runs.
+        self.plan_sink: Callable[[StepPlan], None] | None = None
 
     def prepare(
         self, sched: SchedulerOutput
@@ -102,14 +110,54 @@ class ModelRunner:
         the logits after its last known token and after each proposal.
         """
         ids, pos, meta, last_rows = self.prepare(sched)
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.store_kv, self.paged_attention)
         rows: list[int] = []
         reqs = []
         for (req, _), r in zip(sched.scheduled, last_rows, strict=True):
             if r >= 0:
                 rows.extend(range(r - len(req.spec_token_ids), r + 1))
                 reqs.append(req)
-        if not rows:
+        plan = StepPlan(ids, pos, meta, rows)
+        if self.plan_sink is not None:
+            self.plan_sink(plan)
+        logits = self.run(plan)
+        if logits is None:
             return [], torch.empty(0)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         return reqs, logits.float()
+
+    @torch.inference_mode()
+    def run(self, plan: "StepPlan") -> torch.Tensor | None:
+        """The forward of one plan; logits of its ``logit_rows`` (None when there are none)."""
+        hidden = self.model(
+            plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.store_kv, self.paged_attention
+        )
+        if not plan.logit_rows:
+            return None
+        logits: torch.Tensor = self.model.compute_logits(
+            hidden[torch.tensor(plan.logit_rows, device=self.device)]
+        )
+        return logits
+
+
+@dataclass
+class StepPlan:
+    """One step's model input, the same on every tensor-parallel rank (rank 0 decides it)."""
+
+    input_ids: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    meta: AttentionMetadata
+    logit_rows: list[int]  # rows of the hidden states that produce logits
+
+    def to(self, device: torch.device | str) -> "StepPlan":
+        m = self.meta
+        return StepPlan(
+            self.input_ids.to(device),
+            self.positions.to(device),
+            replace(
+                m,
+                slot_mapping=m.slot_mapping.to(device),
+                block_tables=m.block_tables.to(device),
+                cu_seqlens_q=m.cu_seqlens_q.to(device),
+                context_lens=m.context_lens.to(device),
+            ),
+            self.logit_rows,
+        )

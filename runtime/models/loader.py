@@ -8,11 +8,14 @@ errors. What it is not: a downloader; nothing here talks to a hub.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from plimsoll.runtime.models.llama import LlamaForCausalLM, check_architecture, fuse_hf_state_dict
+
+if TYPE_CHECKING:
+    from plimsoll.runtime.distributed.group import TensorParallelGroup
 
 
 @dataclass
@@ -49,6 +52,15 @@ def resolve_model_path(model: str) -> tuple[Path, str | None]:
     )
 
 
+def read_hf_config(model: str) -> Any:
+    """The model's transformers config alone (no weights, no tokenizer)."""
+    from transformers import AutoConfig
+
+    directory, gguf_file = resolve_model_path(model)
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoConfig.from_pretrained(str(directory), **extra)
+
+
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -80,8 +92,13 @@ def _eos_token_ids(directory: Path, gguf_file: str | None, hf_config: Any, token
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: str | torch.device = "cpu", quantization: str | None = None
+    model: str,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    quantization: str | None = None,
+    tensor_parallel: "TensorParallelGroup | None" = None,
 ) -> LoadedModel:
+    """Load ``model``; with ``tensor_parallel``, keep only that rank's shard (before the copy to ``device``)."""
     from transformers import AutoConfig, AutoTokenizer
 
     directory, gguf_file = resolve_model_path(model)
@@ -111,6 +128,10 @@ def load_model(
     from plimsoll.runtime.models.llama import RotaryEmbedding
 
     net.model.rotary_emb = RotaryEmbedding(hf_config)
+    if tensor_parallel is not None and tensor_parallel.world_size > 1:
+        from plimsoll.runtime.models.tensor_parallel import shard_model
+
+        shard_model(net, tensor_parallel)
     net = net.to(device=device, dtype=dtype).eval()
     if quantization is not None:
         from plimsoll.runtime.models.quant import quantize_model
