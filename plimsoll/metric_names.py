@@ -37,6 +37,9 @@ SPEC_DECODE_NUM_ACCEPTED_TOKENS = "plimsoll_spec_decode_num_accepted_tokens_tota
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = "plimsoll_spec_decode_num_accepted_tokens_per_pos_total"
 # Beyond vLLM
 KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
+# --enable-lora: finished requests per adapter (label lora_name), adapter loads into a device slot.
+LORA_REQUESTS = "plimsoll_lora_requests_total"
+LORA_SWAPS = "plimsoll_lora_swaps_total"
 BATCH_SIZE = "plimsoll_batch_size"
 STEP_TOKENS = "plimsoll_step_tokens"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
@@ -47,6 +50,13 @@ PRIORITY_TIME_TO_FIRST_TOKEN = "plimsoll_priority_time_to_first_token_seconds"
 PRIORITY_REQUEST_QUEUE_TIME = "plimsoll_priority_request_queue_time_seconds"
 PRIORITY_REQUESTS = "plimsoll_priority_requests_total"
 REQUEST_ERRORS = "plimsoll_request_errors_total"
+# LoRA (Gateway API Inference Extension convention): one series whose value is a timestamp and whose
+# labels name the adapters (comma-separated) running and waiting, and max_lora.
+LORA_REQUESTS_INFO = "plimsoll_lora_requests_info"
+VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+# Readers (router, operator) accept either spelling: plimsoll replicas export the first, and the
+# second under --metrics-compat vllm; vLLM exports the second.
+LORA_REQUESTS_INFO_NAMES = (LORA_REQUESTS_INFO, VLLM_LORA_REQUESTS_INFO)
 
 # vLLM 0.32 histogram buckets (+Inf implied).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -133,6 +133,25 @@ def serve(
         help='Speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
         'or \'{"model": DIR, "num_speculative_tokens": 4}\' (see docs/runtime.md).',
     ),
+    enable_lora: bool = typer.Option(
+        False, "--enable-lora", help="Serve LoRA adapters: `model` picks one; /v1/load_lora_adapter loads more."
+    ),
+    lora_modules: list[str] | None = typer.Option(
+        None,
+        "--lora-modules",
+        help='Adapters loaded at start: name=path [name=path ...] or vLLM\'s JSON \'{"name": .., "path": ..}\' '
+        "(PEFT directories; needs --enable-lora).",
+        show_default=False,
+    ),
+    max_loras: int = typer.Option(
+        _engine_default("max_loras"), "--max-loras", min=1, help="Adapters one engine step can mix (device slots)."
+    ),
+    max_lora_rank: int = typer.Option(
+        _engine_default("max_lora_rank"), "--max-lora-rank", min=1, help="Largest adapter rank accepted."
+    ),
+    max_cpu_loras: int | None = typer.Option(
+        None, "--max-cpu-loras", min=1, help="Adapters kept in host memory, LRU (default: --max-loras)."
+    ),
     drain_timeout: float = typer.Option(
         _server_default("drain_timeout"),
         "--drain-timeout",
@@ -170,6 +189,7 @@ def serve(
         choose_model,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
+        parse_lora_module,
         resolve_dtype,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
@@ -185,6 +205,9 @@ def serve(
         kv_size = kv_cache_bytes(kv_cache_memory, kv_cache_memory_bytes)
         if gpu_memory_utilization is not None:
             kv_size = gpu_kv_cache_bytes(gpu_memory_utilization, device, model)
+        loras = [parse_lora_module(text) for text in lora_modules or []]
+        if loras and not enable_lora:
+            raise ServeArgError("--lora-modules needs --enable-lora")
         check_port(host, port)
     except ServeArgError as exc:
         _fail(str(exc))
@@ -209,6 +232,11 @@ def serve(
             seed=seed,
             speculative_config=speculative_config,
             quantization=quantization,
+            enable_lora=enable_lora,
+            lora_modules=loras,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,

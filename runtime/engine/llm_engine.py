@@ -420,8 +420,8 @@ class LLMEngine:
             return {}
         return {
             "max_loras": self.lora.max_loras,
-            "running_lora_adapters": self.lora.names_in(self.scheduler.running),
-            "waiting_lora_adapters": self.lora.names_in(self.scheduler.waiting),
+            "running_lora_adapters": self.lora.names_in(list(self.scheduler.running)),  # copies: read off-thread
+            "waiting_lora_adapters": self.lora.names_in(list(self.scheduler.waiting)),
         }
 
     def warmup(self) -> None:

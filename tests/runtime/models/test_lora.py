@@ -187,3 +187,53 @@ def test_bad_adapter_is_refused_and_nothing_changes(tiny_model_dir: Any, adapter
     assert [lora.lora_name for lora in llm.engine.list_loras()] == ["q-only"]
     out = llm.engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3), ["q-only"])
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_unload_in_flight_is_refused_then_allowed(tiny_model_dir: Any, adapters: Any) -> None:
+    from plimsoll.runtime import SamplingParams
+    from plimsoll.runtime.engine.lora_manager import LoRAInUseError, LoRANotFoundError
+
+    llm = lora_llm(tiny_model_dir("llama"), {"q-only": adapters("llama", "q-only")})
+    engine = llm.engine
+    engine.add_request("r1", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4), lora_name="q-only")
+    engine.step()
+    with pytest.raises(LoRAInUseError, match="1 request"):
+        engine.remove_lora("q-only")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.remove_lora("q-only")
+    assert engine.list_loras() == []
+    with pytest.raises(LoRANotFoundError, match="cannot be found"):
+        engine.add_request("r2", [5], SamplingParams(max_tokens=1), lora_name="q-only")
+
+
+def test_lora_module_flags_parse_like_vllm() -> None:
+    from plimsoll.runtime.serve_args import ServeArgError, expand_lora_modules, parse_lora_module
+
+    argv = ["serve", "/m", "--enable-lora", "--lora-modules", "a=/p", '{"name": "b", "path": "/q"}', "--port", "1"]
+    assert expand_lora_modules(argv) == [
+        "serve", "/m", "--enable-lora", "--lora-modules", "a=/p", "--lora-modules", '{"name": "b", "path": "/q"}',
+        "--port", "1",
+    ]
+    assert parse_lora_module("a=/p") == {"name": "a", "path": "/p"}
+    assert parse_lora_module('{"name": "b", "path": "/q"}') == {"name": "b", "path": "/q"}
+    for bad, words in (("nopath", "not name=path"), ('{"name": "b"}', '"name" and "path"'), ("{x", "not valid JSON")):
+        with pytest.raises(ServeArgError, match=words):
+            parse_lora_module(bad)
+
+
+def test_lora_info_gauge_in_both_families() -> None:
+    from plimsoll.runtime.engine.outputs import EngineStats
+    from plimsoll.runtime.serving.metrics import ServerMetrics
+
+    metrics = ServerMetrics("base", metrics_compat="vllm")
+    stats = EngineStats(1, 2, 0.1, 10, 9, 16, True, max_loras=4, running_lora_adapters=["a", "b"],
+                        waiting_lora_adapters=["c"])
+    metrics.refresh(stats)
+    metrics.refresh(stats)
+    text = metrics.exposition()[0].decode()
+    for name in ("plimsoll_lora_requests_info", "vllm:lora_requests_info"):
+        lines = [line for line in text.splitlines() if line.startswith(name + "{")]
+        assert len(lines) == 1, lines
+        assert 'running_lora_adapters="a,b"' in lines[0] and 'waiting_lora_adapters="c"' in lines[0]
+        assert 'max_lora="4"' in lines[0] and float(lines[0].split()[-1]) > 1.7e9
