@@ -38,3 +38,15 @@ def test_bad_settings_exit_2_naming_the_setting() -> None:
     result = CliRunner().invoke(app, ["serve", "--scheduling-policy", "fifo", "--port", "1"])
     assert result.exit_code == 2
     assert "scheduling_policy" in result.output and "'priority'" in result.output
+
+
+def test_lora_flags_exist_and_refuse_mistakes() -> None:
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    for flag in ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank", "--max-cpu-loras"):
+        assert flag in result.output, flag
+    result = CliRunner().invoke(app, ["serve", "--lora-modules", "a=/p", "--port", "1"])
+    assert result.exit_code == 2 and "--lora-modules needs --enable-lora" in result.output
+    result = CliRunner().invoke(app, ["serve", "--enable-lora", "--lora-modules", "a", "--port", "1"])
+    assert result.exit_code == 2 and "not name=path" in result.output
+    result = CliRunner().invoke(app, ["serve", "--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2", "--port", "1"])
+    assert result.exit_code == 2 and "max_cpu_loras" in result.output
