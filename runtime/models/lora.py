@@ -6,16 +6,15 @@ host-side :class:`LoRAWeights` (``lora_alpha / r`` scaling folded into B; rsLoRA
 ``alpha / sqrt(r)`` too). :class:`LoRASlots` holds ``max_loras`` device slots per
 projection and computes every row's delta in one step, whatever adapter the row uses:
 
-    h     = x @ A_all.T            # [N, S * P * R]  every slot's shrink at once
-    h    *= row_mask               # [N, S] one-hot of the row's slot (all zero: base row)
-    out  += h @ B_all              # [N, out]        the row's own slot's expand only
+    h          = x @ A_all.T           # [N, S, P, R]  every slot's shrink at once
+    h         *= row_mask              # [N, S] one-hot of the row's slot (all zero: base row)
+    out[:, p] += h[:, :, p] @ B_p      # [N, out_p]    per part p; only the row's own slot counts
 
-``S`` = slots, ``P`` = HF projections fused in ours (3 for q/k/v, 2 for gate/up),
+``S`` = slots, ``P`` = HF projections fused in ours (3 for q/k/v, 2 for gate/up, else 1),
 ``R`` = ``--max-lora-rank``; a smaller rank or an untargeted module is zero-padded.
-B is block-diagonal over the ``P`` parts, so q's adapter writes only q's rows. Two
-small matmuls per projection serve a step that mixes the base model and several
+Small matmuls per projection serve a step that mixes the base model and several
 adapters (punica's BGMV, written with the mask instead of a per-row weight gather:
-the cost is ``N x S x P x R x (in + out)``, against ``N x in x out`` for the base).
+the cost is ``N x S x R x (P x in + out)``, against ``N x in x out`` for the base).
 
 What it is not: merging adapters into the weights, a loop over adapters, or the
 choice of which adapter sits in which slot (``engine/lora_manager.py`` decides).
@@ -187,15 +186,16 @@ class LoRASlots:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.shapes = projection_shapes(cfg)
         self.row_mask: torch.Tensor | None = None
-        self.lora_a: dict[tuple[int, str], torch.Tensor] = {}  # [S * P * R, in]
-        self.lora_b: dict[tuple[int, str], torch.Tensor] = {}  # [S * P * R, out]
+        # A: rows (slot, part, rank) -> [S * P * R, in]; B: one [S * R, out_part] per part, rows
+        # (slot, rank), so the expand reads no zero blocks (B is block-diagonal over the parts).
+        self.lora_a: dict[tuple[int, str], torch.Tensor] = {}
+        self.lora_b: dict[tuple[int, str], list[torch.Tensor]] = {}
         weight = next(model.parameters())
+        kw: dict[str, Any] = {"dtype": weight.dtype, "device": weight.device}
         for layer_idx, layer in enumerate(model.model.layers):  # type: ignore[attr-defined]
             for proj, (in_features, parts) in self.shapes.items():
-                rows = max_loras * len(parts) * max_rank
-                kw = {"dtype": weight.dtype, "device": weight.device}
-                self.lora_a[(layer_idx, proj)] = torch.zeros(rows, in_features, **kw)  # type: ignore[arg-type]
-                self.lora_b[(layer_idx, proj)] = torch.zeros(rows, sum(parts), **kw)  # type: ignore[arg-type]
+                self.lora_a[(layer_idx, proj)] = torch.zeros(max_loras * len(parts) * max_rank, in_features, **kw)
+                self.lora_b[(layer_idx, proj)] = [torch.zeros(max_loras * max_rank, rows, **kw) for rows in parts]
                 module = layer.get_submodule(proj)
                 if not hasattr(module, "lora"):
                     raise ValueError(f"{type(module).__name__} cannot carry LoRA (quantised weights?)")
@@ -205,29 +205,31 @@ class LoRASlots:
         """Copy one adapter into ``slot``; what it does not target stays zero."""
         r, big_r = weights.rank, self.max_rank
         for (layer, proj), a_all in self.lora_a.items():
-            parts = self.shapes[proj][1]
-            p_count = len(parts)
-            base = slot * p_count * big_r
-            a_all[base : base + p_count * big_r].zero_()
-            b_all = self.lora_b[(layer, proj)]
-            b_all[base : base + p_count * big_r].zero_()
-            for part in range(p_count):
+            p_count = len(self.shapes[proj][1])
+            a_slot = a_all[slot * p_count * big_r : (slot + 1) * p_count * big_r].zero_()
+            for part, b_part in enumerate(self.lora_b[(layer, proj)]):
+                b_slot = b_part[slot * big_r : (slot + 1) * big_r].zero_()
                 ab = weights.tensors.get((layer, proj, part))
-                if ab is None:
-                    continue
-                row = base + part * big_r
-                col = sum(parts[:part])
-                a_all[row : row + r].copy_(ab[0])
-                b_all[row : row + r, col : col + parts[part]].copy_(ab[1].T)
+                if ab is not None:
+                    a_slot[part * big_r : part * big_r + r].copy_(ab[0])
+                    b_slot[:r].copy_(ab[1].T)
 
     def delta(self, layer: int, proj: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         mask = self.row_mask
         if mask is None:
             return out
-        n = x.shape[0]
-        h = (x @ self.lora_a[(layer, proj)].T).view(n, self.max_loras, -1)  # [N, S, P*R]
-        h = (h * mask[:, :, None]).view(n, -1)
-        return torch.addmm(out, h, self.lora_b[(layer, proj)])
+        n, s, big_r = x.shape[0], self.max_loras, self.max_rank
+        b_parts = self.lora_b[(layer, proj)]
+        h = (x @ self.lora_a[(layer, proj)].T).view(n, s, len(b_parts), big_r)  # [N, S, P, R]
+        h = h * mask[:, :, None, None]  # only the row's own slot survives
+        if len(b_parts) == 1:
+            return torch.addmm(out, h.view(n, s * big_r), b_parts[0])
+        col = 0
+        for part, b_part in enumerate(b_parts):  # the P parts of a fused projection (2 or 3), not adapters
+            width = b_part.shape[1]
+            out[:, col : col + width].addmm_(h[:, :, part].reshape(n, s * big_r), b_part)
+            col += width
+        return out
 
 
 @dataclass(frozen=True)
