@@ -6,7 +6,9 @@ projections (q/k/v/o/gate/up/down, made by peft itself), then runs the offline
 engine closed loop at concurrency ``--concurrency`` twice: every request on the base
 model, then requests spread evenly over the 4 adapters (so every step mixes them).
 It prints output tokens/s and TPOT p50 for both and the ratio (the issue's target:
-the mix keeps at least 0.8 of the base model's throughput).
+the mix keeps at least 0.8 of the base model's throughput). Runs alternate for
+``--rounds`` and the best of each is kept; tokens per CPU-second are printed too,
+since on a shared host wall-clock throughput moves with the neighbours' load.
 
 Closed loop: ``c`` requests are in the engine; each time one finishes another is
 added before the next step. TPOT leaves out the opening burst of ``c``.
@@ -61,14 +63,14 @@ def closed_loop(
 
     for _ in range(min(concurrency, total)):
         issue()
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 done.append(out)
                 if issued < total:
                     issue()
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
     out_tokens = sum(o.metrics.num_generation_tokens for o in done)
     steady = [o for o in done if o.request_id not in ramp] or done
     tpot = [
@@ -76,7 +78,7 @@ def closed_loop(
         for o in steady
         if o.metrics.num_generation_tokens > 1
     ]
-    return {"wall_s": wall, "out_tok_s": out_tokens / wall, "tpot_p50": pct(tpot, 50)}
+    return {"wall_s": wall, "out_tok_s": out_tokens / wall, "out_tok_cpu_s": out_tokens / cpu, "tpot_p50": pct(tpot, 50)}
 
 
 def main() -> None:
@@ -89,6 +91,7 @@ def main() -> None:
     ap.add_argument("--adapters", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating base/mix runs; the best of each is kept")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -115,16 +118,22 @@ def main() -> None:
     engine = LLMEngine(config)
     engine.warmup()
     closed_loop(engine, [None, *names], 4, 8, args, "warm")  # first calls of every path
-    runs = {}
-    for label, loras in (("base alone", [None]), (f"even mix of {args.adapters} adapters", names)):
-        r = closed_loop(engine, loras, args.concurrency, args.requests, args, label.replace(" ", "-"))
-        runs[label] = r
-        print(f"{label:<24} c={args.concurrency} n={args.requests} in={args.input_tokens} out={args.output_tokens}  "
-              f"out_tok/s={r['out_tok_s']:7.1f}  TPOT p50={r['tpot_p50'] * 1000:6.1f}ms  wall={r['wall_s']:.1f}s")
-    base, mix = runs["base alone"], runs[f"even mix of {args.adapters} adapters"]
+    runs: dict[str, dict[str, float]] = {}
+    mix_label = f"even mix of {args.adapters} adapters"
+    for i in range(args.rounds):
+        for label, loras in (("base alone", [None]), (mix_label, names)):
+            r = closed_loop(engine, loras, args.concurrency, args.requests, args, f"{label.replace(' ', '-')}-{i}")
+            print(f"round {i} {label:<24} c={args.concurrency} n={args.requests} in={args.input_tokens} "
+                  f"out={args.output_tokens}  out_tok/s={r['out_tok_s']:7.1f} (per CPU-s {r['out_tok_cpu_s']:7.1f})  "
+                  f"TPOT p50={r['tpot_p50'] * 1000:6.1f}ms  wall={r['wall_s']:.1f}s", flush=True)
+            if label not in runs or r["out_tok_s"] > runs[label]["out_tok_s"]:
+                runs[label] = r
+    base, mix = runs["base alone"], runs[mix_label]
     assert engine.lora is not None
-    print(f"mix / base output tok/s = {mix['out_tok_s'] / base['out_tok_s']:.2f} (target >= 0.8); "
-          f"TPOT p50 mix / base = {mix['tpot_p50'] / base['tpot_p50']:.2f}; slot loads = {engine.lora.num_swaps}")
+    print(f"best of {args.rounds}: mix / base output tok/s = {mix['out_tok_s'] / base['out_tok_s']:.2f} (target >= 0.8), "
+          f"per CPU-second {mix['out_tok_cpu_s'] / base['out_tok_cpu_s']:.2f}; TPOT p50 base "
+          f"{base['tpot_p50'] * 1000:.1f}ms, mix {mix['tpot_p50'] * 1000:.1f}ms "
+          f"(ratio {mix['tpot_p50'] / base['tpot_p50']:.2f}); slot loads = {engine.lora.num_swaps}")
 
 
 if __name__ == "__main__":
