@@ -139,7 +139,7 @@ class LoRAManager:
         slot = self.slot_of(req.lora)
         if slot is not None:
             # In a slot: go, unless another adapter reserved that slot (then wait for it to drain).
-            return self.reserved.get(slot, req.lora.lora_int_id) == req.lora.lora_int_id
+            return bool(self.reserved.get(slot, req.lora.lora_int_id) == req.lora.lora_int_id)
         if self._free_slot(req.lora) is not None:
             return True
         if req.lora.lora_int_id not in self.reserved.values():

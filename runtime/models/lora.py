@@ -27,9 +27,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from plimsoll.runtime.models.llama import LlamaForCausalLM
 
 # Our projection -> the Hugging Face modules stacked in it, in row order (see llama.FUSED_PROJECTIONS).
 PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -181,8 +184,8 @@ class LoRASlots:
     uses an adapter) selects each row's slot; the projections read it in :meth:`delta`.
     """
 
-    def __init__(self, model: torch.nn.Module, max_loras: int, max_rank: int) -> None:
-        cfg = model.config  # type: ignore[attr-defined]
+    def __init__(self, model: LlamaForCausalLM, max_loras: int, max_rank: int) -> None:
+        cfg = model.config
         self.max_loras, self.max_rank = max_loras, max_rank
         self.shapes = projection_shapes(cfg)
         self.row_mask: torch.Tensor | None = None
@@ -192,7 +195,7 @@ class LoRASlots:
         self.lora_b: dict[tuple[int, str], list[torch.Tensor]] = {}
         weight = next(model.parameters())
         kw: dict[str, Any] = {"dtype": weight.dtype, "device": weight.device}
-        for layer_idx, layer in enumerate(model.model.layers):  # type: ignore[attr-defined]
+        for layer_idx, layer in enumerate(model.model.layers):
             for proj, (in_features, parts) in self.shapes.items():
                 self.lora_a[(layer_idx, proj)] = torch.zeros(max_loras * len(parts) * max_rank, in_features, **kw)
                 self.lora_b[(layer_idx, proj)] = [torch.zeros(max_loras * max_rank, rows, **kw) for rows in parts]

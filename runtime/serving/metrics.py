@@ -254,8 +254,9 @@ class ServerMetrics:
             self.prefix_hits.labels(m).inc(stats.prefix_cache_hits)
         if getattr(stats, "spec_num_drafts", 0):
             self._on_spec_step(stats)
-        if getattr(stats, "lora_swaps", 0):
-            self.lora_swaps.labels(m).inc(stats.lora_swaps)
+        swaps = getattr(stats, "lora_swaps", 0)
+        if swaps:
+            self.lora_swaps.labels(m).inc(swaps)
 
     def _on_spec_step(self, stats: Any) -> None:
         m = self.model_name
