@@ -168,3 +168,18 @@ def test_lora_endpoints_refused_without_enable_lora(chat_model_dir: Path) -> Non
         assert r.status_code == 404 and "--enable-lora" in r.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_streaming_chat_under_an_adapter_reports_it(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks and all(c.model == "chat" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    base = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+        temperature=0, extra_body={"ignore_eos": True},
+    )
+    assert text != base.choices[0].message.content  # the adapter, not the base model, answered
