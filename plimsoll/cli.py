@@ -5,6 +5,8 @@ dependencies (torch, kopf) inside the command body, so `plimsoll --help` and
 `plimsoll bench ...` start fast.
 """
 
+import sys
+
 import typer
 
 from plimsoll import __version__
@@ -59,4 +61,7 @@ app.command("demo", help="Bring up everything locally and show an LLMService ser
 
 
 def main() -> None:
+    from plimsoll.runtime.serve_args import expand_lora_modules
+
+    sys.argv[1:] = expand_lora_modules(sys.argv[1:])  # vLLM's multi-value --lora-modules
     app()

@@ -37,6 +37,9 @@ SPEC_DECODE_NUM_ACCEPTED_TOKENS = "plimsoll_spec_decode_num_accepted_tokens_tota
 SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = "plimsoll_spec_decode_num_accepted_tokens_per_pos_total"
 # Beyond vLLM
 KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
+# --enable-lora: finished requests per adapter (label lora_name), adapter loads into a device slot.
+LORA_REQUESTS = "plimsoll_lora_requests_total"
+LORA_SWAPS = "plimsoll_lora_swaps_total"
 BATCH_SIZE = "plimsoll_batch_size"
 STEP_TOKENS = "plimsoll_step_tokens"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"

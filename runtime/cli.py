@@ -148,6 +148,25 @@ def serve(
         help="Ranks (one process each; one GPU each on CUDA) that split attention heads and MLP columns "
         "(vLLM's flag). The KV cache size is per rank.",
     ),
+    enable_lora: bool = typer.Option(
+        False, "--enable-lora", help="Serve LoRA adapters: `model` picks one; /v1/load_lora_adapter loads more."
+    ),
+    lora_modules: list[str] | None = typer.Option(
+        None,
+        "--lora-modules",
+        help='Adapters loaded at start: name=path [name=path ...] or vLLM\'s JSON \'{"name": .., "path": ..}\' '
+        "(PEFT directories; needs --enable-lora).",
+        show_default=False,
+    ),
+    max_loras: int = typer.Option(
+        _engine_default("max_loras"), "--max-loras", min=1, help="Adapters one engine step can mix (device slots)."
+    ),
+    max_lora_rank: int = typer.Option(
+        _engine_default("max_lora_rank"), "--max-lora-rank", min=1, help="Largest adapter rank accepted."
+    ),
+    max_cpu_loras: int | None = typer.Option(
+        None, "--max-cpu-loras", min=1, help="Adapters kept in host memory, LRU (default: --max-loras)."
+    ),
     drain_timeout: float = typer.Option(
         _server_default("drain_timeout"),
         "--drain-timeout",
@@ -195,6 +214,7 @@ def serve(
         choose_model,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
+        parse_lora_module,
         resolve_dtype,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
@@ -210,6 +230,9 @@ def serve(
         kv_size = kv_cache_bytes(kv_cache_memory, kv_cache_memory_bytes)
         if gpu_memory_utilization is not None:
             kv_size = gpu_kv_cache_bytes(gpu_memory_utilization, device, model)
+        loras = [parse_lora_module(text) for text in lora_modules or []]
+        if loras and not enable_lora:
+            raise ServeArgError("--lora-modules needs --enable-lora")
         check_port(host, port)
         objectives = parse_objectives(inference_objective)
     except (ServeArgError, ValueError) as exc:
@@ -236,6 +259,11 @@ def serve(
             speculative_config=speculative_config,
             quantization=quantization,
             tensor_parallel_size=tensor_parallel_size,
+            enable_lora=enable_lora,
+            lora_modules=loras,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            max_cpu_loras=max_cpu_loras,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,

@@ -11,6 +11,7 @@ What it is not: the engine's own validation (``EngineConfig``) or the model load
 from __future__ import annotations
 
 import errno
+import json
 import socket
 from pathlib import Path
 
@@ -166,3 +167,46 @@ def kernel_line(device: str, attention_backend: str, dtype: str) -> str:
         f"kernels: torch only on CPU; the C++ decode kernels are {why}, so decode attention and "
         "small-batch matmuls are slower"
     )
+
+
+def parse_lora_module(text: str) -> dict[str, str]:
+    """One ``--lora-modules`` value: ``name=path`` or vLLM's JSON ``{"name": ..., "path": ...}``."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ServeArgError(f"--lora-modules {text!r} is not valid JSON ({exc})") from None
+        if not isinstance(value, dict) or not value.get("name") or not value.get("path"):
+            raise ServeArgError(f'--lora-modules {text!r}: the JSON form needs "name" and "path"')
+        extra = set(value) - {"name", "path", "base_model_name"}
+        if extra:
+            raise ServeArgError(f"--lora-modules {text!r}: unknown keys {sorted(extra)}; use name, path")
+        return {k: str(v) for k, v in value.items()}
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise ServeArgError(
+            f"--lora-modules {text!r} is not name=path; pass e.g. --lora-modules sql=/adapters/sql"
+        )
+    return {"name": name, "path": path}
+
+
+def expand_lora_modules(argv: list[str]) -> list[str]:
+    """vLLM's ``--lora-modules a=p b=q`` (several values after one flag) as click's repeated form.
+
+    The values after the flag, up to the next option, that read as ``name=path`` or JSON become
+    ``--lora-modules a=p --lora-modules b=q``; anything else (the positional MODEL) is left alone.
+    """
+    out: list[str] = []
+    in_modules = False
+    for arg in argv:
+        if arg == "--lora-modules":
+            in_modules = True
+            continue
+        if in_modules and not arg.startswith("-") and ("=" in arg or arg.lstrip().startswith("{")):
+            out += ["--lora-modules", arg]
+            continue
+        in_modules = False
+        out.append(arg)
+    if in_modules:
+        out.append("--lora-modules")  # a flag with no value: click says so
+    return out

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -105,6 +106,46 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
+    return out
+
+
+def write_random_lora(
+    base: str | Path,
+    path: str | Path,
+    r: int = 8,
+    target_modules: Sequence[str] = ("q_proj", "v_proj"),
+    lora_alpha: float = 16.0,
+    seed: int = 0,
+    scale: float = 1.0,
+) -> Path:
+    """A random PEFT LoRA adapter for the model in ``base``, written by peft itself.
+
+    Both A and B are random (peft's ``init_lora_weights=False``; B is zero after a
+    real initialisation, which would make the adapter a no-op), B multiplied by
+    ``scale``. Idempotent like ``write_tiny_model``.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = Path(path)
+    if (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=r, lora_alpha=lora_alpha, target_modules=list(target_modules), init_lora_weights=False
+    )
+    with warnings.catch_warnings():
+        # peft calls a transformers API that transformers marks deprecated: not ours to fix.
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = get_peft_model(model, config)
+    if scale != 1.0:
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if "lora_B" in name:
+                    param.mul_(scale)
+    peft_model.save_pretrained(str(out))
     return out
 
 

@@ -11,7 +11,6 @@ through ``loop.call_soon_threadsafe`` into per-request asyncio queues.
 """
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
+from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.step_profiler import StepProfiler
@@ -117,6 +117,37 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self._engine().stats()  # reads plain ints; a slightly stale view is fine
 
+    # -- LoRA adapters -----------------------------------------------------------------
+
+    def list_loras(self) -> list[LoRARequest]:
+        """Registered adapters (a copy; read without the engine thread, like ``stats``)."""
+        return list(self._engine().list_loras()) if self.engine is not None else []
+
+    async def add_lora(self, name: str, path: str) -> LoRARequest:
+        """Read and check the adapter in a worker thread, then register it on the engine thread.
+
+        Raises ``LoRAAdapterError`` (bad directory) or ``ValueError`` (name taken, LoRA off);
+        nothing is registered then.
+        """
+        engine = self._engine()
+        engine._lora_manager()  # LoRA off: refuse before reading anything
+        weights = await asyncio.to_thread(engine.read_lora, name, path)
+        lora: LoRARequest = await self._call(lambda e: e.add_lora(name, path, weights))
+        return lora
+
+    async def remove_lora(self, name: str) -> None:
+        """Unregister on the engine thread; ``LoRANotFoundError`` or ``LoRAInUseError`` if it cannot."""
+        await self._call(lambda e: e.remove_lora(name))
+
+    async def _call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between steps and return (or raise) its result."""
+        if self._error is not None:
+            raise EngineDeadError(f"the engine loop died: {self._error!r}")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._post("call", (fn, loop, future))
+        return await future
+
     # -- requests ----------------------------------------------------------------------
 
     async def generate(
@@ -124,11 +155,13 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str,
+        lora_name: str | None = None,
         *,
         priority: int = 0,
         fairness_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Outputs of one request already validated by the caller (the HTTP edge).
+        """Outputs of one request already validated by the caller (the HTTP edge), under the
+        adapter ``lora_name`` if given.
 
         ``priority`` and ``fairness_id`` are the request's scheduling attributes (see
         ``LLMEngine.add_request``).
@@ -141,7 +174,7 @@ class AsyncEngine:
         ids = list(prompt_token_ids)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request_id, ids, params, arrival, priority, fairness_id))
+        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id))
         finished = False
         try:
             while True:
@@ -177,11 +210,7 @@ class AsyncEngine:
         return await self._on_engine_thread(self.step_profiler.end)
 
     async def _on_engine_thread(self, call: Callable[[], Any]) -> Any:
-        if self._error is not None:
-            raise EngineDeadError(f"the engine loop died: {self._error!r}")
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._post("call", (call, done))
-        return await asyncio.wrap_future(done)
+        return await self._call(lambda _engine: call())
 
     def _post(self, kind: str, payload: Any) -> None:
         with self._cond:
@@ -196,6 +225,25 @@ class AsyncEngine:
             loop, queue = stream
             loop.call_soon_threadsafe(queue.put_nowait, out)
 
+    @staticmethod
+    def _run_call(
+        engine: LLMEngine, fn: Callable[[LLMEngine], Any], loop: asyncio.AbstractEventLoop, future: Any
+    ) -> None:
+        def settle(result: Any, exc: BaseException | None) -> None:
+            if future.done():  # the caller gave up (cancelled)
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        try:
+            result = fn(engine)
+        except Exception as exc:  # the caller's error (a bad name), not the engine's
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
     def _loop(self) -> None:
         engine = self._engine()
         try:
@@ -208,19 +256,16 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, ids, params, arrival, priority, fairness_id = payload
+                        request_id, ids, params, arrival, lora_name, priority, fairness_id = payload
                         try:
                             engine.add_request(
-                                request_id, ids, params, arrival, ids, priority=priority, fairness_id=fairness_id
-                            )
+                                request_id, ids, params, arrival, ids, lora_name,
+                                priority=priority, fairness_id=fairness_id,
+                            )  # fmt: skip
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)
-                    elif kind == "call":  # e.g. start/stop the profiler on this thread
-                        call, done = payload
-                        try:
-                            done.set_result(call())
-                        except Exception as exc:
-                            done.set_exception(exc)
+                    elif kind == "call":  # adapters, the profiler: run on this thread between steps
+                        self._run_call(engine, *payload)
                     else:
                         out = engine.abort_request(payload)
                         if out is not None:

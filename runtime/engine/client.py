@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineStats, RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 
@@ -44,10 +45,17 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str,
+        lora_name: str | None = None,
         *,
         priority: int = 0,
         fairness_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
+
+    def list_loras(self) -> list[LoRARequest]: ...
+
+    async def add_lora(self, name: str, path: str) -> LoRARequest: ...
+
+    async def remove_lora(self, name: str) -> None: ...
 
     def abort(self, request_id: str) -> None: ...
 

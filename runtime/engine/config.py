@@ -16,6 +16,16 @@ from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
 
 
+class LoRAModule(BaseModel):
+    """One ``--lora-modules`` entry: the name clients send as ``model`` and a PEFT directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    base_model_name: str | None = None  # vLLM's JSON form may carry it; informational only
+
+
 class EngineConfig(BaseModel):
     """Validated engine settings. ``LLM(**fields)`` and ``plimsoll serve`` both build one."""
 
@@ -61,6 +71,38 @@ class EngineConfig(BaseModel):
                 f"quantization={self.quantization!r} with tensor_parallel_size={self.tensor_parallel_size} is "
                 "not supported yet; drop one of them"
             )
+        return self
+
+    enable_lora: bool = Field(False, description="serve LoRA adapters (vLLM's --enable-lora)")
+    lora_modules: list[LoRAModule] = Field(default_factory=list, description="adapters loaded at start")
+    max_loras: int = Field(1, ge=1, description="adapters in one step's device slots (vLLM's --max-loras)")
+    max_lora_rank: int = Field(16, ge=1, description="largest adapter rank accepted (vLLM's --max-lora-rank)")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="adapters kept in host memory, LRU (vLLM's --max-cpu-loras; default --max-loras)"
+    )
+
+    @model_validator(mode="after")
+    def _check_lora(self) -> "EngineConfig":
+        if not self.enable_lora:
+            if self.lora_modules:
+                raise ValueError("lora_modules needs enable_lora (pass --enable-lora with --lora-modules)")
+            return self
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})"
+            )
+        if self.quantization is not None:
+            raise ValueError("LoRA adapters on an int8-quantised model are not supported; drop --quantization")
+        if self.speculative_config is not None:
+            raise ValueError("LoRA adapters with speculative decoding are not supported; drop one of them")
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                "LoRA adapters with tensor_parallel_size > 1 are not supported yet (adapter slots are not "
+                "sharded); drop --enable-lora or --tensor-parallel-size"
+            )
+        names = [m.name for m in self.lora_modules]
+        if len(set(names)) != len(names) or self.display_name in names:
+            raise ValueError(f"LoRA module names must be unique and differ from the base model's: {names}")
         return self
 
     @field_validator("speculative_config", mode="before")

@@ -18,6 +18,7 @@ import torch
 from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
+from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
 from plimsoll.runtime.engine.model_runner import ModelRunner, kv_bytes_per_token
 from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
@@ -67,19 +68,31 @@ class LLMEngine:
             )
         self.max_model_len = self._max_model_len(loaded.max_position_embeddings, self.num_blocks * bs)
         kv = KVCacheManager(self.num_blocks, bs)
+        self.lora: LoRAManager | None = None
+        if config.enable_lora:
+            self.lora = LoRAManager(config.max_loras, config.max_cpu_loras or config.max_loras, self.read_lora)
         self.scheduler = Scheduler(
             kv,
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.max_model_len,
             config.scheduling_policy,
+            self.lora,
         )
         self.runner = ModelRunner(
-            loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend
+            loaded.model,
+            self.num_blocks,
+            bs,
+            config.torch_dtype,
+            self.device,
+            config.attention_backend,
+            lora_slots=(config.max_loras, config.max_lora_rank) if config.enable_lora else None,
         )
         if self.executor is not None:
             self.executor.start_workers(self.num_blocks)
             self.runner.plan_sink = self.executor.broadcast_plan
+        for module in config.lora_modules:
+            self.add_lora(module.name, module.path)
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
@@ -140,6 +153,38 @@ class LLMEngine:
     def model_name(self) -> str:
         return str(self.config.display_name)
 
+    # -- LoRA adapters (--enable-lora) -----------------------------------------------------
+
+    def read_lora(self, name: str, path: str) -> Any:
+        """Read and check a PEFT adapter against this model; raises ``LoRAAdapterError``. Any thread."""
+        from plimsoll.runtime.models.lora import read_peft_adapter
+
+        return read_peft_adapter(name, path, self.hf_config, self.config.max_lora_rank, self.config.torch_dtype)
+
+    def _lora_manager(self) -> LoRAManager:
+        if self.lora is None:
+            raise ValueError("LoRA is not enabled on this server; start it with --enable-lora")
+        return self.lora
+
+    def add_lora(self, name: str, path: str, weights: Any = None) -> LoRARequest:
+        """Register an adapter (``weights`` already read, or read now); nothing changes on error."""
+        manager = self._lora_manager()
+        if name == self.model_name:
+            raise ValueError(f"'{name}' is the base model's name; give the adapter another lora_name")
+        if name in manager.adapters:
+            raise ValueError(f"The lora adapter '{name}' has already been loaded; unload it first.")
+        lora = manager.add(name, path, weights if weights is not None else self.read_lora(name, path))
+        log.info("LoRA adapter %s loaded from %s", name, path)
+        return lora
+
+    def remove_lora(self, name: str) -> None:
+        """Unregister an adapter; refused (``LoRAInUseError``) while a request uses it."""
+        self._lora_manager().remove(name, self.scheduler.requests.values())
+        log.info("LoRA adapter %s unloaded", name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return list(self.lora.adapters.values()) if self.lora is not None else []
+
     # -- intake -------------------------------------------------------------------------
 
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
@@ -157,17 +202,20 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         prompt_token_ids: list[int] | None = None,
+        lora_name: str | None = None,
         *,
         priority: int = 0,
         fairness_id: str | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
 
-        ``prompt_token_ids`` skips tokenising a text prompt that the caller already tokenised.
+        ``prompt_token_ids`` skips tokenising a text prompt that the caller already tokenised;
+        ``lora_name`` runs it under that adapter (``LoRANotFoundError`` if none is loaded by that name).
         ``priority`` (lower first) and ``fairness_id`` (the tenant) are the request's scheduling
         attributes, read by ``--scheduling-policy priority`` only, as vLLM's ``add_request`` takes them.
         """
         params.validate()
+        lora = self._lora_manager().get(lora_name) if lora_name is not None else None
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
         if prompt_token_ids is not None:
@@ -187,6 +235,10 @@ class LLMEngine:
         else:
             # Caching off: siblings of one n>1 request still share their prompt blocks.
             salt = f"group:{request_id}:{id(params)}" if params.n > 1 else None
+        if lora is not None and salt is not None:
+            # The adapter changes every layer's K and V: its blocks are its own (block 0's salt
+            # starts the hash chain, so every later block differs too).
+            salt = f"lora:{lora.lora_int_id}:{salt}"
         seqs = []
         for i in range(params.n):
             seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
@@ -194,6 +246,7 @@ class LLMEngine:
                 seq_id, request_id, i, ids, params, self.eos_token_ids, arrival,
                 cache_salt=salt, priority=priority, fairness_id=fairness_id,
             )
+            seq.lora = lora
             seq.generator = torch.Generator(device="cpu")
             if params.seed is not None:
                 seq.generator.manual_seed((params.seed + i * 1_000_003) % 2**64)
@@ -229,6 +282,8 @@ class LLMEngine:
         t0 = time.monotonic()
         sched = self.scheduler.schedule()
         touched: dict[str, RequestGroup] = {}
+        if sched.lora_loads:
+            self._load_lora_slots(sched)
         if not sched.is_empty:
             prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_output_tokens == 0]
             reqs, logits = self.runner.execute(sched)  # a failure here is the engine's: it propagates
@@ -261,6 +316,22 @@ class LLMEngine:
         if self.observer is not None:
             self.observer.on_step(self._step_stats(sched, time.monotonic() - t0))
         return outputs
+
+    def _load_lora_slots(self, sched: Any) -> None:
+        """Copy this step's newly slotted adapters to the device. An adapter whose files went bad
+        since it was registered fails its own requests only; they leave the step."""
+        assert self.lora is not None
+        for slot, lora in sched.lora_loads:
+            try:
+                self.runner.load_lora(slot, self.lora.weights(lora))
+            except Exception as exc:
+                self.lora.slot_lora[slot] = None
+                for req, _ in list(sched.scheduled):
+                    group = self.seq_to_group.get(req.request_id)
+                    if req.lora == lora and group is not None and not group.finished:
+                        self._fail_group(group, req, exc)
+                alive = self.scheduler.requests
+                sched.scheduled = [(r, n) for r, n in sched.scheduled if r.request_id in alive]
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[Any]:
         """Per request ``[(token, logprobs), ...]`` (several when proposals were accepted), or the
@@ -334,6 +405,7 @@ class LLMEngine:
             prefix_cache_queries=sched.prefix_cache_queries,
             prefix_cache_hits=sched.prefix_cache_hits,
             kv_cache_usage=self.scheduler.kv.usage(),
+            lora_swaps=len(sched.lora_loads),
             step_time_s=step_time,
             **self._spec_stats(sched),
         )
@@ -359,7 +431,17 @@ class LLMEngine:
             num_free_blocks=kv.num_free_blocks,
             block_size=self.config.block_size,
             enable_prefix_caching=self.config.enable_prefix_caching,
+            **self._lora_stats(),
         )
+
+    def _lora_stats(self) -> dict[str, Any]:
+        if self.lora is None:
+            return {}
+        return {
+            "max_loras": self.lora.max_loras,
+            "running_lora_adapters": self.lora.names_in(list(self.scheduler.running)),  # copies: read off-thread
+            "waiting_lora_adapters": self.lora.names_in(list(self.scheduler.waiting)),
+        }
 
     def warmup(self) -> None:
         """One tiny request through every stage, so the first real request pays no first-call costs."""
@@ -370,9 +452,12 @@ class LLMEngine:
             self.step()
 
     def generate(
-        self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]
+        self,
+        prompts: list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams],
+        lora_names: list[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts to completion; outputs in prompt order."""
+        """Run prompts to completion (each under its adapter in ``lora_names``); outputs in prompt order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(
@@ -380,8 +465,9 @@ class LLMEngine:
             )
         base = f"gen-{self.rng.getrandbits(48):x}"
         ids = [f"{base}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, plist, strict=True):
-            self.add_request(rid, prompt, p)  # type: ignore[arg-type]  # list invariance
+        loras = lora_names if lora_names is not None else [None] * len(prompts)
+        for rid, prompt, p, lora in zip(ids, prompts, plist, loras, strict=True):
+            self.add_request(rid, prompt, p, lora_name=lora)  # type: ignore[arg-type]  # list invariance
         final: dict[str, RequestOutput] = {}
         while self.has_unfinished_requests():
             for out in self.step():

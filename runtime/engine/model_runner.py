@@ -19,6 +19,7 @@ from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
 from plimsoll.runtime.models.llama import LlamaForCausalLM
+from plimsoll.runtime.models.lora import LoRASlots, LoRAWeights
 from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
 
 
@@ -40,8 +41,10 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         attention_backend: str = "torch",
+        lora_slots: tuple[int, int] | None = None,  # (max_loras, max_lora_rank) with --enable-lora
     ) -> None:
         self.model = model
+        self.lora = LoRASlots(model, *lora_slots) if lora_slots is not None else None
         self.block_size = block_size
         self.device = device
         self.store_kv, self.paged_attention = get_backend(attention_backend)
@@ -102,6 +105,22 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         return ids, pos.to(dev), meta, last_rows
 
+    def _lora_row_mask(self, sched: SchedulerOutput) -> torch.Tensor | None:
+        """``[N, max_loras]``: one-hot of each token's adapter slot; zero rows run the base model."""
+        assert self.lora is not None
+        slots = [req.lora_slot for req, _ in sched.scheduled]
+        if max(slots) < 0:
+            return None  # no adapter in this step: the projections skip LoRA entirely
+        q_lens = torch.tensor([n for _, n in sched.scheduled], dtype=torch.int64)
+        slot_of_token = torch.repeat_interleave(torch.tensor(slots, dtype=torch.int64), q_lens)  # [N]
+        mask = torch.nn.functional.one_hot(slot_of_token.clamp(min=0), self.lora.max_loras)
+        mask[slot_of_token < 0] = 0
+        return mask.to(device=self.device, dtype=self.kv_caches[0][0].dtype)
+
+    def load_lora(self, slot: int, weights: LoRAWeights) -> None:
+        assert self.lora is not None
+        self.lora.load(slot, weights)
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> tuple[list[Request], torch.Tensor]:
         """Run one step; return the requests that sample now and their fp32 logits ``[S, V]``.
@@ -119,7 +138,13 @@ class ModelRunner:
         plan = StepPlan(ids, pos, meta, rows)
         if self.plan_sink is not None:
             self.plan_sink(plan)
-        logits = self.run(plan)
+        if self.lora is not None:  # LoRA is refused with tensor parallelism: rank 0 only
+            self.lora.row_mask = self._lora_row_mask(sched)
+        try:
+            logits = self.run(plan)
+        finally:
+            if self.lora is not None:
+                self.lora.row_mask = None
         if logits is None:
             return [], torch.empty(0)
         return reqs, logits.float()

@@ -52,6 +52,7 @@ def make_request_output(g: RequestGroup) -> RequestOutput:
         num_preemptions=sum(s.num_preemptions for s in g.seqs),
         finish_reason=first.finish_reason if g.finished else None,
         priority=first.priority,
+        lora_name=first.lora.lora_name if first.lora is not None else None,
         prefill_chunks=list(first.prefill_chunks),
     )
     return RequestOutput(

@@ -50,6 +50,7 @@ class RequestMetrics:
     num_preemptions: int = 0
     finish_reason: str | None = None
     priority: int = 0
+    lora_name: str | None = None  # the adapter it ran under; None = the base model
     # (start, end, tokens) of every step that computed prompt tokens: the trace's prefill chunks
     prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)
 
@@ -86,6 +87,7 @@ class StepStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    lora_swaps: int = 0  # adapters copied into a device slot this step
 
 
 @dataclass(slots=True)
@@ -97,6 +99,10 @@ class EngineStats:
     num_free_blocks: int
     block_size: int
     enable_prefix_caching: bool
+    # --enable-lora: slots, and the adapters of running / waiting requests (GIE's lora_requests_info)
+    max_loras: int = 0
+    running_lora_adapters: list[str] = field(default_factory=list)
+    waiting_lora_adapters: list[str] = field(default_factory=list)
 
 
 class EngineObserver(Protocol):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
+    from plimsoll.runtime.engine.lora_manager import LoRARequest
     from plimsoll.runtime.engine.outputs import Logprob
 
 # First parent of every hash chain: fixed, so hashes agree across processes and pods.
@@ -82,6 +83,8 @@ class Request:
     prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, tokens)
     # Proposed next tokens (speculative decoding), verified by the next step; never in all_token_ids.
     spec_token_ids: list[int] = field(default_factory=list)
+    lora: "LoRARequest | None" = None  # the adapter this sequence runs under; None = the base model
+    lora_slot: int = -1  # its device slot while running (lora_manager.py); -1 = none held
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

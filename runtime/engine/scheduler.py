@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
+from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
 from plimsoll.runtime.engine.policy import make_policy
 from plimsoll.runtime.engine.request import Request, RequestStatus
 
@@ -38,6 +39,7 @@ class SchedulerOutput:
     num_kv_allocation_failures: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    lora_loads: list[tuple[int, LoRARequest]] = field(default_factory=list)  # (slot, adapter) to copy first
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -56,12 +58,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         policy: str = "continuous",
+        lora: LoRAManager | None = None,
     ) -> None:
         if policy not in ("continuous", "static", "priority"):
             raise ValueError(
                 f"scheduling_policy must be 'continuous', 'static' or 'priority', got {policy!r}"
             )
         self.kv = kv
+        self.lora = lora
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -120,14 +124,23 @@ class Scheduler:
 
         # Pass 2: waiting requests in the policy's order, only if the KV cache preempted nobody.
         if len(out.preempted) == num_displaced and allowed:
+            if self.lora is not None:
+                self.lora.begin_admission()
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                req = self.order.select(self.waiting)
+                # A request whose adapter cannot get a slot waits; the ones behind it may go.
+                admissible = (r for r in self.waiting if self.lora is None or self.lora.can_acquire(r))
+                try:
+                    req = self.order.select(admissible)
+                except (StopIteration, ValueError):  # FCFS: next() on nothing; priority: min() of nothing
+                    break
                 hits, num_hit = self.kv.get_computed_blocks(req)
                 num_new = min(req.num_tokens - num_hit, budget)
                 if not self.kv.allocate_slots(req, num_new, hits):
                     out.num_kv_allocation_failures += 1
                     break
                 self.waiting.remove(req)
+                if self.lora is not None:
+                    self.lora.acquire(req)
                 out.prefix_cache_queries += req.num_tokens
                 out.prefix_cache_hits += num_hit
                 req.num_computed_tokens = num_hit
@@ -142,6 +155,8 @@ class Scheduler:
             if self.policy == "static" and (not self.waiting or len(self.running) >= self.max_num_seqs):
                 self._static_admission_open = False
 
+        if self.lora is not None:
+            out.lora_loads = self.lora.take_pending_loads()
         # Progress is booked now; the runner reads the pre-step value from the tuple.
         for req, num_new in out.scheduled:
             req.num_computed_tokens += num_new
@@ -188,6 +203,8 @@ class Scheduler:
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
         self.kv.free(req)
+        if self.lora is not None:
+            self.lora.release(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
@@ -205,6 +222,8 @@ class Scheduler:
         else:
             return
         self.kv.free(req)
+        if self.lora is not None:
+            self.lora.release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.stop_reason = stop_reason

@@ -11,6 +11,8 @@ oneDNN splits them over the intra-op threads: ``python benchmarks/engine_workloa
 What it is not: quantisation, weight packing, or a GPU path (CUDA keeps ``F.linear``).
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -51,5 +53,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
+    # Set by models/lora.LoRASlots on the projections adapters can target: adds each row's delta.
+    lora: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        out = linear(x, self.weight, self.bias)
+        return out if self.lora is None else self.lora(x, out)

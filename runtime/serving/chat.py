@@ -66,7 +66,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     tenant = tenant_of(raw, req.user)
     held = (len(prompt_ids) + max_tokens) * req.n
     adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
-    stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat", priority=priority, fairness_id=tenant)
+    stream = ctx.outputs(
+        prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), priority=priority, fairness_id=tenant
+    )
     if req.stream:
         streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
         return streaming
@@ -120,14 +122,14 @@ def _response(
             )
         )
     return ChatCompletionResponse(
-        id=request_id, model=ctx.settings.served_model_name, choices=choices, usage=_usage(final)
+        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(final)
     )
 
 
 async def _stream(
     ctx: ServingContext, req: ChatCompletionRequest, adm: Admission, stream: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[str]:
-    chunk = ChunkFrame(adm.request_id, "chat.completion.chunk", ctx.settings.served_model_name).event
+    chunk = ChunkFrame(adm.request_id, "chat.completion.chunk", ctx.model_of(req.model)).event
     tokenizer = ctx.engine.tokenizer
     finish_sent: set[int] = set()
     continuous = bool(req.stream_options and req.include_usage and req.stream_options.continuous_usage_stats)

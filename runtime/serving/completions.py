@@ -61,7 +61,15 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
     adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
     streams = [
-        ctx.outputs(ids, p, f"{adm.request_id}-{i}", "completions", priority=priority, fairness_id=tenant)
+        ctx.outputs(
+            ids,
+            p,
+            f"{adm.request_id}-{i}",
+            "completions",
+            ctx.lora_of(req.model),
+            priority=priority,
+            fairness_id=tenant,
+        )
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
     if req.stream:
@@ -107,7 +115,7 @@ def _response(
                 )
             )
     return CompletionResponse(
-        id=request_id, model=ctx.settings.served_model_name, choices=choices, usage=_usage(finals)
+        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(finals)
     )
 
 
@@ -126,7 +134,7 @@ def _usage(outputs: list[RequestOutput]) -> UsageInfo:
 async def _stream(
     ctx: ServingContext, req: CompletionRequest, adm: Admission, streams: list[AsyncIterator[RequestOutput]]
 ) -> AsyncIterator[str]:
-    chunk = ChunkFrame(adm.request_id, "text_completion", ctx.settings.served_model_name).event
+    chunk = ChunkFrame(adm.request_id, "text_completion", ctx.model_of(req.model)).event
     tokenizer = ctx.engine.tokenizer
     latest: dict[int, RequestOutput] = {}
     finish_sent: set[int] = set()

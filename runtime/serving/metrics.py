@@ -16,6 +16,7 @@ high-cardinality labels: the only labels are ``model_name`` and small fixed sets
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -186,6 +187,19 @@ class ServerMetrics:
             )
         elif metrics_compat is not None:
             raise ValueError(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
+        # --enable-lora (GIE's model-server protocol): one series, value = when it was set, labels =
+        # the adapters of running and waiting requests (comma-joined) and the slot count.
+        lora_info_labels = ("running_lora_adapters", "waiting_lora_adapters", "max_lora")
+        self.lora_info = [gauge(mn.LORA_REQUESTS_INFO, "LoRA adapters in use; value = unix time.", lora_info_labels)]
+        if metrics_compat == "vllm":
+            self.lora_info.append(
+                gauge(mn.VLLM_LORA_REQUESTS_INFO, "LoRA adapters in use (= plimsoll_lora_requests_info).",
+                      lora_info_labels)
+            )
+        self.lora_requests = counter(mn.LORA_REQUESTS, "Finished requests by LoRA adapter.", ("lora_name",))
+        self.lora_swaps = counter(
+            mn.LORA_SWAPS, "LoRA adapters copied into a --max-loras device slot (first loads and swaps)."
+        )
         self.cut_by_shutdown = counter(
             mn.REQUESTS_CUT_BY_SHUTDOWN,
             "Requests still in flight when the drain deadline after SIGTERM passed, ended by the shutdown.",
@@ -214,7 +228,7 @@ class ServerMetrics:
         for reason in ERROR_REASONS:
             self.request_errors.labels(model_name, reason)
         for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits,
-                       self.cut_by_shutdown):
+                       self.cut_by_shutdown, self.lora_swaps):
             family.labels(model_name)
 
     # ---- the engine observer ---------------------------------------------------
@@ -240,6 +254,9 @@ class ServerMetrics:
             self.prefix_hits.labels(m).inc(stats.prefix_cache_hits)
         if getattr(stats, "spec_num_drafts", 0):
             self._on_spec_step(stats)
+        swaps = getattr(stats, "lora_swaps", 0)
+        if swaps:
+            self.lora_swaps.labels(m).inc(swaps)
 
     def _on_spec_step(self, stats: Any) -> None:
         m = self.model_name
@@ -267,6 +284,8 @@ class ServerMetrics:
         self.priority_requests.labels(m, cls).inc()
         self.prompt_tokens.labels(m).inc(rm.num_prompt_tokens)
         self.generation_tokens.labels(m).inc(rm.num_generation_tokens)
+        if getattr(rm, "lora_name", None) is not None:
+            self.lora_requests.labels(m, rm.lora_name).inc()
         arrival, sched = rm.arrival_time, rm.first_scheduled_time
         first, last, done = rm.first_token_time, rm.last_token_time, rm.finished_time
         if done is not None:
@@ -313,6 +332,17 @@ class ServerMetrics:
     def refresh(self, stats: _EngineStats) -> None:
         """Read the gauges fresh from the engine: an abort frees blocks between steps."""
         self._set_gauges(stats)
+        max_loras = getattr(stats, "max_loras", 0)
+        if max_loras:
+            labels = (
+                self.model_name,
+                ",".join(getattr(stats, "running_lora_adapters", [])),
+                ",".join(getattr(stats, "waiting_lora_adapters", [])),
+                str(max_loras),
+            )
+            for family in self.lora_info:
+                family.clear()  # one series: the current sets of adapters, not every set ever seen
+                family.labels(*labels).set(time.time())
 
     def _set_gauges(self, stats: _EngineStats) -> None:
         m = self.model_name

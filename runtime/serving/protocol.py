@@ -327,6 +327,20 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
 
 
+class LoadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/load_lora_adapter`` (vLLM's body)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """``POST /v1/unload_lora_adapter`` (vLLM's body; ``lora_int_id`` is accepted and not needed)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None
+
+
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]

@@ -153,12 +153,21 @@ class ServingContext:
 
     # ---- one prompt through the engine ---------------------------------------
 
+    def lora_of(self, model: str | None) -> str | None:
+        """The adapter a request's ``model`` names (the server has checked it exists), or None."""
+        return model if model is not None and model != self.settings.served_model_name else None
+
+    def model_of(self, model: str | None) -> str:
+        """The ``model`` a response reports: the adapter's name, or the base model's."""
+        return self.lora_of(model) or self.settings.served_model_name
+
     async def outputs(
         self,
         prompt_ids: list[int],
         params: SamplingParams,
         request_id: str,
         endpoint: str,
+        lora_name: str | None = None,
         *,
         priority: int = 0,
         fairness_id: str | None = None,
@@ -171,7 +180,9 @@ class ServingContext:
         """
         started = time.monotonic()
         deadline = started + self.settings.request_timeout if self.settings.request_timeout else None
-        gen = self.engine.generate(prompt_ids, params, request_id, priority=priority, fairness_id=fairness_id)
+        gen = self.engine.generate(
+            prompt_ids, params, request_id, lora_name, priority=priority, fairness_id=fairness_id
+        )
         last: RequestOutput | None = None
         last_emit = started
         status = "ok"
@@ -182,6 +193,10 @@ class ServingContext:
                         out = await anext(gen)
                 except StopAsyncIteration:
                     break
+                except LookupError as exc:
+                    # The adapter was unloaded between the edge's check and the engine's intake.
+                    status = "invalid_request"
+                    raise APIError(404, str(exc), param="model") from None
                 except ValueError as exc:
                     # The engine refuses bad input before queueing it, with a message saying what to change.
                     status = "invalid_request"

@@ -34,7 +34,14 @@ from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
 from plimsoll.runtime.serving.metrics import ServerMetrics
 from plimsoll.runtime.serving.profiling import add_profile_route
-from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from plimsoll.runtime.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadLoRAAdapterRequest,
+    ModelCard,
+    ModelList,
+    UnloadLoRAAdapterRequest,
+)
 from plimsoll.runtime.serving.requests import ServingContext
 from plimsoll.runtime.serving.settings import ServerSettings
 from plimsoll.runtime.serving.template_pool import TemplatePool
@@ -211,11 +218,10 @@ def build_app(
                 headers={"Retry-After": str(settings.retry_after_s)},
             )
         if model is not None and model != settings.served_model_name:
-            raise APIError(
-                404,
-                f"The model `{model}` does not exist. Valid model names: {settings.served_model_name}.",
-                param="model",
-            )
+            adapters = [lora.lora_name for lora in engine.list_loras()]
+            if model not in adapters:
+                valid = ", ".join([settings.served_model_name, *adapters])
+                raise APIError(404, f"The model `{model}` does not exist. Valid model names: {valid}.", param="model")
 
     @app.get("/health")
     async def health() -> Response:
@@ -266,7 +272,49 @@ def build_app(
             root=settings.model_root,
             max_model_len=engine.max_model_len if engine.is_ready else None,
         )
-        return ModelList(data=[card])
+        adapters = [
+            ModelCard(id=lora.lora_name, created=card.created, root=lora.lora_path, parent=settings.served_model_name,
+                      max_model_len=card.max_model_len)
+            for lora in engine.list_loras()
+        ]
+        return ModelList(data=[card, *adapters])
+
+    def check_lora_enabled() -> None:
+        if not engine.config.enable_lora:
+            raise APIError(
+                404,
+                "LoRA adapters are not enabled on this server; start it with --enable-lora to load and unload "
+                "adapters at run time.",
+            )
+        if not engine.is_ready:
+            raise APIError(503, "The model is still loading; retry when /ready answers 200.",
+                           headers={"Retry-After": str(settings.retry_after_s)})
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
+        from plimsoll.runtime.models.lora import LoRAAdapterError
+
+        check_lora_enabled()
+        try:
+            await engine.add_lora(body.lora_name, body.lora_path)
+        except LoRAAdapterError as exc:
+            raise APIError(400, f"The lora adapter '{body.lora_name}' was not loaded: {exc}", param="lora_path") from None
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="lora_name") from None
+        return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
+        from plimsoll.runtime.engine.lora_manager import LoRAInUseError, LoRANotFoundError
+
+        check_lora_enabled()
+        try:
+            await engine.remove_lora(body.lora_name)
+        except LoRANotFoundError as exc:
+            raise APIError(404, str(exc), param="lora_name") from None
+        except LoRAInUseError as exc:
+            raise APIError(400, str(exc), param="lora_name", headers={"Retry-After": str(settings.retry_after_s)}) from None
+        return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.", media_type="text/plain")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:

@@ -48,3 +48,15 @@ def test_a_malformed_inference_objective_exits_2_saying_how_to_write_it() -> Non
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, result.output
         assert "'critical' is not NAME=PRIORITY" in result.output and "interactive=10" in result.output
+
+
+def test_lora_flags_exist_and_refuse_mistakes() -> None:
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    for flag in ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank", "--max-cpu-loras"):
+        assert flag in result.output, flag
+    result = CliRunner().invoke(app, ["serve", "--lora-modules", "a=/p", "--port", "1"])
+    assert result.exit_code == 2 and "--lora-modules needs --enable-lora" in result.output
+    result = CliRunner().invoke(app, ["serve", "--enable-lora", "--lora-modules", "a", "--port", "1"])
+    assert result.exit_code == 2 and "not name=path" in result.output
+    result = CliRunner().invoke(app, ["serve", "--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2", "--port", "1"])
+    assert result.exit_code == 2 and "max_cpu_loras" in result.output
