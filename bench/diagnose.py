@@ -51,13 +51,14 @@ ADVICE = {
         "lower the batch cap (--max-num-seqs) to stop preemption thrash, or add replicas",
     ],
 }
-# vLLM has the flags plimsoll serve does not (yet): name them only to a vLLM server.
+# Flags both engines take (vLLM's names; plimsoll serve follows them).
+ADVICE["decode_slow"].append(
+    "quantise the weights (--quantization; int8 on plimsoll serve), speculative decoding "
+    "(--speculative-config) or tensor parallelism across GPUs (--tensor-parallel-size)"
+)
+# Where the two differ: name each engine's own option only to that engine.
 VLLM_EXTRA = {
-    "decode_slow": [
-        "quantise (--quantization), speculative decoding (--speculative-config) or tensor parallel "
-        "(--tensor-parallel-size)"
-    ],
-    "kv_capacity": ["an fp8 KV cache (--kv-cache-dtype fp8) fits about twice the tokens"],
+    "kv_capacity": ["an fp8 KV cache (--kv-cache-dtype fp8) fits about twice the tokens of bf16"],
 }
 
 
@@ -68,7 +69,11 @@ PROFILE_TIP = (
     "detokenising), profile the engine loop: `plimsoll profile --url URL --seconds 20 -o profiles/` "
     "(the server needs --enable-profiling; engine_step spans show each step and the gaps between them)"
 )
-PLIMSOLL_EXTRA = {"decode_slow": [PROFILE_TIP], "decode_uneven": [PROFILE_TIP]}
+PLIMSOLL_EXTRA = {
+    "decode_slow": [PROFILE_TIP],
+    "decode_uneven": [PROFILE_TIP],
+    "kv_capacity": ["an int8 KV cache (--kv-cache-dtype int8) fits about twice the tokens of bf16, four times fp32"],
+}
 
 
 def advice(cause: str, family: str | None) -> list[str]:
