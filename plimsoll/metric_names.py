@@ -15,6 +15,8 @@ NUM_REQUESTS_RUNNING = "plimsoll_num_requests_running"
 NUM_REQUESTS_WAITING = "plimsoll_num_requests_waiting"
 KV_CACHE_USAGE_RATIO = "plimsoll_kv_cache_usage_ratio"
 CACHE_CONFIG_INFO = "plimsoll_cache_config_info"
+# Info metric: {version} of the running engine (the operator's drift check notices a change).
+BUILD_INFO = "plimsoll_build_info"
 # Histograms (seconds)
 TIME_TO_FIRST_TOKEN = "plimsoll_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "plimsoll_inter_token_latency_seconds"

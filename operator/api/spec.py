@@ -220,6 +220,21 @@ class ProfileSpec(APIModel):
     )
 
 
+class DriftSpec(APIModel):
+    """When a replica counts as no longer behaving like its profile (the ProfileDrift condition)."""
+
+    margin: float = Field(
+        0.25, gt=0, le=10,
+        description="Relative difference from the profile's throughput, TTFT p95 or TPOT p50 that counts as drift.",
+    )  # fmt: skip
+    window_seconds: PositiveInt = Field(
+        600, description="Seconds of traffic each comparison covers; drift must hold over the whole window."
+    )
+    min_requests: PositiveInt = Field(
+        20, description="Finished requests a replica needs in the window before it is compared."
+    )
+
+
 class CapacitySpec(APIModel):
     """How many concurrent requests one replica should carry."""
 
@@ -245,7 +260,11 @@ class CapacitySpec(APIModel):
         0.75, gt=0, le=1, description="Fraction of the measured knee each replica is loaded to."
     )
     reprofile: Reprofile = Field(
-        "Auto", description="Re-measure when the profile goes stale (Auto) or on request."
+        "Auto", description="Re-measure when the profile goes stale or drifts (Auto) or on request."
+    )
+    drift: DriftSpec = Field(
+        default_factory=lambda: DriftSpec.model_validate({}),
+        description="How far and how long live behaviour may differ from the profile before ProfileDrift.",
     )
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ ConditionType = Literal[
     "Degraded",
     "Profiled",
     "ProfileStale",
+    "ProfileDrift",
     "ScalingLimited",
     "SLOAtRisk",
     "ModelReady",
@@ -38,7 +39,7 @@ class Condition(APIModel):
     """One observation about the LLMService (metav1.Condition shape)."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ScalingLimited, SLOAtRisk or "
+        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ProfileDrift, ScalingLimited, SLOAtRisk or "
         "ModelReady (an hf:// model's download)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
@@ -59,6 +60,11 @@ class CapacityStatus(APIModel):
     measured_at: str | None = Field(None, description="When it was measured (RFC 3339).")
     spec_hash: str | None = Field(
         None, description="Hash of model, image, engine args and GPU it was measured on."
+    )
+    curve: list[FreeForm] | None = Field(
+        None,
+        description="Per level of the sweep: concurrency, outputTokensPerS, ttftP95Ms, tpotP50Ms "
+        "(what the ProfileDrift check compares each replica with).",
     )
 
 

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers import scale_phases
+from plimsoll.operator.handlers.drift import DriftState, track_drift
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.resources.labels import selector_string
@@ -127,6 +128,7 @@ async def autoscale_llmservice(
 ) -> None:
     """Scrape → decide → scale → explain, every ``autoscaling.intervalSeconds``, until the object goes."""
     state = LoopState()
+    drift = DriftState()
     async with httpx.AsyncClient() as http:
         while not stopped:
             interval = 5.0
@@ -136,7 +138,7 @@ async def autoscale_llmservice(
                 if svc.spec.autoscaling.mode != "builtin":
                     state.scaler = None
                 else:
-                    await _tick(memo.kube, body, svc, http, state, logger)
+                    await _tick(memo.kube, body, svc, http, state, drift, logger)
             except ValidationError:
                 pass  # reported by reconcile as InvalidSpec
             except Exception as error:  # one failed tick must not end the loop
@@ -179,6 +181,7 @@ async def _tick(
     svc: LLMService,
     http: httpx.AsyncClient,
     state: LoopState,
+    drift: DriftState,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     status = dict(body.get("status") or {})
@@ -209,6 +212,10 @@ async def _tick(
     state.saw(current, decision.desired_replicas)
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
+    try:
+        await track_drift(kube, body, svc, drift, samples, now, logger)
+    except Exception as error:  # the drift check must never stop scaling
+        logger.warning("profile drift check failed: %s", error)
     slo = None
     if state.slo_base is None:
         state.slo_base = (now, samples)

@@ -11,8 +11,8 @@ What it is not: it does not fetch anything. The handler scrapes; this reads text
 
 from dataclasses import dataclass
 
-from plimsoll.metric_names import ENGINE_FAMILIES, detect_family
-from plimsoll.prometheus import ExpositionError, Histogram, parse
+from plimsoll.metric_names import BUILD_INFO, ENGINE_FAMILIES, detect_family
+from plimsoll.prometheus import ExpositionError, Histogram, Scrape, parse
 
 # The handlers catch this name; any unreadable scrape (bad text, bad histogram) is one.
 MetricsError = ExpositionError
@@ -28,6 +28,10 @@ class PodSample:
     kv_usage: float | None  # 0..1
     ttft: Histogram | None
     tpot: Histogram | None
+    # Counter of tokens generated since the engine started (live throughput for drift); None when absent.
+    generation_tokens: float | None = None
+    # The engine's version label (``plimsoll_build_info``); None for engines that do not export one.
+    engine_version: str | None = None
 
     @property
     def in_flight(self) -> float:
@@ -63,7 +67,15 @@ def parse_scrape(text: str) -> PodSample:
         kv_usage=max(kv_values) if kv_values else None,
         ttft=scrape.histogram(engine.ttft),
         tpot=scrape.histogram(engine.tpot),
+        generation_tokens=scrape.sum(engine.generation_tokens),
+        engine_version=_engine_version(scrape),
     )
+
+
+def _engine_version(scrape: Scrape) -> str | None:
+    # An Info metric is exposed as <name>_info{version="..."} 1; several engines in a pod share one.
+    versions = sorted({labels["version"] for labels, _ in scrape.samples.get(BUILD_INFO, []) if "version" in labels})
+    return ",".join(versions) or None
 
 
 __all__ = ["MetricsError", "PodSample", "parse_scrape"]
