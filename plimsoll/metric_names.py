@@ -17,6 +17,8 @@ KV_CACHE_USAGE_RATIO = "plimsoll_kv_cache_usage_ratio"
 CACHE_CONFIG_INFO = "plimsoll_cache_config_info"
 # Info metric: {version} of the running engine (the operator's drift check notices a change).
 BUILD_INFO = "plimsoll_build_info"
+# Seconds from process start to the end of each start-up phase (label ``phase``).
+STARTUP_PHASE_SECONDS = "plimsoll_startup_phase_seconds"
 # Histograms (seconds)
 TIME_TO_FIRST_TOKEN = "plimsoll_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "plimsoll_inter_token_latency_seconds"

@@ -26,6 +26,7 @@ from plimsoll.runtime.engine.sampler import Sampler
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
+from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.models.loader import load_model
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class LLMEngine:
         self.observer = observer
         self.device = torch.device(config.device)
         loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization)
+        STARTUP.mark("weights_loaded")
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
@@ -61,6 +63,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend
         )
+        STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
@@ -349,6 +352,7 @@ class LLMEngine:
         )
         while self.has_unfinished_requests():
             self.step()
+        STARTUP.mark("warmup_done")
 
     def generate(
         self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]

@@ -26,11 +26,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from plimsoll import __version__
 from plimsoll import metric_names as mn
+from plimsoll.runtime.engine.startup import STARTUP
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
@@ -99,6 +102,16 @@ class ServerMetrics:
             mn.CACHE_CONFIG_INFO,
             "KV-cache configuration; value 1 (vllm:cache_config_info).",
             ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+        )
+        # prometheus_client appends _info: plimsoll_build_info{version} 1 (the operator's drift check reads it).
+        Info(mn.BUILD_INFO.removesuffix("_info"), "Version of the running engine.", labels, registry=r).labels(
+            model_name
+        ).info({"version": __version__})
+        self.startup_phase = gauge(
+            mn.STARTUP_PHASE_SECONDS,
+            "Seconds from process start to the end of each start-up phase "
+            "(imports, weights_loaded, kv_cache_allocated, warmup_done, ready).",
+            ("phase",),
         )
         self.ttft = histogram(mn.TIME_TO_FIRST_TOKEN, "Arrival to first token, seconds.", mn.TTFT_BUCKETS)
         self.itl = histogram(
@@ -325,6 +338,8 @@ class ServerMetrics:
             kv_usage.labels(m).set(stats.kv_cache_usage)
 
     def exposition(self) -> tuple[bytes, str]:
+        for phase, seconds in STARTUP.seconds().items():
+            self.startup_phase.labels(self.model_name, phase).set(seconds)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

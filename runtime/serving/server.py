@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plimsoll import __version__
 from plimsoll.runtime.engine.client import EngineClient
+from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.serving.chat import create_chat_completion
 from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
@@ -157,6 +158,7 @@ def build_app(
             )
             metrics.refresh(s)
             metrics.start_counting()
+            STARTUP.mark("ready")
             log.info(
                 "engine ready: model %s, %d KV blocks of %d tokens",
                 settings.served_model_name,
@@ -219,12 +221,13 @@ def build_app(
         if ctx.draining and not engine.is_dead:
             return JSONResponse({"ready": False, "reason": "draining"}, status_code=503)
         failed = state["fatal"] is not None or engine.is_dead
+        startup = STARTUP.to_json()
         if failed or not engine.is_ready:
             reason = "engine failed" if failed else "loading"
-            return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+            return JSONResponse({"ready": False, "reason": reason, "startup": startup}, status_code=503)
         if ctx.marked_for_removal:
             return JSONResponse({"ready": False, "reason": "marked for removal"}, status_code=503)
-        return JSONResponse({"ready": True})
+        return JSONResponse({"ready": True, "startup": startup})
 
     @app.post("/drain")
     async def mark_for_removal() -> Response:
