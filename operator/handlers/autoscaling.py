@@ -30,6 +30,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers import scale_phases
 from plimsoll.operator.handlers.drift import DriftState, track_drift
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.scale_up import follow_timeline, open_timeline
 from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
@@ -210,12 +211,14 @@ async def _tick(
         return
     decision = scaler.decide(now, current, observations)
     state.saw(current, decision.desired_replicas)
+    state.saw_metric(now, decision.metric, decision.target)
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
     try:
         await track_drift(kube, body, svc, drift, samples, now, logger)
-    except Exception as error:  # the drift check must never stop scaling
-        logger.warning("profile drift check failed: %s", error)
+        await follow_timeline(kube, body, svc, state, pods, samples, now, logger)
+    except Exception as error:  # neither check may stop scaling
+        logger.warning("profile drift or scale-up timeline failed: %s", error)
     slo = None
     if state.slo_base is None:
         state.slo_base = (now, samples)
@@ -232,6 +235,7 @@ async def _tick(
         await scale_phases.start_scale_down(kube, body, svc, http, decision, pods, observations, logger)
     elif decision.changed:
         await set_replicas(kube, svc, decision.desired_replicas)
+        open_timeline(state, now, current, decision.desired_replicas, pods)
         kopf.info(body, reason="ScaledUp", message=decision.event_message())
         logger.info("ScaledUp: %s", decision.event_message())
     if warn_scaling_limited(decision, status.get("conditions")):

@@ -124,8 +124,10 @@ async def track_drift(
 async def _raise(kube: Kube, body: kopf.Body, svc: LLMService, verdict: DriftVerdict, logger: Log) -> None:
     """The Warning, and with reprofile Auto the annotation the profiler acts on."""
     auto = svc.spec.capacity.reprofile == "Auto"
-    then = "re-profiling (capacity.reprofile Auto)" if auto else (
-        f"annotate with {REPROFILE_ANNOTATION}=<anything> to re-measure"
+    then = (
+        "re-profiling (capacity.reprofile Auto)"
+        if auto
+        else (f"annotate with {REPROFILE_ANNOTATION}=<anything> to re-measure")
     )
     message = f"{verdict.message}; {then}"[:MAX_MESSAGE]
     kopf.warn(body, reason="ProfileDrift", message=message)

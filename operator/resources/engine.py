@@ -20,6 +20,9 @@ from plimsoll.operator.resources.model_fetch import (
 from plimsoll.operator.resources.quantity import to_bytes
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
+# The engine container's name in every replica pod (the scale-up timeline reads its startedAt).
+ENGINE_CONTAINER = "engine"
+
 MODEL_MOUNT = "/mnt/models"
 
 
@@ -154,7 +157,7 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         resources["limits"][spec.resources.gpu.resource_name] = spec.resources.gpu.count
 
     container: dict[str, Any] = {
-        "name": "engine",
+        "name": ENGINE_CONTAINER,
         "image": image,
         **({"command": command} if command else {}),
         "args": args,

@@ -143,7 +143,9 @@ class Comparison:
             if expected <= 0:
                 continue
             known = "" if low == high else f" (bucket {fmt(low)}..{fmt(high)})"
-            parts.append(f"{name} {fmt(live)}{known} vs profile {fmt(expected)} ({(live - expected) / expected:+.0%})")
+            parts.append(
+                f"{name} {fmt(live)}{known} vs profile {fmt(expected)} ({(live - expected) / expected:+.0%})"
+            )
         return (
             f"pod {self.pod} at {fmt(self.in_flight)} in flight over {fmt(self.seconds)} s "
             f"({fmt(self.requests)} requests): " + ", ".join(parts)
@@ -240,7 +242,11 @@ class DriftTracker:
             if produced >= 0:  # a restarted engine resets the counter: no figure this window
                 rate = produced / seconds
                 live["output tokens/s"] = (rate, rate, rate)
-        picks = {"TTFT p95 ms": "ttft_p95_ms", "TPOT p50 ms": "tpot_p50_ms", "output tokens/s": "output_tokens_per_s"}
+        picks = {
+            "TTFT p95 ms": "ttft_p95_ms",
+            "TPOT p50 ms": "tpot_p50_ms",
+            "output tokens/s": "output_tokens_per_s",
+        }
         figures = {}
         for name, known in live.items():
             expected = expected_at(self.curve, in_flight, picks[name])
@@ -258,7 +264,9 @@ class DriftTracker:
                 version_change=self.version_change,
             )  # fmt: skip
         if not self.curve:
-            return DriftVerdict("Unknown", "NoProfileCurve", "the recorded profile has no per-level curve to compare with")
+            return DriftVerdict(
+                "Unknown", "NoProfileCurve", "the recorded profile has no per-level curve to compare with"
+            )
         comparisons = [self.latest[p] for p in sorted(self.latest)]
         drifted = tuple(c for c in comparisons if self.drifting(c.pod, now))
         if drifted:
@@ -271,7 +279,9 @@ class DriftTracker:
             )  # fmt: skip
         matching = [c for c in comparisons if not c.off()]
         if not matching:
-            return DriftVerdict(None, "NotEnoughTraffic", "")  # nothing compared yet, or off for less than a window
+            return DriftVerdict(
+                None, "NotEnoughTraffic", ""
+            )  # nothing compared yet, or off for less than a window
         return DriftVerdict(
             "False", "MatchesProfile",
             f"{len(matching)} of {len(comparisons)} replicas within margin {self.margin:.0%}: "

@@ -9,9 +9,9 @@ are :mod:`plimsoll.prometheus`'s, shared with bench and the router.
 What it is not: it does not fetch anything. The handler scrapes; this reads text.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from plimsoll.metric_names import BUILD_INFO, ENGINE_FAMILIES, detect_family
+from plimsoll.metric_names import BUILD_INFO, ENGINE_FAMILIES, STARTUP_PHASE_SECONDS, detect_family
 from plimsoll.prometheus import ExpositionError, Histogram, Scrape, parse
 
 # The handlers catch this name; any unreadable scrape (bad text, bad histogram) is one.
@@ -32,6 +32,10 @@ class PodSample:
     generation_tokens: float | None = None
     # The engine's version label (``plimsoll_build_info``); None for engines that do not export one.
     engine_version: str | None = None
+    # Requests the engine finished (its success counter), to see a new replica's first answer.
+    requests_finished: float | None = None
+    # Start-up phase -> Unix time it ended (process start + plimsoll_startup_phase_seconds); empty for vLLM.
+    startup: dict[str, float] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> float:
@@ -69,7 +73,20 @@ def parse_scrape(text: str) -> PodSample:
         tpot=scrape.histogram(engine.tpot),
         generation_tokens=scrape.sum(engine.generation_tokens),
         engine_version=_engine_version(scrape),
+        requests_finished=scrape.sum(engine.request_success),
+        startup=_startup(scrape),
     )
+
+
+def _startup(scrape: Scrape) -> dict[str, float]:
+    started = scrape.values("process_start_time_seconds")
+    if not started:
+        return {}
+    return {
+        labels["phase"]: started[0] + value
+        for labels, value in scrape.samples.get(STARTUP_PHASE_SECONDS, [])
+        if "phase" in labels
+    }
 
 
 def _engine_version(scrape: Scrape) -> str | None:

@@ -35,7 +35,9 @@ class Replica:
         self.tokens = 0.0
         self.version = version
 
-    def tick(self, *, requests: int, ttft_s: float, tpot_s: float, tokens: float, in_flight: float) -> PodSample:
+    def tick(
+        self, *, requests: int, ttft_s: float, tpot_s: float, tokens: float, in_flight: float
+    ) -> PodSample:
         self.ttfts += [ttft_s] * requests
         self.tpots += [tpot_s] * requests
         self.tokens += tokens
@@ -81,7 +83,9 @@ def test_a_replica_that_slows_down_drifts_only_once_the_slow_window_is_full() ->
     t = feed(tracker, replica, t + 10, 30.0, **slow)
     assert tracker.verdict(t).status is None, "off for less than a window: nothing new to say yet"
     # A burst of normal speed inside the slow spell starts the count again.
-    t = feed(tracker, replica, t + 10, 20.0, requests=5, ttft_s=0.055, tpot_s=0.0095, tokens=4000, in_flight=4)
+    t = feed(
+        tracker, replica, t + 10, 20.0, requests=5, ttft_s=0.055, tpot_s=0.0095, tokens=4000, in_flight=4
+    )
     t = feed(tracker, replica, t + 10, 30.0, **slow)
     # The first slow slice (20 s) started inside the burst: off since 50 s before now.
     assert tracker.verdict(t).status is None, "off for 50 s is less than the 60 s window"
@@ -118,8 +122,8 @@ def test_the_curve_round_trips_through_status_and_the_scrape_carries_version_and
     text = (
         "# TYPE plimsoll_num_requests_running gauge\nplimsoll_num_requests_running 2\n"
         "# TYPE plimsoll_num_requests_waiting gauge\nplimsoll_num_requests_waiting 1\n"
-        "# TYPE plimsoll_generation_tokens counter\nplimsoll_generation_tokens_total{model_name=\"m\"} 1234\n"
-        "# TYPE plimsoll_build info\nplimsoll_build_info{version=\"0.3.1\"} 1\n"
+        '# TYPE plimsoll_generation_tokens counter\nplimsoll_generation_tokens_total{model_name="m"} 1234\n'
+        '# TYPE plimsoll_build info\nplimsoll_build_info{version="0.3.1"} 1\n'
     )
     sample = parse_scrape(text)
     assert (sample.generation_tokens, sample.engine_version) == (1234.0, "0.3.1")
