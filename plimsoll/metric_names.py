@@ -51,6 +51,10 @@ PRIORITY_TIME_TO_FIRST_TOKEN = "plimsoll_priority_time_to_first_token_seconds"
 PRIORITY_REQUEST_QUEUE_TIME = "plimsoll_priority_request_queue_time_seconds"
 PRIORITY_REQUESTS = "plimsoll_priority_requests_total"
 REQUEST_ERRORS = "plimsoll_request_errors_total"
+# Per-request SLO verdicts against the objectives the operator set (PUT /slo): label result=good|bad.
+SLO_REQUESTS = "plimsoll_slo_requests_total"
+# The objectives in force, seconds (label objective=ttft|tpot|e2e); absent until set.
+SLO_OBJECTIVE_SECONDS = "plimsoll_slo_objective_seconds"
 
 # vLLM 0.32 histogram buckets (+Inf implied).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -75,6 +75,12 @@ class AutoscalerStatus(APIModel):
     formula: str | None = Field(None, description="The formula, with the numbers filled in.")
     decision: FreeForm | None = Field(None, description="Desired replicas, bounds applied, reason.")
     time: str | None = Field(None, description="When it decided (RFC 3339).")
+    last_scale_up: FreeForm | None = Field(
+        None,
+        description="The last scale-up's timeline: each phase (metricCrossedTarget, decided, podCreated, "
+        "podScheduled, containerStarted, imports, weightsLoaded, kvCacheAllocated, warmupDone, ready, "
+        "firstRequestAnswered) with its time and seconds from the phase before.",
+    )
 
 
 class SizingStatus(APIModel):

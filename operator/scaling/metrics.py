@@ -11,7 +11,14 @@ What it is not: it does not fetch anything. The handler scrapes; this reads text
 
 from dataclasses import dataclass, field
 
-from plimsoll.metric_names import BUILD_INFO, ENGINE_FAMILIES, STARTUP_PHASE_SECONDS, detect_family
+from plimsoll.metric_names import (
+    BUILD_INFO,
+    ENGINE_FAMILIES,
+    SLO_OBJECTIVE_SECONDS,
+    SLO_REQUESTS,
+    STARTUP_PHASE_SECONDS,
+    detect_family,
+)
 from plimsoll.prometheus import ExpositionError, Histogram, Scrape, parse
 
 # The handlers catch this name; any unreadable scrape (bad text, bad histogram) is one.
@@ -36,6 +43,11 @@ class PodSample:
     requests_finished: float | None = None
     # Start-up phase -> Unix time it ended (process start + plimsoll_startup_phase_seconds); empty for vLLM.
     startup: dict[str, float] = field(default_factory=dict)
+    # Requests judged against the objectives set with PUT /slo (plimsoll_slo_requests_total), and
+    # those objectives (objective -> seconds); None / empty where the engine does not judge.
+    slo_good: float | None = None
+    slo_bad: float | None = None
+    slo_objectives: dict[str, float] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> float:
@@ -75,7 +87,19 @@ def parse_scrape(text: str) -> PodSample:
         engine_version=_engine_version(scrape),
         requests_finished=scrape.sum(engine.request_success),
         startup=_startup(scrape),
+        slo_good=_labelled_sum(scrape, SLO_REQUESTS, "result", "good"),
+        slo_bad=_labelled_sum(scrape, SLO_REQUESTS, "result", "bad"),
+        slo_objectives={
+            labels["objective"]: value
+            for labels, value in scrape.samples.get(SLO_OBJECTIVE_SECONDS, [])
+            if "objective" in labels
+        },
     )
+
+
+def _labelled_sum(scrape: Scrape, name: str, label: str, value: str) -> float | None:
+    rows = [v for labels, v in scrape.samples.get(name, []) if labels.get(label) == value]
+    return sum(rows) if rows else None
 
 
 def _startup(scrape: Scrape) -> dict[str, float]:

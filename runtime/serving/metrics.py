@@ -59,6 +59,27 @@ class _EngineStats(Protocol):
     kv_cache_usage: float
 
 
+SLO_OBJECTIVES = ("ttft", "tpot", "e2e")
+
+
+def _meets(
+    slo: dict[str, float], reason: str, rm: Any, arrival: float,
+    first: float | None, last: float | None, done: float | None,
+) -> bool:  # fmt: skip
+    """Succeeded, and every bound set holds (a percentile objective applied per request, as bench does)."""
+    if reason not in ("stop", "length") or first is None:
+        return False
+    ttft = first - arrival
+    tpot = (
+        (last - first) / (rm.num_generation_tokens - 1)
+        if last is not None and rm.num_generation_tokens > 1
+        else 0.0
+    )
+    e2e = (done if done is not None else last or first) - arrival
+    limits = {"ttft": ttft, "tpot": tpot, "e2e": e2e}
+    return all(limits[k] <= bound for k, bound in slo.items())
+
+
 def _strip_total(name: str) -> str:
     # prometheus_client appends _total to counters itself.
     return name.removesuffix("_total")
@@ -104,9 +125,9 @@ class ServerMetrics:
             ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
         )
         # prometheus_client appends _info: plimsoll_build_info{version} 1 (the operator's drift check reads it).
-        Info(mn.BUILD_INFO.removesuffix("_info"), "Version of the running engine.", labels, registry=r).labels(
-            model_name
-        ).info({"version": __version__})
+        Info(
+            mn.BUILD_INFO.removesuffix("_info"), "Version of the running engine.", labels, registry=r
+        ).labels(model_name).info({"version": __version__})
         self.startup_phase = gauge(
             mn.STARTUP_PHASE_SECONDS,
             "Seconds from process start to the end of each start-up phase "
@@ -216,6 +237,17 @@ class ServerMetrics:
         self.request_errors = counter(
             mn.REQUEST_ERRORS, "Admitted requests that failed with a server error, by reason.", ("reason",)
         )
+        self.slo_requests = counter(
+            mn.SLO_REQUESTS,
+            "Finished requests judged against the objectives set with PUT /slo: good when it succeeded "
+            "and its TTFT, TPOT and end-to-end latency are each within the bound set.",
+            ("result",),
+        )
+        self.slo_objective = gauge(
+            mn.SLO_OBJECTIVE_SECONDS, "Per-request bounds in force (PUT /slo), seconds.", ("objective",)
+        )
+        # objective ("ttft", "tpot", "e2e") -> seconds; empty: nothing is judged.
+        self.slo: dict[str, float] = {}
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).
         self.counting = False
@@ -231,6 +263,18 @@ class ServerMetrics:
             family.labels(model_name)
 
     # ---- the engine observer ---------------------------------------------------
+
+    def set_slo(self, bounds: dict[str, float | None]) -> None:
+        """The per-request bounds to judge finished requests by (seconds); None removes one."""
+        self.slo = {k: v for k, v in bounds.items() if v is not None}
+        for objective in SLO_OBJECTIVES:
+            if objective in self.slo:
+                self.slo_objective.labels(self.model_name, objective).set(self.slo[objective])
+            else:
+                with contextlib.suppress(KeyError):
+                    self.slo_objective.remove(self.model_name, objective)
+        for result in ("good", "bad"):
+            self.slo_requests.labels(self.model_name, result)
 
     def start_counting(self) -> None:
         self.counting = True
@@ -282,6 +326,11 @@ class ServerMetrics:
         self.generation_tokens.labels(m).inc(rm.num_generation_tokens)
         arrival, sched = rm.arrival_time, rm.first_scheduled_time
         first, last, done = rm.first_token_time, rm.last_token_time, rm.finished_time
+        slo = self.slo
+        if slo:
+            self.slo_requests.labels(
+                m, "good" if _meets(slo, reason, rm, arrival, first, last, done) else "bad"
+            ).inc()
         if done is not None:
             self.e2e.labels(m).observe(max(0.0, done - arrival))
         if sched is not None:

@@ -33,7 +33,13 @@ from plimsoll.runtime.serving.chat import create_chat_completion
 from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
 from plimsoll.runtime.serving.metrics import ServerMetrics
-from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from plimsoll.runtime.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    SLOObjectives,
+)
 from plimsoll.runtime.serving.requests import ServingContext
 from plimsoll.runtime.serving.settings import ServerSettings
 from plimsoll.tracing import TraceMiddleware
@@ -239,6 +245,16 @@ def build_app(
     async def unmark_for_removal() -> Response:
         ctx.marked_for_removal = False
         return JSONResponse({"markedForRemoval": False, "inFlight": ctx.num_in_flight})
+
+    @app.put("/slo")
+    async def set_slo(objectives: SLOObjectives) -> Response:
+        # The operator's spec.slo, applied per request: plimsoll_slo_requests_total{result} counts against it.
+        metrics.set_slo(objectives.seconds())
+        return JSONResponse(objectives.model_dump(by_alias=True))
+
+    @app.get("/slo")
+    async def get_slo() -> Response:
+        return JSONResponse(SLOObjectives.from_seconds(metrics.slo).model_dump(by_alias=True))
 
     @app.get("/version")
     async def version() -> Response:
