@@ -98,6 +98,8 @@ class SimEngine:
         self._slots = asyncio.Semaphore(curve.batch_cap)
         self._rng = random.Random(curve.seed)
         self.kv_capacity = curve.kv_capacity_tokens or curve.batch_cap * 2048
+        # PUT /sim/step-cost multiplies every step's time: a replica whose speed changes mid-run.
+        self.step_scale = 1.0
         reg = self.registry = CollectorRegistry()
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
@@ -138,6 +140,9 @@ class SimEngine:
             return "injected"
         return None
 
+    def step_s(self, batch: int) -> float:
+        return self.curve.step_s(batch) * self.step_scale
+
     async def generate(self, prompt_tokens: int, max_tokens: int) -> AsyncIterator[int]:
         """Yield token indices 0..max_tokens-1 on the curve's schedule."""
         arrived = time.perf_counter()
@@ -154,7 +159,7 @@ class SimEngine:
         last = start
         try:
             await asyncio.sleep(
-                self.curve.prefill_s_per_token * prompt_tokens + self.curve.step_s(self.running)
+                self.curve.prefill_s_per_token * prompt_tokens + self.step_s(self.running)
             )
             first = last = time.perf_counter()
             self.ttft.observe(first - arrived)
@@ -162,7 +167,7 @@ class SimEngine:
             self.prompt_tokens.inc(prompt_tokens)
             for i in range(max_tokens):
                 if i:
-                    await asyncio.sleep(self.curve.step_s(self.running))
+                    await asyncio.sleep(self.step_s(self.running))
                     now = time.perf_counter()
                     self.itl.observe(now - last)
                     last = now
@@ -246,6 +251,16 @@ def build_app(curve: ServiceCurve) -> Any:
             "object": "list",
             "data": [{"id": curve.model, "object": "model", "owned_by": "plimsoll-sim"}],
         }
+
+    @app.put("/sim/step-cost")
+    async def step_cost(request: Request) -> Any:
+        # Test hook, apart from the served API: {"scale": 2.0} makes every step twice as slow.
+        body = await request.json()
+        scale = body.get("scale") if isinstance(body, dict) else None
+        if not isinstance(scale, int | float) or isinstance(scale, bool) or scale <= 0:
+            return error(400, '"scale" must be a positive number, e.g. {"scale": 2.0}', "invalid_request_error", "scale")
+        engine().step_scale = float(scale)
+        return {"scale": engine().step_scale}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
