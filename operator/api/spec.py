@@ -274,6 +274,17 @@ class CapacitySpec(APIModel):
         return self
 
 
+class TrendSpec(APIModel):
+    """Acting on where in-flight is going as well as where it is (built-in autoscaler)."""
+
+    lookahead_seconds: int = Field(
+        0, ge=0, le=600,
+        description="Project in-flight this far ahead along its recent slope and scale up for the "
+        "projection (about the time a new replica takes to be Ready); 0 turns the trend off.",
+    )  # fmt: skip
+    window_seconds: int = Field(30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over.")
+
+
 class AutoscalingSpec(APIModel):
     """Which autoscaler drives replicas, and how it behaves."""
 
@@ -312,6 +323,10 @@ class AutoscalingSpec(APIModel):
         0.1, ge=0, lt=1, description="Relative deviation from target ignored (HPA's tolerance)."
     )
     interval_seconds: int = Field(5, ge=1, description="Seconds between autoscaler evaluations.")
+    trend: TrendSpec = Field(
+        default_factory=lambda: TrendSpec.model_validate({}),
+        description="Scale up for the in-flight trend as well as its level (off by default).",
+    )
 
     @model_validator(mode="after")
     def _keda_needs_prometheus(self) -> "AutoscalingSpec":
