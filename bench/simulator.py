@@ -126,6 +126,8 @@ class SimEngine:
         self._slots = asyncio.Semaphore(curve.batch_cap)
         self._rng = random.Random(curve.seed)
         self.kv_capacity = curve.kv_capacity_tokens or curve.batch_cap * 2048
+        # PUT /sim/step-cost multiplies every step's time: a replica whose speed changes mid-run.
+        self.step_scale = 1.0
         reg = self.registry = CollectorRegistry()
         self.adapters: SimAdapters | None = None
         if curve.enable_lora:
@@ -170,6 +172,9 @@ class SimEngine:
             return "injected"
         return None
 
+    def step_s(self, batch: int) -> float:
+        return self.curve.step_s(batch) * self.step_scale
+
     async def generate(self, prompt_tokens: int, max_tokens: int, model: str = "") -> AsyncIterator[int]:
         """Yield token indices 0..max_tokens-1 on the curve's schedule (``model``: an adapter, counted)."""
         arrived = time.perf_counter()
@@ -194,7 +199,7 @@ class SimEngine:
         held = prompt_tokens
         last = start
         try:
-            due = start + self.curve.prefill_s_per_token * prompt_tokens + self.curve.step_s(self.running)
+            due = start + self.curve.prefill_s_per_token * prompt_tokens + self.step_s(self.running)
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             first = last = time.perf_counter()
             self.ttft.observe(first - arrived)
@@ -203,7 +208,7 @@ class SimEngine:
             for i in range(max_tokens):
                 if i:
                     # A deadline, not a sleep: the time spent streaming the last token is inside the step.
-                    due = max(due + self.curve.step_s(self.running), time.perf_counter())
+                    due = max(due + self.step_s(self.running), time.perf_counter())
                     await asyncio.sleep(due - time.perf_counter())
                     now = time.perf_counter()
                     self.itl.observe(now - last)
@@ -322,6 +327,16 @@ def build_app(curve: ServiceCurve) -> Any:
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Any:
         return await adapter_call(request, load=False)
+
+    @app.put("/sim/step-cost")
+    async def step_cost(request: Request) -> Any:
+        # Test hook, apart from the served API: {"scale": 2.0} makes every step twice as slow.
+        body = await request.json()
+        scale = body.get("scale") if isinstance(body, dict) else None
+        if not isinstance(scale, int | float) or isinstance(scale, bool) or scale <= 0:
+            return error(400, '"scale" must be a positive number, e.g. {"scale": 2.0}', "invalid_request_error", "scale")
+        engine().step_scale = float(scale)
+        return {"scale": engine().step_scale}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

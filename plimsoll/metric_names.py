@@ -15,6 +15,10 @@ NUM_REQUESTS_RUNNING = "plimsoll_num_requests_running"
 NUM_REQUESTS_WAITING = "plimsoll_num_requests_waiting"
 KV_CACHE_USAGE_RATIO = "plimsoll_kv_cache_usage_ratio"
 CACHE_CONFIG_INFO = "plimsoll_cache_config_info"
+# Info metric: {version} of the running engine (the operator's drift check notices a change).
+BUILD_INFO = "plimsoll_build_info"
+# Seconds from process start to the end of each start-up phase (label ``phase``).
+STARTUP_PHASE_SECONDS = "plimsoll_startup_phase_seconds"
 # Histograms (seconds)
 TIME_TO_FIRST_TOKEN = "plimsoll_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "plimsoll_inter_token_latency_seconds"
@@ -57,6 +61,10 @@ VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 # Readers (router, operator) accept either spelling: plimsoll replicas export the first, and the
 # second under --metrics-compat vllm; vLLM exports the second.
 LORA_REQUESTS_INFO_NAMES = (LORA_REQUESTS_INFO, VLLM_LORA_REQUESTS_INFO)
+# Per-request SLO verdicts against the objectives the operator set (PUT /slo): label result=good|bad.
+SLO_REQUESTS = "plimsoll_slo_requests_total"
+# The objectives in force, seconds (label objective=ttft|tpot|e2e); absent until set.
+SLO_OBJECTIVE_SECONDS = "plimsoll_slo_objective_seconds"
 
 # vLLM 0.32 histogram buckets (+Inf implied).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -13,6 +13,7 @@ import sys
 import typer
 
 from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.serving.settings import ServerSettings
 
 
@@ -222,6 +223,7 @@ def serve(
     from plimsoll.runtime.serving.server import build_app
     from plimsoll.runtime.serving.settings import ServerSettings
 
+    STARTUP.mark("imports")  # torch, transformers, uvicorn and the server are loaded
     # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
     try:
         model = choose_model(model_arg, model)

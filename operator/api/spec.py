@@ -283,6 +283,21 @@ class ProfileSpec(APIModel):
     )
 
 
+class DriftSpec(APIModel):
+    """When a replica counts as no longer behaving like its profile (the ProfileDrift condition)."""
+
+    margin: float = Field(
+        0.25, gt=0, le=10,
+        description="Relative difference from the profile's throughput, TTFT p95 or TPOT p50 that counts as drift.",
+    )  # fmt: skip
+    window_seconds: PositiveInt = Field(
+        600, description="Seconds of traffic each comparison covers; drift must hold over the whole window."
+    )
+    min_requests: PositiveInt = Field(
+        20, description="Finished requests a replica needs in the window before it is compared."
+    )
+
+
 class CapacitySpec(APIModel):
     """How many concurrent requests one replica should carry."""
 
@@ -308,7 +323,11 @@ class CapacitySpec(APIModel):
         0.75, gt=0, le=1, description="Fraction of the measured knee each replica is loaded to."
     )
     reprofile: Reprofile = Field(
-        "Auto", description="Re-measure when the profile goes stale (Auto) or on request."
+        "Auto", description="Re-measure when the profile goes stale or drifts (Auto) or on request."
+    )
+    drift: DriftSpec = Field(
+        default_factory=lambda: DriftSpec.model_validate({}),
+        description="How far and how long live behaviour may differ from the profile before ProfileDrift.",
     )
     verify_seconds: int = Field(
         60,
@@ -324,6 +343,17 @@ class CapacitySpec(APIModel):
         if self.mode == "Manual" and self.concurrency_per_replica is None:
             raise ValueError("capacity.mode Manual needs capacity.concurrencyPerReplica")
         return self
+
+
+class TrendSpec(APIModel):
+    """Acting on where in-flight is going as well as where it is (built-in autoscaler)."""
+
+    lookahead_seconds: int = Field(
+        0, ge=0, le=600,
+        description="Project in-flight this far ahead along its recent slope and scale up for the "
+        "projection (about the time a new replica takes to be Ready); 0 turns the trend off.",
+    )  # fmt: skip
+    window_seconds: int = Field(30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over.")
 
 
 class AutoscalingSpec(APIModel):
@@ -364,6 +394,10 @@ class AutoscalingSpec(APIModel):
         0.1, ge=0, lt=1, description="Relative deviation from target ignored (HPA's tolerance)."
     )
     interval_seconds: int = Field(5, ge=1, description="Seconds between autoscaler evaluations.")
+    trend: TrendSpec = Field(
+        default_factory=lambda: TrendSpec.model_validate({}),
+        description="Scale up for the in-flight trend as well as its level (off by default).",
+    )
 
     @model_validator(mode="after")
     def _keda_needs_prometheus(self) -> "AutoscalingSpec":

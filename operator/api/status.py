@@ -19,6 +19,7 @@ ConditionType = Literal[
     "Degraded",
     "Profiled",
     "ProfileStale",
+    "ProfileDrift",
     "ScalingLimited",
     "SLOAtRisk",
     "ModelReady",
@@ -39,7 +40,7 @@ class Condition(APIModel):
     """One observation about the LLMService (metav1.Condition shape)."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ScalingLimited, SLOAtRisk, "
+        description="Ready, Progressing, Degraded, Profiled, ProfileStale, ProfileDrift, ScalingLimited, SLOAtRisk, "
         "ModelReady (an hf:// model's download) or AdaptersReady (spec.adapters loaded on every Ready replica)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
@@ -69,6 +70,11 @@ class CapacityStatus(APIModel):
     disturbed_levels: list[str] | None = Field(
         None, description="Levels the bench measured while the host was busy, each with why (Profiled says so too)."
     )
+    curve: list[FreeForm] | None = Field(
+        None,
+        description="Per level of the sweep: concurrency, outputTokensPerS, ttftP95Ms, tpotP50Ms "
+        "(what the ProfileDrift check compares each replica with).",
+    )
 
 
 class AutoscalerStatus(APIModel):
@@ -78,6 +84,12 @@ class AutoscalerStatus(APIModel):
     formula: str | None = Field(None, description="The formula, with the numbers filled in.")
     decision: FreeForm | None = Field(None, description="Desired replicas, bounds applied, reason.")
     time: str | None = Field(None, description="When it decided (RFC 3339).")
+    last_scale_up: FreeForm | None = Field(
+        None,
+        description="The last scale-up's timeline: each phase (metricCrossedTarget, decided, podCreated, "
+        "podScheduled, containerStarted, imports, weightsLoaded, kvCacheAllocated, warmupDone, ready, "
+        "firstRequestAnswered) with its time and seconds from the phase before.",
+    )
 
 
 class SizingStatus(APIModel):

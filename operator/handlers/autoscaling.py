@@ -29,7 +29,10 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers import scale_phases
+from plimsoll.operator.handlers.attainment import AttainmentState, track_attainment
+from plimsoll.operator.handlers.drift import DriftState, track_drift
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.scale_up import follow_timeline, open_timeline
 from plimsoll.operator.handlers.spans import decision_attributes, llmservice_span
 from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.resources.labels import selector_string
@@ -129,6 +132,8 @@ async def autoscale_llmservice(
 ) -> None:
     """Scrape → decide → scale → explain, every ``autoscaling.intervalSeconds``, until the object goes."""
     state = LoopState()
+    drift = DriftState()
+    attainment = AttainmentState()
     async with httpx.AsyncClient() as http:
         while not stopped:
             interval = 5.0
@@ -139,7 +144,7 @@ async def autoscale_llmservice(
                     state.scaler = None
                 else:
                     with llmservice_span("autoscale", svc.namespace, svc.name):
-                        await _tick(memo.kube, body, svc, http, state, logger)
+                        await _tick(memo.kube, body, svc, http, state, drift, attainment, logger)
             except ValidationError:
                 pass  # reported by reconcile as InvalidSpec
             except Exception as error:  # one failed tick must not end the loop
@@ -182,6 +187,8 @@ async def _tick(
     svc: LLMService,
     http: httpx.AsyncClient,
     state: LoopState,
+    drift: DriftState,
+    attainment: AttainmentState,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     status = dict(body.get("status") or {})
@@ -211,15 +218,28 @@ async def _tick(
     decision = scaler.decide(now, current, observations)
     trace.get_current_span().set_attributes(decision_attributes(decision))
     state.saw(current, decision.desired_replicas)
+    state.saw_metric(now, decision.metric, decision.target)
 
     samples = {o.name: o.sample for o in observations if o.sample is not None}
+    try:
+        await track_drift(kube, body, svc, drift, samples, now, logger)
+        await follow_timeline(kube, body, svc, state, pods, samples, now, logger)
+    except Exception as error:  # neither check may stop scaling
+        logger.warning("profile drift or scale-up timeline failed: %s", error)
+    base_urls = {p["metadata"]["name"]: url.removesuffix("/metrics") for p in pods if (url := metrics_url(p))}
+    counted = sum(1 for p in pods if counts_for_scaling(p))
+    try:
+        good_1m = await track_attainment(http, svc, attainment, samples, base_urls, counted, now, logger)
+    except Exception as error:
+        good_1m = None
+        logger.warning("SLO attainment failed: %s", error)
     slo = None
     if state.slo_base is None:
         state.slo_base = (now, samples)
     elif now - state.slo_base[0] >= SLO_WINDOW_S:
         check = check_slo(
             ttft_p95_ms=svc.spec.slo.ttft_p95_ms, tpot_p50_ms=svc.spec.slo.tpot_p50_ms,
-            current=samples, previous=state.slo_base[1],
+            current=samples, previous=state.slo_base[1], attainment=good_1m,
         )  # fmt: skip
         slo = (check.status, check.reason, check.message)
         state.slo_base = (now, samples)
@@ -229,6 +249,7 @@ async def _tick(
         await scale_phases.start_scale_down(kube, body, svc, http, decision, pods, observations, logger)
     elif decision.changed:
         await set_replicas(kube, svc, decision.desired_replicas)
+        open_timeline(state, now, current, decision.desired_replicas, pods)
         kopf.info(body, reason="ScaledUp", message=decision.event_message())
         logger.info("ScaledUp: %s", decision.event_message())
     if warn_scaling_limited(decision, status.get("conditions")):

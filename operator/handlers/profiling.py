@@ -188,6 +188,7 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
         measured_at = (job.get("status") or {}).get("completionTime")
         capacity = {
             "knees": result.knees(),
+            "curve": result.curve() or None,
             "concurrencyPerReplica": result.concurrency_per_replica,
             "workload": result.workload or {},
             "measuredAt": measured_at,

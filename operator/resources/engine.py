@@ -21,6 +21,9 @@ from plimsoll.operator.resources.model_fetch import (
 from plimsoll.operator.resources.quantity import to_bytes
 from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, BuildSettings
 
+# The engine container's name in every replica pod (the scale-up timeline reads its startedAt).
+ENGINE_CONTAINER = "engine"
+
 
 @dataclass
 class ModelPlacement:
@@ -131,16 +134,19 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
     """Startup, readiness and liveness probes.
 
-    Startup allows 30 minutes for weights to load before liveness applies, checked
-    every 5 s: a replica the autoscaler asked for counts from the moment it
-    answers, and a 10 s period would add up to 10 s to every scale-up. plimsoll
-    has /ready (weights, KV cache and warm-up done, not draining); vLLM only has
-    /health, which answers once its server is up, so it serves both purposes there.
+    Startup allows 30 minutes for weights to load before liveness applies. Startup
+    and readiness are checked every second: a replica the autoscaler asked for
+    counts from the moment it answers, and the scale-up timeline measured the 5 s
+    period as 4.5 s between warm-up done and Ready (docs/autoscaling.md). A probe
+    is one small GET a second; readiness still needs 15 failures in a row (15 s,
+    as before) to take a busy replica out. plimsoll has /ready (weights, KV cache
+    and warm-up done, not draining); vLLM only has /health, which answers once its
+    server is up, so it serves both purposes there.
     """
     ready_path = "/ready" if svc.spec.engine.kind == "plimsoll" else "/health"
     return {
-        "startupProbe": _probe("/health", period=5, failures=360),
-        "readinessProbe": _probe(ready_path, period=5, failures=3),
+        "startupProbe": _probe("/health", period=1, failures=1800),
+        "readinessProbe": _probe(ready_path, period=1, failures=15),
         "livenessProbe": _probe("/health", period=10, failures=3),
     }
 
@@ -172,7 +178,7 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         resources["limits"][spec.resources.gpu.resource_name] = spec.resources.gpu.count
 
     container: dict[str, Any] = {
-        "name": "engine",
+        "name": ENGINE_CONTAINER,
         "image": image,
         **({"command": command} if command else {}),
         "args": args,

@@ -18,6 +18,11 @@ it for a per-pod metric (here in-flight = running + waiting):
 3. Stabilisation: the result is the current count pulled up to the MIN of the
    recommendations in the scale-up window and down to the MAX of those in the
    scale-down window.
+   With ``trend_lookahead_s`` set, a rising in-flight total is also projected
+   ahead by its least-squares slope over ``trend_window_s``; when
+   ``ceil(projected / target)`` is above the level's recommendation, it is the
+   recommendation (reason ``InFlightRising``; the formula shows the slope and
+   the projection). Only upwards: a falling trend never removes a replica.
 4. The queue fast path from the seed articles: when waiting requests stay above
    half of the current capacity (replicas × target) for the hold time, add at
    least one replica; the hold only runs while every replica is ready (one
@@ -67,6 +72,10 @@ class AutoscalerConfig(BaseModel):
     scale_up_max_pods: int = Field(default=4, ge=1)
     scale_up_max_percent: float = Field(default=100.0, gt=0)
     scale_up_period_s: float = Field(default=15.0, ge=0)
+    # Acting on the trend as well as the level: in-flight projected this far ahead (0 = off) from
+    # its least-squares slope over the last trend_window_s.
+    trend_lookahead_s: float = Field(default=0.0, ge=0)
+    trend_window_s: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> "AutoscalerConfig":
@@ -171,6 +180,8 @@ class Autoscaler:
         self.config = config
         self._history: list[tuple[float, int]] = []
         self._queue_high_since: float | None = None
+        # (time, in-flight over ready pods): the trend's points.
+        self._in_flight: list[tuple[float, float]] = []
         # (time, replicas observed): the count at the start of the rate-policy period. Observed rather
         # than decided, so a decision the handler did not apply does not use up the budget.
         self._counts: list[tuple[float, int]] = []
@@ -236,10 +247,14 @@ class Autoscaler:
             return early(current_replicas, "NoMetrics", "no ready pod returned readable metrics; keeping the "
                          "current replica count", "no data")  # fmt: skip
 
-        # 2. The HPA's replica calculation.
+        # 2. The HPA's replica calculation, then the trend's (when enabled).
         recommendation, metric, formula, calc_note = self._calculate(
             current_replicas, with_metrics, unready, missing
         )
+        rising = self._trend(now, in_flight, max(recommendation, current_replicas))
+        if rising is not None:
+            recommendation, trend_formula = rising
+            formula = f"{formula}; {trend_formula}"
 
         # 3. Stabilisation over the windows (the current raw recommendation included).
         self._history.append((now, recommendation))
@@ -265,6 +280,11 @@ class Autoscaler:
                     f"recommendations in the last {fmt(cfg.scale_up_window_s)} s went down to {up_floor}; "
                     "waiting for the load to persist"
                 ),
+            )
+        elif recommendation > current_replicas and rising is not None:
+            reason, message = "InFlightRising", (
+                f"in-flight rising; projected {fmt(cfg.trend_lookahead_s)} s ahead it needs more replicas "
+                "than its level does"
             )
         elif recommendation > current_replicas:
             reason, message = "MetricAboveTarget", "in-flight per pod above target"
@@ -347,6 +367,33 @@ class Autoscaler:
             # Only "at max and still overloaded" is a limit worth a condition and a Warning.
             scaling_limited=limited_reason == "TooManyReplicas" and clamped == cfg.max_replicas,
             limited_reason=limited_reason,
+        )
+
+    def _trend(self, now: float, in_flight: float, floor: int) -> tuple[int, str] | None:
+        """(recommendation, formula) from the projected in-flight, when that asks for more than ``floor``."""
+        cfg = self.config
+        if cfg.trend_lookahead_s <= 0:
+            return None
+        self._in_flight = [(t, v) for t, v in self._in_flight if t > now - cfg.trend_window_s]
+        self._in_flight.append((now, in_flight))
+        if len(self._in_flight) < 3:
+            return None
+        n = len(self._in_flight)
+        mean_t = sum(t for t, _ in self._in_flight) / n
+        mean_v = sum(v for _, v in self._in_flight) / n
+        spread = sum((t - mean_t) ** 2 for t, _ in self._in_flight)
+        if spread <= 0:
+            return None
+        slope = sum((t - mean_t) * (v - mean_v) for t, v in self._in_flight) / spread
+        if slope <= 0:
+            return None
+        projected = in_flight + slope * cfg.trend_lookahead_s
+        wanted = math.ceil(projected / cfg.target_per_replica)
+        if wanted <= floor:
+            return None
+        return wanted, (
+            f"trend: {fmt(in_flight)} + {fmt(slope)}/s × {fmt(cfg.trend_lookahead_s)} s = {fmt(projected)} "
+            f"in flight, ceil({fmt(projected)} / {fmt(cfg.target_per_replica)}) = {wanted}"
         )
 
     def _calculate(

@@ -16,6 +16,7 @@ from typing import Any
 from plimsoll.operator.api.status import ConditionStatus, set_condition
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.scale_up_timeline import ScaleUpTimeline
 
 # ScalingLimited=False (reason, message) when the decision touched a bound that is not a problem.
 _WITHIN_RANGE = ("DesiredWithinRange", "desired {desired} within bounds")
@@ -57,11 +58,17 @@ def warn_scaling_limited(decision: Decision, conditions: list[dict[str, Any]] | 
     return decision.scaling_limited and was != "True"
 
 
+# Not the decision's: the time changes every tick, lastScaleUp is written by the scale-up timeline.
+_NOT_COMPARED = ("time", "lastScaleUp")
+
+
 def same_decision(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
-    # The time changes every tick; only write when something a reader cares about changed.
+    # Only write when something a reader cares about changed.
     if a is None:
         return False
-    return {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
+    return {k: v for k, v in a.items() if k not in _NOT_COMPARED} == {
+        k: v for k, v in b.items() if k not in _NOT_COMPARED
+    }
 
 
 def condition_states(conditions: list[dict[str, Any]] | None) -> dict[str, str]:
@@ -80,11 +87,23 @@ class LoopState:
     replicas: int | None = None
     # The count before the loop's own last write: the body may still show it for a tick.
     replaced: int | None = None
+    # Since when in-flight per replica has been above the target (None: not above), and the
+    # scale-up being followed to its new pod's first answer.
+    crossed_at: float | None = None
+    timeline: ScaleUpTimeline | None = None
 
     def needs_fresh_scaler(self, config: AutoscalerConfig, current: int) -> bool:
         """No scaler yet, a new target or bounds, or replicas moved by another writer."""
         moved = self.replicas is not None and current not in (self.replicas, self.replaced)
         return self.scaler is None or self.scaler.config != config or moved
+
+    def saw_metric(self, now: float, metric: float | None, target: float) -> None:
+        """Note when in-flight per replica first went above the target (the scale-up timeline's start)."""
+        if metric is not None and metric > target:
+            if self.crossed_at is None:
+                self.crossed_at = now
+        else:
+            self.crossed_at = None
 
     def saw(self, current: int, desired: int) -> None:
         """Remember the count this tick saw and the one it decided (written when they differ)."""

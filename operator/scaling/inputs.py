@@ -53,6 +53,8 @@ def autoscaler_config(spec: LLMServiceSpec, profiled: float | None) -> Autoscale
         tolerance=spec.autoscaling.tolerance,
         scale_up_window_s=spec.autoscaling.scale_up_stabilization_seconds,
         scale_down_window_s=spec.autoscaling.scale_down_stabilization_seconds,
+        trend_lookahead_s=spec.autoscaling.trend.lookahead_seconds,
+        trend_window_s=spec.autoscaling.trend.window_seconds,
     )
 
 

@@ -9,10 +9,17 @@ are :mod:`plimsoll.prometheus`'s, shared with bench and the router.
 What it is not: it does not fetch anything. The handler scrapes; this reads text.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from plimsoll.metric_names import ENGINE_FAMILIES, detect_family
-from plimsoll.prometheus import ExpositionError, Histogram, parse
+from plimsoll.metric_names import (
+    BUILD_INFO,
+    ENGINE_FAMILIES,
+    SLO_OBJECTIVE_SECONDS,
+    SLO_REQUESTS,
+    STARTUP_PHASE_SECONDS,
+    detect_family,
+)
+from plimsoll.prometheus import ExpositionError, Histogram, Scrape, parse
 
 # The handlers catch this name; any unreadable scrape (bad text, bad histogram) is one.
 MetricsError = ExpositionError
@@ -28,6 +35,19 @@ class PodSample:
     kv_usage: float | None  # 0..1
     ttft: Histogram | None
     tpot: Histogram | None
+    # Counter of tokens generated since the engine started (live throughput for drift); None when absent.
+    generation_tokens: float | None = None
+    # The engine's version label (``plimsoll_build_info``); None for engines that do not export one.
+    engine_version: str | None = None
+    # Requests the engine finished (its success counter), to see a new replica's first answer.
+    requests_finished: float | None = None
+    # Start-up phase -> Unix time it ended (process start + plimsoll_startup_phase_seconds); empty for vLLM.
+    startup: dict[str, float] = field(default_factory=dict)
+    # Requests judged against the objectives set with PUT /slo (plimsoll_slo_requests_total), and
+    # those objectives (objective -> seconds); None / empty where the engine does not judge.
+    slo_good: float | None = None
+    slo_bad: float | None = None
+    slo_objectives: dict[str, float] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> float:
@@ -63,7 +83,40 @@ def parse_scrape(text: str) -> PodSample:
         kv_usage=max(kv_values) if kv_values else None,
         ttft=scrape.histogram(engine.ttft),
         tpot=scrape.histogram(engine.tpot),
+        generation_tokens=scrape.sum(engine.generation_tokens),
+        engine_version=_engine_version(scrape),
+        requests_finished=scrape.sum(engine.request_success),
+        startup=_startup(scrape),
+        slo_good=_labelled_sum(scrape, SLO_REQUESTS, "result", "good"),
+        slo_bad=_labelled_sum(scrape, SLO_REQUESTS, "result", "bad"),
+        slo_objectives={
+            labels["objective"]: value
+            for labels, value in scrape.samples.get(SLO_OBJECTIVE_SECONDS, [])
+            if "objective" in labels
+        },
     )
+
+
+def _labelled_sum(scrape: Scrape, name: str, label: str, value: str) -> float | None:
+    rows = [v for labels, v in scrape.samples.get(name, []) if labels.get(label) == value]
+    return sum(rows) if rows else None
+
+
+def _startup(scrape: Scrape) -> dict[str, float]:
+    started = scrape.values("process_start_time_seconds")
+    if not started:
+        return {}
+    return {
+        labels["phase"]: started[0] + value
+        for labels, value in scrape.samples.get(STARTUP_PHASE_SECONDS, [])
+        if "phase" in labels
+    }
+
+
+def _engine_version(scrape: Scrape) -> str | None:
+    # An Info metric is exposed as <name>_info{version="..."} 1; several engines in a pod share one.
+    versions = sorted({labels["version"] for labels, _ in scrape.samples.get(BUILD_INFO, []) if "version" in labels})
+    return ",".join(versions) or None
 
 
 __all__ = ["MetricsError", "PodSample", "parse_scrape"]

@@ -71,11 +71,16 @@ class _Disturbed(_Lenient):
     reasons: list[str] = Field(default_factory=list)
 
 
+class _Throughput(_Lenient):
+    output_tokens_per_s: float | None = None
+
+
 class _Level(_Lenient):
     concurrency: int | None = None  # None for open-loop (rate) levels
     valid: bool = True
     latency_ms: _LevelLatency = Field(default_factory=_LevelLatency)
     disturbed: _Disturbed | None = None
+    throughput: _Throughput = Field(default_factory=_Throughput)
 
 
 class _Attempt(_Lenient):
@@ -112,6 +117,7 @@ class LevelPoint:
     ttft_p95_ms: float | None
     tpot_p50_ms: float | None
     e2e_mean_ms: float | None
+    output_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +227,14 @@ class CapacityProfile:
                 return (e0 + (e1 - e0) * (concurrency - c0) / (c1 - c0)) / 1000
         return points[-1][1] / 1000
 
+    def curve(self) -> list[dict[str, Any]]:
+        """For ``status.capacity.curve``: what one replica did at each level (the drift check's reference)."""
+        return [
+            {"concurrency": lv.concurrency, "outputTokensPerS": lv.output_tokens_per_s,
+             "ttftP95Ms": lv.ttft_p95_ms, "tpotP50Ms": lv.tpot_p50_ms}
+            for lv in self.levels
+        ]  # fmt: skip
+
     def knees(self) -> dict[str, Any]:
         """For ``status.capacity.knees``."""
         return {
@@ -296,6 +310,7 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
                 ttft_p95_ms=lv.latency_ms.ttft.p95 if lv.latency_ms.ttft else None,
                 tpot_p50_ms=lv.latency_ms.tpot.p50 if lv.latency_ms.tpot else None,
                 e2e_mean_ms=lv.latency_ms.e2e.mean if lv.latency_ms.e2e else None,
+                output_tokens_per_s=lv.throughput.output_tokens_per_s,
             )
             for lv in sorted(parsed.levels, key=lambda lv: lv.concurrency or 0)
             if lv.valid and lv.concurrency is not None

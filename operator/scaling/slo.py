@@ -18,6 +18,8 @@ from plimsoll.prometheus import Histogram, histogram_quantile, merge_histograms
 
 # Fewer finished requests than this in a window say little about a p95.
 MIN_REQUESTS = 20
+# Below this 1-minute attainment the service is at risk even while its percentiles hold.
+AT_RISK_ATTAINMENT = 0.99
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +54,16 @@ def check_slo(
     current: Mapping[str, PodSample],
     previous: Mapping[str, PodSample],
     min_requests: float = MIN_REQUESTS,
+    attainment: float | None = None,
 ) -> SLOCheck:
     """Compare the window's quantiles with the objectives; ``Unknown`` when there is too little traffic.
 
     A pod absent from ``previous`` (new, or restarted) contributes its whole
     histogram, as Prometheus' ``increase()`` treats a fresh counter.
+    ``attainment`` (the last minute's fraction of good requests, when the
+    replicas judge them) is quoted, and below :data:`AT_RISK_ATTAINMENT` it
+    makes the service at risk (reason ``AttainmentLow``) though every
+    percentile holds: a p95 objective met by 96% of requests has little room left.
     """
     if ttft_p95_ms is None and tpot_p50_ms is None:
         return SLOCheck("False", "NoSLO", "spec.slo sets no TTFT or TPOT objective", None, None, 0.0)
@@ -83,8 +90,15 @@ def check_slo(
             continue
         text = f"{label} {fmt(value)} ms vs SLO {fmt(limit)} ms"
         (broken if value > limit else kept).append(text)
+    if attainment is not None:
+        kept.append(f"{attainment:.1%} of requests met every bound in the last minute")
     if broken:
         return SLOCheck("True", "SLOBreached", "; ".join(broken + kept), ttft_ms, tpot_ms, requests)
+    if attainment is not None and attainment < AT_RISK_ATTAINMENT:
+        return SLOCheck(
+            "True", "AttainmentLow",
+            f"{'; '.join(kept)}, below {AT_RISK_ATTAINMENT:.0%}", ttft_ms, tpot_ms, requests,
+        )  # fmt: skip
     return SLOCheck(
         "False", "WithinSLO", "; ".join(kept) or "no latency observed", ttft_ms, tpot_ms, requests
     )

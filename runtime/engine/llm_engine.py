@@ -27,6 +27,7 @@ from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
+from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
@@ -54,6 +55,7 @@ class LLMEngine:
     def _build(self, config: EngineConfig) -> None:
         tp_group = self.executor.group if self.executor is not None else None
         loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization, tp_group)
+        STARTUP.mark("weights_loaded")
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
@@ -93,6 +95,7 @@ class LLMEngine:
             self.runner.plan_sink = self.executor.broadcast_plan
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
+        STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
@@ -450,6 +453,7 @@ class LLMEngine:
         )
         while self.has_unfinished_requests():
             self.step()
+        STARTUP.mark("warmup_done")
 
     def generate(
         self,

@@ -27,11 +27,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from plimsoll import __version__
 from plimsoll import metric_names as mn
+from plimsoll.runtime.engine.startup import STARTUP
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
@@ -55,6 +58,27 @@ class _EngineStats(Protocol):
     num_running: int
     num_waiting: int
     kv_cache_usage: float
+
+
+SLO_OBJECTIVES = ("ttft", "tpot", "e2e")
+
+
+def _meets(
+    slo: dict[str, float], reason: str, rm: Any, arrival: float,
+    first: float | None, last: float | None, done: float | None,
+) -> bool:  # fmt: skip
+    """Succeeded, and every bound set holds (a percentile objective applied per request, as bench does)."""
+    if reason not in ("stop", "length") or first is None:
+        return False
+    ttft = first - arrival
+    tpot = (
+        (last - first) / (rm.num_generation_tokens - 1)
+        if last is not None and rm.num_generation_tokens > 1
+        else 0.0
+    )
+    e2e = (done if done is not None else last or first) - arrival
+    limits = {"ttft": ttft, "tpot": tpot, "e2e": e2e}
+    return all(limits[k] <= bound for k, bound in slo.items())
 
 
 def _strip_total(name: str) -> str:
@@ -100,6 +124,16 @@ class ServerMetrics:
             mn.CACHE_CONFIG_INFO,
             "KV-cache configuration; value 1 (vllm:cache_config_info).",
             ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+        )
+        # prometheus_client appends _info: plimsoll_build_info{version} 1 (the operator's drift check reads it).
+        Info(
+            mn.BUILD_INFO.removesuffix("_info"), "Version of the running engine.", labels, registry=r
+        ).labels(model_name).info({"version": __version__})
+        self.startup_phase = gauge(
+            mn.STARTUP_PHASE_SECONDS,
+            "Seconds from process start to the end of each start-up phase "
+            "(imports, weights_loaded, kv_cache_allocated, warmup_done, ready).",
+            ("phase",),
         )
         self.ttft = histogram(mn.TIME_TO_FIRST_TOKEN, "Arrival to first token, seconds.", mn.TTFT_BUCKETS)
         self.itl = histogram(
@@ -217,6 +251,17 @@ class ServerMetrics:
         self.request_errors = counter(
             mn.REQUEST_ERRORS, "Admitted requests that failed with a server error, by reason.", ("reason",)
         )
+        self.slo_requests = counter(
+            mn.SLO_REQUESTS,
+            "Finished requests judged against the objectives set with PUT /slo: good when it succeeded "
+            "and its TTFT, TPOT and end-to-end latency are each within the bound set.",
+            ("result",),
+        )
+        self.slo_objective = gauge(
+            mn.SLO_OBJECTIVE_SECONDS, "Per-request bounds in force (PUT /slo), seconds.", ("objective",)
+        )
+        # objective ("ttft", "tpot", "e2e") -> seconds; empty: nothing is judged.
+        self.slo: dict[str, float] = {}
         # The engine's warm-up request is not client traffic; the server switches
         # counting on once the engine is ready (see start_counting).
         self.counting = False
@@ -232,6 +277,18 @@ class ServerMetrics:
             family.labels(model_name)
 
     # ---- the engine observer ---------------------------------------------------
+
+    def set_slo(self, bounds: dict[str, float | None]) -> None:
+        """The per-request bounds to judge finished requests by (seconds); None removes one."""
+        self.slo = {k: v for k, v in bounds.items() if v is not None}
+        for objective in SLO_OBJECTIVES:
+            if objective in self.slo:
+                self.slo_objective.labels(self.model_name, objective).set(self.slo[objective])
+            else:
+                with contextlib.suppress(KeyError):
+                    self.slo_objective.remove(self.model_name, objective)
+        for result in ("good", "bad"):
+            self.slo_requests.labels(self.model_name, result)
 
     def start_counting(self) -> None:
         self.counting = True
@@ -288,6 +345,11 @@ class ServerMetrics:
             self.lora_requests.labels(m, rm.lora_name).inc()
         arrival, sched = rm.arrival_time, rm.first_scheduled_time
         first, last, done = rm.first_token_time, rm.last_token_time, rm.finished_time
+        slo = self.slo
+        if slo:
+            self.slo_requests.labels(
+                m, "good" if _meets(slo, reason, rm, arrival, first, last, done) else "bad"
+            ).inc()
         if done is not None:
             self.e2e.labels(m).observe(max(0.0, done - arrival))
         if sched is not None:
@@ -355,6 +417,8 @@ class ServerMetrics:
             kv_usage.labels(m).set(stats.kv_cache_usage)
 
     def exposition(self) -> tuple[bytes, str]:
+        for phase, seconds in STARTUP.seconds().items():
+            self.startup_phase.labels(self.model_name, phase).set(seconds)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

@@ -355,3 +355,26 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
+
+
+class SLOObjectives(BaseModel):
+    """``PUT /slo``: the LLMService's ``spec.slo`` in its own spelling; each bound applies per request."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    ttft_p95_ms: float | None = Field(None, gt=0, alias="ttftP95Ms")
+    tpot_p50_ms: float | None = Field(None, gt=0, alias="tpotP50Ms")
+    e2e_p95_ms: float | None = Field(None, gt=0, alias="e2eP95Ms")
+
+    def seconds(self) -> dict[str, float | None]:
+        def s(ms: float | None) -> float | None:
+            return None if ms is None else ms / 1000
+
+        return {"ttft": s(self.ttft_p95_ms), "tpot": s(self.tpot_p50_ms), "e2e": s(self.e2e_p95_ms)}
+
+    @classmethod
+    def from_seconds(cls, bounds: dict[str, float]) -> SLOObjectives:
+        def ms(key: str) -> float | None:
+            return None if key not in bounds else round(bounds[key] * 1000, 6)
+
+        return cls(ttft_p95_ms=ms("ttft"), tpot_p50_ms=ms("tpot"), e2e_p95_ms=ms("e2e"))

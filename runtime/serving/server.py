@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plimsoll import __version__
 from plimsoll.runtime.engine.client import EngineClient
+from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.serving.chat import create_chat_completion
 from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
@@ -40,6 +41,7 @@ from plimsoll.runtime.serving.protocol import (
     LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
+    SLOObjectives,
     UnloadLoRAAdapterRequest,
 )
 from plimsoll.runtime.serving.requests import ServingContext
@@ -169,6 +171,7 @@ def build_app(
             )
             metrics.refresh(s)
             metrics.start_counting()
+            STARTUP.mark("ready")
             log.info(
                 "engine ready: model %s, %d KV blocks of %d tokens",
                 settings.served_model_name,
@@ -234,13 +237,14 @@ def build_app(
         if ctx.draining and not engine.is_dead:
             return JSONResponse({"ready": False, "reason": "draining"}, status_code=503)
         failed = state["fatal"] is not None or engine.is_dead
+        startup = STARTUP.to_json()
         loading = not engine.is_ready or (ctx.templates is not None and not ctx.templates.is_started)
         if failed or loading:
             reason = "engine failed" if failed else "loading"
-            return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+            return JSONResponse({"ready": False, "reason": reason, "startup": startup}, status_code=503)
         if ctx.marked_for_removal:
             return JSONResponse({"ready": False, "reason": "marked for removal"}, status_code=503)
-        return JSONResponse({"ready": True})
+        return JSONResponse({"ready": True, "startup": startup})
 
     @app.post("/drain")
     async def mark_for_removal() -> Response:
@@ -252,6 +256,16 @@ def build_app(
     async def unmark_for_removal() -> Response:
         ctx.marked_for_removal = False
         return JSONResponse({"markedForRemoval": False, "inFlight": ctx.num_in_flight})
+
+    @app.put("/slo")
+    async def set_slo(objectives: SLOObjectives) -> Response:
+        # The operator's spec.slo, applied per request: plimsoll_slo_requests_total{result} counts against it.
+        metrics.set_slo(objectives.seconds())
+        return JSONResponse(objectives.model_dump(by_alias=True))
+
+    @app.get("/slo")
+    async def get_slo() -> Response:
+        return JSONResponse(SLOObjectives.from_seconds(metrics.slo).model_dump(by_alias=True))
 
     @app.get("/version")
     async def version() -> Response:

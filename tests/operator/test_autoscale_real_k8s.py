@@ -72,6 +72,7 @@ class Timeline:
     scaled_down_at: float = 0.0
     described: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
 
     def desired_between(self, start: float, end: float) -> list[int]:
         return [s.desired for s in self.load.samples if start <= s.at <= end]
@@ -210,6 +211,7 @@ def _play(cluster: Any, ns: str, t: Timeline) -> None:
     t.described = cluster.kubectl("describe", "llms", NAME, "-n", ns).stdout
     items = get_json(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={NAME}")
     t.events = list((items or {}).get("items", []))
+    t.status = get_json(cluster, "llms", NAME, "-n", ns)["status"]
     _print(t)
 
 
@@ -313,3 +315,20 @@ def test_decisions_are_visible_in_kubectl_describe(run: Timeline) -> None:
         "Target In Flight Per Replica",
     ):
         assert needle in described, f"{needle!r} missing from kubectl describe llms:\n{described}"
+
+
+def test_the_scale_up_timeline_has_every_phase_in_order(run: Timeline) -> None:
+    from plimsoll.operator.scaling.scale_up_timeline import PHASES, parse_time
+
+    last = run.status["autoscaler"]["lastScaleUp"]
+    print(f"\nstatus.autoscaler.lastScaleUp: {last}")
+    assert last["complete"] is True and last["fromReplicas"] == 1, last
+    assert [p["phase"] for p in last["phases"]] == list(PHASES), last["phases"]
+    # Pod timestamps have one-second resolution: a mark may read up to 1 s before the one before it.
+    times = [parse_time(p["at"]) or 0.0 for p in last["phases"]]
+    for (earlier, a), (later, b) in zip(zip(PHASES, times, strict=True), zip(PHASES[1:], times[1:], strict=True), strict=False):
+        assert b >= a - 1.0, f"{later} at {b} before {earlier} at {a}"
+    assert last["decisionToReadySeconds"] <= STARTUP_LIMIT_S + 10
+    sentences = [e["message"] for e in run.events if e.get("reason") == "ScaleUpTimeline"]
+    assert sentences and sentences[0].startswith("scale-up 1→"), sentences
+    assert "weights loaded at +" in sentences[0] and "first request answered at +" in sentences[0]

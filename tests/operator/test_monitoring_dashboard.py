@@ -104,7 +104,9 @@ def test_committed_json_is_what_the_generator_writes() -> None:
 
 def test_six_panels_a_priority_class_panel_and_the_filter_variables() -> None:
     board = dashboard()
-    assert [p["title"] for p in board["panels"]] == [*SIX_PANELS, "Priority class $priority"]
+    assert [p["title"] for p in board["panels"]] == [
+        *SIX_PANELS, "SLO attainment and cost", "Priority class $priority",
+    ]  # fmt: skip
     assert board["panels"][-1]["repeat"] == "priority"  # Grafana draws one per priority class
     for p in board["panels"]:
         assert p["targets"] and p["description"], p["title"]
@@ -179,7 +181,9 @@ def test_every_plimsoll_series_is_exported_by_the_runtime(tmp_path: Path) -> Non
     for family in text_string_to_metric_families(exposition):
         suffixes = {"counter": ("_total",), "histogram": HISTOGRAM_SUFFIXES}.get(family.type, ("",))
         exported |= {family.name + suffix for suffix in suffixes}
-    wanted = {n for n in referenced_names() if n.startswith(mn.PREFIX)}
+    # plimsoll_operator_* come from the operator's endpoint, not the replicas.
+    operator = "plimsoll_operator_"
+    wanted = {n for n in referenced_names() if n.startswith(mn.PREFIX) and not n.startswith(operator)}
     assert len(wanted) >= 10, wanted
     missing = wanted - exported
     assert not missing, f"the dashboard queries series the runtime does not export: {sorted(missing)}"
@@ -220,3 +224,10 @@ def test_dashboard_toggle_namespace_and_labels() -> None:
     assert configmap["metadata"]["annotations"] == {"grafana_folder": "LLM"}
     typo = _helm("template", "x", str(CHART), "--set", "dashboards.enable=true")
     assert typo.returncode != 0 and "enable" in typo.stderr
+
+
+def test_operator_series_on_the_dashboard_are_the_ones_the_operator_exports() -> None:
+    from plimsoll.operator.handlers.attainment import COST_PER_1K_GOOD, SLO_ATTAINMENT
+
+    drawn = {n for n in referenced_names() if n.startswith("plimsoll_operator_")}
+    assert drawn == {SLO_ATTAINMENT._name, COST_PER_1K_GOOD._name}

@@ -3,7 +3,7 @@
 What it is: the source of the committed dashboard JSON. Six panels, the ones the
 seed articles keep side by side (GPU utilisation and memory, request and token
 throughput, TTFT/TPOT percentiles, queue length, KV-cache usage, timeouts and
-errors), filtered by the ``namespace`` and ``llmservice`` labels the operator's
+errors), then the operator's SLO attainment and cost and one per priority class, filtered by the ``namespace`` and ``llmservice`` labels the operator's
 PodMonitor puts on every replica series. Each query reads the ``plimsoll_*``
 series or, through ``or``, vLLM's ``vllm:*`` equivalents (names from
 plimsoll.metric_names), so one dashboard covers both engine kinds. GPU panels
@@ -30,6 +30,9 @@ UID = "plimsoll-llmservice"
 SERVICE_LABEL = "llmservice"
 SEL = f'namespace="$namespace", {SERVICE_LABEL}=~"$llmservice"'
 RATE = "$__rate_interval"
+# The operator's per-LLMService series (operator/handlers/attainment.py).
+ATTAINMENT = "plimsoll_operator_slo_attainment_ratio"
+COST_PER_1K = "plimsoll_operator_replica_seconds_per_1k_good_requests"
 
 
 def either(query: Callable[[str], str], plimsoll: str, vllm: str) -> str:
@@ -231,6 +234,26 @@ def errors_panel() -> dict[str, Any]:
     )
 
 
+def slo_panel() -> dict[str, Any]:
+    """From the operator's own metrics endpoint (its ServiceMonitor), not the replicas."""
+    return panel(
+        6,
+        "SLO attainment and cost",
+        "Share of finished requests that met every spec.slo bound (each applied per request, as "
+        "bench does) over the last minute and hour, and replica-seconds spent per 1000 such "
+        "requests over the hour (right). Written by the operator's built-in autoscaler; SLOAtRisk "
+        "turns True when the 1-minute figure falls below 99%.",
+        "percentunit",
+        [
+            (f'{ATTAINMENT}{{{SEL}, window="1m"}}', "{{llmservice}} attainment 1m"),
+            (f'{ATTAINMENT}{{{SEL}, window="1h"}}', "{{llmservice}} attainment 1h"),
+            (f"{COST_PER_1K}{{{SEL}}}", "{{llmservice}} replica-s per 1k good"),
+        ],
+        overrides=[right_axis(".*per 1k good", "s")],
+        maximum=1,
+    )
+
+
 def priority_panel() -> dict[str, Any]:
     """One panel per priority class (Grafana repeats it over ``$priority``); plimsoll only."""
     cls = f'{SEL}, priority=~"$priority"'
@@ -239,7 +262,7 @@ def priority_panel() -> dict[str, Any]:
         return f"histogram_quantile({q}, sum by (le) (rate({name}_bucket{{{cls}}}[{RATE}])))"
 
     body = panel(
-        6,
+        8,  # its own row: Grafana repeats it across
         "Priority class $priority",
         "With --scheduling-policy priority: time to first token and queue time of this class "
         "(lower priority value runs first), and its finished-request rate. Under overload the "
@@ -326,6 +349,7 @@ def dashboard() -> dict[str, Any]:
             queue_panel(),
             kv_panel(),
             errors_panel(),
+            slo_panel(),
             priority_panel(),
         ],
     }

@@ -28,6 +28,10 @@ ALLOWED_LABELS = {
     "cache_dtype",
     "priority",  # the request's integer class, clamped to -16..16 (never a tenant id)
     "position",  # spec_decode accepted tokens per draft position (0..k-1)
+    "version",  # plimsoll_build_info: the engine's version
+    "phase",  # plimsoll_startup_phase_seconds: one of five start-up phases
+    "result",  # plimsoll_slo_requests_total: good or bad
+    "objective",  # plimsoll_slo_objective_seconds: ttft, tpot or e2e
 }
 # prometheus_client's standard collectors (process_*, python_gc_*, python_info) carry
 # their own fixed labels; they are not plimsoll series and are checked apart.
