@@ -7,16 +7,22 @@ PEFT adapters written by peft itself (``write_random_lora``: different ranks and
 modules), declared as file:// URIs under ``~/.cache/plimsoll`` (not /tmp, which is an
 emptyDir in a replica pod). The runtime's LoRA arithmetic is tested in tests/runtime; this
 test is about the two halves together: what the operator loads, where, that the engine
-serves it, and that changing the list restarts nothing.
+serves it, that changing the list restarts nothing, and that an engine that does restart
+(SIGKILLed; the pod runner restarts the container as a kubelet would) gets its adapters back
+from the operator, since they are not in its command line.
 """
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from llms_k8s import apply, condition, get_json, llmservice, wait_for, wait_for_passes
+
+from plimsoll.devcluster.podrunner import pod_processes
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -163,3 +169,23 @@ def test_adapters_load_on_real_replicas_and_unload_live_without_restarting_pods(
     assert restarts(replica_pods(devcluster, ns)) == before
     again = get_json(devcluster, "deployment", NAME, "-n", ns)
     assert again["metadata"]["generation"] == deployment["metadata"]["generation"]
+
+    # An engine that does restart comes back without adapters (they are not in its flags); the
+    # operator loads the declared one onto it again, and only there.
+    victim, other = running[0]["metadata"]["name"], running[1]["metadata"]["name"]
+    records = pod_processes(Path(devcluster.state_dir) / "pods", ns, victim)
+    assert "engine" in records, f"the pod runner recorded no live engine process for {victim}: {records}"
+    os.kill(records["engine"].pid, signal.SIGKILL)
+
+    def restarted() -> dict[str, tuple[str, int]] | None:
+        now = {p["metadata"]["name"]: p for p in replica_pods(devcluster, ns)}
+        back = victim in now and (condition(now[victim], "Ready") or {}).get("status") == "True"
+        return restarts(list(now.values())) if back and restarts([now[victim]])[victim][1] == 1 else None
+
+    counts = wait_for(restarted, STARTUP_LIMIT_S, f"{victim}'s engine restarted and Ready", interval=1)
+    assert counts == {victim: (before[victim][0], 1), other: before[other]}
+    victim_ip = next(p["status"]["podIP"] for p in running if p["metadata"]["name"] == victim)
+    wait_for(lambda: served(victim_ip) == {NAME: None, "sql": NAME}, 60, f"sql loaded again on {victim}")
+    assert complete(victim_ip, "sql").status_code == 200
+    assert mentions(events(devcluster, ns, "AdapterLoaded"), f"sql on {victim}") == 2
+    assert mentions(events(devcluster, ns, "AdapterLoaded"), f"sql on {other}") == 1
