@@ -1,8 +1,9 @@
 """spec.adapters: rendered into the replicas without the list in the pod template, and kept in line live.
 
 The pure half (flags, volumes, the load/unload plan, status and condition) is checked on
-built objects; the live half (``handlers/adapters.sync_pod``) against bench-simulator
-replicas over real HTTP, which speak vLLM's adapter API.
+built objects; the live half (``handlers/adapters.sync_pod``) over real HTTP against
+bench-simulator replicas, which speak vLLM's adapter API, and against a real plimsoll
+engine for its refusal to unload an adapter in use.
 """
 
 import json
@@ -178,3 +179,34 @@ async def test_sync_pod_names_an_unreachable_replica() -> None:
     async with httpx.AsyncClient() as http:
         result, _, _ = await sync_pod(http, "http://127.0.0.1:9", "chat-1", {"a": "/a"}, "chat", LOG)
     assert result.error is not None and result.loaded == ()
+
+
+@pytest.mark.slow
+async def test_sync_pod_leaves_an_adapter_in_use_on_a_real_engine_and_unloads_it_once_free(tmp_path: Path) -> None:
+    """The runtime refuses to unload an adapter with a request in flight (HTTP 400, "retry later"):
+    the operator keeps it listed, records no load failure, and unloads it on a pass after the request."""
+    from plimsoll.runtime.testing import ThreadedServer, write_random_lora, write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny")
+    fr = write_random_lora(model, tmp_path / "fr", r=4, target_modules=("q_proj",), seed=3)
+    server = ThreadedServer(
+        model, enable_lora=True, max_lora_rank=8, lora_modules=[{"name": "fr", "path": str(fr)}], step_delay=0.05
+    ).start()
+    base = server.ctx.settings.served_model_name
+    body = {"model": "fr", "prompt": "hello", "max_tokens": 100, "ignore_eos": True, "stream": True}
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            async with http.stream("POST", f"{server.url}/v1/completions", json=body) as stream:
+                assert stream.status_code == 200
+                chunks = stream.aiter_text()
+                assert await anext(chunks)  # the request is running under fr (100 steps of >= 50 ms)
+                held, loaded, unloaded = await sync_pod(http, server.url, "chat-1", {}, base, LOG)
+                assert (held.loaded, held.failed, held.error, loaded, unloaded) == (("fr",), (), None, [], [])
+                async for _ in chunks:  # let it finish
+                    pass
+            after, _, unloaded = await sync_pod(http, server.url, "chat-1", {}, base, LOG)
+            assert (after.loaded, unloaded) == ((), ["fr"])
+            cards = (await http.get(f"{server.url}/v1/models")).json()["data"]
+            assert [c["id"] for c in cards] == [base]
+    finally:
+        server.stop()

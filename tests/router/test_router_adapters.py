@@ -1,17 +1,19 @@
 """LoRA adapter affinity: a request for an adapter goes to a replica serving it, preferring one where it is active.
 
-The policy half on hand-set replica state; the whole path over real HTTP with bench-simulator
-replicas that speak vLLM's adapter API (``/v1/models`` parents, ``lora_requests_info``).
+The policy half on hand-set replica state; the whole path over real HTTP with real plimsoll
+engines (LoRA on, random PEFT adapters loaded through ``/v1/load_lora_adapter``): the router
+reads what the runtime says, its ``/v1/models`` parents and ``plimsoll_lora_requests_info``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import json
-from pathlib import Path
+from collections.abc import Iterator
 
+import httpx
 import openai
+import pytest
 from router_harness import eventually, run_router
 
 from plimsoll.prometheus import parse
@@ -20,6 +22,7 @@ from plimsoll.router.config import RouterConfig
 from plimsoll.router.policy import RequestFeatures, Router
 from plimsoll.router.proxy import REPLICA_HEADER
 from plimsoll.router.scrape import active_adapters, served_adapters
+from plimsoll.runtime.testing import ThreadedServer, write_random_lora, write_tiny_model
 
 URLS = ("http://r0", "http://r1", "http://r2")
 
@@ -76,38 +79,59 @@ def test_scrape_parsers_read_either_gauge_name_and_the_newest_label_set() -> Non
     assert served_adapters(cards) == frozenset({"a"})
 
 
-def adapter_dir(root: Path, name: str) -> str:
-    folder = root / name
-    folder.mkdir(exist_ok=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4}))
-    return str(folder)
+@pytest.fixture(scope="module")
+def lora_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ThreadedServer]]:
+    """Three real engines on one tiny random Llama with LoRA on: sql loaded on the first, fr on the
+    second (through /v1/load_lora_adapter, as the operator loads them), none on the third."""
+    root = tmp_path_factory.mktemp("router-lora")
+    model = write_tiny_model(root / "tiny")
+    paths = {
+        "sql": write_random_lora(model, root / "sql", r=8, target_modules=("q_proj", "v_proj"), seed=1),
+        "fr": write_random_lora(model, root / "fr", r=4, target_modules=("o_proj",), seed=2),
+    }
+    servers: list[ThreadedServer] = []
+    try:
+        for _ in range(3):
+            servers.append(
+                ThreadedServer(model, enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=8).start()
+            )
+        for server, name in zip(servers, paths, strict=False):
+            answer = httpx.post(f"{server.url}/v1/load_lora_adapter",
+                                json={"lora_name": name, "lora_path": str(paths[name])}, timeout=60)  # fmt: skip
+            assert answer.status_code == 200, answer.text
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
-async def test_router_sends_each_adapter_to_its_replicas_over_http(fake_replicas, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    sql, fr = f"sql={adapter_dir(tmp_path, 'sql')}", f"fr={adapter_dir(tmp_path, 'fr')}"
-    lora = {"enable_lora": True, "step_t0_s": 0.002}
-    replicas = fake_replicas([{**lora, "lora_modules": [sql]}, {**lora, "lora_modules": [fr]}, lora])
-    urls = tuple(r.url for r in replicas)
+@pytest.mark.slow
+async def test_router_sends_each_adapter_to_the_real_replicas_holding_it(lora_replicas: list[ThreadedServer]) -> None:
+    """The runtime's /v1/models parents and plimsoll_lora_requests_info, read by the router's scrape."""
+    urls = tuple(r.url for r in lora_replicas)
+    base = lora_replicas[0].ctx.settings.served_model_name
     async with run_router(backends=urls, policy="prefix-affinity", scrape_interval_s=0.1) as router:
         await eventually(
             lambda: all(r.adapters is not None for r in router.state.replica_set.replicas.values()),
             "the first scrape of every replica's adapters",
         )
-        api = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=30)
-        served: dict[str, collections.Counter[str]] = {m: collections.Counter() for m in ("sql", "fr", "fake")}
+        held = {u: router.state.replica_set.replicas[u].adapters for u in urls}
+        assert held == {urls[0]: {"sql"}, urls[1]: {"fr"}, urls[2]: frozenset()}, held
+        api = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        served: dict[str, collections.Counter[str]] = {m: collections.Counter() for m in ("sql", "fr", base)}
 
         async def one(model: str, i: int) -> None:
             raw = await api.completions.with_raw_response.create(model=model, prompt=f"p{i} x", max_tokens=3)
             assert raw.parse().model == model
             served[model][raw.headers[REPLICA_HEADER]] += 1
 
-        await asyncio.gather(*(one(m, i) for i in range(10) for m in served))
+        await asyncio.gather(*(one(m, i) for i in range(6) for m in served))
         await api.close()
-        assert served["sql"] == {urls[0]: 10}, served
-        assert served["fr"] == {urls[1]: 10}, served
-        assert sum(served["fake"].values()) == 10 and len(served["fake"]) > 1, "the base model spreads"
+        assert served["sql"] == {urls[0]: 6}, served
+        assert served["fr"] == {urls[1]: 6}, served
+        assert sum(served[base].values()) == 6 and len(served[base]) > 1, "the base model spreads"
         adapter_decisions = sum(
             router.metric("plimsoll_router_routing_decisions_total", policy="prefix_affinity", reason=reason, lane="all")
             for reason in ("adapter_active", "adapter_loaded")
         )
-        assert adapter_decisions == 20
+        assert adapter_decisions == 12
