@@ -139,7 +139,9 @@ async def _py_spy_flamegraph(seconds: float, scratch: Path) -> bytes:
             param="kind",
         )
     out = scratch / "flame.svg"
-    cmd = [binary, "record", "--nonblocking", "--duration", str(max(1, round(seconds))), "--pid",
+    # --idle: sample waiting threads too; an idle server's stacks (where the engine loop and the
+    # event loop wait) are an answer, where without it py-spy finds "no stack counts" and fails.
+    cmd = [binary, "record", "--nonblocking", "--idle", "--duration", str(max(1, round(seconds))), "--pid",
            str(os.getpid()), "--format", "flamegraph", "--output", str(out)]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
