@@ -13,7 +13,6 @@ from plimsoll.devcluster.cluster import Cluster, wait_until
 
 pytestmark = pytest.mark.k8s
 
-POD_NET = ipaddress.ip_network("127.1.0.0/16")
 # Not a plimsoll image: kwok simulates these pods (the pod runner leaves them alone).
 PAUSE = "registry.k8s.io/pause:3.10"
 
@@ -81,7 +80,7 @@ def test_gpu_deployment_pods_are_scheduled_ready_with_loopback_ips(
     for pod in pods:
         assert pod["spec"]["nodeName"] in gpu_nodes
         assert _ready(pod)
-        assert ipaddress.ip_address(pod["status"]["podIP"]) in POD_NET
+        assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(devcluster.pod_cidr)
     assert len({p["status"]["podIP"] for p in pods}) == 3, "pod IPs must be distinct"
 
 
