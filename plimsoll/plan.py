@@ -6,7 +6,8 @@ replicas a load needs, with every step shown —
 - parameters estimated from the config's dimensions (Llama-family decoders:
   embeddings, attention with grouped-query KV heads, gated MLP or mixture of
   experts, norms), weight bytes = parameters × dtype bytes;
-- KV bytes per token = 2 × layers × kv_heads × head_dim × KV dtype bytes;
+- KV bytes per token = 2 × layers × kv_heads × head_dim × KV dtype bytes (int8: head_dim + 4
+  bytes per row, the float32 scale the runtime stores with each token and KV head);
 - KV tokens that fit = (GPU memory × GPUs × memory fraction − weights) ÷ KV bytes per token;
 - concurrent sequences at a context length = KV tokens ÷ context length;
 - with a bench report (its per-replica recommendation) or a given per-replica
@@ -126,17 +127,26 @@ def parameter_count(d: ModelDims) -> int:
     return d.layers * (attention + mlp + router + norms) + embeddings + d.hidden
 
 
-def int8_weight_bytes(d: ModelDims) -> int:
+INT8_GROUP_SIZE = 64  # the runtime's --quantization int8 group (runtime/models/quant.py GROUP_SIZE)
+
+
+def int8_weight_bytes(d: ModelDims, group: int = INT8_GROUP_SIZE) -> int:
     """Bytes of the weights under plimsoll's ``--quantization int8``: every matrix in int8 plus
-    one float32 scale per output row; norms and biases stay float32."""
+    one float32 scale per ``group`` inputs of each output row (per row where ``group`` does not
+    divide the row); norms and biases stay float32."""
     q_out, kv_out = d.heads * d.head_dim, d.kv_heads * d.head_dim
     # (inputs, output rows) of each matrix of one layer: qkv, o, gate_up, down (per expert).
     layer = [(d.hidden, q_out + 2 * kv_out), (q_out, d.hidden)]
     layer += [(d.hidden, 2 * d.intermediate), (d.intermediate, d.hidden)] * d.experts
-    matrices = d.layers * sum(k * n for k, n in layer) + d.vocab * d.hidden * (1 if d.tied_embeddings else 2)
-    rows = d.layers * sum(n for _, n in layer) + d.vocab * (1 if d.tied_embeddings else 2)
+    embeddings = [(d.hidden, d.vocab)] * (1 if d.tied_embeddings else 2)
+
+    def scales(k: int, n: int) -> int:
+        return n * (k // group if 0 < group < k and k % group == 0 else 1)
+
+    matrices = d.layers * sum(k * n for k, n in layer) + sum(k * n for k, n in embeddings)
+    scale_count = d.layers * sum(scales(k, n) for k, n in layer) + sum(scales(k, n) for k, n in embeddings)
     other = parameter_count(d) - matrices
-    return matrices + 4 * (rows + other)
+    return matrices + 4 * (scale_count + other)
 
 
 def fmt_bytes(n: float) -> str:
@@ -180,7 +190,10 @@ def make_plan(
     how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
     if dtype.lower() == "int8":
         weights = int8_weight_bytes(dims)
-        how = f"matrices × 1 B + a float32 scale per output row + float32 norms/biases = {fmt_bytes(weights)}"
+        how = (
+            f"matrices × 1 B + a float32 scale per {INT8_GROUP_SIZE} inputs of each row + float32 norms/biases "
+            f"= {fmt_bytes(weights)}"
+        )
     steps.append(Step("weight bytes", weights, how))
     usable = gpu_memory * gpus_per_replica * memory_fraction
     steps.append(
@@ -200,16 +213,17 @@ def make_plan(
         Step("KV budget", kv_budget, f"{fmt_bytes(usable)} − {fmt_bytes(weights)} = {fmt_bytes(kv_budget)}")
     )
     per_token = 2 * dims.layers * dims.kv_heads * dims.head_dim * kv_bytes
-    steps.append(
-        Step(
-            "KV bytes per token",
-            per_token,
-            (
-                f"2 × {dims.layers} layers × {dims.kv_heads} KV heads × {dims.head_dim} head dim × {kv_bytes:g} B "
-                f"({kv_dtype or dtype}) = {per_token:,.0f} B"
-            ),
-        )
+    how = (
+        f"2 × {dims.layers} layers × {dims.kv_heads} KV heads × {dims.head_dim} head dim × {kv_bytes:g} B "
+        f"({kv_dtype or dtype}) = {per_token:,.0f} B"
     )
+    if (kv_dtype or dtype).lower() == "int8":  # the runtime's int8 cache keeps a float32 scale per row
+        per_token = 2 * dims.layers * dims.kv_heads * (dims.head_dim + 4)
+        how = (
+            f"2 × {dims.layers} layers × {dims.kv_heads} KV heads × ({dims.head_dim} int8 + a 4 B scale) "
+            f"= {per_token:,.0f} B"
+        )
+    steps.append(Step("KV bytes per token", per_token, how))
     tokens = math.floor(kv_budget / per_token)
     steps.append(Step("KV tokens that fit", tokens, f"{kv_budget:,.0f} B / {per_token:,.0f} B = {tokens:,}"))
     if dims.max_position is not None and context_length > dims.max_position:

@@ -42,7 +42,7 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.model_path = loaded.path
         bs = config.block_size
-        per_token = kv_bytes_per_token(loaded.hf_config, config.torch_dtype)
+        per_token = kv_bytes_per_token(loaded.hf_config, config.torch_dtype, config.kv_cache_dtype)
         self.num_blocks = config.kv_cache_memory // (per_token * bs)
         if self.num_blocks < 1:
             raise ValueError(
@@ -59,8 +59,9 @@ class LLMEngine:
             config.scheduling_policy,
         )
         self.runner = ModelRunner(
-            loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend
-        )
+            loaded.model, self.num_blocks, bs, config.torch_dtype, self.device, config.attention_backend,
+            config.kv_cache_dtype,
+        )  # fmt: skip
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:

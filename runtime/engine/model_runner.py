@@ -1,7 +1,8 @@
 """Turns a scheduled step into tensors, runs the model, returns logits to sample from.
 
 What it is: owner of the KV cache tensors (one ``(k, v)`` pair per layer, each
-``[num_blocks, block_size, num_kv_heads, head_dim]``) and the input builder
+``[num_blocks, block_size, num_kv_heads, head_dim]``, or int8 rows of ``head_dim + 4``
+with ``--kv-cache-dtype int8``) and the input builder
 (``input_ids``, ``positions``, ``slot_mapping``, ``block_tables``, ``cu_seqlens_q``,
 ``context_lens``). What it is not: scheduling or sampling.
 """
@@ -10,18 +11,30 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
 from plimsoll.runtime.models.llama import LlamaForCausalLM
 
 
-def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
-    """2 (K and V) × layers × kv_heads × head_dim × bytes per element (GQA-aware)."""
+def kv_cache_shape(hf_config: Any, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto") -> tuple[int, ...]:
+    """``[num_blocks, block_size, num_kv_heads, head_dim]``; int8 rows carry their scale (``kv_int8``)."""
     num_kv_heads = hf_config.num_key_value_heads or hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    element = torch.empty((), dtype=dtype).element_size()
-    return int(2 * hf_config.num_hidden_layers * num_kv_heads * head_dim * element)
+    if kv_cache_dtype == "int8":
+        head_dim = kv_int8.packed_dim(head_dim)
+    elif kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    return (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+    """2 (K and V) × layers × kv_heads × head_dim × bytes per element (GQA-aware); for an int8
+    cache, × (head_dim + 4) bytes: each row's float32 scale is stored with it."""
+    _, _, num_kv_heads, row = kv_cache_shape(hf_config, 1, 1, kv_cache_dtype)
+    element = 1 if kv_cache_dtype == "int8" else torch.empty((), dtype=dtype).element_size()
+    return int(2 * hf_config.num_hidden_layers * num_kv_heads * row * element)
 
 
 class ModelRunner:
@@ -33,19 +46,26 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         attention_backend: str = "torch",
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
         self.store_kv, self.paged_attention = get_backend(attention_backend)
         cfg = model.config
-        num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        shape = kv_cache_shape(cfg, num_blocks, block_size, kv_cache_dtype)
+        cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (
+                torch.zeros(shape, dtype=cache_dtype, device=device),
+                torch.zeros(shape, dtype=cache_dtype, device=device),
+            )
             for _ in range(cfg.num_hidden_layers)
         ]
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache tensors hold, all layers, K and V."""
+        return sum(k.nbytes + v.nbytes for k, v in self.kv_caches)
 
     def prepare(
         self, sched: SchedulerOutput
