@@ -127,7 +127,7 @@ def parameter_count(d: ModelDims) -> int:
     return d.layers * (attention + mlp + router + norms) + embeddings + d.hidden
 
 
-INT8_GROUP_SIZE = 64  # the runtime's --quantization int8 group (runtime/models/quant.py GROUP_SIZE)
+INT8_GROUP_SIZE = 0  # 0 = one scale per row; the runtime's --quantization int8 group (runtime/models/quant.py GROUP_SIZE)
 
 
 def int8_weight_bytes(d: ModelDims, group: int = INT8_GROUP_SIZE) -> int:
@@ -191,7 +191,8 @@ def make_plan(
     if dtype.lower() == "int8":
         weights = int8_weight_bytes(dims)
         how = (
-            f"matrices × 1 B + a float32 scale per {INT8_GROUP_SIZE} inputs of each row + float32 norms/biases "
+            f"matrices × 1 B + a float32 scale per {f'{INT8_GROUP_SIZE} inputs of each' if INT8_GROUP_SIZE else 'output'} "
+            "row + float32 norms/biases "
             f"= {fmt_bytes(weights)}"
         )
     steps.append(Step("weight bytes", weights, how))

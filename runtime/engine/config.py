@@ -38,7 +38,7 @@ class EngineConfig(BaseModel):
     scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
     quantization: Literal["int8"] | None = Field(
-        None, description="weight-only int8, a scale per 64 inputs of each output row, computed at load (vLLM's --quantization)"
+        None, description="weight-only int8, a scale per output row, computed at load (vLLM's --quantization)"
     )
     kv_cache_dtype: Literal["auto", "int8"] = Field(
         "auto",

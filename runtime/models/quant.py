@@ -11,6 +11,9 @@ for up to 64 rows; prefill-sized matmuls and every other device dequantise the
 weight and call ``F.linear``, trading the speed for the memory saving, and a CPU
 without the kernels logs one warning. Norms and biases are not quantised.
 
+``quantize_rows(w, group_size)`` and the kernel also take a scale per group of inputs of a
+row (scales ``[N, K // G]``); the engine uses :data:`GROUP_SIZE`.
+
 What it is not: activation quantisation, int4, or loading pre-quantised checkpoints.
 """
 
@@ -26,7 +29,9 @@ log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8",)
 KERNEL_MAX_ROWS = 64  # above this (prefill) the dequantise + F.linear path is as fast
-GROUP_SIZE = 64  # inputs per scale; a row whose length it does not divide keeps one scale
+# Inputs per scale; 0 = one scale per output row, the default: groups of 64 agreed with float32
+# on 16/32 prompts against 11/32 per row, but the kernel ran 3-5x slower (docs/runtime.md).
+GROUP_SIZE = 0
 _warned = False
 
 

@@ -99,9 +99,9 @@ PROMPTS = [
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    reason="issue #15 asks for >= 90% of prompts identical over 32 tokens; int8 with a scale per 64 inputs "
-    "measured 16/32 prompts, 729/1024 tokens on the embedded (Q4_1-derived) SmolLM2 (per row: 11/32, 628; "
-    "group 32: 17/32, 736); most first differences are not near-ties (docs/runtime.md, "
+    reason="issue #15 asks for >= 90% of prompts identical over 32 tokens; per-row int8 (the default) "
+    "measured 11/32 prompts, 628/1024 tokens on the embedded (Q4_1-derived) SmolLM2; groups of 64: 16/32, "
+    "729; of 32: 17/32, 736; most first differences are not near-ties (docs/runtime.md, "
     "benchmarks/int8_agreement.py)",
     strict=False,
 )
