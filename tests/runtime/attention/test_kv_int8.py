@@ -127,3 +127,24 @@ def test_unknown_kv_cache_dtype_is_refused_with_the_choices() -> None:
 
     with pytest.raises(ValidationError, match="int8"):
         EngineConfig(kv_cache_dtype="fp4")
+
+
+@pytest.mark.parametrize("case", ["decode only", "mixed", "prefix hits"])
+def test_triton_kernels_read_and_write_the_int8_cache(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("triton")
+    from plimsoll.runtime.attention import triton_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernels in Triton's interpreter, on the CPU
+    ctx, q_lens = CASES[case]
+    query, k_cache, v_cache, tables, cu, lens, scale = make_batch(ctx, q_lens, head_dim=32, block_size=16)
+    kq, vq = int8_caches(k_cache, v_cache)
+    oracle = attention_torch.paged_attention(query, kq, vq, tables, cu, lens, scale)
+    got = triton_backend.paged_attention(query, kq, vq, tables, cu, lens, scale)
+    assert torch.allclose(got, oracle, atol=2e-5), float((got - oracle).abs().max())
+    # store_kv: the same packed bytes as the torch backend writes.
+    key, value = torch.randn((5, kq.shape[2], 32)), torch.randn((5, kq.shape[2], 32))
+    slots = torch.tensor([0, 17, -1, 3, 40])
+    mine, theirs = (kq.clone(), vq.clone()), (kq.clone(), vq.clone())
+    triton_backend.store_kv(key, value, *mine, slots)
+    attention_sdpa.store_kv(key, value, *theirs, slots)
+    assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
