@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
 from plimsoll.runtime.engine.config import EngineConfig
@@ -48,7 +49,10 @@ def main() -> None:
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     engine = LLMEngine(
         EngineConfig(
             model=args.model, kv_cache_memory="1GiB", max_num_seqs=max(args.levels), enable_prefix_caching=False,
@@ -59,7 +63,7 @@ def main() -> None:
     runner, model = engine.runner, engine.runner.model
     engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)  # type: ignore[method-assign]
     runner.prepare = timed("prepare inputs", runner.prepare)  # type: ignore[method-assign]
-    model.model.forward = timed("layers (30 x attention + MLP)", model.model.forward)  # type: ignore[method-assign]
+    model.forward = timed("model (embedding, layers, norm)", model.forward)  # type: ignore[method-assign]
     model.compute_logits = timed("output head", model.compute_logits)  # type: ignore[method-assign]
     engine._sample = timed("sampling", engine._sample)  # type: ignore[method-assign]
     vocab = int(engine.hf_config.vocab_size)
@@ -89,7 +93,12 @@ def main() -> None:
                 engine.step()
         events = prof.key_averages()
         ops = sum(e.count for e in events if not e.key.startswith("ProfilerStep"))
-        print(f"  torch ops per step: {ops / args.profiled_steps:.0f}")
+        visible = sum(e.self_cpu_time_total for e in events if not e.key.startswith("ProfilerStep"))
+        print(
+            f"  torch ops per step: {ops / args.profiled_steps:.0f}, their self CPU time "
+            f"{visible / args.profiled_steps / 1e3:.1f} ms/step (the compiled kernels, called through ctypes, "
+            "are not in it)"
+        )
         top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[: args.top]
         for e in top:
             print(
