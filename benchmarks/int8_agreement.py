@@ -6,7 +6,8 @@ prompt that differs it prints where the two first part and float32's own logprob
 (its chosen token's logprob minus that of int8's token): a margin of a few hundredths of a nat
 is a near-tie that any rounding of the weights may flip. It prints figures; it asserts nothing.
 
-Run: ``PYTHONSAFEPATH=1 python benchmarks/int8_agreement.py --groups 0,128,64,32``
+Run: ``PYTHONSAFEPATH=1 python benchmarks/int8_agreement.py --groups 0,128,64,32``; with
+``--kv-cache-dtype`` it compares float32 against float32 weights over an int8 KV cache instead.
 """
 
 import argparse
@@ -29,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", default="0,128,64,32", help="group sizes to try, 0 = per output row")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--kv-cache-dtype", action="store_true", help="compare --kv-cache-dtype int8 (float weights) instead")
     args = ap.parse_args()
     texts = prompts()
     greedy = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True, logprobs=5)
@@ -36,10 +38,13 @@ def main() -> None:
     ids = [llm.tokenizer(t).input_ids for t in texts]
     ref = [o.outputs[0] for o in llm.generate(ids, greedy)]
     del llm
-    for group in (int(g) for g in args.groups.split(",")):
-        quant.GROUP_SIZE = group
+    for group in [-1] if args.kv_cache_dtype else [int(g) for g in args.groups.split(",")]:
+        quant.GROUP_SIZE = max(group, 0)
         t0 = time.perf_counter()
-        llm = LLM(model="smollm2-135m", quantization="int8", max_num_seqs=32, max_model_len=128)
+        if group < 0:
+            llm = LLM(model="smollm2-135m", kv_cache_dtype="int8", max_num_seqs=32, max_model_len=128)
+        else:
+            llm = LLM(model="smollm2-135m", quantization="int8", max_num_seqs=32, max_model_len=128)
         got = [o.outputs[0].token_ids for o in llm.generate(ids, greedy)]
         secs = time.perf_counter() - t0
         weights = quant.weight_bytes(llm.engine.runner.model)
@@ -56,7 +61,7 @@ def main() -> None:
             margins.append(
                 (first, None if mine is None or theirs is None else mine.logprob - theirs.logprob)
             )
-        label = "per row" if group == 0 else f"group {group}"
+        label = "int8 KV" if group < 0 else "per row" if group == 0 else f"group {group}"
         print(
             f"{label:>9}: {same}/{len(texts)} prompts identical over {args.tokens} tokens, "
             f"{agree}/{args.tokens * len(texts)} tokens; weights {weights / 2**20:.1f} MiB; {secs:.0f} s"
