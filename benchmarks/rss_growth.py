@@ -73,7 +73,7 @@ def main() -> None:
         done += len(outs)
         gc.collect()
         print(
-            f"{done:5d} requests: RSS {rss_mib():.1f} MiB (+{rss_mib() - start:.1f}), "
+            f"{done:5d} requests: RSS {rss_mib():.1f} MiB ({rss_mib() - start:+.1f}), "
             f"{time.perf_counter() - t0:.0f} s",
             flush=True,
         )
