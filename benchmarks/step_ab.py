@@ -37,12 +37,18 @@ def _attention(on: bool) -> None:
     cpu_kernels.supports_attention = SUPPORTS_ATTENTION if on else (lambda *_: False)
 
 
+def _threads(on: bool) -> None:
+    torch.set_num_threads(DEFAULT_THREADS if on else 1)
+
+
+DEFAULT_THREADS = torch.get_num_threads()
 SUPPORTS_ATTENTION = cpu_kernels.supports_attention
 # name: (switch, label off, label on); every other fast path stays as the engine has it.
 COMPARISONS: dict[str, tuple[Switch, str, str]] = {
     "onednn": (_onednn, "MKL F.linear", "oneDNN"),
     "small-batch": (_small_batch, "oneDNN", "small-batch kernel"),
     "attention": (_attention, "SDPA over gathered contexts", "decode-attention kernel"),
+    "threads": (_threads, "1 intra-op thread", "torch's default threads"),
 }
 
 

@@ -11,7 +11,8 @@ replicas a load needs, with every step shown —
   N ways, KV heads split or (fewer KV heads than GPUs) replicated, norms replicated
   (``plimsoll/tp_split.py``), so every figure below is per GPU: weight bytes per
   GPU, KV bytes per token per GPU (its KV heads only);
-- KV bytes per token = 2 × layers × kv_heads (per GPU) × head_dim × KV dtype bytes;
+- KV bytes per token = 2 × layers × kv_heads (per GPU) × head_dim × KV dtype bytes (int8:
+  head_dim + 4 bytes per row, the float32 scale the runtime stores with each token and KV head);
 - KV tokens that fit = (GPU memory × memory fraction − weight bytes per GPU) ÷ KV bytes
   per token per GPU (every GPU holds the same tokens: block tables are shared);
 - GPUs a replica needs: the smallest valid split whose weights per GPU leave room for
@@ -135,17 +136,26 @@ def parameter_count(d: ModelDims) -> int:
     return d.layers * (attention + mlp + router + norms) + embeddings + d.hidden
 
 
-def int8_weight_bytes(d: ModelDims) -> int:
+INT8_GROUP_SIZE = 0  # 0 = one scale per row; the runtime's --quantization int8 group (runtime/models/quant.py GROUP_SIZE)
+
+
+def int8_weight_bytes(d: ModelDims, group: int = INT8_GROUP_SIZE) -> int:
     """Bytes of the weights under plimsoll's ``--quantization int8``: every matrix in int8 plus
-    one float32 scale per output row; norms and biases stay float32."""
+    one float32 scale per ``group`` inputs of each output row (per row where ``group`` does not
+    divide the row); norms and biases stay float32."""
     q_out, kv_out = d.heads * d.head_dim, d.kv_heads * d.head_dim
     # (inputs, output rows) of each matrix of one layer: qkv, o, gate_up, down (per expert).
     layer = [(d.hidden, q_out + 2 * kv_out), (q_out, d.hidden)]
     layer += [(d.hidden, 2 * d.intermediate), (d.intermediate, d.hidden)] * d.experts
-    matrices = d.layers * sum(k * n for k, n in layer) + d.vocab * d.hidden * (1 if d.tied_embeddings else 2)
-    rows = d.layers * sum(n for _, n in layer) + d.vocab * (1 if d.tied_embeddings else 2)
+    embeddings = [(d.hidden, d.vocab)] * (1 if d.tied_embeddings else 2)
+
+    def scales(k: int, n: int) -> int:
+        return n * (k // group if 0 < group < k and k % group == 0 else 1)
+
+    matrices = d.layers * sum(k * n for k, n in layer) + sum(k * n for k, n in embeddings)
+    scale_count = d.layers * sum(scales(k, n) for k, n in layer) + sum(scales(k, n) for k, n in embeddings)
     other = parameter_count(d) - matrices
-    return matrices + 4 * (rows + other)
+    return matrices + 4 * (scale_count + other)
 
 
 def parameters_per_gpu(d: ModelDims, tp: int) -> int:
@@ -169,7 +179,12 @@ def weight_bytes_per_gpu(d: ModelDims, tp: int, dtype: str) -> float:
 
 
 def kv_bytes_per_token_per_gpu(d: ModelDims, tp: int, kv_dtype: str) -> float:
-    return 2 * d.layers * tp_split.kv_heads_per_rank(d.kv_heads, tp) * d.head_dim * dtype_bytes(kv_dtype)
+    """What one GPU's KV cache spends per token: its KV heads only; the runtime's int8 cache
+    stores a float32 scale with each row (``head_dim + 4`` bytes)."""
+    kv_heads = tp_split.kv_heads_per_rank(d.kv_heads, tp)
+    if kv_dtype.lower() == "int8":
+        return 2 * d.layers * kv_heads * (d.head_dim + 4)
+    return 2 * d.layers * kv_heads * d.head_dim * dtype_bytes(kv_dtype)
 
 
 def gpus_needed(
@@ -249,7 +264,8 @@ def make_plan(
             f"× {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)} per GPU"
         )
     elif dtype.lower() == "int8":
-        how = f"matrices × 1 B + a float32 scale per output row + float32 norms/biases = {fmt_bytes(weights)}"
+        per = f"{INT8_GROUP_SIZE} inputs of each" if INT8_GROUP_SIZE else "output"
+        how = f"matrices × 1 B + a float32 scale per {per} row + float32 norms/biases = {fmt_bytes(weights)}"
     else:
         how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
     steps.append(Step("weight bytes", weights, how))
@@ -287,16 +303,16 @@ def make_plan(
     )
     per_token = kv_bytes_per_token_per_gpu(dims, tp, kv_name)
     kv_heads = tp_split.kv_heads_per_rank(dims.kv_heads, tp)
-    steps.append(
-        Step(
-            "KV bytes per token",
-            per_token,
-            (
-                f"2 × {dims.layers} layers × {kv_heads} KV heads{per_gpu} × {dims.head_dim} head dim × {kv_bytes:g} B "
-                f"({kv_name}) = {per_token:,.0f} B{per_gpu}"
-            ),
-        )
+    how = (
+        f"2 × {dims.layers} layers × {kv_heads} KV heads{per_gpu} × {dims.head_dim} head dim × {kv_bytes:g} B "
+        f"({kv_name}) = {per_token:,.0f} B{per_gpu}"
     )
+    if kv_name.lower() == "int8":  # the runtime's int8 cache keeps a float32 scale per row
+        how = (
+            f"2 × {dims.layers} layers × {kv_heads} KV heads{per_gpu} × ({dims.head_dim} int8 + a 4 B scale) "
+            f"= {per_token:,.0f} B{per_gpu}"
+        )
+    steps.append(Step("KV bytes per token", per_token, how))
     tokens = math.floor(kv_budget / per_token)
     steps.append(Step("KV tokens that fit", tokens, f"{kv_budget:,.0f} B / {per_token:,.0f} B = {tokens:,}"))
     if dims.max_position is not None and context_length > dims.max_position:

@@ -133,7 +133,12 @@ def serve(
     quantization: str | None = typer.Option(
         None,
         "--quantization",
-        help="int8: weight-only, per output channel, computed at load (docs/runtime.md).",
+        help="int8: weight-only, a scale per output row, computed at load (docs/runtime.md).",
+    ),
+    kv_cache_dtype: str = typer.Option(
+        "auto",
+        "--kv-cache-dtype",
+        help="KV cache storage: auto (the model dtype) or int8 (a float32 scale per token and KV head).",
     ),
     speculative_config: str | None = typer.Option(
         None,
@@ -266,6 +271,7 @@ def serve(
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
             max_cpu_loras=max_cpu_loras,
+            kv_cache_dtype=kv_cache_dtype,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,

@@ -3,7 +3,8 @@
 What it measures, each section independent (a missing piece is skipped with a line
 saying why, a failure is printed and the next section still runs):
 
-1. kernels   Triton attention vs the torch backend on the GPU, fp32 and bf16, max abs
+1. kernels   Triton attention vs the torch backend on the GPU, fp32, bf16 and an int8 KV
+             cache (--kv-cache-dtype int8, against the same int8 cache and the fp32 one), max abs
              error on realistic shapes (32 sequences, 32 heads / 8 KV heads, head_dim 128,
              block 16, contexts up to 2k, shuffled block tables, prefix hits, decode and
              mixed batches), and the time and KV bandwidth of paged decode.
@@ -262,6 +263,26 @@ def kernels(smoke: bool) -> dict[str, Any]:
         exact = bool(torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3]))
         say(f"  {dtype_name:9s} store_kv       bit-exact = {exact}")
         figures[f"store_kv_exact_{dtype_name}"] = exact
+    # --kv-cache-dtype int8: the same batches with K/V quantised (attention/kv_int8.py); the
+    # Triton kernels against the oracle reading the same int8 cache, and against the fp32 cache.
+    kv_int8 = need("plimsoll.runtime.attention.kv_int8")
+    for dtype_name in ("float32", "bfloat16"):
+        dtype = getattr(torch, dtype_name)
+        for kind, q_lens in (("decode", [1] * seqs), ("mixed prefill", q_mixed)):
+            args = make_batch(ctx, q_lens, heads, kv_heads, head_dim, block, torch.float32, dev, seed=len(rows))
+            query, k_cache, v_cache, tables, cu, lens, scale = args
+            kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
+            got = at.paged_attention(query.to(dtype), kq, vq, tables, cu, lens, scale)
+            same = ref.paged_attention(query.to(dtype), kq, vq, tables, cu, lens, scale)
+            f32 = ref.paged_attention(*args)
+            err_same = (got.float() - same.float()).abs().max().item()
+            err_f32 = (got.float() - f32).abs().max().item()
+            finite = bool(torch.isfinite(got).all())
+            rows.append((f"{dtype_name}+int8KV", kind, err_same, err_f32, finite))
+            say(
+                f"  {dtype_name:9s} int8 KV {kind:14s} max|triton - torch(int8 KV)| = {err_same:.3e}   "
+                f"max|triton - torch(fp32 KV)| = {err_f32:.3e}   finite={finite}"
+            )
     figures["errors"] = [
         dict(dtype=d, batch=k, max_abs_err_vs_torch_same_dtype=e1, max_abs_err_vs_torch_fp32=e2, finite=f)
         for d, k, e1, e2, f in rows
@@ -297,6 +318,19 @@ def kernels(smoke: bool) -> dict[str, Any]:
             f"  decode bf16 batch {batch:3d} ctx {max_ctx}: triton {t_triton:.3f} ms ({row['triton_kv_GBps']} GB/s of KV, "
             f"{row['kv_splits']} splits), torch {t_torch:.3f} ms ({row['torch_kv_GBps']} GB/s)"
         )
+    for batch in [8, 64] if not smoke else [2]:  # decode over an int8 cache: half the KV bytes of bf16
+        args = make_batch([max_ctx] * batch, [1] * batch, heads, kv_heads, head_dim, block, torch.float32, dev, 7)
+        query, k_cache, v_cache, tables, cu, lens, scale = args
+        kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
+        t_int8 = cuda_time_ms(
+            functools.partial(at.paged_attention, query.to(torch.bfloat16), kq, vq, tables, cu, lens, scale),
+            3 if smoke else 50,
+        )
+        kv_bytes = batch * max_ctx * kv_heads * (head_dim + 4) * 2
+        timing.append(dict(batch=batch, context=max_ctx, kv="int8", triton_ms=round(t_int8, 4),
+                           triton_kv_GBps=round(kv_bytes / t_int8 / 1e6, 1)))  # fmt: skip
+        say(f"  decode bf16 int8-KV batch {batch:3d} ctx {max_ctx}: triton {t_int8:.3f} ms "
+            f"({timing[-1]['triton_kv_GBps']} GB/s of KV)")  # fmt: skip
     figures["decode_timing"] = timing
     return figures
 

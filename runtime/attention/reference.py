@@ -3,12 +3,14 @@
 Not fast: a loop over sequences. It defines the contract every backend meets.
 
 KV cache layout, per layer: ``k_cache``/``v_cache`` are ``[num_blocks, block_size,
-num_kv_heads, head_dim]``. A token's slot is ``block_id * block_size + offset``.
+num_kv_heads, head_dim]`` (int8: ``head_dim + 4``, see ``kv_int8``). A token's slot is ``block_id * block_size + offset``.
 Batches are ragged: the queries of all sequences are packed into ``[num_tokens, ...]``
 and ``cu_seqlens_q`` marks where each sequence's queries start.
 """
 
 import torch
+
+from plimsoll.runtime.attention import kv_int8
 
 
 def store_kv(
@@ -20,6 +22,8 @@ def store_kv(
 ) -> None:
     """Write each token's key and value into its slot of the paged cache."""
     block_size = k_cache.shape[1]
+    if kv_int8.is_int8(k_cache):
+        key, value = kv_int8.quantize(key), kv_int8.quantize(value)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     blocks, offsets = slots // block_size, slots % block_size
@@ -58,6 +62,8 @@ def paged_attention(
         blocks = block_tables[b, :num_blocks].long()
         k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[-1])[:ctx_len]  # [ctx, Hkv, D]
         v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[-1])[:ctx_len]
+        if kv_int8.is_int8(k):
+            k, v = kv_int8.dequantize(k, q.dtype), kv_int8.dequantize(v, q.dtype)
         k = k.repeat_interleave(group, dim=1).to(q.dtype)  # [ctx, H, D]
         v = v.repeat_interleave(group, dim=1).to(q.dtype)
         scores = torch.einsum("qhd,khd->hqk", q, k).float() * scale  # [H, q_len, ctx]

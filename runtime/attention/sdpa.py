@@ -9,7 +9,8 @@ queries, possibly after a prefix-cache hit) get one SDPA call each, on the causa
 flash path when nothing of the context was cached (``prefill_attention`` says why
 not one padded batch). GQA goes through SDPA's ``enable_gqa``, so K/V heads are
 never copied per query head. ``store_kv`` writes through a flat view of the cache
-with one ``index_copy_``.
+with one ``index_copy_``. An int8 cache (``kv_int8``) is quantised as it is stored and
+dequantised as it is gathered.
 
 What it is not: a kernel, or the oracle. ``attention/reference.py`` stays the
 reference the Triton kernels and this module are tested against.
@@ -18,6 +19,7 @@ reference the Triton kernels and this module are tested against.
 import torch
 import torch.nn.functional as F
 
+from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.kernels import cpu_kernels
 
 
@@ -32,6 +34,8 @@ def store_kv(
     if slot_mapping.numel() and int(slot_mapping.min()) < 0:
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    if kv_int8.is_int8(k_cache):  # --kv-cache-dtype int8: each row quantised with its own scale
+        key, value = kv_int8.quantize(key), kv_int8.quantize(value)
     # A slot is block_id * block_size + offset: exactly its row in the flat view.
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
@@ -44,7 +48,9 @@ def gather_context(
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [B, Hkv, num_blocks * block_size, D]
     tables = block_tables[:, :num_blocks].long().clamp(min=0)  # padding reads block 0; masked later
-    ctx = cache[tables]  # [B, num_blocks, block_size, Hkv, D]
+    ctx = cache[tables]  # [B, num_blocks, block_size, Hkv, D] (int8: D + 4, dequantised here)
+    if kv_int8.is_int8(ctx):
+        ctx = kv_int8.dequantize(ctx, dtype)
     b, _, _, hkv, d = ctx.shape
     return ctx.reshape(b, -1, hkv, d).transpose(1, 2).to(dtype)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention import triton_kernels as attention_triton_kernels
 
 # Tiles used under the interpreter: numpy vectorises a tile, so bigger tiles mean
@@ -110,9 +111,12 @@ def store_kv(
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     slot_mapping: torch.Tensor,  # [N] int64; -1 = do not store (padding)
 ) -> None:
-    """Write each token's key and value into its slot of the paged cache."""
+    """Write each token's key and value into its slot of the paged cache (an int8 cache: each
+    row quantised with its scale first, ``kv_int8``, and the packed bytes copied)."""
     opts = _launchable(key, value, k_cache, v_cache, slot_mapping)
     _check_cache(k_cache, v_cache)
+    if kv_int8.is_int8(k_cache):
+        key, value = kv_int8.quantize(key), kv_int8.quantize(value)
     num_tokens, num_kv_heads, head_dim = key.shape
     if value.shape != key.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
         raise ValueError(
@@ -211,10 +215,9 @@ def _check_attention_args(
     context_lens: torch.Tensor,
 ) -> None:
     num_seqs = context_lens.shape[0]
-    if query.dim() != 3 or query.shape[-1] != k_cache.shape[-1]:
-        raise ValueError(
-            f"query must be [num_tokens, num_heads, head_dim={k_cache.shape[-1]}], got {tuple(query.shape)}"
-        )
+    head_dim = kv_int8.head_dim_of(k_cache)
+    if query.dim() != 3 or query.shape[-1] != head_dim:
+        raise ValueError(f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}")
     if query.shape[1] % k_cache.shape[2] != 0:
         raise ValueError(
             f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads ({k_cache.shape[2]}) for GQA"
@@ -332,6 +335,7 @@ def decode_attention(
         BLOCK_D=block_d,
         BLOCK_N=_INTERPRET_BLOCK_N if opts["interpret"] else _GPU_DECODE_BLOCK_N,
         COMPUTE_F32=_compute_f32(query, k_cache, opts["interpret"]),
+        KV_INT8=kv_int8.is_int8(k_cache),
         **opts["launch"],
     )
     if num_kv_splits > 1:
@@ -405,6 +409,7 @@ def prefill_attention(
         BLOCK_N=block_n,
         BLOCK_D=_pow2(head_dim, 16),
         COMPUTE_F32=_compute_f32(query, k_cache, opts["interpret"]),
+        KV_INT8=kv_int8.is_int8(k_cache),
         **opts["launch"],
     )
     return out

@@ -78,7 +78,7 @@ def build(interpret: bool) -> SimpleNamespace:
         stride_vc_block, stride_vc_slot, stride_vc_head,
         stride_bt,
         ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, COMPUTE_F32: tl.constexpr, CAUSAL: tl.constexpr,
+        BLOCK_D: tl.constexpr, COMPUTE_F32: tl.constexpr, CAUSAL: tl.constexpr, KV_INT8: tl.constexpr,
     ):
         if COMPUTE_F32:
             q = q.to(tl.float32)
@@ -95,10 +95,18 @@ def build(interpret: bool) -> SimpleNamespace:
                            mask=n_mask, other=0).to(tl.int64)
             in_page = offs_n % PAGE_SIZE
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_cache_ptr + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_slot
-                        + kv_head * stride_kc_head + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_slot
-                        + kv_head * stride_vc_head + offs_d[None, :], mask=kv_mask, other=0.0)
+            k_row = k_cache_ptr + page * stride_kc_block + in_page * stride_kc_slot + kv_head * stride_kc_head
+            v_row = v_cache_ptr + page * stride_vc_block + in_page * stride_vc_slot + kv_head * stride_vc_head
+            k = tl.load(k_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if KV_INT8:  # attention/kv_int8.py: HEAD_DIM int8 values, then their float32 scale
+                k_scale = tl.load((k_row + HEAD_DIM).to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
+                v_scale = tl.load((v_row + HEAD_DIM).to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
+                k = (k.to(tl.float32) * k_scale[:, None]).to(q.dtype)
+                v = (v.to(tl.float32) * v_scale[:, None]).to(q.dtype)
+            else:  # both branches must give k and v one type (the compiler checks)
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
             if COMPUTE_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -167,6 +175,7 @@ def build(interpret: bool) -> SimpleNamespace:
         stride_bt,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE_F32: tl.constexpr,
+        KV_INT8: tl.constexpr,
     ):
         # One program per (KV head, sequence, split) serves all GROUP query heads of
         # that KV head: each K/V block is read once, not once per query head. The
@@ -196,7 +205,7 @@ def build(interpret: bool) -> SimpleNamespace:
         acc, run_max, run_sum = _attend_kv(
             q, start, end, ctx_len, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
             stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
-            stride_bt, BLOCK_G, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, False,
+            stride_bt, BLOCK_G, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, False, KV_INT8,
         )
         if num_splits == 1:  # (Triton specialises 1: this branch is resolved at compile time)
             # The whole context was ours: normalise and write the output, no merge.
@@ -248,6 +257,7 @@ def build(interpret: bool) -> SimpleNamespace:
         stride_bt,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, COMPUTE_F32: tl.constexpr,
+        KV_INT8: tl.constexpr,
     ):
         head = tl.program_id(0)  # fastest axis: query heads of one KV head side by side
         seq = tl.program_id(1)
@@ -272,7 +282,7 @@ def build(interpret: bool) -> SimpleNamespace:
         acc, _, run_sum = _attend_kv(
             q, 0, kv_end, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
             stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
-            stride_bt, BLOCK_M, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, True,
+            stride_bt, BLOCK_M, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, True, KV_INT8,
         )
         out = acc / run_sum[:, None]
         tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_o_n + head * stride_o_h + offs_d[None, :],

@@ -48,7 +48,12 @@ class EngineConfig(BaseModel):
     scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
     quantization: Literal["int8"] | None = Field(
-        None, description="weight-only int8, per output channel, computed at load (vLLM's --quantization)"
+        None, description="weight-only int8, a scale per output row, computed at load (vLLM's --quantization)"
+    )
+    kv_cache_dtype: Literal["auto", "int8"] = Field(
+        "auto",
+        description="KV cache storage: 'auto' = the model dtype, 'int8' = int8 with a float32 scale per "
+        "token and KV head (vLLM's --kv-cache-dtype; attention/kv_int8.py)",
     )
     speculative_config: SpeculativeConfig | None = Field(
         None, description="vLLM's --speculative-config: ngram prompt lookup or a draft model"

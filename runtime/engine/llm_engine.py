@@ -61,7 +61,9 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.model_path = loaded.path
         bs = config.block_size
-        per_token = kv_bytes_per_token(loaded.hf_config, config.torch_dtype, config.tensor_parallel_size)
+        per_token = kv_bytes_per_token(
+            loaded.hf_config, config.torch_dtype, config.kv_cache_dtype, config.tensor_parallel_size
+        )
         self.num_blocks = config.kv_cache_memory // (per_token * bs)
         if self.num_blocks < 1:
             raise ValueError(
@@ -89,6 +91,7 @@ class LLMEngine:
             self.device,
             config.attention_backend,
             lora_slots=(config.max_loras, config.max_lora_rank) if config.enable_lora else None,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         if self.executor is not None:
             self.executor.start_workers(self.num_blocks)

@@ -1,7 +1,8 @@
 """Turns a scheduled step into tensors, runs the model, returns logits to sample from.
 
 What it is: owner of the KV cache tensors (one ``(k, v)`` pair per layer, each
-``[num_blocks, block_size, num_kv_heads, head_dim]``) and the input builder
+``[num_blocks, block_size, num_kv_heads, head_dim]``, or int8 rows of ``head_dim + 4``
+with ``--kv-cache-dtype int8``) and the input builder
 (``input_ids``, ``positions``, ``slot_mapping``, ``block_tables``, ``cu_seqlens_q``,
 ``context_lens``). With tensor parallelism, rank 0's runner hands each step's
 ``StepPlan`` to ``plan_sink`` (the executor broadcasts it) and every rank runs the
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
@@ -23,13 +25,28 @@ from plimsoll.runtime.models.lora import LoRASlots, LoRAWeights
 from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
 
 
-def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
-    """2 (K and V) × layers × kv_heads × head_dim × bytes per element (GQA-aware), on one rank:
-    with tensor parallelism each rank caches its KV heads only (``kv_heads_per_rank``)."""
+def kv_cache_shape(
+    hf_config: Any, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+) -> tuple[int, ...]:
+    """``[num_blocks, block_size, num_kv_heads, head_dim]`` on one rank (with tensor parallelism
+    each rank caches its KV heads only, ``kv_heads_per_rank``); int8 rows carry their scale (``kv_int8``)."""
     num_kv_heads = kv_heads_per_rank(hf_config, tensor_parallel_size)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    element = torch.empty((), dtype=dtype).element_size()
-    return int(2 * hf_config.num_hidden_layers * num_kv_heads * head_dim * element)
+    if kv_cache_dtype == "int8":
+        head_dim = kv_int8.packed_dim(head_dim)
+    elif kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    return (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def kv_bytes_per_token(
+    hf_config: Any, dtype: torch.dtype, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+) -> int:
+    """2 (K and V) × layers × kv_heads × head_dim × bytes per element (GQA-aware), on one rank; for
+    an int8 cache, × (head_dim + 4) bytes: each row's float32 scale is stored with it."""
+    _, _, num_kv_heads, row = kv_cache_shape(hf_config, 1, 1, kv_cache_dtype, tensor_parallel_size)
+    element = 1 if kv_cache_dtype == "int8" else torch.empty((), dtype=dtype).element_size()
+    return int(2 * hf_config.num_hidden_layers * num_kv_heads * row * element)
 
 
 class ModelRunner:
@@ -42,6 +59,7 @@ class ModelRunner:
         device: torch.device,
         attention_backend: str = "torch",
         lora_slots: tuple[int, int] | None = None,  # (max_loras, max_lora_rank) with --enable-lora
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.model = model
         self.lora = LoRASlots(model, *lora_slots) if lora_slots is not None else None
@@ -50,13 +68,24 @@ class ModelRunner:
         self.store_kv, self.paged_attention = get_backend(attention_backend)
         cfg = model.config
         attn = model.model.layers[0].self_attn  # this rank's heads (all of them without TP)
-        shape = (num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
+        row = kv_int8.packed_dim(attn.head_dim) if kv_cache_dtype == "int8" else attn.head_dim
+        if kv_cache_dtype not in kv_int8.KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+        shape = (num_blocks, block_size, attn.num_kv_heads, row)
+        cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            (
+                torch.zeros(shape, dtype=cache_dtype, device=device),
+                torch.zeros(shape, dtype=cache_dtype, device=device),
+            )
             for _ in range(cfg.num_hidden_layers)
         ]
         # Rank 0 of a tensor-parallel replica: called with each step's plan before it runs.
         self.plan_sink: Callable[[StepPlan], None] | None = None
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache tensors hold, all layers, K and V."""
+        return sum(k.nbytes + v.nbytes for k, v in self.kv_caches)
 
     def prepare(
         self, sched: SchedulerOutput

@@ -220,8 +220,9 @@ def run_worker(
         num_blocks = group.receive_plan()  # rank 0 sizes the cache; every rank's block tables are its
         assert isinstance(num_blocks, int)
         runner = ModelRunner(
-            loaded.model, num_blocks, config.block_size, config.torch_dtype, device, config.attention_backend
-        )
+            loaded.model, num_blocks, config.block_size, config.torch_dtype, device, config.attention_backend,
+            kv_cache_dtype=config.kv_cache_dtype,
+        )  # fmt: skip
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         raise SystemExit(1) from exc

@@ -9,8 +9,8 @@ What it is: three functions with torch-shaped signatures.
 - ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
   concurrency), where a matmul is bound by reading W and torch's libraries stream
   it at well under the memory bandwidth (``models/dense.py`` picks it).
-- ``int8_linear``: the same for int8 weights with one scale per output row
-  (``--quantization int8``, ``models/quant.py``): a quarter of the bytes to stream.
+- ``int8_linear``: the same for int8 weights with one scale per group of inputs of
+  a row (``--quantization int8``, ``models/quant.py``): a quarter of the bytes to stream.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
 ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
 lock, loads it with ctypes (which releases the GIL during each call) and returns
@@ -18,7 +18,7 @@ lock, loads it with ctypes (which releases the GIL during each call) and returns
 The reason is logged once and the caller keeps the torch path, so a machine without
 a compiler is slower, never broken. The first matmul of the engine's warm-up builds it.
 
-What it is not: prefill attention, other dtypes, or a GPU kernel (those stay in
+What it is not: prefill attention, bf16/fp16, or a GPU kernel (those stay in
 ``attention/sdpa.py`` and ``attention/triton_backend.py``).
 """
 
@@ -126,10 +126,12 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_paged_decode_attention_f32.argtypes = (
         [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
     )
+    lib.plimsoll_paged_decode_attention_kv_int8.restype = ctypes.c_int
+    lib.plimsoll_paged_decode_attention_kv_int8.argtypes = lib.plimsoll_paged_decode_attention_f32.argtypes
     lib.plimsoll_small_batch_linear_f32.restype = ctypes.c_int
     lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
-    lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4
+    lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
     return lib
 
 
@@ -138,9 +140,13 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
 
 
 def supports_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether ``decode_attention`` can take these tensors (and the kernels are built)."""
+    """Whether ``decode_attention`` can take these tensors (and the kernels are built): a float32
+    query over a float32 or an int8 (``attention/kv_int8.py``) cache on CPU."""
     return (
-        _float32_cpu(query, k_cache, v_cache)
+        _float32_cpu(query)
+        and k_cache.device.type == "cpu"
+        and k_cache.dtype == v_cache.dtype
+        and k_cache.dtype in (torch.float32, torch.int8)
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
         and library() is not None
@@ -200,10 +206,10 @@ def supports_int8_linear(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 def int8_linear(
     x: torch.Tensor,  # [M, K] float32
     qweight: torch.Tensor,  # [N, K] int8
-    scales: torch.Tensor,  # [N] float32, one per output row
+    scales: torch.Tensor,  # [N, K // G] float32, one per group of G inputs ([N]: G = K)
     bias: torch.Tensor | None,
 ) -> torch.Tensor:  # [M, N]
-    """``x @ (qweight * scales[:, None]).T + bias`` without materialising the float weight."""
+    """``x @ dequantize(qweight, scales).T + bias`` without materialising the float weight."""
     lib = library()
     if lib is None:
         raise RuntimeError("the CPU kernels are not available; check supports_int8_linear() first")
@@ -211,12 +217,15 @@ def int8_linear(
     (m, k), n = x.shape, qweight.shape[0]
     if qweight.shape[1] != k:
         raise ValueError(f"x has {k} columns but the weight has {qweight.shape[1]}; they must match")
+    scales = scales.to(torch.float32).reshape(n, -1).contiguous()
+    groups = scales.shape[1]
+    if k % groups != 0:
+        raise ValueError(f"{groups} scale groups per row do not divide the weight's {k} columns")
     out = torch.empty((m, n), dtype=torch.float32)
-    scales = scales.to(torch.float32).contiguous()
     bias_ptr = None if bias is None else bias.to(torch.float32).contiguous().data_ptr()
     rc = lib.plimsoll_int8_linear_f32(
         x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), bias_ptr, out.data_ptr(), m, n, k,
-        torch.get_num_threads(),
+        k // groups, torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(f"int8_linear rejected shapes x {tuple(x.shape)}, weight {tuple(qweight.shape)}")
@@ -225,7 +234,7 @@ def int8_linear(
 
 def decode_attention(
     query: torch.Tensor,  # [B, H, D], one query per sequence
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32 or [.., D + 4] int8
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [B, max_blocks]
     context_lens: torch.Tensor,  # [B]
@@ -235,12 +244,16 @@ def decode_attention(
     if lib is None:
         raise RuntimeError("the CPU kernels are not available; check supports_attention() first")
     num_seqs, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
+    _, block_size, num_kv_heads, row = k_cache.shape
+    int8 = k_cache.dtype == torch.int8
+    if row != (head_dim + 4 if int8 else head_dim):
+        raise ValueError(f"the cache's rows hold {row} elements for a head_dim of {head_dim}")
+    fn = lib.plimsoll_paged_decode_attention_kv_int8 if int8 else lib.plimsoll_paged_decode_attention_f32
     q = query.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
     out = torch.empty_like(q)
-    rc = lib.plimsoll_paged_decode_attention_f32(
+    rc = fn(
         q.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),

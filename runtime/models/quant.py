@@ -11,6 +11,9 @@ for up to 64 rows; prefill-sized matmuls and every other device dequantise the
 weight and call ``F.linear``, trading the speed for the memory saving, and a CPU
 without the kernels logs one warning. Norms and biases are not quantised.
 
+``quantize_rows(w, group_size)`` and the kernel also take a scale per group of inputs of a
+row (scales ``[N, K // G]``); the engine uses :data:`GROUP_SIZE`.
+
 What it is not: activation quantisation, int4, or loading pre-quantised checkpoints.
 """
 
@@ -26,15 +29,37 @@ log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8",)
 KERNEL_MAX_ROWS = 64  # above this (prefill) the dequantise + F.linear path is as fast
+# Inputs per scale; 0 = one scale per output row, the default: groups of 64 agreed with float32
+# on 16/32 prompts against 11/32 per row, but the kernel ran 3-5x slower (docs/runtime.md).
+GROUP_SIZE = 0
 _warned = False
 
 
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[N, K]`` float → (int8 ``[N, K]``, float32 scales ``[N]``), symmetric per row."""
+def group_size_for(k: int, group_size: int | None = None) -> int:
+    """The group a row of ``k`` inputs is quantised by: ``group_size`` (default :data:`GROUP_SIZE`;
+    0 means per row), or the whole row when it does not divide ``k``."""
+    group_size = GROUP_SIZE if group_size is None else group_size
+    return group_size if 0 < group_size < k and k % group_size == 0 else k
+
+
+def quantize_rows(weight: torch.Tensor, group_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, K]`` float → (int8 ``[N, K]``, float32 scales ``[N, K // G]``), symmetric per group of
+    ``G = group_size_for(K, group_size)`` consecutive inputs of a row."""
     w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    n, k = w.shape
+    g = group_size_for(k, group_size)
+    groups = w.view(n, k // g, g)
+    scales = (groups.abs().amax(dim=2) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round(groups / scales[:, :, None]).clamp_(-127, 127).to(torch.int8).view(n, k)
     return q.contiguous(), scales.contiguous()
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 ``[N, K]`` and scales ``[N, K // G]`` → the float ``[N, K]`` they stand for."""
+    n, k = qweight.shape
+    groups = scales.shape[-1]
+    out = qweight.view(n, groups, k // groups).to(dtype) * scales.to(dtype)[:, :, None]
+    return out.view(n, k)
 
 
 def _warn_fallback_once(reason: str) -> None:
@@ -61,7 +86,7 @@ class Int8Linear(nn.Module):
         return cls(q, s, linear.bias)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [N, K]
-        return self.qweight.to(dtype) * self.scales.to(dtype)[:, None]
+        return dequantize(self.qweight, self.scales, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.shape[0] <= KERNEL_MAX_ROWS and x.device.type == "cpu":
@@ -86,7 +111,9 @@ class Int8Embedding(nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.qweight[ids].to(self.dtype) * self.scales[ids].to(self.dtype)[:, None]
+        flat = ids.reshape(-1)
+        rows = dequantize(self.qweight[flat], self.scales[flat], self.dtype)
+        return rows.view(*ids.shape, rows.shape[-1])
 
 
 def quantize_model(net: nn.Module, method: str, dtype: torch.dtype) -> nn.Module:

@@ -16,7 +16,7 @@
 //
 // Layouts (row-major, contiguous):
 //   q            [B, H, D]
-//   k/v_cache    [num_blocks, block_size, Hkv, D]
+//   k/v_cache    [num_blocks, block_size, Hkv, D] float32, or [.., Hkv, D + 4] int8 (kv_int8.py)
 //   block_tables [B, max_blocks] int32 (entries past a context are never read)
 //   context_lens [B] int32
 //   out          [B, H, D]
@@ -24,16 +24,39 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <vector>
 
 namespace {
 
+// The element a cache holds: float32 rows of D values, or int8 rows of D values followed
+// by their float32 scale (attention/kv_int8.py: a row is D + 4 bytes).
+template <typename T>
+struct Cache;
+
+template <>
+struct Cache<float> {
+  static int64_t row_len(int64_t d) { return d; }
+  static float scale(const float*, int64_t) { return 1.f; }
+};
+
+template <>
+struct Cache<int8_t> {
+  static int64_t row_len(int64_t d) { return d + 4; }
+  static float scale(const int8_t* row, int64_t d) {
+    float s;
+    std::memcpy(&s, row + d, sizeof s);
+    return s;
+  }
+};
+
+template <typename T>
 struct Args {
   const float* q;
-  const float* k_cache;
-  const float* v_cache;
+  const T* k_cache;
+  const T* v_cache;
   const int32_t* block_tables;
   const int32_t* context_lens;
   float* out;
@@ -42,43 +65,45 @@ struct Args {
 };
 
 // Calls visit(t, row) for tokens t = 0 .. ctx-1 of one sequence, in order, where row
-// points at that token's [Hkv, D] slice of the cache: blocks are walked through the
+// points at that token's [Hkv, row_len] slice of the cache: blocks are walked through the
 // block table, each one read front to back.
-template <typename Visit>
-void for_each_token(const float* cache, const int32_t* table, int64_t ctx, int64_t bs, int64_t token_stride,
+template <typename T, typename Visit>
+void for_each_token(const T* cache, const int32_t* table, int64_t ctx, int64_t bs, int64_t token_stride,
                     Visit visit) {
   for (int64_t start = 0; start < ctx; start += bs) {
-    const float* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
+    const T* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
     const int64_t n = std::min(bs, ctx - start);
     for (int64_t o = 0; o < n; ++o) visit(start + o, block + o * token_stride);
   }
 }
 
 // One sequence, all heads: its blocks are walked in order and each token's K (then
-// V) row of Hkv x D floats is read once, contiguously, for every head. Splitting the
+// V) row of Hkv x D values is read once, contiguously, for every head. Splitting the
 // work by (sequence, KV head) instead reads each row in three strided pieces, which
 // the hardware prefetcher turns into three full reads (measured ~3x slower).
-void attend_seq(const Args& a, int64_t seq, std::vector<float>& scores) {
+template <typename T>
+void attend_seq(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
   const int64_t heads = a.num_heads;
   const int64_t group = heads / a.num_kv_heads;
   const int64_t d_len = a.head_dim;
+  const int64_t row_len = Cache<T>::row_len(d_len);
   const int64_t ctx = a.context_lens[seq];
   const int64_t bs = a.block_size;
   const int32_t* table = a.block_tables + seq * a.max_blocks;
   const float* q = a.q + seq * heads * d_len;  // [H, D]
   float* out = a.out + seq * heads * d_len;    // [H, D]
-  const int64_t token_stride = a.num_kv_heads * d_len;
+  const int64_t token_stride = a.num_kv_heads * row_len;
   scores.resize(static_cast<size_t>(heads * ctx));
   float* s = scores.data();  // [H, ctx]
 
-  for_each_token(a.k_cache, table, ctx, bs, token_stride, [&](int64_t t, const float* row) {
+  for_each_token(a.k_cache, table, ctx, bs, token_stride, [&](int64_t t, const T* row) {
     for (int64_t h = 0; h < heads; ++h) {
-      const float* k = row + (h / group) * d_len;
+      const T* k = row + (h / group) * row_len;
       const float* qh = q + h * d_len;
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < d_len; ++d) dot += qh[d] * k[d];
-      s[h * ctx + t] = dot * a.scale;
+      for (int64_t d = 0; d < d_len; ++d) dot += qh[d] * static_cast<float>(k[d]);
+      s[h * ctx + t] = dot * Cache<T>::scale(k, d_len) * a.scale;
     }
   });
   for (int64_t h = 0; h < heads; ++h) {
@@ -94,29 +119,28 @@ void attend_seq(const Args& a, int64_t seq, std::vector<float>& scores) {
     for (int64_t t = 0; t < ctx; ++t) sh[t] *= inv;
   }
   std::fill(out, out + heads * d_len, 0.f);
-  for_each_token(a.v_cache, table, ctx, bs, token_stride, [&](int64_t t, const float* row) {
+  for_each_token(a.v_cache, table, ctx, bs, token_stride, [&](int64_t t, const T* row) {
     for (int64_t h = 0; h < heads; ++h) {
-      const float* v = row + (h / group) * d_len;
-      const float w = s[h * ctx + t];
+      const T* v = row + (h / group) * row_len;
+      const float w = s[h * ctx + t] * Cache<T>::scale(v, d_len);
       float* oh = out + h * d_len;
 #pragma omp simd
-      for (int64_t d = 0; d < d_len; ++d) oh[d] += w * v[d];
+      for (int64_t d = 0; d < d_len; ++d) oh[d] += w * static_cast<float>(v[d]);
     }
   });
 }
 
-}  // namespace
-
-extern "C" int plimsoll_paged_decode_attention_f32(
-    const float* q, const float* k_cache, const float* v_cache, const int32_t* block_tables,
-    const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
+template <typename T>
+int paged_decode_attention(const float* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+                           const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
+                           float scale, int64_t num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || block_size <= 0) return 1;
   for (int64_t b = 0; b < num_seqs; ++b) {
     if (context_lens[b] <= 0 || context_lens[b] > max_blocks * block_size) return 2;
   }
-  const Args a{q, k_cache, v_cache, block_tables, context_lens, out,
-               num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale};
+  const Args<T> a{q, k_cache, v_cache, block_tables, context_lens, out,
+                  num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale};
   const int64_t workers = std::max<int64_t>(1, std::min(num_threads, num_seqs));
   auto run = [&a, num_seqs, workers](int64_t w) {
     std::vector<float> scores;
@@ -128,6 +152,26 @@ extern "C" int plimsoll_paged_decode_attention_f32(
   run(0);
   for (auto& th : pool) th.join();
   return 0;
+}
+
+}  // namespace
+
+extern "C" int plimsoll_paged_decode_attention_f32(
+    const float* q, const float* k_cache, const float* v_cache, const int32_t* block_tables,
+    const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
+  return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads,
+                                num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
+}
+
+// The same over an int8 cache (--kv-cache-dtype int8): rows of head_dim int8 values and
+// their float32 scale; head_dim is the values' count, not the row's.
+extern "C" int plimsoll_paged_decode_attention_kv_int8(
+    const float* q, const int8_t* k_cache, const int8_t* v_cache, const int32_t* block_tables,
+    const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
+  return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads,
+                                num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
 }
 
 namespace {
@@ -164,58 +208,90 @@ extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, c
   return 0;
 }
 
-// plimsoll_int8_linear_f32: y = x @ (W_int8 * scale[:, None]).T + bias, W int8 [N, K] with one
-// float scale per output row (weight-only quantisation). Same split as the float32 kernel:
-// each thread streams its rows of W once (a quarter of the float32 bytes), converting each
-// int8 weight to float in registers and reusing it for four rows of x at a time.
+// plimsoll_int8_linear_f32: y = x @ dequant(W_int8).T + bias, W int8 [N, K] with one float
+// scale per group of `group` consecutive inputs of a row (scale [N, K / group]; group = K is
+// one scale per output row). Same split as the float32 kernel: each thread streams its rows
+// of W once (a quarter of the float32 bytes), converting each int8 weight to float in
+// registers and reusing it for four rows of x at a time; a group's partial dot product is
+// scaled once when the group ends.
 namespace {
 
-void int8_linear_rows(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
-                      int64_t m_len, int64_t n_begin, int64_t n_end, int64_t n_len, int64_t k_len) {
+// G > 0: the group size as a compile-time constant, so each group's loop is unrolled into a
+// few vector registers (with a run-time group the loop measured 4-7x slower than one scale
+// per row); G = 0 takes the group from `group` (any size).
+template <int64_t G>
+void int8_linear_rows_g(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                        int64_t m_len, int64_t n_begin, int64_t n_end, int64_t n_len, int64_t k_len,
+                        int64_t group) {
+  const int64_t gs = G > 0 ? G : group;
+  const int64_t groups = k_len / gs;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int8_t* wn = w + n * k_len;
+    const float* sn = scale + n * groups;
     const float b = bias != nullptr ? bias[n] : 0.f;
     int64_t m = 0;
     for (; m + 4 <= m_len; m += 4) {
       const float *x0 = x + m * k_len, *x1 = x0 + k_len, *x2 = x1 + k_len, *x3 = x2 + k_len;
-      float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+      float t0 = 0.f, t1 = 0.f, t2 = 0.f, t3 = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t k0 = g * gs;
+        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
 #pragma omp simd reduction(+ : d0, d1, d2, d3)
-      for (int64_t k = 0; k < k_len; ++k) {
-        const float wk = static_cast<float>(wn[k]);
-        d0 += x0[k] * wk;
-        d1 += x1[k] * wk;
-        d2 += x2[k] * wk;
-        d3 += x3[k] * wk;
+        for (int64_t k = 0; k < gs; ++k) {
+          const float wk = static_cast<float>(wn[k0 + k]);
+          d0 += x0[k0 + k] * wk;
+          d1 += x1[k0 + k] * wk;
+          d2 += x2[k0 + k] * wk;
+          d3 += x3[k0 + k] * wk;
+        }
+        t0 += d0 * sn[g];
+        t1 += d1 * sn[g];
+        t2 += d2 * sn[g];
+        t3 += d3 * sn[g];
       }
-      y[m * n_len + n] = d0 * scale[n] + b;
-      y[(m + 1) * n_len + n] = d1 * scale[n] + b;
-      y[(m + 2) * n_len + n] = d2 * scale[n] + b;
-      y[(m + 3) * n_len + n] = d3 * scale[n] + b;
+      y[m * n_len + n] = t0 + b;
+      y[(m + 1) * n_len + n] = t1 + b;
+      y[(m + 2) * n_len + n] = t2 + b;
+      y[(m + 3) * n_len + n] = t3 + b;
     }
     for (; m < m_len; ++m) {
       const float* xm = x + m * k_len;
-      float dot = 0.f;
+      float total = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t k0 = g * gs;
+        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t k = 0; k < k_len; ++k) dot += xm[k] * static_cast<float>(wn[k]);
-      y[m * n_len + n] = dot * scale[n] + b;
+        for (int64_t k = 0; k < gs; ++k) dot += xm[k0 + k] * static_cast<float>(wn[k0 + k]);
+        total += dot * sn[g];
+      }
+      y[m * n_len + n] = total + b;
     }
   }
+}
+
+void int8_linear_rows(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                      int64_t m_len, int64_t n_begin, int64_t n_end, int64_t n_len, int64_t k_len,
+                      int64_t group) {
+  if (group == 64) return int8_linear_rows_g<64>(x, w, scale, bias, y, m_len, n_begin, n_end, n_len, k_len, group);
+  if (group == 128) return int8_linear_rows_g<128>(x, w, scale, bias, y, m_len, n_begin, n_end, n_len, k_len, group);
+  if (group == 32) return int8_linear_rows_g<32>(x, w, scale, bias, y, m_len, n_begin, n_end, n_len, k_len, group);
+  int8_linear_rows_g<0>(x, w, scale, bias, y, m_len, n_begin, n_end, n_len, k_len, group);
 }
 
 }  // namespace
 
 extern "C" int plimsoll_int8_linear_f32(const float* x, const int8_t* w, const float* scale, const float* bias,
-                                        float* y, int64_t m_len, int64_t n_len, int64_t k_len,
+                                        float* y, int64_t m_len, int64_t n_len, int64_t k_len, int64_t group,
                                         int64_t num_threads) {
-  if (m_len <= 0 || n_len <= 0 || k_len <= 0) return 1;
+  if (m_len <= 0 || n_len <= 0 || k_len <= 0 || group <= 0 || k_len % group != 0) return 1;
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 262144));
   const int64_t chunk = (n_len + workers - 1) / workers;
   std::vector<std::thread> pool;
   for (int64_t i = 1; i < workers; ++i) {
     const int64_t begin = std::min(n_len, i * chunk), end = std::min(n_len, (i + 1) * chunk);
-    pool.emplace_back(int8_linear_rows, x, w, scale, bias, y, m_len, begin, end, n_len, k_len);
+    pool.emplace_back(int8_linear_rows, x, w, scale, bias, y, m_len, begin, end, n_len, k_len, group);
   }
-  int8_linear_rows(x, w, scale, bias, y, m_len, 0, std::min(n_len, chunk), n_len, k_len);
+  int8_linear_rows(x, w, scale, bias, y, m_len, 0, std::min(n_len, chunk), n_len, k_len, group);
   for (auto& t : pool) t.join();
   return 0;
 }

@@ -347,6 +347,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
         sig = {}
         for name in inspect.signature(fn.fn).parameters:
             sig[name] = ("constexpr" if name in constexprs else INT_PTRS.get(name)
+                         or ("*i8" if constexprs.get("KV_INT8") and name in ("k_cache_ptr", "v_cache_ptr") else None)
                          or ("*fp32" if name in F32_PTRS else None)
                          or ("*" + dtype if name.endswith("_ptr") else "fp32" if name == "scale" else "i32"))
         c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
@@ -357,14 +358,18 @@ _COMPILE_SCRIPT = textwrap.dedent(
                 f.write(c.asm["cubin"]); f.flush()
                 out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
             usage = " ".join(w for line in out.splitlines() if "REG:" in line for w in line.split()[:2])
-        print(fn.fn.__name__, dtype, usage, flush=True)
+        print(fn.fn.__name__, dtype, "int8 KV" if constexprs.get("KV_INT8") else "", usage, flush=True)
 
     d, page = 128, 16
     for dtype in ("bf16", "fp32"):
         compile_one(kernels.prefill, dtype, dict(GROUP=4, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_M=at._GPU_PREFILL_BLOCK_M,
-                    BLOCK_N=at._GPU_PREFILL_BLOCK_N, BLOCK_D=d, COMPUTE_F32=dtype == "fp32"))
+                    BLOCK_N=at._GPU_PREFILL_BLOCK_N, BLOCK_D=d, COMPUTE_F32=dtype == "fp32", KV_INT8=False))
         compile_one(kernels.decode, dtype, dict(GROUP=4, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_G=16, BLOCK_D=d,
-                    BLOCK_N=at._GPU_DECODE_BLOCK_N, COMPUTE_F32=dtype == "fp32"))
+                    BLOCK_N=at._GPU_DECODE_BLOCK_N, COMPUTE_F32=dtype == "fp32", KV_INT8=False))
+    for kernel, extra in ((kernels.prefill, dict(BLOCK_M=at._GPU_PREFILL_BLOCK_M, BLOCK_N=at._GPU_PREFILL_BLOCK_N)),
+                          (kernels.decode, dict(BLOCK_G=16, BLOCK_N=at._GPU_DECODE_BLOCK_N))):
+        compile_one(kernel, "bf16", dict(GROUP=4, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_D=d, COMPUTE_F32=False,
+                    KV_INT8=True, **extra))  # --kv-cache-dtype int8
     compile_one(kernels.merge, "bf16", dict(HEAD_DIM=d, BLOCK_S=at._MAX_KV_SPLITS, BLOCK_D=d))
     compile_one(kernels.store_kv, "bf16", dict(NUM_KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_H=8, BLOCK_D=d))
     """
@@ -383,7 +388,7 @@ def test_kernels_compile_for_sm90_without_spills() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.split("\n")
     compiled = [line for line in lines if line.strip()]
-    assert len(compiled) == 6, proc.stdout
+    assert len(compiled) == 8, proc.stdout
     for line in compiled:
         # "STACK:0" absent means ptxas spilled registers to local memory (slow)
         assert "STACK:0" in line or "?" in line, f"register spills: {line}"
