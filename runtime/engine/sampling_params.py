@@ -33,8 +33,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
+        # vLLM's habits: one stop string, or None for none (as the OpenAI API's null).
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
 
     @property
     def is_greedy(self) -> bool:

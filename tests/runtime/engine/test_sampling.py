@@ -183,3 +183,12 @@ def test_prompt_longer_than_max_model_len_is_refused(tiny_model_dir: Any) -> Non
     with pytest.raises(ValueError, match="max_model_len"):
         llm.generate([[5] * 64], SamplingParams())
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_stop_none_means_no_stop_strings_as_in_vllm() -> None:
+    from plimsoll.runtime.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(stop=None, stop_token_ids=None)  # type: ignore[arg-type]
+    params.validate()  # was a TypeError from iterating None
+    assert params.stop == [] and params.stop_token_ids == []
+    assert SamplingParams(stop="END").stop == ["END"]
