@@ -291,10 +291,10 @@ class DriftSpec(APIModel):
         description="Relative difference from the profile's throughput, TTFT p95 or TPOT p50 that counts as drift.",
     )  # fmt: skip
     window_seconds: PositiveInt = Field(
-        600, description="Seconds of traffic each comparison covers; drift must hold over the whole window."
+        600, description="How long drift must hold: every comparison in this window (each over a fifth of it) must be off."
     )
     min_requests: PositiveInt = Field(
-        20, description="Finished requests a replica needs in the window before it is compared."
+        20, description="Finished requests a replica needs in one comparison (a fifth of the window) to be compared."
     )
 
 
