@@ -114,10 +114,12 @@ def test_knees_at_the_batch_cap(simulated: tuple[ServiceCurve, str]) -> None:
     report = sweep_at(url, levels_around(curve.batch_cap), loose_slo(curve))
     assert all(lv["valid"] for lv in report["levels"]), [lv["invalid_reasons"] for lv in report["levels"]]
     assert not misplaced(report, curve.batch_cap), (misplaced(report, curve.batch_cap), report["knees"])
-    # The no-SLO knee stands on the server's queue: the level past the cap queued, the cap did not.
+    # The server's own queue says where queueing begins: past the cap, not at it. (Which rule binds
+    # the knee may be the client's TTFT inflation on a noisy host, one level lower: `misplaced` above
+    # bounds that, so the binding rule itself is not asserted.)
     no_slo = latency_knee([lv for lv in report["levels"] if lv["valid"]], SLO())
     assert no_slo.basis == "queueing_and_inflation"
-    assert no_slo.binding == "queueing", no_slo.reason
+    assert f"queueing begins between c={curve.batch_cap} and" in no_slo.reason, no_slo.reason
     rec = report["recommendation"]
     assert rec["concurrency_per_replica"] == max(
         1,
