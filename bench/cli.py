@@ -182,7 +182,9 @@ def _sweep_body(kind: str) -> Callable[[Any, Live], Awaitable[dict[str, Any]]]:
                     markup=False,
                     highlight=False,
                 )
-            verification = await verify(session, report)
+            verification = await verify(
+                session, report, lambda line: err.print(line, markup=False, highlight=False)
+            )
             if verification is not None:
                 report = apply_verification(report, verification)
                 validate(report)

@@ -1,17 +1,22 @@
 """The hold that proves a recommendation: run at it for a while, step down until it holds.
 
 What it is: after a sweep, :func:`verify` holds the recommended concurrency
-closed-loop for ``cfg.verify_seconds``, cut into windows; per window it counts
-the requests that finished, how many met the SLO (each percentile SLO applied
-as a per-request bound, as goodput does), output throughput, and the server's
-mean waiting requests (Little's law on its queue-time histogram between the
-scrapes inside the window). A hold passes with attainment ≥ 99% over its windows
-and no growing queue (the last window's waiting above the first's by more than
-max(1, 10% of the concurrency)); otherwise it steps down to ⌊0.75 c⌋ (at least
-one less) and holds again, at most ``MAX_ATTEMPTS`` times. Without an SLO the
-bound is the knee's own inflation limits on the lowest undisturbed level.
-:func:`apply_verification` writes the result into the report: the verified
-concurrency becomes the recommendation, the swept one is kept beside it.
+closed-loop for ``cfg.verify_seconds``, cut into windows of :data:`WINDOW_S`
+(at least :data:`MIN_WINDOWS`, so a short hold still has several); per window it
+takes the percentiles the SLO names over the requests that finished in it (TTFT
+p95, TPOT p50, E2E p95) and says whether the window met the SLO, and it also
+counts the requests that met every bound on their own (goodput's per-request
+attainment), output throughput, and the server's mean waiting requests (Little's
+law on its queue-time histogram between the scrapes inside the window). A hold
+passes when at least 99% of its windows met the SLO and the queue did not grow
+(the last window's waiting above the first's by more than max(1, 10% of the
+concurrency)); otherwise it steps down to ⌊0.75 c⌋ (at least one less) and holds
+again, at most ``MAX_ATTEMPTS`` times. Per-request attainment is reported, not
+judged: a p95 target allows 5% of requests above it by definition. Without an
+SLO the bounds are the knee's own inflation limits on the lowest undisturbed
+level. Each window and each hold's verdict is reported as it ends (``say``), with
+the time left. :func:`apply_verification` writes the result into the report: the
+verified concurrency becomes the recommendation, the swept one is kept beside it.
 
 What it is not: knee finding (knees.py) or the sweep; it never raises the
 recommendation above what the sweep found.
@@ -21,8 +26,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from plimsoll.bench.client import RequestRecord
 from plimsoll.bench.config import SLO
 from plimsoll.bench.knees import inflation_limits, is_disturbed
 from plimsoll.bench.loadgen import LevelRun, run_concurrency
@@ -31,8 +40,10 @@ from plimsoll.bench.stats import meets_slo
 
 MIN_ATTAINMENT = 0.99
 MAX_ATTEMPTS = 4
-WINDOW_S = 10.0
+WINDOW_S = 60.0
 MIN_WINDOWS = 3
+
+Say = Callable[[str], None]
 
 
 def hold_slo(report: dict[str, Any], slo: SLO) -> tuple[SLO, str]:
@@ -53,7 +64,29 @@ def hold_slo(report: dict[str, Any], slo: SLO) -> tuple[SLO, str]:
 
 
 def window_count(seconds: float) -> int:
-    return max(MIN_WINDOWS, math.ceil(seconds / WINDOW_S))
+    """Windows of about :data:`WINDOW_S` (a 600 s hold: ten 1-minute windows), never fewer than three."""
+    return max(MIN_WINDOWS, round(seconds / WINDOW_S))
+
+
+def window_percentiles(finished: list[RequestRecord], slo: SLO) -> tuple[dict[str, float], list[str]]:
+    """The percentiles ``slo`` names over ``finished`` (ms), and each bound they break, as text."""
+    ok = [r for r in finished if r.ok]
+    checks = (
+        ("ttft_p95", slo.ttft_p95_ms, 95, [r.ttft for r in ok if r.ttft is not None]),
+        ("tpot_p50", slo.tpot_p50_ms, 50, [r.tpot for r in ok if r.tpot is not None]),
+        ("e2e_p95", slo.e2e_p95_ms, 95, [r.e2e for r in ok if r.e2e is not None]),
+    )
+    values: dict[str, float] = {}
+    broken = []
+    if len(ok) < len(finished):
+        broken.append(f"{len(finished) - len(ok)} failed")
+    for name, bound, q, samples in checks:
+        if bound is None or not samples:
+            continue
+        values[name] = float(np.percentile(np.asarray(samples) * 1e3, q))
+        if values[name] > bound:
+            broken.append(f"{name.replace('_', ' ').upper()} {values[name]:.0f} > {bound:g} ms")
+    return values, broken
 
 
 def _waiting(samples: list[Snapshot], lo: float, hi: float) -> float | None:
@@ -74,6 +107,7 @@ def windows_of(
         lo, hi = run.window_start + i * span, run.window_start + (i + 1) * span
         finished = [r for r in run.records if r.measured and r.end is not None and lo <= r.end < hi]
         good = [r for r in finished if meets_slo(r, slo)]
+        percentiles, broken = window_percentiles(finished, slo)
         tokens = sum(
             r.n_output / len(r.chunk_times) * sum(1 for t in r.chunk_times if lo <= t < hi)
             for r in run.records
@@ -86,6 +120,9 @@ def windows_of(
                 "finished": len(finished),
                 "good": len(good),
                 "attainment": len(good) / len(finished) if finished else None,
+                "percentiles_ms": percentiles,
+                "met_slo": bool(finished) and not broken,
+                "broken": broken,
                 "output_tokens_per_s": tokens / span if span > 0 else 0.0,
                 "waiting_mean": _waiting(samples, lo + to_monotonic, hi + to_monotonic),
             }
@@ -94,10 +131,17 @@ def windows_of(
 
 
 def judge(windows: list[dict[str, Any]], concurrency: int) -> tuple[bool, float | None, float | None, str]:
-    """(passed, attainment, queue growth, why) of one hold."""
-    finished = sum(w["finished"] for w in windows)
-    good = sum(w["good"] for w in windows)
-    attainment = good / finished if finished else None
+    """(passed, share of windows that met the SLO, queue growth, why) of one hold.
+
+    Windows where no request finished are not judged (too short for the requests);
+    when none finished at all the hold fails.
+    """
+    judged = [w for w in windows if w["finished"]]
+    met = [w for w in judged if w["met_slo"]]
+    attainment = len(met) / len(judged) if judged else None
+    finished = sum(w["finished"] for w in judged)
+    good = sum(w["good"] for w in judged)
+    per_request = f"{good}/{finished} requests within every bound" if finished else ""
     waits = [w["waiting_mean"] for w in windows if w["waiting_mean"] is not None]
     growth = waits[-1] - waits[0] if len(waits) >= 2 else None
     allowed = max(1.0, 0.1 * concurrency)
@@ -106,13 +150,12 @@ def judge(windows: list[dict[str, Any]], concurrency: int) -> tuple[bool, float 
         problems.append("no request finished during the hold")
     elif attainment < MIN_ATTAINMENT:
         misses = [
-            f"{w['start_s']:g}–{w['end_s']:g} s: {w['good']}/{w['finished']}"
-            for w in windows
-            if w["finished"] and w["good"] < w["finished"]
+            f"{w['start_s']:g}–{w['end_s']:g} s: {', '.join(w['broken'])}" for w in judged if not w["met_slo"]
         ]
         problems.append(
-            f"attainment {attainment:.1%} < {MIN_ATTAINMENT:.0%} ({finished - good} of {finished} requests "
-            f"missed; windows {', '.join(misses)})"
+            f"SLO attainment {attainment:.1%} < {MIN_ATTAINMENT:.0%}: {len(judged) - len(met)} of "
+            f"{len(judged)} windows missed ({'; '.join(misses[:5])}{'; …' if len(misses) > 5 else ''}); "
+            + per_request
         )
     if growth is not None and growth > allowed:
         problems.append(
@@ -121,25 +164,59 @@ def judge(windows: list[dict[str, Any]], concurrency: int) -> tuple[bool, float 
         )
     if problems:
         return False, attainment, growth, "; ".join(problems)
+    assert attainment is not None
     return (
         True,
         attainment,
         growth,
-        f"attainment {attainment:.1%} over {len(windows)} windows, no growing queue",
+        f"SLO attainment {attainment:.1%}: {len(met)} of {len(judged)} windows met the SLO, {per_request}, "
+        "no growing queue",
     )
 
 
-async def hold(session: Any, concurrency: int, seconds: float, slo: SLO) -> dict[str, Any]:
+def _window_progress(
+    say: Say | None, concurrency: int, seconds: float, n: int, attempt: int
+) -> Callable[[int, int], None] | None:
+    """A loadgen progress callback that reports once per window: time held, requests, time left."""
+    if say is None:
+        return None
+    began = time.perf_counter()
+    state = {"next": 1}
+
+    def progress(done: int, failed: int) -> None:
+        elapsed = time.perf_counter() - began
+        boundary = state["next"] * seconds / n
+        if elapsed < boundary or state["next"] >= n:
+            return
+        state["next"] = math.floor(elapsed / (seconds / n)) + 1
+        left = max(0.0, seconds - elapsed)
+        failures = f", {failed} failed" if failed else ""
+        say(
+            f"hold {attempt}: c={concurrency} {elapsed:.0f}/{seconds:g} s, {done} requests done{failures}, "
+            f"~{left:.0f} s left in this hold"
+        )
+
+    return progress
+
+
+async def hold(
+    session: Any, concurrency: int, seconds: float, slo: SLO, say: Say | None = None, attempt: int = 1
+) -> dict[str, Any]:
     """Run ``concurrency`` clients for ``seconds`` (after a warm-up round) and judge the windows."""
     cfg = session.cfg.model_copy(
         update={"duration_per_level_s": seconds, "requests_per_level": None, "warmup_requests": None}
     )
     to_monotonic = time.monotonic() - time.perf_counter()
-    run = await run_concurrency(session.client, session.workload, cfg, concurrency, 0, session.scraper)
+    n = window_count(seconds)
+    progress = _window_progress(say, concurrency, seconds, n, attempt)
+    run = await run_concurrency(
+        session.client, session.workload, cfg, concurrency, 0, session.scraper, progress=progress
+    )
     session.runs.append(run)
     samples = list(session.scraper.samples) if session.scraper is not None else []
-    windows = windows_of(run, slo, window_count(seconds), samples, to_monotonic)
+    windows = windows_of(run, slo, n, samples, to_monotonic)
     passed, attainment, growth, why = judge(windows, concurrency)
+    finished = sum(w["finished"] for w in windows)
     span = max(run.window_end - run.window_start, 1e-9)
     tokens = sum(w["output_tokens_per_s"] for w in windows) / len(windows)
     return {
@@ -147,6 +224,8 @@ async def hold(session: Any, concurrency: int, seconds: float, slo: SLO) -> dict
         "seconds": round(span, 3),
         "passed": passed,
         "attainment": attainment,
+        "windows_met": sum(1 for w in windows if w["met_slo"]),
+        "request_attainment": sum(w["good"] for w in windows) / finished if finished else None,
         "queue_growth": growth,
         "output_tokens_per_s": tokens,
         "windows": windows,
@@ -158,8 +237,11 @@ def step_down(concurrency: int) -> int:
     return max(1, min(concurrency - 1, math.floor(0.75 * concurrency)))
 
 
-async def verify(session: Any, report: dict[str, Any]) -> dict[str, Any] | None:
-    """Hold the report's recommendation, stepping down until a hold passes; None when there is none to hold."""
+async def verify(session: Any, report: dict[str, Any], say: Say | None = None) -> dict[str, Any] | None:
+    """Hold the report's recommendation, stepping down until a hold passes; None when there is none to hold.
+
+    ``say`` gets a line per window and per hold (where it is, the verdict, the time left).
+    """
     start = report["recommendation"]["concurrency_per_replica"]
     seconds = session.cfg.verify_seconds
     if start is None or seconds <= 0:
@@ -168,9 +250,14 @@ async def verify(session: Any, report: dict[str, Any]) -> dict[str, Any] | None:
     tried: list[dict[str, Any]] = []
     c = start
     while True:
-        attempt = await hold(session, c, seconds, slo)
+        attempt = await hold(session, c, seconds, slo, say, len(tried) + 1)
         tried.append(attempt)
-        if attempt["passed"] or c == 1 or len(tried) >= MAX_ATTEMPTS:
+        last = attempt["passed"] or c == 1 or len(tried) >= MAX_ATTEMPTS
+        if say is not None:
+            verdict = "held" if attempt["passed"] else "missed"
+            then = "" if last else f"; stepping down to c={step_down(c)}, another {seconds:g} s hold"
+            say(f"hold {len(tried)}: c={c} {verdict} — {attempt['why']}{then}")
+        if last:
             break
         c = step_down(c)
     verified = tried[-1]["concurrency"] if tried[-1]["passed"] else None
@@ -179,10 +266,13 @@ async def verify(session: Any, report: dict[str, Any]) -> dict[str, Any] | None:
         "swept_concurrency": start,
         "seconds": seconds,
         "windows_per_hold": window_count(seconds),
+        "window_seconds": round(seconds / window_count(seconds), 3),
         "min_attainment": MIN_ATTAINMENT,
         "judged_by": source,
         "bounds_ms": slo.model_dump(),
         "attainment": tried[-1]["attainment"] if verified is not None else None,
+        "windows_met": tried[-1]["windows_met"] if verified is not None else None,
+        "request_attainment": tried[-1]["request_attainment"] if verified is not None else None,
         "windows_measured": sum(len(t["windows"]) for t in tried),
         "tried": tried,
     }

@@ -46,11 +46,20 @@ async def hold_from(url: str, recommended: int) -> dict[str, Any]:
 
 def test_step_down_and_judge_rules() -> None:
     assert [step_down(c) for c in (8, 6, 4, 2, 1)] == [6, 4, 3, 1, 1]
-    window = {"start_s": 0.0, "end_s": 1.0, "finished": 100, "good": 99, "waiting_mean": 0.0}
-    assert judge([window, window, window], 8)[0] is True
-    short = {**window, "good": 98}
+    window = {
+        "start_s": 0.0, "end_s": 1.0, "finished": 100, "good": 90, "waiting_mean": 0.0,
+        "met_slo": True, "broken": [],
+    }  # fmt: skip
+    # 90 of 100 requests within the bounds is fine when the window's percentiles meet the SLO.
+    passed, attainment, _, why = judge([window, window, window], 8)
+    assert passed is True and attainment == 1.0 and "270/300 requests" in why
+    short = {**window, "met_slo": False, "broken": ["TTFT P95 700 > 600 ms"]}
     passed, attainment, _, why = judge([window, short, window], 8)
-    assert passed is False and attainment == pytest.approx(296 / 300) and "attainment 98.7% < 99%" in why
+    assert passed is False and attainment == pytest.approx(2 / 3)
+    assert "SLO attainment 66.7% < 99%" in why and "1 of 3 windows missed" in why and "TTFT P95 700" in why
+    empty = {**short, "finished": 0, "good": 0}  # no request ended in it: not judged
+    assert judge([window, empty, window], 8)[:2] == (True, 1.0)
+    assert judge([empty, empty, empty], 8)[0] is False
     growing = [
         {**window, "waiting_mean": 0.0},
         {**window, "waiting_mean": 1.0},
@@ -58,6 +67,21 @@ def test_step_down_and_judge_rules() -> None:
     ]
     passed, _, growth, why = judge(growing, 8)
     assert passed is False and growth == 3.0 and "queue grew by 3.0" in why
+
+
+def test_window_percentiles_name_the_bound_they_break() -> None:
+    from plimsoll.bench.client import RequestRecord
+    from plimsoll.bench.verify import window_count, window_percentiles
+
+    assert [window_count(s) for s in (1.5, 60, 600, 610)] == [3, 3, 10, 10]
+    records = []
+    for i in range(20):
+        ttft = 0.1 if i < 18 else 2.0
+        records.append(RequestRecord(i, 0.0, first_token=ttft, end=3.0, measured=True))
+    values, broken = window_percentiles(records, SLO(ttft_p95_ms=500.0))
+    assert values["ttft_p95"] > 500 and broken == [f"TTFT P95 {values['ttft_p95']:.0f} > 500 ms"]
+    values, broken = window_percentiles(records[:18], SLO(ttft_p95_ms=500.0))
+    assert values["ttft_p95"] == pytest.approx(100.0) and broken == []
 
 
 @pytest.mark.slow
@@ -68,7 +92,7 @@ def test_hold_steps_down_past_the_degradation_and_records_why() -> None:
     assert [t["concurrency"] for t in tried] == [8, 6, 4], [(t["concurrency"], t["why"]) for t in tried]
     for miss in tried[:2]:
         assert miss["passed"] is False and miss["attainment"] < 0.99
-        assert "attainment" in miss["why"] and "missed" in miss["why"]
+        assert "attainment" in miss["why"] and "windows missed" in miss["why"] and "TPOT P50" in miss["why"]
     assert tried[2]["passed"] is True and tried[2]["attainment"] >= 0.99
     assert verification["verified_concurrency"] == 4
     assert verification["windows_measured"] == 3 * 3
