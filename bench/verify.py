@@ -24,6 +24,7 @@ recommendation above what the sweep found.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from plimsoll.bench.config import SLO
 from plimsoll.bench.knees import inflation_limits, is_disturbed
 from plimsoll.bench.loadgen import LevelRun, run_concurrency
 from plimsoll.bench.scrape import Snapshot, family_of, load_from_histograms
-from plimsoll.bench.stats import meets_slo
+from plimsoll.bench.stats import STEP_DISTURBED_FLOOR_MS, STEP_DISTURBED_RATIO, meets_slo
 
 MIN_ATTAINMENT = 0.99
 MAX_ATTEMPTS = 4
@@ -89,18 +90,59 @@ def window_percentiles(finished: list[RequestRecord], slo: SLO) -> tuple[dict[st
     return values, broken
 
 
-def _waiting(samples: list[Snapshot], lo: float, hi: float) -> float | None:
+def _server_load(samples: list[Snapshot], lo: float, hi: float) -> dict[str, Any]:
+    """What the server's histograms say between the first and last scrape inside ``lo..hi``."""
     inside = [s for s in samples if lo <= s.t <= hi]
     if len(inside) < 2:
-        return None
+        return {}
     fam = family_of(inside[-1])
-    return None if fam is None else load_from_histograms(inside[0], inside[-1], fam)["waiting_mean"]
+    return {} if fam is None else load_from_histograms(inside[0], inside[-1], fam)
+
+
+def reference_step_ms(levels: list[dict[str, Any]], concurrency: int) -> float | None:
+    """The server's mean step time the sweep measured at ``concurrency`` (linear between the levels
+    around it, the nearest level outside them); None when the sweep has no server figures."""
+    points = sorted(
+        (float(lv["concurrency"]), float(load["step_time_ms"]))
+        for lv in levels
+        if lv.get("valid") and lv.get("concurrency") is not None
+        for load in [((lv.get("server") or {}).get("load") or {})]
+        if load.get("step_time_ms")
+    )
+    if not points:
+        return None
+    c = float(concurrency)
+    if c <= points[0][0]:
+        return points[0][1]
+    for (c0, s0), (c1, s1) in itertools.pairwise(points):
+        if c0 <= c <= c1:
+            return s0 + (s1 - s0) * (c - c0) / (c1 - c0) if c1 > c0 else s0
+    return points[-1][1]
+
+
+def disturbance(step_ms: float | None, reference_ms: float | None) -> str | None:
+    """Why a window's server ran slower than the sweep did at this concurrency, or None.
+
+    The hold runs at a level the sweep measured, so a step time well above the
+    sweep's there (×1.3 and +2 ms, the sweep's own rule) is the host, not the load.
+    """
+    if step_ms is None or reference_ms is None:
+        return None
+    if step_ms > STEP_DISTURBED_RATIO * reference_ms and step_ms - reference_ms > STEP_DISTURBED_FLOOR_MS:
+        return f"server step time {step_ms:.1f} ms against {reference_ms:.1f} ms in the sweep at this concurrency"
+    return None
 
 
 def windows_of(
-    run: LevelRun, slo: SLO, n: int, samples: list[Snapshot], to_monotonic: float
+    run: LevelRun,
+    slo: SLO,
+    n: int,
+    samples: list[Snapshot],
+    to_monotonic: float,
+    reference_ms: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Cut the hold's measurement window into ``n`` equal windows and judge each."""
+    """Cut the hold's measurement window into ``n`` equal windows and judge each; a window whose
+    server stepped slower than ``reference_ms`` allows is marked ``disturbed``."""
     span = (run.window_end - run.window_start) / n
     out = []
     for i in range(n):
@@ -113,6 +155,7 @@ def windows_of(
             for r in run.records
             if r.chunk_times
         )
+        load = _server_load(samples, lo + to_monotonic, hi + to_monotonic)
         out.append(
             {
                 "start_s": round(lo - run.window_start, 3),
@@ -124,7 +167,9 @@ def windows_of(
                 "met_slo": bool(finished) and not broken,
                 "broken": broken,
                 "output_tokens_per_s": tokens / span if span > 0 else 0.0,
-                "waiting_mean": _waiting(samples, lo + to_monotonic, hi + to_monotonic),
+                "waiting_mean": load.get("waiting_mean"),
+                "step_time_ms": load.get("step_time_ms"),
+                "disturbed": disturbance(load.get("step_time_ms"), reference_ms),
             }
         )
     return out
@@ -133,10 +178,12 @@ def windows_of(
 def judge(windows: list[dict[str, Any]], concurrency: int) -> tuple[bool, float | None, float | None, str]:
     """(passed, share of windows that met the SLO, queue growth, why) of one hold.
 
-    Windows where no request finished are not judged (too short for the requests);
-    when none finished at all the hold fails.
+    Windows where no request finished are not judged (too short for the requests),
+    nor disturbed ones (the host, not the load: see :func:`inconclusive`); when none
+    is left the hold fails.
     """
-    judged = [w for w in windows if w["finished"]]
+    judged = [w for w in windows if w["finished"] and not w.get("disturbed")]
+    disturbed = [w for w in windows if w.get("disturbed")]
     met = [w for w in judged if w["met_slo"]]
     attainment = len(met) / len(judged) if judged else None
     finished = sum(w["finished"] for w in judged)
@@ -162,15 +209,33 @@ def judge(windows: list[dict[str, Any]], concurrency: int) -> tuple[bool, float 
             f"the server's queue grew by {growth:.1f} waiting requests from the first window to the last "
             f"(more than {allowed:g})"
         )
+    noted = "; ".join(f"{w['start_s']:g} s: {w['disturbed']}" for w in disturbed[:3])
+    aside = f"; {len(disturbed)} disturbed window(s) not judged ({noted})" if disturbed else ""
     if problems:
-        return False, attainment, growth, "; ".join(problems)
+        return False, attainment, growth, "; ".join(problems) + aside
     assert attainment is not None
     return (
         True,
         attainment,
         growth,
         f"SLO attainment {attainment:.1%}: {len(met)} of {len(judged)} windows met the SLO, {per_request}, "
-        "no growing queue",
+        "no growing queue" + aside,
+    )
+
+
+def inconclusive(windows: list[dict[str, Any]]) -> str | None:
+    """Why a hold proves nothing either way (over half its windows disturbed), or None.
+
+    Stepping down would not help: a lower level measured on the same busy host
+    proves as little, so the hold stops there and says so.
+    """
+    disturbed = [w for w in windows if w.get("disturbed")]
+    if 2 * len(disturbed) <= len(windows):
+        return None
+    return (
+        f"the host was busy in {len(disturbed)} of {len(windows)} windows "
+        f"(e.g. {disturbed[0]['start_s']:g} s: {disturbed[0]['disturbed']}), so the hold proves nothing; "
+        "re-run it on a quieter host"
     )
 
 
@@ -200,9 +265,16 @@ def _window_progress(
 
 
 async def hold(
-    session: Any, concurrency: int, seconds: float, slo: SLO, say: Say | None = None, attempt: int = 1
+    session: Any,
+    concurrency: int,
+    seconds: float,
+    slo: SLO,
+    say: Say | None = None,
+    attempt: int = 1,
+    levels: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run ``concurrency`` clients for ``seconds`` (after a warm-up round) and judge the windows."""
+    """Run ``concurrency`` clients for ``seconds`` (after a warm-up round) and judge the windows;
+    ``levels`` (the sweep's) give the step time a quiet host had at this concurrency."""
     cfg = session.cfg.model_copy(
         update={"duration_per_level_s": seconds, "requests_per_level": None, "warmup_requests": None}
     )
@@ -214,8 +286,12 @@ async def hold(
     )
     session.runs.append(run)
     samples = list(session.scraper.samples) if session.scraper is not None else []
-    windows = windows_of(run, slo, n, samples, to_monotonic)
+    reference = reference_step_ms(levels or [], concurrency)
+    windows = windows_of(run, slo, n, samples, to_monotonic, reference)
     passed, attainment, growth, why = judge(windows, concurrency)
+    unsure = inconclusive(windows)
+    if unsure is not None:
+        passed, why = False, f"inconclusive: {unsure}; {why}"
     finished = sum(w["finished"] for w in windows)
     span = max(run.window_end - run.window_start, 1e-9)
     tokens = sum(w["output_tokens_per_s"] for w in windows) / len(windows)
@@ -225,6 +301,9 @@ async def hold(
         "passed": passed,
         "attainment": attainment,
         "windows_met": sum(1 for w in windows if w["met_slo"]),
+        "windows_disturbed": sum(1 for w in windows if w.get("disturbed")),
+        "inconclusive": unsure,
+        "reference_step_time_ms": reference,
         "request_attainment": sum(w["good"] for w in windows) / finished if finished else None,
         "queue_growth": growth,
         "output_tokens_per_s": tokens,
@@ -250,9 +329,11 @@ async def verify(session: Any, report: dict[str, Any], say: Say | None = None) -
     tried: list[dict[str, Any]] = []
     c = start
     while True:
-        attempt = await hold(session, c, seconds, slo, say, len(tried) + 1)
+        attempt = await hold(session, c, seconds, slo, say, len(tried) + 1, report.get("levels"))
         tried.append(attempt)
-        last = attempt["passed"] or c == 1 or len(tried) >= MAX_ATTEMPTS
+        last = (
+            attempt["passed"] or attempt["inconclusive"] is not None or c == 1 or len(tried) >= MAX_ATTEMPTS
+        )
         if say is not None:
             verdict = "held" if attempt["passed"] else "missed"
             then = "" if last else f"; stepping down to c={step_down(c)}, another {seconds:g} s hold"
@@ -274,6 +355,7 @@ async def verify(session: Any, report: dict[str, Any], say: Say | None = None) -
         "windows_met": tried[-1]["windows_met"] if verified is not None else None,
         "request_attainment": tried[-1]["request_attainment"] if verified is not None else None,
         "windows_measured": sum(len(t["windows"]) for t in tried),
+        "inconclusive": tried[-1]["inconclusive"],
         "tried": tried,
     }
 
@@ -288,6 +370,19 @@ def apply_verification(report: dict[str, Any], verification: dict[str, Any]) -> 
         for t in verification["tried"]
     )
     rec["swept_concurrency_per_replica"] = swept
+    if verification.get("inconclusive") and verified is None:
+        # A busy host proves nothing either way: keep the sweep's figure, say it is unproven.
+        rec["reason"] = f"{rec['reason']}; not verified: {steps}"
+        return {
+            **report,
+            "recommendation": rec,
+            "verification": verification,
+            "warnings": [
+                *report["warnings"],
+                f"verification inconclusive at c={verification['tried'][-1]['concurrency']}: "
+                f"{verification['inconclusive']}; the recommendation {swept} is the sweep's, unverified",
+            ],
+        }
     rec["concurrency_per_replica"] = verified
     if verified is None:
         rec["reason"] = (

@@ -65,10 +65,13 @@ class CapacityStatus(APIModel):
     verification: FreeForm | None = Field(
         None,
         description="The hold at the recommendation after the sweep: verifiedConcurrency, sweptConcurrency, "
-        "holdSeconds, attainment, windowsMeasured and each concurrency tried (passed, attainment, why).",
+        "holdSeconds, attainment (the share of ~1-minute windows whose percentiles met the SLO), "
+        "windowsMeasured, inconclusive (why a hold on a busy host proved nothing) and each concurrency "
+        "tried (passed, attainment, why).",
     )
     disturbed_levels: list[str] | None = Field(
-        None, description="Levels the bench measured while the host was busy, each with why (Profiled says so too)."
+        None,
+        description="Levels the bench measured while the host was busy, each with why (Profiled says so too).",
     )
     curve: list[FreeForm] | None = Field(
         None,
@@ -156,7 +159,8 @@ class LLMServiceStatus(APIModel):
         None, description="The last runtime profile (plimsoll.dev/profile annotation) and how to fetch it."
     )
     cold_start: FreeForm | None = Field(
-        None, description="Measured times from a replica being needed to Ready (samplesSeconds, p95Seconds, last)."
+        None,
+        description="Measured times from a replica being needed to Ready (samplesSeconds, p95Seconds, last).",
     )
     adapters: list[AdapterStatus] | None = Field(
         None, description="Each declared LoRA adapter and the Ready replicas it is loaded on."

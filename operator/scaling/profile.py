@@ -97,6 +97,7 @@ class _Verification(_Lenient):
     seconds: float
     attainment: float | None = None
     windows_measured: int = 0
+    inconclusive: str | None = None  # why the hold proved nothing (a busy host), when it did not
     tried: list[_Attempt] = Field(default_factory=list)
 
 
@@ -147,6 +148,7 @@ class CapacityProfile:
             "holdSeconds": v["seconds"],
             "attainment": v.get("attainment"),
             "windowsMeasured": v.get("windows_measured", 0),
+            "inconclusive": v.get("inconclusive"),
             "tried": [
                 {
                     "concurrency": t["concurrency"],
@@ -302,6 +304,11 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
             f"c={lv.concurrency}: {'; '.join(lv.disturbed.reasons)}"
             for lv in parsed.levels
             if lv.disturbed is not None and lv.disturbed.reasons
+        )
+        + (
+            (f"the hold after the sweep: {parsed.verification.inconclusive}",)
+            if parsed.verification is not None and parsed.verification.inconclusive
+            else ()
         ),
         verification=parsed.verification.model_dump() if parsed.verification is not None else None,
         levels=tuple(
@@ -333,7 +340,9 @@ def profile_conditions(
         f"{fmt_opt(profile.throughput_knee)}, latency knee {fmt_opt(profile.latency_knee)}), Job {job}"
     )
     v = profile.verification
-    if v is not None:
+    if v is not None and v["verified_concurrency"] is None and v.get("inconclusive"):
+        message += f"; not verified: the {fmt(v['seconds'])} s hold was inconclusive"
+    elif v is not None:
         message += (
             f"; held {fmt(v['seconds'])} s at {v['verified_concurrency']}"
             + (

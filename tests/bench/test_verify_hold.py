@@ -143,3 +143,67 @@ def test_sweep_cli_verifies_the_recommendation(tmp_path: Path) -> None:
     assert v["windows_measured"] == 3 * len(v["tried"])
     # Without an SLO the hold is judged by the knee's own inflation limits.
     assert v["judged_by"].startswith("no SLO given")
+
+
+def test_disturbed_windows_are_named_and_not_judged() -> None:
+    from plimsoll.bench.verify import disturbance, inconclusive, reference_step_ms
+
+    levels = [
+        {"concurrency": c, "valid": True, "server": {"load": {"step_time_ms": ms}}}
+        for c, ms in ((1, 40.0), (2, 44.0), (4, 60.0))
+    ]
+    assert reference_step_ms(levels, 2) == 44.0
+    assert reference_step_ms(levels, 3) == pytest.approx(52.0)  # between the levels around it
+    assert reference_step_ms(levels, 8) == 60.0 and reference_step_ms([], 2) is None
+    assert disturbance(50.0, 44.0) is None  # within x1.3
+    assert "129.0 ms against 44.0 ms" in (disturbance(129.0, 44.0) or "")
+    assert disturbance(3.0, 1.0) is None  # x3 but only 2 ms: too small to call
+
+    good = {"start_s": 0.0, "end_s": 60.0, "finished": 60, "good": 60, "waiting_mean": 0.1,
+            "met_slo": True, "broken": [], "disturbed": None}  # fmt: skip
+    busy = {**good, "start_s": 60.0, "met_slo": False, "broken": ["TTFT P95 650 > 600 ms"],
+            "disturbed": "server step time 129.0 ms against 44.0 ms in the sweep at this concurrency"}  # fmt: skip
+    passed, attainment, _, why = judge([good, busy, good, good], 2)
+    assert passed is True and attainment == 1.0 and "1 disturbed window(s) not judged (60 s: server step" in why
+    assert inconclusive([good, busy, good, good]) is None
+    assert "busy in 3 of 4 windows" in (inconclusive([good, busy, busy, busy]) or "")
+
+
+@pytest.mark.slow
+def test_a_hold_on_a_busy_host_is_inconclusive_and_the_operator_says_so() -> None:
+    """The simulator's steps turn 4x slower after the sweep (a neighbour on the host, as the
+    server's own step time shows): the hold neither passes nor steps down."""
+    import httpx
+
+    async def run(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        cfg = sim_config(
+            url, (1, 2, 4), output_tokens=LengthSpec(value=6), slo=SLO(tpot_p50_ms=100.0),
+            verify_seconds=1.5, scrape_interval_s=0.2,
+        )  # fmt: skip
+        session = await BenchSession.open(cfg)
+        try:
+            report = session.report("sweep", await session.sweep())
+            report["recommendation"]["concurrency_per_replica"] = 2
+            async with httpx.AsyncClient() as http:
+                (await http.put(f"{url}/sim/step-cost", json={"scale": 4.0})).raise_for_status()
+            verification = await verify(session, report)
+        finally:
+            await session.aclose()
+        assert verification is not None
+        return report, verification
+
+    with running_simulator(ServiceCurve(batch_cap=16, step_t0_s=0.02)) as url:
+        report, verification = asyncio.run(run(url))
+    tried = verification["tried"]
+    assert len(tried) == 1 and tried[0]["concurrency"] == 2, [t["why"] for t in tried]
+    assert verification["verified_concurrency"] is None and verification["inconclusive"]
+    assert tried[0]["windows_disturbed"] >= 2 and "inconclusive: the host was busy" in tried[0]["why"]
+    out = apply_verification(report, verification)
+    assert out["recommendation"]["concurrency_per_replica"] == 2  # the sweep's, kept and marked unverified
+    assert "not verified" in out["recommendation"]["reason"]
+    assert any("verification inconclusive at c=2" in w for w in out["warnings"])
+    profile = read_profile(out)
+    assert isinstance(profile, CapacityProfile)
+    conditions, warning = profile_conditions(profile, "job", "sha256:x")
+    assert conditions[0][2] == "ProfileDisturbed" and "not verified" in conditions[0][3]
+    assert warning is not None and "the hold after the sweep" in warning

@@ -193,6 +193,7 @@ def test_verification_goes_to_status_capacity() -> None:
         "holdSeconds": 60,
         "attainment": 0.995,
         "windowsMeasured": 12,
+        "inconclusive": None,
         "tried": [
             {
                 "concurrency": 12,
