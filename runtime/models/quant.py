@@ -58,17 +58,25 @@ def group_size_for(k: int, group_size: int | None = None) -> int:
     return group_size if 0 < group_size < k and k % group_size == 0 else k
 
 
+_GRID_CHUNK = 16384  # groups checked at a time: the temporaries stay in cache
+
+
 def _grid_steps(groups: torch.Tensor, lo: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
     """Each group's grid step where its values lie on ``lo + step·j`` (``j`` in 0..255), else 0."""
-    above = groups - lo[:, None]
-    # The nearest value above the minimum is a whole number of steps away (values on one
-    # level are bit-equal); for the groups that fails, the smallest gap between any two.
-    steps = _try_steps(above, span, torch.where(above > 0, above, torch.inf).amin(dim=1), 1)
-    retry = (steps == 0) & (span > 0)
-    if bool(retry.any()):
-        gaps = above[retry].sort(dim=1).values.diff(dim=1)
-        smallest = torch.where(gaps > 0, gaps, torch.inf).amin(dim=1)
-        steps[retry] = _try_steps(above[retry], span[retry], smallest, _GRID_DIVISORS)
+    steps = torch.zeros_like(lo)
+    for start in range(0, groups.shape[0], _GRID_CHUNK):
+        part = slice(start, start + _GRID_CHUNK)
+        above = groups[part] - lo[part, None]
+        # The nearest value above the minimum is a whole number of steps away (values on one
+        # level are bit-equal); for the groups that fails, the smallest gap between any two.
+        nearest = torch.where(above > 0, above, torch.inf).amin(dim=1)
+        found = _try_steps(above, span[part], nearest, 1)
+        retry = ((found == 0) & (span[part] > 0)).nonzero().squeeze(1)
+        if retry.numel():
+            gaps = above[retry].sort(dim=1).values.diff(dim=1)
+            smallest = torch.where(gaps > 0, gaps, torch.inf).amin(dim=1)
+            found[retry] = _try_steps(above[retry], span[part][retry], smallest, _GRID_DIVISORS)
+        steps[part] = found
     return steps
 
 
@@ -76,19 +84,14 @@ def _try_steps(above: torch.Tensor, span: torch.Tensor, gap: torch.Tensor, divis
     """The step (else 0) of each group whose offsets from its minimum are whole multiples of
     ``gap / d`` for a divisor ``d`` up to ``divisors``, over at most 255 steps."""
     steps = torch.zeros_like(span)
-    todo = torch.isfinite(gap)
     for divisor in range(1, divisors + 1):
-        if not bool(todo.any()):
+        levels = torch.round(span * divisor / gap)  # inf (no gap) fails the level check below
+        step = span / levels.clamp(min=1)  # from the extremes: the best estimate of the step
+        r = above / step[:, None]
+        on_grid = ((r - r.round()).abs_().amax(dim=1) <= GRID_TOLERANCE) & (levels <= 255) & (steps == 0)
+        steps = torch.where(on_grid, step, steps)
+        if divisor < divisors and bool((steps > 0).all()):
             break
-        levels = torch.round(span[todo] * divisor / gap[todo])
-        step = span[todo] / levels.clamp(min=1)  # from the extremes: the best estimate of the step
-        r = above[todo] / step[:, None]
-        on_grid = (r - r.round()).abs_().amax(dim=1) <= GRID_TOLERANCE
-        on_grid &= levels <= 255
-        found = todo.clone()
-        found[todo] = on_grid
-        steps[found] = step[on_grid]
-        todo &= ~found
     return steps
 
 
