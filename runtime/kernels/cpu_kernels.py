@@ -236,7 +236,9 @@ def int8_linear(
     if offsets is not None:
         offsets = offsets.to(torch.float32).reshape(n, -1).contiguous()
         if offsets.shape != scales.shape:
-            raise ValueError(f"offsets {tuple(offsets.shape)} must have the scales' shape {tuple(scales.shape)}")
+            raise ValueError(
+                f"offsets {tuple(offsets.shape)} must have the scales' shape {tuple(scales.shape)}"
+            )
     out = torch.empty((m, n), dtype=torch.float32)
     bias_ptr = None if bias is None else bias.to(torch.float32).contiguous().data_ptr()
     offset_ptr = None if offsets is None else offsets.data_ptr()

@@ -30,6 +30,7 @@ What it is not: activation quantisation, int4, or loading pre-quantised checkpoi
 """
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -127,20 +128,48 @@ def quantize_rows(
     offsets = lo + shift * scales
     q = torch.round((groups - lo[:, None]) / scales[:, None]) - shift[:, None]
     q = q.clamp_(-128, 127).to(torch.int8)
-    return q.view(n, k).contiguous(), scales.view(n, k // g).contiguous(), offsets.view(n, k // g).contiguous()
+    return (
+        q.view(n, k).contiguous(),
+        scales.view(n, k // g).contiguous(),
+        offsets.view(n, k // g).contiguous(),
+    )
 
 
 def dequantize(
     qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:
     """int8 ``[N, K]``, scales and offsets ``[N, K // G]`` (offsets may be ``None``) → the float
-    ``[N, K]`` they stand for."""
+    ``[N, K]`` they stand for, computed in float32 and then cast to ``dtype`` (so a recovered
+    grid gives a bf16 model exactly its bf16 weights)."""
     n, k = qweight.shape
     groups = scales.shape[-1]
-    out = qweight.view(n, groups, k // groups).to(dtype) * scales.to(dtype)[:, :, None]
+    out = qweight.view(n, groups, k // groups).float() * scales.float()[:, :, None]
     if offsets is not None:
-        out = out + offsets.to(dtype)[:, :, None]
-    return out.view(n, k)
+        out += offsets.float()[:, :, None]
+    return out.view(n, k).to(dtype)
+
+
+class _Int8Weights(nn.Module):
+    """What both int8 modules hold: the int8 matrix with its float32 scales and offsets, which
+    stay float32 when the model is cast (``net.to(dtype=bf16)`` moves them, and casts only
+    the rest); int8's own rounding is what they describe, a bf16 scale would add to it."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None) -> None:
+        super().__init__()
+        self.qweight: torch.Tensor
+        self.scales: torch.Tensor
+        self.offsets: torch.Tensor | None
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("offsets", offsets)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "_Int8Weights":
+        kept = {name: getattr(self, name) for name in ("scales", "offsets")}
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        for name, t in kept.items():
+            if t is not None:
+                self._buffers[name] = t.to(device=self.qweight.device)
+        return self
 
 
 def _warn_fallback_once(reason: str) -> None:
@@ -152,7 +181,7 @@ def _warn_fallback_once(reason: str) -> None:
         )
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(_Int8Weights):
     def __init__(
         self,
         qweight: torch.Tensor,
@@ -160,13 +189,7 @@ class Int8Linear(nn.Module):
         offsets: torch.Tensor | None,
         bias: torch.Tensor | None,
     ) -> None:
-        super().__init__()
-        self.qweight: torch.Tensor
-        self.scales: torch.Tensor
-        self.offsets: torch.Tensor | None
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scales", scales)
-        self.register_buffer("offsets", offsets)
+        super().__init__(qweight, scales, offsets)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     @classmethod
@@ -179,7 +202,9 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.shape[0] <= KERNEL_MAX_ROWS and x.device.type == "cpu":
             if cpu_kernels.supports_int8_linear(x, self.qweight, self.scales):
-                out: torch.Tensor = cpu_kernels.int8_linear(x, self.qweight, self.scales, self.bias, self.offsets)
+                out: torch.Tensor = cpu_kernels.int8_linear(
+                    x, self.qweight, self.scales, self.bias, self.offsets
+                )
                 return out
             _warn_fallback_once(
                 "the compiled CPU kernel cannot run here (not built, activations not float32, or groups "
@@ -188,19 +213,13 @@ class Int8Linear(nn.Module):
         return F.linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
 
-class Int8Embedding(nn.Module):
+class Int8Embedding(_Int8Weights):
     """Token embedding stored as int8 rows: a lookup dequantises only the rows it reads."""
 
     def __init__(
         self, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, dtype: torch.dtype
     ) -> None:
-        super().__init__()
-        self.qweight: torch.Tensor
-        self.scales: torch.Tensor
-        self.offsets: torch.Tensor | None
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scales", scales)
-        self.register_buffer("offsets", offsets)
+        super().__init__(qweight, scales, offsets)
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -211,7 +230,9 @@ class Int8Embedding(nn.Module):
 
 
 def quantize_model(net: nn.Module, method: str, dtype: torch.dtype) -> nn.Module:
-    """Replace the model's projections, head and embedding by int8 ones, in place."""
+    """Replace the model's projections, head and embedding by int8 ones, in place; ``dtype`` is
+    what the embedding's rows come out as. Call it on the float32 model, before it is cast
+    (a bf16 cast moves a checkpoint's values off the grid that grid recovery finds)."""
     if method not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or None, got {method!r}")
     for module in list(net.modules()):

@@ -96,6 +96,11 @@ def test_int8_recovers_the_grid_of_a_dequantised_checkpoint_exactly() -> None:
     print(f"{plain:.2f} of its step")
     assert err <= 1e-4  # float32 rounding of s·q + z, not int8 rounding
     assert plain > 0.05  # the plain path does round (so the check above can fail)
+    # Cast with a bf16 model (as on CUDA), the scales stay float32 and the weight comes out as the
+    # bf16 model's own: the dequantising (GPU) path then computes what the bf16 model does.
+    layer = quant.Int8Linear(q, s, z, None).to(torch.bfloat16)
+    assert layer.scales.dtype == torch.float32 and layer.offsets is not None and layer.offsets.dtype == torch.float32
+    assert torch.equal(layer.dequantized(torch.bfloat16), w.to(torch.bfloat16))
     # Values off any grid are not taken for one: they get min/max's bound.
     noisy = w + torch.randn_like(w) * 1e-3  # 5-100 % of a step
     qn, sn, zn = quant.quantize_rows(noisy, 32)
