@@ -292,6 +292,24 @@ inline float sum16(F16 a) {
 }
 #endif
 
+// MB rows of x against one row of W: each 16 weights are dequantised once and meet MB rows
+// (8 where 32 vector registers hold the accumulators, else 4).
+template <int64_t MB, int64_t G>
+inline void int8_rows_block(const float* xm, const int8_t* wn, const float* sn, const float* zn, float b, float* ym,
+                            int64_t n_len, int64_t k_len, int64_t gs, int64_t groups) {
+  F16 acc[MB];
+  for (int64_t i = 0; i < MB; ++i) acc[i] = zero16();
+  const int64_t size = G > 0 ? G : gs;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float s = sn[g], z = zn != nullptr ? zn[g] : 0.f;
+    for (int64_t k = g * size; k < (g + 1) * size; k += kLanes) {
+      const F16 wk = affine16(load_i8(wn + k), s, z);
+      for (int64_t i = 0; i < MB; ++i) acc[i] = fma16(load_f32(xm + i * k_len + k), wk, acc[i]);
+    }
+  }
+  for (int64_t i = 0; i < MB; ++i) ym[i * n_len] = sum16(acc[i]) + b;
+}
+
 // G > 0: the group size as a compile-time constant (a multiple of 16); G = 0 takes it from
 // `group` (any multiple of 16, e.g. a whole row).
 template <int64_t G>
@@ -308,24 +326,10 @@ void int8_linear_rows_g(const float* x, const int8_t* w, const float* scale, con
     const float* zn = offset != nullptr ? offset + n * groups : nullptr;
     const float b = bias != nullptr ? bias[n] : 0.f;
     int64_t m = 0;
-    for (; m + 4 <= m_len; m += 4) {
-      const float *x0 = x + m * k_len, *x1 = x0 + k_len, *x2 = x1 + k_len, *x3 = x2 + k_len;
-      F16 a0 = zero16(), a1 = zero16(), a2 = zero16(), a3 = zero16();
-      for (int64_t g = 0; g < groups; ++g) {
-        const float s = sn[g], z = zn != nullptr ? zn[g] : 0.f;
-        for (int64_t k = g * gs; k < (g + 1) * gs; k += kLanes) {
-          const F16 wk = affine16(load_i8(wn + k), s, z);
-          a0 = fma16(load_f32(x0 + k), wk, a0);
-          a1 = fma16(load_f32(x1 + k), wk, a1);
-          a2 = fma16(load_f32(x2 + k), wk, a2);
-          a3 = fma16(load_f32(x3 + k), wk, a3);
-        }
-      }
-      y[m * n_len + n] = sum16(a0) + b;
-      y[(m + 1) * n_len + n] = sum16(a1) + b;
-      y[(m + 2) * n_len + n] = sum16(a2) + b;
-      y[(m + 3) * n_len + n] = sum16(a3) + b;
-    }
+#if defined(__AVX512F__)
+    for (; m + 8 <= m_len; m += 8) int8_rows_block<8, G>(x + m * k_len, wn, sn, zn, b, y + m * n_len + n, n_len, k_len, gs, groups);
+#endif
+    for (; m + 4 <= m_len; m += 4) int8_rows_block<4, G>(x + m * k_len, wn, sn, zn, b, y + m * n_len + n, n_len, k_len, gs, groups);
     for (; m < m_len; ++m) {
       // Four chains over the row (a group of 32 is only two blocks of 16): one chain would
       // wait on each multiply-add.
