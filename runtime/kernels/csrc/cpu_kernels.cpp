@@ -292,22 +292,33 @@ inline float sum16(F16 a) {
 }
 #endif
 
-// MB rows of x against one row of W: each 16 weights are dequantised once and meet MB rows
-// (8 where 32 vector registers hold the accumulators, else 4).
-template <int64_t MB, int64_t G>
-inline void int8_rows_block(const float* xm, const int8_t* wn, const float* sn, const float* zn, float b, float* ym,
-                            int64_t n_len, int64_t k_len, int64_t gs, int64_t groups) {
-  F16 acc[MB];
-  for (int64_t i = 0; i < MB; ++i) acc[i] = zero16();
+// MB rows of x against NB rows of W: each 16 weights are dequantised once and meet MB rows,
+// and each 16 values of x meet NB weight rows (NB x MB accumulators: 2 x 8 where 32 vector
+// registers hold them, else 1 x 4).
+template <int64_t MB, int64_t NB, int64_t G>
+inline void int8_rows_block(const float* xm, const int8_t* wn, const float* sn, const float* zn, const float* bias,
+                            float* ym, int64_t n_len, int64_t k_len, int64_t gs, int64_t groups) {
+  F16 acc[NB][MB];
+  for (int64_t j = 0; j < NB; ++j)
+    for (int64_t i = 0; i < MB; ++i) acc[j][i] = zero16();
   const int64_t size = G > 0 ? G : gs;
   for (int64_t g = 0; g < groups; ++g) {
-    const float s = sn[g], z = zn != nullptr ? zn[g] : 0.f;
+    float s[NB], z[NB];
+    for (int64_t j = 0; j < NB; ++j) {
+      s[j] = sn[j * groups + g];
+      z[j] = zn != nullptr ? zn[j * groups + g] : 0.f;
+    }
     for (int64_t k = g * size; k < (g + 1) * size; k += kLanes) {
-      const F16 wk = affine16(load_i8(wn + k), s, z);
-      for (int64_t i = 0; i < MB; ++i) acc[i] = fma16(load_f32(xm + i * k_len + k), wk, acc[i]);
+      F16 wk[NB];
+      for (int64_t j = 0; j < NB; ++j) wk[j] = affine16(load_i8(wn + j * k_len + k), s[j], z[j]);
+      for (int64_t i = 0; i < MB; ++i) {
+        const F16 xv = load_f32(xm + i * k_len + k);
+        for (int64_t j = 0; j < NB; ++j) acc[j][i] = fma16(xv, wk[j], acc[j][i]);
+      }
     }
   }
-  for (int64_t i = 0; i < MB; ++i) ym[i * n_len] = sum16(acc[i]) + b;
+  for (int64_t j = 0; j < NB; ++j)
+    for (int64_t i = 0; i < MB; ++i) ym[i * n_len + j] = sum16(acc[j][i]) + (bias != nullptr ? bias[j] : 0.f);
 }
 
 // G > 0: the group size as a compile-time constant (a multiple of 16); G = 0 takes it from
@@ -320,16 +331,38 @@ void int8_linear_rows_g(const float* x, const int8_t* w, const float* scale, con
   const int64_t groups = k_len / gs;
   // A shift for a compile-time group; a run-time one is a whole row in practice (no division).
   auto group_of = [gs, groups](int64_t k) -> int64_t { return G > 0 ? k / G : groups == 1 ? 0 : k / gs; };
+#if defined(__AVX512F__)
+  // Pairs of W rows over blocks of 8 rows of x; what is left goes row by row below.
+  int64_t p = n_begin;
+  const int64_t m8 = m_len / 8 * 8;
+  if (m8 > 0) {
+    for (; p + 2 <= n_end; p += 2) {
+      const float* zn = offset != nullptr ? offset + p * groups : nullptr;
+      const float* bn = bias != nullptr ? bias + p : nullptr;
+      for (int64_t m = 0; m < m8; m += 8)
+        int8_rows_block<8, 2, G>(x + m * k_len, w + p * k_len, scale + p * groups, zn, bn, y + m * n_len + p, n_len,
+                                 k_len, gs, groups);
+    }
+    for (; p < n_end; ++p) {
+      const float* zn = offset != nullptr ? offset + p * groups : nullptr;
+      const float* bn = bias != nullptr ? bias + p : nullptr;
+      for (int64_t m = 0; m < m8; m += 8)
+        int8_rows_block<8, 1, G>(x + m * k_len, w + p * k_len, scale + p * groups, zn, bn, y + m * n_len + p, n_len,
+                                 k_len, gs, groups);
+    }
+  }
+#else
+  const int64_t m8 = 0;
+#endif
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int8_t* wn = w + n * k_len;
     const float* sn = scale + n * groups;
     const float* zn = offset != nullptr ? offset + n * groups : nullptr;
     const float b = bias != nullptr ? bias[n] : 0.f;
-    int64_t m = 0;
-#if defined(__AVX512F__)
-    for (; m + 8 <= m_len; m += 8) int8_rows_block<8, G>(x + m * k_len, wn, sn, zn, b, y + m * n_len + n, n_len, k_len, gs, groups);
-#endif
-    for (; m + 4 <= m_len; m += 4) int8_rows_block<4, G>(x + m * k_len, wn, sn, zn, b, y + m * n_len + n, n_len, k_len, gs, groups);
+    int64_t m = m8;
+    for (; m + 4 <= m_len; m += 4)
+      int8_rows_block<4, 1, G>(x + m * k_len, wn, sn, zn, bias != nullptr ? bias + n : nullptr, y + m * n_len + n,
+                               n_len, k_len, gs, groups);
     for (; m < m_len; ++m) {
       // Four chains over the row (a group of 32 is only two blocks of 16): one chain would
       // wait on each multiply-add.
