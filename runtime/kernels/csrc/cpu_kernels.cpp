@@ -216,9 +216,9 @@ extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, c
 // inputs of a row: w = scale * q + offset (scale [N, K / group]; group = K is one per output
 // row). Same split as the float32 kernel: each thread streams its rows of W once (about a
 // quarter of the float32 bytes). Each 16 weights are converted to float and dequantised in
-// registers (one multiply-add, shared by four rows of x) and then meet x in the float32
-// kernel's multiply-adds; the accumulators stay vectors across groups, so a group costs no
-// horizontal reduction (a per-group reduction measured 3-9x slower than one scale per row).
+// registers (one multiply-add, shared by a block of rows of x) and then meet x in plain float
+// multiply-adds; the accumulators stay vectors across groups, so a group costs no horizontal
+// reduction (a per-group reduction measured 3-9x slower than one scale per row).
 namespace {
 
 // 16 float lanes: one AVX-512 register, two AVX2 ones, or a plain array elsewhere (GCC 12
