@@ -16,7 +16,7 @@ most ``GRID_TOLERANCE · step`` against min/max's ``step / 2``.
 
 Activations stay in the model's dtype. On CPU with float32 activations the matmul runs
 in the compiled kernel (``cpu_kernels.int8_linear``: the weight streams as int8, about a
-quarter of the float32 bytes, which is what a decode step is bound by) for up to 128
+quarter of the float32 bytes, which is what a decode step is bound by) for up to 64
 rows; prefill-sized matmuls and every other device dequantise the weight and call
 ``F.linear``, trading the speed for the memory saving, and a CPU without the kernels logs
 one warning. Norms and biases are not quantised.
@@ -41,7 +41,7 @@ from plimsoll.runtime.kernels import cpu_kernels
 log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8",)
-KERNEL_MAX_ROWS = 128  # above this (prefill) dequantise + F.linear catches up (256 rows: even)
+KERNEL_MAX_ROWS = 64  # above this dequantise + F.linear is as fast on a layer's matrices (docs/runtime.md)
 # Inputs per scale and offset; 0 = one per output row. 32 matches GGUF's blocks (docs/runtime.md
 # compares per row, symmetric groups and asymmetric groups with and without grid recovery).
 GROUP_SIZE = 32

@@ -28,7 +28,7 @@ def test_int8_matmul_is_within_the_rounding_bound_of_fp32(group: int, asymmetric
     step = s.repeat_interleave(g, dim=1)  # [N, K]: each weight's step
     assert float(((quant.dequantize(q, s, z, torch.float32) - w).abs() / step).max()) <= 0.5 + 1e-4
     layer = quant.Int8Linear(q, s, z, bias)
-    for rows in (1, 3, 4, 7, 16, 64, 100, 200):  # kernel sizes and the dequantising (prefill) path
+    for rows in (1, 3, 4, 7, 16, 64, 100):  # kernel sizes and the dequantising (prefill) path
         x = torch.randn(rows, 576)
         exact = x.double() @ w.double().T + bias.double()
         bound = x.abs().double() @ (step.double() / 2).T + 1e-4
