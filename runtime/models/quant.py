@@ -49,6 +49,7 @@ ASYMMETRIC = True  # a float32 offset per group beside its scale
 GRID_RECOVERY = True
 GRID_TOLERANCE = 1e-3  # of a step: how far a value may sit from the grid and still be on it
 _GRID_DIVISORS = 4  # the smallest gap between a group's values may be up to 4 steps
+_GRID_CHUNK = 16384  # groups checked at a time: the temporaries stay in cache
 _warned = False
 
 
@@ -57,9 +58,6 @@ def group_size_for(k: int, group_size: int | None = None) -> int:
     0 means per row), or the whole row when it does not divide ``k``."""
     group_size = GROUP_SIZE if group_size is None else group_size
     return group_size if 0 < group_size < k and k % group_size == 0 else k
-
-
-_GRID_CHUNK = 16384  # groups checked at a time: the temporaries stay in cache
 
 
 def _grid_steps(groups: torch.Tensor, lo: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
