@@ -136,13 +136,16 @@ def parameter_count(d: ModelDims) -> int:
     return d.layers * (attention + mlp + router + norms) + embeddings + d.hidden
 
 
-INT8_GROUP_SIZE = 0  # 0 = one scale per row; the runtime's --quantization int8 group (runtime/models/quant.py GROUP_SIZE)
+# The runtime's --quantization int8 layout (runtime/models/quant.py GROUP_SIZE, ASYMMETRIC):
+# a float32 scale and a float32 offset per 32 inputs of each row (0 = per row).
+INT8_GROUP_SIZE = 32
+INT8_OFFSETS = True
 
 
-def int8_weight_bytes(d: ModelDims, group: int = INT8_GROUP_SIZE) -> int:
+def int8_weight_bytes(d: ModelDims, group: int = INT8_GROUP_SIZE, offsets: bool = INT8_OFFSETS) -> int:
     """Bytes of the weights under plimsoll's ``--quantization int8``: every matrix in int8 plus
-    one float32 scale per ``group`` inputs of each output row (per row where ``group`` does not
-    divide the row); norms and biases stay float32."""
+    one float32 scale (and with ``offsets`` one float32 offset) per ``group`` inputs of each
+    output row (per row where ``group`` does not divide the row); norms and biases stay float32."""
     q_out, kv_out = d.heads * d.head_dim, d.kv_heads * d.head_dim
     # (inputs, output rows) of each matrix of one layer: qkv, o, gate_up, down (per expert).
     layer = [(d.hidden, q_out + 2 * kv_out), (q_out, d.hidden)]
@@ -155,7 +158,7 @@ def int8_weight_bytes(d: ModelDims, group: int = INT8_GROUP_SIZE) -> int:
     matrices = d.layers * sum(k * n for k, n in layer) + sum(k * n for k, n in embeddings)
     scale_count = d.layers * sum(scales(k, n) for k, n in layer) + sum(scales(k, n) for k, n in embeddings)
     other = parameter_count(d) - matrices
-    return matrices + 4 * (scale_count + other)
+    return matrices + 4 * (scale_count * (2 if offsets else 1) + other)
 
 
 def parameters_per_gpu(d: ModelDims, tp: int) -> int:
@@ -265,7 +268,8 @@ def make_plan(
         )
     elif dtype.lower() == "int8":
         per = f"{INT8_GROUP_SIZE} inputs of each" if INT8_GROUP_SIZE else "output"
-        how = f"matrices × 1 B + a float32 scale per {per} row + float32 norms/biases = {fmt_bytes(weights)}"
+        what = "a float32 scale and offset" if INT8_OFFSETS else "a float32 scale"
+        how = f"matrices × 1 B + {what} per {per} row + float32 norms/biases = {fmt_bytes(weights)}"
     else:
         how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
     steps.append(Step("weight bytes", weights, how))

@@ -133,7 +133,7 @@ def serve(
     quantization: str | None = typer.Option(
         None,
         "--quantization",
-        help="int8: weight-only, a scale per output row, computed at load (docs/runtime.md).",
+        help="int8: weight-only, a scale and offset per 32 inputs of a row, computed at load (docs/runtime.md).",
     ),
     kv_cache_dtype: str = typer.Option(
         "auto",

@@ -48,7 +48,7 @@ class EngineConfig(BaseModel):
     scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
     quantization: Literal["int8"] | None = Field(
-        None, description="weight-only int8, a scale per output row, computed at load (vLLM's --quantization)"
+        None, description="weight-only int8, a scale and offset per 32 inputs of a row, computed at load (vLLM's --quantization)"
     )
     kv_cache_dtype: Literal["auto", "int8"] = Field(
         "auto",

@@ -9,8 +9,9 @@ What it is: three functions with torch-shaped signatures.
 - ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
   concurrency), where a matmul is bound by reading W and torch's libraries stream
   it at well under the memory bandwidth (``models/dense.py`` picks it).
-- ``int8_linear``: the same for int8 weights with one scale per group of inputs of
-  a row (``--quantization int8``, ``models/quant.py``): a quarter of the bytes to stream.
+- ``int8_linear``: the same for int8 weights with a scale (and an offset) per group of
+  inputs of a row (``--quantization int8``, ``models/quant.py``): about a quarter of the
+  bytes to stream.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
 ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
 lock, loads it with ctypes (which releases the GIL during each call) and returns
@@ -131,7 +132,7 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_small_batch_linear_f32.restype = ctypes.c_int
     lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
-    lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+    lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
     return lib
 
 
@@ -190,8 +191,13 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return out
 
 
-def supports_int8_linear(x: torch.Tensor, qweight: torch.Tensor) -> bool:
-    """Whether ``int8_linear`` can take this matmul (float32 rows on CPU, int8 weight, built)."""
+INT8_LANES = 16  # the kernel dequantises 16 weights at a time: a group must be a multiple
+
+
+def supports_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None = None) -> bool:
+    """Whether ``int8_linear`` can take this matmul (float32 rows on CPU, int8 weight, groups of
+    a multiple of 16 inputs, built)."""
+    groups = 1 if scales is None or scales.dim() < 2 else scales.shape[-1]
     return (
         x.dim() == 2
         and x.shape[0] > 0
@@ -199,6 +205,8 @@ def supports_int8_linear(x: torch.Tensor, qweight: torch.Tensor) -> bool:
         and qweight.dtype == torch.int8
         and qweight.device.type == "cpu"
         and qweight.is_contiguous()
+        and qweight.shape[1] % groups == 0
+        and (qweight.shape[1] // groups) % INT8_LANES == 0
         and library() is not None
     )
 
@@ -208,8 +216,9 @@ def int8_linear(
     qweight: torch.Tensor,  # [N, K] int8
     scales: torch.Tensor,  # [N, K // G] float32, one per group of G inputs ([N]: G = K)
     bias: torch.Tensor | None,
+    offsets: torch.Tensor | None = None,  # [N, K // G] float32: w = scale * q + offset
 ) -> torch.Tensor:  # [M, N]
-    """``x @ dequantize(qweight, scales).T + bias`` without materialising the float weight."""
+    """``x @ dequantize(qweight, scales, offsets).T + bias`` without materialising the float weight."""
     lib = library()
     if lib is None:
         raise RuntimeError("the CPU kernels are not available; check supports_int8_linear() first")
@@ -219,12 +228,22 @@ def int8_linear(
         raise ValueError(f"x has {k} columns but the weight has {qweight.shape[1]}; they must match")
     scales = scales.to(torch.float32).reshape(n, -1).contiguous()
     groups = scales.shape[1]
-    if k % groups != 0:
-        raise ValueError(f"{groups} scale groups per row do not divide the weight's {k} columns")
+    if k % groups != 0 or (k // groups) % INT8_LANES != 0:
+        raise ValueError(
+            f"{groups} scale groups per row must divide the weight's {k} columns into groups of a "
+            f"multiple of {INT8_LANES}"
+        )
+    if offsets is not None:
+        offsets = offsets.to(torch.float32).reshape(n, -1).contiguous()
+        if offsets.shape != scales.shape:
+            raise ValueError(
+                f"offsets {tuple(offsets.shape)} must have the scales' shape {tuple(scales.shape)}"
+            )
     out = torch.empty((m, n), dtype=torch.float32)
     bias_ptr = None if bias is None else bias.to(torch.float32).contiguous().data_ptr()
+    offset_ptr = None if offsets is None else offsets.data_ptr()
     rc = lib.plimsoll_int8_linear_f32(
-        x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), bias_ptr, out.data_ptr(), m, n, k,
+        x.data_ptr(), qweight.data_ptr(), scales.data_ptr(), offset_ptr, bias_ptr, out.data_ptr(), m, n, k,
         k // groups, torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:

@@ -132,13 +132,13 @@ def load_model(
         from plimsoll.runtime.models.tensor_parallel import shard_model
 
         shard_model(net, tensor_parallel)
-    net = net.to(device=device, dtype=dtype).eval()
     if quantization is not None:
         from plimsoll.runtime.models.quant import quantize_model
 
-        # After the cast, so the float32 scales are not cast with the model (int8 rounding
-        # dwarfs a bf16 weight's own).
+        # Before the cast, from the checkpoint's own values (a bf16 cast would hide a
+        # dequantised checkpoint's grid); the int8 modules keep their scales float32.
         quantize_model(net, quantization, dtype)
+    net = net.to(device=device, dtype=dtype).eval()
     net.model.rotary_emb.inv_freq = net.model.rotary_emb.inv_freq.float()
     return LoadedModel(
         model=net,
