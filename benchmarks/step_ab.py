@@ -6,6 +6,9 @@ on the same batch, alternating every step, and prints the median step time of ea
 A script that prints figures, not a test.
 
     PYTHONSAFEPATH=1 python benchmarks/step_ab.py --compare attention --levels 1,16,64
+
+``--compare pool`` first prints the cost of one kernel call (an empty split, a tiny matmul)
+with threads started per call against the persistent pool.
 """
 
 import argparse
@@ -37,6 +40,10 @@ def _attention(on: bool) -> None:
     cpu_kernels.supports_attention = SUPPORTS_ATTENTION if on else (lambda *_: False)
 
 
+def _pool(on: bool) -> None:
+    cpu_kernels.set_pool_enabled(on)
+
+
 def _threads(on: bool) -> None:
     torch.set_num_threads(DEFAULT_THREADS if on else 1)
 
@@ -48,8 +55,32 @@ COMPARISONS: dict[str, tuple[Switch, str, str]] = {
     "onednn": (_onednn, "MKL F.linear", "oneDNN"),
     "small-batch": (_small_batch, "oneDNN", "small-batch kernel"),
     "attention": (_attention, "SDPA over gathered contexts", "decode-attention kernel"),
+    "pool": (_pool, "threads started per kernel call", "persistent worker pool"),
     "threads": (_threads, "1 intra-op thread", "torch's default threads"),
 }
+
+
+def per_call_overhead(calls: int = 2000, rounds: int = 5) -> None:
+    """Microseconds per call of an empty split and of a tiny matmul (1 x 576 @ 576 x 576, SmolLM2's
+    o_proj), threads per call vs the pool, alternating rounds; medians over the rounds."""
+    x, w = torch.randn(1, 576), torch.randn(576, 576)
+    threads = torch.get_num_threads()
+    cases = {
+        f"empty call over {threads} threads": lambda: cpu_kernels.pool_noop(threads),
+        "small_batch_linear 1x576 @ 576x576": lambda: cpu_kernels.small_batch_linear(x, w, None),
+    }
+    for name, fn in cases.items():
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for variant in (False, True):
+                _pool(variant)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times[variant].append((time.perf_counter() - t0) / calls * 1e6)
+        a, b = (statistics.median(times[v]) for v in (False, True))
+        print(f"{name}: threads per call {a:6.1f} us | pool {b:6.1f} us | ratio {b / a:.2f}", flush=True)
+    _pool(True)
 
 
 def main() -> None:
@@ -68,6 +99,8 @@ def main() -> None:
         raise SystemExit(
             "the CPU kernels could not be built here (see the warning above); nothing to compare"
         )
+    if args.compare == "pool":
+        per_call_overhead()
     engine = LLMEngine(
         EngineConfig(
             model=args.model,

@@ -132,7 +132,37 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
     lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+    lib.plimsoll_pool_threads.restype = ctypes.c_int64
+    lib.plimsoll_pool_threads.argtypes = []
+    lib.plimsoll_pool_noop.restype = ctypes.c_int64
+    lib.plimsoll_pool_noop.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.plimsoll_pool_enable.restype = None
+    lib.plimsoll_pool_enable.argtypes = [ctypes.c_int64]
     return lib
+
+
+def set_pool_enabled(on: bool) -> None:
+    """Off: every kernel call starts and joins its own threads, as before the pool (for A/B timing only)."""
+    lib = library()
+    if lib is not None:
+        lib.plimsoll_pool_enable(int(on))
+
+
+def pool_threads() -> int:
+    """Helper threads the kernels' worker pool has started in this process (0 before the first
+    call that splits its work, or where the kernels are not built)."""
+    lib = library()
+    return 0 if lib is None else int(lib.plimsoll_pool_threads())
+
+
+def pool_noop(tasks: int, use_pool: bool = True) -> int:
+    """Run ``tasks`` empty tasks over the worker pool (or, ``use_pool=False``, over threads
+    started for the call, as the kernels did before the pool); returns how many ran.
+    What a call costs before any work: ``benchmarks/step_ab.py --compare pool`` times it."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available")
+    return int(lib.plimsoll_pool_noop(tasks, int(use_pool)))
 
 
 def _float32_cpu(*tensors: torch.Tensor) -> bool:

@@ -21,13 +21,205 @@
 //   context_lens [B] int32
 //   out          [B, H, D]
 //   x [M, K], W [N, K], bias [N] or null, y [M, N]
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
+
+// The worker pool every kernel splits its work over.
+//
+// What it is: threads created once per process (grown to the most any call asked for),
+// each with its own mailbox. A call posts one task per helper it needs, runs task 0
+// itself, then runs any task no helper has taken yet (so a host too busy to wake a helper
+// costs no more than running serially) and waits for the ones taken; a helper spins on its mailbox for ~SPIN_US after its
+// last task (a decode step calls a kernel every few tens of microseconds, so it is
+// usually still spinning when the next one comes) and then sleeps on a condition
+// variable. Starting and joining std::threads per call, as the kernels did before, cost
+// ~25-60 us a call, ~150 calls a decode step.
+// Safe with several engines in one process: one call at a time owns the pool, and a
+// call that finds it busy starts its own threads (the old way) instead of waiting.
+// Safe across fork: the child (a template worker of `plimsoll serve`) has none of the
+// parent's threads, so a fork handler drops the pool there and the child's first call
+// builds a new one.
+// What it is not: a general task scheduler (no nesting, no work stealing).
+namespace pool {
+
+constexpr int64_t SPIN_US = 100;
+constexpr int64_t MAX_HELPERS = 255;
+constexpr uint64_t CLAIMED = uint64_t{1} << 63;  // set in `posted` by whoever runs the task
+
+using TaskFn = void (*)(const void* ctx, int64_t task);
+
+struct alignas(64) Mailbox {
+  // Generation of the last task posted to this helper; CLAIMED once the helper or the
+  // caller has taken it (a compare-and-swap, so exactly one of them runs it).
+  std::atomic<uint64_t> posted{0};
+  std::atomic<uint64_t> done{0};  // generation of the last task the helper finished
+  std::atomic<bool> sleeping{false};
+  std::mutex m;
+  std::condition_variable cv;
+  TaskFn fn = nullptr;
+  const void* ctx = nullptr;
+  int64_t task = 0;
+};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+void helper_loop(Mailbox* box) {
+  uint64_t seen = 0;
+  auto fresh = [&](uint64_t p) { return (p & CLAIMED) == 0 && p != seen; };
+  for (;;) {
+    uint64_t p = box->posted.load(std::memory_order_acquire);
+    if (!fresh(p)) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(SPIN_US);
+      for (int i = 0; !fresh(p); ++i) {
+        cpu_relax();
+        p = box->posted.load(std::memory_order_acquire);
+        if ((i & 63) == 63 && !fresh(p) && std::chrono::steady_clock::now() > until) break;
+      }
+    }
+    if (!fresh(p)) {
+      std::unique_lock<std::mutex> lock(box->m);
+      box->sleeping.store(true);
+      box->cv.wait(lock, [&] { return fresh(p = box->posted.load()); });
+      box->sleeping.store(false);
+    }
+    seen = p;
+    // The caller may have taken the task while this thread was waking up: then skip it.
+    if (box->posted.compare_exchange_strong(p, p | CLAIMED, std::memory_order_acq_rel)) {
+      box->fn(box->ctx, box->task);
+      box->done.store(seen, std::memory_order_release);
+    }
+  }
+}
+
+struct Pool {
+  std::mutex busy;  // held by the call that owns the pool
+  std::vector<Mailbox*> boxes;
+  uint64_t generation = 0;
+
+  // Helpers are never joined or freed: they live as long as the process.
+  void grow(int64_t helpers) {
+    while (static_cast<int64_t>(boxes.size()) < helpers) {
+      auto* box = new Mailbox;
+      std::thread(helper_loop, box).detach();
+      boxes.push_back(box);
+    }
+  }
+};
+
+std::mutex g_create;
+Pool* g_pool = nullptr;
+std::atomic<bool> g_enabled{true};  // off: every call starts its own threads (for A/B timing)
+
+void drop_after_fork() {
+  // The child's copy of the pool names threads that do not exist in it: leak it, and
+  // the creation lock too (it may have been held by a parent thread at the fork).
+  g_pool = nullptr;
+  new (&g_create) std::mutex;
+}
+
+Pool* get() {
+  std::lock_guard<std::mutex> lock(g_create);
+  if (g_pool == nullptr) {
+    static const int registered = pthread_atfork(nullptr, nullptr, drop_after_fork);
+    (void)registered;
+    g_pool = new Pool;
+  }
+  return g_pool;
+}
+
+// Runs f(0) .. f(n - 1), each once, over n threads (the caller runs f(0)); returns when all are done.
+template <typename F>
+void parallel(int64_t n, const F& f) {
+  if (n <= 1) {
+    if (n == 1) f(0);
+    return;
+  }
+  const TaskFn call = [](const void* ctx, int64_t task) { (*static_cast<const F*>(ctx))(task); };
+  Pool* p = get();
+  std::unique_lock<std::mutex> owner(p->busy, std::try_to_lock);
+  if (!owner.owns_lock() || n - 1 > MAX_HELPERS || !g_enabled.load(std::memory_order_relaxed)) {
+    std::vector<std::thread> threads;  // another call holds the pool: threads of our own
+    for (int64_t t = 1; t < n; ++t) threads.emplace_back([&f, t] { f(t); });
+    f(0);
+    for (auto& th : threads) th.join();
+    return;
+  }
+  p->grow(n - 1);
+  const uint64_t gen = ++p->generation;
+  for (int64_t t = 1; t < n; ++t) {
+    Mailbox* box = p->boxes[t - 1];
+    box->fn = call;
+    box->ctx = &f;
+    box->task = t;
+    box->posted.store(gen);
+    if (box->sleeping.load()) {
+      std::lock_guard<std::mutex> lock(box->m);
+      box->cv.notify_one();
+    }
+  }
+  f(0);
+  for (int64_t t = 1; t < n; ++t) {
+    Mailbox* box = p->boxes[t - 1];
+    uint64_t expected = gen;
+    // A helper that has not woken yet (a busy host) does not hold the call up: its task runs here.
+    if (box->posted.compare_exchange_strong(expected, gen | CLAIMED, std::memory_order_acq_rel)) {
+      f(t);
+      continue;
+    }
+    for (int i = 0; box->done.load(std::memory_order_acquire) != gen; ++i) {
+      if (i < 100000) {
+        cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+}
+
+}  // namespace pool
+
+// The pool's helper count (threads started so far) and a no-op call that runs `n` empty
+// tasks over it: cpu_kernels.py's tests and benchmarks read the overhead of a call with them.
+extern "C" int64_t plimsoll_pool_threads() {
+  pool::Pool* p = pool::get();
+  std::lock_guard<std::mutex> lock(p->busy);
+  return static_cast<int64_t>(p->boxes.size());
+}
+
+extern "C" void plimsoll_pool_enable(int64_t on) { pool::g_enabled.store(on != 0); }
+
+extern "C" int64_t plimsoll_pool_noop(int64_t n, int64_t use_pool) {
+  std::atomic<int64_t> ran{0};
+  auto f = [&ran](int64_t) { ran.fetch_add(1); };
+  if (use_pool) {
+    pool::parallel(n, f);
+  } else {
+    std::vector<std::thread> threads;
+    for (int64_t t = 1; t < n; ++t) threads.emplace_back(f, t);
+    f(0);
+    for (auto& th : threads) th.join();
+  }
+  return ran.load();
+}
 
 namespace {
 
@@ -142,15 +334,11 @@ int paged_decode_attention(const float* q, const T* k_cache, const T* v_cache, c
   const Args<T> a{q, k_cache, v_cache, block_tables, context_lens, out,
                   num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale};
   const int64_t workers = std::max<int64_t>(1, std::min(num_threads, num_seqs));
-  auto run = [&a, num_seqs, workers](int64_t w) {
-    std::vector<float> scores;
+  pool::parallel(workers, [&a, num_seqs, workers](int64_t w) {
+    thread_local std::vector<float> scores;
     // Interleaved sequences: neighbours in a batch tend to have similar context lengths.
     for (int64_t b = w; b < num_seqs; b += workers) attend_seq(a, b, scores);
-  };
-  std::vector<std::thread> pool;
-  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(run, w);
-  run(0);
-  for (auto& th : pool) th.join();
+  });
   return 0;
 }
 
@@ -198,13 +386,9 @@ extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, c
   // A thread is worth starting only for a few hundred KB of W.
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 65536));
   const int64_t chunk = (n_len + workers - 1) / workers;
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < workers; ++i) {
-    const int64_t begin = std::min(n_len, i * chunk), end = std::min(n_len, (i + 1) * chunk);
-    pool.emplace_back(linear_rows, x, w, bias, y, m_len, begin, end, n_len, k_len);
-  }
-  linear_rows(x, w, bias, y, m_len, 0, std::min(n_len, chunk), n_len, k_len);
-  for (auto& t : pool) t.join();
+  pool::parallel(workers, [=](int64_t i) {
+    linear_rows(x, w, bias, y, m_len, std::min(n_len, i * chunk), std::min(n_len, (i + 1) * chunk), n_len, k_len);
+  });
   return 0;
 }
 
@@ -286,12 +470,9 @@ extern "C" int plimsoll_int8_linear_f32(const float* x, const int8_t* w, const f
   if (m_len <= 0 || n_len <= 0 || k_len <= 0 || group <= 0 || k_len % group != 0) return 1;
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 262144));
   const int64_t chunk = (n_len + workers - 1) / workers;
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < workers; ++i) {
-    const int64_t begin = std::min(n_len, i * chunk), end = std::min(n_len, (i + 1) * chunk);
-    pool.emplace_back(int8_linear_rows, x, w, scale, bias, y, m_len, begin, end, n_len, k_len, group);
-  }
-  int8_linear_rows(x, w, scale, bias, y, m_len, 0, std::min(n_len, chunk), n_len, k_len, group);
-  for (auto& t : pool) t.join();
+  pool::parallel(workers, [=](int64_t i) {
+    int8_linear_rows(x, w, scale, bias, y, m_len, std::min(n_len, i * chunk), std::min(n_len, (i + 1) * chunk),
+                     n_len, k_len, group);
+  });
   return 0;
 }
