@@ -476,3 +476,158 @@ extern "C" int plimsoll_int8_linear_f32(const float* x, const int8_t* w, const f
   });
   return 0;
 }
+
+// plimsoll_fused_decode_f32: every decoder layer of a decode step for a few sequences, one
+// call per step. Per layer: RMSNorm -> qkv matmul -> RoPE on q and k -> k and v stored in
+// their slots of the paged cache -> paged decode attention -> o_proj added to the residual
+// -> RMSNorm -> gate_up matmul with SiLU(gate) * up -> down added to the residual.
+// What it is: the plain Llama/SmolLM2 layer (no biases, no q/k norm, SiLU MLP) in float32,
+// with a float32 cache, for rows that are one decode token each (models/fused_decode.py
+// decides); the matmuls split by output rows over the pool as small_batch_linear does,
+// the norms, RoPE and stores run on the calling thread (microseconds at these sizes).
+// What it is not: prefill, LoRA, int8 weights or KV, biases, tensor parallelism.
+//
+// layers [L, 8] int64: addresses of input_layernorm.weight [hidden], qkv_proj.weight
+// [(H + 2 Hkv) D, hidden], o_proj.weight [hidden, H D], post_attention_layernorm.weight,
+// gate_up_proj.weight [2 I, hidden], down_proj.weight [hidden, I], k_cache, v_cache.
+// x [M, hidden] (in: embeddings, out: the last layer's output), cos/sin [M, D] (the
+// attention scaling already in), slots [M] int64 (-1: do not store), block_tables
+// [M, max_blocks] int32, context_lens [M] int32 (the new token included).
+namespace {
+
+template <bool Accumulate>
+void matmul_rows(const float* x, const float* w, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
+                 int64_t n_len, int64_t k_len) {
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const float* wn = w + n * k_len;
+    for (int64_t m = 0; m < m_len; ++m) {
+      const float* xm = x + m * k_len;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t k = 0; k < k_len; ++k) dot += xm[k] * wn[k];
+      if (Accumulate) {
+        y[m * n_len + n] += dot;
+      } else {
+        y[m * n_len + n] = dot;
+      }
+    }
+  }
+}
+
+int64_t split_for(int64_t n_len, int64_t k_len, int64_t num_threads) {
+  return std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 65536));
+}
+
+// y = x @ W.T (or y += x @ W.T) over the pool.
+template <bool Accumulate>
+void matmul(const float* x, const float* w, float* y, int64_t m_len, int64_t n_len, int64_t k_len,
+            int64_t num_threads) {
+  const int64_t workers = split_for(n_len, k_len, num_threads);
+  const int64_t chunk = (n_len + workers - 1) / workers;
+  pool::parallel(workers, [=](int64_t i) {
+    matmul_rows<Accumulate>(x, w, y, m_len, std::min(n_len, i * chunk), std::min(n_len, (i + 1) * chunk), n_len,
+                            k_len);
+  });
+}
+
+void rms_norm(const float* x, const float* weight, float* out, int64_t m_len, int64_t dim, float eps) {
+  for (int64_t m = 0; m < m_len; ++m) {
+    const float* xm = x + m * dim;
+    float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t d = 0; d < dim; ++d) sq += xm[d] * xm[d];
+    const float inv = 1.f / std::sqrt(sq / static_cast<float>(dim) + eps);
+    float* om = out + m * dim;
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) om[d] = xm[d] * inv * weight[d];
+  }
+}
+
+// x * cos + rotate_half(x) * sin for one head of D values (models/llama.apply_rope).
+void rope(const float* x, const float* cos, const float* sin, float* out, int64_t d_len) {
+  const int64_t half = d_len / 2;
+  for (int64_t d = 0; d < half; ++d) out[d] = x[d] * cos[d] - x[d + half] * sin[d];
+  for (int64_t d = half; d < d_len; ++d) out[d] = x[d] * cos[d] + x[d - half] * sin[d];
+}
+
+}  // namespace
+
+extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
+                                         const int64_t* slots, const int32_t* block_tables,
+                                         const int32_t* context_lens, int64_t m_len, int64_t num_layers,
+                                         int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                         int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
+                                         float eps, float scale, int64_t num_threads) {
+  if (m_len <= 0 || num_layers <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || head_dim % 2 != 0 ||
+      block_size <= 0)
+    return 1;
+  for (int64_t m = 0; m < m_len; ++m) {
+    if (context_lens[m] <= 0 || context_lens[m] > max_blocks * block_size) return 2;
+    if (slots[m] >= num_slots) return 3;
+  }
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  const int64_t qkv_size = q_size + 2 * kv_size;
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(m_len * (hidden + qkv_size + 2 * q_size + 3 * inter)));
+  float* h = scratch.data();        // [M, hidden]  normed input of a block
+  float* qkv = h + m_len * hidden;  // [M, qkv_size]
+  float* q = qkv + m_len * qkv_size;  // [M, H, D]  after RoPE
+  float* attn = q + m_len * q_size;   // [M, H, D]
+  float* gate_up = attn + m_len * q_size;  // [M, 2 I]
+  float* act = gate_up + m_len * 2 * inter;  // [M, I]
+  const int64_t attn_workers = std::max<int64_t>(1, std::min(num_threads, m_len));
+  const int64_t mlp_workers = split_for(2 * inter, hidden, num_threads);
+  const int64_t mlp_chunk = (inter + mlp_workers - 1) / mlp_workers;
+
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const int64_t* p = layers + l * 8;
+    const auto* in_norm = reinterpret_cast<const float*>(p[0]);
+    const auto* w_qkv = reinterpret_cast<const float*>(p[1]);
+    const auto* w_o = reinterpret_cast<const float*>(p[2]);
+    const auto* post_norm = reinterpret_cast<const float*>(p[3]);
+    const auto* w_gate_up = reinterpret_cast<const float*>(p[4]);
+    const auto* w_down = reinterpret_cast<const float*>(p[5]);
+    auto* k_cache = reinterpret_cast<float*>(p[6]);
+    auto* v_cache = reinterpret_cast<float*>(p[7]);
+
+    rms_norm(x, in_norm, h, m_len, hidden, eps);
+    matmul<false>(h, w_qkv, qkv, m_len, qkv_size, hidden, num_threads);
+    for (int64_t m = 0; m < m_len; ++m) {
+      const float* row = qkv + m * qkv_size;
+      const float* c = cos + m * head_dim;
+      const float* s = sin + m * head_dim;
+      for (int64_t hh = 0; hh < num_heads; ++hh)
+        rope(row + hh * head_dim, c, s, q + (m * num_heads + hh) * head_dim, head_dim);
+      if (slots[m] < 0) continue;
+      // Every row's KV is stored before any row attends (a sequence may read a block
+      // another one fills in this step), as the module path does.
+      float* k_dst = k_cache + slots[m] * kv_size;
+      for (int64_t hh = 0; hh < num_kv_heads; ++hh)
+        rope(row + q_size + hh * head_dim, c, s, k_dst + hh * head_dim, head_dim);
+      std::memcpy(v_cache + slots[m] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+    }
+    const Args<float> a{q, k_cache, v_cache, block_tables, context_lens, attn,
+                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale};
+    pool::parallel(attn_workers, [&a, m_len, attn_workers](int64_t w) {
+      thread_local std::vector<float> scores;
+      for (int64_t b = w; b < m_len; b += attn_workers) attend_seq(a, b, scores);
+    });
+    matmul<true>(attn, w_o, x, m_len, hidden, q_size, num_threads);
+
+    rms_norm(x, post_norm, h, m_len, hidden, eps);
+    // gate rows [i0, i1) and the same up rows in one task, then SiLU(gate) * up on them.
+    pool::parallel(mlp_workers, [=](int64_t t) {
+      const int64_t i0 = std::min(inter, t * mlp_chunk), i1 = std::min(inter, (t + 1) * mlp_chunk);
+      matmul_rows<false>(h, w_gate_up, gate_up, m_len, i0, i1, 2 * inter, hidden);
+      matmul_rows<false>(h, w_gate_up, gate_up, m_len, inter + i0, inter + i1, 2 * inter, hidden);
+      for (int64_t m = 0; m < m_len; ++m) {
+        const float* g = gate_up + m * 2 * inter;
+        const float* u = g + inter;
+        float* o = act + m * inter;
+        for (int64_t i = i0; i < i1; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      }
+    });
+    matmul<true>(act, w_down, x, m_len, hidden, inter, num_threads);
+  }
+  return 0;
+}
