@@ -42,11 +42,12 @@
 // What it is: threads created once per process (grown to the most any call asked for),
 // each with its own mailbox. A call posts one task per helper it needs, runs task 0
 // itself, then runs any task no helper has taken yet (so a host too busy to wake a helper
-// costs no more than running serially) and waits for the ones taken; a helper spins on its mailbox for ~SPIN_US after its
-// last task (a decode step calls a kernel every few tens of microseconds, so it is
-// usually still spinning when the next one comes) and then sleeps on a condition
-// variable. Starting and joining std::threads per call, as the kernels did before, cost
-// ~25-60 us a call, ~150 calls a decode step.
+// costs no more than running serially) and waits for the ones taken. A helper spins on
+// its mailbox for ~SPIN_US after its last task, yielding its core after the first
+// PAUSE_US (a decode step calls a kernel every few tens of microseconds, so it is usually
+// still awake for the next one), and then sleeps on a condition variable. Starting and
+// joining std::threads per call, as the kernels did before, cost ~50-100 us a call and
+// ~150 calls a decode step on a 2-core host.
 // Safe with several engines in one process: one call at a time owns the pool, and a
 // call that finds it busy starts its own threads (the old way) instead of waiting.
 // Safe across fork: the child (a template worker of `plimsoll serve`) has none of the
@@ -55,7 +56,8 @@
 // What it is not: a general task scheduler (no nesting, no work stealing).
 namespace pool {
 
-constexpr int64_t SPIN_US = 100;
+constexpr int64_t PAUSE_US = 20;
+constexpr int64_t SPIN_US = 200;
 constexpr int64_t MAX_HELPERS = 255;
 constexpr uint64_t CLAIMED = uint64_t{1} << 63;  // set in `posted` by whoever runs the task
 
@@ -88,11 +90,25 @@ void helper_loop(Mailbox* box) {
   for (;;) {
     uint64_t p = box->posted.load(std::memory_order_acquire);
     if (!fresh(p)) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(SPIN_US);
+      // Spin on the core for the first PAUSE_US, then yield it between looks: on a host with
+      // more runnable threads than cores (torch's OpenMP threads, other processes) a spinning
+      // helper must not hold a core that another thread needs.
+      const auto start = std::chrono::steady_clock::now();
+      const auto yield_after = start + std::chrono::microseconds(PAUSE_US);
+      const auto until = start + std::chrono::microseconds(SPIN_US);
+      bool yielding = false;
       for (int i = 0; !fresh(p); ++i) {
-        cpu_relax();
+        if (yielding) {
+          std::this_thread::yield();
+        } else {
+          cpu_relax();
+        }
         p = box->posted.load(std::memory_order_acquire);
-        if ((i & 63) == 63 && !fresh(p) && std::chrono::steady_clock::now() > until) break;
+        if ((yielding || (i & 63) == 63) && !fresh(p)) {
+          const auto now = std::chrono::steady_clock::now();
+          if (now > until) break;
+          yielding = now > yield_after;
+        }
       }
     }
     if (!fresh(p)) {
