@@ -174,3 +174,17 @@ def test_engine_greedy_identical_with_and_without(tiny_model_dir: Any, monkeypat
     assert stats[False][0] == 0 and stats[True][0] > 0
     assert stats[True][1] > 0
     assert outs[True] == outs[False]
+
+
+def test_without_the_kernels_one_warning_and_the_module_path(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(fused_decode.cpu_kernels, "library", lambda: None)
+    monkeypatch.setattr(fused_decode.cpu_kernels, "unavailable_reason", lambda: "not built: no C++ compiler")
+    monkeypatch.setattr(fused_decode, "_warned", False)
+    with caplog.at_level("WARNING", logger=fused_decode.__name__):
+        for _ in range(2):  # two models, one warning
+            model = random_model("llama")
+            assert forward(model, decode_batch(model, [5, 9], seed=3), True, monkeypatch)[2] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == fused_decode.__name__]
+    assert len(warnings) == 1 and "no C++ compiler" in warnings[0], warnings
