@@ -87,10 +87,12 @@ def main() -> None:
             engine.step()
         PHASES.clear()
         walls = []
+        cpu_kernels.fused_decode_timing(True)
         for _ in range(args.steps):
             t = time.perf_counter()
             engine.step()
             walls.append(time.perf_counter() - t)
+        fused_parts = cpu_kernels.fused_decode_timing(False)
         wall = statistics.median(walls) * 1e3
         print(f"\n## batch {b}: decode step {wall:.1f} ms (median of {args.steps}; mean {statistics.mean(walls) * 1e3:.1f})")
         accounted = 0.0
@@ -98,6 +100,9 @@ def main() -> None:
             ms = statistics.mean(times) * len(times) / args.steps * 1e3
             accounted += ms
             print(f"  {name:<32} {ms:7.1f} ms")
+            if name.startswith("model") and any(fused_parts.values()):
+                for part, total in fused_parts.items():  # inside the fused step's one native call
+                    print(f"    fused: {part:<24} {total / args.steps:7.2f} ms")
         print(f"  {'rest (outputs, bookkeeping)':<32} {statistics.mean(walls) * 1e3 - accounted:7.1f} ms")
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(args.profiled_steps):

@@ -144,6 +144,8 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_fused_decode_f32.argtypes = (
         [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 10 + [ctypes.c_float] * 2 + [ctypes.c_int64]
     )
+    lib.plimsoll_fused_decode_timing.restype = None
+    lib.plimsoll_fused_decode_timing.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     lib.plimsoll_pool_enable.restype = None
     lib.plimsoll_pool_enable.argtypes = [ctypes.c_int64]
     return lib
@@ -344,3 +346,17 @@ def fused_decode(
             f"fused decode rejected its inputs (code {rc}): heads {heads}/{kv_heads}, head_dim {head_dim}, "
             f"context lengths must be 1..{block_tables.shape[1] * block_size}, slots below {num_slots}"
         )
+
+
+FUSED_PARTS = ("norms, RoPE, KV store", "qkv matmul", "attention", "o_proj", "gate_up + SiLU*up", "down")
+
+
+def fused_decode_timing(on: bool | None) -> dict[str, float]:
+    """Milliseconds the fused step spent in each of ``FUSED_PARTS`` since timing was last
+    switched; ``on`` (True/False) then switches it and zeroes the sums (None leaves it)."""
+    lib = library()
+    if lib is None:
+        return {}
+    out = (ctypes.c_double * len(FUSED_PARTS))()
+    lib.plimsoll_fused_decode_timing(-1 if on is None else int(on), out)
+    return {name: ns / 1e6 for name, ns in zip(FUSED_PARTS, out, strict=True)}

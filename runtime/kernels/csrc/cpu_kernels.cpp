@@ -598,7 +598,34 @@ void rope(const float* x, const float* cos, const float* sin, float* out, int64_
   for (int64_t d = half; d < d_len; ++d) out[d] = x[d] * cos[d] + x[d - half] * sin[d];
 }
 
+// Time per part of the fused step, summed over calls while on (benchmarks/step_profile.py):
+// norms + RoPE + KV store, qkv, attention, o_proj, gate_up + SiLU, down; nanoseconds.
+constexpr int FUSED_PARTS = 6;
+std::atomic<bool> g_fused_timing{false};
+double g_fused_ns[FUSED_PARTS] = {};
+
+struct PartClock {
+  bool on = g_fused_timing.load(std::memory_order_relaxed);
+  std::chrono::steady_clock::time_point last = on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  void lap(int part) {
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    g_fused_ns[part] += std::chrono::duration<double, std::nano>(now - last).count();
+    last = now;
+  }
+};
+
 }  // namespace
+
+// on >= 0: switch the timing on (1) or off (0) and zero the sums; out (FUSED_PARTS doubles, or
+// null): the sums so far in nanoseconds. Timing is for one caller at a time (a benchmark).
+extern "C" void plimsoll_fused_decode_timing(int64_t on, double* out) {
+  if (out != nullptr) std::memcpy(out, g_fused_ns, sizeof g_fused_ns);
+  if (on >= 0) {
+    std::fill(g_fused_ns, g_fused_ns + FUSED_PARTS, 0.0);
+    g_fused_timing.store(on != 0);
+  }
+}
 
 extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
                                          const int64_t* slots, const int32_t* block_tables,
@@ -638,8 +665,11 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
     auto* k_cache = reinterpret_cast<float*>(p[6]);
     auto* v_cache = reinterpret_cast<float*>(p[7]);
 
+    PartClock clock;
     rms_norm(x, in_norm, h, m_len, hidden, eps);
+    clock.lap(0);
     matmul<false>(h, w_qkv, qkv, m_len, qkv_size, hidden, num_threads);
+    clock.lap(1);
     for (int64_t m = 0; m < m_len; ++m) {
       const float* row = qkv + m * qkv_size;
       const float* c = cos + m * head_dim;
@@ -654,15 +684,18 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
         rope(row + q_size + hh * head_dim, c, s, k_dst + hh * head_dim, head_dim);
       std::memcpy(v_cache + slots[m] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
     }
+    clock.lap(0);
     const Args<float> a{q, k_cache, v_cache, block_tables, context_lens, attn,
                         num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale};
     pool::parallel(attn_workers, [&a, m_len, attn_workers](int64_t w) {
       thread_local std::vector<float> scores;
       for (int64_t b = w; b < m_len; b += attn_workers) attend_seq(a, b, scores);
     });
+    clock.lap(2);
     matmul<true>(attn, w_o, x, m_len, hidden, q_size, num_threads);
-
+    clock.lap(3);
     rms_norm(x, post_norm, h, m_len, hidden, eps);
+    clock.lap(0);
     // gate rows [i0, i1) and the same up rows in one task, then SiLU(gate) * up on them.
     pool::parallel(mlp_workers, [=](int64_t t) {
       const int64_t i0 = std::min(inter, t * mlp_chunk), i1 = std::min(inter, (t + 1) * mlp_chunk);
@@ -675,7 +708,9 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
         for (int64_t i = i0; i < i1; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
       }
     });
+    clock.lap(4);
     matmul<true>(act, w_down, x, m_len, hidden, inter, num_threads);
+    clock.lap(5);
   }
   return 0;
 }
