@@ -96,7 +96,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="measured steps per variant and level")
     ap.add_argument("--prompt", type=int, default=160, help="context tokens before decoding starts")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument(
+        "--fused-max-rows", type=int, default=0,
+        help="with --compare fused: the most decode rows the fused step takes (0: fused_decode.MAX_ROWS)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.fused_max_rows:
+        fused_decode.MAX_ROWS = args.fused_max_rows
     if args.threads:
         torch.set_num_threads(args.threads)
     switch, off, on = COMPARISONS[args.compare]

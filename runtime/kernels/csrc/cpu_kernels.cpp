@@ -30,6 +30,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -43,7 +44,7 @@
 // each with its own mailbox. A call posts one task per helper it needs, runs task 0
 // itself, then runs any task no helper has taken yet (so a host too busy to wake a helper
 // costs no more than running serially) and waits for the ones taken. A helper spins on
-// its mailbox for ~SPIN_US after its last task, yielding its core after the first
+// its mailbox for ~200 us (PLIMSOLL_POOL_SPIN_US) after its last task, yielding its core after the first
 // PAUSE_US (a decode step calls a kernel every few tens of microseconds, so it is usually
 // still awake for the next one), and then sleeps on a condition variable. Starting and
 // joining std::threads per call, as the kernels did before, cost ~50-100 us a call and
@@ -56,8 +57,15 @@
 // What it is not: a general task scheduler (no nesting, no work stealing).
 namespace pool {
 
+// PLIMSOLL_POOL_SPIN_US (read when the pool starts) moves SPIN_US; 0: sleep right after each task.
+int64_t spin_us() {
+  static const int64_t us = [] {
+    const char* env = std::getenv("PLIMSOLL_POOL_SPIN_US");
+    return env != nullptr && *env != '\0' ? std::max<int64_t>(0, std::atoll(env)) : int64_t{200};
+  }();
+  return us;
+}
 constexpr int64_t PAUSE_US = 20;
-constexpr int64_t SPIN_US = 200;
 constexpr int64_t MAX_HELPERS = 255;
 constexpr uint64_t CLAIMED = uint64_t{1} << 63;  // set in `posted` by whoever runs the task
 
@@ -94,8 +102,8 @@ void helper_loop(Mailbox* box) {
       // more runnable threads than cores (torch's OpenMP threads, other processes) a spinning
       // helper must not hold a core that another thread needs.
       const auto start = std::chrono::steady_clock::now();
-      const auto yield_after = start + std::chrono::microseconds(PAUSE_US);
-      const auto until = start + std::chrono::microseconds(SPIN_US);
+      const auto until = start + std::chrono::microseconds(spin_us());
+      const auto yield_after = std::min(until, start + std::chrono::microseconds(PAUSE_US));
       bool yielding = false;
       for (int i = 0; !fresh(p); ++i) {
         if (yielding) {
