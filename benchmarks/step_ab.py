@@ -48,6 +48,11 @@ def _pool(on: bool) -> None:
     cpu_kernels.set_pool_enabled(on)
 
 
+def _step_overhead(on: bool) -> None:
+    _pool(on)
+    _fused(on)
+
+
 def _threads(on: bool) -> None:
     torch.set_num_threads(DEFAULT_THREADS if on else 1)
 
@@ -60,6 +65,7 @@ COMPARISONS: dict[str, tuple[Switch, str, str]] = {
     "small-batch": (_small_batch, "oneDNN", "small-batch kernel"),
     "attention": (_attention, "SDPA over gathered contexts", "decode-attention kernel"),
     "fused": (_fused, "layer by layer (modules)", "fused decode step"),
+    "overhead": (_step_overhead, "threads per call, layer by layer", "worker pool + fused decode step"),
     "pool": (_pool, "threads started per kernel call", "persistent worker pool"),
     "threads": (_threads, "1 intra-op thread", "torch's default threads"),
 }
