@@ -95,6 +95,7 @@ class FusedDecode:
         self.shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.hidden = int(model.config.hidden_size)
         self.inter = int(first.mlp.intermediate_size)
+        self._first_qkv = attn.qkv_proj
         self._addresses: torch.Tensor | None = None
         self._key: tuple[int, ...] = ()
 
@@ -140,6 +141,7 @@ class FusedDecode:
         if (
             not ENABLED
             or self.reason is not None
+            or self._first_qkv.lora is not None  # adapters attached after the first forward
             or not 0 < n <= MAX_ROWS
             or meta.max_q_len != 1
             or meta.context_lens.shape[0] != n
