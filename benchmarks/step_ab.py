@@ -6,6 +6,9 @@ on the same batch, alternating every step, and prints the median step time of ea
 A script that prints figures, not a test.
 
     PYTHONSAFEPATH=1 python benchmarks/step_ab.py --compare attention --levels 1,16,64
+
+``--compare pool`` first prints the cost of one kernel call (an empty split, a tiny matmul)
+with threads started per call against the persistent pool.
 """
 
 import argparse
@@ -20,7 +23,7 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.kernels import cpu_kernels
-from plimsoll.runtime.models import dense
+from plimsoll.runtime.models import dense, fused_decode
 
 Switch = Callable[[bool], None]
 
@@ -37,6 +40,19 @@ def _attention(on: bool) -> None:
     cpu_kernels.supports_attention = SUPPORTS_ATTENTION if on else (lambda *_: False)
 
 
+def _fused(on: bool) -> None:
+    fused_decode.ENABLED = on
+
+
+def _pool(on: bool) -> None:
+    cpu_kernels.set_pool_enabled(on)
+
+
+def _step_overhead(on: bool) -> None:
+    _pool(on)
+    _fused(on)
+
+
 def _threads(on: bool) -> None:
     torch.set_num_threads(DEFAULT_THREADS if on else 1)
 
@@ -48,8 +64,34 @@ COMPARISONS: dict[str, tuple[Switch, str, str]] = {
     "onednn": (_onednn, "MKL F.linear", "oneDNN"),
     "small-batch": (_small_batch, "oneDNN", "small-batch kernel"),
     "attention": (_attention, "SDPA over gathered contexts", "decode-attention kernel"),
+    "fused": (_fused, "layer by layer (modules)", "fused decode step"),
+    "overhead": (_step_overhead, "threads per call, layer by layer", "worker pool + fused decode step"),
+    "pool": (_pool, "threads started per kernel call", "persistent worker pool"),
     "threads": (_threads, "1 intra-op thread", "torch's default threads"),
 }
+
+
+def per_call_overhead(calls: int = 2000, rounds: int = 5) -> None:
+    """Microseconds per call of an empty split and of a tiny matmul (1 x 576 @ 576 x 576, SmolLM2's
+    o_proj), threads per call vs the pool, alternating rounds; medians over the rounds."""
+    x, w = torch.randn(1, 576), torch.randn(576, 576)
+    threads = torch.get_num_threads()
+    cases = {
+        f"empty call over {threads} threads": lambda: cpu_kernels.pool_noop(threads),
+        "small_batch_linear 1x576 @ 576x576": lambda: cpu_kernels.small_batch_linear(x, w, None),
+    }
+    for name, fn in cases.items():
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for variant in (False, True):
+                _pool(variant)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times[variant].append((time.perf_counter() - t0) / calls * 1e6)
+        a, b = (statistics.median(times[v]) for v in (False, True))
+        print(f"{name}: threads per call {a:6.1f} us | pool {b:6.1f} us | ratio {b / a:.2f}", flush=True)
+    _pool(True)
 
 
 def main() -> None:
@@ -60,7 +102,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="measured steps per variant and level")
     ap.add_argument("--prompt", type=int, default=160, help="context tokens before decoding starts")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument(
+        "--fused-max-rows", type=int, default=0,
+        help="with --compare fused: the most decode rows the fused step takes (0: fused_decode.MAX_ROWS)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.fused_max_rows:
+        fused_decode.MAX_ROWS = args.fused_max_rows
     if args.threads:
         torch.set_num_threads(args.threads)
     switch, off, on = COMPARISONS[args.compare]
@@ -68,6 +116,8 @@ def main() -> None:
         raise SystemExit(
             "the CPU kernels could not be built here (see the warning above); nothing to compare"
         )
+    if args.compare == "pool":
+        per_call_overhead()
     engine = LLMEngine(
         EngineConfig(
             model=args.model,
@@ -87,8 +137,10 @@ def main() -> None:
         while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
             engine.step()  # prefill until every sequence decodes
         times: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(args.steps):
-            for variant in (False, True):
+        for i in range(args.steps):
+            # ABBA order: a step that runs after the other variant's pays for its leftovers
+            # (caches, a helper thread still spinning) the same number of times in each variant.
+            for variant in (False, True) if i % 2 == 0 else (True, False):
                 switch(variant)
                 t0 = time.perf_counter()
                 engine.step()

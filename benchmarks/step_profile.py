@@ -7,7 +7,8 @@ head (``compute_logits``), sampling, and the rest (output processing), then prof
 steps with ``torch.profiler`` and prints the ops that take the most self CPU time per step and
 how many ops a step runs. It prints figures; it asserts nothing.
 
-Run: ``PYTHONSAFEPATH=1 python benchmarks/step_profile.py --levels 1,16``
+Run: ``PYTHONSAFEPATH=1 python benchmarks/step_profile.py --levels 1,16`` (``--baseline``: kernels
+that start threads per call and no fused decode step, the step as it was before them)
 """
 
 import argparse
@@ -24,6 +25,8 @@ from torch.profiler import ProfilerActivity, profile
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.kernels import cpu_kernels
+from plimsoll.runtime.models import fused_decode
 
 PHASES: dict[str, list[float]] = defaultdict(list)
 
@@ -50,9 +53,17 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument(
+        "--baseline", action="store_true",
+        help="the step as it was before the worker pool and the fused decode step: kernels start "
+        "threads per call, every layer runs as modules",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.baseline:
+        fused_decode.ENABLED = False
+        cpu_kernels.set_pool_enabled(False)
     engine = LLMEngine(
         EngineConfig(
             model=args.model, kv_cache_memory="1GiB", max_num_seqs=max(args.levels), enable_prefix_caching=False,
@@ -76,10 +87,12 @@ def main() -> None:
             engine.step()
         PHASES.clear()
         walls = []
+        cpu_kernels.fused_decode_timing(True)
         for _ in range(args.steps):
             t = time.perf_counter()
             engine.step()
             walls.append(time.perf_counter() - t)
+        fused_parts = cpu_kernels.fused_decode_timing(False)
         wall = statistics.median(walls) * 1e3
         print(f"\n## batch {b}: decode step {wall:.1f} ms (median of {args.steps}; mean {statistics.mean(walls) * 1e3:.1f})")
         accounted = 0.0
@@ -87,6 +100,9 @@ def main() -> None:
             ms = statistics.mean(times) * len(times) / args.steps * 1e3
             accounted += ms
             print(f"  {name:<32} {ms:7.1f} ms")
+            if name.startswith("model") and any(fused_parts.values()):
+                for part, total in fused_parts.items():  # inside the fused step's one native call
+                    print(f"    fused: {part:<24} {total / args.steps:7.2f} ms")
         print(f"  {'rest (outputs, bookkeeping)':<32} {statistics.mean(walls) * 1e3 - accounted:7.1f} ms")
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(args.profiled_steps):

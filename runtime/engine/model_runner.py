@@ -115,14 +115,24 @@ class ModelRunner:
             num_tokens += num_new
             last_rows.append(num_tokens - 1 if end == req.num_tokens + len(req.spec_token_ids) else -1)
         block_tables = torch.tensor(tables, dtype=torch.int32)  # [B, max_blocks]
-        q_lens_t = torch.tensor(q_lens, dtype=torch.int64)  # [B]
         ctx_t = torch.tensor(context_lens, dtype=torch.int64)  # [B]
-        cu_seqlens_q = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
-        torch.cumsum(q_lens_t, 0, out=cu_seqlens_q[1:])
-        seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens_t)  # [N]
-        # Token i of sequence b sits at position context_len[b] - q_len[b] + (i - cu[b]).
-        pos = torch.arange(num_tokens) + (ctx_t - q_lens_t - cu_seqlens_q[:-1])[seq_of_token]  # [N]
-        slot_mapping = block_tables[seq_of_token, pos // bs].long() * bs + pos % bs  # [N]
+        if min(q_lens) == max(q_lens) == 1:
+            # Decode only (one token per sequence, at position context_len - 1): the positions and
+            # slots straight from the lists, without the ~12 tensor ops of the general case below.
+            pos_list = [c - 1 for c in context_lens]
+            pos = torch.tensor(pos_list, dtype=torch.int64)
+            slot_mapping = torch.tensor(
+                [table[p // bs] * bs + p % bs for table, p in zip(tables, pos_list, strict=True)], dtype=torch.int64
+            )
+            cu_seqlens_q = torch.arange(len(q_lens) + 1, dtype=torch.int64)
+        else:
+            q_lens_t = torch.tensor(q_lens, dtype=torch.int64)  # [B]
+            cu_seqlens_q = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
+            torch.cumsum(q_lens_t, 0, out=cu_seqlens_q[1:])
+            seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens_t)  # [N]
+            # Token i of sequence b sits at position context_len[b] - q_len[b] + (i - cu[b]).
+            pos = torch.arange(num_tokens) + (ctx_t - q_lens_t - cu_seqlens_q[:-1])[seq_of_token]  # [N]
+            slot_mapping = block_tables[seq_of_token, pos // bs].long() * bs + pos % bs  # [N]
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev),

@@ -1,6 +1,6 @@
 """Float32 CPU kernels for decoding, from ``csrc/cpu_kernels.cpp``, built at first use.
 
-What it is: three functions with torch-shaped signatures.
+What it is: four functions with torch-shaped signatures, over one worker pool.
 - ``decode_attention``: the contract of ``sdpa.decode_attention`` (one
   query per sequence over its paged context). It reads K and V straight from their
   blocks; the torch path first gathers every context into a padded copy and then
@@ -12,6 +12,10 @@ What it is: three functions with torch-shaped signatures.
 - ``int8_linear``: the same for int8 weights with a scale (and an offset) per group of
   inputs of a row (``--quantization int8``, ``models/quant.py``): about a quarter of the
   bytes to stream.
+- ``fused_decode``: every layer of a plain Llama decode step for a few rows in one call
+  (``models/fused_decode.py`` decides when; the module path does the rest).
+The kernels split their work over a pool of threads started once per process (not per
+call; ``pool_threads``, ``pool_noop``), safe across fork and with several callers.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
 ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
 lock, loads it with ctypes (which releases the GIL during each call) and returns
@@ -133,7 +137,43 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
     lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
+    lib.plimsoll_pool_threads.restype = ctypes.c_int64
+    lib.plimsoll_pool_threads.argtypes = []
+    lib.plimsoll_pool_noop.restype = ctypes.c_int64
+    lib.plimsoll_pool_noop.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.plimsoll_fused_decode_f32.restype = ctypes.c_int
+    lib.plimsoll_fused_decode_f32.argtypes = (
+        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 10 + [ctypes.c_float] * 2 + [ctypes.c_int64]
+    )
+    lib.plimsoll_fused_decode_timing.restype = None
+    lib.plimsoll_fused_decode_timing.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+    lib.plimsoll_pool_enable.restype = None
+    lib.plimsoll_pool_enable.argtypes = [ctypes.c_int64]
     return lib
+
+
+def set_pool_enabled(on: bool) -> None:
+    """Off: every kernel call starts and joins its own threads, as before the pool (for A/B timing only)."""
+    lib = library()
+    if lib is not None:
+        lib.plimsoll_pool_enable(int(on))
+
+
+def pool_threads() -> int:
+    """Helper threads the kernels' worker pool has started in this process (0 before the first
+    call that splits its work, or where the kernels are not built)."""
+    lib = library()
+    return 0 if lib is None else int(lib.plimsoll_pool_threads())
+
+
+def pool_noop(tasks: int, use_pool: bool = True) -> int:
+    """Run ``tasks`` empty tasks over the worker pool (or, ``use_pool=False``, over threads
+    started for the call, as the kernels did before the pool); returns how many ran.
+    What a call costs before any work: ``benchmarks/step_ab.py --compare pool`` times it."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available")
+    return int(lib.plimsoll_pool_noop(tasks, int(use_pool)))
 
 
 def _float32_cpu(*tensors: torch.Tensor) -> bool:
@@ -294,3 +334,48 @@ def decode_attention(
             f"block_size {block_size}, context lengths must be 1..{tables.shape[1] * block_size}"
         )
     return out
+
+
+def fused_decode(
+    x: torch.Tensor,  # [M, hidden] float32: embeddings in, the last layer's output out (in place)
+    layers: torch.Tensor,  # [L, 8] int64 addresses (see csrc: norms, qkv, o, gate_up, down, k/v cache)
+    cos: torch.Tensor,  # [M, D]
+    sin: torch.Tensor,  # [M, D]
+    slot_mapping: torch.Tensor,  # [M] int64
+    block_tables: torch.Tensor,  # [M, max_blocks] int32
+    context_lens: torch.Tensor,  # [M] int32
+    dims: tuple[int, int, int, int, int, int, int],  # hidden, H, Hkv, D, intermediate, block_size, num_slots
+    eps: float,
+    scale: float,
+) -> None:
+    """All decoder layers of a decode step on ``x`` in place; the caller (``models/fused_decode.py``)
+    has checked that the model and the step fit and keeps the tensors alive."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available")
+    hidden, heads, kv_heads, head_dim, inter, block_size, num_slots = dims
+    rc = lib.plimsoll_fused_decode_f32(
+        x.data_ptr(), layers.data_ptr(), cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
+        block_tables.data_ptr(), context_lens.data_ptr(), x.shape[0], layers.shape[0], hidden, heads,
+        kv_heads, head_dim, inter, block_size, block_tables.shape[1], num_slots, eps, scale,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(
+            f"fused decode rejected its inputs (code {rc}): heads {heads}/{kv_heads}, head_dim {head_dim}, "
+            f"context lengths must be 1..{block_tables.shape[1] * block_size}, slots below {num_slots}"
+        )
+
+
+FUSED_PARTS = ("norms, RoPE, KV store", "qkv matmul", "attention", "o_proj", "gate_up + SiLU*up", "down")
+
+
+def fused_decode_timing(on: bool | None) -> dict[str, float]:
+    """Milliseconds the fused step spent in each of ``FUSED_PARTS`` since timing was last
+    switched; ``on`` (True/False) then switches it and zeroes the sums (None leaves it)."""
+    lib = library()
+    if lib is None:
+        return {}
+    out = (ctypes.c_double * len(FUSED_PARTS))()
+    lib.plimsoll_fused_decode_timing(-1 if on is None else int(on), out)
+    return {name: ns / 1e6 for name, ns in zip(FUSED_PARTS, out, strict=True)}

@@ -17,6 +17,7 @@ from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 from plimsoll.runtime.models.dense import Linear, linear
+from plimsoll.runtime.models.fused_decode import FusedDecode
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -186,6 +187,7 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._fused: FusedDecode | None = None  # built at the first forward (after LoRA, TP, int8)
 
     def forward(
         self,
@@ -197,9 +199,13 @@ class LlamaForCausalLM(nn.Module):
         paged_attention: PagedAttention,
     ) -> torch.Tensor:  # [N, hidden]
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(positions, x.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, meta, store_kv, paged_attention)
+        cos, sin = self.model.rotary_emb(positions, x.dtype)  # once per step, for every layer
+        if self._fused is None:
+            self._fused = FusedDecode(self)
+        # A few decode rows on CPU in float32: every layer in one native call (models/fused_decode.py).
+        if not self._fused.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention):
+            for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+                x = layer(x, cos, sin, kv_cache, meta, store_kv, paged_attention)
         hidden: torch.Tensor = self.model.norm(x)
         return hidden
 

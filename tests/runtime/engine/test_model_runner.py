@@ -1,5 +1,7 @@
 """ModelRunner.prepare: the tensor-built step metadata equals a per-token Python reference."""
 
+from typing import Any
+
 import torch
 
 from plimsoll.runtime.engine.model_runner import ModelRunner
@@ -32,6 +34,35 @@ def test_prepare_matches_per_token_reference() -> None:
             booked(6, 0, 6, 2, [10, 12]),  # last chunk of a prompt: samples
         ]
     )
+    _, _, meta, last_rows = check_against_reference(runner, sched, bs)
+    assert meta.block_tables.tolist() == [
+        [7, 2, 9, -1, -1],
+        [4, 0, 5, -1, -1],
+        [1, 3, 6, 8, 11],
+        [10, 12, -1, -1, -1],
+    ]
+    assert meta.max_q_len == 10
+    assert last_rows == [9, 10, -1, 16]
+
+
+def test_decode_only_steps_take_the_list_path_and_match_too() -> None:
+    # One token per sequence: positions and slots are built from the lists, not tensor ops.
+    bs = 4
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.block_size, runner.device = bs, torch.device("cpu")
+    sched = SchedulerOutput(
+        scheduled=[
+            booked(9, 3, 12, 1, [4, 0, 5]),  # the last slot of a block
+            booked(9, 4, 13, 1, [4, 0, 5, 8]),  # the first slot of a new block
+            booked(1, 0, 1, 1, [6]),  # a one-token prompt
+        ]
+    )
+    _, _, meta, last_rows = check_against_reference(runner, sched, bs)
+    assert meta.max_q_len == 1 and last_rows == [0, 1, 2]
+    assert meta.slot_mapping.tolist() == [5 * 4 + 3, 8 * 4 + 0, 6 * 4 + 0]
+
+
+def check_against_reference(runner: ModelRunner, sched: SchedulerOutput, bs: int) -> tuple[Any, ...]:
     ids, pos, meta, last_rows = runner.prepare(sched)
     exp_ids, exp_pos, exp_slots, cu, exp_last = [], [], [], [0], []
     for req, n in sched.scheduled:
@@ -46,11 +77,5 @@ def test_prepare_matches_per_token_reference() -> None:
     assert meta.slot_mapping.tolist() == exp_slots and meta.slot_mapping.dtype == torch.int64
     assert meta.cu_seqlens_q.tolist() == cu
     assert meta.context_lens.tolist() == [req.num_computed_tokens for req, _ in sched.scheduled]
-    assert meta.block_tables.tolist() == [
-        [7, 2, 9, -1, -1],
-        [4, 0, 5, -1, -1],
-        [1, 3, 6, 8, 11],
-        [10, 12, -1, -1, -1],
-    ]
-    assert meta.max_q_len == 10
-    assert last_rows == exp_last == [9, 10, -1, 16]
+    assert last_rows == exp_last
+    return ids, pos, meta, last_rows

@@ -1,0 +1,190 @@
+"""The fused CPU decode step (``models/fused_decode.py``) against the module path.
+
+On tiny random Llama and Mistral models (llama3 RoPE, GQA, random norm weights): the
+hidden states and the KV written by one decode step agree within fp32 rounding for ragged
+contexts, contexts that end on a block edge and just past one, shuffled block tables,
+batches of 1 to 4. Steps it must not take (prefill or mixed rows, more than four rows,
+an int8 cache, Qwen2's biases, Qwen3's q/k norm, the switch off) leave the module path
+in charge. Through the engine: greedy output identical with and without it on mixed
+prompts under prefix-cache hits, preemption and chunked prefill.
+"""
+
+import random
+import shutil
+from typing import Any
+
+import pytest
+import torch
+from tiny_models import tiny_config
+
+from plimsoll.runtime.attention import sdpa
+from plimsoll.runtime.attention.backends import AttentionMetadata
+from plimsoll.runtime.models import fused_decode
+from plimsoll.runtime.models.llama import LlamaForCausalLM
+
+pytestmark = pytest.mark.skipif(
+    (shutil.which("c++") or shutil.which("g++")) is None, reason="no C++ compiler to build the kernels"
+)
+BLOCK = 4
+NUM_BLOCKS = 40
+REAL_KERNEL = fused_decode.cpu_kernels.fused_decode
+
+
+def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The fused kernel, still run, with each call recorded in the returned list."""
+    calls: list[int] = []
+
+    def counted(*args: Any) -> None:
+        calls.append(1)
+        REAL_KERNEL(*args)
+
+    monkeypatch.setattr(fused_decode.cpu_kernels, "fused_decode", counted)
+    return calls
+
+
+def random_model(arch: str) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(arch)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    return model
+
+
+def decode_batch(model: LlamaForCausalLM, contexts: list[int], seed: int) -> tuple[Any, ...]:
+    """One decode row per sequence: its new token sits at position ``ctx - 1``."""
+    rng = random.Random(seed)
+    attn = model.model.layers[0].self_attn
+    shape = (NUM_BLOCKS, BLOCK, attn.num_kv_heads, attn.head_dim)
+    caches = [(torch.randn(shape), torch.randn(shape)) for _ in model.model.layers]
+    free = list(range(NUM_BLOCKS))
+    rng.shuffle(free)
+    max_blocks = max(-(-c // BLOCK) for c in contexts) + 1  # one spare -1 column
+    tables, slots = [], []
+    for ctx in contexts:
+        blocks = [free.pop() for _ in range(-(-ctx // BLOCK))]
+        tables.append(blocks + [-1] * (max_blocks - len(blocks)))
+        slots.append(blocks[(ctx - 1) // BLOCK] * BLOCK + (ctx - 1) % BLOCK)
+    n = len(contexts)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32),
+        context_lens=torch.tensor(contexts, dtype=torch.int32),
+        max_q_len=1,
+    )
+    ids = torch.tensor([rng.randrange(model.config.vocab_size) for _ in contexts])
+    positions = torch.tensor([c - 1 for c in contexts])
+    return ids, positions, caches, meta
+
+
+def forward(model: LlamaForCausalLM, batch: tuple[Any, ...], fused: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    ids, positions, caches, meta = batch
+    caches = [(k.clone(), v.clone()) for k, v in caches]
+    monkeypatch.setattr(fused_decode, "ENABLED", fused)
+    calls = count_kernel_calls(monkeypatch)
+    with torch.inference_mode():
+        hidden = model(ids, positions, caches, meta, sdpa.store_kv, sdpa.paged_attention)
+    return hidden, caches, len(calls)
+
+
+CONTEXTS = {
+    "one token": [1],
+    "one sequence on a block edge": [8],
+    "one sequence past a block edge": [9],
+    "ragged four": [13, 4, 5, 27],
+    "ragged three, long": [70, 2, 33],
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("case", sorted(CONTEXTS))
+def test_fused_step_equals_the_module_path(arch: str, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(arch)
+    batch = decode_batch(model, CONTEXTS[case], seed=len(case))
+    want, want_caches, _ = forward(model, batch, False, monkeypatch)
+    got, got_caches, calls = forward(model, batch, True, monkeypatch)
+    assert calls == 1, model._fused.reason if model._fused else "not built"
+    err = (got - want).abs().max().item()
+    print(f"{arch} {case}: max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})")
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
+        torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)  # the new token's K, after RoPE
+        torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
+
+
+def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model("llama")
+    five = decode_batch(model, [3, 4, 5, 6, 7], seed=1)
+    assert forward(model, five, True, monkeypatch)[2] == 0  # above MAX_ROWS: oneDNN's matmuls win
+
+    ids, positions, caches, meta = decode_batch(model, [6, 9], seed=2)
+    # A mixed step: the first sequence's last 3 tokens (prefill) and one decode row.
+    mixed = AttentionMetadata(
+        slot_mapping=torch.cat((meta.slot_mapping[:1] - 2, meta.slot_mapping[:1] - 1, meta.slot_mapping)),
+        block_tables=meta.block_tables,
+        cu_seqlens_q=torch.tensor([0, 3, 4], dtype=torch.int32),
+        context_lens=meta.context_lens,
+        max_q_len=3,
+    )
+    mixed_batch = (torch.cat((ids[:1], ids[:1], ids)), torch.cat((positions[:1] - 2, positions[:1] - 1, positions)))
+    assert forward(model, (*mixed_batch, caches, mixed), True, monkeypatch)[2] == 0
+
+    int8 = [(k.to(torch.int8), v.to(torch.int8)) for k, v in caches]
+    with torch.inference_mode():
+        assert not model._fused.run(
+            model.model.embed_tokens(ids), *model.model.rotary_emb(positions, torch.float32), int8, meta,
+            sdpa.store_kv, sdpa.paged_attention,
+        )  # fmt: skip
+    assert forward(model, (ids, positions, caches, meta), False, monkeypatch)[2] == 0  # PLIMSOLL_FUSED_DECODE=0
+
+
+@pytest.mark.parametrize(("arch", "reason"), [("qwen2", "biases"), ("qwen3", "q/k norm")])
+def test_models_it_does_not_cover_say_why(arch: str, reason: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(arch)
+    batch = decode_batch(model, [5, 9], seed=3)
+    assert forward(model, batch, True, monkeypatch)[2] == 0
+    assert model._fused is not None and reason in str(model._fused.reason)
+
+
+def mixed_prompts(seed: int, count: int = 12) -> list[list[int]]:
+    """Short and long; some share a 40-token head (prefix-cache hits)."""
+    rng = random.Random(seed)
+    head = [rng.randrange(3, 259) for _ in range(40)]
+    return [(head if i % 3 == 0 else []) + [rng.randrange(3, 259) for _ in range(rng.randrange(2, 70))] for i in range(count)]
+
+
+def test_engine_greedy_identical_with_and_without(tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plimsoll.runtime import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = mixed_prompts(4)
+    outs, stats = {}, {}
+    for fused in (False, True):
+        monkeypatch.setattr(fused_decode, "ENABLED", fused)
+        # 14 blocks of 16 for 12 sequences of up to ~134 tokens, 4 at a time: preemption is certain.
+        llm = LLM(
+            model=str(tiny_model_dir("llama")), kv_cache_memory=14 * 16 * 512, max_model_len=224,
+            max_num_seqs=4, max_num_batched_tokens=48, enable_prefix_caching=True,
+        )  # fmt: skip
+        calls = count_kernel_calls(monkeypatch)
+        outs[fused] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        stats[fused] = (len(calls), llm.engine.scheduler.total_preemptions)
+    print(f"fused steps, preemptions: off {stats[False]}, on {stats[True]}")
+    assert stats[False][0] == 0 and stats[True][0] > 0
+    assert stats[True][1] > 0
+    assert outs[True] == outs[False]
+
+
+def test_without_the_kernels_one_warning_and_the_module_path(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(fused_decode.cpu_kernels, "library", lambda: None)
+    monkeypatch.setattr(fused_decode.cpu_kernels, "unavailable_reason", lambda: "not built: no C++ compiler")
+    monkeypatch.setattr(fused_decode, "_warned", False)
+    with caplog.at_level("WARNING", logger=fused_decode.__name__):
+        for _ in range(2):  # two models, one warning
+            model = random_model("llama")
+            assert forward(model, decode_batch(model, [5, 9], seed=3), True, monkeypatch)[2] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == fused_decode.__name__]
+    assert len(warnings) == 1 and "no C++ compiler" in warnings[0], warnings
