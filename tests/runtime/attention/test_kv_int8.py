@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_attention_sdpa import CASES, make_batch
+from attention_batches import CASES, make_batch
 
 from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention import reference as attention_torch

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_attention_sdpa import make_batch
+from attention_batches import make_batch
 from torch.nn import functional as F
 
 from plimsoll.runtime.attention import reference as attention_torch
