@@ -82,6 +82,15 @@ def test_window_percentiles_name_the_bound_they_break() -> None:
     assert values["ttft_p95"] > 500 and broken == [f"TTFT P95 {values['ttft_p95']:.0f} > 500 ms"]
     values, broken = window_percentiles(records[:18], SLO(ttft_p95_ms=500.0))
     assert values["ttft_p95"] == pytest.approx(100.0) and broken == []
+    # One failure in 40 is a share below 5%: the p95 stays where the successes put it.
+    fast = [RequestRecord(i, 0.0, first_token=0.1, end=1.0, measured=True) for i in range(39)]
+    failed = RequestRecord(99, 0.0, end=1.0, error_kind="timeout", measured=True)
+    values, broken = window_percentiles([*fast, failed], SLO(ttft_p95_ms=500.0))
+    assert values["ttft_p95"] == pytest.approx(100.0) and broken == []
+    # Four of ten failed: the p95 reaches into them and the window says so.
+    _, broken = window_percentiles([*fast[:6], *[failed] * 4], SLO(ttft_p95_ms=500.0))
+    assert broken == ["TTFT P95: 4 of 10 requests failed"]
+    assert window_percentiles([*fast[:6], *[failed] * 4], SLO())[1] == ["4 of 10 requests failed"]
 
 
 @pytest.mark.slow
