@@ -440,6 +440,7 @@ def soak(
     ignore_eos: bool = IGNORE_EOS,
     seed: int = SEED,
     max_client_lag_ms: float = MAX_LAG,
+    max_error_rate: float = MAX_ERRORS,
     output: Path | None = OUTPUT,
 ) -> None:
     """Steady load for a long time: latency and server KV/memory per window, upward drift flagged."""

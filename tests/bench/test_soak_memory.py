@@ -8,7 +8,9 @@ from typer.testing import CliRunner
 from plimsoll.bench.simulator import ServiceCurve, running_simulator
 from plimsoll.cli import app
 
-SOAK = ["--input-tokens", "8", "--output-tokens", "4", "--max-client-lag-ms", "1000"]
+# The tiny random model's byte-level tokens can decode to no text at all (partial UTF-8), which
+# bench counts as an "empty" response; a few of those must not void a test about memory series.
+SOAK = ["--input-tokens", "8", "--output-tokens", "4", "--max-client-lag-ms", "1000", "--max-error-rate", "0.2"]
 
 
 def soak(url: str, out: Path) -> tuple[int, str, dict]:
