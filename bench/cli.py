@@ -125,6 +125,9 @@ def execute(
 
     async def main() -> tuple[dict[str, Any], list[Any]]:
         session = await BenchSession.open(cfg)
+        # Ctrl-C: asyncio.run cancels this task and raises KeyboardInterrupt (a second Ctrl-C raises
+        # it at once); either way the finished levels of this session are written as partial.
+        partial.update(session=session)
         try:
             live = Live(cfg, err)
             if kind in ("sweep", "run"):
@@ -132,10 +135,6 @@ def execute(
             with live.running():
                 report = await body(session, live)
             return report, session.runs
-        except asyncio.CancelledError:
-            # Ctrl-C: asyncio.run cancels this task, then raises KeyboardInterrupt.
-            partial.update(session=session)
-            raise
         finally:
             await session.aclose()
 
@@ -441,6 +440,7 @@ def soak(
     seed: int = SEED,
     max_client_lag_ms: float = MAX_LAG,
     max_error_rate: float = MAX_ERRORS,
+    min_concurrency_ratio: float = MIN_CONC,
     output: Path | None = OUTPUT,
 ) -> None:
     """Steady load for a long time: latency and server KV/memory per window, upward drift flagged."""
