@@ -24,7 +24,6 @@ recommendation above what the sweep found.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -80,7 +79,8 @@ def window_percentiles(finished: list[RequestRecord], slo: SLO) -> tuple[dict[st
     failed = sum(1 for r in finished if not r.ok)
 
     def samples(get: Callable[[RequestRecord], float | None]) -> list[float]:
-        return [FAILED_MS if not r.ok or get(r) is None else float(get(r) or 0.0) * 1e3 for r in finished]
+        values = [get(r) if r.ok else None for r in finished]
+        return [FAILED_MS if v is None else v * 1e3 for v in values]
 
     checks = (
         ("ttft_p95", slo.ttft_p95_ms, 95, lambda r: r.ttft),
@@ -118,22 +118,15 @@ def _server_load(samples: list[Snapshot], lo: float, hi: float) -> dict[str, Any
 def reference_step_ms(levels: list[dict[str, Any]], concurrency: int) -> float | None:
     """The server's mean step time the sweep measured at ``concurrency`` (linear between the levels
     around it, the nearest level outside them); None when the sweep has no server figures."""
-    points = sorted(
-        (float(lv["concurrency"]), float(load["step_time_ms"]))
-        for lv in levels
-        if lv.get("valid") and lv.get("concurrency") is not None
-        for load in [((lv.get("server") or {}).get("load") or {})]
-        if load.get("step_time_ms")
-    )
+    points = []
+    for lv in levels:
+        load = (lv.get("server") or {}).get("load") or {}
+        if lv.get("valid") and lv.get("concurrency") is not None and load.get("step_time_ms"):
+            points.append((float(lv["concurrency"]), float(load["step_time_ms"])))
     if not points:
         return None
-    c = float(concurrency)
-    if c <= points[0][0]:
-        return points[0][1]
-    for (c0, s0), (c1, s1) in itertools.pairwise(points):
-        if c0 <= c <= c1:
-            return s0 + (s1 - s0) * (c - c0) / (c1 - c0) if c1 > c0 else s0
-    return points[-1][1]
+    xs, ys = zip(*sorted(points), strict=True)
+    return float(np.interp(concurrency, xs, ys))  # held at the end levels outside them
 
 
 def disturbance(step_ms: float | None, reference_ms: float | None) -> str | None:
