@@ -2,16 +2,24 @@
 
 What it is: ``Linear``, an ``nn.Linear`` (same parameters, same state dict) whose
 forward, for a float32 CPU input, calls ``cpu_kernels.small_batch_linear`` when it has
-at most a few rows, oneDNN's matmul up to 64 rows (decode), ``F.linear`` above.
+at most a few rows and oneDNN's matmul for every other row count, decode and prefill.
 Why: torch's ``F.linear`` on CPU goes to MKL, which runs the small-batch shapes of
 decoding (1 to 64 rows against a weight of 576-49,152 outputs) on one thread and at
-a fraction of the memory bandwidth, on the AMD host this project measures on.
-oneDNN splits them over the intra-op threads: ``python benchmarks/engine_workloads.py
---workload gemm`` prints both side by side (figures in docs/bench.md).
+a fraction of the memory bandwidth on the AMD hosts this project measures on, and on
+an AVX-512 AMD host (Zen 4/5) runs prefill-sized matmuls at about half oneDNN's rate
+too (MKL takes its AVX2 path there). ``python benchmarks/engine_workloads.py --workload
+gemm`` prints them side by side (figures in docs/bench.md and docs/runtime.md).
+
+oneDNN builds and caches one primitive per distinct matmul shape, ~0.9 MiB each for
+SmolLM2's shapes (unbucketed, 256 row counts × 4 shapes grew RSS by 666 MiB). So rows
+are padded up to a multiple of ``ONEDNN_ROW_BUCKET`` and a matmul of more than
+``ONEDNN_CHUNK_ROWS`` rows runs in chunks of that many: at most
+``ONEDNN_CHUNK_ROWS / ONEDNN_ROW_BUCKET`` primitives per weight shape, which
+``prime_onednn`` builds at warm-up so memory stops growing before the first request.
 What it is not: quantisation, weight packing, or a GPU path (CUDA keeps ``F.linear``).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -19,14 +27,43 @@ from torch.nn import functional as F
 
 from plimsoll.runtime.kernels import cpu_kernels
 
-# Decode-sized matmuls go to oneDNN; prefill-sized ones (where MKL is as fast) stay with
-# F.linear, which keeps the number of cached oneDNN primitives, and their memory, bounded.
-ONEDNN_MAX_ROWS = 64
+# Rows padded to a multiple of this, so the row counts of decode and prefill share primitives.
 ONEDNN_ROW_BUCKET = 16
+# Larger matmuls run in chunks of this many rows (oneDNN's rate is flat from ~128 rows on).
+ONEDNN_CHUNK_ROWS = 256
 # The op inductor's CPU backend emits for linear layers; absent from builds without oneDNN.
 _ONEDNN = bool(torch.backends.mkldnn.is_available()) and hasattr(  # type: ignore[no-untyped-call]
     torch.ops.mkldnn, "_linear_pointwise"
 )
+
+_mkldnn_linear = torch.ops.mkldnn._linear_pointwise if _ONEDNN else None
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.shape[0]
+    x = x.contiguous()
+    if rows > ONEDNN_CHUNK_ROWS:
+        out = x.new_empty(rows, weight.shape[0])
+        for start in range(0, rows, ONEDNN_CHUNK_ROWS):
+            stop = min(rows, start + ONEDNN_CHUNK_ROWS)
+            out[start:stop] = _onednn_linear(x[start:stop], weight, bias)
+        return out
+    padded = -(-rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
+    if padded != rows:
+        x = torch.cat((x, x.new_zeros(padded - rows, x.shape[1])))
+    assert _mkldnn_linear is not None  # uses_onednn said so
+    result: torch.Tensor = _mkldnn_linear(x, weight, bias, "none", [], "")
+    return result[:rows]
+
+
+def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        _ONEDNN
+        and x.dim() == 2
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and x.shape[0] > 0
+    )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,22 +71,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if cpu_kernels.supports_linear(x, weight, bias):
         small: torch.Tensor = cpu_kernels.small_batch_linear(x, weight, bias)
         return small
-    rows = x.shape[0]
-    if (
-        _ONEDNN
-        and x.dim() == 2
-        and rows <= ONEDNN_MAX_ROWS
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-    ):
-        # oneDNN caches one primitive (~0.2-0.8 MiB here) per distinct row count: rows are
-        # padded to a multiple of ONEDNN_ROW_BUCKET so decode batches share a few of them.
-        padded = -(-rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
-        if padded != rows:
-            x = torch.cat((x, x.new_zeros(padded - rows, x.shape[1])))
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-        return out[:rows]
+    if uses_onednn(x, weight):
+        return _onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def prime_onednn(
+    weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]], max_rows: int, min_rows: int = ONEDNN_ROW_BUCKET
+) -> int:
+    """Build oneDNN's primitive for each distinct (weight shape, bias) and padded row count up to
+    ``max_rows`` (capped at ``ONEDNN_CHUNK_ROWS``), from ``min_rows`` on, now, so serving allocates
+    none later. Returns
+    how many matmuls it ran; 0 where oneDNN is not used (no oneDNN, not float32 on CPU)."""
+    seen: set[tuple[tuple[int, ...], bool]] = set()
+    ran = 0
+    top = min(max_rows, ONEDNN_CHUNK_ROWS)
+    for weight, bias in weights:
+        key = (tuple(weight.shape), bias is not None)
+        if key in seen or weight.dim() != 2:
+            continue
+        seen.add(key)
+        first = -(-min_rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
+        for rows in range(first, top + ONEDNN_ROW_BUCKET, ONEDNN_ROW_BUCKET):
+            x = weight.new_zeros(rows, weight.shape[1])
+            if not uses_onednn(x, weight):
+                return ran
+            _onednn_linear(x, weight, bias)
+            ran += 1
+    return ran
 
 
 class Linear(nn.Linear):

@@ -16,7 +16,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
-from plimsoll.runtime.models.dense import Linear, linear
+from plimsoll.runtime.models.dense import Linear, linear, prime_onednn
 from plimsoll.runtime.models.fused_decode import FusedDecode
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -214,6 +214,41 @@ class LlamaForCausalLM(nn.Module):
             return linear(hidden, self.model.embed_tokens.weight)
         logits: torch.Tensor = self.lm_head(hidden)  # a Linear, or an Int8Linear (models/quant.py)
         return logits
+
+
+    def prime_matmuls(self, max_tokens: int, max_logit_rows: int) -> int:
+        """Build the CPU matmul primitives every step shape will need (``dense.prime_onednn``): the
+        layers' for up to ``max_tokens`` rows, the output head's for up to ``max_logit_rows``. An int8
+        layer dequantises above its kernel's rows, so its float shape is primed from there on.
+        Returns the matmuls run (0 off CPU float32)."""
+        from plimsoll.runtime.models.quant import KERNEL_MAX_ROWS, Int8Linear
+
+        float_dtype = self.model.norm.weight.dtype
+        ran = 0
+
+        def prime(module: nn.Module, max_rows: int) -> int:
+            if isinstance(module, Linear):
+                return prime_onednn([(module.weight, module.bias)], max_rows)
+            if isinstance(module, Int8Linear):
+                shape = (module.qweight.shape[0], module.qweight.shape[1])
+                stand_in = torch.empty(shape, dtype=float_dtype)  # primitives are per shape, not per tensor
+                return prime_onednn([(stand_in, module.bias)], max_rows, min_rows=KERNEL_MAX_ROWS + 1)
+            return 0
+
+        seen: set[tuple[type, tuple[int, ...], bool]] = set()
+        for module in self.model.layers.modules():
+            weight = getattr(module, "weight", None) if isinstance(module, Linear) else getattr(module, "qweight", None)
+            if weight is None:
+                continue
+            key = (type(module), tuple(weight.shape), getattr(module, "bias", None) is not None)
+            if key not in seen:
+                seen.add(key)
+                ran += prime(module, max_tokens)
+        if self.tie_word_embeddings:
+            ran += prime_onednn([(self.model.embed_tokens.weight, None)], max_logit_rows)
+        else:
+            ran += prime(self.lm_head, max_logit_rows)
+        return ran
 
 
 FUSED_PROJECTIONS = {

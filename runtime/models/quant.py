@@ -18,7 +18,7 @@ Activations stay in the model's dtype. On CPU with float32 activations the matmu
 in the compiled kernel (``cpu_kernels.int8_linear``: the weight streams as int8, about a
 quarter of the float32 bytes, which is what a decode step is bound by) for up to 64
 rows; prefill-sized matmuls and every other device dequantise the weight and call
-``F.linear``, trading the speed for the memory saving, and a CPU without the kernels logs
+``dense.linear`` (oneDNN on CPU, ``F.linear`` elsewhere), trading the speed for the memory saving, and a CPU without the kernels logs
 one warning. Norms and biases are not quantised.
 
 ``quantize_rows(w, group_size, asymmetric, grid)`` also makes the older layouts (one
@@ -34,14 +34,14 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from plimsoll.runtime.kernels import cpu_kernels
+from plimsoll.runtime.models.dense import linear
 
 log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8",)
-KERNEL_MAX_ROWS = 64  # above this dequantise + F.linear is as fast on a layer's matrices (docs/runtime.md)
+KERNEL_MAX_ROWS = 64  # above this dequantise + the dense matmul is as fast on a layer's matrices (docs/runtime.md)
 # Inputs per scale and offset; 0 = one per output row. 32 matches GGUF's blocks (docs/runtime.md
 # compares per row, symmetric groups and asymmetric groups with and without grid recovery).
 GROUP_SIZE = 32
@@ -208,7 +208,7 @@ class Int8Linear(_Int8Weights):
                 "the compiled CPU kernel cannot run here (not built, activations not float32, or groups "
                 "not a multiple of 16 inputs)"
             )
-        return F.linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
 
 class Int8Embedding(_Int8Weights):

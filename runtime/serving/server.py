@@ -135,12 +135,14 @@ def build_app(
     settings: ServerSettings,
     metrics: ServerMetrics | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine``; pass the same ``metrics`` the engine observes.
 
     ``on_fatal`` is called, on the event loop, if the engine fails to start or its
     loop dies later (the CLI then drains and exits non-zero, so the kubelet
-    restarts the pod); ``/health`` then answers 503 "engine failed".
+    restarts the pod); ``/health`` then answers 503 "engine failed". ``on_ready`` is called,
+    on the event loop, once the engine has started.
     """
     metrics = metrics if metrics is not None else ServerMetrics(settings.served_model_name)
     ctx = ServingContext(engine=engine, settings=settings, metrics=metrics)
@@ -172,6 +174,8 @@ def build_app(
             metrics.refresh(s)
             metrics.start_counting()
             STARTUP.mark("ready")
+            if on_ready is not None:
+                on_ready()
             log.info(
                 "engine ready: model %s, %d KV blocks of %d tokens",
                 settings.served_model_name,

@@ -156,6 +156,37 @@ def test_dense_linear_uses_the_kernel_for_a_few_rows_only(monkeypatch: pytest.Mo
     assert calls == list(range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 1))
 
 
+
+@pytest.mark.skipif(not dense._ONEDNN, reason="this torch build has no oneDNN")
+def test_dense_linear_runs_every_larger_row_count_on_onednn_in_bucketed_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight, bias = torch.randn(96, 48, dtype=torch.float64), torch.randn(96, dtype=torch.float64)
+    shapes: list[int] = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x: torch.Tensor, *args: object) -> torch.Tensor:
+        shapes.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(dense, "_mkldnn_linear", spy)
+    step, chunk = dense.ONEDNN_ROW_BUCKET, dense.ONEDNN_CHUNK_ROWS
+    for rows in (cpu_kernels.SMALL_BATCH_MAX_ROWS + 1, step, step + 1, 64, 65, chunk - 1, chunk, chunk + 1, 3 * chunk + 7):
+        x = torch.randn(rows, 2 * 48, dtype=torch.float64)[:, ::2]  # non-contiguous
+        shapes.clear()
+        got = dense.linear(x.float(), weight.float(), bias.float())
+        torch.testing.assert_close(got.double(), F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+        assert got.shape == (rows, 96)
+        assert all(n % step == 0 and n <= chunk for n in shapes), (rows, shapes)
+        assert sum(shapes) - rows < step * len(shapes), (rows, shapes)
+    # The primitives built at warm-up: one per padded row count per distinct shape, float32 only.
+    w2 = torch.randn(96, 48)
+    assert dense.prime_onednn([(w2, None), (torch.randn(96, 48), None), (w2, torch.zeros(96))], 10_000) == 2 * (
+        chunk // step
+    )
+    assert dense.prime_onednn([(w2, None)], 40, min_rows=20) == 2  # 32 and 48 rows
+    assert dense.prime_onednn([(w2.double(), None)], 64) == 0
+
 def test_small_batch_linear_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="must match"):
         cpu_kernels.small_batch_linear(torch.randn(2, 8), torch.randn(4, 9), None)
