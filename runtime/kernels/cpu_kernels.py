@@ -145,6 +145,8 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_fused_decode_f32.argtypes = (
         [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 10 + [ctypes.c_float] * 2 + [ctypes.c_int64]
     )
+    lib.plimsoll_fused_decode_int8.restype = ctypes.c_int
+    lib.plimsoll_fused_decode_int8.argtypes = lib.plimsoll_fused_decode_f32.argtypes
     lib.plimsoll_fused_decode_timing.restype = None
     lib.plimsoll_fused_decode_timing.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     lib.plimsoll_pool_enable.restype = None
@@ -338,7 +340,7 @@ def decode_attention(
 
 def fused_decode(
     x: torch.Tensor,  # [M, hidden] float32: embeddings in, the last layer's output out (in place)
-    layers: torch.Tensor,  # [L, 8] int64 addresses (see csrc: norms, qkv, o, gate_up, down, k/v cache)
+    layers: torch.Tensor,  # [L, 8] int64 addresses (see csrc: norms, qkv, o, gate_up, down, k/v cache), [L, 20] for int8
     cos: torch.Tensor,  # [M, D]
     sin: torch.Tensor,  # [M, D]
     slot_mapping: torch.Tensor,  # [M] int64
@@ -347,14 +349,19 @@ def fused_decode(
     dims: tuple[int, int, int, int, int, int, int],  # hidden, H, Hkv, D, intermediate, block_size, num_slots
     eps: float,
     scale: float,
+    int8: bool = False,
 ) -> None:
     """All decoder layers of a decode step on ``x`` in place; the caller (``models/fused_decode.py``)
-    has checked that the model and the step fit and keeps the tensors alive."""
+    has checked that the model and the step fit and keeps the tensors alive. ``int8``: the
+    projections are int8 with group scales (``layers`` holds their addresses; see csrc)."""
     lib = library()
     if lib is None:
         raise RuntimeError("the CPU kernels are not available")
     hidden, heads, kv_heads, head_dim, inter, block_size, num_slots = dims
-    rc = lib.plimsoll_fused_decode_f32(
+    fn = lib.plimsoll_fused_decode_int8 if int8 else lib.plimsoll_fused_decode_f32
+    if layers.shape[1] != (20 if int8 else 8):
+        raise ValueError(f"layers must be [L, {20 if int8 else 8}] addresses, got {tuple(layers.shape)}")
+    rc = fn(
         x.data_ptr(), layers.data_ptr(), cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
         block_tables.data_ptr(), context_lens.data_ptr(), x.shape[0], layers.shape[0], hidden, heads,
         kv_heads, head_dim, inter, block_size, block_tables.shape[1], num_slots, eps, scale,
@@ -364,6 +371,7 @@ def fused_decode(
         raise ValueError(
             f"fused decode rejected its inputs (code {rc}): heads {heads}/{kv_heads}, head_dim {head_dim}, "
             f"context lengths must be 1..{block_tables.shape[1] * block_size}, slots below {num_slots}"
+            + (", int8 groups a multiple of 16 inputs dividing each projection's" if int8 else "")
         )
 
 

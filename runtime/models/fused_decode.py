@@ -5,12 +5,13 @@ through ``cpu_kernels.fused_decode`` and runs it. The module path calls ~130 tor
 five kernels per layer (~4,000 ops a step for SmolLM2); this is one ctypes call a step,
 with the step's metadata (positions' cos/sin, slots, block tables, context lengths)
 prepared once by the caller and the layers' weight and cache addresses gathered once.
-A step fits when the model is a plain Llama/SmolLM2/Mistral decoder in float32 on CPU
-(no biases, no Qwen3 q/k norm, SiLU MLP, ``Linear`` projections without LoRA or tensor
-parallelism hooks, a float32 cache, the torch attention backend) and every row of the
-step is one decode token, at most ``MAX_ROWS`` of them (above that oneDNN's matmuls beat
-the kernel's, ``cpu_kernels.SMALL_BATCH_MAX_ROWS``). Everything else (prefill rows,
-mixed steps, speculative verification, int8 weights or KV, Qwen2/Qwen3, LoRA, TP, GPUs)
+A step fits when the model is a plain Llama/SmolLM2/Mistral decoder with float32
+activations on CPU (no biases, no Qwen3 q/k norm, SiLU MLP, projections either all
+float32 ``Linear`` or all ``Int8Linear`` from ``--quantization int8``, without LoRA or
+tensor parallelism hooks, a float32 cache, the torch attention backend) and every row of
+the step is one decode token, at most ``MAX_ROWS`` of them (above that oneDNN's matmuls
+beat the kernel's, ``cpu_kernels.SMALL_BATCH_MAX_ROWS``). Everything else (prefill rows,
+mixed steps, speculative verification, an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs)
 takes the module path, unchanged. ``PLIMSOLL_FUSED_DECODE=0`` turns it off; a model that
 fits on a machine where the kernels cannot be built logs one warning and runs the module path.
 
@@ -29,6 +30,7 @@ from plimsoll.runtime.attention import sdpa
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models.dense import Linear
+from plimsoll.runtime.models.quant import Int8Linear
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +59,17 @@ def why_not(model: Any) -> str | None:
         attn, mlp = layer.self_attn, layer.mlp
         if attn.qk_norm:
             return "per-head q/k norm (Qwen3)"
+        kinds = {type(proj) for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)}
+        if kinds not in ({Linear}, {Int8Linear}):
+            return f"{', '.join(sorted(k.__name__ for k in kinds))} projections"
         for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            if type(proj) is not Linear:
-                return f"{type(proj).__name__} projections (int8 weights)"
             if proj.bias is not None:
                 return "projection biases"
+            if isinstance(proj, Int8Linear):
+                reason = _int8_reason(proj)
+                if reason is not None:
+                    return reason
+                continue
             if proj.lora is not None:
                 return "LoRA adapters"
             w = proj.weight
@@ -76,6 +84,26 @@ def why_not(model: Any) -> str | None:
         if attn.head_dim != layers[0].self_attn.head_dim or attn.head_dim % 2:
             return "uneven head_dim"
     return None
+
+
+def _int8_reason(proj: Int8Linear) -> str | None:
+    """Why the kernel cannot read this int8 projection (``None`` when it can)."""
+    q, scales, offsets = proj.qweight, proj.scales, proj.offsets
+    if q.device.type != "cpu" or q.dim() != 2 or not q.is_contiguous():
+        return f"int8 weights on {q.device.type}"
+    for t in (scales,) if offsets is None else (scales, offsets):
+        if t.dtype != torch.float32 or t.dim() != 2 or not t.is_contiguous() or t.shape[0] != q.shape[0]:
+            return "int8 scales not float32 [N, groups]"
+    groups = scales.shape[1]
+    if q.shape[1] % groups or (q.shape[1] // groups) % cpu_kernels.INT8_LANES:
+        return f"int8 groups of {q.shape[1] / groups:g} inputs (the kernel takes multiples of 16)"
+    return None
+
+
+def _int8_entries(proj: Int8Linear) -> list[int]:
+    """qweight, scales, offsets (0: none) and the group size, as the int8 kernel reads them."""
+    offsets = 0 if proj.offsets is None else proj.offsets.data_ptr()
+    return [proj.qweight.data_ptr(), proj.scales.data_ptr(), offsets, proj.qweight.shape[1] // proj.scales.shape[1]]
 
 
 class FusedDecode:
@@ -96,32 +124,45 @@ class FusedDecode:
         self.hidden = int(model.config.hidden_size)
         self.inter = int(first.mlp.intermediate_size)
         self._first_qkv = attn.qkv_proj
+        self.int8 = isinstance(attn.qkv_proj, Int8Linear)
         self._addresses: torch.Tensor | None = None
         self._key: tuple[int, ...] = ()
 
     def _layer_addresses(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """``[L, 8]`` int64 addresses, rebuilt only when a weight or a cache tensor moved."""
+        """``[L, 8]`` int64 addresses (``[L, 20]`` for int8 projections), rebuilt only when a weight
+        or a cache tensor moved."""
         layers = self.model.model.layers
+
+        def weight(proj: Any) -> torch.Tensor:
+            return proj.qweight if self.int8 else proj.weight
+
         key = (
-            layers[0].self_attn.qkv_proj.weight.data_ptr(),
-            layers[-1].mlp.down_proj.weight.data_ptr(),
+            weight(layers[0].self_attn.qkv_proj).data_ptr(),
+            weight(layers[-1].mlp.down_proj).data_ptr(),
             kv_caches[0][0].data_ptr(),
             kv_caches[-1][1].data_ptr(),
         )
         if self._addresses is None or key != self._key:
-            rows = [
-                [
-                    layer.input_layernorm.weight.data_ptr(),
-                    layer.self_attn.qkv_proj.weight.data_ptr(),
-                    layer.self_attn.o_proj.weight.data_ptr(),
-                    layer.post_attention_layernorm.weight.data_ptr(),
-                    layer.mlp.gate_up_proj.weight.data_ptr(),
-                    layer.mlp.down_proj.weight.data_ptr(),
-                    k.data_ptr(),
-                    v.data_ptr(),
-                ]
-                for layer, (k, v) in zip(layers, kv_caches, strict=True)
-            ]
+            rows = []
+            for layer, (k, v) in zip(layers, kv_caches, strict=True):
+                attn, mlp = layer.self_attn, layer.mlp
+                if self.int8:
+                    row = [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr()]
+                    row += [k.data_ptr(), v.data_ptr()]
+                    for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                        row += _int8_entries(proj)
+                else:
+                    row = [
+                        layer.input_layernorm.weight.data_ptr(),
+                        attn.qkv_proj.weight.data_ptr(),
+                        attn.o_proj.weight.data_ptr(),
+                        layer.post_attention_layernorm.weight.data_ptr(),
+                        mlp.gate_up_proj.weight.data_ptr(),
+                        mlp.down_proj.weight.data_ptr(),
+                        k.data_ptr(),
+                        v.data_ptr(),
+                    ]
+                rows.append(row)
             self._addresses, self._key = torch.tensor(rows, dtype=torch.int64), key
         return self._addresses
 
@@ -141,7 +182,7 @@ class FusedDecode:
         if (
             not ENABLED
             or self.reason is not None
-            or self._first_qkv.lora is not None  # adapters attached after the first forward
+            or getattr(self._first_qkv, "lora", None) is not None  # adapters attached after the first forward
             or not 0 < n <= MAX_ROWS
             or meta.max_q_len != 1
             or meta.context_lens.shape[0] != n
@@ -166,5 +207,6 @@ class FusedDecode:
             (self.hidden, heads, kv_heads, head_dim, self.inter, block_size, num_blocks * block_size),
             self.eps,
             self.scale,
+            int8=self.int8,
         )
         return True

@@ -39,6 +39,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 // The worker pool every kernel splits its work over.
@@ -691,18 +692,6 @@ int64_t split_for(int64_t n_len, int64_t k_len, int64_t num_threads) {
   return std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 65536));
 }
 
-// y = x @ W.T (or y += x @ W.T) over the pool.
-template <bool Accumulate>
-void matmul(const float* x, const float* w, float* y, int64_t m_len, int64_t n_len, int64_t k_len,
-            int64_t num_threads) {
-  const int64_t workers = split_for(n_len, k_len, num_threads);
-  const int64_t chunk = (n_len + workers - 1) / workers;
-  pool::parallel(workers, [=](int64_t i) {
-    matmul_rows<Accumulate>(x, w, nullptr, y, m_len, std::min(n_len, i * chunk), std::min(n_len, (i + 1) * chunk), n_len,
-                            k_len);
-  });
-}
-
 void rms_norm(const float* x, const float* weight, float* out, int64_t m_len, int64_t dim, float eps) {
   for (int64_t m = 0; m < m_len; ++m) {
     const float* xm = x + m * dim;
@@ -752,13 +741,65 @@ extern "C" void plimsoll_fused_decode_timing(int64_t on, double* out) {
   }
 }
 
-extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
-                                         const int64_t* slots, const int32_t* block_tables,
-                                         const int32_t* context_lens, int64_t m_len, int64_t num_layers,
-                                         int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                         int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
-                                         float eps, float scale, int64_t num_threads) {
-  if (m_len <= 0 || num_layers <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || head_dim % 2 != 0 ||
+namespace {
+
+// A projection's weight as the fused step reads it: float32 rows, or int8 rows in groups of
+// `group` inputs with a float32 scale and offset (null: symmetric) per group (models/quant.py).
+struct F32Proj {
+  const float* w;
+};
+struct Int8Proj {
+  const int8_t* q;
+  const float* scale;
+  const float* offset;
+  int64_t group;
+};
+
+inline void proj_rows(const F32Proj& p, const float* x, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
+                      int64_t n_len, int64_t k_len) {
+  matmul_rows<false>(x, p.w, nullptr, y, m_len, n_begin, n_end, n_len, k_len);
+}
+inline void proj_rows(const Int8Proj& p, const float* x, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
+                      int64_t n_len, int64_t k_len) {
+  int8_linear_rows(x, p.q, p.scale, p.offset, nullptr, y, m_len, n_begin, n_end, n_len, k_len, p.group);
+}
+
+// y = x @ W.T, or y += x @ W.T (Accumulate; int8 rows go through `tmp` [M, N] first), over the pool.
+template <bool Accumulate, typename P>
+void project(const P& p, const float* x, float* y, float* tmp, int64_t m_len, int64_t n_len, int64_t k_len,
+             int64_t num_threads) {
+  const int64_t workers = split_for(n_len, k_len, num_threads);
+  const int64_t chunk = (n_len + workers - 1) / workers;
+  pool::parallel(workers, [=, &p](int64_t i) {
+    const int64_t n0 = std::min(n_len, i * chunk), n1 = std::min(n_len, (i + 1) * chunk);
+    if constexpr (std::is_same_v<P, F32Proj>) {
+      matmul_rows<Accumulate>(x, p.w, nullptr, y, m_len, n0, n1, n_len, k_len);
+    } else if constexpr (Accumulate) {
+      proj_rows(p, x, tmp, m_len, n0, n1, n_len, k_len);
+      for (int64_t m = 0; m < m_len; ++m)
+        for (int64_t n = n0; n < n1; ++n) y[m * n_len + n] += tmp[m * n_len + n];
+    } else {
+      proj_rows(p, x, y, m_len, n0, n1, n_len, k_len);
+    }
+  });
+}
+
+template <typename P>
+struct FusedLayer {
+  const float* in_norm;
+  const float* post_norm;
+  float* k_cache;
+  float* v_cache;
+  P qkv, o, gate_up, down;
+};
+
+template <typename P>
+int fused_decode(float* x, const std::vector<FusedLayer<P>>& layers, const float* cos, const float* sin,
+                 const int64_t* slots, const int32_t* block_tables, const int32_t* context_lens, int64_t m_len,
+                 int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t inter,
+                 int64_t block_size, int64_t max_blocks, int64_t num_slots, float eps, float scale,
+                 int64_t num_threads) {
+  if (m_len <= 0 || layers.empty() || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || head_dim % 2 != 0 ||
       block_size <= 0)
     return 1;
   for (int64_t m = 0; m < m_len; ++m) {
@@ -768,32 +809,28 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   const int64_t qkv_size = q_size + 2 * kv_size;
   thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<size_t>(m_len * (hidden + qkv_size + 2 * q_size + 3 * inter)));
+  scratch.resize(static_cast<size_t>(m_len * (2 * hidden + qkv_size + 2 * q_size + 3 * inter)));
   float* h = scratch.data();        // [M, hidden]  normed input of a block
   float* qkv = h + m_len * hidden;  // [M, qkv_size]
   float* q = qkv + m_len * qkv_size;  // [M, H, D]  after RoPE
   float* attn = q + m_len * q_size;   // [M, H, D]
   float* gate_up = attn + m_len * q_size;  // [M, 2 I]
   float* act = gate_up + m_len * 2 * inter;  // [M, I]
+  float* tmp = act + m_len * inter;  // [M, hidden]  an int8 projection's output before it is added
   const int64_t attn_workers = std::max<int64_t>(1, std::min(num_threads, m_len));
   const int64_t mlp_workers = split_for(2 * inter, hidden, num_threads);
   const int64_t mlp_chunk = (inter + mlp_workers - 1) / mlp_workers;
 
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const int64_t* p = layers + l * 8;
-    const auto* in_norm = reinterpret_cast<const float*>(p[0]);
-    const auto* w_qkv = reinterpret_cast<const float*>(p[1]);
-    const auto* w_o = reinterpret_cast<const float*>(p[2]);
-    const auto* post_norm = reinterpret_cast<const float*>(p[3]);
-    const auto* w_gate_up = reinterpret_cast<const float*>(p[4]);
-    const auto* w_down = reinterpret_cast<const float*>(p[5]);
-    auto* k_cache = reinterpret_cast<float*>(p[6]);
-    auto* v_cache = reinterpret_cast<float*>(p[7]);
+  for (const FusedLayer<P>& layer : layers) {
+    const float* in_norm = layer.in_norm;
+    const float* post_norm = layer.post_norm;
+    float* k_cache = layer.k_cache;
+    float* v_cache = layer.v_cache;
 
     PartClock clock;
     rms_norm(x, in_norm, h, m_len, hidden, eps);
     clock.lap(0);
-    matmul<false>(h, w_qkv, qkv, m_len, qkv_size, hidden, num_threads);
+    project<false>(layer.qkv, h, qkv, tmp, m_len, qkv_size, hidden, num_threads);
     clock.lap(1);
     for (int64_t m = 0; m < m_len; ++m) {
       const float* row = qkv + m * qkv_size;
@@ -817,15 +854,16 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
       for (int64_t b = w; b < m_len; b += attn_workers) attend_seq(a, b, scores);
     });
     clock.lap(2);
-    matmul<true>(attn, w_o, x, m_len, hidden, q_size, num_threads);
+    project<true>(layer.o, attn, x, tmp, m_len, hidden, q_size, num_threads);
     clock.lap(3);
     rms_norm(x, post_norm, h, m_len, hidden, eps);
     clock.lap(0);
     // gate rows [i0, i1) and the same up rows in one task, then SiLU(gate) * up on them.
-    pool::parallel(mlp_workers, [=](int64_t t) {
+    const P& w_gate_up = layer.gate_up;
+    pool::parallel(mlp_workers, [=, &w_gate_up](int64_t t) {
       const int64_t i0 = std::min(inter, t * mlp_chunk), i1 = std::min(inter, (t + 1) * mlp_chunk);
-      matmul_rows<false>(h, w_gate_up, nullptr, gate_up, m_len, i0, i1, 2 * inter, hidden);
-      matmul_rows<false>(h, w_gate_up, nullptr, gate_up, m_len, inter + i0, inter + i1, 2 * inter, hidden);
+      proj_rows(w_gate_up, h, gate_up, m_len, i0, i1, 2 * inter, hidden);
+      proj_rows(w_gate_up, h, gate_up, m_len, inter + i0, inter + i1, 2 * inter, hidden);
       for (int64_t m = 0; m < m_len; ++m) {
         const float* g = gate_up + m * 2 * inter;
         const float* u = g + inter;
@@ -834,8 +872,58 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
       }
     });
     clock.lap(4);
-    matmul<true>(act, w_down, x, m_len, hidden, inter, num_threads);
+    project<true>(layer.down, act, x, tmp, m_len, hidden, inter, num_threads);
     clock.lap(5);
   }
   return 0;
+}
+
+}  // namespace
+
+// layers [L, 8]: see above.
+extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
+                                         const int64_t* slots, const int32_t* block_tables,
+                                         const int32_t* context_lens, int64_t m_len, int64_t num_layers,
+                                         int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                         int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
+                                         float eps, float scale, int64_t num_threads) {
+  std::vector<FusedLayer<F32Proj>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const int64_t* p = layers + l * 8;
+    auto f = [p](int i) { return reinterpret_cast<const float*>(p[i]); };
+    parsed[l] = {f(0), f(3), reinterpret_cast<float*>(p[6]), reinterpret_cast<float*>(p[7]),
+                 {f(1)}, {f(2)}, {f(4)}, {f(5)}};
+  }
+  return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads, num_kv_heads,
+                      head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
+}
+
+// plimsoll_fused_decode_int8: the same step with int8 projections (--quantization int8).
+// layers [L, 20] int64: input_layernorm.weight, post_attention_layernorm.weight, k_cache,
+// v_cache, then for qkv_proj, o_proj, gate_up_proj and down_proj in turn: qweight [N, K] int8,
+// scales [N, K / G] float32, offsets [N, K / G] float32 (0: none), G (a multiple of 16).
+extern "C" int plimsoll_fused_decode_int8(float* x, const int64_t* layers, const float* cos, const float* sin,
+                                          const int64_t* slots, const int32_t* block_tables,
+                                          const int32_t* context_lens, int64_t m_len, int64_t num_layers,
+                                          int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                          int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
+                                          float eps, float scale, int64_t num_threads) {
+  const int64_t q_size = num_heads * head_dim;
+  const int64_t k_lens[4] = {hidden, q_size, hidden, inter};  // inputs of qkv, o, gate_up, down
+  std::vector<FusedLayer<Int8Proj>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const int64_t* p = layers + l * 20;
+    Int8Proj proj[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t* e = p + 4 + 4 * i;
+      const int64_t group = e[3];
+      if (group <= 0 || group % kLanes != 0 || k_lens[i] % group != 0) return 4;
+      proj[i] = {reinterpret_cast<const int8_t*>(e[0]), reinterpret_cast<const float*>(e[1]),
+                 reinterpret_cast<const float*>(e[2]), group};
+    }
+    parsed[l] = {reinterpret_cast<const float*>(p[0]), reinterpret_cast<const float*>(p[1]),
+                 reinterpret_cast<float*>(p[2]), reinterpret_cast<float*>(p[3]), proj[0], proj[1], proj[2], proj[3]};
+  }
+  return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads, num_kv_heads,
+                      head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
 }

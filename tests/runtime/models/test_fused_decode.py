@@ -1,12 +1,13 @@
 """The fused CPU decode step (``models/fused_decode.py``) against the module path.
 
-On tiny random Llama and Mistral models (llama3 RoPE, GQA, random norm weights): the
-hidden states and the KV written by one decode step agree within fp32 rounding for ragged
+On tiny random Llama and Mistral models (llama3 RoPE, GQA, random norm weights), with
+float32 projections and with int8 ones (``--quantization int8``: both paths read the same
+int8 weights): the hidden states and the KV written by one decode step agree within fp32 rounding for ragged
 contexts, contexts that end on a block edge and just past one, shuffled block tables,
 batches of 1 to 4. Steps it must not take (prefill or mixed rows, more than four rows,
 an int8 cache, Qwen2's biases, Qwen3's q/k norm, the switch off) leave the module path
 in charge. Through the engine: greedy output identical with and without it on mixed
-prompts under prefix-cache hits, preemption and chunked prefill.
+prompts under prefix-cache hits, preemption and chunked prefill, float32 and int8.
 """
 
 import random
@@ -21,6 +22,7 @@ from plimsoll.runtime.attention import sdpa
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.models import fused_decode
 from plimsoll.runtime.models.llama import LlamaForCausalLM
+from plimsoll.runtime.models.quant import quantize_model
 
 pytestmark = pytest.mark.skipif(
     (shutil.which("c++") or shutil.which("g++")) is None, reason="no C++ compiler to build the kernels"
@@ -34,20 +36,22 @@ def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The fused kernel, still run, with each call recorded in the returned list."""
     calls: list[int] = []
 
-    def counted(*args: Any) -> None:
+    def counted(*args: Any, **kwargs: Any) -> None:
         calls.append(1)
-        REAL_KERNEL(*args)
+        REAL_KERNEL(*args, **kwargs)
 
     monkeypatch.setattr(fused_decode.cpu_kernels, "fused_decode", counted)
     return calls
 
 
-def random_model(arch: str) -> LlamaForCausalLM:
+def random_model(arch: str, weights: str = "float32") -> LlamaForCausalLM:
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_config(arch)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    if weights == "int8":
+        quantize_model(model, "int8", torch.float32)  # both paths then read the same int8 weights
     return model
 
 
@@ -97,16 +101,17 @@ CONTEXTS = {
 }
 
 
+@pytest.mark.parametrize("weights", ["float32", "int8"])
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("case", sorted(CONTEXTS))
-def test_fused_step_equals_the_module_path(arch: str, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = random_model(arch)
+def test_fused_step_equals_the_module_path(arch: str, case: str, weights: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(arch, weights)
     batch = decode_batch(model, CONTEXTS[case], seed=len(case))
     want, want_caches, _ = forward(model, batch, False, monkeypatch)
     got, got_caches, calls = forward(model, batch, True, monkeypatch)
     assert calls == 1, model._fused.reason if model._fused else "not built"
     err = (got - want).abs().max().item()
-    print(f"{arch} {case}: max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})")
+    print(f"{arch} {weights} {case}: max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})")
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
         torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)  # the new token's K, after RoPE
@@ -154,7 +159,10 @@ def mixed_prompts(seed: int, count: int = 12) -> list[list[int]]:
     return [(head if i % 3 == 0 else []) + [rng.randrange(3, 259) for _ in range(rng.randrange(2, 70))] for i in range(count)]
 
 
-def test_engine_greedy_identical_with_and_without(tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_engine_greedy_identical_with_and_without(
+    tiny_model_dir: Any, quantization: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from plimsoll.runtime import LLM, SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -165,7 +173,7 @@ def test_engine_greedy_identical_with_and_without(tiny_model_dir: Any, monkeypat
         # 14 blocks of 16 for 12 sequences of up to ~134 tokens, 4 at a time: preemption is certain.
         llm = LLM(
             model=str(tiny_model_dir("llama")), kv_cache_memory=14 * 16 * 512, max_model_len=224,
-            max_num_seqs=4, max_num_batched_tokens=48, enable_prefix_caching=True,
+            max_num_seqs=4, max_num_batched_tokens=48, enable_prefix_caching=True, quantization=quantization,
         )  # fmt: skip
         calls = count_kernel_calls(monkeypatch)
         outs[fused] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
