@@ -10,7 +10,7 @@ activations on CPU (no biases, no Qwen3 q/k norm, SiLU MLP, projections either a
 float32 ``Linear`` or all ``Int8Linear`` from ``--quantization int8``, without LoRA or
 tensor parallelism hooks, a float32 cache, the torch attention backend) and every row of
 the step is one decode token, at most ``MAX_ROWS`` of them (above that oneDNN's matmuls
-beat the kernel's, ``cpu_kernels.SMALL_BATCH_MAX_ROWS``). Everything else (prefill rows,
+beat the kernel's register-blocked ones). Everything else (prefill rows,
 mixed steps, speculative verification, an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs)
 takes the module path, unchanged. ``PLIMSOLL_FUSED_DECODE=0`` turns it off; a model that
 fits on a machine where the kernels cannot be built logs one warning and runs the module path.
@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 
 # Read at import; tests and benchmarks/step_ab.py flip the module attribute.
 ENABLED = os.environ.get("PLIMSOLL_FUSED_DECODE", "1") != "0"
-MAX_ROWS = 4
+# Above this many rows oneDNN's matmuls (the module path) beat the kernel's (benchmarks/step_ab.py
+# --compare fused --fused-max-rows 64: 5-24 rows 0.76-0.96 of the module path's step, 32 rows 1.11).
+MAX_ROWS = 16
 _warned = False
 
 

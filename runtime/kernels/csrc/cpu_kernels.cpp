@@ -725,6 +725,60 @@ extern "C" int plimsoll_int8_linear_f32(const float* x, const int8_t* w, const f
   return 0;
 }
 
+namespace {
+
+// y[m, n0..n0+NB) for MB rows of x: NB rows of W against MB rows of x, 16 inputs at a time, so
+// each load of W serves MB rows and each load of x serves NB (register blocking).
+template <int64_t MB, int64_t NB>
+inline void f32_rows_block(const float* xm, const float* wn, float* ym, int64_t n_len, int64_t k_len) {
+  F16 acc[NB][MB];
+  for (int64_t j = 0; j < NB; ++j)
+    for (int64_t i = 0; i < MB; ++i) acc[j][i] = zero16();
+  int64_t k = 0;
+  for (; k + kLanes <= k_len; k += kLanes) {
+    F16 wk[NB];
+    for (int64_t j = 0; j < NB; ++j) wk[j] = load_f32(wn + j * k_len + k);
+    for (int64_t i = 0; i < MB; ++i) {
+      const F16 xv = load_f32(xm + i * k_len + k);
+      for (int64_t j = 0; j < NB; ++j) acc[j][i] = fma16(xv, wk[j], acc[j][i]);
+    }
+  }
+  for (int64_t j = 0; j < NB; ++j)
+    for (int64_t i = 0; i < MB; ++i) {
+      float v = sum16(acc[j][i]);
+      for (int64_t t = k; t < k_len; ++t) v += xm[i * k_len + t] * wn[j * k_len + t];
+      ym[i * n_len + j] = v;
+    }
+}
+
+#if defined(__AVX512F__)
+constexpr int64_t kBlockM = 4, kBlockN = 4;  // 16 accumulators of 32 registers
+#else
+constexpr int64_t kBlockM = 2, kBlockN = 2;  // AVX2: a 16-float vector is two of its 16 registers
+#endif
+
+// y[:, n_begin..n_end) = x @ W[n_begin..n_end).T for a decode batch of more than a few rows: each
+// block of W rows is read from memory once and kept in L1 while every row of x meets it.
+void blocked_rows(const float* x, const float* w, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
+                  int64_t n_len, int64_t k_len) {
+  int64_t n = n_begin;
+  const int64_t m_full = m_len / kBlockM * kBlockM;
+  for (; n + kBlockN <= n_end; n += kBlockN) {
+    int64_t m = 0;
+    for (; m < m_full; m += kBlockM)
+      f32_rows_block<kBlockM, kBlockN>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
+    for (; m < m_len; ++m) f32_rows_block<1, kBlockN>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
+  }
+  for (; n < n_end; ++n) {
+    int64_t m = 0;
+    for (; m < m_full; m += kBlockM)
+      f32_rows_block<kBlockM, 1>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
+    for (; m < m_len; ++m) f32_rows_block<1, 1>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
+  }
+}
+
+}  // namespace
+
 // plimsoll_fused_decode_f32: every decoder layer of a decode step for a few sequences, one
 // call per step. Per layer: RMSNorm -> qkv matmul -> RoPE on q and k -> k and v stored in
 // their slots of the paged cache -> paged decode attention -> o_proj added to the residual
@@ -810,16 +864,24 @@ struct Int8Proj {
   int64_t group;
 };
 
+// Up to SMALL rows: one row of W against 4, 2 or 1 rows of x at a time (matmul_rows); above,
+// register blocks of both (blocked_rows).
+constexpr int64_t kSmallRows = 4;
+
 inline void proj_rows(const F32Proj& p, const float* x, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
                       int64_t n_len, int64_t k_len) {
-  matmul_rows<false>(x, p.w, nullptr, y, m_len, n_begin, n_end, n_len, k_len);
+  if (m_len <= kSmallRows)
+    matmul_rows<false>(x, p.w, nullptr, y, m_len, n_begin, n_end, n_len, k_len);
+  else
+    blocked_rows(x, p.w, y, m_len, n_begin, n_end, n_len, k_len);
 }
 inline void proj_rows(const Int8Proj& p, const float* x, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
                       int64_t n_len, int64_t k_len) {
   int8_linear_rows(x, p.q, p.scale, p.offset, nullptr, y, m_len, n_begin, n_end, n_len, k_len, p.group);
 }
 
-// y = x @ W.T, or y += x @ W.T (Accumulate; int8 rows go through `tmp` [M, N] first), over the pool.
+// y = x @ W.T, or y += x @ W.T (Accumulate; all but float32's few rows go through `tmp` [M, N] first),
+// over the pool.
 template <bool Accumulate, typename P>
 void project(const P& p, const float* x, float* y, float* tmp, int64_t m_len, int64_t n_len, int64_t k_len,
              int64_t num_threads) {
@@ -828,8 +890,12 @@ void project(const P& p, const float* x, float* y, float* tmp, int64_t m_len, in
   pool::parallel(workers, [=, &p](int64_t i) {
     const int64_t n0 = std::min(n_len, i * chunk), n1 = std::min(n_len, (i + 1) * chunk);
     if constexpr (std::is_same_v<P, F32Proj>) {
-      matmul_rows<Accumulate>(x, p.w, nullptr, y, m_len, n0, n1, n_len, k_len);
-    } else if constexpr (Accumulate) {
+      if (m_len <= kSmallRows) {
+        matmul_rows<Accumulate>(x, p.w, nullptr, y, m_len, n0, n1, n_len, k_len);
+        return;
+      }
+    }
+    if constexpr (Accumulate) {
       proj_rows(p, x, tmp, m_len, n0, n1, n_len, k_len);
       for (int64_t m = 0; m < m_len; ++m)
         for (int64_t n = n0; n < n1; ++n) y[m * n_len + n] += tmp[m * n_len + n];

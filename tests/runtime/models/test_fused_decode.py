@@ -4,7 +4,7 @@ On tiny random Llama and Mistral models (llama3 RoPE, GQA, random norm weights),
 float32 projections and with int8 ones (``--quantization int8``: both paths read the same
 int8 weights): the hidden states and the KV written by one decode step agree within fp32 rounding for ragged
 contexts, contexts that end on a block edge and just past one, shuffled block tables,
-batches of 1 to 4. Steps it must not take (prefill or mixed rows, more than four rows,
+batches of 1 to 16. Steps it must not take (prefill or mixed rows, more than 16 rows,
 an int8 cache, Qwen2's biases, Qwen3's q/k norm, the switch off) leave the module path
 in charge. Through the engine: greedy output identical with and without it on mixed
 prompts under prefix-cache hits, preemption and chunked prefill, float32 and int8.
@@ -98,6 +98,8 @@ CONTEXTS = {
     "one sequence past a block edge": [9],
     "ragged four": [13, 4, 5, 27],
     "ragged three, long": [70, 2, 33],
+    "ragged twelve (register blocks and a remainder)": [3, 9, 1, 12, 7, 4, 16, 5, 2, 8, 11, 6],
+    "sixteen": [1 + (7 * i) % 13 for i in range(16)],
 }
 
 
@@ -118,10 +120,36 @@ def test_fused_step_equals_the_module_path(arch: str, case: str, weights: str, m
         torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("case", ["ragged three, long", "ragged twelve (register blocks and a remainder)"])
+def test_fused_step_on_shapes_that_leave_remainders(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # hidden 70 and intermediate 90: inputs not a multiple of 16 (the kernels' vector tails), 98 q/k/v
+    # and 70 output rows (not whole register blocks of W rows); 5 query heads on one KV head.
+    from transformers import LlamaConfig
+
+    from plimsoll.runtime.testing import TINY_SHAPE
+
+    config = LlamaConfig(
+        **{**TINY_SHAPE, "hidden_size": 70, "intermediate_size": 90, "num_attention_heads": 5, "num_key_value_heads": 1}
+    )
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    batch = decode_batch(model, CONTEXTS[case], seed=5)
+    want, want_caches, _ = forward(model, batch, False, monkeypatch)
+    got, got_caches, calls = forward(model, batch, True, monkeypatch)
+    assert calls == 1, model._fused.reason if model._fused else "not built"
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
+        torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
+
 def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model("llama")
-    five = decode_batch(model, [3, 4, 5, 6, 7], seed=1)
-    assert forward(model, five, True, monkeypatch)[2] == 0  # above MAX_ROWS: oneDNN's matmuls win
+    too_many = decode_batch(model, [1 + i % 5 for i in range(fused_decode.MAX_ROWS + 1)], seed=1)
+    assert forward(model, too_many, True, monkeypatch)[2] == 0  # above MAX_ROWS: oneDNN's matmuls win
 
     ids, positions, caches, meta = decode_batch(model, [6, 9], seed=2)
     # A mixed step: the first sequence's last 3 tokens (prefill) and one decode row.
