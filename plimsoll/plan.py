@@ -22,7 +22,8 @@ replicas a load needs, with every step shown —
   concurrency and a target load (concurrency, or requests/s × latency by
   Little's law): replicas = ceil(load ÷ per-replica), GPUs = replicas × GPUs per replica.
 
-What it is not: a memory profiler. Activation workspace, CUDA graphs and
+What it is not: a memory profiler. Activation workspace, CUDA graphs, the CPU
+matmul library's cached primitives (~1 MiB per shape: models/dense.py) and
 allocator fragmentation are not modelled (the memory fraction is where to leave
 room for them), and the sequence count assumes every request uses the whole
 context, so it is a floor on what really fits.
