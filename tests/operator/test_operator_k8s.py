@@ -235,12 +235,18 @@ def test_scale_subresource(devcluster: Any, llms_namespace: str) -> None:
 
     wait_for(three_ready, 120, "3 ready replicas")
     assert get_json(devcluster, "deployment", name, "-n", ns)["spec"]["replicas"] == 3
-    scale = json.loads(
-        devcluster.kubectl(
-            "get", "--raw", f"/apis/plimsoll.dev/v1alpha1/namespaces/{ns}/llmservices/{name}/scale"
-        ).stdout
-    )
-    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+
+    def scale_of_three() -> dict[str, Any] | None:
+        # /scale reads .status.replicas, which follows the Deployment's status a reconcile later
+        # than readyReplicas may have been read above (a CI run saw 3 ready and replicas 1 once).
+        scale: dict[str, Any] = json.loads(
+            devcluster.kubectl(
+                "get", "--raw", f"/apis/plimsoll.dev/v1alpha1/namespaces/{ns}/llmservices/{name}/scale"
+            ).stdout
+        )
+        return scale if scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3 else None
+
+    scale = wait_for(scale_of_three, 60, "/scale to report 3 replicas")
     assert f"plimsoll.dev/llmservice={name}" in scale["status"]["selector"]
     pods = get_json(devcluster, "pods", "-n", ns, "-l", scale["status"]["selector"])["items"]
     assert {p["spec"]["nodeName"] for p in pods} <= GPU_NODES and len(pods) == 3
