@@ -129,6 +129,13 @@ class EngineConfig(BaseModel):
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
 
     @property
+    def max_logit_rows(self) -> int:
+        """The most rows one step computes logits for: each sequence's next token and, with
+        speculative decoding, one per proposed token."""
+        spec = self.speculative_config
+        return self.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
+
+    @property
     def display_name(self) -> str:
         """The name clients use for this model (OpenAI ``model`` field)."""
         return self.served_model_name or self.model

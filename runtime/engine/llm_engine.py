@@ -458,9 +458,7 @@ class LLMEngine:
             self.step()
         # oneDNN's matmul primitives for every padded row count a step can have, built now rather
         # than as request shapes first appear (each costs ~1 MiB: models/dense.py).
-        spec = self.config.speculative_config
-        logit_rows = self.config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
-        primed = self.runner.model.prime_matmuls(self.config.max_num_batched_tokens, logit_rows)
+        primed = self.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_logit_rows)
         draft = getattr(self.speculator, "draft", None)
         if draft is not None:  # a draft model proposes one row per sequence at a time
             primed += draft.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_num_seqs)

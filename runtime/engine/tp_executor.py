@@ -224,9 +224,7 @@ def run_worker(
             kv_cache_dtype=config.kv_cache_dtype,
         )  # fmt: skip
         # As rank 0's warm-up does (LLMEngine.warmup): the matmul primitives every step shape needs.
-        spec = config.speculative_config
-        logit_rows = config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
-        runner.model.prime_matmuls(config.max_num_batched_tokens, logit_rows)
+        runner.model.prime_matmuls(config.max_num_batched_tokens, config.max_logit_rows)
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         raise SystemExit(1) from exc

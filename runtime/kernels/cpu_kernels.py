@@ -236,19 +236,27 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 INT8_LANES = 16  # the kernel dequantises 16 weights at a time: a group must be a multiple
 
 
-def supports_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None = None) -> bool:
-    """Whether ``int8_linear`` can take this matmul (float32 rows on CPU, int8 weight, groups of
-    a multiple of 16 inputs, built)."""
+def int8_weight_fits(qweight: torch.Tensor, scales: torch.Tensor | None = None) -> bool:
+    """Whether the int8 kernels read this weight: contiguous int8 rows on CPU whose scale groups
+    are a multiple of 16 inputs (``int8_linear`` and the fused decode step)."""
     groups = 1 if scales is None or scales.dim() < 2 else scales.shape[-1]
+    return (
+        qweight.dtype == torch.int8
+        and qweight.device.type == "cpu"
+        and qweight.dim() == 2
+        and qweight.is_contiguous()
+        and qweight.shape[1] % groups == 0
+        and (qweight.shape[1] // groups) % INT8_LANES == 0
+    )
+
+
+def supports_int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None = None) -> bool:
+    """Whether ``int8_linear`` can take this matmul (float32 rows on CPU, a weight it reads, built)."""
     return (
         x.dim() == 2
         and x.shape[0] > 0
         and _float32_cpu(x)
-        and qweight.dtype == torch.int8
-        and qweight.device.type == "cpu"
-        and qweight.is_contiguous()
-        and qweight.shape[1] % groups == 0
-        and (qweight.shape[1] // groups) % INT8_LANES == 0
+        and int8_weight_fits(qweight, scales)
         and library() is not None
     )
 

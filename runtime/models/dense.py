@@ -79,19 +79,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def prime_onednn(
     weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]], max_rows: int, min_rows: int = ONEDNN_ROW_BUCKET
 ) -> int:
-    """Build oneDNN's primitive for each distinct (weight shape, bias) and padded row count up to
-    ``max_rows`` (capped at ``ONEDNN_CHUNK_ROWS``), from ``min_rows`` on, now, so serving allocates
-    none later. Returns
-    how many matmuls it ran; 0 where oneDNN is not used (no oneDNN, not float32 on CPU)."""
+    """Build oneDNN's primitive for each distinct (weight shape, bias) and padded row count from
+    ``min_rows`` to ``max_rows`` (capped at ``ONEDNN_CHUNK_ROWS``) now, so serving allocates none
+    later. Returns how many matmuls it ran; 0 where oneDNN is not used (no oneDNN, not float32
+    on CPU)."""
     seen: set[tuple[tuple[int, ...], bool]] = set()
     ran = 0
+    first = -(-min_rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
     top = min(max_rows, ONEDNN_CHUNK_ROWS)
     for weight, bias in weights:
         key = (tuple(weight.shape), bias is not None)
         if key in seen or weight.dim() != 2:
             continue
         seen.add(key)
-        first = -(-min_rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
         for rows in range(first, top + ONEDNN_ROW_BUCKET, ONEDNN_ROW_BUCKET):
             x = weight.new_zeros(rows, weight.shape[1])
             if not uses_onednn(x, weight):

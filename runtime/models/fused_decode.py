@@ -91,14 +91,15 @@ def why_not(model: Any) -> str | None:
 def _int8_reason(proj: Int8Linear) -> str | None:
     """Why the kernel cannot read this int8 projection (``None`` when it can)."""
     q, scales, offsets = proj.qweight, proj.scales, proj.offsets
-    if q.device.type != "cpu" or q.dim() != 2 or not q.is_contiguous():
-        return f"int8 weights on {q.device.type}"
+    # The fused kernel reads the scales and offsets in place, so they must be float32 [N, groups].
     for t in (scales,) if offsets is None else (scales, offsets):
         if t.dtype != torch.float32 or t.dim() != 2 or not t.is_contiguous() or t.shape[0] != q.shape[0]:
             return "int8 scales not float32 [N, groups]"
-    groups = scales.shape[1]
-    if q.shape[1] % groups or (q.shape[1] // groups) % cpu_kernels.INT8_LANES:
-        return f"int8 groups of {q.shape[1] / groups:g} inputs (the kernel takes multiples of 16)"
+    if not cpu_kernels.int8_weight_fits(q, scales):
+        return (
+            f"int8 weights on {q.device.type} in groups of {q.shape[-1] / scales.shape[1]:g} inputs "
+            "(the kernels read contiguous CPU rows in groups of a multiple of 16)"
+        )
     return None
 
 

@@ -235,15 +235,14 @@ class LlamaForCausalLM(nn.Module):
                 return prime_onednn([(stand_in, module.bias)], max_rows, min_rows=KERNEL_MAX_ROWS + 1)
             return 0
 
-        seen: set[tuple[type, tuple[int, ...], bool]] = set()
+        seen: set[tuple[type, tuple[int, ...], bool]] = set()  # a stand-in per int8 shape, not per layer
         for module in self.model.layers.modules():
-            weight = getattr(module, "weight", None) if isinstance(module, Linear) else getattr(module, "qweight", None)
-            if weight is None:
-                continue
-            key = (type(module), tuple(weight.shape), getattr(module, "bias", None) is not None)
-            if key not in seen:
-                seen.add(key)
-                ran += prime(module, max_tokens)
+            if isinstance(module, Linear | Int8Linear):
+                weight = module.weight if isinstance(module, Linear) else module.qweight
+                key = (type(module), tuple(weight.shape), module.bias is not None)
+                if key not in seen:
+                    seen.add(key)
+                    ran += prime(module, max_tokens)
         if self.tie_word_embeddings:
             ran += prime_onednn([(self.model.embed_tokens.weight, None)], max_logit_rows)
         else:

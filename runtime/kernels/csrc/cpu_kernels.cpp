@@ -759,22 +759,21 @@ constexpr int64_t kBlockM = 2, kBlockN = 2;  // AVX2: a 16-float vector is two o
 
 // y[:, n_begin..n_end) = x @ W[n_begin..n_end).T for a decode batch of more than a few rows: each
 // block of W rows is read from memory once and kept in L1 while every row of x meets it.
+// NB rows of W from row n against every row of x: whole blocks of kBlockM rows, then one at a time.
+template <int64_t NB>
+void blocked_column(const float* x, const float* w, float* y, int64_t m_len, int64_t n, int64_t n_len,
+                    int64_t k_len) {
+  int64_t m = 0;
+  for (; m + kBlockM <= m_len; m += kBlockM)
+    f32_rows_block<kBlockM, NB>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
+  for (; m < m_len; ++m) f32_rows_block<1, NB>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
+}
+
 void blocked_rows(const float* x, const float* w, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
                   int64_t n_len, int64_t k_len) {
   int64_t n = n_begin;
-  const int64_t m_full = m_len / kBlockM * kBlockM;
-  for (; n + kBlockN <= n_end; n += kBlockN) {
-    int64_t m = 0;
-    for (; m < m_full; m += kBlockM)
-      f32_rows_block<kBlockM, kBlockN>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
-    for (; m < m_len; ++m) f32_rows_block<1, kBlockN>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
-  }
-  for (; n < n_end; ++n) {
-    int64_t m = 0;
-    for (; m < m_full; m += kBlockM)
-      f32_rows_block<kBlockM, 1>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
-    for (; m < m_len; ++m) f32_rows_block<1, 1>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
-  }
+  for (; n + kBlockN <= n_end; n += kBlockN) blocked_column<kBlockN>(x, w, y, m_len, n, n_len, k_len);
+  for (; n < n_end; ++n) blocked_column<1>(x, w, y, m_len, n, n_len, k_len);
 }
 
 }  // namespace
