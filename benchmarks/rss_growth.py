@@ -61,6 +61,7 @@ def main() -> None:
         model=args.model, max_num_seqs=args.max_num_seqs, max_model_len=512, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
+    llm.engine.warmup()  # as `plimsoll serve` does before it is ready (its largest step included)
     vocab = int(llm.engine.hf_config.vocab_size)
     rng = random.Random(0)
     llm.generate(*wave(rng, args.warmup, vocab))

@@ -44,6 +44,10 @@ def _fused(on: bool) -> None:
     fused_decode.ENABLED = on
 
 
+def _glued(on: bool) -> None:
+    fused_decode.GLUED_ENABLED = on
+
+
 def _pool(on: bool) -> None:
     cpu_kernels.set_pool_enabled(on)
 
@@ -66,6 +70,7 @@ COMPARISONS: dict[str, tuple[Switch, str, str]] = {
     "attention": (_attention, "SDPA over gathered contexts", "decode-attention kernel"),
     "fused": (_fused, "layer by layer (modules)", "fused decode step"),
     "overhead": (_step_overhead, "threads per call, layer by layer", "worker pool + fused decode step"),
+    "glued": (_glued, "layer by layer (modules)", "glued layers (oneDNN + native glue)"),
     "pool": (_pool, "threads started per kernel call", "persistent worker pool"),
     "threads": (_threads, "1 intra-op thread", "torch's default threads"),
 }

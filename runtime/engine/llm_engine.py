@@ -29,6 +29,7 @@ from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
+from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
@@ -53,6 +54,7 @@ class LLMEngine:
             raise
 
     def _build(self, config: EngineConfig) -> None:
+        keep_freed_memory()  # a step's multi-MiB activations reuse the last step's pages (kernels/host_memory.py)
         tp_group = self.executor.group if self.executor is not None else None
         loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization, tp_group)
         STARTUP.mark("weights_loaded")
@@ -456,6 +458,23 @@ class LLMEngine:
         )
         while self.has_unfinished_requests():
             self.step()
+        # Then the largest step this engine can take (as vLLM's profile run does), so the heap
+        # reaches the size serving needs now (kernels/host_memory.py keeps it) rather than
+        # growing with the first long prompts. Its blocks go back to the pool at once.
+        largest = min(
+            self.config.max_num_batched_tokens,
+            self.max_model_len - 1,
+            (self.num_blocks - 1) * self.config.block_size,
+        )
+        if largest > 1:
+            vocab = int(self.hf_config.vocab_size)
+            self.add_request(
+                "__warmup_largest__",
+                [(7 * i) % vocab for i in range(largest)],
+                SamplingParams(max_tokens=1, temperature=0),
+            )
+            while self.has_unfinished_requests():
+                self.step()
         # oneDNN's matmul primitives for every padded row count a step can have, built now rather
         # than as request shapes first appear (each costs ~1 MiB: models/dense.py).
         primed = self.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_logit_rows)

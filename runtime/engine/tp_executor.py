@@ -34,6 +34,7 @@ import torch
 from plimsoll.runtime.distributed.group import TensorParallelGroup
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.model_runner import ModelRunner, StepPlan
+from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ def run_worker(
     from plimsoll.runtime.models.loader import load_model
 
     torch.set_num_threads(threads)
+    keep_freed_memory()  # as rank 0's engine does
     config = EngineConfig(**config_dict)
     device = rank_device(config.device, rank)
     if device.type == "cuda":

@@ -14,6 +14,9 @@ What it is: four functions with torch-shaped signatures, over one worker pool.
   bytes to stream.
 - ``fused_decode``: every layer of a plain Llama decode step for a few rows in one call
   (``models/fused_decode.py`` decides when; the module path does the rest).
+- ``add_rms_norm``, ``rope_store``, ``silu_mul``: the ops of a Llama layer between its
+  matmuls, one call each over a step's rows, for steps too large for ``fused_decode``
+  (``models/fused_decode.GluedLayers`` runs the matmuls through oneDNN between them).
 The kernels split their work over a pool of threads started once per process (not per
 call; ``pool_threads``, ``pool_noop``), safe across fork and with several callers.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
@@ -151,6 +154,14 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_fused_decode_timing.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     lib.plimsoll_pool_enable.restype = None
     lib.plimsoll_pool_enable.argtypes = [ctypes.c_int64]
+    lib.plimsoll_add_rms_norm_f32.restype = ctypes.c_int
+    lib.plimsoll_add_rms_norm_f32.argtypes = (
+        [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int64]
+    )
+    lib.plimsoll_rope_store_f32.restype = ctypes.c_int
+    lib.plimsoll_rope_store_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6
+    lib.plimsoll_silu_mul_f32.restype = ctypes.c_int
+    lib.plimsoll_silu_mul_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
     return lib
 
 
@@ -308,6 +319,7 @@ def decode_attention(
     block_tables: torch.Tensor,  # [B, max_blocks]
     context_lens: torch.Tensor,  # [B]
     scale: float,
+    out: torch.Tensor | None = None,  # [B, H, D] contiguous float32 to write into (default: a new one)
 ) -> torch.Tensor:  # [B, H, D]
     lib = library()
     if lib is None:
@@ -321,7 +333,12 @@ def decode_attention(
     q = query.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}"
+        )
     rc = fn(
         q.data_ptr(),
         k_cache.data_ptr(),
@@ -381,6 +398,99 @@ def fused_decode(
             f"context lengths must be 1..{block_tables.shape[1] * block_size}, slots below {num_slots}"
             + (", int8 groups a multiple of 16 inputs dividing each projection's" if int8 else "")
         )
+
+
+def _glue_library() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available")
+    return lib
+
+
+def _rows_fit(rows: int, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or t.shape[0] < rows:
+            raise ValueError(
+                f"expected contiguous float32 CPU tensors of at least {rows} rows, got {t.dtype} "
+                f"{tuple(t.shape)} on {t.device.type}"
+            )
+
+
+def add_rms_norm(
+    x: torch.Tensor,  # [>= M, dim], updated in place: x += delta
+    delta: torch.Tensor | None,  # [>= M, dim] or None (nothing added)
+    weight: torch.Tensor,  # [dim]
+    out: torch.Tensor,  # [>= M, dim]: RMSNorm(x) * weight
+    rows: int,
+    eps: float,
+    threads: int = 0,  # 0: torch's intra-op threads
+) -> None:
+    """Rows ``[0, rows)``: ``x += delta`` then ``out = RMSNorm(x) * weight`` (a residual add and the
+    next norm of a Llama layer, one call)."""
+    lib = _glue_library()
+    dim = x.shape[1]
+    _rows_fit(rows, x, out, *(() if delta is None else (delta,)))
+    if weight.shape != (dim,) or out.shape[1] != dim or (delta is not None and delta.shape[1] != dim):
+        raise ValueError(f"add_rms_norm: x, delta, out and weight must all have {dim} columns")
+    rc = lib.plimsoll_add_rms_norm_f32(
+        x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, dim,
+        eps, threads or torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"add_rms_norm rejected {rows} rows of {dim}")
+
+
+def rope_store(
+    qkv: torch.Tensor,  # [>= M, (H + 2 Hkv) D]: a qkv projection's output
+    q_out: torch.Tensor,  # [>= M, H * D] (or [.., H, D]): q after RoPE
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32
+    v_cache: torch.Tensor,
+    cos: torch.Tensor,  # [M, D]
+    sin: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [M] int64, -1: do not store
+    rows: int,
+    heads: tuple[int, int, int],  # H, Hkv, D
+    threads: int = 0,
+) -> None:
+    """RoPE on each row's q (into ``q_out``) and k, and k and v stored in their cache slots."""
+    lib = _glue_library()
+    num_heads, num_kv_heads, head_dim = heads
+    _rows_fit(rows, qkv, q_out, cos, sin)
+    _rows_fit(0, k_cache, v_cache)
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or k_cache.shape[2:] != (
+        num_kv_heads,
+        head_dim,
+    ):
+        raise ValueError(
+            f"rope_store: qkv {tuple(qkv.shape)} or cache {tuple(k_cache.shape)} does not fit {heads}"
+        )
+    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous() or slot_mapping.shape[0] < rows:
+        raise ValueError("rope_store: slot_mapping must be contiguous int64 with a slot a row")
+    rc = lib.plimsoll_rope_store_f32(
+        qkv.data_ptr(), q_out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        slot_mapping.data_ptr(), rows, num_heads, num_kv_heads, head_dim, num_slots, threads or torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(
+            f"rope_store rejected its inputs (code {rc}): slots must be below {num_slots}, D even"
+        )
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, rows: int, threads: int = 0) -> None:
+    """Rows ``[0, rows)``: ``out = SiLU(gate) * up`` where each row of ``gate_up`` is ``[gate | up]``."""
+    lib = _glue_library()
+    inter = out.shape[1]
+    _rows_fit(rows, gate_up, out)
+    if gate_up.shape[1] != 2 * inter:
+        raise ValueError(f"silu_mul: gate_up has {gate_up.shape[1]} columns, out {inter}; need 2 x out's")
+    if (
+        lib.plimsoll_silu_mul_f32(
+            gate_up.data_ptr(), out.data_ptr(), rows, inter, threads or torch.get_num_threads()
+        )
+        != 0
+    ):
+        raise ValueError(f"silu_mul rejected {rows} rows of {inter}")
 
 
 FUSED_PARTS = ("norms, RoPE, KV store", "qkv matmul", "attention", "o_proj", "gate_up + SiLU*up", "down")

@@ -1,4 +1,5 @@
-"""The fused CPU decode step: every decoder layer of a small decode batch in one native call.
+"""The fused CPU decode step (every decoder layer of a small decode batch in one native call)
+and the glued layers (every other step, oneDNN's matmuls with one native call between each two).
 
 What it is: ``FusedDecode``, built once per model, which decides whether a step can run
 through ``cpu_kernels.fused_decode`` and runs it. The module path calls ~130 torch ops and
@@ -10,10 +11,13 @@ activations on CPU (no biases, no Qwen3 q/k norm, SiLU MLP, projections either a
 float32 ``Linear`` or all ``Int8Linear`` from ``--quantization int8``, without LoRA or
 tensor parallelism hooks, a float32 cache, the torch attention backend) and every row of
 the step is one decode token, at most ``MAX_ROWS`` of them (above that oneDNN's matmuls
-beat the kernel's register-blocked ones). Everything else (prefill rows,
-mixed steps, speculative verification, an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs)
-takes the module path, unchanged. ``PLIMSOLL_FUSED_DECODE=0`` turns it off; a model that
-fits on a machine where the kernels cannot be built logs one warning and runs the module path.
+beat the kernel's register-blocked ones). ``GluedLayers`` takes the steps of more than
+``SMALL_BATCH_MAX_ROWS`` rows it leaves (more decode rows, prefill, mixed steps, speculative
+verification) for the same models with float32 projections: ~12 Python calls a layer
+instead of ~130 torch ops. Everything else (an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs;
+int8 projections above ``MAX_ROWS``) takes the module path, unchanged.
+``PLIMSOLL_FUSED_DECODE=0`` and ``PLIMSOLL_GLUED_LAYERS=0`` turn them off; a model that fits
+on a machine where the kernels cannot be built logs one warning and runs the module path.
 
 What it is not: a compiler, or a second model definition (``models/llama.py`` stays the
 reference the fused step is tested against: ``tests/runtime/models/test_fused_decode.py``).
@@ -29,10 +33,12 @@ from torch import nn
 from plimsoll.runtime.attention import sdpa
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.kernels import cpu_kernels
+from plimsoll.runtime.models import dense
 from plimsoll.runtime.models.dense import Linear
 from plimsoll.runtime.models.quant import Int8Linear
 
 log = logging.getLogger(__name__)
+_linear_pointwise = torch.ops.mkldnn._linear_pointwise if dense._ONEDNN else None
 
 # Read at import; tests and benchmarks/step_ab.py flip the module attribute.
 ENABLED = os.environ.get("PLIMSOLL_FUSED_DECODE", "1") != "0"
@@ -213,3 +219,123 @@ class FusedDecode:
             int8=self.int8,
         )
         return True
+
+
+# Read at import, like ENABLED; benchmarks/step_ab.py --compare glued flips it.
+GLUED_ENABLED = os.environ.get("PLIMSOLL_GLUED_LAYERS", "1") != "0"
+# Below this many rows the glue between matmuls runs on the calling thread: a few microseconds
+# a call, where handing it to the kernels' pool costs more than it saves while oneDNN's OpenMP
+# threads spin (step_ab --compare glued at 32 and 64 rows: 0.96 and 1.09 of the module path
+# split over the pool, 0.88 and 0.93 on one thread). Prefill-sized steps split it.
+GLUE_SPLIT_ROWS = 256
+
+
+class GluedLayers:
+    """The steps ``FusedDecode`` does not take (more than ``MAX_ROWS`` decode rows, prefill and mixed
+    steps), layer by layer with ~10 calls a layer instead of ~130: oneDNN's matmul for each
+    projection, the same primitive at the same padded row count as the module path's ``Linear``,
+    and one native call for each run of ops between two matmuls (``cpu_kernels.add_rms_norm``,
+    ``rope_store``, ``silu_mul``; decode attention into a buffer). Same model fit as the fused step,
+    float32 projections only; a step of at most ``SMALL_BATCH_MAX_ROWS`` rows keeps the module path
+    (its matmuls are not oneDNN's there). ``run`` returns the final norm's output, or ``None``."""
+
+    def __init__(self, fused: FusedDecode) -> None:
+        self.fused = fused
+        model = fused.model
+        self.reason = fused.reason
+        if self.reason is None and fused.int8:
+            self.reason = "int8 projections (their kernel dequantises above its rows)"
+        if self.reason is None and not dense.uses_onednn(torch.empty(1, 1), torch.empty(1, 1)):
+            self.reason = "no oneDNN in this torch build"
+        self.layers = [] if self.reason is not None else [
+            (
+                layer.input_layernorm.weight,
+                layer.self_attn.qkv_proj.weight,
+                layer.self_attn.o_proj.weight,
+                layer.post_attention_layernorm.weight,
+                layer.mlp.gate_up_proj.weight,
+                layer.mlp.down_proj.weight,
+            )
+            for layer in model.model.layers
+        ]  # fmt: skip
+        self.final_norm = model.model.norm.weight
+
+    def _matmul(self, x: torch.Tensor, rows: int, weight: torch.Tensor) -> torch.Tensor:
+        """``x[:rows] @ weight.T`` with ``x`` padded to its bucket (zero rows past ``rows``); the
+        result keeps the padded rows (zeros times ``weight``) so the next op reads no garbage."""
+        if x.shape[0] <= dense.ONEDNN_CHUNK_ROWS:
+            result: torch.Tensor = _linear_pointwise(x, weight, None, "none", [], "")
+            return result
+        return dense.linear(x[:rows], weight)
+
+    def run(
+        self,
+        x: torch.Tensor,  # [N, hidden] embeddings (updated in place: the residual stream)
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        store_kv: Any,
+        paged_attention: Any,
+    ) -> torch.Tensor | None:
+        n = x.shape[0]
+        k0 = kv_caches[0][0]
+        if (
+            not GLUED_ENABLED
+            or self.reason is not None
+            or getattr(self.fused._first_qkv, "lora", None) is not None
+            or n <= cpu_kernels.SMALL_BATCH_MAX_ROWS
+            or x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or k0.dtype != torch.float32
+            or not k0.is_contiguous()
+            or store_kv is not sdpa.store_kv
+            or paged_attention is not sdpa.paged_attention
+        ):
+            return None
+        fused = self.fused
+        heads, _, head_dim = fused.shape
+        hidden, inter, eps = fused.hidden, fused.inter, fused.eps
+        padded = (
+            -(-n // dense.ONEDNN_ROW_BUCKET) * dense.ONEDNN_ROW_BUCKET if n <= dense.ONEDNN_CHUNK_ROWS else n
+        )
+        # Rows past n stay zero in every buffer the matmuls read (the glue writes rows < n only).
+        h = x.new_zeros(padded, hidden)
+        attn = x.new_zeros(padded, heads * head_dim)
+        act = x.new_zeros(padded, inter)
+        q = x.new_empty(n, heads, head_dim)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        # All decode rows: the decode-attention kernel writes straight into the o_proj's input.
+        decode_only = (
+            meta.max_q_len == 1
+            and meta.context_lens.shape[0] == n
+            and cpu_kernels.supports_attention(q, k0, k0)
+        )
+        if decode_only:
+            tables = meta.block_tables.to(torch.int32).contiguous()
+            lens = meta.context_lens.to(torch.int32).contiguous()
+            attn_rows = attn[:n].view(n, heads, head_dim)
+        glue_threads = 1 if n < GLUE_SPLIT_ROWS else torch.get_num_threads()
+        delta: torch.Tensor | None = None
+        for (ln1, w_qkv, w_o, ln2, w_gate_up, w_down), (k_cache, v_cache) in zip(
+            self.layers, kv_caches, strict=True
+        ):
+            cpu_kernels.add_rms_norm(x, delta, ln1, h, n, eps, glue_threads)
+            qkv = self._matmul(h, n, w_qkv)
+            cpu_kernels.rope_store(qkv, q, k_cache, v_cache, cos, sin, slots, n, fused.shape, glue_threads)
+            if decode_only:
+                cpu_kernels.decode_attention(q, k_cache, v_cache, tables, lens, fused.scale, out=attn_rows)
+            else:
+                out = sdpa.paged_attention(
+                    q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, fused.scale
+                )
+                attn[:n].copy_(out.view(n, heads * head_dim))
+            o = self._matmul(attn, n, w_o)
+            cpu_kernels.add_rms_norm(x, o, ln2, h, n, eps, glue_threads)
+            gate_up = self._matmul(h, n, w_gate_up)
+            cpu_kernels.silu_mul(gate_up, act, n, glue_threads)
+            delta = self._matmul(act, n, w_down)
+        out_hidden = x.new_empty(n, hidden)
+        cpu_kernels.add_rms_norm(x, delta, self.final_norm, out_hidden, n, eps, glue_threads)
+        return out_hidden

@@ -17,7 +17,7 @@ from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 from plimsoll.runtime.models.dense import Linear, linear, prime_onednn
-from plimsoll.runtime.models.fused_decode import FusedDecode
+from plimsoll.runtime.models.fused_decode import FusedDecode, GluedLayers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -188,6 +188,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._fused: FusedDecode | None = None  # built at the first forward (after LoRA, TP, int8)
+        self._glued: GluedLayers | None = None
 
     def forward(
         self,
@@ -202,10 +203,17 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.model.rotary_emb(positions, x.dtype)  # once per step, for every layer
         if self._fused is None:
             self._fused = FusedDecode(self)
-        # A few decode rows on CPU in float32: every layer in one native call (models/fused_decode.py).
-        if not self._fused.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention):
-            for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-                x = layer(x, cos, sin, kv_cache, meta, store_kv, paged_attention)
+            self._glued = GluedLayers(self._fused)
+        # On CPU in float32 (models/fused_decode.py): a few decode rows, every layer in one native
+        # call; larger steps, each layer as oneDNN matmuls with one native call between each two.
+        if self._fused.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention):
+            return self.model.norm(x)  # type: ignore[no-any-return]
+        assert self._glued is not None
+        glued = self._glued.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
+        if glued is not None:
+            return glued
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, meta, store_kv, paged_attention)
         hidden: torch.Tensor = self.model.norm(x)
         return hidden
 

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,12 @@ def run(devcluster: Any, running_operator: Any, tiny_model: Path) -> Iterator[Ti
         devcluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
+
+def _event_time(event: dict[str, Any]) -> float:
+    """When an Event happened: its eventTime (microseconds), else its first timestamp (seconds)."""
+    stamp = event.get("eventTime") or event.get("firstTimestamp") or event.get("lastTimestamp")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
+
 def _play(cluster: Any, ns: str, t: Timeline) -> None:
     load = t.load
     _until(
@@ -212,7 +219,8 @@ def _play(cluster: Any, ns: str, t: Timeline) -> None:
 
     t.described = cluster.kubectl("describe", "llms", NAME, "-n", ns).stdout
     items = get_json(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={NAME}")
-    t.events = list((items or {}).get("items", []))
+    # The API lists events in name order, not time order: sort them by when they happened.
+    t.events = sorted((items or {}).get("items", []), key=_event_time)
     t.status = get_json(cluster, "llms", NAME, "-n", ns)["status"]
     _print(t)
 

@@ -1,13 +1,16 @@
 // CPU kernels for float32 that torch's CPU ops run poorly at serving shapes.
 //
-// What it is: three functions compiled at first use by cpu_kernels.py (c++ -O3
-// -march=native -fopenmp-simd) and called through ctypes, each splitting its work
-// over std::threads:
+// What it is: functions compiled at first use by cpu_kernels.py (c++ -O3
+// -march=native -fopenmp-simd) and called through ctypes, splitting their work over
+// one pool of threads (the int8 matmul, the fused decode step and the glue between a
+// layer's matmuls are described where they are defined, further down):
 // - plimsoll_paged_decode_attention_f32: the decode half of
 //   attention_torch.paged_attention's contract, one query per sequence against its
 //   context read straight from the paged KV cache (no gather copy). Work is split by
 //   sequence; each reads its K rows once to score every query head (GQA: query head
-//   h reads KV head h / (H / Hkv)) and its V rows once to sum them.
+//   h reads KV head h / (H / Hkv)) and its V rows once to sum them (float32 with
+//   head_dim 64 or 128: unrolled, each row in registers for its group of heads, the
+//   next block prefetched).
 // - plimsoll_small_batch_linear_f32: x @ W.T + bias for a few rows of x (decode at
 //   low concurrency), split by output rows so each thread streams its part of W
 //   from memory once; at these shapes the matmul is bound by reading W.
@@ -251,6 +254,90 @@ extern "C" int64_t plimsoll_pool_noop(int64_t n, int64_t use_pool) {
 
 namespace {
 
+// 16 float lanes: one AVX-512 register, two AVX2 ones, or a plain array elsewhere (GCC 12
+// turns vector-extension int8 -> float conversions into scalar ones, hence intrinsics).
+constexpr int64_t kLanes = 16;
+#if defined(__AVX512F__)
+struct F16 {
+  __m512 v;
+};
+inline F16 zero16() { return {_mm512_setzero_ps()}; }
+inline F16 load_f32(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline F16 load_i8(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+inline F16 fma16(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline F16 affine16(F16 q, float s, float z) { return {_mm512_fmadd_ps(q.v, _mm512_set1_ps(s), _mm512_set1_ps(z))}; }
+inline F16 add16(F16 a, F16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline float sum16(F16 a) { return _mm512_reduce_add_ps(a.v); }
+inline F16 set16(float x) { return {_mm512_set1_ps(x)}; }
+inline void store16(float* p, F16 a) { _mm512_storeu_ps(p, a.v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+struct F16 {
+  __m256 lo, hi;
+};
+inline F16 zero16() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline F16 load_f32(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline F16 load_i8(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline F16 fma16(F16 a, F16 b, F16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline F16 affine16(F16 q, float s, float z) {
+  const __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(z);
+  return {_mm256_fmadd_ps(q.lo, vs, vz), _mm256_fmadd_ps(q.hi, vs, vz)};
+}
+inline F16 add16(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline float sum16(F16 a) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_add_ps(a.lo, a.hi));
+  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+inline F16 set16(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline void store16(float* p, F16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+#else
+struct F16 {
+  float v[kLanes];
+};
+inline F16 zero16() { return {}; }
+inline F16 load_f32(const float* p) {
+  F16 r;
+  std::memcpy(r.v, p, sizeof(r.v));
+  return r;
+}
+inline F16 load_i8(const int8_t* p) {
+  F16 r;
+  for (int64_t l = 0; l < kLanes; ++l) r.v[l] = static_cast<float>(p[l]);
+  return r;
+}
+inline F16 fma16(F16 a, F16 b, F16 c) {
+  for (int64_t l = 0; l < kLanes; ++l) c.v[l] += a.v[l] * b.v[l];
+  return c;
+}
+inline F16 affine16(F16 q, float s, float z) {
+  for (int64_t l = 0; l < kLanes; ++l) q.v[l] = q.v[l] * s + z;
+  return q;
+}
+inline F16 add16(F16 a, F16 b) {
+  for (int64_t l = 0; l < kLanes; ++l) a.v[l] += b.v[l];
+  return a;
+}
+inline float sum16(F16 a) {
+  float t = 0.f;
+  for (int64_t l = 0; l < kLanes; ++l) t += a.v[l];
+  return t;
+}
+inline F16 set16(float x) {
+  F16 r;
+  for (int64_t l = 0; l < kLanes; ++l) r.v[l] = x;
+  return r;
+}
+inline void store16(float* p, F16 a) { std::memcpy(p, a.v, sizeof(a.v)); }
+#endif
+
 // The element a cache holds: float32 rows of D values, or int8 rows of D values followed
 // by their float32 scale (attention/kv_int8.py: a row is D + 4 bytes).
 template <typename T>
@@ -405,6 +492,74 @@ void attend_seq(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
   });
 }
 
+// attend_seq for a float32 cache whose head_dim is NV x 16: each token's K and V row of a KV
+// head is loaded into registers once for the `group` query heads that read it, the loops over
+// D are unrolled, and the next block's row at the same offset is prefetched (blocks lie
+// anywhere in the cache, so the hardware prefetcher stops at each block's end).
+template <int64_t NV>
+void attend_seq_f32(const Args<float>& a, int64_t seq, std::vector<float>& scores) {
+  constexpr int64_t D = NV * kLanes;
+  const int64_t heads = a.num_heads, kv_heads = a.num_kv_heads, group = heads / kv_heads;
+  const int64_t ctx = a.context_lens[seq], bs = a.block_size, token_stride = kv_heads * D;
+  const int32_t* table = a.block_tables + seq * a.max_blocks;
+  const float* q = a.q + seq * heads * D;  // [H, D]
+  float* out = a.out + seq * heads * D;    // [H, D]
+  scores.resize(static_cast<size_t>(heads * ctx));
+  float* s = scores.data();  // [H, ctx]
+  const int64_t lines = (token_stride * static_cast<int64_t>(sizeof(float)) + 63) / 64;
+  auto walk = [&](const float* cache, auto&& visit) {
+    for (int64_t start = 0; start < ctx; start += bs) {
+      const float* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
+      const bool more = start + bs < ctx;
+      const float* next = more ? cache + static_cast<int64_t>(table[start / bs + 1]) * bs * token_stride : block;
+      const int64_t n = std::min(bs, ctx - start);
+      for (int64_t o = 0; o < n; ++o) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+        if (more) {
+          const char* line = reinterpret_cast<const char*>(next + o * token_stride);
+          for (int64_t l = 0; l < lines; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T0);
+        }
+#endif
+        visit(start + o, block + o * token_stride);
+      }
+    }
+  };
+  walk(a.k_cache, [&](int64_t t, const float* row) {
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      F16 k[NV];
+      for (int64_t i = 0; i < NV; ++i) k[i] = load_f32(row + g * D + i * kLanes);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float* qh = q + h * D;
+        F16 acc = zero16();
+        for (int64_t i = 0; i < NV; ++i) acc = fma16(load_f32(qh + i * kLanes), k[i], acc);
+        s[h * ctx + t] = sum16(acc) * a.scale;
+      }
+    }
+  });
+  for (int64_t h = 0; h < heads; ++h) softmax(s + h * ctx, ctx);
+  std::fill(out, out + heads * D, 0.f);
+  walk(a.v_cache, [&](int64_t t, const float* row) {
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      F16 v[NV];
+      for (int64_t i = 0; i < NV; ++i) v[i] = load_f32(row + g * D + i * kLanes);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const F16 w = set16(s[h * ctx + t]);
+        float* oh = out + h * D;
+        for (int64_t i = 0; i < NV; ++i) store16(oh + i * kLanes, fma16(w, v[i], load_f32(oh + i * kLanes)));
+      }
+    }
+  });
+}
+
+template <typename T>
+void attend(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.head_dim == 64) return attend_seq_f32<4>(a, seq, scores);
+    if (a.head_dim == 128) return attend_seq_f32<8>(a, seq, scores);
+  }
+  attend_seq(a, seq, scores);
+}
+
 template <typename T>
 int paged_decode_attention(const float* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
                            const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads,
@@ -420,7 +575,7 @@ int paged_decode_attention(const float* q, const T* k_cache, const T* v_cache, c
   pool::parallel(workers, [&a, num_seqs, workers](int64_t w) {
     thread_local std::vector<float> scores;
     // Interleaved sequences: neighbours in a batch tend to have similar context lengths.
-    for (int64_t b = w; b < num_seqs; b += workers) attend_seq(a, b, scores);
+    for (int64_t b = w; b < num_seqs; b += workers) attend(a, b, scores);
   });
   return 0;
 }
@@ -536,76 +691,6 @@ extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, c
 // reduction (a per-group reduction measured 3-9x slower than one scale per row).
 namespace {
 
-// 16 float lanes: one AVX-512 register, two AVX2 ones, or a plain array elsewhere (GCC 12
-// turns vector-extension int8 -> float conversions into scalar ones, hence intrinsics).
-constexpr int64_t kLanes = 16;
-#if defined(__AVX512F__)
-struct F16 {
-  __m512 v;
-};
-inline F16 zero16() { return {_mm512_setzero_ps()}; }
-inline F16 load_f32(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline F16 load_i8(const int8_t* p) {
-  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
-}
-inline F16 fma16(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-inline F16 affine16(F16 q, float s, float z) { return {_mm512_fmadd_ps(q.v, _mm512_set1_ps(s), _mm512_set1_ps(z))}; }
-inline F16 add16(F16 a, F16 b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline float sum16(F16 a) { return _mm512_reduce_add_ps(a.v); }
-#elif defined(__AVX2__) && defined(__FMA__)
-struct F16 {
-  __m256 lo, hi;
-};
-inline F16 zero16() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-inline F16 load_f32(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-inline F16 load_i8(const int8_t* p) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
-}
-inline F16 fma16(F16 a, F16 b, F16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-inline F16 affine16(F16 q, float s, float z) {
-  const __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(z);
-  return {_mm256_fmadd_ps(q.lo, vs, vz), _mm256_fmadd_ps(q.hi, vs, vz)};
-}
-inline F16 add16(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
-inline float sum16(F16 a) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, _mm256_add_ps(a.lo, a.hi));
-  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-}
-#else
-struct F16 {
-  float v[kLanes];
-};
-inline F16 zero16() { return {}; }
-inline F16 load_f32(const float* p) {
-  F16 r;
-  std::memcpy(r.v, p, sizeof(r.v));
-  return r;
-}
-inline F16 load_i8(const int8_t* p) {
-  F16 r;
-  for (int64_t l = 0; l < kLanes; ++l) r.v[l] = static_cast<float>(p[l]);
-  return r;
-}
-inline F16 fma16(F16 a, F16 b, F16 c) {
-  for (int64_t l = 0; l < kLanes; ++l) c.v[l] += a.v[l] * b.v[l];
-  return c;
-}
-inline F16 affine16(F16 q, float s, float z) {
-  for (int64_t l = 0; l < kLanes; ++l) q.v[l] = q.v[l] * s + z;
-  return q;
-}
-inline F16 add16(F16 a, F16 b) {
-  for (int64_t l = 0; l < kLanes; ++l) a.v[l] += b.v[l];
-  return a;
-}
-inline float sum16(F16 a) {
-  float t = 0.f;
-  for (int64_t l = 0; l < kLanes; ++l) t += a.v[l];
-  return t;
-}
-#endif
 
 // MB rows of x against NB rows of W: each 16 weights are dequantised once and meet MB rows,
 // and each 16 values of x meet NB weight rows (NB x MB accumulators: 2 x 8 where 32 vector
@@ -820,6 +905,78 @@ void rope(const float* x, const float* cos, const float* sin, float* out, int64_
   for (int64_t d = half; d < d_len; ++d) out[d] = x[d] * cos[d] + x[d - half] * sin[d];
 }
 
+// Rows [m0, m1) of a qkv projection's output (row stride qkv_stride: q heads, k heads, v heads):
+// RoPE on q into q_out [M, H, D], and, for rows whose slot is >= 0, RoPE'd k and plain v into
+// that slot of the caches ([slots, Hkv, D]). The caller checks slots against the cache's size.
+void rope_store_rows(const float* qkv, int64_t qkv_stride, float* q_out, float* k_cache, float* v_cache,
+                     const float* cos, const float* sin, const int64_t* slots, int64_t m0, int64_t m1,
+                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* row = qkv + m * qkv_stride;
+    const float* c = cos + m * head_dim;
+    const float* s = sin + m * head_dim;
+    for (int64_t hh = 0; hh < num_heads; ++hh)
+      rope(row + hh * head_dim, c, s, q_out + (m * num_heads + hh) * head_dim, head_dim);
+    if (slots[m] < 0) continue;
+    float* k_dst = k_cache + slots[m] * kv_size;
+    for (int64_t hh = 0; hh < num_kv_heads; ++hh)
+      rope(row + q_size + hh * head_dim, c, s, k_dst + hh * head_dim, head_dim);
+    std::memcpy(v_cache + slots[m] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+  }
+}
+
+// act[m, i] = SiLU(gate[m, i]) * up[m, i] for rows [m0, m1) and columns [i0, i1), where row m of
+// gate_up holds `inter` gate values then `inter` up values (models/llama.MLP). SiLU(g) =
+// g / (1 + exp(-g)) with exp_vec on whole vectors (its argument capped at 88, where exp is
+// still finite; SiLU there is -0 to float32 either way).
+void silu_mul(const float* gate_up, float* act, int64_t m0, int64_t m1, int64_t i0, int64_t i1, int64_t inter) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* g = gate_up + m * 2 * inter;
+    const float* u = g + inter;
+    float* o = act + m * inter;
+    int64_t i = i0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= i1; i += 16) {
+      const __m512 gv = _mm512_loadu_ps(g + i);
+      const __m512 e = exp_vec(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(88.f)));
+      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+      _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= i1; i += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + i);
+      const __m256 e = exp_vec(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.f)));
+      const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < i1; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  }
+}
+
+// Rows [m0, m1): x[m] += delta[m] (delta null: nothing added), then h[m] = RMSNorm(x[m]) * weight.
+void add_rms_norm_rows(float* x, const float* delta, const float* weight, float* h, int64_t m0, int64_t m1,
+                       int64_t dim, float eps) {
+  for (int64_t m = m0; m < m1; ++m) {
+    float* xm = x + m * dim;
+    if (delta != nullptr) {
+      const float* dm = delta + m * dim;
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) xm[d] += dm[d];
+    }
+    rms_norm(xm, weight, h + m * dim, 1, dim, eps);
+  }
+}
+
+// Splits rows [0, m_len) over the pool in runs of at least `min_rows`.
+template <typename F>
+void over_rows(int64_t m_len, int64_t min_rows, int64_t num_threads, const F& f) {
+  const int64_t workers = std::max<int64_t>(1, std::min(num_threads, m_len / std::max<int64_t>(1, min_rows)));
+  const int64_t chunk = (m_len + workers - 1) / workers;
+  pool::parallel(workers, [&](int64_t w) { f(std::min(m_len, w * chunk), std::min(m_len, (w + 1) * chunk)); });
+}
+
 // Time per part of the fused step, summed over calls while on (benchmarks/step_profile.py):
 // norms + RoPE + KV store, qkv, attention, o_proj, gate_up + SiLU, down; nanoseconds.
 constexpr int FUSED_PARTS = 6;
@@ -952,26 +1109,16 @@ int fused_decode(float* x, const std::vector<FusedLayer<P>>& layers, const float
     clock.lap(0);
     project<false>(layer.qkv, h, qkv, tmp, m_len, qkv_size, hidden, num_threads);
     clock.lap(1);
-    for (int64_t m = 0; m < m_len; ++m) {
-      const float* row = qkv + m * qkv_size;
-      const float* c = cos + m * head_dim;
-      const float* s = sin + m * head_dim;
-      for (int64_t hh = 0; hh < num_heads; ++hh)
-        rope(row + hh * head_dim, c, s, q + (m * num_heads + hh) * head_dim, head_dim);
-      if (slots[m] < 0) continue;
-      // Every row's KV is stored before any row attends (a sequence may read a block
-      // another one fills in this step), as the module path does.
-      float* k_dst = k_cache + slots[m] * kv_size;
-      for (int64_t hh = 0; hh < num_kv_heads; ++hh)
-        rope(row + q_size + hh * head_dim, c, s, k_dst + hh * head_dim, head_dim);
-      std::memcpy(v_cache + slots[m] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
-    }
+    // Every row's KV is stored before any row attends (a sequence may read a block
+    // another one fills in this step), as the module path does.
+    rope_store_rows(qkv, qkv_size, q, k_cache, v_cache, cos, sin, slots, 0, m_len, num_heads, num_kv_heads,
+                    head_dim);
     clock.lap(0);
     const Args<float> a{q, k_cache, v_cache, block_tables, context_lens, attn,
                         num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale};
     pool::parallel(attn_workers, [&a, m_len, attn_workers](int64_t w) {
       thread_local std::vector<float> scores;
-      for (int64_t b = w; b < m_len; b += attn_workers) attend_seq(a, b, scores);
+      for (int64_t b = w; b < m_len; b += attn_workers) attend(a, b, scores);
     });
     clock.lap(2);
     project<true>(layer.o, attn, x, tmp, m_len, hidden, q_size, num_threads);
@@ -984,12 +1131,7 @@ int fused_decode(float* x, const std::vector<FusedLayer<P>>& layers, const float
       const int64_t i0 = std::min(inter, t * mlp_chunk), i1 = std::min(inter, (t + 1) * mlp_chunk);
       proj_rows(w_gate_up, h, gate_up, m_len, i0, i1, 2 * inter, hidden);
       proj_rows(w_gate_up, h, gate_up, m_len, inter + i0, inter + i1, 2 * inter, hidden);
-      for (int64_t m = 0; m < m_len; ++m) {
-        const float* g = gate_up + m * 2 * inter;
-        const float* u = g + inter;
-        float* o = act + m * inter;
-        for (int64_t i = i0; i < i1; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-      }
+      silu_mul(gate_up, act, 0, m_len, i0, i1, inter);
     });
     clock.lap(4);
     project<true>(layer.down, act, x, tmp, m_len, hidden, inter, num_threads);
@@ -1046,4 +1188,40 @@ extern "C" int plimsoll_fused_decode_int8(float* x, const int64_t* layers, const
   }
   return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads, num_kv_heads,
                       head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
+}
+
+// The glue of a step run layer by layer with oneDNN's matmuls (models/fused_decode.py's
+// GluedLayers, for steps the fused step does not take): each call is every op of a Llama layer
+// between two projections, over all the step's rows. x, h [M, dim]; qkv [M, (H + 2 Hkv) D];
+// q_out [M, H, D]; gate_up [M, 2 I]; act [M, I]; slots [M] int64 (-1: do not store).
+extern "C" int plimsoll_add_rms_norm_f32(float* x, const float* delta, const float* weight, float* h, int64_t m_len,
+                                         int64_t dim, float eps, int64_t num_threads) {
+  if (m_len <= 0 || dim <= 0) return 1;
+  over_rows(m_len, 16, num_threads,
+            [=](int64_t m0, int64_t m1) { add_rms_norm_rows(x, delta, weight, h, m0, m1, dim, eps); });
+  return 0;
+}
+
+extern "C" int plimsoll_rope_store_f32(const float* qkv, float* q_out, float* k_cache, float* v_cache,
+                                       const float* cos, const float* sin, const int64_t* slots, int64_t m_len,
+                                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                                       int64_t num_threads) {
+  if (m_len <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0) return 1;
+  for (int64_t m = 0; m < m_len; ++m) {
+    if (slots[m] >= num_slots) return 3;
+  }
+  const int64_t stride = (num_heads + 2 * num_kv_heads) * head_dim;
+  over_rows(m_len, 32, num_threads, [=](int64_t m0, int64_t m1) {
+    rope_store_rows(qkv, stride, q_out, k_cache, v_cache, cos, sin, slots, m0, m1, num_heads, num_kv_heads,
+                    head_dim);
+  });
+  return 0;
+}
+
+extern "C" int plimsoll_silu_mul_f32(const float* gate_up, float* act, int64_t m_len, int64_t inter,
+                                     int64_t num_threads) {
+  if (m_len <= 0 || inter <= 0) return 1;
+  over_rows(m_len, std::max<int64_t>(1, 16384 / inter), num_threads,
+            [=](int64_t m0, int64_t m1) { silu_mul(gate_up, act, m0, m1, 0, inter, inter); });
+  return 0;
 }

@@ -36,6 +36,7 @@ DECODE_CASES = {
     "MHA": ([20, 7, 33], (4, 4), 32, 4),
     "one sequence, block edge": ([64], (8, 2), 64, 16),
     "SmolLM2 shape": ([160, 171, 200, 3, 17, 224, 96, 128], (9, 3), 64, 16),
+    "head_dim 128, GQA 4": ([33, 1, 70, 16], (8, 2), 128, 16),  # the unrolled path's other width
 }
 
 
@@ -91,6 +92,14 @@ def test_kernel_equals_oracle_on_each_instruction_set(isa: str, tmp_path: Path) 
     assert rc == 0
     print(f"{isa}: max abs error vs oracle {(out - expected).abs().max().item():.2e}")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # SiLU * up, the other exp_vec user, in the same build (gates past exp's range included).
+    silu = ctypes.CDLL(str(lib_path)).plimsoll_silu_mul_f32
+    silu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+    gate_up = torch.randn(5, 2 * 100) * 30
+    act = torch.empty(5, 100)
+    assert silu(gate_up.data_ptr(), act.data_ptr(), 5, 100, 2) == 0
+    gate, up = gate_up.split(100, dim=1)
+    torch.testing.assert_close(act, F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 def test_kernel_is_used_for_float32_and_not_for_other_dtypes() -> None:
     query, kc, vc, *_ = make_batch([9, 4], [1, 1])
@@ -220,3 +229,75 @@ def test_dense_linear_runs_every_larger_row_count_on_onednn_in_bucketed_chunks(
 def test_small_batch_linear_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="must match"):
         cpu_kernels.small_batch_linear(torch.randn(2, 8), torch.randn(4, 9), None)
+
+
+# The glue between a layer's matmuls (models/fused_decode.GluedLayers), against the torch ops it replaces.
+
+
+@pytest.mark.parametrize("rows", [1, 17, 64, 200])
+def test_add_rms_norm_equals_torch(rows: int) -> None:
+    torch.manual_seed(rows)
+    dim, eps = 576, 1e-5
+    x, delta, weight = torch.randn(rows + 3, dim), torch.randn(rows + 3, dim), torch.randn(dim)
+    expected_x = x[:rows] + delta[:rows]
+    expected_h = F.rms_norm(expected_x, (dim,), weight, eps)
+    out = torch.full((rows + 3, dim), 7.0)
+    cpu_kernels.add_rms_norm(x, delta, weight, out, rows, eps)
+    torch.testing.assert_close(x[:rows], expected_x, rtol=0, atol=0)
+    torch.testing.assert_close(out[:rows], expected_h, rtol=1e-5, atol=1e-5)
+    assert bool((out[rows:] == 7.0).all())  # rows past `rows` untouched (the padding of a step)
+    cpu_kernels.add_rms_norm(x, None, weight, out, rows, eps)  # no delta: the norm alone
+    torch.testing.assert_close(out[:rows], expected_h, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 33, 100])
+def test_rope_store_equals_the_module_path(rows: int) -> None:
+    from plimsoll.runtime.models.llama import apply_rope
+
+    torch.manual_seed(rows)
+    heads, kv_heads, head_dim, block_size, num_blocks = 9, 3, 64, 16, 12
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim)
+    angles = torch.randn(rows, head_dim // 2).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    slots = torch.randperm(num_blocks * block_size)[:rows]
+    slots[::5] = -1  # rows that store nothing (padding)
+    k_cache, v_cache = torch.zeros(num_blocks, block_size, kv_heads, head_dim), torch.zeros(num_blocks, block_size, kv_heads, head_dim)
+    q_out = torch.empty(rows, heads, head_dim)
+    cpu_kernels.rope_store(qkv, q_out, k_cache, v_cache, cos, sin, slots, rows, (heads, kv_heads, head_dim))
+    qk = apply_rope(qkv[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim), cos, sin)
+    torch.testing.assert_close(q_out, qk[:, :heads], rtol=1e-5, atol=1e-5)
+    stored = slots >= 0
+    flat_k, flat_v = k_cache.view(-1, kv_heads, head_dim), v_cache.view(-1, kv_heads, head_dim)
+    torch.testing.assert_close(flat_k[slots[stored]], qk[stored, heads:], rtol=1e-5, atol=1e-5)
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(rows, kv_heads, head_dim)
+    torch.testing.assert_close(flat_v[slots[stored]], v[stored], rtol=0, atol=0)
+    assert int((flat_k.abs().sum(dim=(1, 2)) > 0).sum()) == int(stored.sum())  # no other slot written
+    bad = slots.clone()
+    bad[0] = num_blocks * block_size
+    with pytest.raises(ValueError, match="slots must be below"):
+        cpu_kernels.rope_store(qkv, q_out, k_cache, v_cache, cos, sin, bad, rows, (heads, kv_heads, head_dim))
+
+
+@pytest.mark.parametrize("rows", [1, 20, 128])
+def test_silu_mul_equals_torch_including_extreme_gates(rows: int) -> None:
+    torch.manual_seed(rows)
+    inter = 1536
+    gate_up = torch.randn(rows, 2 * inter) * 4
+    gate_up[0, :4] = torch.tensor([-200.0, -89.0, 90.0, 500.0])  # past exp's float32 range either way
+    out = torch.empty(rows, inter)
+    cpu_kernels.silu_mul(gate_up, out, rows)
+    gate, up = gate_up.split(inter, dim=1)
+    expected = F.silu(gate) * up
+    assert bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_glue_rejects_wrong_shapes_and_dtypes() -> None:
+    with pytest.raises(ValueError, match="float32"):
+        cpu_kernels.silu_mul(torch.randn(4, 8, dtype=torch.float64), torch.empty(4, 4), 4)
+    with pytest.raises(ValueError, match="2 x out"):
+        cpu_kernels.silu_mul(torch.randn(4, 9), torch.empty(4, 4), 4)
+    with pytest.raises(ValueError, match="at least 5 rows"):
+        cpu_kernels.add_rms_norm(torch.randn(4, 8), None, torch.ones(8), torch.empty(4, 8), 5, 1e-5)
+    with pytest.raises(ValueError, match="columns"):
+        cpu_kernels.add_rms_norm(torch.randn(4, 8), None, torch.ones(7), torch.empty(4, 8), 4, 1e-5)

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.skipif(
 BLOCK = 4
 NUM_BLOCKS = 40
 REAL_KERNEL = fused_decode.cpu_kernels.fused_decode
+REAL_SILU_MUL = fused_decode.cpu_kernels.silu_mul  # called once a layer by the glued layers only
 
 
 def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -41,6 +42,18 @@ def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         REAL_KERNEL(*args, **kwargs)
 
     monkeypatch.setattr(fused_decode.cpu_kernels, "fused_decode", counted)
+    return calls
+
+
+def count_glued_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Layers the glued path ran (its SiLU kernel, still run, counted)."""
+    calls: list[int] = []
+
+    def counted(*args: Any) -> None:
+        calls.append(1)
+        REAL_SILU_MUL(*args)
+
+    monkeypatch.setattr(fused_decode.cpu_kernels, "silu_mul", counted)
     return calls
 
 
@@ -82,10 +95,19 @@ def decode_batch(model: LlamaForCausalLM, contexts: list[int], seed: int) -> tup
     return ids, positions, caches, meta
 
 
-def forward(model: LlamaForCausalLM, batch: tuple[Any, ...], fused: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+def forward(
+    model: LlamaForCausalLM,
+    batch: tuple[Any, ...],
+    fused: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    glued: bool = False,
+) -> Any:
+    """Hidden states, caches after the step, and fused-kernel calls. ``fused`` and ``glued`` both
+    off: the module path (the reference)."""
     ids, positions, caches, meta = batch
     caches = [(k.clone(), v.clone()) for k, v in caches]
     monkeypatch.setattr(fused_decode, "ENABLED", fused)
+    monkeypatch.setattr(fused_decode, "GLUED_ENABLED", glued)
     calls = count_kernel_calls(monkeypatch)
     with torch.inference_mode():
         hidden = model(ids, positions, caches, meta, sdpa.store_kv, sdpa.paged_attention)
@@ -120,7 +142,6 @@ def test_fused_step_equals_the_module_path(arch: str, case: str, weights: str, m
         torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
 
 
-
 @pytest.mark.parametrize("case", ["ragged three, long", "ragged twelve (register blocks and a remainder)"])
 def test_fused_step_on_shapes_that_leave_remainders(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # hidden 70 and intermediate 90: inputs not a multiple of 16 (the kernels' vector tails), 98 q/k/v
@@ -145,6 +166,92 @@ def test_fused_step_on_shapes_that_leave_remainders(case: str, monkeypatch: pyte
     for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
         torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
+
+
+def step_batch(model: LlamaForCausalLM, seqs: list[tuple[int, int]], seed: int) -> tuple[Any, ...]:
+    """A step of any shape: each sequence ``(context, new tokens)`` has its last ``new`` tokens in
+    the step (1: a decode row; the whole context: a first prefill; between: after a prefix hit
+    or an earlier chunk). Rows are in sequence order, as the scheduler packs them."""
+    rng = random.Random(seed)
+    attn = model.model.layers[0].self_attn
+    num_blocks = sum(-(-c // BLOCK) for c, _ in seqs) + 8  # a few never used
+    shape = (num_blocks, BLOCK, attn.num_kv_heads, attn.head_dim)
+    caches = [(torch.randn(shape), torch.randn(shape)) for _ in model.model.layers]
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    max_blocks = max(-(-c // BLOCK) for c, _ in seqs)
+    tables, slots, positions, cu = [], [], [], [0]
+    for ctx, new in seqs:
+        blocks = [free.pop() for _ in range(-(-ctx // BLOCK))]
+        tables.append(blocks + [-1] * (max_blocks - len(blocks)))
+        for pos in range(ctx - new, ctx):
+            slots.append(blocks[pos // BLOCK] * BLOCK + pos % BLOCK)
+            positions.append(pos)
+        cu.append(cu[-1] + new)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
+        context_lens=torch.tensor([c for c, _ in seqs], dtype=torch.int32),
+        max_q_len=max(new for _, new in seqs),
+    )
+    ids = torch.tensor([rng.randrange(model.config.vocab_size) for _ in positions])
+    return ids, torch.tensor(positions), caches, meta
+
+
+GLUED_STEPS = {
+    "five decode rows": [(c, 1) for c in (3, 9, 1, 12, 7)],
+    "seventeen decode rows (above MAX_ROWS)": [(1 + (7 * i) % 23, 1) for i in range(17)],
+    "sixty decode rows, long contexts": [(20 + (37 * i) % 90, 1) for i in range(60)],
+    "one prefill": [(45, 45)],
+    "mixed: decodes, a prefix hit, a later chunk, a first prefill": [
+        (9, 1),
+        (30, 10),
+        (5, 1),
+        (60, 16),
+        (21, 21),
+    ],
+    "prefill above a chunk of 256 rows": [(150, 150), (140, 140), (2, 1)],
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("case", sorted(GLUED_STEPS))
+def test_glued_step_equals_the_module_path(arch: str, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(arch)
+    batch = step_batch(model, GLUED_STEPS[case], seed=len(case))
+    want, want_caches, _ = forward(model, batch, False, monkeypatch)
+    glue_calls = count_glued_layers(monkeypatch)
+    got, got_caches, fused_calls = forward(model, batch, False, monkeypatch, glued=True)
+    assert fused_calls == 0 and len(glue_calls) == len(model.model.layers), (
+        model._glued.reason if model._glued else ""
+    )
+    err = (got - want).abs().max().item()
+    print(
+        f"{arch} {case}: {batch[0].shape[0]} rows, max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})"
+    )
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # Deeper layers' K and V carry the norms' rounding (the kernel sums squares in another order
+    # than torch's rms_norm) through the layers before: ~1e-5 at hidden values of ~4.
+    for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
+        torch.testing.assert_close(gk, wk, rtol=1e-4, atol=5e-5)
+        torch.testing.assert_close(gv, wv, rtol=1e-4, atol=5e-5)
+
+
+def test_steps_the_glued_layers_leave_to_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    float_model = random_model("llama")
+    small = step_batch(float_model, [(9, 3), (4, 1)], seed=1)  # 4 rows: the small-batch matmul's
+    int8_model = random_model("llama", "int8")
+    big = step_batch(int8_model, [(30, 30)], seed=2)
+    for model, batch in ((float_model, small), (int8_model, big)):
+        want, _, _ = forward(model, batch, False, monkeypatch)
+        got, _, _ = forward(model, batch, False, monkeypatch, glued=True)
+        assert torch.equal(got, want)  # bitwise: the very same ops ran
+    assert int8_model._glued is not None and "int8" in str(int8_model._glued.reason)
+    qwen3 = random_model("qwen3")
+    forward(qwen3, step_batch(qwen3, [(30, 30)], seed=3), False, monkeypatch, glued=True)
+    assert qwen3._glued is not None and "q/k norm" in str(qwen3._glued.reason)
+
 
 def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model("llama")
@@ -196,20 +303,27 @@ def test_engine_greedy_identical_with_and_without(
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = mixed_prompts(4)
     outs, stats = {}, {}
-    for fused in (False, True):
-        monkeypatch.setattr(fused_decode, "ENABLED", fused)
-        # 14 blocks of 16 for 12 sequences of up to ~134 tokens, 4 at a time: preemption is certain.
+    # The module path; the fused step alone; both (the default). With 8 sequences at a time the
+    # glued layers take the mixed and prefill steps (each above the small-batch matmul's 4 rows).
+    for mode in ("module", "fused", "fused + glued"):
+        monkeypatch.setattr(fused_decode, "ENABLED", mode != "module")
+        monkeypatch.setattr(fused_decode, "GLUED_ENABLED", mode == "fused + glued")
+        # 14 blocks of 16 for 12 sequences of up to ~134 tokens, 8 at a time: preemption is certain.
         llm = LLM(
             model=str(tiny_model_dir("llama")), kv_cache_memory=14 * 16 * 512, max_model_len=224,
-            max_num_seqs=4, max_num_batched_tokens=48, enable_prefix_caching=True, quantization=quantization,
+            max_num_seqs=8, max_num_batched_tokens=48, enable_prefix_caching=True, quantization=quantization,
         )  # fmt: skip
         calls = count_kernel_calls(monkeypatch)
-        outs[fused] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        stats[fused] = (len(calls), llm.engine.scheduler.total_preemptions)
-    print(f"fused steps, preemptions: off {stats[False]}, on {stats[True]}")
-    assert stats[False][0] == 0 and stats[True][0] > 0
-    assert stats[True][1] > 0
-    assert outs[True] == outs[False]
+        glued = count_glued_layers(monkeypatch)
+        outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        stats[mode] = (len(calls), len(glued), llm.engine.scheduler.total_preemptions)
+    print(f"fused steps, glued layer calls, preemptions: {stats}")
+    assert stats["module"][:2] == (0, 0) and stats["fused"][0] > 0 and stats["fused"][1] == 0
+    assert stats["fused + glued"][0] > 0
+    assert (stats["fused + glued"][1] > 0) == (quantization is None)  # int8 projections: not glued
+    assert all(preemptions > 0 for _, _, preemptions in stats.values())
+    assert outs["fused"] == outs["module"]
+    assert outs["fused + glued"] == outs["module"]
 
 
 def test_without_the_kernels_one_warning_and_the_module_path(

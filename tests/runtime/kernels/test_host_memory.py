@@ -1,0 +1,84 @@
+"""``kernels/host_memory.keep_freed_memory``: a step's large buffers reuse the pages of the step before.
+
+Counted, not timed: the minor page faults (``getrusage``) of a second, identical prefill step
+of the embedded SmolLM2 after warm-up (512 tokens: matmul outputs of 1-6 MiB), in a fresh
+process with the thresholds set and in one without. And when it must leave malloc alone.
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+from plimsoll.runtime.kernels import host_memory
+
+SCRIPT = """
+import random, resource
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.llm_engine import LLMEngine
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.kernels import host_memory
+engine = LLMEngine(EngineConfig(model="smollm2-135m", kv_cache_memory="64MiB", max_num_seqs=4, max_model_len=512,
+                                enable_prefix_caching=False, max_num_batched_tokens=512))
+rng = random.Random(0)
+def prefill(tag):
+    for i in range(4):
+        engine.add_request(f"{tag}{i}", [rng.randrange(100, 40000) for _ in range(128)], SamplingParams(max_tokens=1))
+    while engine.has_unfinished_requests():
+        engine.step()
+engine.warmup()
+prefill("a")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+prefill("b")
+print(host_memory._applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def glibc() -> bool:
+    try:
+        ctypes.CDLL(None).gnu_get_libc_version  # noqa: B018
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+@pytest.mark.skipif(not glibc(), reason="the thresholds are glibc's")
+def test_a_second_prefill_step_faults_in_no_fresh_pages() -> None:
+    faults = {}
+    for keep in ("1", "0"):
+        env = {**os.environ, "PLIMSOLL_KEEP_FREED_MEMORY": keep}
+        out = subprocess.run(
+            [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True
+        )
+        applied, count = out.stdout.split()[-2:]
+        assert applied == str(keep == "1")
+        faults[keep] = int(count)
+    print(
+        f"minor page faults in the second 512-token prefill step: kept {faults['1']}, not kept {faults['0']}"
+    )
+    assert faults["0"] > 1000  # ~9,000 here: each multi-MiB output faulted in afresh
+    assert faults["1"] < faults["0"] / 10
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"PLIMSOLL_KEEP_FREED_MEMORY": "0"}, "off"),
+        ({"MALLOC_ARENA_MAX": "2"}, "environment"),
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}, "environment"),
+        ({"LD_PRELOAD": "/usr/lib/libtcmalloc.so.4"}, "preloaded"),
+    ],
+)
+def test_leaves_malloc_alone_where_the_user_configured_it(
+    env: dict[str, str], reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in [k for k in os.environ if k.startswith("MALLOC_")] + ["GLIBC_TUNABLES", "LD_PRELOAD"]:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    why = host_memory._why_not()
+    assert why is not None and reason in why
+    monkeypatch.setattr(host_memory, "_applied", None)
+    assert host_memory.keep_freed_memory() is False
