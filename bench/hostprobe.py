@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def matmul_gflops(shape: LlamaShape, rows: int = 256, repeats: int = 3) -> dict[
     weights = [[torch.randn(n, k) for n, k in shape.projections()] for _ in range(shape.layers)]
     inputs = {k: torch.randn(rows, k) for _, k in shape.projections()}
     flops = 2 * rows * sum(n * k for n, k in shape.projections()) * shape.layers
-    paths = {"mkl": lambda x, w: F.linear(x, w)}
+    paths: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"mkl": lambda x, w: F.linear(x, w)}
     if dense.uses_onednn(inputs[shape.hidden], weights[0][0]):
         paths["onednn"] = lambda x, w: dense._onednn_linear(x, w, None)
     rates = {}

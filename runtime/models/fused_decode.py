@@ -264,9 +264,11 @@ class GluedLayers:
         """``x[:rows] @ weight.T`` with ``x`` padded to its bucket (zero rows past ``rows``); the
         result keeps the padded rows (zeros times ``weight``) so the next op reads no garbage."""
         if x.shape[0] <= dense.ONEDNN_CHUNK_ROWS:
+            assert _linear_pointwise is not None  # __init__ checked oneDNN is there
             result: torch.Tensor = _linear_pointwise(x, weight, None, "none", [], "")
             return result
-        return dense.linear(x[:rows], weight)
+        chunked: torch.Tensor = dense.linear(x[:rows], weight)
+        return chunked
 
     def run(
         self,
