@@ -888,13 +888,27 @@ int64_t split_for(int64_t n_len, int64_t k_len, int64_t num_threads) {
 void rms_norm(const float* x, const float* weight, float* out, int64_t m_len, int64_t dim, float eps) {
   for (int64_t m = 0; m < m_len; ++m) {
     const float* xm = x + m * dim;
-    float sq = 0.f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t d = 0; d < dim; ++d) sq += xm[d] * xm[d];
+    // Two vector accumulators (the adds' latency, not their rate, bounds one), then the tail.
+    F16 acc0 = zero16(), acc1 = zero16();
+    int64_t d = 0;
+    for (; d + 2 * kLanes <= dim; d += 2 * kLanes) {
+      const F16 a = load_f32(xm + d), b = load_f32(xm + d + kLanes);
+      acc0 = fma16(a, a, acc0);
+      acc1 = fma16(b, b, acc1);
+    }
+    for (; d + kLanes <= dim; d += kLanes) {
+      const F16 a = load_f32(xm + d);
+      acc0 = fma16(a, a, acc0);
+    }
+    float sq = sum16(add16(acc0, acc1));
+    for (; d < dim; ++d) sq += xm[d] * xm[d];
     const float inv = 1.f / std::sqrt(sq / static_cast<float>(dim) + eps);
     float* om = out + m * dim;
-#pragma omp simd
-    for (int64_t d = 0; d < dim; ++d) om[d] = xm[d] * inv * weight[d];
+    const F16 vinv = set16(inv);
+    d = 0;
+    for (; d + kLanes <= dim; d += kLanes)
+      store16(om + d, fma16(fma16(load_f32(xm + d), vinv, zero16()), load_f32(weight + d), zero16()));
+    for (; d < dim; ++d) om[d] = xm[d] * inv * weight[d];
   }
 }
 
@@ -962,8 +976,9 @@ void add_rms_norm_rows(float* x, const float* delta, const float* weight, float*
     float* xm = x + m * dim;
     if (delta != nullptr) {
       const float* dm = delta + m * dim;
-#pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) xm[d] += dm[d];
+      int64_t d = 0;
+      for (; d + kLanes <= dim; d += kLanes) store16(xm + d, add16(load_f32(xm + d), load_f32(dm + d)));
+      for (; d < dim; ++d) xm[d] += dm[d];
     }
     rms_norm(xm, weight, h + m * dim, 1, dim, eps);
   }
