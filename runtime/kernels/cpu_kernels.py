@@ -155,9 +155,7 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_pool_enable.restype = None
     lib.plimsoll_pool_enable.argtypes = [ctypes.c_int64]
     lib.plimsoll_add_rms_norm_f32.restype = ctypes.c_int
-    lib.plimsoll_add_rms_norm_f32.argtypes = (
-        [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int64]
-    )
+    lib.plimsoll_add_rms_norm_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int64]
     lib.plimsoll_rope_store_f32.restype = ctypes.c_int
     lib.plimsoll_rope_store_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6
     lib.plimsoll_silu_mul_f32.restype = ctypes.c_int
@@ -183,9 +181,7 @@ def pool_noop(tasks: int, use_pool: bool = True) -> int:
     """Run ``tasks`` empty tasks over the worker pool (or, ``use_pool=False``, over threads
     started for the call, as the kernels did before the pool); returns how many ran.
     What a call costs before any work: ``benchmarks/step_ab.py --compare pool`` times it."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available")
+    lib = _library_or_raise()
     return int(lib.plimsoll_pool_noop(tasks, int(use_pool)))
 
 
@@ -336,9 +332,7 @@ def decode_attention(
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(
-            f"out must be a contiguous float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}"
-        )
+        raise ValueError(f"out must be a contiguous float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     rc = fn(
         q.data_ptr(),
         k_cache.data_ptr(),
@@ -363,6 +357,13 @@ def decode_attention(
     return out
 
 
+def _library_or_raise() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not available")
+    return lib
+
+
 def fused_decode(
     x: torch.Tensor,  # [M, hidden] float32: embeddings in, the last layer's output out (in place)
     layers: torch.Tensor,  # [L, 8] int64 addresses (see csrc: norms, qkv, o, gate_up, down, k/v cache), [L, 20] for int8
@@ -379,9 +380,7 @@ def fused_decode(
     """All decoder layers of a decode step on ``x`` in place; the caller (``models/fused_decode.py``)
     has checked that the model and the step fit and keeps the tensors alive. ``int8``: the
     projections are int8 with group scales (``layers`` holds their addresses; see csrc)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available")
+    lib = _library_or_raise()
     hidden, heads, kv_heads, head_dim, inter, block_size, num_slots = dims
     fn = lib.plimsoll_fused_decode_int8 if int8 else lib.plimsoll_fused_decode_f32
     if layers.shape[1] != (20 if int8 else 8):
@@ -398,13 +397,6 @@ def fused_decode(
             f"context lengths must be 1..{block_tables.shape[1] * block_size}, slots below {num_slots}"
             + (", int8 groups a multiple of 16 inputs dividing each projection's" if int8 else "")
         )
-
-
-def _glue_library() -> ctypes.CDLL:
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available")
-    return lib
 
 
 def _rows_fit(rows: int, *tensors: torch.Tensor) -> None:
@@ -427,7 +419,7 @@ def add_rms_norm(
 ) -> None:
     """Rows ``[0, rows)``: ``x += delta`` then ``out = RMSNorm(x) * weight`` (a residual add and the
     next norm of a Llama layer, one call)."""
-    lib = _glue_library()
+    lib = _library_or_raise()
     dim = x.shape[1]
     _rows_fit(rows, x, out, *(() if delta is None else (delta,)))
     if weight.shape != (dim,) or out.shape[1] != dim or (delta is not None and delta.shape[1] != dim):
@@ -453,18 +445,13 @@ def rope_store(
     threads: int = 0,
 ) -> None:
     """RoPE on each row's q (into ``q_out``) and k, and k and v stored in their cache slots."""
-    lib = _glue_library()
+    lib = _library_or_raise()
     num_heads, num_kv_heads, head_dim = heads
     _rows_fit(rows, qkv, q_out, cos, sin)
     _rows_fit(0, k_cache, v_cache)
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or k_cache.shape[2:] != (
-        num_kv_heads,
-        head_dim,
-    ):
-        raise ValueError(
-            f"rope_store: qkv {tuple(qkv.shape)} or cache {tuple(k_cache.shape)} does not fit {heads}"
-        )
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or k_cache.shape[2:] != (num_kv_heads, head_dim):
+        raise ValueError(f"rope_store: qkv {tuple(qkv.shape)} or cache {tuple(k_cache.shape)} does not fit {heads}")
     if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous() or slot_mapping.shape[0] < rows:
         raise ValueError("rope_store: slot_mapping must be contiguous int64 with a slot a row")
     rc = lib.plimsoll_rope_store_f32(
@@ -472,24 +459,18 @@ def rope_store(
         slot_mapping.data_ptr(), rows, num_heads, num_kv_heads, head_dim, num_slots, threads or torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
-        raise ValueError(
-            f"rope_store rejected its inputs (code {rc}): slots must be below {num_slots}, D even"
-        )
+        raise ValueError(f"rope_store rejected its inputs (code {rc}): slots must be below {num_slots}, D even")
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, rows: int, threads: int = 0) -> None:
     """Rows ``[0, rows)``: ``out = SiLU(gate) * up`` where each row of ``gate_up`` is ``[gate | up]``."""
-    lib = _glue_library()
+    lib = _library_or_raise()
     inter = out.shape[1]
     _rows_fit(rows, gate_up, out)
     if gate_up.shape[1] != 2 * inter:
         raise ValueError(f"silu_mul: gate_up has {gate_up.shape[1]} columns, out {inter}; need 2 x out's")
-    if (
-        lib.plimsoll_silu_mul_f32(
-            gate_up.data_ptr(), out.data_ptr(), rows, inter, threads or torch.get_num_threads()
-        )
-        != 0
-    ):
+    rc = lib.plimsoll_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inter, threads or torch.get_num_threads())
+    if rc != 0:
         raise ValueError(f"silu_mul rejected {rows} rows of {inter}")
 
 

@@ -115,6 +115,25 @@ def _int8_entries(proj: Int8Linear) -> list[int]:
     return [proj.qweight.data_ptr(), proj.scales.data_ptr(), offsets, proj.qweight.shape[1] // proj.scales.shape[1]]
 
 
+def _plain_cpu_step(
+    first_qkv: Any, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], store_kv: Any,
+    paged_attention: Any,
+) -> bool:
+    """What both native paths need of a step, beyond the model's fit (``why_not``): no adapters
+    (they can be attached after the first forward), float32 activations on CPU, a contiguous
+    float32 cache and the torch attention backend."""
+    k0 = kv_caches[0][0]
+    return (
+        getattr(first_qkv, "lora", None) is None
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and k0.dtype == torch.float32
+        and k0.is_contiguous()
+        and store_kv is sdpa.store_kv
+        and paged_attention is sdpa.paged_attention
+    )
+
+
 class FusedDecode:
     """Built by ``LlamaForCausalLM`` at its first forward; ``run`` returns ``False`` when the step
     does not fit (the caller then runs the layers)."""
@@ -187,22 +206,16 @@ class FusedDecode:
     ) -> bool:
         """Run every layer on ``x`` in place and return ``True``, or return ``False`` untouched."""
         n = x.shape[0]
-        k0 = kv_caches[0][0]
         if (
             not ENABLED
             or self.reason is not None
-            or getattr(self._first_qkv, "lora", None) is not None  # adapters attached after the first forward
             or not 0 < n <= MAX_ROWS
             or meta.max_q_len != 1
             or meta.context_lens.shape[0] != n
-            or x.dtype != torch.float32
-            or x.device.type != "cpu"
-            or k0.dtype != torch.float32
-            or not k0.is_contiguous()
-            or store_kv is not sdpa.store_kv
-            or paged_attention is not sdpa.paged_attention
+            or not _plain_cpu_step(self._first_qkv, x, kv_caches, store_kv, paged_attention)
         ):
             return False
+        k0 = kv_caches[0][0]
         heads, kv_heads, head_dim = self.shape
         num_blocks, block_size = k0.shape[0], k0.shape[1]
         cpu_kernels.fused_decode(
@@ -281,20 +294,14 @@ class GluedLayers:
         paged_attention: Any,
     ) -> torch.Tensor | None:
         n = x.shape[0]
-        k0 = kv_caches[0][0]
         if (
             not GLUED_ENABLED
             or self.reason is not None
-            or getattr(self.fused._first_qkv, "lora", None) is not None
             or n <= cpu_kernels.SMALL_BATCH_MAX_ROWS
-            or x.dtype != torch.float32
-            or x.device.type != "cpu"
-            or k0.dtype != torch.float32
-            or not k0.is_contiguous()
-            or store_kv is not sdpa.store_kv
-            or paged_attention is not sdpa.paged_attention
+            or not _plain_cpu_step(self.fused._first_qkv, x, kv_caches, store_kv, paged_attention)
         ):
             return None
+        k0 = kv_caches[0][0]
         fused = self.fused
         heads, _, head_dim = fused.shape
         hidden, inter, eps = fused.hidden, fused.inter, fused.eps

@@ -243,10 +243,12 @@ def test_steps_the_glued_layers_leave_to_the_module_path(monkeypatch: pytest.Mon
     small = step_batch(float_model, [(9, 3), (4, 1)], seed=1)  # 4 rows: the small-batch matmul's
     int8_model = random_model("llama", "int8")
     big = step_batch(int8_model, [(30, 30)], seed=2)
+    glued = count_glued_layers(monkeypatch)
     for model, batch in ((float_model, small), (int8_model, big)):
         want, _, _ = forward(model, batch, False, monkeypatch)
         got, _, _ = forward(model, batch, False, monkeypatch, glued=True)
         assert torch.equal(got, want)  # bitwise: the very same ops ran
+    assert glued == []
     assert int8_model._glued is not None and "int8" in str(int8_model._glued.reason)
     qwen3 = random_model("qwen3")
     forward(qwen3, step_batch(qwen3, [(30, 30)], seed=3), False, monkeypatch, glued=True)
