@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument(
         "--baseline", action="store_true",
@@ -67,7 +68,7 @@ def main() -> None:
     engine = LLMEngine(
         EngineConfig(
             model=args.model, kv_cache_memory="1GiB", max_num_seqs=max(args.levels), enable_prefix_caching=False,
-            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+            quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype,
         )
     )  # fmt: skip
     engine.warmup()

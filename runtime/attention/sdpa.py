@@ -12,6 +12,9 @@ never copied per query head. ``store_kv`` writes through a flat view of the cach
 with one ``index_copy_``. An int8 cache (``kv_int8``) is quantised as it is stored and
 dequantised as it is gathered.
 
+Float32 prefill and mixed steps on CPU go to ``cpu_kernels.paged_attention`` where it is
+built (head_dim 64 or 128): the per-sequence SDPA calls below are what it falls back to.
+
 What it is not: a kernel, or the oracle. ``attention/reference.py`` stays the
 reference the Triton kernels and this module are tested against.
 """
@@ -144,13 +147,16 @@ def paged_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:  # [N, H, D]
-    """Same contract as ``reference.paged_attention``: decode rows batched, prefills apart."""
+    """Same contract as ``reference.paged_attention``: decode rows batched, prefills apart; a
+    float32 CPU cache with head_dim 64 or 128 takes the compiled kernel for the whole step."""
     if query.shape[0] == 0:
         return torch.empty_like(query)
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     is_decode = q_lens == 1
     if bool(is_decode.all()):
         return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+    if cpu_kernels.supports_paged_attention(query, k_cache, v_cache):  # prefill and mixed steps in one call
+        return cpu_kernels.paged_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     if not bool(is_decode.any()):
         return prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     out = torch.empty_like(query)

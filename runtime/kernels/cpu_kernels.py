@@ -1,11 +1,15 @@
 """Float32 CPU kernels for decoding, from ``csrc/cpu_kernels.cpp``, built at first use.
 
-What it is: four functions with torch-shaped signatures, over one worker pool.
+What it is: functions with torch-shaped signatures, over one worker pool.
 - ``decode_attention``: the contract of ``sdpa.decode_attention`` (one
   query per sequence over its paged context). It reads K and V straight from their
   blocks; the torch path first gathers every context into a padded copy and then
   reads that copy again, which on a CPU is most of decode attention's time once a
   batch holds tens of sequences.
+- ``paged_attention``: the whole ragged contract (prefill, later chunks, prefix-cache hits,
+  decode rows), causal, float32 cache with head_dim 64 or 128: tiles of up to 8 queries of one
+  sequence read each K and V row once, where torch's path gathers every context into a copy
+  and runs one SDPA call per prefill.
 - ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
   concurrency), where a matmul is bound by reading W and torch's libraries stream
   it at well under the memory bandwidth (``models/dense.py`` picks it).
@@ -26,7 +30,7 @@ lock, loads it with ctypes (which releases the GIL during each call) and returns
 The reason is logged once and the caller keeps the torch path, so a machine without
 a compiler is slower, never broken. The first matmul of the engine's warm-up builds it.
 
-What it is not: prefill attention, bf16/fp16, or a GPU kernel (those stay in
+What it is not: bf16/fp16, or a GPU kernel (those stay in
 ``attention/sdpa.py`` and ``attention/triton_backend.py``).
 """
 
@@ -136,6 +140,10 @@ def library() -> ctypes.CDLL | None:
     )
     lib.plimsoll_paged_decode_attention_kv_int8.restype = ctypes.c_int
     lib.plimsoll_paged_decode_attention_kv_int8.argtypes = lib.plimsoll_paged_decode_attention_f32.argtypes
+    lib.plimsoll_paged_attention_f32.restype = ctypes.c_int
+    lib.plimsoll_paged_attention_f32.argtypes = (
+        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
+    )
     lib.plimsoll_small_batch_linear_f32.restype = ctypes.c_int
     lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
@@ -353,6 +361,61 @@ def decode_attention(
         raise ValueError(
             f"CPU decode attention rejected its inputs (code {rc}): heads {num_heads}/{num_kv_heads}, "
             f"block_size {block_size}, context lengths must be 1..{tables.shape[1] * block_size}"
+        )
+    return out
+
+
+def supports_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether ``paged_attention`` can take these tensors: a float32 query over a contiguous
+    float32 cache on CPU with a head_dim of 64 or 128, and the kernels built."""
+    return (
+        supports_attention(query, k_cache, v_cache)
+        and k_cache.dtype == torch.float32
+        and query.dim() == 3
+        and query.shape[2] in (64, 128)
+        and k_cache.shape[-1] == query.shape[2]
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,  # [N, H, D], the queries of all sequences packed
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    cu_seqlens_q: torch.Tensor,  # [B + 1]
+    context_lens: torch.Tensor,  # [B]
+    scale: float,
+    out: torch.Tensor | None = None,  # [N, H, D] contiguous float32 to write into (default: a new one)
+) -> torch.Tensor:  # [N, H, D]
+    """The whole contract of ``reference.paged_attention``: sequence b's queries are the last
+    ``q_len`` positions of its ``context_lens[b]`` tokens (already stored), causal; prefills,
+    later chunks, prefix-cache hits and decode rows in one call. Check
+    ``supports_paged_attention`` first."""
+    lib = _library_or_raise()
+    q = query.contiguous()
+    num_rows, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    cu = cu_seqlens_q.to(torch.int32).contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    if cu.shape[0] != lens.shape[0] + 1 or tables.shape[0] != lens.shape[0] or int(cu[-1]) != num_rows:
+        raise ValueError(
+            f"paged_attention: {lens.shape[0]} sequences need {lens.shape[0] + 1} query offsets ending at "
+            f"{num_rows} rows and a block table each; got {cu.shape[0]} offsets, {tables.shape[0]} tables"
+        )
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    rc = lib.plimsoll_paged_attention_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), cu.data_ptr(), lens.data_ptr(),
+        out.data_ptr(), lens.shape[0], num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(
+            f"CPU paged attention rejected its inputs (code {rc}): heads {num_heads}/{num_kv_heads}, head_dim "
+            f"{head_dim} (64 or 128), each sequence's queries at most its context of 1..{tables.shape[1] * block_size}"
         )
     return out
 

@@ -243,6 +243,11 @@ GLUED_ENABLED = os.environ.get("PLIMSOLL_GLUED_LAYERS", "1") != "0"
 GLUE_SPLIT_ROWS = 256
 
 
+def _bucket(rows: int) -> int:
+    """``rows`` rounded up to oneDNN's row bucket (``models/dense.py``)."""
+    return -(-rows // dense.ONEDNN_ROW_BUCKET) * dense.ONEDNN_ROW_BUCKET
+
+
 class GluedLayers:
     """The steps ``FusedDecode`` does not take (more than ``MAX_ROWS`` decode rows, prefill and mixed
     steps), layer by layer with ~10 calls a layer instead of ~130: oneDNN's matmul for each
@@ -273,16 +278,6 @@ class GluedLayers:
         ]  # fmt: skip
         self.final_norm = model.model.norm.weight
 
-    def _matmul(self, x: torch.Tensor, rows: int, weight: torch.Tensor) -> torch.Tensor:
-        """``x[:rows] @ weight.T`` with ``x`` padded to its bucket (zero rows past ``rows``); the
-        result keeps the padded rows (zeros times ``weight``) so the next op reads no garbage."""
-        if x.shape[0] <= dense.ONEDNN_CHUNK_ROWS:
-            assert _linear_pointwise is not None  # __init__ checked oneDNN is there
-            result: torch.Tensor = _linear_pointwise(x, weight, None, "none", [], "")
-            return result
-        chunked: torch.Tensor = dense.linear(x[:rows], weight)
-        return chunked
-
     def run(
         self,
         x: torch.Tensor,  # [N, hidden] embeddings (updated in place: the residual stream)
@@ -304,14 +299,21 @@ class GluedLayers:
         k0 = kv_caches[0][0]
         fused = self.fused
         heads, _, head_dim = fused.shape
-        hidden, inter, eps = fused.hidden, fused.inter, fused.eps
-        padded = (
-            -(-n // dense.ONEDNN_ROW_BUCKET) * dense.ONEDNN_ROW_BUCKET if n <= dense.ONEDNN_CHUNK_ROWS else n
-        )
-        # Rows past n stay zero in every buffer the matmuls read (the glue writes rows < n only).
-        h = x.new_zeros(padded, hidden)
-        attn = x.new_zeros(padded, heads * head_dim)
-        act = x.new_zeros(padded, inter)
+        hidden, eps = fused.hidden, fused.eps
+        assert _linear_pointwise is not None  # __init__ checked oneDNN is there
+        # Rows go through each layer's matmuls in chunks of at most ONEDNN_CHUNK_ROWS (the last
+        # padded to its bucket), each chunk's matmul output read by the glue in place: no copy
+        # of chunk outputs into a whole-step tensor, and a chunk's activations stay in cache.
+        chunks = [
+            (c0, min(n, c0 + dense.ONEDNN_CHUNK_ROWS)) for c0 in range(0, n, dense.ONEDNN_CHUNK_ROWS)
+        ]  # fmt: skip
+        top = chunks[-1][0] + _bucket(chunks[-1][1] - chunks[-1][0])  # rows the last chunk's matmul reads
+        width = _bucket(chunks[0][1] - chunks[0][0])
+        # Matmul inputs: rows past a chunk's own hold zeros or an earlier chunk's values, finite
+        # either way, and each output row depends on its input row only, so they reach nothing.
+        h = x.new_zeros(width, hidden)
+        act = x.new_zeros(width, fused.inter)
+        attn = x.new_zeros(top, heads * head_dim)
         q = x.new_empty(n, heads, head_dim)
         cos, sin = cos.contiguous(), sin.contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
@@ -321,30 +323,44 @@ class GluedLayers:
             and meta.context_lens.shape[0] == n
             and cpu_kernels.supports_attention(q, k0, k0)
         )
+        # Prefill and mixed steps: the ragged kernel, also straight into the o_proj's input.
+        ragged = not decode_only and cpu_kernels.supports_paged_attention(q, k0, k0)
+        attn_rows = attn[:n].view(n, heads, head_dim)
         if decode_only:
             tables = meta.block_tables.to(torch.int32).contiguous()
             lens = meta.context_lens.to(torch.int32).contiguous()
-            attn_rows = attn[:n].view(n, heads, head_dim)
-        glue_threads = 1 if n < GLUE_SPLIT_ROWS else torch.get_num_threads()
-        delta: torch.Tensor | None = None
+        threads = [1 if c1 - c0 < GLUE_SPLIT_ROWS else torch.get_num_threads() for c0, c1 in chunks]
+        deltas: list[torch.Tensor | None] = [None] * len(chunks)  # each chunk's down_proj output
         for (ln1, w_qkv, w_o, ln2, w_gate_up, w_down), (k_cache, v_cache) in zip(
             self.layers, kv_caches, strict=True
         ):
-            cpu_kernels.add_rms_norm(x, delta, ln1, h, n, eps, glue_threads)
-            qkv = self._matmul(h, n, w_qkv)
-            cpu_kernels.rope_store(qkv, q, k_cache, v_cache, cos, sin, slots, n, fused.shape, glue_threads)
+            for (c0, c1), delta, t in zip(chunks, deltas, threads, strict=True):
+                r = c1 - c0
+                cpu_kernels.add_rms_norm(x[c0:c1], delta, ln1, h, r, eps, t)
+                qkv = _linear_pointwise(h[: _bucket(r)], w_qkv, None, "none", [], "")
+                cpu_kernels.rope_store(
+                    qkv, q[c0:c1], k_cache, v_cache, cos[c0:c1], sin[c0:c1], slots[c0:c1], r, fused.shape, t
+                )  # fmt: skip
             if decode_only:
                 cpu_kernels.decode_attention(q, k_cache, v_cache, tables, lens, fused.scale, out=attn_rows)
+            elif ragged:
+                cpu_kernels.paged_attention(
+                    q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, fused.scale,
+                    out=attn_rows,
+                )  # fmt: skip
             else:
                 out = sdpa.paged_attention(
                     q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, fused.scale
                 )
                 attn[:n].copy_(out.view(n, heads * head_dim))
-            o = self._matmul(attn, n, w_o)
-            cpu_kernels.add_rms_norm(x, o, ln2, h, n, eps, glue_threads)
-            gate_up = self._matmul(h, n, w_gate_up)
-            cpu_kernels.silu_mul(gate_up, act, n, glue_threads)
-            delta = self._matmul(act, n, w_down)
+            for k, ((c0, c1), t) in enumerate(zip(chunks, threads, strict=True)):
+                r = c1 - c0
+                o = _linear_pointwise(attn[c0 : c0 + _bucket(r)], w_o, None, "none", [], "")
+                cpu_kernels.add_rms_norm(x[c0:c1], o, ln2, h, r, eps, t)
+                gate_up = _linear_pointwise(h[: _bucket(r)], w_gate_up, None, "none", [], "")
+                cpu_kernels.silu_mul(gate_up, act, r, t)
+                deltas[k] = _linear_pointwise(act[: _bucket(r)], w_down, None, "none", [], "")
         out_hidden = x.new_empty(n, hidden)
-        cpu_kernels.add_rms_norm(x, delta, self.final_norm, out_hidden, n, eps, glue_threads)
+        for (c0, c1), delta, t in zip(chunks, deltas, threads, strict=True):
+            cpu_kernels.add_rms_norm(x[c0:c1], delta, self.final_norm, out_hidden[c0:c1], c1 - c0, eps, t)
         return out_hidden

@@ -14,7 +14,8 @@
 // - plimsoll_small_batch_linear_f32: x @ W.T + bias for a few rows of x (decode at
 //   low concurrency), split by output rows so each thread streams its part of W
 //   from memory once; at these shapes the matmul is bound by reading W.
-// What it is not: prefill attention, large matmuls (oneDNN does those) or GPU
+// (plimsoll_paged_attention_f32, further down, takes prefill and mixed steps the same way.)
+// What it is not: large matmuls (oneDNN does those) or GPU
 // kernels (Triton).
 //
 // Layouts (row-major, contiguous):
@@ -492,27 +493,28 @@ void attend_seq(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
   });
 }
 
-// attend_seq for a float32 cache whose head_dim is NV x 16: each token's K and V row of a KV
-// head is loaded into registers once for the `group` query heads that read it, the loops over
-// D are unrolled, and the next block's row at the same offset is prefetched (blocks lie
+// Queries rows 0 .. rows - 1 of one sequence over its float32 cache, head_dim NV x 16: query i
+// sits at position first + i and sees tokens 0 .. first + i (causal; a decode row is rows = 1,
+// first = ctx - 1). q and out are [rows, H, D]. Each token's K and V row of a KV head is
+// loaded into registers once for every query row and head that reads it, the loops over D
+// are unrolled, and the next block's row at the same offset is prefetched (blocks lie
 // anywhere in the cache, so the hardware prefetcher stops at each block's end).
 template <int64_t NV>
-void attend_seq_f32(const Args<float>& a, int64_t seq, std::vector<float>& scores) {
+void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, const float* k_cache,
+                     const float* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
+                     float scale, std::vector<float>& scores) {
   constexpr int64_t D = NV * kLanes;
-  const int64_t heads = a.num_heads, kv_heads = a.num_kv_heads, group = heads / kv_heads;
-  const int64_t ctx = a.context_lens[seq], bs = a.block_size, token_stride = kv_heads * D;
-  const int32_t* table = a.block_tables + seq * a.max_blocks;
-  const float* q = a.q + seq * heads * D;  // [H, D]
-  float* out = a.out + seq * heads * D;    // [H, D]
-  scores.resize(static_cast<size_t>(heads * ctx));
-  float* s = scores.data();  // [H, ctx]
+  const int64_t group = heads / kv_heads, token_stride = kv_heads * D;
+  const int64_t span = first + rows;  // tokens the last row sees
+  scores.resize(static_cast<size_t>(rows * heads * span));
+  float* s = scores.data();  // [rows, H, span]
   const int64_t lines = (token_stride * static_cast<int64_t>(sizeof(float)) + 63) / 64;
   auto walk = [&](const float* cache, auto&& visit) {
-    for (int64_t start = 0; start < ctx; start += bs) {
+    for (int64_t start = 0; start < span; start += bs) {
       const float* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
-      const bool more = start + bs < ctx;
+      const bool more = start + bs < span;
       const float* next = more ? cache + static_cast<int64_t>(table[start / bs + 1]) * bs * token_stride : block;
-      const int64_t n = std::min(bs, ctx - start);
+      const int64_t n = std::min(bs, span - start);
       for (int64_t o = 0; o < n; ++o) {
 #if defined(__AVX2__) || defined(__AVX512F__)
         if (more) {
@@ -520,35 +522,150 @@ void attend_seq_f32(const Args<float>& a, int64_t seq, std::vector<float>& score
           for (int64_t l = 0; l < lines; ++l) _mm_prefetch(line + 64 * l, _MM_HINT_T0);
         }
 #endif
-        visit(start + o, block + o * token_stride);
+        const int64_t t = start + o;
+        visit(t, std::max<int64_t>(0, t - first), block + o * token_stride);  // rows i >= t - first see t
       }
     }
   };
-  walk(a.k_cache, [&](int64_t t, const float* row) {
+  walk(k_cache, [&](int64_t t, int64_t i0, const float* row) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       F16 k[NV];
-      for (int64_t i = 0; i < NV; ++i) k[i] = load_f32(row + g * D + i * kLanes);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* qh = q + h * D;
-        F16 acc = zero16();
-        for (int64_t i = 0; i < NV; ++i) acc = fma16(load_f32(qh + i * kLanes), k[i], acc);
-        s[h * ctx + t] = sum16(acc) * a.scale;
+      for (int64_t j = 0; j < NV; ++j) k[j] = load_f32(row + g * D + j * kLanes);
+      for (int64_t i = i0; i < rows; ++i) {
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          const float* qh = q + (i * heads + h) * D;
+          F16 acc = zero16();
+          for (int64_t j = 0; j < NV; ++j) acc = fma16(load_f32(qh + j * kLanes), k[j], acc);
+          s[(i * heads + h) * span + t] = sum16(acc) * scale;
+        }
       }
     }
   });
-  for (int64_t h = 0; h < heads; ++h) softmax(s + h * ctx, ctx);
-  std::fill(out, out + heads * D, 0.f);
-  walk(a.v_cache, [&](int64_t t, const float* row) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t h = 0; h < heads; ++h) softmax(s + (i * heads + h) * span, first + i + 1);
+  }
+  std::fill(out, out + rows * heads * D, 0.f);
+  walk(v_cache, [&](int64_t t, int64_t i0, const float* row) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       F16 v[NV];
-      for (int64_t i = 0; i < NV; ++i) v[i] = load_f32(row + g * D + i * kLanes);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const F16 w = set16(s[h * ctx + t]);
-        float* oh = out + h * D;
-        for (int64_t i = 0; i < NV; ++i) store16(oh + i * kLanes, fma16(w, v[i], load_f32(oh + i * kLanes)));
+      for (int64_t j = 0; j < NV; ++j) v[j] = load_f32(row + g * D + j * kLanes);
+      for (int64_t i = i0; i < rows; ++i) {
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          const F16 w = set16(s[(i * heads + h) * span + t]);
+          float* oh = out + (i * heads + h) * D;
+          for (int64_t j = 0; j < NV; ++j) store16(oh + j * kLanes, fma16(w, v[j], load_f32(oh + j * kLanes)));
+        }
       }
     }
   });
+}
+
+#if defined(__AVX512F__)
+// The 16 lanes' sums of 16 vectors, lane t of the result holding acc[t]'s sum: a tree of
+// 128-bit-lane shuffles and adds (~3 ops a vector, against ~8 for one horizontal sum each).
+inline __m512 sum16x16(const __m512* acc) {
+  __m512 x[8], y[4];
+  for (int k = 0; k < 8; ++k) {  // lanes 0-7: acc[2k]'s 8 partial sums, lanes 8-15: acc[2k + 1]'s
+    x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(acc[2 * k], acc[2 * k + 1], 0xEE));
+  }
+  for (int k = 0; k < 4; ++k) {  // 128-bit lane m: token 4k + m's 4 partial sums
+    y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xDD));
+  }
+  const __m512 z0 = _mm512_add_ps(_mm512_unpacklo_ps(y[0], y[1]), _mm512_unpackhi_ps(y[0], y[1]));
+  const __m512 z1 = _mm512_add_ps(_mm512_unpacklo_ps(y[2], y[3]), _mm512_unpackhi_ps(y[2], y[3]));
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(z0, z1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(z0, z1, _MM_SHUFFLE(3, 2, 3, 2)));
+  // w's element 4m + k holds token 4k + m.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, w);
+}
+
+// attend_rows_f32 for a tile of several query rows (prefill), AVX-512: per KV head, scores for
+// 16 tokens at a time per (row, head) with one reduction tree instead of 16 horizontal sums,
+// and the weighted sum of V kept in registers for a few (row, head) pairs at a time instead of
+// read and written back for every token. Same contract and result (to rounding).
+template <int64_t NV>
+void attend_tile_f32(const float* q, float* out, int64_t rows, int64_t first, const float* k_cache,
+                     const float* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
+                     float scale, std::vector<float>& scores) {
+  constexpr int64_t D = NV * kLanes;
+  constexpr int64_t kPairs = 24 / NV;  // (row, head) pairs whose V sums stay in registers together
+  const int64_t group = heads / kv_heads, token_stride = kv_heads * D;
+  const int64_t span = first + rows;
+  const int64_t padded = (span + 15) / 16 * 16;
+  scores.resize(static_cast<size_t>(rows * heads * padded + D));
+  float* s = scores.data();  // [rows, H, padded], then D zeros (the row read past the context)
+  float* zero_row = s + rows * heads * padded;
+  std::fill(zero_row, zero_row + D, 0.f);
+  auto row_of = [&](const float* cache, int64_t t) {
+    return cache + static_cast<int64_t>(table[t / bs]) * bs * token_stride + (t % bs) * token_stride;
+  };
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t g = 0; g < kv_heads; ++g) {
+    for (int64_t t0 = 0; t0 < span; t0 += 16) {
+      const float* k_rows[16];
+      for (int64_t o = 0; o < 16; ++o) k_rows[o] = t0 + o < span ? row_of(k_cache, t0 + o) + g * D : zero_row;
+      for (int64_t i = std::max<int64_t>(0, t0 - first); i < rows; ++i) {  // rows that see a token of the 16
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          const float* qh = q + (i * heads + h) * D;
+          __m512 qv[NV];
+          for (int64_t j = 0; j < NV; ++j) qv[j] = _mm512_loadu_ps(qh + j * kLanes);
+          __m512 acc[16];
+          for (int64_t o = 0; o < 16; ++o) {
+            acc[o] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k_rows[o]));
+            for (int64_t j = 1; j < NV; ++j) acc[o] = _mm512_fmadd_ps(qv[j], _mm512_loadu_ps(k_rows[o] + j * kLanes), acc[o]);
+          }
+          _mm512_storeu_ps(s + (i * heads + h) * padded + t0, _mm512_mul_ps(sum16x16(acc), vscale));
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* sr = s + (i * heads + h) * padded;
+      softmax(sr, first + i + 1);
+      std::fill(sr + first + i + 1, sr + padded, 0.f);  // tokens after the row's own: weight 0
+    }
+  }
+  for (int64_t g = 0; g < kv_heads; ++g) {
+    const int64_t pairs = rows * group;  // pair p: row p / group, head g * group + p % group
+    for (int64_t p0 = 0; p0 < pairs; p0 += kPairs) {
+      const int64_t np = std::min(kPairs, pairs - p0);
+      const float* w[kPairs];
+      float* o_rows[kPairs];
+      for (int64_t p = 0; p < np; ++p) {
+        const int64_t i = (p0 + p) / group, h = g * group + (p0 + p) % group;
+        w[p] = s + (i * heads + h) * padded;
+        o_rows[p] = out + (i * heads + h) * D;
+      }
+      const int64_t last = first + (p0 + np - 1) / group + 1;  // tokens the batch's last row sees
+      __m512 acc[kPairs][NV];
+      for (int64_t p = 0; p < kPairs; ++p)
+        for (int64_t j = 0; j < NV; ++j) acc[p][j] = _mm512_setzero_ps();
+      for (int64_t t = 0; t < last; ++t) {
+        const float* vr = row_of(v_cache, t) + g * D;
+        __m512 v[NV];
+        for (int64_t j = 0; j < NV; ++j) v[j] = _mm512_loadu_ps(vr + j * kLanes);
+        for (int64_t p = 0; p < np; ++p) {
+          const __m512 wt = _mm512_set1_ps(w[p][t]);
+          for (int64_t j = 0; j < NV; ++j) acc[p][j] = _mm512_fmadd_ps(wt, v[j], acc[p][j]);
+        }
+      }
+      for (int64_t p = 0; p < np; ++p)
+        for (int64_t j = 0; j < NV; ++j) _mm512_storeu_ps(o_rows[p] + j * kLanes, acc[p][j]);
+    }
+  }
+}
+#endif
+
+template <int64_t NV>
+void attend_seq_f32(const Args<float>& a, int64_t seq, std::vector<float>& scores) {
+  const int64_t offset = seq * a.num_heads * NV * kLanes;
+  attend_rows_f32<NV>(a.q + offset, a.out + offset, 1, a.context_lens[seq] - 1, a.k_cache, a.v_cache,
+                      a.block_tables + seq * a.max_blocks, a.num_heads, a.num_kv_heads, a.block_size, a.scale,
+                      scores);
 }
 
 template <typename T>
@@ -598,6 +715,82 @@ extern "C" int plimsoll_paged_decode_attention_kv_int8(
     int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
   return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads,
                                 num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
+}
+
+// Ragged attention (prefill, chunked prefill, prefix-cache hits and decode rows in one call):
+// sequence b's q_len = cu_q[b + 1] - cu_q[b] queries (rows cu_q[b] .. of q and out, [N, H, D])
+// are the last q_len positions of its context_lens[b] tokens, all already in the cache; query i
+// sees tokens 0 .. ctx - q_len + i. Float32 cache, head_dim 64 or 128. Work goes out in tiles
+// of up to kTileRows queries of one sequence (each K and V row is read once per tile) to threads
+// as they finish, sequence by sequence (a causal prefill's last tiles cost the most).
+// Returns 0, or a code: 1 heads, 2 a context length, 3 head_dim.
+constexpr int64_t kTileRows = 8;
+
+extern "C" int plimsoll_paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
+                                            const int32_t* block_tables, const int32_t* cu_q,
+                                            const int32_t* context_lens, float* out, int64_t num_seqs,
+                                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                            int64_t block_size, int64_t max_blocks, float scale,
+                                            int64_t num_threads) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || block_size <= 0) return 1;
+  if (head_dim != 64 && head_dim != 128) return 3;
+  struct Tile {
+    int64_t seq, r0, rows, cost;
+  };
+  std::vector<Tile> tiles;
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int64_t q_len = cu_q[b + 1] - cu_q[b], ctx = context_lens[b];
+    if (q_len < 0 || q_len > ctx || ctx > max_blocks * block_size) return 2;
+    for (int64_t r0 = 0; r0 < q_len; r0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, q_len - r0);
+      tiles.push_back({b, r0, rows, rows * (ctx - q_len + r0 + rows)});
+    }
+  }
+  // A sequence's tiles stay together (its K and V stay in cache while threads share them), the
+  // costliest sequences and, within one, the costliest tiles first.
+  std::vector<int64_t> seq_cost(static_cast<size_t>(num_seqs), 0);
+  for (const Tile& t : tiles) seq_cost[static_cast<size_t>(t.seq)] += t.cost;
+  std::sort(tiles.begin(), tiles.end(), [&seq_cost](const Tile& x, const Tile& y) {
+    const int64_t cx = seq_cost[static_cast<size_t>(x.seq)], cy = seq_cost[static_cast<size_t>(y.seq)];
+    if (cx != cy) return cx > cy;
+    if (x.seq != y.seq) return x.seq < y.seq;
+    return x.cost > y.cost;
+  });
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+  const int64_t row_floats = num_heads * head_dim;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min(num_threads, n_tiles));
+  pool::parallel(workers, [&](int64_t) {
+    thread_local std::vector<float> scores;
+    for (int64_t k = next.fetch_add(1); k < n_tiles; k = next.fetch_add(1)) {
+      const Tile& tile = tiles[static_cast<size_t>(k)];
+      const int64_t row = cu_q[tile.seq] + tile.r0;
+      const int64_t first = context_lens[tile.seq] - (cu_q[tile.seq + 1] - cu_q[tile.seq]) + tile.r0;
+      const int32_t* table = block_tables + tile.seq * max_blocks;
+      const float* tq = q + row * row_floats;
+      float* to = out + row * row_floats;
+#if defined(__AVX512F__)
+      if (tile.rows > 1) {
+        if (head_dim == 64) {
+          attend_tile_f32<4>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
+                             scale, scores);
+        } else {
+          attend_tile_f32<8>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
+                             scale, scores);
+        }
+        continue;
+      }
+#endif
+      if (head_dim == 64) {
+        attend_rows_f32<4>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
+                           scale, scores);
+      } else {
+        attend_rows_f32<8>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
+                           scale, scores);
+      }
+    }
+  });
+  return 0;
 }
 
 namespace {

@@ -1,6 +1,6 @@
 """The compiled CPU kernels (``cpu_kernels``) against torch.
 
-Decode attention against the einsum oracle: ragged batches with GQA (and without),
+Decode attention and the ragged (prefill and mixed) kernel against the einsum oracle: ragged batches with GQA (and without),
 shuffled non-contiguous block tables padded with -1, contexts that end mid-block and
 exactly on a block edge, one sequence and many. The small-batch matmul against
 ``F.linear`` (with and without bias, shapes too small to split, non-contiguous
@@ -64,6 +64,55 @@ def test_kernel_equals_oracle(case: str) -> None:
 
 
 
+RAGGED_CASES = {  # context lengths, query lengths (the last tokens of each context), heads, head_dim, block size
+    "SmolLM2 shape: prefills, decodes, a later chunk": (
+        [160, 1, 200, 33, 17, 75], [160, 1, 1, 33, 9, 1], (9, 3), 64, 16
+    ),
+    "prefix hits, block size 5 (tiles across blocks)": ([45, 70, 8, 130], [20, 70, 3, 2], (6, 2), 64, 5),
+    "head_dim 128, MHA, at the tiles' edges": ([8, 9, 16, 17, 1], [8, 9, 16, 17, 1], (4, 4), 128, 16),
+    "one long prefill": ([700], [700], (8, 2), 64, 16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAGGED_CASES))
+def test_ragged_kernel_equals_oracle(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx, q_lens, heads, head_dim, block_size = RAGGED_CASES[case]
+    args = make_batch(ctx, q_lens, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size)
+    query, kc, vc, *_ = args
+    assert cpu_kernels.supports_paged_attention(query, kc, vc)
+    expected = attention_torch.paged_attention(*args)
+    got = cpu_kernels.paged_attention(*args)
+    print(f"{case}: max abs error vs oracle {(got - expected).abs().max().item():.2e}")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    out = torch.full_like(query, float("nan"))
+    assert cpu_kernels.paged_attention(*args, out=out) is out
+    torch.testing.assert_close(out, got, rtol=0, atol=0)
+    # The torch backend's CPU path hands prefill and mixed steps to it; with the kernel off, its
+    # per-sequence SDPA calls give the same.
+    calls: list[int] = []
+    real = cpu_kernels.paged_attention
+    monkeypatch.setattr(cpu_kernels, "paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.testing.assert_close(attention_sdpa.paged_attention(*args), got, rtol=0, atol=0)
+    assert calls == ([] if max(q_lens) == 1 else [1])
+    monkeypatch.setattr(cpu_kernels, "supports_paged_attention", lambda *a: False)
+    torch.testing.assert_close(attention_sdpa.paged_attention(*args), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_ragged_kernel_takes_only_what_it_can_and_rejects_bad_lengths() -> None:
+    query, kc, vc, tables, cu, lens, scale = make_batch([9, 4], [9, 1], head_dim=64)
+    assert not cpu_kernels.supports_paged_attention(query.double(), kc.double(), vc.double())
+    odd = make_batch([9, 4], [9, 1], head_dim=80)
+    assert cpu_kernels.supports_attention(*odd[:3]) and not cpu_kernels.supports_paged_attention(*odd[:3])
+    from plimsoll.runtime.attention import kv_int8
+
+    int8_cache = kv_int8.quantize(kc)
+    assert not cpu_kernels.supports_paged_attention(query, int8_cache, int8_cache)
+    with pytest.raises(ValueError, match=r"queries at most its context"):
+        cpu_kernels.paged_attention(query, kc, vc, tables, cu, torch.tensor([8, 4]), scale)  # 9 queries, 8 tokens
+    with pytest.raises(ValueError, match=r"query offsets"):
+        cpu_kernels.paged_attention(query, kc, vc, tables, cu[:2], lens, scale)
+
+
 @pytest.mark.parametrize("isa", ["avx2", "plain"])
 def test_kernel_equals_oracle_on_each_instruction_set(isa: str, tmp_path: Path) -> None:
     # -march=native builds one of the softmax's exp paths (AVX-512 here, tested above); build the
@@ -91,6 +140,19 @@ def test_kernel_equals_oracle_on_each_instruction_set(isa: str, tmp_path: Path) 
             len(ctx), heads[0], heads[1], head_dim, block_size, tables.shape[1], scale, 2)  # fmt: skip
     assert rc == 0
     print(f"{isa}: max abs error vs oracle {(out - expected).abs().max().item():.2e}")
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # The ragged kernel in the same build: its tiles of several rows without the AVX-512 path.
+    ragged = ctypes.CDLL(str(lib_path)).plimsoll_paged_attention_f32
+    ragged.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
+    ctx, q_lens, heads, head_dim, block_size = RAGGED_CASES["SmolLM2 shape: prefills, decodes, a later chunk"]
+    args = make_batch(ctx, q_lens, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size)
+    query, kc, vc, tables, cu, lens, scale = args
+    expected = attention_torch.paged_attention(*args)
+    tables, cu, lens = (t.to(torch.int32).contiguous() for t in (tables, cu, lens))
+    out = torch.empty_like(query)
+    rc = ragged(query.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), cu.data_ptr(), lens.data_ptr(),
+                out.data_ptr(), len(ctx), heads[0], heads[1], head_dim, block_size, tables.shape[1], scale, 2)  # fmt: skip
+    assert rc == 0
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     # SiLU * up, the other exp_vec user, in the same build (gates past exp's range included).
     silu = ctypes.CDLL(str(lib_path)).plimsoll_silu_mul_f32

@@ -20,7 +20,7 @@ from tiny_models import tiny_config
 
 from plimsoll.runtime.attention import sdpa
 from plimsoll.runtime.attention.backends import AttentionMetadata
-from plimsoll.runtime.models import fused_decode
+from plimsoll.runtime.models import dense, fused_decode
 from plimsoll.runtime.models.llama import LlamaForCausalLM
 from plimsoll.runtime.models.quant import quantize_model
 
@@ -46,7 +46,8 @@ def count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def count_glued_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Layers the glued path ran (its SiLU kernel, still run, counted)."""
+    """Layer chunks the glued path ran (its SiLU kernel, still run once a layer for each chunk of
+    up to ``dense.ONEDNN_CHUNK_ROWS`` rows, counted)."""
     calls: list[int] = []
 
     def counted(*args: Any) -> None:
@@ -223,7 +224,8 @@ def test_glued_step_equals_the_module_path(arch: str, case: str, monkeypatch: py
     want, want_caches, _ = forward(model, batch, False, monkeypatch)
     glue_calls = count_glued_layers(monkeypatch)
     got, got_caches, fused_calls = forward(model, batch, False, monkeypatch, glued=True)
-    assert fused_calls == 0 and len(glue_calls) == len(model.model.layers), (
+    chunks = -(-batch[0].shape[0] // dense.ONEDNN_CHUNK_ROWS)
+    assert fused_calls == 0 and len(glue_calls) == len(model.model.layers) * chunks, (
         model._glued.reason if model._glued else ""
     )
     err = (got - want).abs().max().item()
@@ -233,6 +235,36 @@ def test_glued_step_equals_the_module_path(arch: str, case: str, monkeypatch: py
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     # Deeper layers' K and V carry the norms' rounding (the kernel sums squares in another order
     # than torch's rms_norm) through the layers before: ~1e-5 at hidden values of ~4.
+    for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
+        torch.testing.assert_close(gk, wk, rtol=1e-4, atol=5e-5)
+        torch.testing.assert_close(gv, wv, rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("case", ["mixed: decodes, a prefix hit, a later chunk, a first prefill", "prefill above a chunk of 256 rows"])
+def test_glued_step_with_head_dim_64_runs_the_ragged_attention_kernel(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # head_dim 64 (SmolLM2's): prefill and mixed steps' attention is the compiled ragged kernel,
+    # written straight into the o_proj's input; the module path with torch's SDPA is the reference.
+    from transformers import LlamaConfig
+
+    from plimsoll.runtime.testing import TINY_SHAPE
+
+    config = LlamaConfig(**{**TINY_SHAPE, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1})
+    torch.manual_seed(2)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    batch = step_batch(model, GLUED_STEPS[case], seed=7)
+    with monkeypatch.context() as torch_attention:
+        torch_attention.setattr(fused_decode.cpu_kernels, "supports_paged_attention", lambda *a: False)
+        want, want_caches, _ = forward(model, batch, False, monkeypatch)
+    calls: list[int] = []
+    real = fused_decode.cpu_kernels.paged_attention
+    monkeypatch.setattr(fused_decode.cpu_kernels, "paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    glue_calls = count_glued_layers(monkeypatch)
+    got, got_caches, _ = forward(model, batch, False, monkeypatch, glued=True)
+    assert glue_calls and len(calls) == len(model.model.layers), model._glued.reason if model._glued else ""
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
         torch.testing.assert_close(gk, wk, rtol=1e-4, atol=5e-5)
         torch.testing.assert_close(gv, wv, rtol=1e-4, atol=5e-5)
