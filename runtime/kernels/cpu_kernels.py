@@ -10,6 +10,8 @@ What it is: functions with torch-shaped signatures, over one worker pool.
   decode rows), causal, float32 cache with head_dim 64 or 128: tiles of up to 8 queries of one
   sequence read each K and V row once, where torch's path gathers every context into a copy
   and runs one SDPA call per prefill.
+- ``bf16_linear``: the same for a few bfloat16 rows against bfloat16 weights (a ``--dtype
+  bfloat16`` engine's decode), widening each 16 weights in registers.
 - ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
   concurrency), where a matmul is bound by reading W and torch's libraries stream
   it at well under the memory bandwidth (``models/dense.py`` picks it).
@@ -30,7 +32,7 @@ lock, loads it with ctypes (which releases the GIL during each call) and returns
 The reason is logged once and the caller keeps the torch path, so a machine without
 a compiler is slower, never broken. The first matmul of the engine's warm-up builds it.
 
-What it is not: bf16/fp16, or a GPU kernel (those stay in
+What it is not: bf16/fp16 (but for decode attention over a bf16 cache), or a GPU kernel (those stay in
 ``attention/sdpa.py`` and ``attention/triton_backend.py``).
 """
 
@@ -140,10 +142,14 @@ def library() -> ctypes.CDLL | None:
     )
     lib.plimsoll_paged_decode_attention_kv_int8.restype = ctypes.c_int
     lib.plimsoll_paged_decode_attention_kv_int8.argtypes = lib.plimsoll_paged_decode_attention_f32.argtypes
+    lib.plimsoll_paged_decode_attention_bf16.restype = ctypes.c_int
+    lib.plimsoll_paged_decode_attention_bf16.argtypes = lib.plimsoll_paged_decode_attention_f32.argtypes
     lib.plimsoll_paged_attention_f32.restype = ctypes.c_int
     lib.plimsoll_paged_attention_f32.argtypes = (
         [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
     )
+    lib.plimsoll_bf16_linear_f32.restype = ctypes.c_int
+    lib.plimsoll_bf16_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.plimsoll_small_batch_linear_f32.restype = ctypes.c_int
     lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
@@ -199,12 +205,16 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
 
 def supports_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether ``decode_attention`` can take these tensors (and the kernels are built): a float32
-    query over a float32 or an int8 (``attention/kv_int8.py``) cache on CPU."""
+    query over a float32 or an int8 (``attention/kv_int8.py``) cache on CPU, or a bfloat16 query
+    over a bfloat16 cache (a ``--dtype bfloat16`` engine's)."""
     return (
-        _float32_cpu(query)
+        query.device.type == "cpu"
         and k_cache.device.type == "cpu"
         and k_cache.dtype == v_cache.dtype
-        and k_cache.dtype in (torch.float32, torch.int8)
+        and (
+            (query.dtype == torch.float32 and k_cache.dtype in (torch.float32, torch.int8))
+            or (query.dtype == k_cache.dtype == torch.bfloat16)
+        )
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
         and library() is not None
@@ -318,7 +328,7 @@ def int8_linear(
 
 def decode_attention(
     query: torch.Tensor,  # [B, H, D], one query per sequence
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32 or [.., D + 4] int8
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32 or bfloat16, or [.., D + 4] int8
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [B, max_blocks]
     context_lens: torch.Tensor,  # [B]
@@ -333,7 +343,14 @@ def decode_attention(
     int8 = k_cache.dtype == torch.int8
     if row != (head_dim + 4 if int8 else head_dim):
         raise ValueError(f"the cache's rows hold {row} elements for a head_dim of {head_dim}")
-    fn = lib.plimsoll_paged_decode_attention_kv_int8 if int8 else lib.plimsoll_paged_decode_attention_f32
+    fn = {
+        torch.int8: lib.plimsoll_paged_decode_attention_kv_int8,
+        torch.bfloat16: lib.plimsoll_paged_decode_attention_bf16,
+    }.get(k_cache.dtype, lib.plimsoll_paged_decode_attention_f32)
+    if query.dtype == torch.bfloat16:  # the kernel reads a float32 query and writes float32
+        if out is not None:
+            raise ValueError("a bfloat16 query's attention is returned, not written into out")
+        return decode_attention(query.float(), k_cache, v_cache, block_tables, context_lens, scale).to(query.dtype)
     q = query.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
@@ -418,6 +435,49 @@ def paged_attention(
             f"{head_dim} (64 or 128), each sequence's queries at most its context of 1..{tables.shape[1] * block_size}"
         )
     return out
+
+
+# Up to this many rows a bfloat16 matmul streams W faster through bf16_linear than through
+# torch's (on an AVX-512 host, 200 MB of SmolLM2-shaped weights: 1 row 13-19 GB/s against torch's
+# 11-15, 2 rows 12-14 against 7-11; at 4 rows neither wins every shape).
+BF16_SMALL_BATCH_MAX_ROWS = 2
+
+
+def supports_bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``bf16_linear`` should take this matmul: a few rows of bfloat16 ``x`` against a
+    contiguous bfloat16 ``weight`` whose inputs are a multiple of 16, on CPU, kernels built."""
+    return (
+        x.device.type == weight.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.bfloat16
+        and x.dim() == 2
+        and 0 < x.shape[0] <= BF16_SMALL_BATCH_MAX_ROWS
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and weight.shape[1] % 16 == 0
+        and x.shape[1] == weight.shape[1]
+        and (bias is None or bias.shape == (weight.shape[0],))
+        and library() is not None
+    )
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` in bfloat16 for a few rows (float32 sums, rounded once at the end)."""
+    lib = _library_or_raise()
+    if not supports_bf16_linear(x, weight, bias):
+        raise ValueError(
+            f"bf16_linear takes 1..{BF16_SMALL_BATCH_MAX_ROWS} bfloat16 rows against a contiguous bfloat16 weight "
+            f"of a multiple of 16 inputs; got x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
+        )
+    xf = x.float().contiguous()
+    bf = None if bias is None else bias.float().contiguous()
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    rc = lib.plimsoll_bf16_linear_f32(
+        xf.data_ptr(), weight.data_ptr(), None if bf is None else bf.data_ptr(), y.data_ptr(), x.shape[0],
+        weight.shape[0], weight.shape[1], torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"bf16_linear rejected {tuple(x.shape)} @ {tuple(weight.shape)}")
+    return y.to(torch.bfloat16)
 
 
 def _library_or_raise() -> ctypes.CDLL:

@@ -67,10 +67,13 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``; on CPU in float32 through oneDNN (see the module docstring)."""
+    """``x @ weight.T + bias``; on CPU in float32 through oneDNN (see the module docstring), a few
+    rows in float32 or bfloat16 through the compiled kernels."""
     if cpu_kernels.supports_linear(x, weight, bias):
         small: torch.Tensor = cpu_kernels.small_batch_linear(x, weight, bias)
         return small
+    if cpu_kernels.supports_bf16_linear(x, weight, bias):  # --dtype bfloat16 decode at low concurrency
+        return cpu_kernels.bf16_linear(x, weight, bias)
     if uses_onednn(x, weight):
         return _onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -360,6 +360,23 @@ struct Cache<int8_t> {
   }
 };
 
+// A bfloat16 value (the cache of a --dtype bfloat16 engine): float32's upper 16 bits.
+struct Bf16 {
+  uint16_t bits;
+  explicit operator float() const {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+};
+
+template <>
+struct Cache<Bf16> {
+  static int64_t row_len(int64_t d) { return d; }
+  static float scale(const Bf16*, int64_t) { return 1.f; }
+};
+
 template <typename T>
 struct Args {
   const float* q;
@@ -493,27 +510,45 @@ void attend_seq(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
   });
 }
 
-// Queries rows 0 .. rows - 1 of one sequence over its float32 cache, head_dim NV x 16: query i
+// 16 cache values as float32 lanes: float32 as they are, bfloat16 widened (its bits shifted up).
+inline F16 load_row(const float* p) { return load_f32(p); }
+inline F16 load_row(const Bf16* p) {
+#if defined(__AVX512F__)
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16))};
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16))};
+#else
+  F16 r;
+  for (int64_t l = 0; l < kLanes; ++l) r.v[l] = static_cast<float>(p[l]);
+  return r;
+#endif
+}
+
+// Queries rows 0 .. rows - 1 of one sequence over its float32 (or bfloat16) cache, head_dim NV x 16: query i
 // sits at position first + i and sees tokens 0 .. first + i (causal; a decode row is rows = 1,
 // first = ctx - 1). q and out are [rows, H, D]. Each token's K and V row of a KV head is
 // loaded into registers once for every query row and head that reads it, the loops over D
 // are unrolled, and the next block's row at the same offset is prefetched (blocks lie
 // anywhere in the cache, so the hardware prefetcher stops at each block's end).
-template <int64_t NV>
-void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, const float* k_cache,
-                     const float* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
+template <int64_t NV, typename T = float>
+void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, const T* k_cache,
+                     const T* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
                      float scale, std::vector<float>& scores) {
   constexpr int64_t D = NV * kLanes;
   const int64_t group = heads / kv_heads, token_stride = kv_heads * D;
   const int64_t span = first + rows;  // tokens the last row sees
   scores.resize(static_cast<size_t>(rows * heads * span));
   float* s = scores.data();  // [rows, H, span]
-  const int64_t lines = (token_stride * static_cast<int64_t>(sizeof(float)) + 63) / 64;
-  auto walk = [&](const float* cache, auto&& visit) {
+  const int64_t lines = (token_stride * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+  auto walk = [&](const T* cache, auto&& visit) {
     for (int64_t start = 0; start < span; start += bs) {
-      const float* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
+      const T* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
       const bool more = start + bs < span;
-      const float* next = more ? cache + static_cast<int64_t>(table[start / bs + 1]) * bs * token_stride : block;
+      const T* next = more ? cache + static_cast<int64_t>(table[start / bs + 1]) * bs * token_stride : block;
       const int64_t n = std::min(bs, span - start);
       for (int64_t o = 0; o < n; ++o) {
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -527,10 +562,10 @@ void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, co
       }
     }
   };
-  walk(k_cache, [&](int64_t t, int64_t i0, const float* row) {
+  walk(k_cache, [&](int64_t t, int64_t i0, const T* row) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       F16 k[NV];
-      for (int64_t j = 0; j < NV; ++j) k[j] = load_f32(row + g * D + j * kLanes);
+      for (int64_t j = 0; j < NV; ++j) k[j] = load_row(row + g * D + j * kLanes);
       for (int64_t i = i0; i < rows; ++i) {
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           const float* qh = q + (i * heads + h) * D;
@@ -545,10 +580,10 @@ void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, co
     for (int64_t h = 0; h < heads; ++h) softmax(s + (i * heads + h) * span, first + i + 1);
   }
   std::fill(out, out + rows * heads * D, 0.f);
-  walk(v_cache, [&](int64_t t, int64_t i0, const float* row) {
+  walk(v_cache, [&](int64_t t, int64_t i0, const T* row) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       F16 v[NV];
-      for (int64_t j = 0; j < NV; ++j) v[j] = load_f32(row + g * D + j * kLanes);
+      for (int64_t j = 0; j < NV; ++j) v[j] = load_row(row + g * D + j * kLanes);
       for (int64_t i = i0; i < rows; ++i) {
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           const F16 w = set16(s[(i * heads + h) * span + t]);
@@ -660,19 +695,19 @@ void attend_tile_f32(const float* q, float* out, int64_t rows, int64_t first, co
 }
 #endif
 
-template <int64_t NV>
-void attend_seq_f32(const Args<float>& a, int64_t seq, std::vector<float>& scores) {
+template <int64_t NV, typename T>
+void attend_seq_f32(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
   const int64_t offset = seq * a.num_heads * NV * kLanes;
-  attend_rows_f32<NV>(a.q + offset, a.out + offset, 1, a.context_lens[seq] - 1, a.k_cache, a.v_cache,
+  attend_rows_f32<NV, T>(a.q + offset, a.out + offset, 1, a.context_lens[seq] - 1, a.k_cache, a.v_cache,
                       a.block_tables + seq * a.max_blocks, a.num_heads, a.num_kv_heads, a.block_size, a.scale,
                       scores);
 }
 
 template <typename T>
 void attend(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (a.head_dim == 64) return attend_seq_f32<4>(a, seq, scores);
-    if (a.head_dim == 128) return attend_seq_f32<8>(a, seq, scores);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Bf16>) {
+    if (a.head_dim == 64) return attend_seq_f32<4, T>(a, seq, scores);
+    if (a.head_dim == 128) return attend_seq_f32<8, T>(a, seq, scores);
   }
   attend_seq(a, seq, scores);
 }
@@ -705,6 +740,16 @@ extern "C" int plimsoll_paged_decode_attention_f32(
     int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
   return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads,
                                 num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
+}
+
+// The same over a bfloat16 cache (a --dtype bfloat16 engine's); the query and out stay float32.
+extern "C" int plimsoll_paged_decode_attention_bf16(
+    const float* q, const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* block_tables,
+    const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
+  return paged_decode_attention(q, reinterpret_cast<const Bf16*>(k_cache), reinterpret_cast<const Bf16*>(v_cache),
+                                block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads, head_dim,
+                                block_size, max_blocks, scale, num_threads);
 }
 
 // The same over an int8 cache (--kv-cache-dtype int8): rows of head_dim int8 values and
@@ -870,6 +915,64 @@ extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, c
   const int64_t chunk = (n_len + workers - 1) / workers;
   pool::parallel(workers, [=](int64_t i) {
     linear_rows(x, w, bias, y, m_len, std::min(n_len, i * chunk), std::min(n_len, (i + 1) * chunk), n_len, k_len);
+  });
+  return 0;
+}
+
+// plimsoll_bf16_linear_f32: y = x @ W.T + bias for a few float32 rows of x and bfloat16 W
+// [N, K] (K a multiple of 16; a --dtype bfloat16 engine's decode, where torch's bf16 matmul
+// streams W at well under the memory bandwidth). Same split as the float32 kernel; each 16
+// weights are widened in registers once for a block of up to 4 rows of x.
+namespace {
+
+// MB rows of x against one row of W, its 16-weight blocks dealt round-robin to C chains of
+// multiply-adds (one chain would wait on each one). Rows of W are read one after another, so
+// the hardware prefetcher sees one stream across them (4 rows at a time, each only ~1 KB of
+// bf16 here, measured 3x slower from memory).
+template <int64_t MB, int64_t C>
+inline void bf16_row(const float* xm, const Bf16* wn, float bias, float* ym, int64_t n_len, int64_t k_len) {
+  F16 acc[C][MB];
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < MB; ++i) acc[c][i] = zero16();
+  int64_t k = 0;
+  for (; k + C * kLanes <= k_len; k += C * kLanes) {
+    for (int64_t c = 0; c < C; ++c) {
+      const F16 wk = load_row(wn + k + c * kLanes);
+      for (int64_t i = 0; i < MB; ++i) acc[c][i] = fma16(load_f32(xm + i * k_len + k + c * kLanes), wk, acc[c][i]);
+    }
+  }
+  for (; k < k_len; k += kLanes) {
+    const F16 wk = load_row(wn + k);
+    for (int64_t i = 0; i < MB; ++i) acc[0][i] = fma16(load_f32(xm + i * k_len + k), wk, acc[0][i]);
+  }
+  for (int64_t i = 0; i < MB; ++i) {
+    F16 total = acc[0][i];
+    for (int64_t c = 1; c < C; ++c) total = add16(total, acc[c][i]);
+    ym[i * n_len] = sum16(total) + bias;
+  }
+}
+
+void bf16_rows(const float* x, const Bf16* w, const float* bias, float* y, int64_t m_len, int64_t n_begin,
+               int64_t n_end, int64_t n_len, int64_t k_len) {
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const Bf16* wn = w + n * k_len;
+    const float b = bias != nullptr ? bias[n] : 0.f;
+    int64_t m = 0;
+    for (; m + 4 <= m_len; m += 4) bf16_row<4, 2>(x + m * k_len, wn, b, y + m * n_len + n, n_len, k_len);
+    for (; m < m_len; ++m) bf16_row<1, 4>(x + m * k_len, wn, b, y + m * n_len + n, n_len, k_len);
+  }
+}
+
+}  // namespace
+
+extern "C" int plimsoll_bf16_linear_f32(const float* x, const uint16_t* w, const float* bias, float* y,
+                                        int64_t m_len, int64_t n_len, int64_t k_len, int64_t num_threads) {
+  if (m_len <= 0 || n_len <= 0 || k_len <= 0 || k_len % kLanes != 0) return 1;
+  const Bf16* wb = reinterpret_cast<const Bf16*>(w);
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 131072));
+  const int64_t chunk = (n_len + workers - 1) / workers;
+  pool::parallel(workers, [=](int64_t i) {
+    bf16_rows(x, wb, bias, y, m_len, std::min(n_len, i * chunk), std::min(n_len, (i + 1) * chunk), n_len, k_len);
   });
   return 0;
 }

@@ -64,6 +64,26 @@ def test_kernel_equals_oracle(case: str) -> None:
 
 
 
+@pytest.mark.parametrize("case", ["SmolLM2 shape", "head_dim 128, GQA 4", "ragged GQA"])
+def test_kernel_reads_a_bfloat16_cache(case: str) -> None:
+    # A --dtype bfloat16 engine's cache and queries: the oracle runs in float32 on the same
+    # bfloat16 values, so the only difference is the output's rounding to bfloat16.
+    ctx, heads, head_dim, block_size = DECODE_CASES[case]
+    args = make_batch(ctx, [1] * len(ctx), num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size)
+    query, kc, vc, tables, cu, lens, scale = args
+    query, kc, vc = query.bfloat16(), kc.bfloat16(), vc.bfloat16()
+    assert cpu_kernels.supports_attention(query, kc, vc)
+    assert not cpu_kernels.supports_attention(query.float(), kc, vc)  # a float32 query over it: no
+    expected = attention_torch.paged_attention(query.float(), kc.float(), vc.float(), tables, cu, lens, scale)
+    got = cpu_kernels.decode_attention(query, kc, vc, tables, lens, scale)
+    assert got.dtype == torch.bfloat16
+    print(f"{case} bf16: max abs error vs float32 oracle {(got.float() - expected).abs().max().item():.2e}")
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(  # the torch backend's decode path takes it too
+        attention_sdpa.decode_attention(query, kc, vc, tables, lens, scale), got, rtol=0, atol=0
+    )
+
+
 RAGGED_CASES = {  # context lengths, query lengths (the last tokens of each context), heads, head_dim, block size
     "SmolLM2 shape: prefills, decodes, a later chunk": (
         [160, 1, 200, 33, 17, 75], [160, 1, 1, 33, 9, 1], (9, 3), 64, 16
@@ -140,6 +160,15 @@ def test_kernel_equals_oracle_on_each_instruction_set(isa: str, tmp_path: Path) 
             len(ctx), heads[0], heads[1], head_dim, block_size, tables.shape[1], scale, 2)  # fmt: skip
     assert rc == 0
     print(f"{isa}: max abs error vs oracle {(out - expected).abs().max().item():.2e}")
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # A bfloat16 cache in the same build (its widening without AVX-512).
+    bf16 = ctypes.CDLL(str(lib_path)).plimsoll_paged_decode_attention_bf16
+    bf16.argtypes = fn.argtypes
+    kb, vb = kc.bfloat16(), vc.bfloat16()
+    expected = attention_torch.paged_attention(query, kb.float(), vb.float(), *args[3:])
+    rc = bf16(query.data_ptr(), kb.data_ptr(), vb.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+              len(ctx), heads[0], heads[1], head_dim, block_size, tables.shape[1], scale, 2)  # fmt: skip
+    assert rc == 0
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     # The ragged kernel in the same build: its tiles of several rows without the AVX-512 path.
     ragged = ctypes.CDLL(str(lib_path)).plimsoll_paged_attention_f32
@@ -256,6 +285,35 @@ def test_dense_linear_uses_the_kernel_for_a_few_rows_only(monkeypatch: pytest.Mo
     dense.linear(torch.randn(2, 48).double(), weight.double(), None)  # float64 stays with torch
     assert calls == list(range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 1))
 
+
+
+@pytest.mark.parametrize(("m", "n", "k", "with_bias"), [(1, 3072, 576, False), (2, 577, 1536, True), (1, 5, 16, True)])
+def test_bf16_linear_equals_f_linear_on_the_same_bfloat16_values(m: int, n: int, k: int, with_bias: bool) -> None:
+    torch.manual_seed(0)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
+    b = torch.randn(n).bfloat16() if with_bias else None
+    assert cpu_kernels.supports_bf16_linear(x, w, b)
+    got = cpu_kernels.bf16_linear(x, w, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    # float32 sums rounded once: within bfloat16's half ulp of the float32 result, ~0.4% relative
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(got.float(), want, rtol=8e-3, atol=1e-2)
+
+
+def test_dense_linear_sends_a_few_bfloat16_rows_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = torch.randn(40, 48).bfloat16()
+    calls: list[int] = []
+    real = cpu_kernels.bf16_linear
+    monkeypatch.setattr(cpu_kernels, "bf16_linear", lambda x, w, b=None: calls.append(x.shape[0]) or real(x, w, b))
+    for rows in range(1, 6):
+        x = torch.randn(rows, 48).bfloat16()
+        torch.testing.assert_close(dense.linear(x, weight).float(), F.linear(x, weight).float(), rtol=8e-3, atol=1e-2)
+    assert calls == list(range(1, cpu_kernels.BF16_SMALL_BATCH_MAX_ROWS + 1))
+    odd = torch.randn(4, 40).bfloat16()  # inputs not a multiple of 16, a float32 x: torch's
+    assert not cpu_kernels.supports_bf16_linear(torch.randn(1, 40).bfloat16(), odd, None)
+    assert not cpu_kernels.supports_bf16_linear(torch.randn(1, 48), weight, None)
+    with pytest.raises(ValueError, match="multiple of 16 inputs"):
+        cpu_kernels.bf16_linear(torch.randn(1, 40).bfloat16(), odd)
 
 
 @pytest.mark.skipif(not dense._ONEDNN, reason="this torch build has no oneDNN")

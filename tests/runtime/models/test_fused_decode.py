@@ -372,3 +372,53 @@ def test_without_the_kernels_one_warning_and_the_module_path(
             assert forward(model, decode_batch(model, [5, 9], seed=3), True, monkeypatch)[2] == 0
     warnings = [r.getMessage() for r in caplog.records if r.name == fused_decode.__name__]
     assert len(warnings) == 1 and "no C++ compiler" in warnings[0], warnings
+
+
+def bf16_generate(
+    m: pytest.MonkeyPatch, prompts: list[str], params: Any, kernels: bool
+) -> tuple[list[list[int]], dict[str, int]]:
+    """The embedded SmolLM2 in bfloat16: greedy token ids (the prompts at once, then the first
+    alone, one row a step) and how often each bf16 kernel ran."""
+    from plimsoll.runtime import LLM
+    from plimsoll.runtime.kernels import cpu_kernels
+
+    if not kernels:
+        m.setattr(cpu_kernels, "supports_attention", lambda *a: False)
+        m.setattr(cpu_kernels, "supports_bf16_linear", lambda *a: False)
+    seen: list[str] = []
+    real_attention, real_linear = cpu_kernels.decode_attention, cpu_kernels.bf16_linear
+    m.setattr(cpu_kernels, "decode_attention", lambda *a, **k: seen.append("attention") or real_attention(*a, **k))
+    m.setattr(cpu_kernels, "bf16_linear", lambda *a, **k: seen.append("linear") or real_linear(*a, **k))
+    llm = LLM(model="smollm2-135m", dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=8, max_model_len=256)
+    ids = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    ids += [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params)]
+    return ids, {name: seen.count(name) for name in ("attention", "linear")}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+
+def test_bfloat16_engine_agrees_with_and_without_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --dtype bfloat16 on CPU, the embedded SmolLM2 (head_dim 64): decode attention reads the bf16
+    # cache in the compiled kernel and 1-2 row matmuls take bf16_linear; with both off, torch's
+    # bf16 ops. Each rounds in its own order, so greedy text may part at a near tie: most tokens
+    # before the first parting must agree, and both paths must have run.
+    from plimsoll.runtime import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = [
+        "The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):", "List three primary colours:",
+        "Explain what a GPU is in one sentence.", "1, 2, 3, 4,", "Translate 'good morning' to Spanish:", "Once upon a time",
+    ]  # fmt: skip
+    outs, calls = {}, {}
+    for mode in ("kernels", "torch"):
+        with monkeypatch.context() as m:
+            outs[mode], calls[mode] = bf16_generate(m, prompts, params, kernels=mode == "kernels")
+    agree = sum(common_prefix(a, b) for a, b in zip(outs["kernels"], outs["torch"], strict=True))
+    total = sum(len(x) for x in outs["torch"])
+    print(f"bfloat16 greedy tokens before the first parting, with and without the kernels: {agree}/{total}; "
+          f"kernel calls {calls}")  # fmt: skip
+    assert calls["kernels"]["attention"] > 0 and calls["kernels"]["linear"] > 0
+    assert calls["torch"] == {"attention": 0, "linear": 0}
+    assert agree >= 0.75 * total
