@@ -11,10 +11,13 @@
 //   h reads KV head h / (H / Hkv)) and its V rows once to sum them (float32 with
 //   head_dim 64 or 128: unrolled, each row in registers for its group of heads, the
 //   next block prefetched).
+//   plimsoll_paged_decode_attention_bf16 reads a bfloat16 cache (a --dtype bfloat16 engine's).
 // - plimsoll_small_batch_linear_f32: x @ W.T + bias for a few rows of x (decode at
 //   low concurrency), split by output rows so each thread streams its part of W
 //   from memory once; at these shapes the matmul is bound by reading W.
-// (plimsoll_paged_attention_f32, further down, takes prefill and mixed steps the same way.)
+// - plimsoll_paged_attention_f32 (further down): the ragged contract, prefill and mixed steps,
+//   in tiles of a few queries of one sequence.
+// - plimsoll_bf16_linear_f32: the small-batch matmul against bfloat16 weights.
 // What it is not: large matmuls (oneDNN does those) or GPU
 // kernels (Triton).
 //
