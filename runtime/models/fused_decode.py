@@ -243,6 +243,24 @@ GLUED_ENABLED = os.environ.get("PLIMSOLL_GLUED_LAYERS", "1") != "0"
 GLUE_SPLIT_ROWS = 256
 
 
+# Read at import, like GLUED_ENABLED. The glued layers' projections reordered once into oneDNN's
+# blocked layout (as vLLM's CPU build prepacks its weights) instead of passed plain on every call:
+# 30 SmolLM2-sized weights streamed from memory, 64 rows 129-152 -> 159-177 GFLOP/s, 256 rows
+# 178-186 -> 184-197 (docs/bench.md). The cost is a second copy of each projection (the fused
+# step and the module path read the plain rows); PLIMSOLL_PACKED_WEIGHTS=0 keeps one.
+PACKED_ENABLED = os.environ.get("PLIMSOLL_PACKED_WEIGHTS", "1") != "0"
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in oneDNN's blocked layout for up to ``ONEDNN_CHUNK_ROWS`` rows (an opaque tensor
+    ``_linear_pointwise`` takes in its place), or ``weight`` itself where this torch cannot."""
+    try:
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), dense.ONEDNN_CHUNK_ROWS)
+    except (AttributeError, RuntimeError):
+        return weight
+    return packed
+
+
 def _bucket(rows: int) -> int:
     """``rows`` rounded up to oneDNN's row bucket (``models/dense.py``)."""
     return -(-rows // dense.ONEDNN_ROW_BUCKET) * dense.ONEDNN_ROW_BUCKET
@@ -251,7 +269,7 @@ def _bucket(rows: int) -> int:
 class GluedLayers:
     """The steps ``FusedDecode`` does not take (more than ``MAX_ROWS`` decode rows, prefill and mixed
     steps), layer by layer with ~10 calls a layer instead of ~130: oneDNN's matmul for each
-    projection, the same primitive at the same padded row count as the module path's ``Linear``,
+    projection at the module path's padded row counts, over weights prepacked once (``_pack``),
     and one native call for each run of ops between two matmuls (``cpu_kernels.add_rms_norm``,
     ``rope_store``, ``silu_mul``; decode attention into a buffer). Same model fit as the fused step,
     float32 projections only; a step of at most ``SMALL_BATCH_MAX_ROWS`` rows keeps the module path
@@ -277,6 +295,16 @@ class GluedLayers:
             for layer in model.model.layers
         ]  # fmt: skip
         self.final_norm = model.model.norm.weight
+        self.packed = PACKED_ENABLED and bool(self.layers)
+        if self.packed:
+            self.layers = [(ln1, _pack(qkv), _pack(o), ln2, _pack(gu), _pack(down)) for ln1, qkv, o, ln2, gu, down in self.layers]
+            # oneDNN builds a primitive per shape and row count on first use: build them all now
+            # (warm-up), so serving allocates none later (models/dense.py's prime_onednn, packed).
+            assert _linear_pointwise is not None
+            with torch.no_grad():
+                for weight in self.layers[0][1:3] + self.layers[0][4:]:
+                    for rows in range(dense.ONEDNN_ROW_BUCKET, dense.ONEDNN_CHUNK_ROWS + 1, dense.ONEDNN_ROW_BUCKET):
+                        _linear_pointwise(torch.zeros(rows, weight.shape[1]), weight, None, "none", [], "")
 
     def run(
         self,

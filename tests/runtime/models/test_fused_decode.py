@@ -270,6 +270,23 @@ def test_glued_step_with_head_dim_64_runs_the_ragged_attention_kernel(case: str,
         torch.testing.assert_close(gv, wv, rtol=1e-4, atol=5e-5)
 
 
+@pytest.mark.parametrize("packed", [True, False])
+def test_glued_layers_prepack_their_weights_unless_told_not_to(packed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Packed (the default): each projection reordered once into oneDNN's layout, a second copy
+    # beside the plain weight the module path and the fused step read; the step's result is
+    # the module path's either way.
+    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", packed)
+    model = random_model("llama")
+    batch = step_batch(model, GLUED_STEPS["prefill above a chunk of 256 rows"], seed=11)
+    want, _, _ = forward(model, batch, False, monkeypatch)
+    got, _, _ = forward(model, batch, False, monkeypatch, glued=True)
+    glued = model._glued
+    assert glued is not None and glued.reason is None and glued.packed is packed
+    qkv = glued.layers[0][1]
+    assert qkv.is_mkldnn is packed and (qkv is model.model.layers[0].self_attn.qkv_proj.weight) is not packed
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_steps_the_glued_layers_leave_to_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
     float_model = random_model("llama")
     small = step_batch(float_model, [(9, 3), (4, 1)], seed=1)  # 4 rows: the small-batch matmul's
