@@ -343,21 +343,18 @@ def decode_attention(
     int8 = k_cache.dtype == torch.int8
     if row != (head_dim + 4 if int8 else head_dim):
         raise ValueError(f"the cache's rows hold {row} elements for a head_dim of {head_dim}")
-    fn = {
-        torch.int8: lib.plimsoll_paged_decode_attention_kv_int8,
-        torch.bfloat16: lib.plimsoll_paged_decode_attention_bf16,
-    }.get(k_cache.dtype, lib.plimsoll_paged_decode_attention_f32)
     if query.dtype == torch.bfloat16:  # the kernel reads a float32 query and writes float32
         if out is not None:
             raise ValueError("a bfloat16 query's attention is returned, not written into out")
         return decode_attention(query.float(), k_cache, v_cache, block_tables, context_lens, scale).to(query.dtype)
+    fn = {
+        torch.int8: lib.plimsoll_paged_decode_attention_kv_int8,
+        torch.bfloat16: lib.plimsoll_paged_decode_attention_bf16,
+    }.get(k_cache.dtype, lib.plimsoll_paged_decode_attention_f32)
     q = query.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    out = _output_for(q, out)
     rc = fn(
         q.data_ptr(),
         k_cache.data_ptr(),
@@ -379,6 +376,15 @@ def decode_attention(
             f"CPU decode attention rejected its inputs (code {rc}): heads {num_heads}/{num_kv_heads}, "
             f"block_size {block_size}, context lengths must be 1..{tables.shape[1] * block_size}"
         )
+    return out
+
+
+def _output_for(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``out`` checked to be a contiguous float32 tensor of ``q``'s shape, or a new one."""
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     return out
 
 
@@ -420,10 +426,7 @@ def paged_attention(
             f"paged_attention: {lens.shape[0]} sequences need {lens.shape[0] + 1} query offsets ending at "
             f"{num_rows} rows and a block table each; got {cu.shape[0]} offsets, {tables.shape[0]} tables"
         )
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    out = _output_for(q, out)
     rc = lib.plimsoll_paged_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), cu.data_ptr(), lens.data_ptr(),
         out.data_ptr(), lens.shape[0], num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale,

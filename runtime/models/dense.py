@@ -39,6 +39,11 @@ _ONEDNN = bool(torch.backends.mkldnn.is_available()) and hasattr(  # type: ignor
 _mkldnn_linear = torch.ops.mkldnn._linear_pointwise if _ONEDNN else None
 
 
+def bucket_rows(rows: int) -> int:
+    """``rows`` rounded up to a multiple of ``ONEDNN_ROW_BUCKET``."""
+    return -(-rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
+
+
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.shape[0]
     x = x.contiguous()
@@ -48,7 +53,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             stop = min(rows, start + ONEDNN_CHUNK_ROWS)
             out[start:stop] = _onednn_linear(x[start:stop], weight, bias)
         return out
-    padded = -(-rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
+    padded = bucket_rows(rows)
     if padded != rows:
         x = torch.cat((x, x.new_zeros(padded - rows, x.shape[1])))
     assert _mkldnn_linear is not None  # uses_onednn said so
@@ -88,7 +93,7 @@ def prime_onednn(
     on CPU)."""
     seen: set[tuple[tuple[int, ...], bool]] = set()
     ran = 0
-    first = -(-min_rows // ONEDNN_ROW_BUCKET) * ONEDNN_ROW_BUCKET
+    first = bucket_rows(min_rows)
     top = min(max_rows, ONEDNN_CHUNK_ROWS)
     for weight, bias in weights:
         key = (tuple(weight.shape), bias is not None)

@@ -251,25 +251,26 @@ GLUE_SPLIT_ROWS = 256
 PACKED_ENABLED = os.environ.get("PLIMSOLL_PACKED_WEIGHTS", "1") != "0"
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` in oneDNN's blocked layout for up to ``ONEDNN_CHUNK_ROWS`` rows (an opaque tensor
-    ``_linear_pointwise`` takes in its place), or ``weight`` itself where this torch cannot."""
+def _reorder_op() -> Any:
+    """oneDNN's weight reorder for ``_linear_pointwise``, or ``None`` in a torch without it."""
     try:
-        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), dense.ONEDNN_CHUNK_ROWS)
+        return torch.ops.mkldnn._reorder_linear_weight
     except (AttributeError, RuntimeError):
-        return weight
+        return None
+
+
+_REORDER = _reorder_op()
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    packed: torch.Tensor = _REORDER(weight.detach(), dense.ONEDNN_CHUNK_ROWS)
     return packed
-
-
-def _bucket(rows: int) -> int:
-    """``rows`` rounded up to oneDNN's row bucket (``models/dense.py``)."""
-    return -(-rows // dense.ONEDNN_ROW_BUCKET) * dense.ONEDNN_ROW_BUCKET
 
 
 class GluedLayers:
     """The steps ``FusedDecode`` does not take (more than ``MAX_ROWS`` decode rows, prefill and mixed
     steps), layer by layer with ~10 calls a layer instead of ~130: oneDNN's matmul for each
-    projection at the module path's padded row counts, over weights prepacked once (``_pack``),
+    projection at the module path's padded row counts, over weights prepacked once,
     and one native call for each run of ops between two matmuls (``cpu_kernels.add_rms_norm``,
     ``rope_store``, ``silu_mul``; decode attention into a buffer). Same model fit as the fused step,
     float32 projections only; a step of at most ``SMALL_BATCH_MAX_ROWS`` rows keeps the module path
@@ -295,14 +296,19 @@ class GluedLayers:
             for layer in model.model.layers
         ]  # fmt: skip
         self.final_norm = model.model.norm.weight
-        self.packed = PACKED_ENABLED and bool(self.layers)
+        # Each projection in oneDNN's blocked layout for up to ONEDNN_CHUNK_ROWS rows (an opaque
+        # tensor _linear_pointwise takes in the plain weight's place), and the primitives for every
+        # row bucket built now (warm-up), as dense.prime_onednn does for the plain weights.
+        self.packed = PACKED_ENABLED and _REORDER is not None and bool(self.layers)
         if self.packed:
-            self.layers = [(ln1, _pack(qkv), _pack(o), ln2, _pack(gu), _pack(down)) for ln1, qkv, o, ln2, gu, down in self.layers]
-            # oneDNN builds a primitive per shape and row count on first use: build them all now
-            # (warm-up), so serving allocates none later (models/dense.py's prime_onednn, packed).
             assert _linear_pointwise is not None
             with torch.no_grad():
-                for weight in self.layers[0][1:3] + self.layers[0][4:]:
+                self.layers = [
+                    (ln1, _pack(qkv), _pack(o), ln2, _pack(gate_up), _pack(down))
+                    for ln1, qkv, o, ln2, gate_up, down in self.layers
+                ]
+                _, qkv, o, _, gate_up, down = self.layers[0]
+                for weight in (qkv, o, gate_up, down):
                     for rows in range(dense.ONEDNN_ROW_BUCKET, dense.ONEDNN_CHUNK_ROWS + 1, dense.ONEDNN_ROW_BUCKET):
                         _linear_pointwise(torch.zeros(rows, weight.shape[1]), weight, None, "none", [], "")
 
@@ -335,8 +341,8 @@ class GluedLayers:
         chunks = [
             (c0, min(n, c0 + dense.ONEDNN_CHUNK_ROWS)) for c0 in range(0, n, dense.ONEDNN_CHUNK_ROWS)
         ]  # fmt: skip
-        top = chunks[-1][0] + _bucket(chunks[-1][1] - chunks[-1][0])  # rows the last chunk's matmul reads
-        width = _bucket(chunks[0][1] - chunks[0][0])
+        top = chunks[-1][0] + dense.bucket_rows(chunks[-1][1] - chunks[-1][0])  # rows the last chunk's matmul reads
+        width = dense.bucket_rows(chunks[0][1] - chunks[0][0])
         # Matmul inputs: rows past a chunk's own hold zeros or an earlier chunk's values, finite
         # either way, and each output row depends on its input row only, so they reach nothing.
         h = x.new_zeros(width, hidden)
@@ -365,7 +371,7 @@ class GluedLayers:
             for (c0, c1), delta, t in zip(chunks, deltas, threads, strict=True):
                 r = c1 - c0
                 cpu_kernels.add_rms_norm(x[c0:c1], delta, ln1, h, r, eps, t)
-                qkv = _linear_pointwise(h[: _bucket(r)], w_qkv, None, "none", [], "")
+                qkv = _linear_pointwise(h[: dense.bucket_rows(r)], w_qkv, None, "none", [], "")
                 cpu_kernels.rope_store(
                     qkv, q[c0:c1], k_cache, v_cache, cos[c0:c1], sin[c0:c1], slots[c0:c1], r, fused.shape, t
                 )  # fmt: skip
@@ -383,11 +389,11 @@ class GluedLayers:
                 attn[:n].copy_(out.view(n, heads * head_dim))
             for k, ((c0, c1), t) in enumerate(zip(chunks, threads, strict=True)):
                 r = c1 - c0
-                o = _linear_pointwise(attn[c0 : c0 + _bucket(r)], w_o, None, "none", [], "")
+                o = _linear_pointwise(attn[c0 : c0 + dense.bucket_rows(r)], w_o, None, "none", [], "")
                 cpu_kernels.add_rms_norm(x[c0:c1], o, ln2, h, r, eps, t)
-                gate_up = _linear_pointwise(h[: _bucket(r)], w_gate_up, None, "none", [], "")
+                gate_up = _linear_pointwise(h[: dense.bucket_rows(r)], w_gate_up, None, "none", [], "")
                 cpu_kernels.silu_mul(gate_up, act, r, t)
-                deltas[k] = _linear_pointwise(act[: _bucket(r)], w_down, None, "none", [], "")
+                deltas[k] = _linear_pointwise(act[: dense.bucket_rows(r)], w_down, None, "none", [], "")
         out_hidden = x.new_empty(n, hidden)
         for (c0, c1), delta, t in zip(chunks, deltas, threads, strict=True):
             cpu_kernels.add_rms_norm(x[c0:c1], delta, self.final_norm, out_hidden[c0:c1], c1 - c0, eps, t)

@@ -774,6 +774,21 @@ extern "C" int plimsoll_paged_decode_attention_kv_int8(
 // Returns 0, or a code: 1 heads, 2 a context length, 3 head_dim.
 constexpr int64_t kTileRows = 8;
 
+namespace {
+
+// One tile: the AVX-512 tile kernel for several rows where it is built, else row by row.
+template <int64_t NV>
+void attend_tile(const float* q, float* out, int64_t rows, int64_t first, const float* k_cache,
+                 const float* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
+                 float scale, std::vector<float>& scores) {
+#if defined(__AVX512F__)
+  if (rows > 1) return attend_tile_f32<NV>(q, out, rows, first, k_cache, v_cache, table, heads, kv_heads, bs, scale, scores);
+#endif
+  attend_rows_f32<NV>(q, out, rows, first, k_cache, v_cache, table, heads, kv_heads, bs, scale, scores);
+}
+
+}  // namespace
+
 extern "C" int plimsoll_paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
                                             const int32_t* block_tables, const int32_t* cu_q,
                                             const int32_t* context_lens, float* out, int64_t num_seqs,
@@ -817,24 +832,12 @@ extern "C" int plimsoll_paged_attention_f32(const float* q, const float* k_cache
       const int32_t* table = block_tables + tile.seq * max_blocks;
       const float* tq = q + row * row_floats;
       float* to = out + row * row_floats;
-#if defined(__AVX512F__)
-      if (tile.rows > 1) {
-        if (head_dim == 64) {
-          attend_tile_f32<4>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
-                             scale, scores);
-        } else {
-          attend_tile_f32<8>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
-                             scale, scores);
-        }
-        continue;
-      }
-#endif
       if (head_dim == 64) {
-        attend_rows_f32<4>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
-                           scale, scores);
+        attend_tile<4>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
+                       scale, scores);
       } else {
-        attend_rows_f32<8>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
-                           scale, scores);
+        attend_tile<8>(tq, to, tile.rows, first, k_cache, v_cache, table, num_heads, num_kv_heads, block_size,
+                       scale, scores);
       }
     }
   });

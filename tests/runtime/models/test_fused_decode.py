@@ -58,12 +58,17 @@ def count_glued_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def random_model(arch: str, weights: str = "float32") -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_config(arch)).eval()
+def randomised(model: LlamaForCausalLM) -> LlamaForCausalLM:
+    """``model`` with weights drawn around what a trained one holds (norms near 1), in place."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    return model
+
+
+def random_model(arch: str, weights: str = "float32") -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    model = randomised(LlamaForCausalLM(tiny_config(arch)).eval())
     if weights == "int8":
         quantize_model(model, "int8", torch.float32)  # both paths then read the same int8 weights
     return model
@@ -155,10 +160,7 @@ def test_fused_step_on_shapes_that_leave_remainders(case: str, monkeypatch: pyte
         **{**TINY_SHAPE, "hidden_size": 70, "intermediate_size": 90, "num_attention_heads": 5, "num_key_value_heads": 1}
     )
     torch.manual_seed(1)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    model = randomised(LlamaForCausalLM(config).eval())
     batch = decode_batch(model, CONTEXTS[case], seed=5)
     want, want_caches, _ = forward(model, batch, False, monkeypatch)
     got, got_caches, calls = forward(model, batch, True, monkeypatch)
@@ -250,10 +252,7 @@ def test_glued_step_with_head_dim_64_runs_the_ragged_attention_kernel(case: str,
 
     config = LlamaConfig(**{**TINY_SHAPE, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1})
     torch.manual_seed(2)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    model = randomised(LlamaForCausalLM(config).eval())
     batch = step_batch(model, GLUED_STEPS[case], seed=7)
     with monkeypatch.context() as torch_attention:
         torch_attention.setattr(fused_decode.cpu_kernels, "supports_paged_attention", lambda *a: False)
