@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="measured steps per variant and level")
     ap.add_argument("--prompt", type=int, default=160, help="context tokens before decoding starts")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--dtype", default="float32", help="the engine's --dtype (bfloat16: the bf16 glue and kernels)")
     ap.add_argument(
         "--fused-max-rows", type=int, default=0,
         help="with --compare fused: the most decode rows the fused step takes (0: fused_decode.MAX_ROWS)",
@@ -126,6 +127,7 @@ def main() -> None:
     engine = LLMEngine(
         EngineConfig(
             model=args.model,
+            dtype=args.dtype,
             kv_cache_memory="1GiB",
             max_num_seqs=max(args.levels),
             enable_prefix_caching=False,
@@ -134,7 +136,10 @@ def main() -> None:
     engine.warmup()
     vocab = int(engine.hf_config.vocab_size)
     rng = random.Random(0)
-    print(f"# {args.compare}: {off} vs {on}; decode step ms (median of {args.steps}), context ~{args.prompt}")
+    print(
+        f"# {args.compare}: {off} vs {on}; decode step ms (median of {args.steps}), context ~{args.prompt}, "
+        f"{args.dtype}"
+    )
     for b in args.levels:
         params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 2, ignore_eos=True)
         for i in range(b):

@@ -7,7 +7,7 @@ What it is: functions with torch-shaped signatures, over one worker pool.
   reads that copy again, which on a CPU is most of decode attention's time once a
   batch holds tens of sequences.
 - ``paged_attention``: the whole ragged contract (prefill, later chunks, prefix-cache hits,
-  decode rows), causal, float32 cache with head_dim 64 or 128: tiles of up to 8 queries of one
+  decode rows), causal, float32 (or bfloat16, row by row) cache with head_dim 64 or 128: tiles of up to 8 queries of one
   sequence read each K and V row once, where torch's path gathers every context into a copy
   and runs one SDPA call per prefill.
 - ``bf16_linear``: the same for a few bfloat16 rows against bfloat16 weights (a ``--dtype
@@ -22,7 +22,9 @@ What it is: functions with torch-shaped signatures, over one worker pool.
   (``models/fused_decode.py`` decides when; the module path does the rest).
 - ``add_rms_norm``, ``rope_store``, ``silu_mul``: the ops of a Llama layer between its
   matmuls, one call each over a step's rows, for steps too large for ``fused_decode``
-  (``models/fused_decode.GluedLayers`` runs the matmuls through oneDNN between them).
+  (``models/fused_decode.GluedLayers`` runs the matmuls through oneDNN between them), in
+  float32 or for a bfloat16 model (bf16 matmul operands and cache, float32 residual);
+  ``to_bf16`` rounds attention's float32 output into a bf16 matmul input.
 The kernels split their work over a pool of threads started once per process (not per
 call; ``pool_threads``, ``pool_noop``), safe across fork and with several callers.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
@@ -32,7 +34,7 @@ lock, loads it with ctypes (which releases the GIL during each call) and returns
 The reason is logged once and the caller keeps the torch path, so a machine without
 a compiler is slower, never broken. The first matmul of the engine's warm-up builds it.
 
-What it is not: bf16/fp16 (but for decode attention over a bf16 cache), or a GPU kernel (those stay in
+What it is not: bf16/fp16 arithmetic (bf16 is read and written, computed in float32), or a GPU kernel (those stay in
 ``attention/sdpa.py`` and ``attention/triton_backend.py``).
 """
 
@@ -46,6 +48,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -174,6 +177,13 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_rope_store_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6
     lib.plimsoll_silu_mul_f32.restype = ctypes.c_int
     lib.plimsoll_silu_mul_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+    for glue in ("add_rms_norm", "rope_store", "silu_mul"):
+        f32, bf16 = getattr(lib, f"plimsoll_{glue}_f32"), getattr(lib, f"plimsoll_{glue}_bf16")
+        bf16.restype, bf16.argtypes = f32.restype, f32.argtypes
+    lib.plimsoll_paged_attention_bf16.restype = ctypes.c_int
+    lib.plimsoll_paged_attention_bf16.argtypes = lib.plimsoll_paged_attention_f32.argtypes
+    lib.plimsoll_to_bf16.restype = ctypes.c_int
+    lib.plimsoll_to_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     return lib
 
 
@@ -205,14 +215,14 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
 
 def supports_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether ``decode_attention`` can take these tensors (and the kernels are built): a float32
-    query over a float32 or an int8 (``attention/kv_int8.py``) cache on CPU, or a bfloat16 query
-    over a bfloat16 cache (a ``--dtype bfloat16`` engine's)."""
+    query over a float32, an int8 (``attention/kv_int8.py``) or a bfloat16 cache on CPU, or a
+    bfloat16 query over a bfloat16 cache (a ``--dtype bfloat16`` engine's)."""
     return (
         query.device.type == "cpu"
         and k_cache.device.type == "cpu"
         and k_cache.dtype == v_cache.dtype
         and (
-            (query.dtype == torch.float32 and k_cache.dtype in (torch.float32, torch.int8))
+            (query.dtype == torch.float32 and k_cache.dtype in (torch.float32, torch.int8, torch.bfloat16))
             or (query.dtype == k_cache.dtype == torch.bfloat16)
         )
         and k_cache.is_contiguous()
@@ -390,10 +400,11 @@ def _output_for(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
 
 def supports_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether ``paged_attention`` can take these tensors: a float32 query over a contiguous
-    float32 cache on CPU with a head_dim of 64 or 128, and the kernels built."""
+    float32 or bfloat16 cache on CPU with a head_dim of 64 or 128, and the kernels built."""
     return (
         supports_attention(query, k_cache, v_cache)
-        and k_cache.dtype == torch.float32
+        and query.dtype == torch.float32
+        and k_cache.dtype in (torch.float32, torch.bfloat16)
         and query.dim() == 3
         and query.shape[2] in (64, 128)
         and k_cache.shape[-1] == query.shape[2]
@@ -402,7 +413,7 @@ def supports_paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
 
 def paged_attention(
     query: torch.Tensor,  # [N, H, D], the queries of all sequences packed
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32 or bfloat16
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [B, max_blocks]
     cu_seqlens_q: torch.Tensor,  # [B + 1]
@@ -427,7 +438,8 @@ def paged_attention(
             f"{num_rows} rows and a block table each; got {cu.shape[0]} offsets, {tables.shape[0]} tables"
         )
     out = _output_for(q, out)
-    rc = lib.plimsoll_paged_attention_f32(
+    fn = lib.plimsoll_paged_attention_bf16 if k_cache.dtype == torch.bfloat16 else lib.plimsoll_paged_attention_f32
+    rc = fn(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), cu.data_ptr(), lens.data_ptr(),
         out.data_ptr(), lens.shape[0], num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale,
         torch.get_num_threads(),
@@ -525,20 +537,31 @@ def fused_decode(
         )
 
 
-def _rows_fit(rows: int, *tensors: torch.Tensor) -> None:
+def _rows_fit(rows: int, *tensors: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
     for t in tensors:
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or t.shape[0] < rows:
+        if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous() or t.shape[0] < rows:
             raise ValueError(
-                f"expected contiguous float32 CPU tensors of at least {rows} rows, got {t.dtype} "
+                f"expected contiguous {dtype} CPU tensors of at least {rows} rows, got {t.dtype} "
                 f"{tuple(t.shape)} on {t.device.type}"
             )
 
 
+# The glue's types: float32 throughout, or a bfloat16 model's (bfloat16 matmul inputs and outputs
+# and cache, the residual, the norm weights, cos/sin and q float32).
+GLUE_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _glue(lib: ctypes.CDLL, name: str, dtype: torch.dtype) -> Any:
+    if dtype not in GLUE_DTYPES:
+        raise ValueError(f"{name}: the glue runs float32 or bfloat16, got {dtype}")
+    return getattr(lib, f"plimsoll_{name}_{GLUE_DTYPES[dtype]}")
+
+
 def add_rms_norm(
-    x: torch.Tensor,  # [>= M, dim], updated in place: x += delta
-    delta: torch.Tensor | None,  # [>= M, dim] or None (nothing added)
-    weight: torch.Tensor,  # [dim]
-    out: torch.Tensor,  # [>= M, dim]: RMSNorm(x) * weight
+    x: torch.Tensor,  # [>= M, dim] float32, updated in place: x += delta
+    delta: torch.Tensor | None,  # [>= M, dim] of out's dtype, or None (nothing added)
+    weight: torch.Tensor,  # [dim] float32
+    out: torch.Tensor,  # [>= M, dim] float32 or bfloat16: RMSNorm(x) * weight
     rows: int,
     eps: float,
     threads: int = 0,  # 0: torch's intra-op threads
@@ -547,10 +570,13 @@ def add_rms_norm(
     next norm of a Llama layer, one call)."""
     lib = _library_or_raise()
     dim = x.shape[1]
-    _rows_fit(rows, x, out, *(() if delta is None else (delta,)))
+    fn = _glue(lib, "add_rms_norm", out.dtype)
+    _rows_fit(rows, x)
+    _rows_fit(1, weight.view(1, -1))
+    _rows_fit(rows, out, *(() if delta is None else (delta,)), dtype=out.dtype)
     if weight.shape != (dim,) or out.shape[1] != dim or (delta is not None and delta.shape[1] != dim):
         raise ValueError(f"add_rms_norm: x, delta, out and weight must all have {dim} columns")
-    rc = lib.plimsoll_add_rms_norm_f32(
+    rc = fn(
         x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, dim,
         eps, threads or torch.get_num_threads(),
     )  # fmt: skip
@@ -559,11 +585,11 @@ def add_rms_norm(
 
 
 def rope_store(
-    qkv: torch.Tensor,  # [>= M, (H + 2 Hkv) D]: a qkv projection's output
-    q_out: torch.Tensor,  # [>= M, H * D] (or [.., H, D]): q after RoPE
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32
+    qkv: torch.Tensor,  # [>= M, (H + 2 Hkv) D]: a qkv projection's output, float32 or bfloat16
+    q_out: torch.Tensor,  # [>= M, H * D] (or [.., H, D]) float32: q after RoPE
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] of qkv's dtype
     v_cache: torch.Tensor,
-    cos: torch.Tensor,  # [M, D]
+    cos: torch.Tensor,  # [M, D] float32
     sin: torch.Tensor,
     slot_mapping: torch.Tensor,  # [M] int64, -1: do not store
     rows: int,
@@ -573,14 +599,16 @@ def rope_store(
     """RoPE on each row's q (into ``q_out``) and k, and k and v stored in their cache slots."""
     lib = _library_or_raise()
     num_heads, num_kv_heads, head_dim = heads
-    _rows_fit(rows, qkv, q_out, cos, sin)
-    _rows_fit(0, k_cache, v_cache)
+    fn = _glue(lib, "rope_store", qkv.dtype)
+    _rows_fit(rows, q_out, cos, sin)
+    _rows_fit(rows, qkv, dtype=qkv.dtype)
+    _rows_fit(0, k_cache, v_cache, dtype=qkv.dtype)
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or k_cache.shape[2:] != (num_kv_heads, head_dim):
         raise ValueError(f"rope_store: qkv {tuple(qkv.shape)} or cache {tuple(k_cache.shape)} does not fit {heads}")
     if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous() or slot_mapping.shape[0] < rows:
         raise ValueError("rope_store: slot_mapping must be contiguous int64 with a slot a row")
-    rc = lib.plimsoll_rope_store_f32(
+    rc = fn(
         qkv.data_ptr(), q_out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cos.data_ptr(), sin.data_ptr(),
         slot_mapping.data_ptr(), rows, num_heads, num_kv_heads, head_dim, num_slots, threads or torch.get_num_threads(),
     )  # fmt: skip
@@ -589,15 +617,30 @@ def rope_store(
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, rows: int, threads: int = 0) -> None:
-    """Rows ``[0, rows)``: ``out = SiLU(gate) * up`` where each row of ``gate_up`` is ``[gate | up]``."""
+    """Rows ``[0, rows)``: ``out = SiLU(gate) * up`` where each row of ``gate_up`` is ``[gate | up]``
+    (both float32, or both bfloat16)."""
     lib = _library_or_raise()
     inter = out.shape[1]
-    _rows_fit(rows, gate_up, out)
+    fn = _glue(lib, "silu_mul", out.dtype)
+    _rows_fit(rows, gate_up, out, dtype=out.dtype)
     if gate_up.shape[1] != 2 * inter:
         raise ValueError(f"silu_mul: gate_up has {gate_up.shape[1]} columns, out {inter}; need 2 x out's")
-    rc = lib.plimsoll_silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inter, threads or torch.get_num_threads())
+    rc = fn(gate_up.data_ptr(), out.data_ptr(), rows, inter, threads or torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"silu_mul rejected {rows} rows of {inter}")
+
+
+def to_bf16(x: torch.Tensor, out: torch.Tensor, threads: int = 0) -> None:
+    """``out`` (contiguous bfloat16) = ``x`` (contiguous float32 of as many elements), rounded to
+    the nearest even as torch rounds."""
+    lib = _library_or_raise()
+    if (
+        x.dtype != torch.float32 or out.dtype != torch.bfloat16 or not x.is_contiguous()
+        or not out.is_contiguous() or x.numel() != out.numel() or x.device.type != "cpu" or out.device.type != "cpu"
+    ):  # fmt: skip
+        raise ValueError(f"to_bf16: a contiguous float32 x and bfloat16 out of as many elements, got {x.dtype} "
+                         f"{tuple(x.shape)} and {out.dtype} {tuple(out.shape)}")  # fmt: skip
+    lib.plimsoll_to_bf16(x.data_ptr(), out.data_ptr(), x.numel(), threads or torch.get_num_threads())
 
 
 FUSED_PARTS = ("norms, RoPE, KV store", "qkv matmul", "attention", "o_proj", "gate_up + SiLU*up", "down")

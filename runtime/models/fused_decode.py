@@ -14,8 +14,10 @@ the step is one decode token, at most ``MAX_ROWS`` of them (above that oneDNN's 
 beat the kernel's register-blocked ones). ``GluedLayers`` takes the steps of more than
 ``SMALL_BATCH_MAX_ROWS`` rows it leaves (more decode rows, prefill, mixed steps, speculative
 verification) for the same models with float32 projections: ~12 Python calls a layer
-instead of ~130 torch ops. Everything else (an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs;
-int8 projections above ``MAX_ROWS``) takes the module path, unchanged.
+instead of ~130 torch ops; and every step of the same models in bfloat16 (``--dtype
+bfloat16``) on a CPU whose oneDNN has native bf16 matmuls (AVX512_BF16, AMX). Everything
+else (an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs; int8 projections above ``MAX_ROWS``;
+bf16 where oneDNN would emulate it) takes the module path, unchanged.
 ``PLIMSOLL_FUSED_DECODE=0`` and ``PLIMSOLL_GLUED_LAYERS=0`` turn them off; a model that fits
 on a machine where the kernels cannot be built logs one warning and runs the module path.
 
@@ -55,8 +57,9 @@ def _warn_unavailable_once(reason: str) -> None:
         log.warning("fused CPU decode step unavailable (%s); decode runs layer by layer (slower, same results)", reason)
 
 
-def why_not(model: Any) -> str | None:
-    """Why this model's decode steps cannot be fused (``None`` when they can)."""
+def why_not(model: Any, float_dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> str | None:
+    """Why this model's decode steps cannot be fused (``None`` when they can): float projections
+    of one of ``float_dtypes`` (the glued layers also take bfloat16) or int8 ones."""
     cfg = model.config
     if getattr(cfg, "hidden_act", None) != "silu":
         return f"activation {getattr(cfg, 'hidden_act', None)!r}, not silu"
@@ -81,11 +84,13 @@ def why_not(model: Any) -> str | None:
             if proj.lora is not None:
                 return "LoRA adapters"
             w = proj.weight
-            if w.device.type != "cpu" or w.dtype != torch.float32 or not w.is_contiguous():
+            if w.device.type != "cpu" or w.dtype not in float_dtypes or not w.is_contiguous():
                 return f"{w.dtype} weights on {w.device.type}"
+            if w.dtype != model.model.norm.weight.dtype:
+                return f"{w.dtype} projections in a {model.model.norm.weight.dtype} model"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            if norm.weight.dtype != torch.float32 or norm.eps != layers[0].input_layernorm.eps:
-                return "norm weights not float32 or mixed eps"
+            if norm.weight.dtype != model.model.norm.weight.dtype or norm.eps != layers[0].input_layernorm.eps:
+                return "norm weights of another dtype or mixed eps"
         for module in layer.modules():
             if isinstance(module, nn.Module) and (module._forward_hooks or module._forward_pre_hooks):
                 return "forward hooks (tensor parallelism)"
@@ -117,17 +122,17 @@ def _int8_entries(proj: Int8Linear) -> list[int]:
 
 def _plain_cpu_step(
     first_qkv: Any, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], store_kv: Any,
-    paged_attention: Any,
+    paged_attention: Any, dtype: torch.dtype = torch.float32,
 ) -> bool:
     """What both native paths need of a step, beyond the model's fit (``why_not``): no adapters
-    (they can be attached after the first forward), float32 activations on CPU, a contiguous
-    float32 cache and the torch attention backend."""
+    (they can be attached after the first forward), activations of ``dtype`` on CPU, a contiguous
+    cache of ``dtype`` and the torch attention backend."""
     k0 = kv_caches[0][0]
     return (
         getattr(first_qkv, "lora", None) is None
-        and x.dtype == torch.float32
+        and x.dtype == dtype
         and x.device.type == "cpu"
-        and k0.dtype == torch.float32
+        and k0.dtype == dtype
         and k0.is_contiguous()
         and store_kv is sdpa.store_kv
         and paged_attention is sdpa.paged_attention
@@ -267,23 +272,59 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+# A bf16 step whose prefills see at least this many (query, token) pairs runs torch's SDPA, which
+# on an AMX host computes them in bf16 faster than the float32 ragged kernel; a step of fewer
+# (decode rows beside short prefills) stays in the kernel. Per layer, SmolLM2 heads, two threads
+# (ms, SDPA / kernel): 12 prefills of 160 3.3 / 5.1, 1 of 512 beside 32 decodes 2.4 / 4.0, a
+# 256-token chunk of 1,024 2.0 / 5.6; 2 of 160 beside 48 decodes 1.8 / 1.4, 3 of 64 0.40 / 0.47.
+BF16_SDPA_MIN_PAIRS = 1 << 17
+
+
+def _prefill_pairs(meta: AttentionMetadata) -> int:
+    """(query, token) pairs of the step's rows that are not decode rows (each query row sees at
+    most its sequence's context)."""
+    q_lens = meta.cu_seqlens_q[1:] - meta.cu_seqlens_q[:-1]
+    prefill = q_lens > 1
+    return int((q_lens[prefill] * meta.context_lens[prefill]).sum())
+
+
+def _bf16_matmul_reason() -> str | None:
+    """Why oneDNN's bfloat16 matmul is not the fast path here (``None`` when it is: AVX512_BF16 or AMX)."""
+    try:
+        fast = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        fast = False
+    return None if fast else "oneDNN has no native bfloat16 matmul on this CPU"
+
+
 class GluedLayers:
     """The steps ``FusedDecode`` does not take (more than ``MAX_ROWS`` decode rows, prefill and mixed
     steps), layer by layer with ~10 calls a layer instead of ~130: oneDNN's matmul for each
     projection at the module path's padded row counts, over weights prepacked once,
     and one native call for each run of ops between two matmuls (``cpu_kernels.add_rms_norm``,
-    ``rope_store``, ``silu_mul``; decode attention into a buffer). Same model fit as the fused step,
-    float32 projections only; a step of at most ``SMALL_BATCH_MAX_ROWS`` rows keeps the module path
-    (its matmuls are not oneDNN's there). ``run`` returns the final norm's output, or ``None``."""
+    ``rope_store``, ``silu_mul``; attention into a buffer). Same model fit as the fused step with
+    float32 projections, where a step of at most ``SMALL_BATCH_MAX_ROWS`` rows keeps the module path
+    (its matmuls are not oneDNN's there), or bfloat16 projections on a CPU with native bf16
+    matmuls (AVX512_BF16, AMX), where every step is glued: the matmuls' operands and the cache
+    bfloat16, the residual stream, the norms, RoPE and attention float32 (each layer's output
+    rounded to bf16 once, where the module path rounds every op's). ``run`` returns the final
+    norm's output (the model's dtype), or ``None``."""
 
     def __init__(self, fused: FusedDecode) -> None:
         self.fused = fused
         model = fused.model
-        self.reason = fused.reason
+        self.dtype = model.model.norm.weight.dtype
+        self.reason = why_not(model, tuple(cpu_kernels.GLUE_DTYPES))
+        if self.reason is None and cpu_kernels.library() is None:
+            self.reason = f"the CPU kernels: {cpu_kernels.unavailable_reason()}"
         if self.reason is None and fused.int8:
             self.reason = "int8 projections (their kernel dequantises above its rows)"
         if self.reason is None and not dense.uses_onednn(torch.empty(1, 1), torch.empty(1, 1)):
             self.reason = "no oneDNN in this torch build"
+        if self.reason is None and self.dtype == torch.bfloat16:
+            self.reason = _bf16_matmul_reason()
+        # The fewest rows a glued step takes: bf16 matmuls are oneDNN's at every row count.
+        self.min_rows = 1 if self.dtype == torch.bfloat16 else cpu_kernels.SMALL_BATCH_MAX_ROWS + 1
         self.layers = [] if self.reason is not None else [
             (
                 layer.input_layernorm.weight,
@@ -295,7 +336,11 @@ class GluedLayers:
             )
             for layer in model.model.layers
         ]  # fmt: skip
-        self.final_norm = model.model.norm.weight
+        # The norms run in float32 (a bf16 model's weights widened once: a few KiB a layer).
+        self.layers = [
+            (ln1.float(), qkv, o, ln2.float(), gate_up, down) for ln1, qkv, o, ln2, gate_up, down in self.layers
+        ]
+        self.final_norm = model.model.norm.weight.float()
         # Each projection in oneDNN's blocked layout for up to ONEDNN_CHUNK_ROWS rows (an opaque
         # tensor _linear_pointwise takes in the plain weight's place), and the primitives for every
         # row bucket built now (warm-up), as dense.prime_onednn does for the plain weights.
@@ -310,7 +355,8 @@ class GluedLayers:
                 _, qkv, o, _, gate_up, down = self.layers[0]
                 for weight in (qkv, o, gate_up, down):
                     for rows in range(dense.ONEDNN_ROW_BUCKET, dense.ONEDNN_CHUNK_ROWS + 1, dense.ONEDNN_ROW_BUCKET):
-                        _linear_pointwise(torch.zeros(rows, weight.shape[1]), weight, None, "none", [], "")
+                        h = torch.zeros(rows, weight.shape[1], dtype=self.dtype)
+                        _linear_pointwise(h, weight, None, "none", [], "")
 
     def run(
         self,
@@ -326,10 +372,13 @@ class GluedLayers:
         if (
             not GLUED_ENABLED
             or self.reason is not None
-            or n <= cpu_kernels.SMALL_BATCH_MAX_ROWS
-            or not _plain_cpu_step(self.fused._first_qkv, x, kv_caches, store_kv, paged_attention)
+            or n < self.min_rows
+            or not _plain_cpu_step(self.fused._first_qkv, x, kv_caches, store_kv, paged_attention, self.dtype)
         ):
             return None
+        bf16 = self.dtype == torch.bfloat16
+        if bf16:  # the residual stream in float32; x (the embeddings) is left as it is
+            x = x.float()
         k0 = kv_caches[0][0]
         fused = self.fused
         heads, _, head_dim = fused.shape
@@ -345,11 +394,11 @@ class GluedLayers:
         width = dense.bucket_rows(chunks[0][1] - chunks[0][0])
         # Matmul inputs: rows past a chunk's own hold zeros or an earlier chunk's values, finite
         # either way, and each output row depends on its input row only, so they reach nothing.
-        h = x.new_zeros(width, hidden)
-        act = x.new_zeros(width, fused.inter)
-        attn = x.new_zeros(top, heads * head_dim)
+        h = torch.zeros(width, hidden, dtype=self.dtype)
+        act = torch.zeros(width, fused.inter, dtype=self.dtype)
+        attn = torch.zeros(top, heads * head_dim, dtype=self.dtype)
         q = x.new_empty(n, heads, head_dim)
-        cos, sin = cos.contiguous(), sin.contiguous()
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         # All decode rows: the decode-attention kernel writes straight into the o_proj's input.
         decode_only = (
@@ -357,9 +406,16 @@ class GluedLayers:
             and meta.context_lens.shape[0] == n
             and cpu_kernels.supports_attention(q, k0, k0)
         )
-        # Prefill and mixed steps: the ragged kernel, also straight into the o_proj's input.
-        ragged = not decode_only and cpu_kernels.supports_paged_attention(q, k0, k0)
-        attn_rows = attn[:n].view(n, heads, head_dim)
+        # Prefill and mixed steps: the ragged kernel, also straight into the o_proj's input; for
+        # bf16, torch's SDPA (bf16 on AMX) once the prefills' (query, token) pairs are many.
+        ragged = (
+            not decode_only
+            and cpu_kernels.supports_paged_attention(q, k0, k0)
+            and not (bf16 and _prefill_pairs(meta) >= BF16_SDPA_MIN_PAIRS)
+        )
+        # The attention kernels write float32: into o_proj's input itself, or for bf16 into a
+        # buffer rounded into it.
+        attn_rows = x.new_empty(n, heads, head_dim) if bf16 else attn[:n].view(n, heads, head_dim)
         if decode_only:
             tables = meta.block_tables.to(torch.int32).contiguous()
             lens = meta.context_lens.to(torch.int32).contiguous()
@@ -384,9 +440,12 @@ class GluedLayers:
                 )  # fmt: skip
             else:
                 out = sdpa.paged_attention(
-                    q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, fused.scale
-                )
-                attn[:n].copy_(out.view(n, heads * head_dim))
+                    q.to(self.dtype), k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
+                    fused.scale,
+                )  # fmt: skip
+                attn_rows.copy_(out)
+            if bf16:
+                cpu_kernels.to_bf16(attn_rows, attn[:n])
             for k, ((c0, c1), t) in enumerate(zip(chunks, threads, strict=True)):
                 r = c1 - c0
                 o = _linear_pointwise(attn[c0 : c0 + dense.bucket_rows(r)], w_o, None, "none", [], "")
@@ -394,7 +453,7 @@ class GluedLayers:
                 gate_up = _linear_pointwise(h[: dense.bucket_rows(r)], w_gate_up, None, "none", [], "")
                 cpu_kernels.silu_mul(gate_up, act, r, t)
                 deltas[k] = _linear_pointwise(act[: dense.bucket_rows(r)], w_down, None, "none", [], "")
-        out_hidden = x.new_empty(n, hidden)
+        out_hidden = torch.empty(n, hidden, dtype=self.dtype)
         for (c0, c1), delta, t in zip(chunks, deltas, threads, strict=True):
             cpu_kernels.add_rms_norm(x[c0:c1], delta, self.final_norm, out_hidden[c0:c1], c1 - c0, eps, t)
         return out_hidden

@@ -16,8 +16,10 @@
 //   low concurrency), split by output rows so each thread streams its part of W
 //   from memory once; at these shapes the matmul is bound by reading W.
 // - plimsoll_paged_attention_f32 (further down): the ragged contract, prefill and mixed steps,
-//   in tiles of a few queries of one sequence.
+//   in tiles of a few queries of one sequence; plimsoll_paged_attention_bf16 over a bf16 cache.
 // - plimsoll_bf16_linear_f32: the small-batch matmul against bfloat16 weights.
+// - the glue between a layer's matmuls (add_rms_norm, rope_store, silu_mul) in float32, and in
+//   _bf16 variants for a bfloat16 model's glued layers; plimsoll_to_bf16 rounds float32 to bf16.
 // What it is not: large matmuls (oneDNN does those) or GPU
 // kernels (Triton).
 //
@@ -531,6 +533,33 @@ inline F16 load_row(const Bf16* p) {
 #endif
 }
 
+// bfloat16 from float32 rounded to the nearest even (as torch converts); a NaN stays a quiet NaN.
+inline uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// One value, and 16 float32 lanes, stored as float32 or rounded to bfloat16.
+inline void put(float* p, float v) { *p = v; }
+inline void put(Bf16* p, float v) { p->bits = to_bf16_bits(v); }
+inline void store_row(float* p, F16 a) { store16(p, a); }
+inline void store_row(Bf16* p, F16 a) {
+#if defined(__AVX512F__)
+  const __m512i u = _mm512_castps_si512(a.v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+#else
+  alignas(64) float t[kLanes];
+  store16(t, a);
+  for (int64_t l = 0; l < kLanes; ++l) put(p + l, t[l]);
+#endif
+}
+
 // Queries rows 0 .. rows - 1 of one sequence over its float32 (or bfloat16) cache, head_dim NV x 16: query i
 // sits at position first + i and sees tokens 0 .. first + i (causal; a decode row is rows = 1,
 // first = ctx - 1). q and out are [rows, H, D]. Each token's K and V row of a KV head is
@@ -623,10 +652,12 @@ inline __m512 sum16x16(const __m512* acc) {
 // attend_rows_f32 for a tile of several query rows (prefill), AVX-512: per KV head, scores for
 // 16 tokens at a time per (row, head) with one reduction tree instead of 16 horizontal sums,
 // and the weighted sum of V kept in registers for a few (row, head) pairs at a time instead of
-// read and written back for every token. Same contract and result (to rounding).
-template <int64_t NV>
-void attend_tile_f32(const float* q, float* out, int64_t rows, int64_t first, const float* k_cache,
-                     const float* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
+// read and written back for every token. Same contract and result (to rounding). A bfloat16
+// cache's 16 K rows are widened once into a float32 buffer for all the tile's rows and heads,
+// its V rows as they are read.
+template <int64_t NV, typename T>
+void attend_tile_f32(const float* q, float* out, int64_t rows, int64_t first, const T* k_cache,
+                     const T* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
                      float scale, std::vector<float>& scores) {
   constexpr int64_t D = NV * kLanes;
   constexpr int64_t kPairs = 24 / NV;  // (row, head) pairs whose V sums stay in registers together
@@ -637,14 +668,27 @@ void attend_tile_f32(const float* q, float* out, int64_t rows, int64_t first, co
   float* s = scores.data();  // [rows, H, padded], then D zeros (the row read past the context)
   float* zero_row = s + rows * heads * padded;
   std::fill(zero_row, zero_row + D, 0.f);
-  auto row_of = [&](const float* cache, int64_t t) {
+  auto row_of = [&](const T* cache, int64_t t) {
     return cache + static_cast<int64_t>(table[t / bs]) * bs * token_stride + (t % bs) * token_stride;
   };
+  alignas(64) float widened[std::is_same_v<T, float> ? 1 : 16 * D];
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t g = 0; g < kv_heads; ++g) {
     for (int64_t t0 = 0; t0 < span; t0 += 16) {
       const float* k_rows[16];
-      for (int64_t o = 0; o < 16; ++o) k_rows[o] = t0 + o < span ? row_of(k_cache, t0 + o) + g * D : zero_row;
+      for (int64_t o = 0; o < 16; ++o) {
+        if (t0 + o >= span) {
+          k_rows[o] = zero_row;
+          continue;
+        }
+        const T* kr = row_of(k_cache, t0 + o) + g * D;
+        if constexpr (std::is_same_v<T, float>) {
+          k_rows[o] = kr;
+        } else {
+          for (int64_t j = 0; j < NV; ++j) store16(widened + o * D + j * kLanes, load_row(kr + j * kLanes));
+          k_rows[o] = widened + o * D;
+        }
+      }
       for (int64_t i = std::max<int64_t>(0, t0 - first); i < rows; ++i) {  // rows that see a token of the 16
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           const float* qh = q + (i * heads + h) * D;
@@ -683,9 +727,9 @@ void attend_tile_f32(const float* q, float* out, int64_t rows, int64_t first, co
       for (int64_t p = 0; p < kPairs; ++p)
         for (int64_t j = 0; j < NV; ++j) acc[p][j] = _mm512_setzero_ps();
       for (int64_t t = 0; t < last; ++t) {
-        const float* vr = row_of(v_cache, t) + g * D;
+        const T* vr = row_of(v_cache, t) + g * D;
         __m512 v[NV];
-        for (int64_t j = 0; j < NV; ++j) v[j] = _mm512_loadu_ps(vr + j * kLanes);
+        for (int64_t j = 0; j < NV; ++j) v[j] = load_row(vr + j * kLanes).v;
         for (int64_t p = 0; p < np; ++p) {
           const __m512 wt = _mm512_set1_ps(w[p][t]);
           for (int64_t j = 0; j < NV; ++j) acc[p][j] = _mm512_fmadd_ps(wt, v[j], acc[p][j]);
@@ -768,7 +812,7 @@ extern "C" int plimsoll_paged_decode_attention_kv_int8(
 // Ragged attention (prefill, chunked prefill, prefix-cache hits and decode rows in one call):
 // sequence b's q_len = cu_q[b + 1] - cu_q[b] queries (rows cu_q[b] .. of q and out, [N, H, D])
 // are the last q_len positions of its context_lens[b] tokens, all already in the cache; query i
-// sees tokens 0 .. ctx - q_len + i. Float32 cache, head_dim 64 or 128. Work goes out in tiles
+// sees tokens 0 .. ctx - q_len + i. Float32 or bfloat16 cache, head_dim 64 or 128. Work goes out in tiles
 // of up to kTileRows queries of one sequence (each K and V row is read once per tile) to threads
 // as they finish, sequence by sequence (a causal prefill's last tiles cost the most).
 // Returns 0, or a code: 1 heads, 2 a context length, 3 head_dim.
@@ -777,24 +821,21 @@ constexpr int64_t kTileRows = 8;
 namespace {
 
 // One tile: the AVX-512 tile kernel for several rows where it is built, else row by row.
-template <int64_t NV>
-void attend_tile(const float* q, float* out, int64_t rows, int64_t first, const float* k_cache,
-                 const float* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
+template <int64_t NV, typename T>
+void attend_tile(const float* q, float* out, int64_t rows, int64_t first, const T* k_cache,
+                 const T* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
                  float scale, std::vector<float>& scores) {
 #if defined(__AVX512F__)
-  if (rows > 1) return attend_tile_f32<NV>(q, out, rows, first, k_cache, v_cache, table, heads, kv_heads, bs, scale, scores);
+  if (rows > 1) return attend_tile_f32<NV, T>(q, out, rows, first, k_cache, v_cache, table, heads, kv_heads, bs, scale, scores);
 #endif
-  attend_rows_f32<NV>(q, out, rows, first, k_cache, v_cache, table, heads, kv_heads, bs, scale, scores);
+  attend_rows_f32<NV, T>(q, out, rows, first, k_cache, v_cache, table, heads, kv_heads, bs, scale, scores);
 }
 
-}  // namespace
-
-extern "C" int plimsoll_paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
-                                            const int32_t* block_tables, const int32_t* cu_q,
-                                            const int32_t* context_lens, float* out, int64_t num_seqs,
-                                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                            int64_t block_size, int64_t max_blocks, float scale,
-                                            int64_t num_threads) {
+template <typename T>
+int paged_attention(const float* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+                    const int32_t* cu_q, const int32_t* context_lens, float* out, int64_t num_seqs,
+                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                    int64_t max_blocks, float scale, int64_t num_threads) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || block_size <= 0) return 1;
   if (head_dim != 64 && head_dim != 128) return 3;
   struct Tile {
@@ -842,6 +883,30 @@ extern "C" int plimsoll_paged_attention_f32(const float* q, const float* k_cache
     }
   });
   return 0;
+}
+
+}  // namespace
+
+extern "C" int plimsoll_paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
+                                            const int32_t* block_tables, const int32_t* cu_q,
+                                            const int32_t* context_lens, float* out, int64_t num_seqs,
+                                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                            int64_t block_size, int64_t max_blocks, float scale,
+                                            int64_t num_threads) {
+  return paged_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, out, num_seqs, num_heads,
+                         num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
+}
+
+// The same over a bfloat16 cache; the query and out stay float32.
+extern "C" int plimsoll_paged_attention_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                                             const int32_t* block_tables, const int32_t* cu_q,
+                                             const int32_t* context_lens, float* out, int64_t num_seqs,
+                                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                             int64_t block_size, int64_t max_blocks, float scale,
+                                             int64_t num_threads) {
+  return paged_attention(q, reinterpret_cast<const Bf16*>(k_cache), reinterpret_cast<const Bf16*>(v_cache),
+                         block_tables, cu_q, context_lens, out, num_seqs, num_heads, num_kv_heads, head_dim,
+                         block_size, max_blocks, scale, num_threads);
 }
 
 namespace {
@@ -1187,7 +1252,8 @@ int64_t split_for(int64_t n_len, int64_t k_len, int64_t num_threads) {
   return std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 65536));
 }
 
-void rms_norm(const float* x, const float* weight, float* out, int64_t m_len, int64_t dim, float eps) {
+template <typename O>
+void rms_norm(const float* x, const float* weight, O* out, int64_t m_len, int64_t dim, float eps) {
   for (int64_t m = 0; m < m_len; ++m) {
     const float* xm = x + m * dim;
     // Two vector accumulators (the adds' latency, not their rate, bounds one), then the tail.
@@ -1205,40 +1271,44 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t m_len, in
     float sq = sum16(add16(acc0, acc1));
     for (; d < dim; ++d) sq += xm[d] * xm[d];
     const float inv = 1.f / std::sqrt(sq / static_cast<float>(dim) + eps);
-    float* om = out + m * dim;
+    O* om = out + m * dim;
     const F16 vinv = set16(inv);
     d = 0;
     for (; d + kLanes <= dim; d += kLanes)
-      store16(om + d, fma16(fma16(load_f32(xm + d), vinv, zero16()), load_f32(weight + d), zero16()));
-    for (; d < dim; ++d) om[d] = xm[d] * inv * weight[d];
+      store_row(om + d, fma16(fma16(load_f32(xm + d), vinv, zero16()), load_f32(weight + d), zero16()));
+    for (; d < dim; ++d) put(om + d, xm[d] * inv * weight[d]);
   }
 }
 
 // x * cos + rotate_half(x) * sin for one head of D values (models/llama.apply_rope).
-void rope(const float* x, const float* cos, const float* sin, float* out, int64_t d_len) {
+template <typename I, typename O>
+void rope(const I* x, const float* cos, const float* sin, O* out, int64_t d_len) {
   const int64_t half = d_len / 2;
-  for (int64_t d = 0; d < half; ++d) out[d] = x[d] * cos[d] - x[d + half] * sin[d];
-  for (int64_t d = half; d < d_len; ++d) out[d] = x[d] * cos[d] + x[d - half] * sin[d];
+  auto at = [x](int64_t d) { return static_cast<float>(x[d]); };
+  for (int64_t d = 0; d < half; ++d) put(out + d, at(d) * cos[d] - at(d + half) * sin[d]);
+  for (int64_t d = half; d < d_len; ++d) put(out + d, at(d) * cos[d] + at(d - half) * sin[d]);
 }
 
 // Rows [m0, m1) of a qkv projection's output (row stride qkv_stride: q heads, k heads, v heads):
 // RoPE on q into q_out [M, H, D], and, for rows whose slot is >= 0, RoPE'd k and plain v into
 // that slot of the caches ([slots, Hkv, D]). The caller checks slots against the cache's size.
-void rope_store_rows(const float* qkv, int64_t qkv_stride, float* q_out, float* k_cache, float* v_cache,
+// T: the projection's output and the cache, float32 or bfloat16 (q_out stays float32).
+template <typename T>
+void rope_store_rows(const T* qkv, int64_t qkv_stride, float* q_out, T* k_cache, T* v_cache,
                      const float* cos, const float* sin, const int64_t* slots, int64_t m0, int64_t m1,
                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   for (int64_t m = m0; m < m1; ++m) {
-    const float* row = qkv + m * qkv_stride;
+    const T* row = qkv + m * qkv_stride;
     const float* c = cos + m * head_dim;
     const float* s = sin + m * head_dim;
     for (int64_t hh = 0; hh < num_heads; ++hh)
       rope(row + hh * head_dim, c, s, q_out + (m * num_heads + hh) * head_dim, head_dim);
     if (slots[m] < 0) continue;
-    float* k_dst = k_cache + slots[m] * kv_size;
+    T* k_dst = k_cache + slots[m] * kv_size;
     for (int64_t hh = 0; hh < num_kv_heads; ++hh)
       rope(row + q_size + hh * head_dim, c, s, k_dst + hh * head_dim, head_dim);
-    std::memcpy(v_cache + slots[m] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+    std::memcpy(v_cache + slots[m] * kv_size, row + q_size + kv_size, sizeof(T) * kv_size);
   }
 }
 
@@ -1246,41 +1316,59 @@ void rope_store_rows(const float* qkv, int64_t qkv_stride, float* q_out, float* 
 // gate_up holds `inter` gate values then `inter` up values (models/llama.MLP). SiLU(g) =
 // g / (1 + exp(-g)) with exp_vec on whole vectors (its argument capped at 88, where exp is
 // still finite; SiLU there is -0 to float32 either way).
-void silu_mul(const float* gate_up, float* act, int64_t m0, int64_t m1, int64_t i0, int64_t i1, int64_t inter) {
+template <typename T>
+void silu_mul(const T* gate_up, T* act, int64_t m0, int64_t m1, int64_t i0, int64_t i1, int64_t inter) {
   for (int64_t m = m0; m < m1; ++m) {
-    const float* g = gate_up + m * 2 * inter;
-    const float* u = g + inter;
-    float* o = act + m * inter;
+    const T* g = gate_up + m * 2 * inter;
+    const T* u = g + inter;
+    T* o = act + m * inter;
     int64_t i = i0;
+    if constexpr (std::is_same_v<T, float>) {
 #if defined(__AVX512F__)
-    for (; i + 16 <= i1; i += 16) {
-      const __m512 gv = _mm512_loadu_ps(g + i);
-      const __m512 e = exp_vec(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(88.f)));
-      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-      _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
-    }
+      for (; i + 16 <= i1; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 e = exp_vec(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(88.f)));
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(silu, _mm512_loadu_ps(u + i)));
+      }
 #elif defined(__AVX2__) && defined(__FMA__)
-    for (; i + 8 <= i1; i += 8) {
-      const __m256 gv = _mm256_loadu_ps(g + i);
-      const __m256 e = exp_vec(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.f)));
-      const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
-    }
+      for (; i + 8 <= i1; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp_vec(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.f)));
+        const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+      }
 #endif
-    for (; i < i1; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    } else {
+#if defined(__AVX512F__)
+      // bfloat16 in and out: widened to float32 lanes, rounded back once.
+      for (; i + kLanes <= i1; i += kLanes) {
+        const __m512 gv = load_row(g + i).v;
+        const __m512 e = exp_vec(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(88.f)));
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+        store_row(o + i, F16{_mm512_mul_ps(silu, load_row(u + i).v)});
+      }
+#endif
+    }
+    for (; i < i1; ++i) {
+      const float gi = static_cast<float>(g[i]);
+      put(o + i, gi / (1.f + std::exp(-gi)) * static_cast<float>(u[i]));
+    }
   }
 }
 
 // Rows [m0, m1): x[m] += delta[m] (delta null: nothing added), then h[m] = RMSNorm(x[m]) * weight.
-void add_rms_norm_rows(float* x, const float* delta, const float* weight, float* h, int64_t m0, int64_t m1,
+// T: delta's and h's type, float32 or bfloat16 (the float32 residual x of a bfloat16 model's glue).
+template <typename T>
+void add_rms_norm_rows(float* x, const T* delta, const float* weight, T* h, int64_t m0, int64_t m1,
                        int64_t dim, float eps) {
   for (int64_t m = m0; m < m1; ++m) {
     float* xm = x + m * dim;
     if (delta != nullptr) {
-      const float* dm = delta + m * dim;
+      const T* dm = delta + m * dim;
       int64_t d = 0;
-      for (; d + kLanes <= dim; d += kLanes) store16(xm + d, add16(load_f32(xm + d), load_f32(dm + d)));
-      for (; d < dim; ++d) xm[d] += dm[d];
+      for (; d + kLanes <= dim; d += kLanes) store16(xm + d, add16(load_f32(xm + d), load_row(dm + d)));
+      for (; d < dim; ++d) xm[d] += static_cast<float>(dm[d]);
     }
     rms_norm(xm, weight, h + m * dim, 1, dim, eps);
   }
@@ -1511,18 +1599,21 @@ extern "C" int plimsoll_fused_decode_int8(float* x, const int64_t* layers, const
 // GluedLayers, for steps the fused step does not take): each call is every op of a Llama layer
 // between two projections, over all the step's rows. x, h [M, dim]; qkv [M, (H + 2 Hkv) D];
 // q_out [M, H, D]; gate_up [M, 2 I]; act [M, I]; slots [M] int64 (-1: do not store).
-extern "C" int plimsoll_add_rms_norm_f32(float* x, const float* delta, const float* weight, float* h, int64_t m_len,
-                                         int64_t dim, float eps, int64_t num_threads) {
+namespace {
+
+template <typename T>
+int add_rms_norm_glue(float* x, const T* delta, const float* weight, T* h, int64_t m_len, int64_t dim, float eps,
+                      int64_t num_threads) {
   if (m_len <= 0 || dim <= 0) return 1;
   over_rows(m_len, 16, num_threads,
             [=](int64_t m0, int64_t m1) { add_rms_norm_rows(x, delta, weight, h, m0, m1, dim, eps); });
   return 0;
 }
 
-extern "C" int plimsoll_rope_store_f32(const float* qkv, float* q_out, float* k_cache, float* v_cache,
-                                       const float* cos, const float* sin, const int64_t* slots, int64_t m_len,
-                                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
-                                       int64_t num_threads) {
+template <typename T>
+int rope_store_glue(const T* qkv, float* q_out, T* k_cache, T* v_cache, const float* cos, const float* sin,
+                    const int64_t* slots, int64_t m_len, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                    int64_t num_slots, int64_t num_threads) {
   if (m_len <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0) return 1;
   for (int64_t m = 0; m < m_len; ++m) {
     if (slots[m] >= num_slots) return 3;
@@ -1535,10 +1626,65 @@ extern "C" int plimsoll_rope_store_f32(const float* qkv, float* q_out, float* k_
   return 0;
 }
 
-extern "C" int plimsoll_silu_mul_f32(const float* gate_up, float* act, int64_t m_len, int64_t inter,
-                                     int64_t num_threads) {
+template <typename T>
+int silu_mul_glue(const T* gate_up, T* act, int64_t m_len, int64_t inter, int64_t num_threads) {
   if (m_len <= 0 || inter <= 0) return 1;
   over_rows(m_len, std::max<int64_t>(1, 16384 / inter), num_threads,
             [=](int64_t m0, int64_t m1) { silu_mul(gate_up, act, m0, m1, 0, inter, inter); });
+  return 0;
+}
+
+const Bf16* as_bf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p); }
+Bf16* as_bf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
+
+}  // namespace
+
+extern "C" int plimsoll_add_rms_norm_f32(float* x, const float* delta, const float* weight, float* h, int64_t m_len,
+                                         int64_t dim, float eps, int64_t num_threads) {
+  return add_rms_norm_glue(x, delta, weight, h, m_len, dim, eps, num_threads);
+}
+
+extern "C" int plimsoll_rope_store_f32(const float* qkv, float* q_out, float* k_cache, float* v_cache,
+                                       const float* cos, const float* sin, const int64_t* slots, int64_t m_len,
+                                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                                       int64_t num_threads) {
+  return rope_store_glue(qkv, q_out, k_cache, v_cache, cos, sin, slots, m_len, num_heads, num_kv_heads, head_dim,
+                         num_slots, num_threads);
+}
+
+extern "C" int plimsoll_silu_mul_f32(const float* gate_up, float* act, int64_t m_len, int64_t inter,
+                                     int64_t num_threads) {
+  return silu_mul_glue(gate_up, act, m_len, inter, num_threads);
+}
+
+// The same glue for a bfloat16 model (oneDNN's bf16 matmuls between, AMX where the CPU has it):
+// the residual x, the norm weights, cos/sin and q_out stay float32; delta, h, qkv, the caches,
+// gate_up and act are bfloat16, each value rounded to the nearest even once where it is stored.
+extern "C" int plimsoll_add_rms_norm_bf16(float* x, const uint16_t* delta, const float* weight, uint16_t* h,
+                                          int64_t m_len, int64_t dim, float eps, int64_t num_threads) {
+  return add_rms_norm_glue(x, as_bf16(delta), weight, as_bf16(h), m_len, dim, eps, num_threads);
+}
+
+extern "C" int plimsoll_rope_store_bf16(const uint16_t* qkv, float* q_out, uint16_t* k_cache, uint16_t* v_cache,
+                                        const float* cos, const float* sin, const int64_t* slots, int64_t m_len,
+                                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                                        int64_t num_threads) {
+  return rope_store_glue(as_bf16(qkv), q_out, as_bf16(k_cache), as_bf16(v_cache), cos, sin, slots, m_len, num_heads,
+                         num_kv_heads, head_dim, num_slots, num_threads);
+}
+
+extern "C" int plimsoll_silu_mul_bf16(const uint16_t* gate_up, uint16_t* act, int64_t m_len, int64_t inter,
+                                      int64_t num_threads) {
+  return silu_mul_glue(as_bf16(gate_up), as_bf16(act), m_len, inter, num_threads);
+}
+
+// float32 [n] to bfloat16 (rounded to the nearest even): attention's output into o_proj's input.
+extern "C" int plimsoll_to_bf16(const float* x, uint16_t* y, int64_t n, int64_t num_threads) {
+  if (n < 0) return 1;
+  Bf16* out = as_bf16(y);
+  over_rows(n / kLanes, 1024, num_threads, [=](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) store_row(out + b * kLanes, load_f32(x + b * kLanes));
+  });
+  for (int64_t i = n / kLanes * kLanes; i < n; ++i) put(out + i, x[i]);
   return 0;
 }

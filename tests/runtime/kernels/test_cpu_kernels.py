@@ -73,8 +73,12 @@ def test_kernel_reads_a_bfloat16_cache(case: str) -> None:
     query, kc, vc, tables, cu, lens, scale = args
     query, kc, vc = query.bfloat16(), kc.bfloat16(), vc.bfloat16()
     assert cpu_kernels.supports_attention(query, kc, vc)
-    assert not cpu_kernels.supports_attention(query.float(), kc, vc)  # a float32 query over it: no
     expected = attention_torch.paged_attention(query.float(), kc.float(), vc.float(), tables, cu, lens, scale)
+    # A float32 query over it (the bf16 glued layers'): float32 out, only the sums' order differs.
+    assert cpu_kernels.supports_attention(query.float(), kc, vc)
+    exact = cpu_kernels.decode_attention(query.float(), kc, vc, tables, lens, scale)
+    assert exact.dtype == torch.float32
+    torch.testing.assert_close(exact, expected, rtol=1e-5, atol=1e-5)
     got = cpu_kernels.decode_attention(query, kc, vc, tables, lens, scale)
     assert got.dtype == torch.bfloat16
     print(f"{case} bf16: max abs error vs float32 oracle {(got.float() - expected).abs().max().item():.2e}")
@@ -116,6 +120,23 @@ def test_ragged_kernel_equals_oracle(case: str, monkeypatch: pytest.MonkeyPatch)
     assert calls == ([] if max(q_lens) == 1 else [1])
     monkeypatch.setattr(cpu_kernels, "supports_paged_attention", lambda *a: False)
     torch.testing.assert_close(attention_sdpa.paged_attention(*args), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["SmolLM2 shape: prefills, decodes, a later chunk", "head_dim 128, MHA, at the tiles' edges"])
+def test_ragged_kernel_reads_a_bfloat16_cache(case: str) -> None:
+    # The bf16 glued layers' prefill: a float32 query over a bfloat16 cache, against the float32
+    # oracle on the same (widened) values; a bfloat16 query is left to SDPA.
+    ctx, q_lens, heads, head_dim, block_size = RAGGED_CASES[case]
+    query, kc, vc, tables, cu, lens, scale = make_batch(
+        ctx, q_lens, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size
+    )
+    kb, vb = kc.bfloat16(), vc.bfloat16()
+    assert cpu_kernels.supports_paged_attention(query, kb, vb)
+    assert not cpu_kernels.supports_paged_attention(query.bfloat16(), kb, vb)
+    expected = attention_torch.paged_attention(query, kb.float(), vb.float(), tables, cu, lens, scale)
+    got = cpu_kernels.paged_attention(query, kb, vb, tables, cu, lens, scale)
+    print(f"{case} bf16 cache: max abs error vs oracle {(got - expected).abs().max().item():.2e}")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_ragged_kernel_takes_only_what_it_can_and_rejects_bad_lengths() -> None:
@@ -191,6 +212,19 @@ def test_kernel_equals_oracle_on_each_instruction_set(isa: str, tmp_path: Path) 
     assert silu(gate_up.data_ptr(), act.data_ptr(), 5, 100, 2) == 0
     gate, up = gate_up.split(100, dim=1)
     torch.testing.assert_close(act, F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+    # The bf16 glue's rounding without AVX-512 (scalar stores), and its SiLU on the scalar path.
+    lib = ctypes.CDLL(str(lib_path))
+    lib.plimsoll_to_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    x = torch.randn(1000) * 1e3
+    x[:3] = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, float("inf")])
+    y = torch.empty(1000, dtype=torch.bfloat16)
+    assert lib.plimsoll_to_bf16(x.data_ptr(), y.data_ptr(), 1000, 2) == 0
+    assert torch.equal(y.view(torch.int16), x.bfloat16().view(torch.int16))
+    lib.plimsoll_silu_mul_bf16.argtypes = silu.argtypes
+    gate_up_b, act_b = gate_up.bfloat16(), torch.empty(5, 100, dtype=torch.bfloat16)
+    assert lib.plimsoll_silu_mul_bf16(gate_up_b.data_ptr(), act_b.data_ptr(), 5, 100, 2) == 0
+    gate, up = gate_up_b.float().split(100, dim=1)
+    assert bf16_ulps(act_b, (F.silu(gate) * up).bfloat16()) <= 1
 
 def test_kernel_is_used_for_float32_and_not_for_other_dtypes() -> None:
     query, kc, vc, *_ = make_batch([9, 4], [1, 1])
@@ -421,3 +455,81 @@ def test_glue_rejects_wrong_shapes_and_dtypes() -> None:
         cpu_kernels.add_rms_norm(torch.randn(4, 8), None, torch.ones(8), torch.empty(4, 8), 5, 1e-5)
     with pytest.raises(ValueError, match="columns"):
         cpu_kernels.add_rms_norm(torch.randn(4, 8), None, torch.ones(7), torch.empty(4, 8), 4, 1e-5)
+
+
+# The bf16 glue (a bfloat16 model's glued layers): each kernel against torch in float32 on the same
+# bfloat16 inputs, its outputs rounded to bfloat16 once, so they must equal torch's float32 result
+# rounded to bfloat16, within one bf16 step where the float32 sums' order moves a tie.
+def bf16_ulps(got: torch.Tensor, want: torch.Tensor) -> int:
+    """The most bfloat16 steps between two bfloat16 tensors, where either is above 1e-30 (SiLU of a
+    gate of -200 is -0 in torch, whose exp overflows, and ~1e-36 where exp's argument is capped)."""
+
+    def ordered(t: torch.Tensor) -> torch.Tensor:  # bit patterns mapped onto the number line
+        bits = t.view(torch.int16).int()
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+    seen = (got.float().abs() > 1e-30) | (want.float().abs() > 1e-30)
+    return int((ordered(got) - ordered(want))[seen].abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 17, 64])
+def test_bf16_add_rms_norm_rounds_the_float32_result(rows: int) -> None:
+    torch.manual_seed(rows)
+    dim, eps = 576, 1e-5
+    x, weight = torch.randn(rows + 3, dim), torch.randn(dim)
+    delta = torch.randn(rows + 3, dim).bfloat16()
+    expected_x = x[:rows] + delta[:rows].float()
+    expected_h = F.rms_norm(expected_x, (dim,), weight, eps).bfloat16()
+    out = torch.full((rows + 3, dim), 7.0, dtype=torch.bfloat16)
+    cpu_kernels.add_rms_norm(x, delta, weight, out, rows, eps)
+    torch.testing.assert_close(x[:rows], expected_x, rtol=0, atol=0)  # the float32 residual
+    assert bf16_ulps(out[:rows], expected_h) <= 1
+    assert bool((out[rows:] == 7.0).all())
+    with pytest.raises(ValueError, match="bfloat16"):
+        cpu_kernels.add_rms_norm(x, delta.float(), weight, out, rows, eps)  # delta of another dtype than out
+
+
+@pytest.mark.parametrize("rows", [1, 33])
+def test_bf16_rope_store_writes_a_bfloat16_cache(rows: int) -> None:
+    from plimsoll.runtime.models.llama import apply_rope
+
+    torch.manual_seed(rows)
+    heads, kv_heads, head_dim, block_size, num_blocks = 9, 3, 64, 16, 12
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim).bfloat16()
+    angles = torch.randn(rows, head_dim // 2).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    slots = torch.randperm(num_blocks * block_size)[:rows]
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache, v_cache = torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16)
+    q_out = torch.empty(rows, heads, head_dim)
+    cpu_kernels.rope_store(qkv, q_out, k_cache, v_cache, cos, sin, slots, rows, (heads, kv_heads, head_dim))
+    wide = qkv.float()
+    qk = apply_rope(wide[:, : (heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim), cos, sin)
+    torch.testing.assert_close(q_out, qk[:, :heads], rtol=1e-5, atol=1e-5)  # q stays float32
+    flat_k, flat_v = k_cache.view(-1, kv_heads, head_dim), v_cache.view(-1, kv_heads, head_dim)
+    assert bf16_ulps(flat_k[slots], qk[:, heads:].bfloat16()) <= 1
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(rows, kv_heads, head_dim)
+    assert torch.equal(flat_v[slots], v)  # v copied as it is
+
+
+def test_bf16_silu_mul_and_to_bf16_round_as_torch() -> None:
+    torch.manual_seed(5)
+    rows, inter = 9, 1536 + 8  # a remainder past the 16-lane vectors
+    gate_up = (torch.randn(rows, 2 * inter) * 4).bfloat16()
+    gate_up[0, :4] = torch.tensor([-200.0, -89.0, 90.0, 500.0])
+    out = torch.empty(rows, inter, dtype=torch.bfloat16)
+    cpu_kernels.silu_mul(gate_up, out, rows)
+    gate, up = gate_up.float().split(inter, dim=1)
+    assert bool(torch.isfinite(out.float()).all())
+    assert bf16_ulps(out, (F.silu(gate) * up).bfloat16()) <= 1
+    # to_bf16: torch's round-to-nearest-even bit for bit, ties, infinities and NaN included.
+    x = torch.randn(1000) * 1e3
+    x[:6] = torch.tensor([float("inf"), float("-inf"), 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.4e38, -0.0])
+    x[6] = float("nan")
+    y = torch.empty(1000, dtype=torch.bfloat16)
+    cpu_kernels.to_bf16(x, y)
+    want = x.bfloat16()
+    assert torch.equal(y[7:].view(torch.int16), want[7:].view(torch.int16)) and torch.equal(y[:6], want[:6])
+    assert bool(y[6].isnan())
+    with pytest.raises(ValueError, match="as many elements"):
+        cpu_kernels.to_bf16(x, torch.empty(999, dtype=torch.bfloat16))

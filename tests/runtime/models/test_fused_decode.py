@@ -246,13 +246,7 @@ def test_glued_step_equals_the_module_path(arch: str, case: str, monkeypatch: py
 def test_glued_step_with_head_dim_64_runs_the_ragged_attention_kernel(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # head_dim 64 (SmolLM2's): prefill and mixed steps' attention is the compiled ragged kernel,
     # written straight into the o_proj's input; the module path with torch's SDPA is the reference.
-    from transformers import LlamaConfig
-
-    from plimsoll.runtime.testing import TINY_SHAPE
-
-    config = LlamaConfig(**{**TINY_SHAPE, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1})
-    torch.manual_seed(2)
-    model = randomised(LlamaForCausalLM(config).eval())
+    model = head_dim_64_model()
     batch = step_batch(model, GLUED_STEPS[case], seed=7)
     with monkeypatch.context() as torch_attention:
         torch_attention.setattr(fused_decode.cpu_kernels, "supports_paged_attention", lambda *a: False)
@@ -284,6 +278,102 @@ def test_glued_layers_prepack_their_weights_unless_told_not_to(packed: bool, mon
     qkv = glued.layers[0][1]
     assert qkv.is_mkldnn is packed and (qkv is model.model.layers[0].self_attn.qkv_proj.weight) is not packed
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+BF16_STEPS = {
+    **GLUED_STEPS,
+    "one decode row": [(7, 1)],
+    "two decode rows": [(5, 1), (9, 1)],
+    "three prefills of 250 (torch's SDPA in bf16)": [(250, 250)] * 3 + [(30, 1)],
+}
+
+
+def head_dim_64_model() -> LlamaForCausalLM:
+    """A tiny Llama with SmolLM2's head_dim (the ragged attention kernel's)."""
+    from transformers import LlamaConfig
+
+    from plimsoll.runtime.testing import TINY_SHAPE
+
+    config = LlamaConfig(**{**TINY_SHAPE, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1})
+    torch.manual_seed(2)
+    return randomised(LlamaForCausalLM(config).eval())
+
+
+def bf16_models(arch: str) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """A bfloat16 model and a float32 one holding the very same (bf16-rounded) weights."""
+    make = head_dim_64_model if arch == "head_dim 64" else lambda: random_model(arch)
+    low = make().to(torch.bfloat16)
+    ref = make()
+    with torch.no_grad():
+        for p, q in zip(ref.parameters(), low.parameters(), strict=True):
+            p.copy_(q.float())
+    return low, ref
+
+
+def run_bf16_glue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where oneDNN has no native bf16 matmul the glue stands aside (tested below); here it runs
+    anyway (oneDNN converts internally: slower, the same rounding of inputs and outputs)."""
+    monkeypatch.setattr(fused_decode, "_bf16_matmul_reason", lambda: None)
+
+
+@pytest.mark.parametrize("arch", ["llama", "head_dim 64"])
+@pytest.mark.parametrize("case", sorted(BF16_STEPS))
+def test_bf16_glued_step_is_as_close_to_float32_as_the_module_path(
+    arch: str, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bfloat16 model's glued step (bf16 matmuls and cache; float32 residual, norms, RoPE and
+    # attention) and its module path (torch's bf16 ops), each against the float32 module path over
+    # the same weights and cache values: the glue, which rounds once a layer where the module
+    # path rounds after every op, must be no further off (RMS), in the output and in the layers' K/V.
+    low, ref = bf16_models(arch)
+    ids, positions, caches, meta = step_batch(ref, BF16_STEPS[case], seed=len(case))
+    low_caches = [(k.bfloat16(), v.bfloat16()) for k, v in caches]
+    want, want_caches, _ = forward(ref, (ids, positions, [(k.float(), v.float()) for k, v in low_caches], meta), False, monkeypatch)
+    module, module_caches, _ = forward(low, (ids, positions, low_caches, meta), False, monkeypatch)
+    run_bf16_glue(monkeypatch)
+    glue_calls = count_glued_layers(monkeypatch)
+    ragged: list[int] = []
+    real = fused_decode.cpu_kernels.paged_attention
+    monkeypatch.setattr(fused_decode.cpu_kernels, "paged_attention", lambda *a, **k: ragged.append(1) or real(*a, **k))
+    got, got_caches, _ = forward(low, (ids, positions, low_caches, meta), False, monkeypatch, glued=True)
+    chunks = -(-ids.shape[0] // dense.ONEDNN_CHUNK_ROWS)
+    assert len(glue_calls) == len(low.model.layers) * chunks, low._glued.reason if low._glued else ""
+    # Prefill and mixed steps at head_dim 64: the ragged kernel, or torch's SDPA once the prefills are long.
+    kernel = (
+        arch == "head_dim 64"
+        and meta.max_q_len > 1
+        and fused_decode._prefill_pairs(meta) < fused_decode.BF16_SDPA_MIN_PAIRS
+    )
+    assert len(ragged) == (len(low.model.layers) if kernel else 0)
+    assert got.dtype == torch.bfloat16 and got_caches[0][0].dtype == torch.bfloat16
+
+    def worst(a: torch.Tensor, b: torch.Tensor) -> float:  # root-mean-square: one element's max is noise
+        return (a.float() - b.float()).pow(2).mean().sqrt().item()
+
+    glue_err, module_err = worst(got, want), worst(module, want)
+    cache_errs = [
+        (max(worst(gk, wk), worst(gv, wv)), max(worst(mk, wk), worst(mv, wv)))
+        for (gk, gv), (mk, mv), (wk, wv) in zip(got_caches, module_caches, want_caches, strict=True)
+    ]  # fmt: skip
+    print(f"{case}: {ids.shape[0]} rows; RMS error against float32, glue {glue_err:.4f}, module path "
+          f"{module_err:.4f} (hidden RMS {want.pow(2).mean().sqrt().item():.2f}); K/V per layer "
+          f"{[(round(g, 4), round(m, 4)) for g, m in cache_errs]}")  # fmt: skip
+    assert glue_err <= 1.1 * module_err
+    # Over all layers' K and V (one layer's few stored rows make a noisy figure alone).
+    glue_kv, module_kv = (sum(errs[i] ** 2 for errs in cache_errs) ** 0.5 for i in (0, 1))
+    assert glue_kv <= 1.1 * module_kv
+
+
+def test_bf16_glue_stands_aside_without_native_bf16_matmuls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_decode, "_bf16_matmul_reason", lambda: "oneDNN has no native bfloat16 matmul on this CPU")
+    low, _ = bf16_models("llama")
+    ids, positions, caches, meta = step_batch(low, BF16_STEPS["one prefill"], seed=4)
+    batch = (ids, positions, [(k.bfloat16(), v.bfloat16()) for k, v in caches], meta)
+    want, _, _ = forward(low, batch, False, monkeypatch)
+    glue_calls = count_glued_layers(monkeypatch)
+    got, _, _ = forward(low, batch, False, monkeypatch, glued=True)
+    assert glue_calls == [] and torch.equal(got, want)  # the module path, bit for bit
+    assert low._glued is not None and "no native bfloat16" in str(low._glued.reason)
 
 
 def test_steps_the_glued_layers_leave_to_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -394,21 +484,23 @@ def bf16_generate(
     m: pytest.MonkeyPatch, prompts: list[str], params: Any, kernels: bool
 ) -> tuple[list[list[int]], dict[str, int]]:
     """The embedded SmolLM2 in bfloat16: greedy token ids (the prompts at once, then the first
-    alone, one row a step) and how often each bf16 kernel ran."""
+    alone, one row a step) and how often each bf16 kernel ran (``glue``: glued layer chunks)."""
     from plimsoll.runtime import LLM
     from plimsoll.runtime.kernels import cpu_kernels
 
     if not kernels:
         m.setattr(cpu_kernels, "supports_attention", lambda *a: False)
         m.setattr(cpu_kernels, "supports_bf16_linear", lambda *a: False)
+        m.setattr(fused_decode, "GLUED_ENABLED", False)
     seen: list[str] = []
     real_attention, real_linear = cpu_kernels.decode_attention, cpu_kernels.bf16_linear
     m.setattr(cpu_kernels, "decode_attention", lambda *a, **k: seen.append("attention") or real_attention(*a, **k))
     m.setattr(cpu_kernels, "bf16_linear", lambda *a, **k: seen.append("linear") or real_linear(*a, **k))
+    m.setattr(cpu_kernels, "silu_mul", lambda *a: seen.append("glue") or REAL_SILU_MUL(*a))
     llm = LLM(model="smollm2-135m", dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=8, max_model_len=256)
     ids = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     ids += [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params)]
-    return ids, {name: seen.count(name) for name in ("attention", "linear")}
+    return ids, {name: seen.count(name) for name in ("attention", "linear", "glue")}
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -416,10 +508,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def test_bfloat16_engine_agrees_with_and_without_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    # --dtype bfloat16 on CPU, the embedded SmolLM2 (head_dim 64): decode attention reads the bf16
-    # cache in the compiled kernel and 1-2 row matmuls take bf16_linear; with both off, torch's
-    # bf16 ops. Each rounds in its own order, so greedy text may part at a near tie: most tokens
-    # before the first parting must agree, and both paths must have run.
+    # --dtype bfloat16 on CPU, the embedded SmolLM2 (head_dim 64): where oneDNN has native bf16
+    # matmuls (AVX512_BF16, AMX) every step is glued (bf16 matmuls, float32 residual and
+    # attention); decode attention reads the bf16 cache in the compiled kernel and the output
+    # head's 1-2 row matmuls take bf16_linear; with all off, torch's bf16 ops. Each rounds in its
+    # own order, so greedy text may part at a near tie: most tokens before the first parting
+    # must agree, and both paths must have run.
     from plimsoll.runtime import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -436,5 +530,6 @@ def test_bfloat16_engine_agrees_with_and_without_the_kernels(monkeypatch: pytest
     print(f"bfloat16 greedy tokens before the first parting, with and without the kernels: {agree}/{total}; "
           f"kernel calls {calls}")  # fmt: skip
     assert calls["kernels"]["attention"] > 0 and calls["kernels"]["linear"] > 0
-    assert calls["torch"] == {"attention": 0, "linear": 0}
+    assert (calls["kernels"]["glue"] > 0) == (fused_decode._bf16_matmul_reason() is None)
+    assert calls["torch"] == {"attention": 0, "linear": 0, "glue": 0}
     assert agree >= 0.75 * total
