@@ -83,3 +83,39 @@ async def test_bad_input_raises_before_queueing(engine: AsyncEngine) -> None:
         async for _ in engine.generate("hi", SamplingParams(temperature=-1), "bad"):
             pass
     assert engine.stats().num_waiting == 0
+
+
+async def test_the_engine_is_built_warmed_and_stepped_on_one_thread(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One thread runs every torch op (OpenMP keeps a worker pool per thread that starts parallel
+    # work; two pools on a 2-core host made each small matmul wake sleeping workers).
+    import threading
+
+    from plimsoll.runtime.engine.llm_engine import LLMEngine
+
+    seen: dict[str, set[str]] = {"init": set(), "warmup": set(), "step": set()}
+    for name in seen:
+        real = getattr(LLMEngine, "__init__" if name == "init" else name)
+
+        def traced(self: Any, *args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            seen[_name].add(threading.current_thread().name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(LLMEngine, "__init__" if name == "init" else name, traced)
+    eng = AsyncEngine(EngineConfig(model=str(tiny_model_dir("llama")), kv_cache_memory="2MiB", max_model_len=256))
+    await eng.start()
+    try:
+        outs = [o async for o in eng.generate([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True), "one")]
+        assert outs[-1].finished
+    finally:
+        await eng.shutdown()
+    assert seen == {"init": {"plimsoll-engine"}, "warmup": {"plimsoll-engine"}, "step": {"plimsoll-engine"}}, seen
+
+
+async def test_a_model_that_fails_to_load_fails_start(tmp_path: Any) -> None:
+    eng = AsyncEngine(EngineConfig(model=str(tmp_path / "no-such-model"), kv_cache_memory="2MiB"))
+    with pytest.raises(Exception, match="no-such-model"):
+        await eng.start()
+    assert not eng.is_ready
+    await eng.shutdown()  # nothing left running
