@@ -23,12 +23,17 @@ GPU_NODES = {"gpu-node-a", "gpu-node-b"}
 
 
 def ready(cluster: Any, ns: str, name: str, timeout: float = 90) -> dict[str, Any]:
+    """Ready=True computed from the current spec: right after an edit the status still
+    says Ready for the previous generation until the operator has reconciled the new one,
+    so the status's observedGeneration must have caught up with metadata.generation."""
+
     def check() -> dict[str, Any] | None:
         obj = get_json(cluster, "llms", name, "-n", ns)
         c = condition(obj, "Ready")
-        return obj if c and c["status"] == "True" else None
+        current = obj and obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"]
+        return obj if c and c["status"] == "True" and current else None
 
-    return dict(wait_for(check, timeout, f"LLMService {ns}/{name} Ready=True"))
+    return dict(wait_for(check, timeout, f"LLMService {ns}/{name} Ready=True for its current generation"))
 
 
 def events(cluster: Any, ns: str, name: str) -> list[dict[str, Any]]:
@@ -172,7 +177,7 @@ def test_spec_change_rolls_and_children_are_restored(devcluster: Any, llms_names
 
     wait_for(rolled, 60, "the Deployment to carry --max-num-seqs")
     svc = ready(devcluster, ns, name)
-    assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
+    assert condition(svc, "Ready")["observedGeneration"] == svc["metadata"]["generation"] == 2
     sets = get_json(devcluster, "replicasets", "-n", ns, "-l", f"plimsoll.dev/llmservice={name}")["items"]
     assert len(sets) == 2, "a new ReplicaSet for the new template"
 
