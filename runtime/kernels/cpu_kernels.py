@@ -25,8 +25,11 @@ What it is: functions with torch-shaped signatures, over one worker pool.
   (``models/fused_decode.GluedLayers`` runs the matmuls through oneDNN between them), in
   float32 or for a bfloat16 model (bf16 matmul operands and cache, float32 residual);
   ``to_bf16`` rounds attention's float32 output into a bf16 matmul input.
-The kernels split their work over a pool of threads started once per process (not per
-call; ``pool_threads``, ``pool_noop``), safe across fork and with several callers.
+The kernels split their work as parallel regions on torch's own OpenMP team where torch's
+runtime is GNU libgomp (``-fopenmp``, bound to the copy torch loaded; ``parallel_mode``), so
+oneDNN's matmuls and the kernels between them share one set of workers; elsewhere, and in a
+forked child, over a pool of threads started once per process (not per call; ``pool_threads``,
+``pool_noop``), safe across fork and with several callers.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
 ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
 lock, loads it with ctypes (which releases the GIL during each call) and returns
@@ -56,6 +59,32 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-pthread")
+PARALLEL_MODES = ("threads", "pool", "openmp")  # the kernel's Mode values, in order
+
+
+def torch_libgomp() -> Path | None:
+    """The GNU OpenMP runtime torch has loaded, when it is loaded as ``libgomp.so.1``: a library
+    built with ``-fopenmp`` then binds to that same copy (the dynamic linker matches its
+    ``libgomp.so.1`` to the one already loaded), so the kernels' parallel regions run on the
+    team oneDNN's matmuls use. ``None`` elsewhere (another runtime, a renamed copy, no
+    ``/proc``): the kernels then split work over threads of their own."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and os.path.basename(fields[-1]) == "libgomp.so.1":
+            return Path(fields[-1])
+    return None
+
+
+def build_flags() -> tuple[str, ...]:
+    """``FLAGS``, plus ``-fopenmp`` where torch's OpenMP runtime is ``libgomp.so.1``
+    (``PLIMSOLL_KERNEL_OPENMP=0`` leaves it out: the kernels' own thread pool only)."""
+    if os.environ.get("PLIMSOLL_KERNEL_OPENMP", "1") != "0" and torch_libgomp() is not None:
+        return (*FLAGS, "-fopenmp")
+    return FLAGS
 
 
 def _cpu_model() -> str:
@@ -81,12 +110,13 @@ def _cache_dir() -> Path:
 def build(compiler: str) -> Path:
     """Compile the kernel (or find it already compiled) and return the library's path."""
     source = SOURCE.read_bytes()
+    flags = build_flags()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(
         b"\0".join(
             [
                 source,
-                " ".join(FLAGS).encode(),
+                " ".join(flags).encode(),
                 version.encode(),
                 _cpu_model().encode(),
                 platform.machine().encode(),
@@ -102,7 +132,7 @@ def build(compiler: str) -> Path:
         if not target.exists():
             staging = target.with_suffix(f".{os.getpid()}.tmp")
             result = subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", str(staging)],
+                [compiler, *flags, str(SOURCE), "-o", str(staging)],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -171,6 +201,15 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_fused_decode_timing.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     lib.plimsoll_pool_enable.restype = None
     lib.plimsoll_pool_enable.argtypes = [ctypes.c_int64]
+    lib.plimsoll_parallel_mode.restype = ctypes.c_int64
+    lib.plimsoll_parallel_mode.argtypes = [ctypes.c_int64]
+    lib.plimsoll_parallel_mode_get.restype = ctypes.c_int64
+    lib.plimsoll_parallel_mode_get.argtypes = []
+    gomps = {line.split()[-1] for line in _maps_lines() if "libgomp" in os.path.basename(line.split()[-1])}
+    if len(gomps) > 1 and lib.plimsoll_parallel_mode_get() == PARALLEL_MODES.index("openmp"):
+        # Two OpenMP runtimes would be two teams fighting for the cores: the pool instead.
+        log.warning("CPU kernels: two OpenMP runtimes loaded (%s); using the kernels' own threads", sorted(gomps))
+        lib.plimsoll_parallel_mode(PARALLEL_MODES.index("pool"))
     lib.plimsoll_add_rms_norm_f32.restype = ctypes.c_int
     lib.plimsoll_add_rms_norm_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int64]
     lib.plimsoll_rope_store_f32.restype = ctypes.c_int
@@ -192,6 +231,34 @@ def set_pool_enabled(on: bool) -> None:
     lib = library()
     if lib is not None:
         lib.plimsoll_pool_enable(int(on))
+
+
+def _maps_lines() -> list[str]:
+    try:
+        return [line for line in Path("/proc/self/maps").read_text().splitlines() if len(line.split()) >= 6]
+    except OSError:
+        return []
+
+
+def parallel_mode(mode: str | None = None) -> str:
+    """How the kernels split a call over threads: ``"openmp"`` (a parallel region on torch's
+    own OpenMP team, the default where the library was built with it), ``"pool"`` (helper
+    threads of their own) or ``"threads"`` (threads started per call, for A/B timing only).
+    With ``mode``, switch to it first (ValueError where this build cannot); returns the mode
+    now in force."""
+    lib = _library_or_raise()
+    if mode is not None and (mode not in PARALLEL_MODES or lib.plimsoll_parallel_mode(PARALLEL_MODES.index(mode)) < 0):
+        raise ValueError(f"parallel mode {mode!r}: this build runs {sorted(available_parallel_modes())}")
+    return PARALLEL_MODES[int(lib.plimsoll_parallel_mode_get())]
+
+
+def available_parallel_modes() -> set[str]:
+    """The modes :func:`parallel_mode` accepts in this build."""
+    lib = _library_or_raise()
+    now = int(lib.plimsoll_parallel_mode_get())
+    ok = {m for i, m in enumerate(PARALLEL_MODES) if lib.plimsoll_parallel_mode(i) >= 0}
+    lib.plimsoll_parallel_mode(now)
+    return ok
 
 
 def pool_threads() -> int:

@@ -32,6 +32,9 @@
 //   x [M, K], W [N, K], bias [N] or null, y [M, N]
 #include <pthread.h>
 #include <unistd.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include <algorithm>
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -164,7 +167,30 @@ struct Pool {
 
 std::mutex g_create;
 Pool* g_pool = nullptr;
-std::atomic<bool> g_enabled{true};  // off: every call starts its own threads (for A/B timing)
+// How parallel() splits a call: THREADS starts and joins threads for the call (as before the pool,
+// for A/B timing), POOL posts to the helpers above, OPENMP runs it as a parallel region of the
+// OpenMP runtime torch itself uses (built with -fopenmp only where that runtime is libgomp.so.1,
+// so the library binds to torch's copy). OpenMP is the default where built: oneDNN's matmuls run
+// on the same team, whose workers spin for a while after each region, so the next kernel's work
+// starts on them at once. With a pool of its own beside them, a helper and an OpenMP worker
+// fought for the second core after every matmul, and the caller often ran the whole call alone
+// (decode attention, 64 sequences: 1.0 ms a layer alone, 1.8 right after a matmul).
+enum Mode : int64_t { THREADS = 0, POOL = 1, OPENMP = 2 };
+#if defined(_OPENMP)
+constexpr int64_t kDefaultMode = OPENMP;
+#else
+constexpr int64_t kDefaultMode = POOL;
+#endif
+std::atomic<int64_t> g_mode{kDefaultMode};
+
+// GNU libgomp is not usable in a child forked after the parent ran a parallel region (the
+// child's team names threads it does not have, and the next region waits on them forever; torch's
+// own matmuls hang there too): a forked child's kernels use the pool, which rebuilds itself.
+void pool_after_fork() {
+  int64_t openmp = OPENMP;
+  g_mode.compare_exchange_strong(openmp, POOL);
+}
+const int g_fork_handler = pthread_atfork(nullptr, nullptr, pool_after_fork);
 
 void drop_after_fork() {
   // The child's copy of the pool names threads that do not exist in it: leak it, and
@@ -190,10 +216,22 @@ void parallel(int64_t n, const F& f) {
     if (n == 1) f(0);
     return;
   }
+  const int64_t mode = g_mode.load(std::memory_order_relaxed);
+#if defined(_OPENMP)
+  if (mode == OPENMP && !omp_in_parallel()) {
+    // A team smaller than n (OMP_THREAD_LIMIT, a busy runtime) takes the tasks in turn.
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(n, 1024)))
+    {
+      const int64_t team = omp_get_num_threads();
+      for (int64_t t = omp_get_thread_num(); t < n; t += team) f(t);
+    }
+    return;
+  }
+#endif
   const TaskFn call = [](const void* ctx, int64_t task) { (*static_cast<const F*>(ctx))(task); };
   Pool* p = get();
   std::unique_lock<std::mutex> owner(p->busy, std::try_to_lock);
-  if (!owner.owns_lock() || n - 1 > MAX_HELPERS || !g_enabled.load(std::memory_order_relaxed)) {
+  if (!owner.owns_lock() || n - 1 > MAX_HELPERS || mode == THREADS) {
     std::vector<std::thread> threads;  // another call holds the pool: threads of our own
     for (int64_t t = 1; t < n; ++t) threads.emplace_back([&f, t] { f(t); });
     f(0);
@@ -242,7 +280,20 @@ extern "C" int64_t plimsoll_pool_threads() {
   return static_cast<int64_t>(p->boxes.size());
 }
 
-extern "C" void plimsoll_pool_enable(int64_t on) { pool::g_enabled.store(on != 0); }
+extern "C" void plimsoll_pool_enable(int64_t on) { pool::g_mode.store(on != 0 ? pool::kDefaultMode : pool::THREADS); }
+
+// Sets how calls split their work (0 threads per call, 1 the pool, 2 OpenMP) and returns the
+// mode before, or -1 (nothing changed) for a mode this build cannot run.
+extern "C" int64_t plimsoll_parallel_mode(int64_t mode) {
+#if defined(_OPENMP)
+  const bool ok = mode >= pool::THREADS && mode <= pool::OPENMP;
+#else
+  const bool ok = mode == pool::THREADS || mode == pool::POOL;
+#endif
+  return ok ? pool::g_mode.exchange(mode) : -1;
+}
+
+extern "C" int64_t plimsoll_parallel_mode_get() { return pool::g_mode.load(); }
 
 extern "C" int64_t plimsoll_pool_noop(int64_t n, int64_t use_pool) {
   std::atomic<int64_t> ran{0};

@@ -1,14 +1,21 @@
-"""The compiled kernels' persistent worker pool (``csrc/cpu_kernels.cpp``, ``pool::parallel``).
+"""How the compiled kernels split a call over threads (``csrc/cpu_kernels.cpp``, ``pool::parallel``).
 
-Every task of a call runs exactly once; the pool's threads are started once per process,
-not per call; calls from several Python threads at once (several engines in one process)
-all complete with correct results; a forked child (a template worker of ``plimsoll serve``)
-builds its own pool and its kernels still compute the right answer.
+Where torch's OpenMP runtime is GNU libgomp loaded as ``libgomp.so.1`` (the pip wheels), the
+library is built with ``-fopenmp`` and binds to that same copy: one runtime in the process,
+and each call a parallel region on the team oneDNN's matmuls use. Otherwise, and in a forked
+child, the kernels' own persistent pool. In every mode each task of a call runs exactly once;
+the pool's threads are started once per process, not per call; calls from several Python
+threads at once (several engines in one process) all complete with correct results; a forked
+child's kernels switch to the pool, which builds itself anew there, and still compute the right
+answer (torch's own OpenMP matmuls hang in such a child: GNU libgomp cannot run there).
 """
 
 import os
 import shutil
+import subprocess
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +28,55 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_each_task_runs_once_and_threads_are_started_once() -> None:
+@pytest.fixture
+def pool_mode() -> Iterator[None]:
+    before = cpu_kernels.parallel_mode("pool")
+    try:
+        yield
+    finally:
+        cpu_kernels.parallel_mode(before)
+
+
+def test_the_kernels_share_torchs_openmp_runtime_where_it_is_libgomp() -> None:
+    gomp = cpu_kernels.torch_libgomp()
+    if gomp is None:
+        assert "-fopenmp" not in cpu_kernels.build_flags()
+        assert cpu_kernels.parallel_mode() == "pool"
+        return
+    assert "-fopenmp" in cpu_kernels.build_flags()
+    assert cpu_kernels.parallel_mode() == "openmp"  # the default
+    assert cpu_kernels.available_parallel_modes() == {"threads", "pool", "openmp"}
+    lib_path = cpu_kernels.library()._name  # type: ignore[union-attr]
+    needed = subprocess.run(["readelf", "-d", lib_path], capture_output=True, text=True).stdout
+    assert "libgomp.so.1" in needed, needed  # bound by soname, so to the copy torch loaded
+    loaded = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line}
+    assert loaded == {str(gomp)}, loaded  # one OpenMP runtime in the process, torch's
+    for tasks in (1, 2, 3, 5, 64):
+        assert cpu_kernels.pool_noop(tasks) == tasks  # each task once, whatever the team's size
+    with pytest.raises(ValueError, match="parallel mode 'fibers'"):
+        cpu_kernels.parallel_mode("fibers")
+
+
+def test_results_are_the_same_in_every_mode() -> None:
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 512), torch.randn(1024, 512)
+    before = cpu_kernels.parallel_mode()
+    torch.set_num_threads(2)
+    try:
+        got = {}
+        for mode in sorted(cpu_kernels.available_parallel_modes()):
+            cpu_kernels.parallel_mode(mode)
+            got[mode] = cpu_kernels.small_batch_linear(x, w, None)
+    finally:
+        cpu_kernels.parallel_mode(before)
+        torch.set_num_threads(1)
+    expected = F.linear(x, w)
+    for mode, y in got.items():
+        assert torch.allclose(y, expected, rtol=1e-4, atol=1e-4), mode
+        assert torch.equal(y, got["pool"]), mode  # the same split, so the same sums
+
+
+def test_each_task_runs_once_and_threads_are_started_once(pool_mode: None) -> None:
     for tasks in (1, 2, 3, 5):
         assert cpu_kernels.pool_noop(tasks) == tasks
     started = cpu_kernels.pool_threads()
@@ -32,7 +87,10 @@ def test_each_task_runs_once_and_threads_are_started_once() -> None:
     assert cpu_kernels.pool_noop(4, use_pool=False) == 4  # the per-call threads it replaced
 
 
-def test_concurrent_callers_get_correct_results() -> None:
+@pytest.mark.parametrize("mode", ["pool", "openmp"])
+def test_concurrent_callers_get_correct_results(mode: str) -> None:
+    if mode not in cpu_kernels.available_parallel_modes():
+        pytest.skip(f"this build has no {mode} mode")
     # One caller owns the pool at a time; the others start threads of their own.
     torch.manual_seed(0)
     x = torch.randn(3, 512)
@@ -49,12 +107,14 @@ def test_concurrent_callers_get_correct_results() -> None:
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     torch.set_num_threads(2)
+    before = cpu_kernels.parallel_mode(mode)
     try:
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
+        cpu_kernels.parallel_mode(before)
         torch.set_num_threads(1)
     assert not errors, errors
 
@@ -63,12 +123,18 @@ def test_concurrent_callers_get_correct_results() -> None:
 def test_a_forked_child_builds_its_own_pool() -> None:
     torch.manual_seed(0)
     x, w = torch.randn(2, 256), torch.randn(2048, 256)
+    before = cpu_kernels.parallel_mode()
+    cpu_kernels.parallel_mode("pool")
     assert cpu_kernels.pool_noop(3) == 3  # the parent's pool has helpers before the fork
+    cpu_kernels.parallel_mode(before)
+    torch.set_num_threads(2)
+    assert cpu_kernels.pool_noop(3) == 3  # and, where built with it, OpenMP has a team
+    torch.set_num_threads(1)
     expected = F.linear(x, w)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its copy of the parent's pool names threads that are not here
-        ok = cpu_kernels.pool_noop(3) == 3
+        ok = cpu_kernels.parallel_mode() == "pool" and cpu_kernels.pool_noop(3) == 3
         torch.set_num_threads(2)
         ok = ok and torch.allclose(cpu_kernels.small_batch_linear(x, w, None), expected, rtol=1e-4, atol=1e-4)
         os.write(write, b"ok" if ok and cpu_kernels.pool_threads() >= 2 else b"bad")
