@@ -1232,13 +1232,21 @@ namespace {
 
 // y[m, n0..n0+NB) for MB rows of x: NB rows of W against MB rows of x, 16 inputs at a time, so
 // each load of W serves MB rows and each load of x serves NB (register blocking).
+// With `ahead` (not null), the line of the next W block that matches each line read is
+// prefetched: the block after this one, read while this one's rows of x are worked through.
 template <int64_t MB, int64_t NB>
-inline void f32_rows_block(const float* xm, const float* wn, float* ym, int64_t n_len, int64_t k_len) {
+inline void f32_rows_block(const float* xm, const float* wn, float* ym, int64_t n_len, int64_t k_len,
+                           const float* ahead = nullptr) {
   F16 acc[NB][MB];
   for (int64_t j = 0; j < NB; ++j)
     for (int64_t i = 0; i < MB; ++i) acc[j][i] = zero16();
   int64_t k = 0;
   for (; k + kLanes <= k_len; k += kLanes) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+    if (ahead != nullptr) {
+      for (int64_t j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(ahead + j * k_len + k), _MM_HINT_T1);
+    }
+#endif
     F16 wk[NB];
     for (int64_t j = 0; j < NB; ++j) wk[j] = load_f32(wn + j * k_len + k);
     for (int64_t i = 0; i < MB; ++i) {
@@ -1263,20 +1271,26 @@ constexpr int64_t kBlockM = 2, kBlockN = 2;  // AVX2: a 16-float vector is two o
 // y[:, n_begin..n_end) = x @ W[n_begin..n_end).T for a decode batch of more than a few rows: each
 // block of W rows is read from memory once and kept in L1 while every row of x meets it.
 // NB rows of W from row n against every row of x: whole blocks of kBlockM rows, then one at a time.
+constexpr int64_t kAheadBlocks = 3;
+// The first block of rows of x prefetches the next NB rows of W (`ahead`, null for the last).
 template <int64_t NB>
 void blocked_column(const float* x, const float* w, float* y, int64_t m_len, int64_t n, int64_t n_len,
-                    int64_t k_len) {
+                    int64_t k_len, const float* ahead) {
   int64_t m = 0;
-  for (; m + kBlockM <= m_len; m += kBlockM)
-    f32_rows_block<kBlockM, NB>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
-  for (; m < m_len; ++m) f32_rows_block<1, NB>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len);
+  for (; m + kBlockM <= m_len; m += kBlockM, ahead = nullptr)
+    f32_rows_block<kBlockM, NB>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len, ahead);
+  for (; m < m_len; ++m, ahead = nullptr)
+    f32_rows_block<1, NB>(x + m * k_len, w + n * k_len, y + m * n_len + n, n_len, k_len, ahead);
 }
 
 void blocked_rows(const float* x, const float* w, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
                   int64_t n_len, int64_t k_len) {
   int64_t n = n_begin;
-  for (; n + kBlockN <= n_end; n += kBlockN) blocked_column<kBlockN>(x, w, y, m_len, n, n_len, k_len);
-  for (; n < n_end; ++n) blocked_column<1>(x, w, y, m_len, n, n_len, k_len);
+  for (; n + kBlockN <= n_end; n += kBlockN) {
+    const float* ahead = n + (kAheadBlocks + 1) * kBlockN <= n_end ? w + (n + kAheadBlocks * kBlockN) * k_len : nullptr;
+    blocked_column<kBlockN>(x, w, y, m_len, n, n_len, k_len, ahead);
+  }
+  for (; n < n_end; ++n) blocked_column<1>(x, w, y, m_len, n, n_len, k_len, nullptr);
 }
 
 }  // namespace
