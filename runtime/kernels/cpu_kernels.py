@@ -298,9 +298,10 @@ def supports_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     )
 
 
-# Up to this many rows the matmul reads W at memory speed (measured: 1 row 1.3x, 4 rows
-# 1.5x faster than oneDNN over a SmolLM2-sized model's weights; 8 rows break even).
-SMALL_BATCH_MAX_ROWS = 4
+# Up to this many rows the compiled matmul beats oneDNN's (register blocks of 4 W rows x 4 x rows,
+# W prefetched ahead; SmolLM2's projections and head on an AVX-512 host: 0.3-0.7x oneDNN's time
+# at 2-4 rows, 0.5-0.8x at 8-16).
+SMALL_BATCH_MAX_ROWS = 16
 
 
 def supports_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

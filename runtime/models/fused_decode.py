@@ -10,9 +10,9 @@ A step fits when the model is a plain Llama/SmolLM2/Mistral decoder with float32
 activations on CPU (no biases, no Qwen3 q/k norm, SiLU MLP, projections either all
 float32 ``Linear`` or all ``Int8Linear`` from ``--quantization int8``, without LoRA or
 tensor parallelism hooks, a float32 cache, the torch attention backend) and every row of
-the step is one decode token, at most ``MAX_ROWS`` of them (above that oneDNN's matmuls
-beat the kernel's register-blocked ones). ``GluedLayers`` takes the steps of more than
-``SMALL_BATCH_MAX_ROWS`` rows it leaves (more decode rows, prefill, mixed steps, speculative
+the step is one decode token, at most ``MAX_ROWS`` of them (above that the glued layers' oneDNN
+matmuls over prepacked weights take over). ``GluedLayers`` takes the steps of more than
+``GLUED_MIN_ROWS - 1`` rows it leaves (more decode rows, prefill, mixed steps, speculative
 verification) for the same models with float32 projections: ~12 Python calls a layer
 instead of ~130 torch ops; and every step of the same models in bfloat16 (``--dtype
 bfloat16``) on a CPU whose oneDNN has native bf16 matmuls (AVX512_BF16, AMX). Everything
@@ -47,6 +47,7 @@ ENABLED = os.environ.get("PLIMSOLL_FUSED_DECODE", "1") != "0"
 # Above this many rows oneDNN's matmuls (the module path) beat the kernel's (benchmarks/step_ab.py
 # --compare fused --fused-max-rows 64: 5-24 rows 0.76-0.96 of the module path's step, 32 rows 1.11).
 MAX_ROWS = 16
+GLUED_MIN_ROWS = 5  # float32 steps of this many rows and more that the fused step leaves are glued
 _warned = False
 
 
@@ -303,7 +304,7 @@ class GluedLayers:
     projection at the module path's padded row counts, over weights prepacked once,
     and one native call for each run of ops between two matmuls (``cpu_kernels.add_rms_norm``,
     ``rope_store``, ``silu_mul``; attention into a buffer). Same model fit as the fused step with
-    float32 projections, where a step of at most ``SMALL_BATCH_MAX_ROWS`` rows keeps the module path
+    float32 projections, where a step of fewer than ``GLUED_MIN_ROWS`` rows keeps the module path
     (its matmuls are not oneDNN's there), or bfloat16 projections on a CPU with native bf16
     matmuls (AVX512_BF16, AMX), where every step is glued: the matmuls' operands and the cache
     bfloat16, the residual stream, the norms, RoPE and attention float32 (each layer's output
@@ -323,8 +324,10 @@ class GluedLayers:
             self.reason = "no oneDNN in this torch build"
         if self.reason is None and self.dtype == torch.bfloat16:
             self.reason = _bf16_matmul_reason()
-        # The fewest rows a glued step takes: bf16 matmuls are oneDNN's at every row count.
-        self.min_rows = 1 if self.dtype == torch.bfloat16 else cpu_kernels.SMALL_BATCH_MAX_ROWS + 1
+        # The fewest rows a glued step takes: bf16 matmuls are oneDNN's at every row count; in
+        # float32 a step of up to GLUED_MIN_ROWS - 1 rows that the fused step does not take keeps
+        # the module path (its matmuls the compiled kernel's, and few ops at such sizes).
+        self.min_rows = 1 if self.dtype == torch.bfloat16 else GLUED_MIN_ROWS
         self.layers = [] if self.reason is not None else [
             (
                 layer.input_layernorm.weight,

@@ -1029,6 +1029,12 @@ void linear_rows(const float* x, const float* w, const float* bias, float* y, in
 
 }  // namespace
 
+namespace {
+void blocked_rows(const float* x, const float* w, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
+                  int64_t n_len, int64_t k_len);
+constexpr int64_t kSmallLinearRows = 1;  // one row: a row of W at a time (matmul_rows); more: register blocks
+}  // namespace
+
 extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, const float* bias, float* y,
                                                int64_t m_len, int64_t n_len, int64_t k_len, int64_t num_threads) {
   if (m_len <= 0 || n_len <= 0 || k_len <= 0) return 1;
@@ -1036,7 +1042,12 @@ extern "C" int plimsoll_small_batch_linear_f32(const float* x, const float* w, c
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, n_len * k_len / 65536));
   const int64_t chunk = (n_len + workers - 1) / workers;
   pool::parallel(workers, [=](int64_t i) {
-    linear_rows(x, w, bias, y, m_len, std::min(n_len, i * chunk), std::min(n_len, (i + 1) * chunk), n_len, k_len);
+    const int64_t n0 = std::min(n_len, i * chunk), n1 = std::min(n_len, (i + 1) * chunk);
+    if (m_len <= kSmallLinearRows || bias != nullptr) {
+      linear_rows(x, w, bias, y, m_len, n0, n1, n_len, k_len);
+    } else {
+      blocked_rows(x, w, y, m_len, n0, n1, n_len, k_len);
+    }
   });
   return 0;
 }
@@ -1490,9 +1501,10 @@ struct Int8Proj {
   int64_t group;
 };
 
-// Up to SMALL rows: one row of W against 4, 2 or 1 rows of x at a time (matmul_rows); above,
-// register blocks of both (blocked_rows).
-constexpr int64_t kSmallRows = 4;
+// One row: one row of W at a time (matmul_rows); more: register blocks of both (blocked_rows),
+// which stream W 1.5-2x faster from 2 rows on (SmolLM2's projections and head, 2-4 rows: 23-28
+// GB/s against matmul_rows' 15-17; at one row the two are even).
+constexpr int64_t kSmallRows = kSmallLinearRows;
 
 inline void proj_rows(const F32Proj& p, const float* x, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
                       int64_t n_len, int64_t k_len) {

@@ -284,8 +284,13 @@ def test_build_reuses_the_compiled_library(monkeypatch: pytest.MonkeyPatch, tmp_
 
 @pytest.mark.parametrize(
     ("m", "n", "k", "with_bias"),
-    [(1, 960, 576, False), (3, 576, 1536, True), (4, 49152, 64, False), (2, 7, 5, True), (1, 1, 1, False)],
-)
+    [
+        (1, 960, 576, False), (3, 576, 1536, True), (4, 49152, 64, False), (2, 7, 5, True), (1, 1, 1, False),
+        # register blocks (2+ rows, no bias): whole and partial blocks of rows and of W, a K tail
+        (2, 960, 576, False), (5, 13, 37, False), (7, 3072, 576, False), (16, 960, 576, False), (9, 6, 20, False),
+        (16, 4099, 64, False),
+    ],
+)  # fmt: skip
 def test_small_batch_linear_equals_f_linear(m: int, n: int, k: int, with_bias: bool) -> None:
     gen = torch.Generator().manual_seed(m * 7 + n)
     x = torch.randn((m, k), generator=gen)
@@ -313,11 +318,12 @@ def test_dense_linear_uses_the_kernel_for_a_few_rows_only(monkeypatch: pytest.Mo
         return real(x, w, b)
 
     monkeypatch.setattr(cpu_kernels, "small_batch_linear", spy)
-    for rows in range(1, 9):
+    for rows in range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 5):
         x = torch.randn(rows, 48)
         torch.testing.assert_close(dense.linear(x, weight, bias), F.linear(x, weight, bias))
+        torch.testing.assert_close(dense.linear(x, weight, None), F.linear(x, weight, None))
     dense.linear(torch.randn(2, 48).double(), weight.double(), None)  # float64 stays with torch
-    assert calls == list(range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 1))
+    assert calls == [r for r in range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 1) for _ in (0, 1)]
 
 
 
