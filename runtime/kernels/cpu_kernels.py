@@ -27,8 +27,8 @@ What it is: functions with torch-shaped signatures, over one worker pool.
   ``to_bf16`` rounds attention's float32 output into a bf16 matmul input.
 The kernels split their work as parallel regions on torch's own OpenMP team where torch's
 runtime is GNU libgomp (``-fopenmp``, bound to the copy torch loaded; ``parallel_mode``), so
-oneDNN's matmuls and the kernels between them share one set of workers; elsewhere, and in a
-forked child, over a pool of threads started once per process (not per call; ``pool_threads``,
+oneDNN's matmuls and the kernels between them share one set of workers
+(``PLIMSOLL_KERNEL_PARALLEL=pool`` or ``threads`` chooses otherwise); elsewhere, and in a forked child, over a pool of threads started once per process (not per call; ``pool_threads``,
 ``pool_noop``), safe across fork and with several callers.
 ``library()`` compiles the source once per source, compiler, flags and CPU into
 ``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
@@ -205,6 +205,11 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_parallel_mode.argtypes = [ctypes.c_int64]
     lib.plimsoll_parallel_mode_get.restype = ctypes.c_int64
     lib.plimsoll_parallel_mode_get.argtypes = []
+    wanted = os.environ.get("PLIMSOLL_KERNEL_PARALLEL", "")
+    # An explicit choice (A/B timing, or a host where the default misbehaves).
+    if wanted and (wanted not in PARALLEL_MODES or lib.plimsoll_parallel_mode(PARALLEL_MODES.index(wanted)) < 0):
+        log.warning("PLIMSOLL_KERNEL_PARALLEL=%s: not a mode this build runs (%s); kept the default",
+                    wanted, "/".join(PARALLEL_MODES))
     gomps = {line.split()[-1] for line in _maps_lines() if "libgomp" in os.path.basename(line.split()[-1])}
     if len(gomps) > 1 and lib.plimsoll_parallel_mode_get() == PARALLEL_MODES.index("openmp"):
         # Two OpenMP runtimes would be two teams fighting for the cores: the pool instead.

@@ -13,6 +13,7 @@ answer (torch's own OpenMP matmuls hang in such a child: GNU libgomp cannot run 
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,18 @@ def test_the_kernels_share_torchs_openmp_runtime_where_it_is_libgomp() -> None:
         assert cpu_kernels.pool_noop(tasks) == tasks  # each task once, whatever the team's size
     with pytest.raises(ValueError, match="parallel mode 'fibers'"):
         cpu_kernels.parallel_mode("fibers")
+
+
+@pytest.mark.parametrize(("wanted", "expected"), [("pool", "pool"), ("threads", "threads"), ("fibers", None)])
+def test_the_environment_chooses_the_mode(wanted: str, expected: str | None) -> None:
+    # A fresh process: the mode is read when the library loads.
+    code = "from plimsoll.runtime.kernels import cpu_kernels as ck; print(ck.parallel_mode())"
+    env = {**os.environ, "PLIMSOLL_KERNEL_PARALLEL": wanted}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    default = "openmp" if cpu_kernels.torch_libgomp() is not None else "pool"
+    assert run.stdout.strip() == (expected or default)
+    if expected is None:  # an unknown mode is named, and the default kept
+        assert "PLIMSOLL_KERNEL_PARALLEL=fibers: not a mode this build runs" in run.stderr
 
 
 def test_results_are_the_same_in_every_mode() -> None:
