@@ -103,6 +103,12 @@ def serve(
     ),
     device: str = typer.Option(_engine_default("device"), "--device", help="torch device, e.g. cpu or cuda."),
     attention_backend: str = typer.Option(_engine_default("attention_backend"), "--attention-backend", help="torch or triton."),
+    enforce_eager: bool = typer.Option(
+        False,
+        "--enforce-eager",
+        help="Never replay CUDA graphs (by default, on CUDA with --attention-backend triton, decode steps "
+        "replay graphs captured at start).",
+    ),
     scheduling_policy: str = typer.Option(
         _engine_default("scheduling_policy"),
         "--scheduling-policy",
@@ -262,6 +268,7 @@ def serve(
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
+            enforce_eager=enforce_eager,
             scheduling_policy=scheduling_policy,
             seed=seed,
             speculative_config=speculative_config,

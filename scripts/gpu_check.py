@@ -269,7 +269,9 @@ def kernels(smoke: bool) -> dict[str, Any]:
     for dtype_name in ("float32", "bfloat16"):
         dtype = getattr(torch, dtype_name)
         for kind, q_lens in (("decode", [1] * seqs), ("mixed prefill", q_mixed)):
-            args = make_batch(ctx, q_lens, heads, kv_heads, head_dim, block, torch.float32, dev, seed=len(rows))
+            args = make_batch(
+                ctx, q_lens, heads, kv_heads, head_dim, block, torch.float32, dev, seed=len(rows)
+            )
             query, k_cache, v_cache, tables, cu, lens, scale = args
             kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
             got = at.paged_attention(query.to(dtype), kq, vq, tables, cu, lens, scale)
@@ -319,7 +321,9 @@ def kernels(smoke: bool) -> dict[str, Any]:
             f"{row['kv_splits']} splits), torch {t_torch:.3f} ms ({row['torch_kv_GBps']} GB/s)"
         )
     for batch in [8, 64] if not smoke else [2]:  # decode over an int8 cache: half the KV bytes of bf16
-        args = make_batch([max_ctx] * batch, [1] * batch, heads, kv_heads, head_dim, block, torch.float32, dev, 7)
+        args = make_batch(
+            [max_ctx] * batch, [1] * batch, heads, kv_heads, head_dim, block, torch.float32, dev, 7
+        )
         query, k_cache, v_cache, tables, cu, lens, scale = args
         kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
         t_int8 = cuda_time_ms(
@@ -413,7 +417,9 @@ def parity(smoke: bool, work: Path) -> dict[str, Any]:
                 )
                 refs.append(out[0, len(p) :].tolist())
         del hf
-        for backend in ("triton", "torch"):
+        # Triton with its decode steps replaying CUDA graphs (the default on CUDA), Triton eagerly
+        # (--enforce-eager), and the torch backend.
+        for backend, eager in (("triton", False), ("triton", True), ("torch", False)):
             llm = runtime.LLM(
                 model=str(directory),
                 device=dev,
@@ -421,7 +427,9 @@ def parity(smoke: bool, work: Path) -> dict[str, Any]:
                 attention_backend=backend,
                 kv_cache_memory="64MiB",
                 max_num_batched_tokens=256,
+                enforce_eager=eager,
             )
+            replays_before = llm.engine.runner.graph_replays
             outs = llm.generate(
                 prompts, runtime.SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
             )
@@ -431,12 +439,17 @@ def parity(smoke: bool, work: Path) -> dict[str, Any]:
                 next((j for j, (a, b) in enumerate(zip(g, r, strict=False)) if a != b), None)
                 for g, r in zip(got, refs, strict=True)
             ]
-            figures[f"{arch}/{backend}"] = dict(
-                prompts=count, equal=equal, first_divergence=[d for d in first_diff if d is not None]
+            replays = llm.engine.runner.graph_replays - replays_before
+            name = f"{backend}-eager" if eager else backend
+            figures[f"{arch}/{name}"] = dict(
+                prompts=count,
+                equal=equal,
+                first_divergence=[d for d in first_diff if d is not None],
+                cuda_graph_replays=replays,
             )
             say(
-                f"  {arch:6s} {backend:6s} backend on {dev}: {equal}/{count} prompts token-for-token equal "
-                f"to transformers ({new_tokens} new tokens, fp32)"
+                f"  {arch:6s} {name:12s} on {dev}: {equal}/{count} prompts token-for-token equal "
+                f"to transformers ({new_tokens} new tokens, fp32; {replays} decode steps replayed CUDA graphs)"
             )
             del llm
     return figures
@@ -456,7 +469,14 @@ class StepLog:
         pass
 
 
-def decode(smoke: bool, work: Path, which: str, backend: str = "triton") -> dict[str, Any]:
+def decode(
+    smoke: bool,
+    work: Path,
+    which: str,
+    backend: str = "triton",
+    enforce_eager: bool = False,
+    quantization: str | None = None,
+) -> dict[str, Any]:
     torch = need("torch")
     runtime = need("plimsoll.runtime")
     from plimsoll.runtime.engine.model_runner import kv_bytes_per_token
@@ -489,8 +509,11 @@ def decode(smoke: bool, work: Path, which: str, backend: str = "triton") -> dict
         max_num_seqs=64,
         max_num_batched_tokens=8192,
         enable_prefix_caching=False,
+        enforce_eager=enforce_eager,
+        quantization=quantization,
     )
     load_s = time.monotonic() - t
+    graphs = llm.engine.runner.decode_graphs
     model = llm.engine.runner.model
     params = list(model.parameters())
     total_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -513,11 +536,23 @@ def decode(smoke: bool, work: Path, which: str, backend: str = "triton") -> dict
         load_s=round(load_s, 1),
         weight_bytes_read_per_step=weight_bytes,
         kv_bytes_per_token=per_token_kv,
+        quantization=quantization,
+        cuda_graphs=(
+            dict(
+                sizes=graphs.sizes,
+                capture_s=round(graphs.capture_s, 2),
+                pool_MiB=round(graphs.pool_bytes / 2**20),
+            )
+            if graphs is not None
+            else "eager"
+        ),
     )
+    say(f"  load {load_s:.1f} s; CUDA graphs: {figures['cuda_graphs']}")
     # Warm-up: compiles the Triton kernels and fills caches outside the measurement.
     llm.generate([[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(4)], params_a)
     for concurrency, rounds in ((1, 2 if smoke else 4), (64 if not smoke else 4, 1)):
         log.steps.clear()
+        replays_before = llm.engine.runner.graph_replays
         prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(concurrency)]
         t = time.monotonic()
         total_out = 0
@@ -551,6 +586,7 @@ def decode(smoke: bool, work: Path, which: str, backend: str = "triton") -> dict
             bytes_read_per_step=int(weight_bytes + kv_bytes),
             hbm_GBps=round(bw / 1e9, 1),
             fraction_of_peak=round(bw / peak, 4) if peak else None,
+            cuda_graph_replays=llm.engine.runner.graph_replays - replays_before,
         )
         figures[f"c{concurrency}"] = row
         say(
@@ -588,7 +624,9 @@ def main() -> int:
         "--smoke", action="store_true", help="tiny shapes on the CPU (Triton interpreter): checks the script"
     )
     parser.add_argument(
-        "--sections", default="kernels,parity,decode-smollm2,decode-llama1b,decode-smollm2-torch"
+        "--sections",
+        default="kernels,parity,decode-smollm2,decode-smollm2-eager,decode-llama1b,decode-llama1b-eager,"
+        "decode-smollm2-torch,decode-llama1b-int8",
     )
     args = parser.parse_args()
     if args.smoke:
@@ -602,12 +640,17 @@ def main() -> int:
             ("kernels", 20, lambda: kernels(args.smoke)),
             ("parity", 30, lambda: parity(args.smoke, work)),
             ("decode-smollm2", 40, lambda: decode(args.smoke, work, "smollm2")),
+            ("decode-smollm2-eager", 40, lambda: decode(args.smoke, work, "smollm2", enforce_eager=True)),
             ("decode-llama1b", 60, lambda: decode(args.smoke, work, "llama1b")),
+            ("decode-llama1b-eager", 60, lambda: decode(args.smoke, work, "llama1b", enforce_eager=True)),
             # the same SmolLM2 run on the torch attention backend, for comparison
             ("decode-smollm2-torch", 40, lambda: decode(args.smoke, work, "smollm2", backend="torch")),
+            # --quantization int8 on the GPU (weights dequantised per matmul: memory, not speed)
+            ("decode-llama1b-int8", 60, lambda: decode(args.smoke, work, "llama1b", quantization="int8")),
         ]
+        gpu_only = ("decode-llama1b", "decode-llama1b-eager", "decode-smollm2-torch", "decode-llama1b-int8")
         for name, min_s, fn in plan:
-            if name in wanted and not (args.smoke and name in ("decode-llama1b", "decode-smollm2-torch")):
+            if name in wanted and not (args.smoke and name in gpu_only):
                 section(name, args.budget_s, min_s, fn)
     RESULTS["total_seconds"] = round(time.monotonic() - T0, 1)
     table()

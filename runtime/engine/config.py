@@ -45,6 +45,11 @@ class EngineConfig(BaseModel):
     block_size: int = Field(16, ge=1, le=1024)
     enable_prefix_caching: bool = True
     attention_backend: Literal["torch", "triton"] = "torch"
+    enforce_eager: bool = Field(
+        False,
+        description="vLLM's --enforce-eager: never replay CUDA graphs (on CUDA with the Triton backend, "
+        "decode steps replay graphs captured at start; engine/cuda_graphs.py)",
+    )
     scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
     quantization: Literal["int8"] | None = Field(

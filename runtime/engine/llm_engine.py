@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
+from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
@@ -101,6 +102,7 @@ class LLMEngine:
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
         STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
+        self._capture_cuda_graphs()
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
@@ -117,6 +119,20 @@ class LLMEngine:
             f" per rank, {config.tensor_parallel_size} ranks" if self.executor is not None else "",
             self.max_model_len,
         )
+
+    def _capture_cuda_graphs(self) -> None:
+        """On CUDA with the Triton backend, decode steps replay graphs captured now (cuda_graphs.py)."""
+        config = self.config
+        reason = ineligible_reason(self.device, config.attention_backend, config.enforce_eager)
+        if reason is None and self.executor is not None:
+            reason = "tensor parallelism runs its ranks eagerly"
+        if reason is None and config.enable_lora:
+            reason = "LoRA steps run eagerly"
+        if reason is not None:
+            if self.device.type == "cuda":
+                log.info("decode runs eagerly, without CUDA graphs: %s", reason)
+            return
+        self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (a no-op without tensor parallelism)."""

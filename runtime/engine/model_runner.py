@@ -18,6 +18,7 @@ import torch
 
 from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
+from plimsoll.runtime.engine.cuda_graphs import DecodeGraphs
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
 from plimsoll.runtime.models.llama import LlamaForCausalLM
@@ -82,6 +83,31 @@ class ModelRunner:
         ]
         # Rank 0 of a tensor-parallel replica: called with each step's plan before it runs.
         self.plan_sink: Callable[[StepPlan], None] | None = None
+        self.attention_backend = attention_backend
+        self.decode_graphs: DecodeGraphs | None = None  # enable_cuda_graphs()
+        self.graph_replays = 0  # decode steps that replayed a graph
+
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+        """Capture the decode forward as CUDA graphs (``cuda_graphs.py``); decode-only steps replay
+        them from now on. ``capture=False`` (tests on a CPU) runs the same padded static buffers
+        eagerly. Needs the Triton backend; no LoRA, no tensor parallelism."""
+        if self.lora is not None or self.plan_sink is not None:
+            raise ValueError("CUDA graphs are not used with LoRA or tensor parallelism")
+        from plimsoll.runtime.attention import triton_backend
+
+        graphs = DecodeGraphs(
+            self.model,
+            self.kv_caches,
+            self.store_kv,
+            triton_backend.decode_attention,
+            max_num_seqs,
+            max_model_len,
+            self.block_size,
+            self.device,
+            capture=capture,
+        )
+        graphs.capture_all()
+        self.decode_graphs = graphs
 
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache tensors hold, all layers, K and V."""
@@ -167,6 +193,9 @@ class ModelRunner:
         A request carrying k proposals (``spec_token_ids``) gets k + 1 rows, in order:
         the logits after its last known token and after each proposal.
         """
+        graphs = self.decode_graphs
+        if graphs is not None and self.plan_sink is None and graphs.eligible(sched.scheduled):
+            return self._replay(graphs, sched)
         ids, pos, meta, last_rows = self.prepare(sched)
         rows: list[int] = []
         reqs = []
@@ -186,6 +215,16 @@ class ModelRunner:
                 self.lora.row_mask = None
         if logits is None:
             return [], torch.empty(0)
+        return reqs, logits.float()
+
+    def _replay(self, graphs: DecodeGraphs, sched: SchedulerOutput) -> tuple[list[Request], torch.Tensor]:
+        hidden, last_rows = graphs.run(sched.scheduled)
+        self.graph_replays += 1
+        reqs = [req for (req, _), r in zip(sched.scheduled, last_rows, strict=True) if r >= 0]
+        rows = [r for r in last_rows if r >= 0]
+        if not rows:
+            return [], torch.empty(0)
+        logits: torch.Tensor = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         return reqs, logits.float()
 
     @torch.inference_mode()

@@ -1,0 +1,201 @@
+"""CUDA graphs of the decode forward, one per batch size (vLLM's cudagraph capture sizes).
+
+What it is: at start, the model's forward for decode-only batches (one new token per
+sequence) is captured once per size in ``capture_sizes(max_num_seqs)`` into graphs that
+share one memory pool, over static input buffers sized for the largest batch and the
+longest context (``max_model_len``). A step of ``n`` decode sequences copies its inputs
+into the first ``n`` rows of the buffers, pads the rest (slot ``-1``: nothing stored;
+context length ``0``: nothing read), replays the graph of the smallest size ``>= n`` and
+reads the first ``n`` rows of its output. One replay launches the ~10 kernels of each
+layer without Python or launch gaps between them, which is most of a small decode step's
+time on a GPU. The logits are computed outside the graph, on the rows that sample.
+
+What it is not: prefill or mixed steps (their shapes vary: they run eagerly), LoRA,
+tensor parallelism or speculative verification (those steps run eagerly too), or the
+torch attention backend (its decode path syncs with the host). ``enforce_eager`` (vLLM's
+``--enforce-eager``) turns it off.
+
+``DecodeGraphs(..., capture=False)`` keeps the static buffers and the padding but runs
+the forward eagerly on them: the tests use it on a CPU (Triton's interpreter), where no
+graph can be captured, to check everything but the capture itself against the plain path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from plimsoll.runtime.attention.backends import AttentionMetadata, StoreKV
+
+log = logging.getLogger("plimsoll.runtime")
+
+# vLLM captures 1, 2, 4 and then every multiple of 8 up to its limit (512 by default).
+MAX_CAPTURE_SIZE = 512
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """Batch sizes that get a graph: 1, 2, 4, then multiples of 8, up to ``max_num_seqs``
+    (which is always one of them, so every decode batch has a graph)."""
+    top = min(max_num_seqs, MAX_CAPTURE_SIZE)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, top + 1, 8))
+    if sizes[-1] != top:
+        sizes.append(top)
+    return sizes
+
+
+def ineligible_reason(device: torch.device, attention_backend: str, enforce_eager: bool) -> str | None:
+    """Why decode steps on this engine cannot replay CUDA graphs (None: they can)."""
+    if enforce_eager:
+        return "enforce_eager is set"
+    if device.type != "cuda":
+        return f"the engine runs on {device.type}, not CUDA"
+    if attention_backend != "triton":
+        return f"attention_backend={attention_backend!r} syncs with the host in decode (use 'triton')"
+    return None
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: Any,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        store_kv: StoreKV,
+        decode_attention: Callable[..., torch.Tensor],
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+        capture: bool = True,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.store_kv = store_kv
+        self.attention = decode_attention
+        self.block_size = block_size
+        self.device = device
+        self.sizes = capture_sizes(max_num_seqs)
+        self.max_blocks = -(-max_model_len // block_size) + 1  # one spare block per sequence
+        top = self.sizes[-1]
+        self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(top, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((top,), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros((top, self.max_blocks), dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(top, dtype=torch.int32, device=device)
+        # Host staging rows (pinned on CUDA, so the copies to the device do not wait for a sync).
+        pin = device.type == "cuda"
+        self._host_ints = torch.zeros((4, top), dtype=torch.int64, pin_memory=pin)  # ids, pos, slots, ctx
+        self._host_tables = torch.zeros((top, self.max_blocks), dtype=torch.int32, pin_memory=pin)
+        self.capture = capture
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.capture_s = 0.0
+        self.pool_bytes = 0
+        self._copied: torch.cuda.Event | None = None
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            cu_seqlens_q=self.cu_seqlens_q[: size + 1],
+            context_lens=self.context_lens[:size],
+            max_q_len=1,
+        )
+
+    def _forward(self, size: int) -> torch.Tensor:
+        hidden: torch.Tensor = self.model(
+            self.input_ids[:size],
+            self.positions[:size],
+            self.kv_caches,
+            self._meta(size),
+            self.store_kv,
+            self.attention,
+        )
+        return hidden
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Capture one graph per size, largest first (the smaller ones reuse its pool memory).
+        The buffers hold padding meanwhile: the warm-up runs store nothing and read nothing."""
+        if not self.capture:
+            return
+        t = time.monotonic()
+        before = torch.cuda.memory_reserved(self.device)
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            self._forward(size)  # warm-up: compiles the Triton kernels for this shape
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size] = self._forward(size)
+            self.graphs[size] = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.monotonic() - t
+        self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
+        log.info(
+            "captured CUDA graphs of the decode forward for batch sizes %s in %.1f s (%.0f MiB)",
+            ",".join(map(str, self.sizes)),
+            self.capture_s,
+            self.pool_bytes / 2**20,
+        )
+
+    def size_for(self, num_seqs: int) -> int | None:
+        return next((s for s in self.sizes if s >= num_seqs), None)
+
+    def eligible(self, scheduled: list[tuple[Any, int]]) -> bool:
+        """A decode-only step (one new token each, no proposals) that fits the buffers."""
+        return (
+            0 < len(scheduled) <= self.sizes[-1]
+            and all(num_new == 1 and not req.spec_token_ids for req, num_new in scheduled)
+            and max(len(req.block_ids) for req, _ in scheduled) <= self.max_blocks
+        )
+
+    @torch.inference_mode()
+    def run(self, scheduled: list[tuple[Any, int]]) -> tuple[torch.Tensor, list[int]]:
+        """Replay the step; return the hidden states ``[n, hidden]`` (a view of the graph's
+        output, valid until the next replay) and the row of each sequence that samples
+        (``-1`` for one whose prompt is still being prefilled, a token at a time)."""
+        n = len(scheduled)
+        size = self.size_for(n)
+        assert size is not None, "eligible() first"
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's copies have read the staging rows
+        bs = self.block_size
+        ids, pos, slots, ctx, last_rows, tables = [], [], [], [], [], []
+        for i, (req, _) in enumerate(scheduled):
+            end = req.num_computed_tokens  # the scheduler has already booked this step
+            p = end - 1
+            blocks = req.block_ids
+            ids.append(req.all_token_ids[p])
+            pos.append(p)
+            slots.append(blocks[p // bs] * bs + p % bs)
+            ctx.append(end)
+            tables.append(blocks)
+            last_rows.append(i if end == req.num_tokens else -1)
+        width = max(map(len, tables))
+        pad = size - n  # padding rows: token 0 at position 0, stored nowhere, attending to nothing
+        host = self._host_ints
+        host[:, :size] = torch.tensor([ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad, ctx + [0] * pad])
+        self._host_tables[:n, :width] = torch.tensor(
+            [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32
+        )
+        pinned = host.is_pinned()
+        self.input_ids[:size].copy_(host[0, :size], non_blocking=pinned)
+        self.positions[:size].copy_(host[1, :size], non_blocking=pinned)
+        self.slot_mapping[:size].copy_(host[2, :size], non_blocking=pinned)
+        self.context_lens[:size].copy_(host[3, :size], non_blocking=pinned)
+        # Only the columns this step's tables use: the kernels read no block past a context's end.
+        self.block_tables[:n, :width].copy_(self._host_tables[:n, :width], non_blocking=pinned)
+        if pinned:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        if self.capture:
+            self.graphs[size].replay()
+            out = self.outputs[size]
+        else:
+            out = self._forward(size)
+        return out[:n], last_rows

@@ -1,0 +1,107 @@
+"""CUDA graphs of the decode forward (engine/cuda_graphs.py).
+
+On a CPU no graph can be captured: ``capture=False`` runs the very buffers, padding and
+row selection the graphs replay, eagerly, with the Triton kernels in Triton's
+interpreter, and greedy output must equal the plain (unpadded, per-step tensors) path.
+On a GPU (skipped here; scripts/gpu_check.py runs it) the real capture is checked the
+same way against ``enforce_eager``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from plimsoll.runtime import LLM, SamplingParams
+from plimsoll.runtime.engine.cuda_graphs import capture_sizes, ineligible_reason
+
+
+def test_capture_sizes_follow_vllm_and_always_cover_max_num_seqs() -> None:
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(6) == [1, 2, 4, 6]
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(4096)[-1] == 512
+
+
+def test_ineligible_reasons_name_what_to_change() -> None:
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert ineligible_reason(cuda, "triton", False) is None
+    assert "enforce_eager" in str(ineligible_reason(cuda, "triton", True))
+    assert "cpu" in str(ineligible_reason(cpu, "triton", False))
+    assert "triton" in str(ineligible_reason(cuda, "torch", False))
+
+
+def test_cpu_engine_captures_nothing(tiny_model_dir: Any) -> None:
+    llm = LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="4MiB", max_model_len=256)
+    assert llm.engine.runner.decode_graphs is None
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 250) for _ in range(rng.choice([1, 3, 9, 17, 30]))] for _ in range(n)]
+
+
+@pytest.fixture()
+def interpret() -> Iterator[None]:
+    pytest.importorskip("triton")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+def test_padded_static_buffers_match_the_plain_path(tiny_model_dir: Any, interpret: None) -> None:
+    # max_num_seqs 6 -> graphs of 1, 2, 4 and 6 rows: 10 prompts of different lengths finish at
+    # different steps, so decode batches of 6 down to 1 replay with 0-3 padding rows; a token
+    # budget of 12 chunks the longer prompts, so some steps mix in prefill and run plainly.
+    common: dict[str, Any] = dict(
+        model=str(tiny_model_dir("llama")),
+        attention_backend="triton",
+        kv_cache_memory="4MiB",
+        max_model_len=256,
+        max_num_seqs=6,
+        max_num_batched_tokens=12,
+        block_size=4,
+    )
+    batch = prompts(10, seed=1)
+    params = [
+        SamplingParams(temperature=0, max_tokens=random.Random(i).choice([3, 8, 14]), ignore_eos=True)
+        for i in range(10)
+    ]
+    plain = LLM(**common)
+    want = [o.outputs[0].token_ids for o in plain.generate(batch, params)]
+    padded = LLM(**common)
+    runner = padded.engine.runner
+    runner.enable_cuda_graphs(6, padded.engine.max_model_len, capture=False)
+    assert runner.decode_graphs is not None and runner.decode_graphs.sizes == [1, 2, 4, 6]
+    got = [o.outputs[0].token_ids for o in padded.generate(batch, params)]
+    assert got == want
+    assert runner.graph_replays > 0  # decode steps went through the static buffers
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_captured_graphs_equal_eager_on_gpu(tiny_model_dir: Any) -> None:
+    common: dict[str, Any] = dict(
+        model=str(tiny_model_dir("llama")),
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        kv_cache_memory="64MiB",
+        max_model_len=512,
+        max_num_seqs=24,
+        max_num_batched_tokens=64,
+    )
+    batch = prompts(32, seed=2)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eager = LLM(**common, enforce_eager=True)
+    assert eager.engine.runner.decode_graphs is None
+    want = [o.outputs[0].token_ids for o in eager.generate(batch, params)]
+    graphs = LLM(**common)
+    assert graphs.engine.runner.decode_graphs is not None
+    got = [o.outputs[0].token_ids for o in graphs.generate(batch, params)]
+    assert got == want
+    assert graphs.engine.runner.graph_replays > 0
