@@ -515,12 +515,16 @@ def decode(
     load_s = time.monotonic() - t
     graphs = llm.engine.runner.decode_graphs
     model = llm.engine.runner.model
-    params = list(model.parameters())
-    total_bytes = sum(p.numel() * p.element_size() for p in params)
+
+    def nbytes(module: Any) -> int:  # parameters and buffers (int8 weights and scales are buffers)
+        seen = {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()] if t.numel()}
+        return sum(t.numel() * t.element_size() for t in seen.values())
+
+    total_bytes = nbytes(model) - sum(b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     tied = bool(getattr(llm.engine.hf_config, "tie_word_embeddings", False))
     # The input embedding is gathered (a few rows), not streamed, unless it doubles as the LM head.
-    embed_bytes = 0 if (embed is None or tied) else embed.weight.numel() * embed.weight.element_size()
+    embed_bytes = 0 if (embed is None or tied) else nbytes(embed)
     weight_bytes = total_bytes - embed_bytes
     per_token_kv = kv_bytes_per_token(llm.engine.hf_config, llm.config.torch_dtype)
     kv_total = llm.engine.num_blocks * llm.config.block_size * per_token_kv

@@ -17,7 +17,9 @@ Same contract as ``plimsoll.runtime.attention.reference`` (the oracle): ``store_
 GQA: ``kv_head = head // (num_heads // num_kv_heads)``. Block tables may hold any
 block ids in any order; each key's page is looked up per token.
 
-What this is not: no CUDA graphs, no FP8 KV, no sliding window, no ALiBi.
+What this is not: no FP8 KV, no sliding window, no ALiBi. CUDA graphs of the decode
+forward are the engine's (``engine/cuda_graphs.py``): ``decode_attention`` launches the
+same grid for a given batch size and block-table width, so it can be captured.
 
 ``triton`` is imported lazily, when a kernel is first needed, so importing this
 module works without triton and on a CPU. On a CPU the kernels run only under
