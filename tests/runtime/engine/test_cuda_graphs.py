@@ -105,3 +105,64 @@ def test_captured_graphs_equal_eager_on_gpu(tiny_model_dir: Any) -> None:
     got = [o.outputs[0].token_ids for o in graphs.generate(batch, params)]
     assert got == want
     assert graphs.engine.runner.graph_replays > 0
+
+
+def booked(rid: str, prompt: list[int], outputs: list[int], blocks: list[int]) -> tuple[Any, int]:
+    """A decoding request as the scheduler leaves it: this step's one token already booked."""
+    from plimsoll.runtime.engine.request import Request
+
+    req = Request(rid, rid, 0, prompt, SamplingParams(), frozenset())
+    for t in outputs:
+        req.append_token(t)
+    req.num_computed_tokens = req.num_tokens
+    req.block_ids = blocks
+    return req, 1
+
+
+def test_one_padded_step_writes_only_its_slots_and_matches_the_plain_step(
+    tiny_model_dir: Any, interpret: None
+) -> None:
+    # 3 sequences replay the 4-row buffers: the padding row must store nothing (every other
+    # slot of every layer's cache keeps its value, block 0 included) and read nothing, and the
+    # logits and caches must equal the plain path's on the same step.
+    from plimsoll.runtime.engine.scheduler import SchedulerOutput
+
+    llm = LLM(
+        model=str(tiny_model_dir("llama")),
+        attention_backend="triton",
+        kv_cache_memory="1MiB",
+        max_model_len=64,
+        max_num_seqs=4,
+        block_size=4,
+    )
+    runner = llm.engine.runner
+    gen = torch.Generator().manual_seed(3)
+    for k, v in runner.kv_caches:
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+    start = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    sched = SchedulerOutput(
+        scheduled=[
+            booked("a", [5, 6, 7, 8, 9], [10, 11], [3, 1]),  # 7 tokens: slot 1*4 + 2
+            booked("b", [12], [], [2]),  # a one-token prompt's first decode: slot 8
+            booked("c", list(range(20, 33)), [40], [6, 4, 5, 7]),  # 14 tokens: slot 7*4 + 1
+        ]
+    )
+    plain_reqs, plain_logits = runner.execute(sched)
+    plain_caches = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    for (k, v), (k0, v0) in zip(runner.kv_caches, start, strict=True):
+        k.copy_(k0)
+        v.copy_(v0)
+    runner.enable_cuda_graphs(4, 64, capture=False)
+    assert runner.decode_graphs is not None and runner.decode_graphs.size_for(3) == 4
+    reqs, logits = runner.execute(sched)
+    assert runner.graph_replays == 1
+    assert [r.request_id for r in reqs] == [r.request_id for r in plain_reqs] == ["a", "b", "c"]
+    torch.testing.assert_close(logits, plain_logits, rtol=1e-5, atol=1e-5)
+    written = {6, 8, 29}
+    for (k, v), (pk, pv), (k0, v0) in zip(runner.kv_caches, plain_caches, start, strict=True):
+        assert torch.equal(k, pk) and torch.equal(v, pv)
+        changed = {
+            int(s) for s in ((k != k0).flatten(2).any(-1) | (v != v0).flatten(2).any(-1)).flatten().nonzero()
+        }
+        assert changed == written
