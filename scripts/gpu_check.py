@@ -7,9 +7,12 @@ saying why, a failure is printed and the next section still runs):
              cache (--kv-cache-dtype int8, against the same int8 cache and the fp32 one), max abs
              error on realistic shapes (32 sequences, 32 heads / 8 KV heads, head_dim 128,
              block 16, contexts up to 2k, shuffled block tables, prefix hits, decode and
-             mixed batches), and the time and KV bandwidth of paged decode.
-2. parity    greedy tokens of the engine (Triton backend, fp32, on the GPU) equal
-             transformers ``generate()`` for random-initialised tiny Llama and Qwen3.
+             mixed batches), and the time and KV bandwidth of paged decode; the
+             ``--quantization int8`` Triton matmul against float64 and timed against bf16
+             ``F.linear`` on a 1B Llama's shapes.
+2. parity    greedy tokens of the engine (fp32, on the GPU) equal transformers ``generate()``
+             for random-initialised tiny Llama and Qwen3: Triton with decode steps replaying
+             CUDA graphs (the default), Triton eager (``enforce_eager``), torch backend.
 3. decode    Workload A (prompts of 160 tokens, 64 output tokens, ignore_eos) through the
              offline API at concurrency 1 and 64, bf16, Triton backend: decode tokens/s
              and the HBM bandwidth decode achieves ((weights + KV in use) bytes per
@@ -17,7 +20,8 @@ saying why, a failure is printed and the next section still runs):
              model if its converted weights are cached here, else a random-initialised
              model of the same shape: decode speed depends on shapes, not on weights)
              and a random-initialised 1B-class Llama; also TTFT p50/p95 and TPOT p50.
-             Last, the SmolLM2 run again on the torch attention backend for comparison.
+             Each with CUDA graphs and again eagerly; then the SmolLM2 run on the torch
+             attention backend, and the 1B model with ``--quantization int8``.
 
 What it is not: a test suite (nothing asserts; it prints figures) and not a serving
 benchmark (the offline API, no HTTP; closed loop = all requests submitted at once).
@@ -336,7 +340,44 @@ def kernels(smoke: bool) -> dict[str, Any]:
         say(f"  decode bf16 int8-KV batch {batch:3d} ctx {max_ctx}: triton {t_int8:.3f} ms "
             f"({timing[-1]['triton_kv_GBps']} GB/s of KV)")  # fmt: skip
     figures["decode_timing"] = timing
+    figures["int8_matmul"] = int8_matmul_check(torch, dev, smoke)
     return figures
+
+
+def int8_matmul_check(torch: Any, dev: str, smoke: bool) -> list[dict[str, Any]]:
+    """--quantization int8's Triton matmul (models/quant_triton.py) against float64 and, timed,
+    against bf16 ``F.linear`` on the same shapes (a 1B Llama's gate_up and down projections)."""
+    from plimsoll.runtime.models import quant_triton
+    from plimsoll.runtime.models.quant import dequantize, quantize_rows
+
+    rows = []
+    shapes = [(16384, 2048), (2048, 8192)] if not smoke else [(96, 64)]
+    for n, k in shapes:
+        gen = torch.Generator().manual_seed(n + k)
+        w = torch.randn((n, k), generator=gen) * 0.02
+        q, s, z = quantize_rows(w)
+        q, s, z = q.to(dev), s.to(dev), z.to(dev)
+        w_bf16 = dequantize(q, s, z, torch.bfloat16)
+        for m in (1, 16, 64) if not smoke else (3,):
+            x = torch.randn((m, k), generator=gen).to(dev, torch.bfloat16)
+            got = quant_triton.int8_linear(x, q, s, z)
+            ref = x.double() @ dequantize(q, s, z, torch.float64).T
+            err = float((got.double() - ref).norm() / ref.norm())
+            iters = 3 if smoke else 200
+            t_int8 = cuda_time_ms(functools.partial(quant_triton.int8_linear, x, q, s, z), iters)
+            t_bf16 = cuda_time_ms(functools.partial(torch.nn.functional.linear, x, w_bf16), iters)
+            weight_bytes = n * k + 2 * 4 * n * (k // 32)
+            row = dict(
+                shape=f"{m}x{k} @ {n}x{k}", rel_err_vs_fp64=round(err, 6), int8_ms=round(t_int8, 4),
+                bf16_ms=round(t_bf16, 4), int8_GBps=round(weight_bytes / t_int8 / 1e6, 1),
+                bf16_GBps=round(2 * n * k / t_bf16 / 1e6, 1),
+            )  # fmt: skip
+            rows.append(row)
+            say(
+                f"  int8 matmul {row['shape']:22s} rel err {err:.1e}: int8 {t_int8:.4f} ms "
+                f"({row['int8_GBps']} GB/s of weight), bf16 F.linear {t_bf16:.4f} ms ({row['bf16_GBps']} GB/s)"
+            )
+    return rows
 
 
 # --------------------------------------------------------------------------- model helpers

@@ -17,9 +17,10 @@ most ``GRID_TOLERANCE · step`` against min/max's ``step / 2``.
 Activations stay in the model's dtype. On CPU with float32 activations the matmul runs
 in the compiled kernel (``cpu_kernels.int8_linear``: the weight streams as int8, about a
 quarter of the float32 bytes, which is what a decode step is bound by) for up to 64
-rows; prefill-sized matmuls and every other device dequantise the weight and call
-``dense.linear`` (oneDNN on CPU, ``F.linear`` elsewhere), trading the speed for the memory saving, and a CPU without the kernels logs
-one warning. Norms and biases are not quantised.
+rows; on CUDA the Triton kernel (``quant_triton.int8_linear``, int8 tiles on the tensor cores)
+does the same for up to 64 rows; prefill-sized matmuls dequantise the weight and call
+``dense.linear`` (oneDNN on CPU, cuBLAS through ``F.linear`` on a GPU), and a device where
+neither kernel can run logs one warning and dequantises, trading the speed for the memory saving. Norms and biases are not quantised.
 
 ``quantize_rows(w, group_size, asymmetric, grid)`` also makes the older layouts (one
 symmetric scale per row or per group, ``s = max|w| / 127``, no offsets) for comparison
@@ -36,12 +37,15 @@ import torch
 from torch import nn
 
 from plimsoll.runtime.kernels import cpu_kernels
+from plimsoll.runtime.models import quant_triton
 from plimsoll.runtime.models.dense import linear
 
 log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8",)
-KERNEL_MAX_ROWS = 64  # above this dequantise + the dense matmul is as fast on a layer's matrices (docs/runtime.md)
+KERNEL_MAX_ROWS = (
+    64  # above this dequantise + the dense matmul is as fast on a layer's matrices (docs/runtime.md)
+)
 # Inputs per scale and offset; 0 = one per output row. 32 matches GGUF's blocks (docs/runtime.md
 # compares per row, symmetric groups and asymmetric groups with and without grid recovery).
 GROUP_SIZE = 32
@@ -208,6 +212,14 @@ class Int8Linear(_Int8Weights):
                 "the compiled CPU kernel cannot run here (not built, activations not float32, or groups "
                 "not a multiple of 16 inputs)"
             )
+        elif x.device.type == "cuda" and x.dim() == 2 and x.shape[0] <= quant_triton.MAX_ROWS:
+            reason = quant_triton.unsupported_reason(x, self.qweight, self.scales, self.offsets)
+            if reason is None:
+                gpu: torch.Tensor = quant_triton.int8_linear(
+                    x, self.qweight, self.scales, self.offsets, self.bias
+                )
+                return gpu
+            _warn_fallback_once(f"the Triton int8 kernel cannot run here ({reason})")
         return linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
 
