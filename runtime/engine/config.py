@@ -36,8 +36,20 @@ class EngineConfig(BaseModel):
         description="HF-format directory, path to a .gguf file, or 'smollm2-135m' (embedded default)",
     )
     served_model_name: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="'auto' (or left out): float32 on CPU, bfloat16 on an accelerator, as `serve --dtype auto`"
+    )
     device: str = "cpu"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_dtype(cls, data: object) -> object:
+        """``dtype`` left out or ``"auto"``: float32 on CPU (no fast bf16 matmul there), bfloat16 on
+        CUDA and other accelerators (vLLM takes bfloat16 for float32 checkpoints on a GPU)."""
+        if isinstance(data, dict) and data.get("dtype", "auto") in ("auto", None):
+            device = str(data.get("device", "cpu"))
+            data = {**data, "dtype": "float32" if device.startswith("cpu") else "bfloat16"}
+        return data
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
     max_model_len: int | None = Field(None, ge=2)

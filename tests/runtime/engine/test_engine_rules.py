@@ -98,3 +98,16 @@ def test_config_errors_say_what_to_change(tiny_model_dir: Any) -> None:
     assert small.engine.max_model_len == 32
     with pytest.raises(ValueError, match="neither a directory"):
         LLM(model="/nonexistent/model")
+
+
+def test_dtype_auto_follows_the_device_as_serve_does() -> None:
+    # vLLM's --dtype auto: float32 on CPU, bfloat16 on an accelerator; an explicit dtype is kept.
+    from plimsoll.runtime.engine.config import EngineConfig
+    from plimsoll.runtime.serve_args import resolve_dtype
+
+    for device in ("cpu", "cuda", "cuda:1"):
+        assert EngineConfig(device=device).dtype == resolve_dtype("auto", device.split(":")[0])
+        assert EngineConfig(device=device, dtype="auto").dtype == EngineConfig(device=device).dtype
+        assert EngineConfig(device=device, dtype="float16").dtype == "float16"
+    assert EngineConfig().dtype == "float32"
+    assert EngineConfig(device="cuda").dtype == "bfloat16"
