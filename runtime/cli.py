@@ -50,9 +50,14 @@ def serve(
     ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
-    max_num_seqs: int = typer.Option(_engine_default("max_num_seqs"), "--max-num-seqs", min=1, help="Most sequences in one batch."),
+    max_num_seqs: int = typer.Option(
+        _engine_default("max_num_seqs"), "--max-num-seqs", min=1, help="Most sequences in one batch."
+    ),
     max_num_batched_tokens: int = typer.Option(
-        _engine_default("max_num_batched_tokens"), "--max-num-batched-tokens", min=1, help="Token budget of one engine step."
+        _engine_default("max_num_batched_tokens"),
+        "--max-num-batched-tokens",
+        min=1,
+        help="Token budget of one engine step.",
     ),
     kv_cache_memory: str | None = typer.Option(
         None,
@@ -72,7 +77,9 @@ def serve(
         help="Fraction of the GPU's memory this server may use, KV cache sized to fill it (vLLM's flag; "
         "CUDA only).",
     ),
-    block_size: int = typer.Option(_engine_default("block_size"), "--block-size", min=1, help="Tokens per KV-cache block."),
+    block_size: int = typer.Option(
+        _engine_default("block_size"), "--block-size", min=1, help="Tokens per KV-cache block."
+    ),
     enable_prefix_caching: bool = typer.Option(
         _engine_default("enable_prefix_caching"),
         "--enable-prefix-caching/--no-enable-prefix-caching",
@@ -101,8 +108,14 @@ def serve(
         "--dtype",
         help="auto (float32 on CPU, bfloat16 on GPU), bfloat16|bf16, float16|half or float32.",
     ),
-    device: str = typer.Option(_engine_default("device"), "--device", help="torch device, e.g. cpu or cuda."),
-    attention_backend: str = typer.Option(_engine_default("attention_backend"), "--attention-backend", help="torch or triton."),
+    device: str = typer.Option(
+        "auto", "--device", help="auto (cuda when torch sees a CUDA GPU, else cpu), cpu, cuda or cuda:N."
+    ),
+    attention_backend: str = typer.Option(
+        "auto",
+        "--attention-backend",
+        help="auto (triton on CUDA when the triton package is installed, else torch), torch or triton.",
+    ),
     enforce_eager: bool = typer.Option(
         False,
         "--enforce-eager",
@@ -136,7 +149,9 @@ def serve(
         envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         help="OTLP/HTTP URL to send OpenTelemetry traces to, e.g. http://collector:4318/v1/traces.",
     ),
-    seed: int = typer.Option(_engine_default("seed"), "--seed", help="Seed for requests that do not send one."),
+    seed: int = typer.Option(
+        _engine_default("seed"), "--seed", help="Seed for requests that do not send one."
+    ),
     quantization: str | None = typer.Option(
         None,
         "--quantization",
@@ -162,7 +177,9 @@ def serve(
         "(vLLM's flag). The KV cache size is per rank.",
     ),
     enable_lora: bool = typer.Option(
-        False, "--enable-lora", help="Serve LoRA adapters: `model` picks one; /v1/load_lora_adapter loads more."
+        False,
+        "--enable-lora",
+        help="Serve LoRA adapters: `model` picks one; /v1/load_lora_adapter loads more.",
     ),
     lora_modules: list[str] | None = typer.Option(
         None,
@@ -172,7 +189,10 @@ def serve(
         show_default=False,
     ),
     max_loras: int = typer.Option(
-        _engine_default("max_loras"), "--max-loras", min=1, help="Adapters one engine step can mix (device slots)."
+        _engine_default("max_loras"),
+        "--max-loras",
+        min=1,
+        help="Adapters one engine step can mix (device slots).",
     ),
     max_lora_rank: int = typer.Option(
         _engine_default("max_lora_rank"), "--max-lora-rank", min=1, help="Largest adapter rank accepted."
@@ -188,7 +208,10 @@ def serve(
         "event and [DONE] and the process exits (keep it under terminationGracePeriodSeconds).",
     ),
     max_request_bytes: int = typer.Option(
-        _server_default("max_request_bytes"), "--max-request-bytes", min=1024, help="Largest request body; larger ones get 413."
+        _server_default("max_request_bytes"),
+        "--max-request-bytes",
+        min=1024,
+        help="Largest request body; larger ones get 413.",
     ),
     allow_client_chat_template: bool = typer.Option(
         _server_default("allow_client_chat_template"),
@@ -228,6 +251,8 @@ def serve(
         gpu_kv_cache_bytes,
         kv_cache_bytes,
         parse_lora_module,
+        resolve_attention_backend,
+        resolve_device,
         resolve_dtype,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
@@ -239,6 +264,8 @@ def serve(
     # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
     try:
         model = choose_model(model_arg, model)
+        device = resolve_device(device)
+        attention_backend = resolve_attention_backend(attention_backend, device)
         dtype = resolve_dtype(dtype, device)
         check_model(model)
         kv_size = kv_cache_bytes(kv_cache_memory, kv_cache_memory_bytes)

@@ -55,6 +55,30 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return DTYPE_ALIASES[value]
 
 
+def resolve_device(device: str) -> str:
+    """``--device auto``: ``cuda`` where torch sees a CUDA GPU, else ``cpu`` (vLLM picks its
+    platform from what it finds, too); any other value is kept."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_attention_backend(backend: str, device: str) -> str:
+    """``--attention-backend auto``: ``triton`` on CUDA where the triton package imports (its
+    paged kernels, and decode steps replaying CUDA graphs), else ``torch``."""
+    if backend != "auto":
+        return backend
+    if device.startswith("cuda"):
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "torch"
+        return "triton"
+    return "torch"
+
+
 def check_model(model: str) -> None:
     """Fail on a model that cannot load, before the engine or the port is touched."""
     from plimsoll.runtime.models.embedded import EMBEDDED_MODELS

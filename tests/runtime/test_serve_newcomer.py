@@ -26,7 +26,9 @@ def test_missing_model_fails_in_one_line_before_binding(tmp_path: Path) -> None:
     assert one_line(["--model", str(tmp_path)]).startswith(
         f"plimsoll serve: model directory {tmp_path} has no config.json (nor a .gguf); pass a Hugging Face"
     )
-    assert "`plimsoll fetch hf://org/other-model --local-dir DIR` and run `plimsoll serve DIR`" in one_line(["org/other-model"])
+    assert "`plimsoll fetch hf://org/other-model --local-dir DIR` and run `plimsoll serve DIR`" in one_line(
+        ["org/other-model"]
+    )
 
 
 def test_port_in_use_is_one_line_naming_the_port(tmp_path: Path) -> None:
@@ -65,6 +67,22 @@ def test_vllm_dtype_spellings(dtype: str) -> None:
 
     assert resolve_dtype(dtype, "cpu") in {"float32", "bfloat16", "float16"}
     assert resolve_dtype("auto", "cuda") == "bfloat16"
+
+
+def test_device_and_attention_backend_auto_follow_the_machine() -> None:
+    # --device auto takes CUDA where torch sees it (a GPU pod), else the CPU; --attention-backend
+    # auto takes the Triton kernels (and decode CUDA graphs) on CUDA, torch's on a CPU.
+    import torch
+
+    from plimsoll.runtime.serve_args import resolve_attention_backend, resolve_device
+
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cuda:1") == "cuda:1" and resolve_device("cpu") == "cpu"
+    assert resolve_attention_backend("auto", "cpu") == "torch"
+    pytest.importorskip("triton")
+    assert resolve_attention_backend("auto", "cuda") == "triton"
+    assert resolve_attention_backend("auto", "cuda:1") == "triton"
+    assert resolve_attention_backend("torch", "cuda") == "torch"
 
 
 @pytest.mark.slow
