@@ -366,7 +366,7 @@ def int8_matmul_check(torch: Any, dev: str, smoke: bool) -> list[dict[str, Any]]
             iters = 3 if smoke else 200
             t_int8 = cuda_time_ms(functools.partial(quant_triton.int8_linear, x, q, s, z), iters)
             t_bf16 = cuda_time_ms(functools.partial(torch.nn.functional.linear, x, w_bf16), iters)
-            weight_bytes = n * k + 2 * 4 * n * (k // 32)
+            weight_bytes = q.numel() + 4 * (s.numel() + z.numel())  # int8 values, float32 scales and offsets
             row = dict(
                 shape=f"{m}x{k} @ {n}x{k}", rel_err_vs_fp64=round(err, 6), int8_ms=round(t_int8, 4),
                 bf16_ms=round(t_bf16, 4), int8_GBps=round(weight_bytes / t_int8 / 1e6, 1),

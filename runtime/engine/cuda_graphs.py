@@ -47,7 +47,13 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-def ineligible_reason(device: torch.device, attention_backend: str, enforce_eager: bool) -> str | None:
+def ineligible_reason(
+    device: torch.device,
+    attention_backend: str,
+    enforce_eager: bool,
+    tensor_parallel: bool = False,
+    lora: bool = False,
+) -> str | None:
     """Why decode steps on this engine cannot replay CUDA graphs (None: they can)."""
     if enforce_eager:
         return "enforce_eager is set"
@@ -55,6 +61,10 @@ def ineligible_reason(device: torch.device, attention_backend: str, enforce_eage
         return f"the engine runs on {device.type}, not CUDA"
     if attention_backend != "triton":
         return f"attention_backend={attention_backend!r} syncs with the host in decode (use 'triton')"
+    if tensor_parallel:
+        return "tensor parallelism runs its ranks eagerly"
+    if lora:
+        return "LoRA steps run eagerly"
     return None
 
 

@@ -123,11 +123,13 @@ class LLMEngine:
     def _capture_cuda_graphs(self) -> None:
         """On CUDA with the Triton backend, decode steps replay graphs captured now (cuda_graphs.py)."""
         config = self.config
-        reason = ineligible_reason(self.device, config.attention_backend, config.enforce_eager)
-        if reason is None and self.executor is not None:
-            reason = "tensor parallelism runs its ranks eagerly"
-        if reason is None and config.enable_lora:
-            reason = "LoRA steps run eagerly"
+        reason = ineligible_reason(
+            self.device,
+            config.attention_backend,
+            config.enforce_eager,
+            tensor_parallel=self.executor is not None,
+            lora=config.enable_lora,
+        )
         if reason is not None:
             if self.device.type == "cuda":
                 log.info("decode runs eagerly, without CUDA graphs: %s", reason)

@@ -83,7 +83,6 @@ class ModelRunner:
         ]
         # Rank 0 of a tensor-parallel replica: called with each step's plan before it runs.
         self.plan_sink: Callable[[StepPlan], None] | None = None
-        self.attention_backend = attention_backend
         self.decode_graphs: DecodeGraphs | None = None  # enable_cuda_graphs()
         self.graph_replays = 0  # decode steps that replayed a graph
 

@@ -95,26 +95,25 @@ WEIGHT_ALIGNMENT = 64  # bytes: a cache line, and one AVX-512 vector
 
 
 def realign_weights(net: torch.nn.Module) -> int:
-    """Copy every CPU parameter and buffer whose data does not start on a 64-byte boundary into
-    a fresh (aligned) allocation; returns how many moved.
+    """Copy every CPU parameter and buffer whose data does not start on a 64-byte boundary (or
+    that is a view into a larger storage, which it would keep alive) into a fresh, aligned
+    allocation; returns how many moved.
 
     A safetensors file places tensors back to back after its header, 8-byte aligned, and
-    ``load_file`` hands out views of that one buffer, so most weights kept as loaded start
-    mid cache line (the embedding, ``o_proj`` and ``down_proj`` of SmolLM2 at offset 40):
-    every vector load of such a matrix straddles two lines, and the compiled kernels
-    streamed them ~1.6x slower (docs/runtime.md, session 9). Fused projections are new
+    ``load_file`` gives each its own storage at that alignment, so most weights kept as loaded
+    start mid cache line (the embedding, ``o_proj`` and ``down_proj`` of SmolLM2 at offset 40):
+    every vector load of such a matrix straddles two lines, and the compiled kernels streamed
+    them 1.35-1.5x slower at 16 rows (docs/runtime.md, session 9). Fused projections are new
     tensors (``torch.cat``) and already aligned.
     """
-    fresh: dict[
-        int, torch.Tensor
-    ] = {}  # id of a tensor -> its copy (a weight shared by two modules stays shared)
+    fresh: dict[int, torch.Tensor] = {}  # id of a tensor -> its copy: a weight shared by two modules stays shared
     for module in net.modules():
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
                 if t is None or t.device.type != "cpu":
                     continue
-                # A view into a larger buffer (the file's) is copied too, aligned or not, so that
-                # no weight keeps the whole loaded file alive beside the copies.
+                # A view into a larger storage (a shard cut from a full matrix, say) is copied too,
+                # aligned or not, so that it does not keep the rest alive beside the copy.
                 view = t.untyped_storage().nbytes() != t.numel() * t.element_size()
                 if t.data_ptr() % WEIGHT_ALIGNMENT == 0 and not view:
                     continue

@@ -20,7 +20,8 @@ quarter of the float32 bytes, which is what a decode step is bound by) for up to
 rows; on CUDA the Triton kernel (``quant_triton.int8_linear``, int8 tiles on the tensor cores)
 does the same for up to 64 rows; prefill-sized matmuls dequantise the weight and call
 ``dense.linear`` (oneDNN on CPU, cuBLAS through ``F.linear`` on a GPU), and a device where
-neither kernel can run logs one warning and dequantises, trading the speed for the memory saving. Norms and biases are not quantised.
+neither kernel can run logs one warning and dequantises, trading the speed for the memory
+saving. Norms and biases are not quantised.
 
 ``quantize_rows(w, group_size, asymmetric, grid)`` also makes the older layouts (one
 symmetric scale per row or per group, ``s = max|w| / 127``, no offsets) for comparison
@@ -43,9 +44,8 @@ from plimsoll.runtime.models.dense import linear
 log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8",)
-KERNEL_MAX_ROWS = (
-    64  # above this dequantise + the dense matmul is as fast on a layer's matrices (docs/runtime.md)
-)
+# Above this, dequantise + the dense matmul is as fast on a layer's matrices (docs/runtime.md).
+KERNEL_MAX_ROWS = 64
 # Inputs per scale and offset; 0 = one per output row. 32 matches GGUF's blocks (docs/runtime.md
 # compares per row, symmetric groups and asymmetric groups with and without grid recovery).
 GROUP_SIZE = 32
@@ -215,9 +215,7 @@ class Int8Linear(_Int8Weights):
         elif x.device.type == "cuda" and x.dim() == 2 and x.shape[0] <= quant_triton.MAX_ROWS:
             reason = quant_triton.unsupported_reason(x, self.qweight, self.scales, self.offsets)
             if reason is None:
-                gpu: torch.Tensor = quant_triton.int8_linear(
-                    x, self.qweight, self.scales, self.offsets, self.bias
-                )
+                gpu: torch.Tensor = quant_triton.launch(x, self.qweight, self.scales, self.offsets, self.bias)
                 return gpu
             _warn_fallback_once(f"the Triton int8 kernel cannot run here ({reason})")
         return linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))

@@ -118,11 +118,18 @@ def unsupported_reason(
         return f"groups of {k / scales.shape[1]:g} inputs (the kernel needs a multiple of {BLOCK_K})"
     if offsets is not None and offsets.shape != scales.shape:
         return "offsets and scales differ in shape"
+    if not _triton_installed():
+        return "the triton package is not installed"
+    return None
+
+
+@functools.cache
+def _triton_installed() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
-        return "the triton package is not installed"
-    return None
+        return False
+    return True
 
 
 def int8_linear(
@@ -135,6 +142,13 @@ def int8_linear(
     reason = unsupported_reason(x, qweight, scales, offsets)
     if reason is not None:
         raise ValueError(f"int8_linear cannot run this call: {reason}")
+    return launch(x, qweight, scales, offsets, bias)
+
+
+def launch(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``int8_linear`` for a caller that has already had ``unsupported_reason`` say None."""
     interpret = is_interpreting()
     x = x if x.stride(-1) == 1 else x.contiguous()
     qweight, scales = qweight.contiguous(), scales.float().contiguous()
@@ -146,7 +160,7 @@ def int8_linear(
     # tl.dot needs >= 16 rows; float32 tiles of more than 16 rows spill registers on sm_90
     block_m = 16 if m <= 16 or compute_f32 else 32 if m <= 32 else 64
     block_n = _BLOCK_N_F32 if compute_f32 else _BLOCK_N
-    grid = (triton_cdiv(n, block_n), triton_cdiv(m, block_m))
+    grid = (-(-n // block_n), -(-m // block_m))
     _kernels(interpret).int8_matmul[grid](
         x, qweight, scales, scales if offsets is None else offsets, y if bias is None else bias, y,
         m, n, k,
@@ -156,7 +170,3 @@ def int8_linear(
         **({} if interpret else {"num_warps": _NUM_WARPS}),
     )
     return y
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -22,3 +22,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
         return cache[arch]
 
     return get
+
+
+@pytest.fixture()
+def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton kernels run in Triton's interpreter on the CPU for this test (TRITON_INTERPRET=1).
+
+    The kernels are decorated on first use, reading TRITON_INTERPRET then (and cached per mode);
+    they call no triton standard-library jit function, so it may be set after ``import triton``.
+    """
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -13,11 +13,6 @@ what the interpreter lets through, and checks ptxas spills no registers.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +21,12 @@ import torch
 
 pytest.importorskip("triton")
 
+from triton_sm90 import assert_no_spills, run_sm90
+
 from plimsoll.runtime.attention import reference as attention_torch
 from plimsoll.runtime.attention import triton_backend as attention_triton
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpret() -> Iterator[None]:
-    # The kernels are decorated on first use, reading TRITON_INTERPRET then; they
-    # call no triton standard-library jit function, so it may be set after
-    # `import triton`.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        yield
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 @dataclass
@@ -328,20 +317,13 @@ def test_engine_greedy_tokens_equal_with_triton_backend(tiny_model_dir: Any) -> 
     assert tokens["triton"] == tokens["torch"]
 
 
-_COMPILE_SCRIPT = textwrap.dedent(
-    """
-    import inspect, os, subprocess, sys, tempfile, warnings
-    warnings.simplefilter("ignore")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+_COMPILE_SCRIPT = """
     from plimsoll.runtime.attention import triton_backend as at
 
     kernels = at._kernels(False)
     INT_PTRS = {"slot_mapping_ptr": "*i64", "block_tables_ptr": "*i32",
                 "cu_seqlens_q_ptr": "*i32", "context_lens_ptr": "*i32"}
     F32_PTRS = {"part_acc_ptr", "part_max_ptr", "part_sum_ptr"}
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
     def compile_one(fn, dtype, constexprs):
         sig = {}
@@ -350,14 +332,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
                          or ("*i8" if constexprs.get("KV_INT8") and name in ("k_cache_ptr", "v_cache_ptr") else None)
                          or ("*fp32" if name in F32_PTRS else None)
                          or ("*" + dtype if name.endswith("_ptr") else "fp32" if name == "scale" else "i32"))
-        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": at._GPU_NUM_WARPS})
-        usage = "?"
-        if os.path.exists(cuobjdump):
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(c.asm["cubin"]); f.flush()
-                out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-            usage = " ".join(w for line in out.splitlines() if "REG:" in line for w in line.split()[:2])
+        usage = compile_sm90(fn, sig, constexprs, at._GPU_NUM_WARPS)
         print(fn.fn.__name__, dtype, "int8 KV" if constexprs.get("KV_INT8") else "", usage, flush=True)
 
     d, page = 128, 16
@@ -373,22 +348,10 @@ _COMPILE_SCRIPT = textwrap.dedent(
     compile_one(kernels.merge, "bf16", dict(HEAD_DIM=d, BLOCK_S=at._MAX_KV_SPLITS, BLOCK_D=d))
     compile_one(kernels.store_kv, "bf16", dict(NUM_KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_H=8, BLOCK_D=d))
     """
-)
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills() -> None:
-    # The interpreter accepts code the compiler rejects; compile for real, for an
-    # H200's sm_90, in a clean process (no TRITON_INTERPRET).
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONSAFEPATH"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=500
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.split("\n")
-    compiled = [line for line in lines if line.strip()]
-    assert len(compiled) == 8, proc.stdout
-    for line in compiled:
-        # "STACK:0" absent means ptxas spilled registers to local memory (slow)
-        assert "STACK:0" in line or "?" in line, f"register spills: {line}"
+    compiled = run_sm90(_COMPILE_SCRIPT)
+    assert len(compiled) == 8, compiled
+    assert_no_spills(compiled)

@@ -10,7 +10,6 @@ same way against ``enforce_eager``.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +33,8 @@ def test_ineligible_reasons_name_what_to_change() -> None:
     assert "enforce_eager" in str(ineligible_reason(cuda, "triton", True))
     assert "cpu" in str(ineligible_reason(cpu, "triton", False))
     assert "triton" in str(ineligible_reason(cuda, "torch", False))
+    assert "tensor parallelism" in str(ineligible_reason(cuda, "triton", False, tensor_parallel=True))
+    assert "LoRA" in str(ineligible_reason(cuda, "triton", False, lora=True))
 
 
 def test_cpu_engine_captures_nothing(tiny_model_dir: Any) -> None:
@@ -46,15 +47,7 @@ def prompts(n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, 250) for _ in range(rng.choice([1, 3, 9, 17, 30]))] for _ in range(n)]
 
 
-@pytest.fixture()
-def interpret() -> Iterator[None]:
-    pytest.importorskip("triton")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        yield
-
-
-def test_padded_static_buffers_match_the_plain_path(tiny_model_dir: Any, interpret: None) -> None:
+def test_padded_static_buffers_match_the_plain_path(tiny_model_dir: Any, triton_interpret: None) -> None:
     # max_num_seqs 6 -> graphs of 1, 2, 4 and 6 rows: 10 prompts of different lengths finish at
     # different steps, so decode batches of 6 down to 1 replay with 0-3 padding rows; a token
     # budget of 12 chunks the longer prompts, so some steps mix in prefill and run plainly.
@@ -120,7 +113,7 @@ def booked(rid: str, prompt: list[int], outputs: list[int], blocks: list[int]) -
 
 
 def test_one_padded_step_writes_only_its_slots_and_matches_the_plain_step(
-    tiny_model_dir: Any, interpret: None
+    tiny_model_dir: Any, triton_interpret: None
 ) -> None:
     # 3 sequences replay the 4-row buffers: the padding row must store nothing (every other
     # slot of every layer's cache keeps its value, block 0 included) and read nothing, and the

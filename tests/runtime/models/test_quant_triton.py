@@ -7,26 +7,17 @@ without a GPU and checks ptxas spills no registers. scripts/gpu_check.py runs it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from triton_sm90 import assert_no_spills, run_sm90
+
 from plimsoll.runtime.models import quant_triton
 from plimsoll.runtime.models.quant import dequantize, quantize_rows
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpret() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        yield
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 def reference(
@@ -82,17 +73,10 @@ def test_what_it_cannot_take_is_named() -> None:
         quant_triton.int8_linear(torch.randn(2, 64).to(torch.int32), q, s, z)
 
 
-_COMPILE = textwrap.dedent(
-    """
-    import inspect, os, subprocess, tempfile, warnings
-    warnings.simplefilter("ignore")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+_COMPILE = """
     from plimsoll.runtime.models import quant_triton as qt
 
     fn = qt._kernels(False).int8_matmul
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for dtype in ("bf16", "fp32"):
         for block_m in (16,) if dtype == "fp32" else (16, 32, 64):
             consts = dict(GROUP=32, HAS_OFFSETS=True, HAS_BIAS=True, BLOCK_M=block_m,
@@ -101,28 +85,12 @@ _COMPILE = textwrap.dedent(
             types = {"x_ptr": "*" + dtype, "q_ptr": "*i8", "s_ptr": "*fp32", "z_ptr": "*fp32",
                      "b_ptr": "*" + dtype, "y_ptr": "*" + dtype}
             sig = {p: "constexpr" if p in consts else types.get(p, "i32") for p in inspect.signature(fn.fn).parameters}
-            c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": qt._NUM_WARPS})
-            usage = "?"
-            if os.path.exists(cuobjdump):
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                    f.write(c.asm["cubin"]); f.flush()
-                    out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-                usage = " ".join(w for line in out.splitlines() if "REG:" in line for w in line.split()[:2])
-            print("int8_matmul", dtype, block_m, usage, flush=True)
+            print("int8_matmul", dtype, block_m, compile_sm90(fn, sig, consts, qt._NUM_WARPS), flush=True)
     """
-)
 
 
 @pytest.mark.slow
 def test_int8_kernel_compiles_for_sm90_without_spills() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONSAFEPATH"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    compiled = [line for line in proc.stdout.split("\n") if line.strip()]
-    assert len(compiled) == 4, proc.stdout
-    for line in compiled:
-        assert "STACK:0" in line or "?" in line, f"register spills: {line}"
+    compiled = run_sm90(_COMPILE, timeout=300)
+    assert len(compiled) == 4, compiled
+    assert_no_spills(compiled)
