@@ -16,6 +16,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -61,6 +62,26 @@ def _threads(on: bool) -> None:
     torch.set_num_threads(DEFAULT_THREADS if on else 1)
 
 
+# --compare packed: the model's (fused step, glued layers) pair for each variant, built once.
+_PAIRS: dict[bool, tuple[Any, Any]] = {}
+
+
+def _packed(on: bool) -> None:
+    model, (fused, glued) = _PAIRS[on][0], _PAIRS[on][1]
+    model._fused, model._glued = fused, glued
+
+
+def build_packed_pairs(model: Any) -> None:
+    """Off: the fused step on plain rows and the glued layers on oneDNN over its prepacked weights
+    (the default before column panels); on: both on the panels, and the head too."""
+    fused_decode.PACKED_ENABLED = False
+    plain = fused_decode.FusedDecode(model)
+    fused_decode.PACKED_ENABLED = True
+    _PAIRS[False] = (model, (plain, fused_decode.GluedLayers(plain)))
+    panels = fused_decode.FusedDecode(model)
+    _PAIRS[True] = (model, (panels, fused_decode.GluedLayers(panels)))
+
+
 DEFAULT_THREADS = torch.get_num_threads()
 SUPPORTS_ATTENTION = cpu_kernels.supports_attention
 # name: (switch, label off, label on); every other fast path stays as the engine has it.
@@ -73,6 +94,7 @@ COMPARISONS: dict[str, tuple[Switch, str, str]] = {
     "glued": (_glued, "layer by layer (modules)", "glued layers (oneDNN + native glue)"),
     "pool": (_pool, "threads started per kernel call", "persistent worker pool"),
     "threads": (_threads, "1 intra-op thread", "torch's default threads"),
+    "packed": (_packed, "plain rows + oneDNN prepacked", "column panels"),
 }
 
 
@@ -134,6 +156,8 @@ def main() -> None:
         )
     )
     engine.warmup()
+    if args.compare == "packed":
+        build_packed_pairs(engine.runner.model)
     vocab = int(engine.hf_config.vocab_size)
     rng = random.Random(0)
     print(

@@ -18,8 +18,14 @@ What it is: functions with torch-shaped signatures, over one worker pool.
 - ``int8_linear``: the same for int8 weights with a scale (and an offset) per group of
   inputs of a row (``--quantization int8``, ``models/quant.py``): about a quarter of the
   bytes to stream.
+- ``pack_f32`` and ``packed_linear``: a float32 weight packed once into column panels, and
+  ``x @ W.T (+ b)`` over them for any number of rows: outer products in register blocks of up
+  to 8 rows by 48 columns (AVX-512), at 0.75-0.95 of the FMA units' peak from 16 rows on, where
+  oneDNN and the plain-row kernel reach 0.55-0.9 (the glued layers', the fused step's and the
+  output head's matmuls; ``models/fused_decode.py``).
 - ``fused_decode``: every layer of a plain Llama decode step for a few rows in one call
-  (``models/fused_decode.py`` decides when; the module path does the rest).
+  (``models/fused_decode.py`` decides when; the module path does the rest), over plain or
+  packed float32 weights or int8 ones.
 - ``add_rms_norm``, ``rope_store``, ``silu_mul``: the ops of a Llama layer between its
   matmuls, one call each over a step's rows, for steps too large for ``fused_decode``
   (``models/fused_decode.GluedLayers`` runs the matmuls through oneDNN between them), in
@@ -50,6 +56,7 @@ import os
 import platform
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +204,18 @@ def library() -> ctypes.CDLL | None:
     )
     lib.plimsoll_fused_decode_int8.restype = ctypes.c_int
     lib.plimsoll_fused_decode_int8.argtypes = lib.plimsoll_fused_decode_f32.argtypes
+    lib.plimsoll_fused_decode_packed_f32.restype = ctypes.c_int
+    lib.plimsoll_fused_decode_packed_f32.argtypes = lib.plimsoll_fused_decode_f32.argtypes
+    lib.plimsoll_packed_f32_floats.restype = ctypes.c_int64
+    lib.plimsoll_packed_f32_floats.argtypes = [ctypes.c_int64] * 3
+    lib.plimsoll_packed_f32_panel_cols.restype = ctypes.c_int64
+    lib.plimsoll_packed_f32_panel_cols.argtypes = []
+    lib.plimsoll_pack_f32.restype = ctypes.c_int
+    lib.plimsoll_pack_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
+    lib.plimsoll_packed_linear_f32.restype = ctypes.c_int
+    lib.plimsoll_packed_linear_f32.argtypes = (
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 7
+    )
     lib.plimsoll_fused_decode_timing.restype = None
     lib.plimsoll_fused_decode_timing.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     lib.plimsoll_pool_enable.restype = None
@@ -575,6 +594,66 @@ def _library_or_raise() -> ctypes.CDLL:
     return lib
 
 
+@dataclass(frozen=True)
+class PackedWeight:
+    """A float32 weight ``[n, k]`` packed by ``pack_f32`` (``data``: its panels, 1-D); ``parts``
+    equal row groups packed one after another (a fused gate_up: 2)."""
+
+    data: torch.Tensor
+    n: int
+    k: int
+    parts: int = 1
+
+
+def pack_f32(weight: torch.Tensor, parts: int = 1) -> PackedWeight:
+    """``weight`` (``[N, K]`` float32 on CPU) in column panels for ``packed_linear``: N padded up to
+    whole panels (48 columns with AVX-512, 16 otherwise), each panel K rows of its columns. About
+    the weight's own size again; the original is left as it is."""
+    lib = _library_or_raise()
+    if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        raise ValueError(f"pack_f32 takes a 2-D float32 CPU weight, got {weight.dtype} {tuple(weight.shape)}")
+    n, k = weight.shape
+    floats = lib.plimsoll_packed_f32_floats(n, k, parts)
+    if floats == 0:
+        raise ValueError(f"pack_f32: {parts} parts do not divide a weight of {n} rows")
+    w = weight.detach().contiguous()
+    data = torch.empty(floats, dtype=torch.float32)
+    if lib.plimsoll_pack_f32(w.data_ptr(), data.data_ptr(), n, k, parts, torch.get_num_threads()) != 0:
+        raise ValueError(f"pack_f32 rejected a weight of {tuple(weight.shape)} in {parts} parts")
+    return PackedWeight(data, n, k, parts)
+
+
+def packed_linear(
+    x: torch.Tensor,  # [M, K] float32 (rows may be strided, columns contiguous)
+    weight: PackedWeight,
+    bias: torch.Tensor | None = None,  # [N] float32
+    out: torch.Tensor | None = None,  # [>= M, N] float32 (rows may be strided): written, or added to
+    accumulate: bool = False,  # out += x @ W.T (+ bias) instead of out = ...
+) -> torch.Tensor:
+    """``x @ W.T + bias`` over a packed weight; returns ``out`` (a new ``[M, N]`` tensor if not given)."""
+    lib = _library_or_raise()
+    m = x.shape[0]
+    if x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] != weight.k or x.stride(1) != 1 or m == 0:
+        raise ValueError(
+            f"packed_linear: x must be [M > 0, {weight.k}] float32 with contiguous rows, got {x.dtype} {tuple(x.shape)}"
+        )
+    if out is None:
+        if accumulate:
+            raise ValueError("packed_linear: accumulate needs an out to add to")
+        out = x.new_empty(m, weight.n)
+    if out.dtype != torch.float32 or out.shape[0] < m or out.shape[1] != weight.n or out.stride(1) != 1:
+        raise ValueError(f"packed_linear: out must be [>= {m}, {weight.n}] float32, got {out.dtype} {tuple(out.shape)}")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.n,) or not bias.is_contiguous()):
+        raise ValueError(f"packed_linear: bias must be contiguous float32 [{weight.n}]")
+    rc = lib.plimsoll_packed_linear_f32(
+        x.data_ptr(), x.stride(0), weight.data.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+        out.stride(0), m, weight.n, weight.k, weight.parts, int(accumulate), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"packed_linear rejected x {tuple(x.shape)} against a packed {weight.n} x {weight.k}")
+    return out
+
+
 def fused_decode(
     x: torch.Tensor,  # [M, hidden] float32: embeddings in, the last layer's output out (in place)
     layers: torch.Tensor,  # [L, 8] int64 addresses (see csrc: norms, qkv, o, gate_up, down, k/v cache), [L, 20] for int8
@@ -587,13 +666,19 @@ def fused_decode(
     eps: float,
     scale: float,
     int8: bool = False,
+    packed: bool = False,
 ) -> None:
     """All decoder layers of a decode step on ``x`` in place; the caller (``models/fused_decode.py``)
     has checked that the model and the step fit and keeps the tensors alive. ``int8``: the
-    projections are int8 with group scales (``layers`` holds their addresses; see csrc)."""
+    projections are int8 with group scales (``layers`` holds their addresses; see csrc); ``packed``:
+    float32 projections packed by ``pack_f32`` (gate_up in two parts), their panels' addresses."""
     lib = _library_or_raise()
     hidden, heads, kv_heads, head_dim, inter, block_size, num_slots = dims
-    fn = lib.plimsoll_fused_decode_int8 if int8 else lib.plimsoll_fused_decode_f32
+    fn = (
+        lib.plimsoll_fused_decode_int8 if int8
+        else lib.plimsoll_fused_decode_packed_f32 if packed
+        else lib.plimsoll_fused_decode_f32
+    )  # fmt: skip
     if layers.shape[1] != (20 if int8 else 8):
         raise ValueError(f"layers must be [L, {20 if int8 else 8}] addresses, got {tuple(layers.shape)}")
     rc = fn(

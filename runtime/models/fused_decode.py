@@ -10,8 +10,8 @@ A step fits when the model is a plain Llama/SmolLM2/Mistral decoder with float32
 activations on CPU (no biases, no Qwen3 q/k norm, SiLU MLP, projections either all
 float32 ``Linear`` or all ``Int8Linear`` from ``--quantization int8``, without LoRA or
 tensor parallelism hooks, a float32 cache, the torch attention backend) and every row of
-the step is one decode token, at most ``MAX_ROWS`` of them (above that the glued layers' oneDNN
-matmuls over prepacked weights take over). ``GluedLayers`` takes the steps of more than
+the step is one decode token, at most ``PANEL_MAX_ROWS`` of them over the column panels
+(``MAX_ROWS`` over plain rows; above that the glued layers take over). ``GluedLayers`` takes the steps of more than
 ``GLUED_MIN_ROWS - 1`` rows it leaves (more decode rows, prefill, mixed steps, speculative
 verification) for the same models with float32 projections: ~12 Python calls a layer
 instead of ~130 torch ops; and every step of the same models in bfloat16 (``--dtype
@@ -27,6 +27,7 @@ reference the fused step is tested against: ``tests/runtime/models/test_fused_de
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,9 +45,13 @@ _linear_pointwise = torch.ops.mkldnn._linear_pointwise if dense._ONEDNN else Non
 
 # Read at import; tests and benchmarks/step_ab.py flip the module attribute.
 ENABLED = os.environ.get("PLIMSOLL_FUSED_DECODE", "1") != "0"
-# Above this many rows oneDNN's matmuls (the module path) beat the kernel's (benchmarks/step_ab.py
-# --compare fused --fused-max-rows 64: 5-24 rows 0.76-0.96 of the module path's step, 32 rows 1.11).
+# Above this many rows oneDNN's matmuls (the glued layers) beat the plain-row kernel's
+# (benchmarks/step_ab.py --compare fused --fused-max-rows 64: 5-24 rows 0.76-0.96 of the module
+# path's step, 32 rows 1.11). Over column panels the fused step wins up to PANEL_MAX_ROWS (its
+# matmuls are the glued layers' own there, and it saves their ~12 calls a layer): 16 / 24 / 32 /
+# 64 / 96 / 128 rows 0.92 / 0.94 / 0.92 / 0.96 / 0.98 / 0.91 of the glued step (AMD EPYC Zen 4).
 MAX_ROWS = 16
+PANEL_MAX_ROWS = 128
 GLUED_MIN_ROWS = 5  # float32 steps of this many rows and more that the fused step leaves are glued
 _warned = False
 
@@ -121,6 +126,21 @@ def _int8_entries(proj: Int8Linear) -> list[int]:
     return [proj.qweight.data_ptr(), proj.scales.data_ptr(), offsets, proj.qweight.shape[1] // proj.scales.shape[1]]
 
 
+def _plain_head(model: Any) -> torch.Tensor | None:
+    """The output head's float32 weight where ``compute_logits`` is a plain matmul by it (a tied
+    embedding, or an ``lm_head`` without bias, adapters or hooks), else ``None``."""
+    if model.tie_word_embeddings:
+        weight: torch.Tensor = model.model.embed_tokens.weight
+    else:
+        head = getattr(model, "lm_head", None)
+        if type(head) is not Linear or head.bias is not None or head.lora is not None:
+            return None
+        if head._forward_hooks or head._forward_pre_hooks:
+            return None
+        weight = head.weight
+    return weight if weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2 else None
+
+
 def _plain_cpu_step(
     first_qkv: Any, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], store_kv: Any,
     paged_attention: Any, dtype: torch.dtype = torch.float32,
@@ -161,6 +181,24 @@ class FusedDecode:
         self.int8 = isinstance(attn.qkv_proj, Int8Linear)
         self._addresses: torch.Tensor | None = None
         self._key: tuple[int, ...] = ()
+        # Each layer's float32 projections (qkv, o, gate_up in two parts, down) and the output head
+        # packed once in column panels (cpu_kernels.pack_f32), read by this step, the glued layers
+        # and compute_logits in place of the plain rows, which the module path keeps.
+        self.panels: list[tuple[cpu_kernels.PackedWeight, ...]] = []
+        self.head: cpu_kernels.PackedWeight | None = None
+        if self.reason is None and not self.int8 and PACKED_ENABLED:
+            with torch.no_grad():
+                self.panels = [
+                    (
+                        cpu_kernels.pack_f32(layer.self_attn.qkv_proj.weight),
+                        cpu_kernels.pack_f32(layer.self_attn.o_proj.weight),
+                        cpu_kernels.pack_f32(layer.mlp.gate_up_proj.weight, parts=2),
+                        cpu_kernels.pack_f32(layer.mlp.down_proj.weight),
+                    )
+                    for layer in model.model.layers
+                ]
+                head = _plain_head(model)
+                self.head = None if head is None else cpu_kernels.pack_f32(head)
 
     def _layer_addresses(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """``[L, 8]`` int64 addresses (``[L, 20]`` for int8 projections), rebuilt only when a weight
@@ -178,7 +216,7 @@ class FusedDecode:
         )
         if self._addresses is None or key != self._key:
             rows = []
-            for layer, (k, v) in zip(layers, kv_caches, strict=True):
+            for i, (layer, (k, v)) in enumerate(zip(layers, kv_caches, strict=True)):
                 attn, mlp = layer.self_attn, layer.mlp
                 if self.int8:
                     row = [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr()]
@@ -186,13 +224,17 @@ class FusedDecode:
                     for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
                         row += _int8_entries(proj)
                 else:
+                    qkv, o, gate_up, down = (
+                        [p.data for p in self.panels[i]] if self.panels
+                        else [attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight]
+                    )  # fmt: skip
                     row = [
                         layer.input_layernorm.weight.data_ptr(),
-                        attn.qkv_proj.weight.data_ptr(),
-                        attn.o_proj.weight.data_ptr(),
+                        qkv.data_ptr(),
+                        o.data_ptr(),
                         layer.post_attention_layernorm.weight.data_ptr(),
-                        mlp.gate_up_proj.weight.data_ptr(),
-                        mlp.down_proj.weight.data_ptr(),
+                        gate_up.data_ptr(),
+                        down.data_ptr(),
                         k.data_ptr(),
                         v.data_ptr(),
                     ]
@@ -215,7 +257,7 @@ class FusedDecode:
         if (
             not ENABLED
             or self.reason is not None
-            or not 0 < n <= MAX_ROWS
+            or not 0 < n <= (PANEL_MAX_ROWS if self.panels else MAX_ROWS)
             or meta.max_q_len != 1
             or meta.context_lens.shape[0] != n
             or not _plain_cpu_step(self._first_qkv, x, kv_caches, store_kv, paged_attention)
@@ -236,8 +278,18 @@ class FusedDecode:
             self.eps,
             self.scale,
             int8=self.int8,
+            packed=bool(self.panels),
         )
         return True
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``hidden @ head.T`` over the packed head, or ``None`` where the step's rows are not float32
+        CPU rows or there is no packed head (the caller then runs its own matmul)."""
+        if self.head is None or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or hidden.dim() != 2:
+            return None
+        if not hidden.shape[0] or hidden.stride(1) != 1:
+            return None
+        return cpu_kernels.packed_linear(hidden, self.head)
 
 
 # Read at import, like ENABLED; benchmarks/step_ab.py --compare glued flips it.
@@ -249,11 +301,13 @@ GLUED_ENABLED = os.environ.get("PLIMSOLL_GLUED_LAYERS", "1") != "0"
 GLUE_SPLIT_ROWS = 256
 
 
-# Read at import, like GLUED_ENABLED. The glued layers' projections reordered once into oneDNN's
-# blocked layout (as vLLM's CPU build prepacks its weights) instead of passed plain on every call:
-# 30 SmolLM2-sized weights streamed from memory, 64 rows 129-152 -> 159-177 GFLOP/s, 256 rows
-# 178-186 -> 184-197 (docs/bench.md). The cost is a second copy of each projection (the fused
-# step and the module path read the plain rows); PLIMSOLL_PACKED_WEIGHTS=0 keeps one.
+# Read at import, like GLUED_ENABLED. Weights packed once instead of read as plain rows: a float32
+# model's projections and output head in column panels (cpu_kernels.pack_f32) for the fused step,
+# the glued layers and the head (SmolLM2's projections streamed from memory, two threads, AMD
+# EPYC Zen 4: 16 rows 125-135 -> 176 GFLOP/s, 64 rows 194 -> 214, 256 rows 212 -> 219; docs/runtime.md);
+# a bfloat16 model's in oneDNN's blocked layout for the glued layers (as vLLM's CPU build prepacks).
+# The cost is a second copy of the projections (and for float32 the head): the module path reads
+# the plain rows. PLIMSOLL_PACKED_WEIGHTS=0 keeps one copy (the plain-row kernel and oneDNN then).
 PACKED_ENABLED = os.environ.get("PLIMSOLL_PACKED_WEIGHTS", "1") != "0"
 
 
@@ -344,10 +398,18 @@ class GluedLayers:
             (ln1.float(), qkv, o, ln2.float(), gate_up, down) for ln1, qkv, o, ln2, gate_up, down in self.layers
         ]
         self.final_norm = model.model.norm.weight.float()
-        # Each projection in oneDNN's blocked layout for up to ONEDNN_CHUNK_ROWS rows (an opaque
-        # tensor _linear_pointwise takes in the plain weight's place), and the primitives for every
-        # row bucket built now (warm-up), as dense.prime_onednn does for the plain weights.
-        self.packed = PACKED_ENABLED and _REORDER is not None and bool(self.layers)
+        # float32: the fused step's column panels (cpu_kernels.packed_linear, faster than oneDNN at
+        # every row count measured). bfloat16: each projection in oneDNN's blocked layout for up to
+        # ONEDNN_CHUNK_ROWS rows (an opaque tensor _linear_pointwise takes in the plain weight's
+        # place), and the primitives for every row bucket built now (warm-up), as
+        # dense.prime_onednn does for the plain weights.
+        self.panels = bool(self.layers) and bool(fused.panels) and self.dtype == torch.float32
+        if self.panels:
+            self.layers = [
+                (ln1, qkv, o, ln2, gate_up, down)
+                for (ln1, _, _, ln2, _, _), (qkv, o, gate_up, down) in zip(self.layers, fused.panels, strict=True)
+            ]
+        self.packed = PACKED_ENABLED and _REORDER is not None and bool(self.layers) and not self.panels
         if self.packed:
             assert _linear_pointwise is not None
             with torch.no_grad():
@@ -424,13 +486,14 @@ class GluedLayers:
             lens = meta.context_lens.to(torch.int32).contiguous()
         threads = [1 if c1 - c0 < GLUE_SPLIT_ROWS else torch.get_num_threads() for c0, c1 in chunks]
         deltas: list[torch.Tensor | None] = [None] * len(chunks)  # each chunk's down_proj output
+        matmul = self._panel_matmul(width, len(chunks)) if self.panels else _onednn_matmul
         for (ln1, w_qkv, w_o, ln2, w_gate_up, w_down), (k_cache, v_cache) in zip(
             self.layers, kv_caches, strict=True
         ):
             for (c0, c1), delta, t in zip(chunks, deltas, threads, strict=True):
                 r = c1 - c0
                 cpu_kernels.add_rms_norm(x[c0:c1], delta, ln1, h, r, eps, t)
-                qkv = _linear_pointwise(h[: dense.bucket_rows(r)], w_qkv, None, "none", [], "")
+                qkv = matmul(h, w_qkv, r, "qkv")
                 cpu_kernels.rope_store(
                     qkv, q[c0:c1], k_cache, v_cache, cos[c0:c1], sin[c0:c1], slots[c0:c1], r, fused.shape, t
                 )  # fmt: skip
@@ -451,12 +514,39 @@ class GluedLayers:
                 cpu_kernels.to_bf16(attn_rows, attn[:n])
             for k, ((c0, c1), t) in enumerate(zip(chunks, threads, strict=True)):
                 r = c1 - c0
-                o = _linear_pointwise(attn[c0 : c0 + dense.bucket_rows(r)], w_o, None, "none", [], "")
+                o = matmul(attn[c0:], w_o, r, "o")
                 cpu_kernels.add_rms_norm(x[c0:c1], o, ln2, h, r, eps, t)
-                gate_up = _linear_pointwise(h[: dense.bucket_rows(r)], w_gate_up, None, "none", [], "")
+                gate_up = matmul(h, w_gate_up, r, "gate_up")
                 cpu_kernels.silu_mul(gate_up, act, r, t)
-                deltas[k] = _linear_pointwise(act[: dense.bucket_rows(r)], w_down, None, "none", [], "")
+                deltas[k] = matmul(act, w_down, r, k)
         out_hidden = torch.empty(n, hidden, dtype=self.dtype)
         for (c0, c1), delta, t in zip(chunks, deltas, threads, strict=True):
             cpu_kernels.add_rms_norm(x[c0:c1], delta, self.final_norm, out_hidden[c0:c1], c1 - c0, eps, t)
         return out_hidden
+
+    def _panel_matmul(self, width: int, chunks: int) -> "Matmul":
+        """A step's matmuls over the packed panels, each into a buffer of its own made once a step
+        (``slot``: the projection, or the chunk for down_proj, whose output the next layer adds)."""
+        fused = self.fused
+        qkv_n = self.layers[0][1].n
+        buffers: dict[str | int, torch.Tensor] = {
+            "qkv": torch.empty(width, qkv_n),
+            "o": torch.empty(width, fused.hidden),
+            "gate_up": torch.empty(width, 2 * fused.inter),
+        }
+        buffers.update({k: torch.empty(width, fused.hidden) for k in range(chunks)})
+
+        def matmul(x: torch.Tensor, w: Any, rows: int, slot: str | int) -> torch.Tensor:
+            return cpu_kernels.packed_linear(x[:rows], w, out=buffers[slot])
+
+        return matmul
+
+
+Matmul = Callable[[torch.Tensor, Any, int, "str | int"], torch.Tensor]
+
+
+def _onednn_matmul(x: torch.Tensor, w: Any, rows: int, slot: str | int) -> torch.Tensor:
+    """oneDNN's matmul of ``x``'s first ``rows`` rows (padded to their bucket) by a prepacked or plain weight."""
+    assert _linear_pointwise is not None  # GluedLayers checked oneDNN is there
+    out: torch.Tensor = _linear_pointwise(x[: dense.bucket_rows(rows)], w, None, "none", [], "")
+    return out

@@ -218,6 +218,9 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        packed = None if self._fused is None else self._fused.logits(hidden)  # float32 CPU: the packed head
+        if packed is not None:
+            return packed
         if self.tie_word_embeddings:
             return linear(hidden, self.model.embed_tokens.weight)
         logits: torch.Tensor = self.lm_head(hidden)  # a Linear, or an Int8Linear (models/quant.py)

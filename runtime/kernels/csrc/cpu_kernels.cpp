@@ -1306,6 +1306,176 @@ void blocked_rows(const float* x, const float* w, float* y, int64_t m_len, int64
 
 }  // namespace
 
+// plimsoll_packed_linear_f32: y (=, or += with accumulate) x @ W.T + bias for float32 x [M, K]
+// and W [N, K] packed once into column panels (plimsoll_pack_f32): panel p holds W's rows
+// p*C .. p*C+C-1 as K rows of C floats (C = kPanelCols; the last panel zero-padded), so one
+// step of k reads C consecutive weights, each x[m, k] is broadcast once for them, and a block
+// of up to kPanelRows rows of x keeps its C outputs a row in registers for the whole of K:
+// outer products, no horizontal sums, every multiply-add useful. A panel (K * C * 4 bytes,
+// 110-295 KB for SmolLM2) is read from memory by the first block of rows and from L2 by the
+// others. Packed with `parts` > 1, W's rows are that many equal parts each packed on its own
+// (gate_up: gate's panels, then up's), so a column range of one part is whole panels.
+// Figures against the plain-row kernel (blocked_rows) and oneDNN: docs/runtime.md
+// ("Weights in column panels").
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int64_t kPanelCols = 48;  // three vectors: 8 rows x 3 = 24 accumulators of 32 registers
+constexpr int64_t kPanelRows = 8;
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kPanelCols = 16;  // one F16, two registers: 6 rows x 2 = 12 accumulators of 16
+constexpr int64_t kPanelRows = 6;
+#else
+constexpr int64_t kPanelCols = 16;
+constexpr int64_t kPanelRows = 4;
+#endif
+constexpr int64_t kPanelVecs = kPanelCols / kLanes;
+
+inline int64_t panels_of(int64_t n_len) { return (n_len + kPanelCols - 1) / kPanelCols; }
+
+// MR rows of x (row stride ldx) against one panel: y[r, 0..cols) for r < MR (row stride ldy).
+template <int64_t MR, bool Accumulate>
+inline void panel_block(const float* x, int64_t ldx, const float* panel, const float* bias, float* y, int64_t ldy,
+                        int64_t cols, int64_t k_len) {
+  // Few rows make few chains of multiply-adds, each waiting on its last: S sets of accumulators
+  // take every S-th k (one row: 4 sets, 12 chains), summed once at the end.
+  constexpr int64_t S = MR == 1 ? 4 : MR == 2 ? 2 : 1;
+  F16 acc[S][MR][kPanelVecs];
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t r = 0; r < MR; ++r)
+      for (int64_t v = 0; v < kPanelVecs; ++v) acc[s][r][v] = zero16();
+  auto step = [&](int64_t s, int64_t k) {
+    const float* pk = panel + k * kPanelCols;
+    F16 w[kPanelVecs];
+    for (int64_t v = 0; v < kPanelVecs; ++v) w[v] = load_f32(pk + v * kLanes);
+    for (int64_t r = 0; r < MR; ++r) {
+      const F16 b = set16(x[r * ldx + k]);
+      for (int64_t v = 0; v < kPanelVecs; ++v) acc[s][r][v] = fma16(b, w[v], acc[s][r][v]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + S <= k_len; k += S)
+    for (int64_t s = 0; s < S; ++s) step(s, k + s);
+  for (; k < k_len; ++k) step(0, k);
+  for (int64_t s = 1; s < S; ++s)
+    for (int64_t r = 0; r < MR; ++r)
+      for (int64_t v = 0; v < kPanelVecs; ++v) acc[0][r][v] = add16(acc[0][r][v], acc[s][r][v]);
+  for (int64_t r = 0; r < MR; ++r) {
+    float* yr = y + r * ldy;
+    if (cols == kPanelCols) {
+      for (int64_t v = 0; v < kPanelVecs; ++v) {
+        F16 out = acc[0][r][v];
+        if (bias != nullptr) out = add16(out, load_f32(bias + v * kLanes));
+        if constexpr (Accumulate) out = add16(load_f32(yr + v * kLanes), out);
+        store16(yr + v * kLanes, out);
+      }
+    } else {
+      alignas(64) float t[kPanelCols];
+      for (int64_t v = 0; v < kPanelVecs; ++v) store16(t + v * kLanes, acc[0][r][v]);
+      for (int64_t c = 0; c < cols; ++c) {
+        const float out = bias != nullptr ? t[c] + bias[c] : t[c];
+        yr[c] = Accumulate ? yr[c] + out : out;
+      }
+    }
+  }
+}
+
+template <bool Accumulate, int64_t MR = kPanelRows>
+inline void panel_block_of(int64_t rows, const float* x, int64_t ldx, const float* panel, const float* bias, float* y,
+                           int64_t ldy, int64_t cols, int64_t k_len) {
+  if (rows == MR) {
+    panel_block<MR, Accumulate>(x, ldx, panel, bias, y, ldy, cols, k_len);
+  } else if constexpr (MR > 1) {
+    panel_block_of<Accumulate, MR - 1>(rows, x, ldx, panel, bias, y, ldy, cols, k_len);
+  }
+}
+
+// Panels [p0, p1) of one packed part (n_len columns) for all m_len rows, in blocks of rows as even
+// as kPanelRows allows (12 rows: 6 + 6, not 8 + 4).
+template <bool Accumulate>
+void packed_panels(const float* x, int64_t ldx, const float* packed, const float* bias, float* y, int64_t ldy,
+                   int64_t m_len, int64_t n_len, int64_t k_len, int64_t p0, int64_t p1) {
+  const int64_t blocks = (m_len + kPanelRows - 1) / kPanelRows;
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t n0 = p * kPanelCols, cols = std::min(kPanelCols, n_len - n0);
+    const float* panel = packed + p * k_len * kPanelCols;
+    const float* b = bias != nullptr ? bias + n0 : nullptr;
+    for (int64_t blk = 0, m = 0; blk < blocks; ++blk) {
+      const int64_t rows = (m_len - m + (blocks - blk) - 1) / (blocks - blk);
+      panel_block_of<Accumulate>(rows, x + m * ldx, ldx, panel, b, y + m * ldy + n0, ldy, cols, k_len);
+      m += rows;
+    }
+  }
+}
+
+// Threads for a packed matmul: one per 256 KB of W (streaming it is the work at a few rows) or per
+// ~1 MFLOP, at most num_threads.
+int64_t packed_workers(int64_t m_len, int64_t n_len, int64_t k_len, int64_t num_threads) {
+  const int64_t work = std::max(n_len * k_len / 65536, m_len * n_len * k_len / (1 << 19));
+  return std::max<int64_t>(1, std::min(num_threads, work));
+}
+
+// The panels of `parts` equal parts dealt out in contiguous runs (each thread streams its own).
+template <bool Accumulate>
+void packed_linear(const float* x, int64_t ldx, const float* packed, const float* bias, float* y, int64_t ldy,
+                   int64_t m_len, int64_t n_len, int64_t k_len, int64_t parts, int64_t num_threads) {
+  const int64_t part_n = n_len / parts, part_panels = panels_of(part_n), total = parts * part_panels;
+  const int64_t workers = std::min(total, packed_workers(m_len, n_len, k_len, num_threads));
+  const int64_t chunk = (total + workers - 1) / workers;
+  pool::parallel(workers, [=](int64_t t) {
+    for (int64_t u = t * chunk, end = std::min(total, (t + 1) * chunk); u < end;) {
+      const int64_t part = u / part_panels, p0 = u % part_panels;
+      const int64_t p1 = std::min(part_panels, p0 + (end - u));
+      const float* part_packed = packed + part * part_panels * k_len * kPanelCols;
+      const float* part_bias = bias != nullptr ? bias + part * part_n : nullptr;
+      packed_panels<Accumulate>(x, ldx, part_packed, part_bias, y + part * part_n, ldy, m_len, part_n, k_len, p0, p1);
+      u += p1 - p0;
+    }
+  });
+}
+
+}  // namespace
+
+// Floats a weight of n_len x k_len packed in `parts` parts takes (0: parts does not divide n_len).
+extern "C" int64_t plimsoll_packed_f32_floats(int64_t n_len, int64_t k_len, int64_t parts) {
+  if (n_len <= 0 || k_len <= 0 || parts <= 0 || n_len % parts != 0) return 0;
+  return parts * panels_of(n_len / parts) * k_len * kPanelCols;
+}
+
+extern "C" int64_t plimsoll_packed_f32_panel_cols() { return kPanelCols; }
+
+// out (plimsoll_packed_f32_floats(n_len, k_len, parts) floats) = W [n_len, k_len] in panels.
+extern "C" int plimsoll_pack_f32(const float* w, float* out, int64_t n_len, int64_t k_len, int64_t parts,
+                                 int64_t num_threads) {
+  if (plimsoll_packed_f32_floats(n_len, k_len, parts) == 0) return 1;
+  const int64_t part_n = n_len / parts, part_panels = panels_of(part_n), total = parts * part_panels;
+  const int64_t workers = std::max<int64_t>(1, std::min(num_threads, total));
+  pool::parallel(workers, [=](int64_t t) {
+    for (int64_t u = t; u < total; u += workers) {
+      const int64_t part = u / part_panels, p = u % part_panels;
+      float* panel = out + u * k_len * kPanelCols;
+      for (int64_t j = 0; j < kPanelCols; ++j) {
+        const int64_t n = p * kPanelCols + j;  // row of the part
+        const float* row = n < part_n ? w + (part * part_n + n) * k_len : nullptr;
+        for (int64_t k = 0; k < k_len; ++k) panel[k * kPanelCols + j] = row != nullptr ? row[k] : 0.f;
+      }
+    }
+  });
+  return 0;
+}
+
+// x [m_len rows, row stride ldx], y [m_len rows, row stride ldy]; bias [n_len] or null.
+extern "C" int plimsoll_packed_linear_f32(const float* x, int64_t ldx, const float* packed, const float* bias, float* y,
+                                          int64_t ldy, int64_t m_len, int64_t n_len, int64_t k_len, int64_t parts,
+                                          int64_t accumulate, int64_t num_threads) {
+  if (m_len <= 0 || plimsoll_packed_f32_floats(n_len, k_len, parts) == 0 || ldx < k_len || ldy < n_len) return 1;
+  if (accumulate != 0)
+    packed_linear<true>(x, ldx, packed, bias, y, ldy, m_len, n_len, k_len, parts, num_threads);
+  else
+    packed_linear<false>(x, ldx, packed, bias, y, ldy, m_len, n_len, k_len, parts, num_threads);
+  return 0;
+}
+
 // plimsoll_fused_decode_f32: every decoder layer of a decode step for a few sequences, one
 // call per step. Per layer: RMSNorm -> qkv matmul -> RoPE on q and k -> k and v stored in
 // their slots of the paged cache -> paged decode attention -> o_proj added to the residual
@@ -1500,6 +1670,10 @@ struct Int8Proj {
   const float* offset;
   int64_t group;
 };
+// float32 W in column panels (plimsoll_pack_f32; gate_up in two parts, gate's then up's).
+struct PackedProj {
+  const float* panels;
+};
 
 // One row: one row of W at a time (matmul_rows); more: register blocks of both (blocked_rows),
 // which stream W 1.5-2x faster from 2 rows on (SmolLM2's projections and head, 2-4 rows: 23-28
@@ -1517,12 +1691,34 @@ inline void proj_rows(const Int8Proj& p, const float* x, float* y, int64_t m_len
                       int64_t n_len, int64_t k_len) {
   int8_linear_rows(x, p.q, p.scale, p.offset, nullptr, y, m_len, n_begin, n_end, n_len, k_len, p.group);
 }
+// Columns [n_begin, n_end) of a packed part whose last column is n_end or past it; n_begin on a panel edge.
+template <bool Accumulate = false>
+inline void packed_rows(const PackedProj& p, const float* x, float* y, int64_t m_len, int64_t n_begin, int64_t n_end,
+                        int64_t ldy, int64_t k_len) {
+  packed_panels<Accumulate>(x, k_len, p.panels, nullptr, y, ldy, m_len, n_end, k_len, n_begin / kPanelCols,
+                            panels_of(n_end));
+}
 
 // y = x @ W.T, or y += x @ W.T (Accumulate; all but float32's few rows go through `tmp` [M, N] first),
 // over the pool.
 template <bool Accumulate, typename P>
+void project_rows(const P& p, const float* x, float* y, float* tmp, int64_t m_len, int64_t n_len, int64_t k_len,
+                  int64_t num_threads);
+
+template <bool Accumulate, typename P>
 void project(const P& p, const float* x, float* y, float* tmp, int64_t m_len, int64_t n_len, int64_t k_len,
              int64_t num_threads) {
+  if constexpr (std::is_same_v<P, PackedProj>) {  // panels write (or add) their outputs in place
+    packed_linear<Accumulate>(x, k_len, p.panels, nullptr, y, n_len, m_len, n_len, k_len, 1, num_threads);
+  } else {
+    project_rows<Accumulate>(p, x, y, tmp, m_len, n_len, k_len, num_threads);
+  }
+}
+
+// project() for plain float32 or int8 rows: output columns split over the pool.
+template <bool Accumulate, typename P>
+void project_rows(const P& p, const float* x, float* y, float* tmp, int64_t m_len, int64_t n_len, int64_t k_len,
+                  int64_t num_threads) {
   const int64_t workers = split_for(n_len, k_len, num_threads);
   const int64_t chunk = (n_len + workers - 1) / workers;
   pool::parallel(workers, [=, &p](int64_t i) {
@@ -1578,7 +1774,8 @@ int fused_decode(float* x, const std::vector<FusedLayer<P>>& layers, const float
   float* tmp = act + m_len * inter;  // [M, hidden]  an int8 projection's output before it is added
   const int64_t attn_workers = std::max<int64_t>(1, std::min(num_threads, m_len));
   const int64_t mlp_workers = split_for(2 * inter, hidden, num_threads);
-  const int64_t mlp_chunk = (inter + mlp_workers - 1) / mlp_workers;
+  int64_t mlp_chunk = (inter + mlp_workers - 1) / mlp_workers;
+  if constexpr (std::is_same_v<P, PackedProj>) mlp_chunk = panels_of(mlp_chunk) * kPanelCols;  // whole panels
 
   for (const FusedLayer<P>& layer : layers) {
     const float* in_norm = layer.in_norm;
@@ -1611,8 +1808,15 @@ int fused_decode(float* x, const std::vector<FusedLayer<P>>& layers, const float
     const P& w_gate_up = layer.gate_up;
     pool::parallel(mlp_workers, [=, &w_gate_up](int64_t t) {
       const int64_t i0 = std::min(inter, t * mlp_chunk), i1 = std::min(inter, (t + 1) * mlp_chunk);
-      proj_rows(w_gate_up, h, gate_up, m_len, i0, i1, 2 * inter, hidden);
-      proj_rows(w_gate_up, h, gate_up, m_len, inter + i0, inter + i1, 2 * inter, hidden);
+      if (i0 >= i1) return;
+      if constexpr (std::is_same_v<P, PackedProj>) {
+        const PackedProj up{w_gate_up.panels + panels_of(inter) * hidden * kPanelCols};
+        packed_rows(w_gate_up, h, gate_up, m_len, i0, i1, 2 * inter, hidden);
+        packed_rows(up, h, gate_up + inter, m_len, i0, i1, 2 * inter, hidden);
+      } else {
+        proj_rows(w_gate_up, h, gate_up, m_len, i0, i1, 2 * inter, hidden);
+        proj_rows(w_gate_up, h, gate_up, m_len, inter + i0, inter + i1, 2 * inter, hidden);
+      }
       silu_mul(gate_up, act, 0, m_len, i0, i1, inter);
     });
     clock.lap(4);
@@ -1632,6 +1836,27 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
                                          int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
                                          float eps, float scale, int64_t num_threads) {
   std::vector<FusedLayer<F32Proj>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const int64_t* p = layers + l * 8;
+    auto f = [p](int i) { return reinterpret_cast<const float*>(p[i]); };
+    parsed[l] = {f(0), f(3), reinterpret_cast<float*>(p[6]), reinterpret_cast<float*>(p[7]),
+                 {f(1)}, {f(2)}, {f(4)}, {f(5)}};
+  }
+  return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads, num_kv_heads,
+                      head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
+}
+
+// plimsoll_fused_decode_packed_f32: the same step over projections packed in column panels
+// (plimsoll_pack_f32; gate_up in two parts): layers [L, 8] as above with the panels' addresses
+// in place of the weights'.
+extern "C" int plimsoll_fused_decode_packed_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
+                                                const int64_t* slots, const int32_t* block_tables,
+                                                const int32_t* context_lens, int64_t m_len, int64_t num_layers,
+                                                int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
+                                                int64_t head_dim, int64_t inter, int64_t block_size,
+                                                int64_t max_blocks, int64_t num_slots, float eps, float scale,
+                                                int64_t num_threads) {
+  std::vector<FusedLayer<PackedProj>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
   for (int64_t l = 0; l < num_layers; ++l) {
     const int64_t* p = layers + l * 8;
     auto f = [p](int i) { return reinterpret_cast<const float*>(p[i]); };

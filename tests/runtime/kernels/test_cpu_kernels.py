@@ -225,6 +225,22 @@ def test_kernel_equals_oracle_on_each_instruction_set(isa: str, tmp_path: Path) 
     assert lib.plimsoll_silu_mul_bf16(gate_up_b.data_ptr(), act_b.data_ptr(), 5, 100, 2) == 0
     gate, up = gate_up_b.float().split(100, dim=1)
     assert bf16_ulps(act_b, (F.silu(gate) * up).bfloat16()) <= 1
+    # The packed matmul's panels of this build (16 columns, 6 or 4 rows a block without AVX-512):
+    # two parts with partial panels, 11 rows, a bias, then added to what out held.
+    lib.plimsoll_packed_f32_floats.restype = ctypes.c_int64
+    lib.plimsoll_packed_f32_floats.argtypes = [ctypes.c_int64] * 3
+    lib.plimsoll_pack_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
+    lib.plimsoll_packed_linear_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 7
+    weight, bias, x = torch.randn(58, 23), torch.randn(58), torch.randn(11, 23)
+    packed = torch.empty(lib.plimsoll_packed_f32_floats(58, 23, 2))
+    assert packed.numel() == 2 * 2 * 16 * 23
+    assert lib.plimsoll_pack_f32(weight.data_ptr(), packed.data_ptr(), 58, 23, 2, 2) == 0
+    out = torch.randn(11, 58)
+    want = out + F.linear(x, weight, bias)
+    assert lib.plimsoll_packed_linear_f32(
+        x.data_ptr(), 23, packed.data_ptr(), bias.data_ptr(), out.data_ptr(), 58, 11, 58, 23, 2, 1, 2
+    ) == 0  # fmt: skip
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 def test_kernel_is_used_for_float32_and_not_for_other_dtypes() -> None:
     query, kc, vc, *_ = make_batch([9, 4], [1, 1])
@@ -300,6 +316,60 @@ def test_small_batch_linear_equals_f_linear(m: int, n: int, k: int, with_bias: b
     expected = F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
     print(f"m={m} n={n} k={k}: max abs error vs float64 {(got - expected).abs().max().item():.2e}")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+PACKED_CASES = {
+    # (m, n, k, parts, bias, accumulate)
+    "one row, SmolLM2's qkv": (1, 960, 576, 1, False, False),
+    "sixteen rows, two blocks of eight": (16, 960, 576, 1, False, False),
+    "twelve rows (6 + 6), gate_up in two parts": (12, 3072, 576, 2, False, False),
+    "a 300-row prefill, down_proj": (300, 576, 1536, 1, False, False),
+    "partial panel, odd K": (5, 13, 37, 1, False, False),
+    "two parts of 50 (each a partial panel), bias": (9, 100, 20, 2, True, False),
+    "accumulate with bias, 17 rows": (17, 49, 3, 1, True, True),
+    "one column, one input": (3, 1, 1, 1, True, False),
+    "head-like, 64 rows": (64, 4099, 64, 1, False, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PACKED_CASES))
+def test_packed_linear_equals_float64(case: str) -> None:
+    m, n, k, parts, with_bias, accumulate = PACKED_CASES[case]
+    gen = torch.Generator().manual_seed(m * 31 + n)
+    weight = torch.randn((n, k), generator=gen) / k**0.5
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    # x and out as row views of wider tensors: their row strides are not their widths.
+    x = torch.randn((m, k + 3), generator=gen)[:, 1 : k + 1]
+    out = torch.randn((m, n + 5), generator=gen)[:, 2 : n + 2]
+    before = out.clone()
+    packed = cpu_kernels.pack_f32(weight, parts=parts)
+    cols = cpu_kernels.library().plimsoll_packed_f32_panel_cols()
+    assert packed.data.numel() == parts * -(-n // parts // cols) * cols * k
+    got = cpu_kernels.packed_linear(x, packed, bias, out=out, accumulate=accumulate)
+    assert got is out
+    expected = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    if accumulate:
+        expected += before.double()
+    print(f"{case}: max abs error vs float64 {(got.double() - expected).abs().max().item():.2e}")
+    torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=1e-5)
+    fresh = cpu_kernels.packed_linear(x, packed, bias)  # a new [m, n] output
+    assert fresh.shape == (m, n)
+    torch.testing.assert_close(fresh, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_rejects_what_does_not_fit() -> None:
+    weight = torch.randn(10, 8)
+    with pytest.raises(ValueError, match="3 parts do not divide a weight of 10 rows"):
+        cpu_kernels.pack_f32(weight, parts=3)
+    with pytest.raises(ValueError, match="2-D float32 CPU weight"):
+        cpu_kernels.pack_f32(weight.double())
+    packed = cpu_kernels.pack_f32(weight)
+    with pytest.raises(ValueError, match=r"x must be \[M > 0, 8\]"):
+        cpu_kernels.packed_linear(torch.randn(2, 7), packed)
+    with pytest.raises(ValueError, match="accumulate needs an out"):
+        cpu_kernels.packed_linear(torch.randn(2, 8), packed, accumulate=True)
+    with pytest.raises(ValueError, match=r"out must be \[>= 2, 10\]"):
+        cpu_kernels.packed_linear(torch.randn(2, 8), packed, out=torch.empty(2, 9))
 
 
 def test_small_batch_linear_takes_a_non_contiguous_input() -> None:

@@ -78,9 +78,10 @@ def decode_batch(model: LlamaForCausalLM, contexts: list[int], seed: int) -> tup
     """One decode row per sequence: its new token sits at position ``ctx - 1``."""
     rng = random.Random(seed)
     attn = model.model.layers[0].self_attn
-    shape = (NUM_BLOCKS, BLOCK, attn.num_kv_heads, attn.head_dim)
+    num_blocks = max(NUM_BLOCKS, sum(-(-c // BLOCK) for c in contexts) + 8)
+    shape = (num_blocks, BLOCK, attn.num_kv_heads, attn.head_dim)
     caches = [(torch.randn(shape), torch.randn(shape)) for _ in model.model.layers]
-    free = list(range(NUM_BLOCKS))
+    free = list(range(num_blocks))
     rng.shuffle(free)
     max_blocks = max(-(-c // BLOCK) for c in contexts) + 1  # one spare -1 column
     tables, slots = [], []
@@ -131,15 +132,18 @@ CONTEXTS = {
 }
 
 
-@pytest.mark.parametrize("weights", ["float32", "int8"])
+@pytest.mark.parametrize("weights", ["float32", "float32 plain rows", "int8"])
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("case", sorted(CONTEXTS))
 def test_fused_step_equals_the_module_path(arch: str, case: str, weights: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = random_model(arch, weights)
+    # float32: the projections in column panels (the default); "plain rows": PLIMSOLL_PACKED_WEIGHTS=0.
+    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", weights != "float32 plain rows")
+    model = random_model(arch, "int8" if weights == "int8" else "float32")
     batch = decode_batch(model, CONTEXTS[case], seed=len(case))
     want, want_caches, _ = forward(model, batch, False, monkeypatch)
     got, got_caches, calls = forward(model, batch, True, monkeypatch)
     assert calls == 1, model._fused.reason if model._fused else "not built"
+    assert bool(model._fused.panels) is (weights == "float32")
     err = (got - want).abs().max().item()
     print(f"{arch} {weights} {case}: max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})")
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -148,10 +152,12 @@ def test_fused_step_equals_the_module_path(arch: str, case: str, weights: str, m
         torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("case", ["ragged three, long", "ragged twelve (register blocks and a remainder)"])
-def test_fused_step_on_shapes_that_leave_remainders(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_step_on_shapes_that_leave_remainders(case: str, packed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # hidden 70 and intermediate 90: inputs not a multiple of 16 (the kernels' vector tails), 98 q/k/v
-    # and 70 output rows (not whole register blocks of W rows); 5 query heads on one KV head.
+    # and 70 output rows (not whole register blocks of W rows, nor whole panels: 48 + 22 columns,
+    # each gate and up part 48 + 42); 5 query heads on one KV head.
     from transformers import LlamaConfig
 
     from plimsoll.runtime.testing import TINY_SHAPE
@@ -161,6 +167,7 @@ def test_fused_step_on_shapes_that_leave_remainders(case: str, monkeypatch: pyte
     )
     torch.manual_seed(1)
     model = randomised(LlamaForCausalLM(config).eval())
+    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", packed)
     batch = decode_batch(model, CONTEXTS[case], seed=5)
     want, want_caches, _ = forward(model, batch, False, monkeypatch)
     got, got_caches, calls = forward(model, batch, True, monkeypatch)
@@ -169,6 +176,21 @@ def test_fused_step_on_shapes_that_leave_remainders(case: str, monkeypatch: pyte
     for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
         torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(gv, wv, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [17, 64, 128])
+def test_fused_step_over_panels_takes_up_to_128_rows(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Over column panels the fused step takes decode steps up to PANEL_MAX_ROWS (its matmuls are
+    # the glued layers' own there): long ragged contexts, several blocks of 8 rows a panel.
+    model = random_model("llama")
+    batch = decode_batch(model, [20 + (37 * i) % 90 for i in range(rows)], seed=rows)
+    want, want_caches, _ = forward(model, batch, False, monkeypatch)
+    got, got_caches, calls = forward(model, batch, True, monkeypatch)
+    assert calls == 1 and model._fused is not None and model._fused.panels
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
+        torch.testing.assert_close(gk, wk, rtol=1e-4, atol=5e-5)
+        torch.testing.assert_close(gv, wv, rtol=1e-4, atol=5e-5)
 
 
 def step_batch(model: LlamaForCausalLM, seqs: list[tuple[int, int]], seed: int) -> tuple[Any, ...]:
@@ -218,9 +240,11 @@ GLUED_STEPS = {
 }
 
 
+@pytest.mark.parametrize("weights", ["panels", "oneDNN over plain rows"])
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("case", sorted(GLUED_STEPS))
-def test_glued_step_equals_the_module_path(arch: str, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_glued_step_equals_the_module_path(arch: str, case: str, weights: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", weights == "panels")
     model = random_model(arch)
     batch = step_batch(model, GLUED_STEPS[case], seed=len(case))
     want, want_caches, _ = forward(model, batch, False, monkeypatch)
@@ -230,6 +254,7 @@ def test_glued_step_equals_the_module_path(arch: str, case: str, monkeypatch: py
     assert fused_calls == 0 and len(glue_calls) == len(model.model.layers) * chunks, (
         model._glued.reason if model._glued else ""
     )
+    assert model._glued is not None and model._glued.panels is (weights == "panels")
     err = (got - want).abs().max().item()
     print(
         f"{arch} {case}: {batch[0].shape[0]} rows, max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})"
@@ -264,20 +289,38 @@ def test_glued_step_with_head_dim_64_runs_the_ragged_attention_kernel(case: str,
 
 
 @pytest.mark.parametrize("packed", [True, False])
-def test_glued_layers_prepack_their_weights_unless_told_not_to(packed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Packed (the default): each projection reordered once into oneDNN's layout, a second copy
-    # beside the plain weight the module path and the fused step read; the step's result is
-    # the module path's either way.
+@pytest.mark.parametrize("tied", [True, False])
+def test_float32_weights_are_packed_in_panels_unless_told_not_to(
+    packed: bool, tied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Packed (the default): each projection and the output head once in column panels, a second
+    # copy beside the plain weight the module path reads, shared by the fused step, the glued
+    # layers and compute_logits. Off: oneDNN and the plain-row kernel read the plain weights. The
+    # step's and the logits' results are the module path's either way.
+    from transformers import LlamaConfig
+
+    from plimsoll.runtime.testing import TINY_SHAPE
+
     monkeypatch.setattr(fused_decode, "PACKED_ENABLED", packed)
-    model = random_model("llama")
+    torch.manual_seed(3)
+    model = randomised(LlamaForCausalLM(LlamaConfig(**{**TINY_SHAPE, "tie_word_embeddings": tied})).eval())
     batch = step_batch(model, GLUED_STEPS["prefill above a chunk of 256 rows"], seed=11)
     want, _, _ = forward(model, batch, False, monkeypatch)
     got, _, _ = forward(model, batch, False, monkeypatch, glued=True)
-    glued = model._glued
-    assert glued is not None and glued.reason is None and glued.packed is packed
-    qkv = glued.layers[0][1]
-    assert qkv.is_mkldnn is packed and (qkv is model.model.layers[0].self_attn.qkv_proj.weight) is not packed
+    fused, glued = model._fused, model._glued
+    assert fused is not None and glued is not None and glued.reason is None
+    assert glued.panels is packed and not glued.packed and bool(fused.panels) is packed
+    qkv, plain_qkv = glued.layers[0][1], model.model.layers[0].self_attn.qkv_proj.weight
+    if packed:
+        assert isinstance(qkv, fused_decode.cpu_kernels.PackedWeight) and (qkv.n, qkv.k) == tuple(plain_qkv.shape)
+        head = model.model.embed_tokens.weight if tied else model.lm_head.weight
+        assert fused.head is not None and (fused.head.n, fused.head.k) == tuple(head.shape)
+    else:
+        assert qkv is plain_qkv and fused.head is None
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    rows = torch.randn(37, model.config.hidden_size)
+    plain = rows @ (model.model.embed_tokens.weight if tied else model.lm_head.weight).T
+    torch.testing.assert_close(model.compute_logits(rows), plain, rtol=1e-4, atol=1e-4)
 
 
 BF16_STEPS = {
@@ -395,8 +438,14 @@ def test_steps_the_glued_layers_leave_to_the_module_path(monkeypatch: pytest.Mon
 
 def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model("llama")
-    too_many = decode_batch(model, [1 + i % 5 for i in range(fused_decode.MAX_ROWS + 1)], seed=1)
-    assert forward(model, too_many, True, monkeypatch)[2] == 0  # above MAX_ROWS: oneDNN's matmuls win
+    most = decode_batch(model, [1 + i % 5 for i in range(fused_decode.PANEL_MAX_ROWS)], seed=1)
+    assert forward(model, most, True, monkeypatch)[2] == 1  # over column panels, up to PANEL_MAX_ROWS
+    too_many = decode_batch(model, [1 + i % 5 for i in range(fused_decode.PANEL_MAX_ROWS + 1)], seed=1)
+    assert forward(model, too_many, True, monkeypatch)[2] == 0  # above: the glued layers
+    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", False)
+    plain = random_model("llama")
+    too_many = decode_batch(plain, [1 + i % 5 for i in range(fused_decode.MAX_ROWS + 1)], seed=1)
+    assert forward(plain, too_many, True, monkeypatch)[2] == 0  # plain rows above MAX_ROWS: oneDNN's matmuls win
 
     ids, positions, caches, meta = decode_batch(model, [6, 9], seed=2)
     # A mixed step: the first sequence's last 3 tokens (prefill) and one decode row.
