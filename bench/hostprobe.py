@@ -40,6 +40,18 @@ def bandwidth_gbs(size_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
     return 2 * size_bytes / best / 1e9
 
 
+def fma_peak_gflops(iters: int = 20_000_000, repeats: int = 3) -> float | None:
+    """GFLOP/s of float32 multiply-adds on torch's intra-op threads with nothing read from memory
+    (best of ``repeats``; the compiled kernels' probe): no float32 matmul here can run faster.
+    ``None`` where the kernels cannot be built."""
+    from plimsoll.runtime.kernels import cpu_kernels
+
+    lib = cpu_kernels.library()
+    if lib is None:
+        return None
+    return max(float(lib.plimsoll_fma_peak(iters, torch.get_num_threads())) for _ in range(repeats))
+
+
 def weight_file_bytes(model_dir: Path) -> int:
     """Bytes of a Hugging Face directory's weight files (``*.safetensors``, else ``*.bin``)."""
     files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))

@@ -53,6 +53,7 @@ from plimsoll.bench.hostprobe import (
     bandwidth_gbs,
     ceiling_tokens_per_s,
     floor_ms,
+    fma_peak_gflops,
     matmul_gflops,
     request_flops,
     weight_file_bytes,
@@ -362,6 +363,9 @@ def main() -> None:
     shape = LlamaShape.from_dir(model_dir)
     rates = [matmul_gflops(shape)]
     print(f"# matmul rate (256 rows, {shape.layers} layers): {fmt_rates(rates[0])}", flush=True)
+    # Above any matmul: the multiply-adds the cores can issue at all (None without the kernels).
+    peaks = [fma_peak_gflops()]
+    print(f"# float32 FMA peak: {fmt(peaks[0], '.0f')} GFLOP/s", flush=True)
     for engine in engines:
         spec = builders[engine](args, model_dir)
         report_path = args.out_dir / f"{engine}.json"
@@ -379,6 +383,7 @@ def main() -> None:
     if engines:
         probes.append(bandwidth_gbs())
         rates.append(matmul_gflops(shape))
+        peaks.append(fma_peak_gflops())
     versions = engine_versions(args)
     print(
         f"\n## Workload A over HTTP: {args.input_tokens}-token prompts, {args.output_tokens} output tokens "
@@ -418,6 +423,15 @@ def main() -> None:
         shares = [f"c={c} {levels[c]['tok_s'] / ceiling:.2f}" for c in sorted(levels) if c >= 16 and levels[c]["tok_s"]]
         if shares:
             print(f"- {name}: share of the ceiling {', '.join(shares)}")
+    measured = [p for p in peaks if p]
+    if measured:
+        peak = max(measured)
+        hard = ceiling_tokens_per_s(flops, args.output_tokens, peak)
+        print(
+            f"FMA ceiling: the same {flops / 1e9:.1f} GFLOP at the cores' float32 FMA peak {peak:.0f} GFLOP/s "
+            f"(probes {' / '.join(fmt(p, '.0f') for p in peaks)}; nothing read from memory) = at most {hard:.0f} "
+            "output tok/s for any float32 engine on this host"
+        )
 
 
 if __name__ == "__main__":

@@ -206,6 +206,8 @@ def library() -> ctypes.CDLL | None:
     lib.plimsoll_fused_decode_int8.argtypes = lib.plimsoll_fused_decode_f32.argtypes
     lib.plimsoll_fused_decode_packed_f32.restype = ctypes.c_int
     lib.plimsoll_fused_decode_packed_f32.argtypes = lib.plimsoll_fused_decode_f32.argtypes
+    lib.plimsoll_fma_peak.restype = ctypes.c_double
+    lib.plimsoll_fma_peak.argtypes = [ctypes.c_int64] * 2
     lib.plimsoll_packed_f32_floats.restype = ctypes.c_int64
     lib.plimsoll_packed_f32_floats.argtypes = [ctypes.c_int64] * 3
     lib.plimsoll_packed_f32_panel_cols.restype = ctypes.c_int64

@@ -79,3 +79,15 @@ def test_ceiling_and_matmul_probe(model_dir: Path) -> None:
     assert "mkl" in rates and all(r > 0 for r in rates.values())
     # 1e9 FLOPs a request, 10 output tokens, 100 GFLOP/s: 100 requests a second, 1000 tokens.
     assert ceiling_tokens_per_s(1e9, 10, 100.0) == pytest.approx(1000.0)
+
+
+def test_fma_peak_probe_counts_its_multiply_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plimsoll.bench.hostprobe import fma_peak_gflops
+    from plimsoll.runtime.kernels import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip(f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+    assert fma_peak_gflops(iters=200_000, repeats=1) > 0
+    assert cpu_kernels.library().plimsoll_fma_peak(0, 2) == 0.0  # no rounds, no FLOPs
+    monkeypatch.setattr(cpu_kernels, "library", lambda: None)
+    assert fma_peak_gflops() is None  # no kernels: no probe, and the report leaves the line out

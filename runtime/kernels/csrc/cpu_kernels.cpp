@@ -1436,6 +1436,31 @@ void packed_linear(const float* x, int64_t ldx, const float* packed, const float
 
 }  // namespace
 
+// plimsoll_fma_peak: GFLOP/s of float32 multiply-adds over `num_threads` tasks of the pool, each
+// `iters` rounds of independent vector chains (enough of them to hide an FMA's latency; no memory
+// traffic): the most any float32 matmul can reach here (bench/hostprobe.py's ceiling).
+extern "C" double plimsoll_fma_peak(int64_t iters, int64_t num_threads) {
+#if defined(__AVX512F__)
+  constexpr int kChains = 12;
+#else
+  constexpr int kChains = 6;  // two registers a chain with AVX2: 12 of 16
+#endif
+  std::atomic<int64_t> nonzero{0};
+  const auto start = std::chrono::steady_clock::now();
+  pool::parallel(num_threads, [&](int64_t t) {
+    F16 acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = set16(0.001f * static_cast<float>(c + t));
+    const F16 a = set16(0.9999f), b = set16(1e-4f);
+    for (int64_t i = 0; i < iters; ++i)
+      for (int c = 0; c < kChains; ++c) acc[c] = fma16(acc[c], a, b);
+    float total = 0.f;
+    for (int c = 0; c < kChains; ++c) total += sum16(acc[c]);
+    if (total != 0.f) nonzero.fetch_add(1);  // the sums are used: the loop cannot be dropped
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return nonzero.load() > 0 ? 2.0 * kLanes * kChains * static_cast<double>(iters * num_threads) / seconds / 1e9 : 0.0;
+}
+
 // Floats a weight of n_len x k_len packed in `parts` parts takes (0: parts does not divide n_len).
 extern "C" int64_t plimsoll_packed_f32_floats(int64_t n_len, int64_t k_len, int64_t parts) {
   if (n_len <= 0 || k_len <= 0 || parts <= 0 || n_len % parts != 0) return 0;
@@ -1826,6 +1851,19 @@ int fused_decode(float* x, const std::vector<FusedLayer<P>>& layers, const float
   return 0;
 }
 
+// layers [L, 8] of addresses (see above) as FusedLayer records over float projections P.
+template <typename P>
+std::vector<FusedLayer<P>> float_layers(const int64_t* layers, int64_t num_layers) {
+  std::vector<FusedLayer<P>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const int64_t* p = layers + l * 8;
+    auto f = [p](int i) { return reinterpret_cast<const float*>(p[i]); };
+    parsed[l] = {f(0), f(3), reinterpret_cast<float*>(p[6]), reinterpret_cast<float*>(p[7]),
+                 {f(1)}, {f(2)}, {f(4)}, {f(5)}};
+  }
+  return parsed;
+}
+
 }  // namespace
 
 // layers [L, 8]: see above.
@@ -1835,15 +1873,9 @@ extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const 
                                          int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                          int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
                                          float eps, float scale, int64_t num_threads) {
-  std::vector<FusedLayer<F32Proj>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const int64_t* p = layers + l * 8;
-    auto f = [p](int i) { return reinterpret_cast<const float*>(p[i]); };
-    parsed[l] = {f(0), f(3), reinterpret_cast<float*>(p[6]), reinterpret_cast<float*>(p[7]),
-                 {f(1)}, {f(2)}, {f(4)}, {f(5)}};
-  }
-  return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads, num_kv_heads,
-                      head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
+  return fused_decode(x, float_layers<F32Proj>(layers, num_layers), cos, sin, slots, block_tables, context_lens, m_len,
+                      hidden, num_heads, num_kv_heads, head_dim, inter, block_size, max_blocks, num_slots, eps, scale,
+                      num_threads);
 }
 
 // plimsoll_fused_decode_packed_f32: the same step over projections packed in column panels
@@ -1856,15 +1888,9 @@ extern "C" int plimsoll_fused_decode_packed_f32(float* x, const int64_t* layers,
                                                 int64_t head_dim, int64_t inter, int64_t block_size,
                                                 int64_t max_blocks, int64_t num_slots, float eps, float scale,
                                                 int64_t num_threads) {
-  std::vector<FusedLayer<PackedProj>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const int64_t* p = layers + l * 8;
-    auto f = [p](int i) { return reinterpret_cast<const float*>(p[i]); };
-    parsed[l] = {f(0), f(3), reinterpret_cast<float*>(p[6]), reinterpret_cast<float*>(p[7]),
-                 {f(1)}, {f(2)}, {f(4)}, {f(5)}};
-  }
-  return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads, num_kv_heads,
-                      head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
+  return fused_decode(x, float_layers<PackedProj>(layers, num_layers), cos, sin, slots, block_tables, context_lens,
+                      m_len, hidden, num_heads, num_kv_heads, head_dim, inter, block_size, max_blocks, num_slots, eps,
+                      scale, num_threads);
 }
 
 // plimsoll_fused_decode_int8: the same step with int8 projections (--quantization int8).
