@@ -186,10 +186,6 @@ def run_sweep(args: argparse.Namespace, url: str, model: str, report: Path) -> d
         "--ignore-eos",
         "--levels",
         args.levels,
-        "--requests-per-level",
-        str(args.requests_per_level),
-        "--duration-per-level",
-        str(args.duration_per_level),
         "--max-client-lag-ms",
         str(args.max_client_lag_ms),
         "--min-concurrency-ratio",
@@ -199,6 +195,11 @@ def run_sweep(args: argparse.Namespace, url: str, model: str, report: Path) -> d
         "--output",
         str(report),
     ]
+    # Neither given: bench's own count, max(100, 4 c) measured requests a level.
+    if args.requests_per_level is not None:
+        argv += ["--requests-per-level", str(args.requests_per_level)]
+    if args.duration_per_level is not None:
+        argv += ["--duration-per-level", str(args.duration_per_level)]
     print(f"# {' '.join(argv)}", flush=True)
     result = subprocess.run(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, check=False)
     if result.returncode != 0 or not report.exists():
@@ -300,8 +301,19 @@ def main() -> None:
     ap.add_argument("--levels", default="1,4,16,64")
     ap.add_argument("--input-tokens", type=int, default=160)
     ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--requests-per-level", type=int, default=32, help="at least one per client is sent")
-    ap.add_argument("--duration-per-level", type=float, default=45.0, help="measured seconds per level")
+    # Every request has the same lengths (ignore_eos), so a closed loop runs in waves of c
+    # requests that start and end together: a level needs several waves, or the first
+    # wave's prefill and the last one's tail decide its tok/s (32 requests at c = 16, two
+    # waves, read 186 tok/s where 96 read 232 on the same server).
+    ap.add_argument(
+        "--requests-per-level",
+        type=int,
+        default=None,
+        help="measured requests a level (default: bench's, max(100, 4 x c); at least one per client)",
+    )
+    ap.add_argument(
+        "--duration-per-level", type=float, default=None, help="measured seconds a level instead of a count"
+    )
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-model-len", type=int, default=4096)
