@@ -7,8 +7,9 @@ Why: torch's ``F.linear`` on CPU goes to MKL, which runs the small-batch shapes 
 decoding (1 to 64 rows against a weight of 576-49,152 outputs) on one thread and at
 a fraction of the memory bandwidth on the AMD hosts this project measures on, and on
 an AVX-512 AMD host (Zen 4/5) runs prefill-sized matmuls at about half oneDNN's rate
-too (MKL takes its AVX2 path there). ``python benchmarks/engine_workloads.py --workload
-gemm`` prints them side by side (figures in docs/bench.md and docs/runtime.md).
+too (MKL takes its AVX2 path there). ``python benchmarks/matmul_rates.py`` prints oneDNN
+beside the kernels' own matmuls, and ``bench.hostprobe`` probes MKL against oneDNN
+(figures in docs/bench.md and docs/runtime.md).
 
 oneDNN builds and caches one primitive per distinct matmul shape, ~0.9 MiB each for
 SmolLM2's shapes (unbucketed, 256 row counts × 4 shapes grew RSS by 666 MiB). So rows
@@ -16,7 +17,9 @@ are padded up to a multiple of ``ONEDNN_ROW_BUCKET`` and a matmul of more than
 ``ONEDNN_CHUNK_ROWS`` rows runs in chunks of that many: at most
 ``ONEDNN_CHUNK_ROWS / ONEDNN_ROW_BUCKET`` primitives per weight shape, which
 ``prime_onednn`` builds at warm-up so memory stops growing before the first request.
-What it is not: quantisation, weight packing, or a GPU path (CUDA keeps ``F.linear``).
+What it is not: quantisation, the float32 weights packed in column panels (the fused step,
+the glued layers and the head take those first: ``cpu_kernels.pack_f32``), or a GPU path
+(CUDA keeps ``F.linear``).
 """
 
 from collections.abc import Callable, Iterable
