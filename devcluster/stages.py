@@ -128,9 +128,14 @@ def kwok_config(stock_stages: Path, pod_runner: bool) -> str:
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokConfiguration",
             # kwok 0.8.0 does not default these when --config is given ("node leases
-            # parallelism must be greater than 0"); the values are kwok's own defaults.
+            # parallelism must be greater than 0"); the values are kwok's own defaults
+            # except podPlayStageParallelism. kwok creates a CIDR's IP pool lazily on the
+            # first pod IP it hands out, with a load-then-store that is not atomic: two
+            # pod workers that both miss each make a pool, and the first pods of a new
+            # cluster can get the same IP (a Deployment of 3 got 127.1.0.1 twice in CI).
+            # One worker plays every pod stage in turn; each play is one PATCH.
             "options": {
-                "podPlayStageParallelism": 4,
+                "podPlayStageParallelism": 1,
                 "nodePlayStageParallelism": 4,
                 "nodeLeaseParallelism": 4,
                 "podsOnNodeSyncParallelism": 1,

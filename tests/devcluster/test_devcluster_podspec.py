@@ -122,6 +122,9 @@ def test_kwok_config_keeps_local_pods_out_of_the_simulated_lifecycle(tmp_path: P
 
     plain = list(yaml.safe_load_all(kwok_config(stock, pod_runner=False)))
     assert [d["kind"] for d in plain] == ["KwokConfiguration", "Stage", "Stage"]
+    # kwok 0.8.0 makes a CIDR's IP pool with a racy load-then-store: two pod workers
+    # handed out 127.1.0.1 to two pods of one Deployment. One worker cannot race itself.
+    assert plain[0]["options"]["podPlayStageParallelism"] == 1
     assert plain[2]["spec"]["selector"]["matchExpressions"] == []
 
     docs = {
