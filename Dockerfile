@@ -49,18 +49,16 @@ RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/nu
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY plimsoll/ plimsoll/
+COPY common/ common/
 COPY runtime/ runtime/
 COPY bench/ bench/
 COPY operator/ operator/
 COPY router/ router/
 COPY devcluster/ devcluster/
 
-# `python -P`: the bare plimsoll/ folder in /src must not shadow the installed
-# package (its runtime/, operator/ ... folders are mapped in only when installed).
 RUN pip install --upgrade pip \
  && pip install --extra-index-url "$TORCH_INDEX_URL" ".${EXTRAS:+[$EXTRAS]}" \
- && python -P -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
+ && python -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
  && chown -R 1000:1000 /opt/plimsoll \
  && rm -rf /src
 

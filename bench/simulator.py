@@ -490,7 +490,7 @@ def spawn_simulator(curve: ServiceCurve, host: str = "127.0.0.1", port: int | No
     """Start the simulator in a child process (on a free port unless given); call
     :meth:`SimulatorProcess.wait_ready`. ``host`` is a loopback address (a pod IP in tests)."""
     port = free_port() if port is None else port
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    env = dict(os.environ)
     args = [
         sys.executable,
         "-m",

@@ -13,7 +13,7 @@ new one is added before the next step. Throughput counts every request; latencie
 leave out the opening burst of ``c`` when later requests exist (with ``--rounds 1``
 there are none, and the burst is all there is). A script that prints figures, not a test.
 
-    PYTHONSAFEPATH=1 python benchmarks/engine_workloads.py --workload A --levels 1,4,16
+    python benchmarks/engine_workloads.py --workload A --levels 1,4,16
 """
 
 import argparse

@@ -10,7 +10,7 @@ prompt that differs it prints where the two first part and float32's own logprob
 (its chosen token's logprob minus that of int8's token): a margin of a few hundredths of a nat
 is a near-tie that any rounding of the weights may flip. It prints figures; it asserts nothing.
 
-Run: ``PYTHONSAFEPATH=1 python benchmarks/int8_agreement.py --layouts row,sym32,asym32-nogrid,asym32``; with
+Run: ``python benchmarks/int8_agreement.py --layouts row,sym32,asym32-nogrid,asym32``; with
 ``--kv-cache-dtype`` it compares float32 against float32 weights over an int8 KV cache instead.
 """
 

@@ -7,7 +7,7 @@ output row, symmetric groups of 32, and asymmetric groups of 32 (scale and offse
 layouts are timed in turn, round after round, and the minimum of the rounds is printed, so a
 noisy host slows all of them alike. It prints figures; it asserts nothing.
 
-Run: ``PYTHONSAFEPATH=1 python benchmarks/int8_kernel.py --rounds 9``.
+Run: ``python benchmarks/int8_kernel.py --rounds 9``.
 """
 
 import argparse

@@ -13,7 +13,7 @@ since on a shared host wall-clock throughput moves with the neighbours' load.
 Closed loop: ``c`` requests are in the engine; each time one finishes another is
 added before the next step. TPOT leaves out the opening burst of ``c``.
 
-    PYTHONSAFEPATH=1 python benchmarks/lora_mix.py --concurrency 16 --requests 48
+    python benchmarks/lora_mix.py --concurrency 16 --requests 48
 
 What it is not: a test, nor a GPU measurement (``--device cuda`` runs the same torch
 path there). Figures move with whatever else runs on the host.

@@ -15,7 +15,7 @@ step, through
 the three alternating round by round, and prints the best round's GFLOP/s for each and the
 largest difference between the panels' result and ``F.linear``'s. A script, not a test.
 
-    PYTHONSAFEPATH=1 python benchmarks/matmul_rates.py --rows 1,2,4,8,16,32,64,256
+    python benchmarks/matmul_rates.py --rows 1,2,4,8,16,32,64,256
 """
 
 import argparse

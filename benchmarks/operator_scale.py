@@ -7,7 +7,7 @@ from apply to Ready plus the operator's CPU seconds and peak RSS. Replicas are
 CPU-only and simulated by kwok, so this measures the operator and the control
 plane, not model loading.
 
-    PYTHONSAFEPATH=1 python benchmarks/operator_scale.py --count 50
+    python benchmarks/operator_scale.py --count 50
 """
 
 import argparse

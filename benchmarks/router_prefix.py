@@ -12,8 +12,8 @@ test (tests/router/test_router_real.py) imports :func:`measure` and only asserts
 the direction with a margin.
 
 Usage:
-    PYTHONSAFEPATH=1 python benchmarks/router_prefix.py [--requests 144] [--concurrency 3] [--system-prompts 18]
-    PYTHONSAFEPATH=1 python benchmarks/router_prefix.py --replica http://127.0.0.1:8001 ... --model NAME
+    python benchmarks/router_prefix.py [--requests 144] [--concurrency 3] [--system-prompts 18]
+    python benchmarks/router_prefix.py --replica http://127.0.0.1:8001 ... --model NAME
 """
 
 from __future__ import annotations

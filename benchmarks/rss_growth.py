@@ -7,7 +7,7 @@ a step can have appears. It reads the process's resident set (``VmRSS``) after a
 after every wave and prints them: a cache keyed by shape (oneDNN's primitives, say) or a
 per-request leak shows as growth. It prints figures; it asserts nothing.
 
-Run: ``PYTHONSAFEPATH=1 python benchmarks/rss_growth.py --requests 2000``
+Run: ``python benchmarks/rss_growth.py --requests 2000``
 """
 
 import argparse

@@ -18,7 +18,7 @@ to their pod IPs) behind `plimsoll route`:
   ``status.scaleDown.requestsCutTotal`` (the operator's
   ``plimsoll_operator_requests_cut_by_scale_down_total``).
 
-    PYTHONSAFEPATH=1 python benchmarks/scale_to_zero.py
+    python benchmarks/scale_to_zero.py
 
 The CPU is shared by the control plane, the replicas and the load, so the
 figures are this machine's, not a GPU cluster's.

@@ -8,7 +8,7 @@ where prompt lookup pays; the "plain" one is Workload A-like prose. Offline engi
 (no HTTP), SmolLM2-135M, float32 activations. vLLM is not run here. A script that
 prints figures, not a test.
 
-    PYTHONSAFEPATH=1 python benchmarks/speed_figures.py [--modes default,int8,ngram]
+    python benchmarks/speed_figures.py [--modes default,int8,ngram]
 """
 
 import argparse

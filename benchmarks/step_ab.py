@@ -5,7 +5,7 @@ changes are worth, so each comparison here runs both variants in the same proces
 on the same batch, alternating every step, and prints the median step time of each.
 A script that prints figures, not a test.
 
-    PYTHONSAFEPATH=1 python benchmarks/step_ab.py --compare attention --levels 1,16,64
+    python benchmarks/step_ab.py --compare attention --levels 1,16,64
 
 ``--compare pool`` first prints the cost of one kernel call (an empty split, a tiny matmul)
 with threads started per call against the persistent pool.

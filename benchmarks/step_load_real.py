@@ -25,7 +25,7 @@ Ready, the replicas it used against the fewest that suffice, and its
 the target to the new pod's first answer). The CPU is shared by every replica and the load, so the figures are for
 this machine, not a GPU cluster.
 
-    PYTHONSAFEPATH=1 python benchmarks/step_load_real.py
+    python benchmarks/step_load_real.py
 """
 
 import argparse

@@ -7,7 +7,7 @@ head (``compute_logits``), sampling, and the rest (output processing), then prof
 steps with ``torch.profiler`` and prints the ops that take the most self CPU time per step and
 how many ops a step runs. It prints figures; it asserts nothing.
 
-Run: ``PYTHONSAFEPATH=1 python benchmarks/step_profile.py --levels 1,16`` (``--baseline``: kernels
+Run: ``python benchmarks/step_profile.py --levels 1,16`` (``--baseline``: kernels
 that start threads per call and no fused decode step, the step as it was before them)
 """
 

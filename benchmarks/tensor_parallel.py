@@ -16,7 +16,7 @@ layers, 16 heads with 8 KV heads, MLP 4096, vocabulary 32,000: 0.5 B parameters,
 2 GiB in fp32) is random and written once under ``--model-dir``. A script that
 prints figures, not a test; on a shared host, say how loaded it was (``uptime``).
 
-    PYTHONSAFEPATH=1 python benchmarks/tensor_parallel.py --levels 1,16 --tokens 32
+    python benchmarks/tensor_parallel.py --levels 1,16 --tokens 32
 """
 
 import argparse

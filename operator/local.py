@@ -74,7 +74,6 @@ class OperatorProcess:
         env: dict[str, Any] = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
-            "PYTHONSAFEPATH": "1",
             **self.extra_env,
         }
         env.pop("KUBERNETES_SERVICE_HOST", None)

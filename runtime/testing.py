@@ -327,7 +327,7 @@ class ServerProcess:
         self.port = port if port is not None else free_port(host)
         self.args = list(args)
         self.startup_timeout = startup_timeout
-        self.env = {**os.environ, "PYTHONSAFEPATH": "1", **(env or {})}
+        self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         # Closed in __exit__; the file outlives the process so a failing test can show the log.
         self._log = tempfile.NamedTemporaryFile(prefix="plimsoll-serve-", suffix=".log", delete=False)  # noqa: SIM115

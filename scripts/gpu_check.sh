@@ -28,10 +28,10 @@ EOF
 
 # plimsoll maps top-level folders to subpackages (runtime/ -> plimsoll.runtime) via
 # setuptools package-dir. Without an install, mirror that mapping with symlinks.
-if ! PYTHONSAFEPATH=1 "$PY" -c "import plimsoll.runtime.attention.triton_backend" >/dev/null 2>&1; then
+if ! "$PY" -c "import plimsoll.runtime.attention.triton_backend" >/dev/null 2>&1; then
   SHIM="$(mktemp -d)"
   mkdir "$SHIM/plimsoll"
-  for f in "$REPO"/plimsoll/*; do ln -s "$f" "$SHIM/plimsoll/"; done
+  for f in "$REPO"/common/*; do ln -s "$f" "$SHIM/plimsoll/"; done
   for part in runtime bench router devcluster; do
     [ -d "$REPO/$part" ] && ln -s "$REPO/$part" "$SHIM/plimsoll/$part"
   done
@@ -43,5 +43,4 @@ fi
 
 # Keep Triton 3.9's FP-fusion default explicit (silences its warning, same behaviour).
 export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"
-export PYTHONSAFEPATH=1
 exec "$PY" "$REPO/scripts/gpu_check.py" "$@"

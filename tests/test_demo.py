@@ -27,7 +27,7 @@ DEMO = (
 
 
 def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "COLUMNS": "200"}
+    env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.run(
         [sys.executable, "-c", DEMO, "demo", *args], capture_output=True, text=True, env=env, timeout=420
     )

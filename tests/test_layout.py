@@ -32,6 +32,17 @@ def test_no_operator_init_shadows_stdlib() -> None:
     assert not Path(result.stdout.strip()).resolve().is_relative_to(ROOT), result.stdout
 
 
+def test_checkout_root_does_not_shadow_the_installed_package() -> None:
+    # Scripts, tests and tools run from the checkout root with it first on sys.path:
+    # no folder there may be named like the distribution's import name.
+    assert not (ROOT / "plimsoll").exists(), "a plimsoll/ folder at the checkout root shadows the package"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    probe = "import plimsoll, plimsoll.operator.api.spec, plimsoll.runtime.engine; print(plimsoll.__file__)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).resolve().parent == (ROOT / "common").resolve(), result.stdout
+
+
 def _import_name(folder: Path) -> str | None:
     """The import name a source folder maps to through package-dir."""
     rel = folder.relative_to(ROOT)

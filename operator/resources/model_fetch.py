@@ -2,7 +2,7 @@
 
 What it is: for ``model.uri: hf://org/name[@revision]`` the replica pod gets a cache
 volume (the PVC ``model.cache.claimName``, else an emptyDir of ``model.cache.sizeLimit``)
-and an init container running ``plimsoll fetch`` (``plimsoll/model_fetch.py``), which
+and an init container running ``plimsoll fetch`` (``common/model_fetch.py``), which
 downloads the snapshot with huggingface_hub before either engine starts; the engine then
 loads the local directory with the hub switched off (``HF_HUB_OFFLINE=1``). The token,
 when ``model.tokenSecretRef`` names one, reaches only the init container. It also reads
@@ -27,7 +27,7 @@ MODEL_CACHE_VOLUME = "model-cache"
 MODEL_CACHE_MOUNT = "/var/cache/plimsoll/models"
 FETCH_CONTAINER = "fetch-model"
 
-# Exit codes of `plimsoll fetch` (plimsoll/model_fetch.py) -> condition reason.
+# Exit codes of `plimsoll fetch` (common/model_fetch.py) -> condition reason.
 # Kept in step with FETCH_EXIT_CODES there; a test checks both tables agree.
 FETCH_REASONS = {
     3: "RepositoryNotFound",

@@ -18,7 +18,7 @@ PLIMSOLL = str(Path(sys.executable).with_name("plimsoll"))
 
 
 def _dev(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    env = dict(os.environ)
     return subprocess.run([PLIMSOLL, "dev", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 

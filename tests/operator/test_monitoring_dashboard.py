@@ -98,7 +98,7 @@ def test_committed_json_is_what_the_generator_writes() -> None:
     generated = runpy.run_path(str(GENERATOR))["render"]()
     assert DASHBOARD.read_text() == generated, (
         "dashboards/llmservice.json drifted from generate.py: run "
-        "`PYTHONSAFEPATH=1 python charts/plimsoll/dashboards/generate.py` and commit both"
+        "`python charts/plimsoll/dashboards/generate.py` and commit both"
     )
 
 

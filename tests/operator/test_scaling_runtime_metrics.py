@@ -1,6 +1,6 @@
 """The autoscaler's reader against the real runtime's /metrics (tiny random model, CPU).
 
-The names in plimsoll/metric_names.py are a contract between the runtime that
+The names in common/metric_names.py are a contract between the runtime that
 exports them and the operator that scales on them; this test holds both ends.
 """
 

@@ -29,7 +29,7 @@ def _start_replica(port: int, **fields: Any) -> SimulatorProcess:
     curve = ServiceCurve(**{**REPLICA_DEFAULTS, **fields})
     process = subprocess.Popen(
         [sys.executable, "-m", "plimsoll.bench.simulator", "--port", str(port), "--curve", json.dumps(asdict(curve))],
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        env=dict(os.environ),
     )  # fmt: skip
     replica = SimulatorProcess(f"http://127.0.0.1:{port}", process)
     replica.wait_ready(timeout_s=60)

@@ -38,7 +38,6 @@ PRELUDE = textwrap.dedent(
 
 def run_sm90(script: str, timeout: float = 500) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONSAFEPATH"] = "1"
     proc = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(script)],
         env=env,

@@ -10,7 +10,7 @@ plimsoll.metric_names), so one dashboard covers both engine kinds. GPU panels
 read NVIDIA's DCGM exporter, joined to the LLMService's pods through ``up``.
 
 What it is not: imported by the chart (Helm reads the JSON) or by the operator.
-Run ``PYTHONSAFEPATH=1 python charts/plimsoll/dashboards/generate.py`` after a
+Run ``python charts/plimsoll/dashboards/generate.py`` after a
 change and commit both files; a test fails when they drift apart.
 """
 

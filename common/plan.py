@@ -9,7 +9,7 @@ replicas a load needs, with every step shown —
 - tensor parallelism over N GPUs per replica (vLLM's ``--tensor-parallel-size``, as
   ``plimsoll serve`` shards): query heads, MLP columns and the vocabulary are split
   N ways, KV heads split or (fewer KV heads than GPUs) replicated, norms replicated
-  (``plimsoll/tp_split.py``), so every figure below is per GPU: weight bytes per
+  (``common/tp_split.py``), so every figure below is per GPU: weight bytes per
   GPU, KV bytes per token per GPU (its KV heads only);
 - KV bytes per token = 2 × layers × kv_heads (per GPU) × head_dim × KV dtype bytes (int8:
   head_dim + 4 bytes per row, the float32 scale the runtime stores with each token and KV head);
