@@ -2,7 +2,7 @@
 
 Starts a fresh local control plane with the pod runner, installs the Helm chart,
 runs the operator as a local process with the chart's ServiceAccount token, and
-plays the two scenarios of ``tests/operator/test_scale_to_zero_k8s.py`` on
+plays the two scenarios of ``tests/operator/handlers/test_scale_to_zero_k8s.py`` on
 replicas that are `plimsoll serve` on a tiny random model (local processes bound
 to their pod IPs) behind `plimsoll route`:
 

@@ -14,6 +14,20 @@ import pytest
 from plimsoll.devcluster.cluster import Cluster
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` where torch sees no CUDA device (they run on a GPU machine)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="marked gpu: needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     from plimsoll.devcluster import paths

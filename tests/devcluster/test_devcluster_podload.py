@@ -1,5 +1,5 @@
 """podload's pure parts: which pods it sends to, and its config checks (the load itself runs in
-tests/operator/test_autoscale_real_k8s.py against real replicas)."""
+tests/operator/handlers/test_autoscale_real_k8s.py against real replicas)."""
 
 from typing import Any
 

@@ -76,7 +76,7 @@ def test_padded_static_buffers_match_the_plain_path(tiny_model_dir: Any, triton_
     assert runner.graph_replays > 0  # decode steps went through the static buffers
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.gpu
 def test_captured_graphs_equal_eager_on_gpu(tiny_model_dir: Any) -> None:
     common: dict[str, Any] = dict(
         model=str(tiny_model_dir("llama")),

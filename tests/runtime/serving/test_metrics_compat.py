@@ -3,7 +3,7 @@
 A Gateway API Inference Extension endpoint picker reads vllm:num_requests_waiting,
 vllm:num_requests_running, vllm:kv_cache_usage_perc (gauges) and vllm:cache_config_info
 (labels block_size, num_gpu_blocks). The exposition is parsed by prometheus_client's
-own parser; the k8s test (tests/operator/test_inference_pool_k8s.py) reads a real pod's.
+own parser; the k8s test (tests/operator/handlers/test_inference_pool_k8s.py) reads a real pod's.
 """
 
 import pytest

@@ -131,7 +131,7 @@ def test_bounds_are_required() -> None:
 
 
 def test_hpa_example_is_a_valid_llmservice_and_starts_sized() -> None:
-    path = Path(__file__).resolve().parents[2] / "examples" / "llmservice-hpa.yaml"
+    path = Path(__file__).resolve().parents[3] / "examples" / "llmservice-hpa.yaml"
     body = yaml.safe_load(path.read_text())
     body["metadata"]["namespace"] = "default"
     svc = LLMService.from_body(body)

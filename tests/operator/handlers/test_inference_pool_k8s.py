@@ -1,7 +1,7 @@
 """router.mode inferencePool on the local control plane, with the real InferencePool CRD.
 
 The CRD is the Gateway API Inference Extension's own v1.6.0 file
-(``tests/operator/crds/``, unmodified), so the API server validates the operator's
+(``tests/operator/handlers/crds/``, unmodified), so the API server validates the operator's
 pool against the upstream schema and its CEL rules. Replicas are real `plimsoll serve`
 processes on a tiny model (the devcluster pod runner), so Ready means their /ready
 answered. No gateway or endpoint picker runs here: nothing sets the pool's

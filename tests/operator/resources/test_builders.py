@@ -1,4 +1,4 @@
-"""Pure builders against golden files (tests/operator/golden/).
+"""Pure builders against golden files (tests/operator/resources/golden/).
 
 Regenerate after an intended change with ``PLIMSOLL_UPDATE_GOLDEN=1`` and review
 the diff like any code change.
@@ -21,7 +21,7 @@ from plimsoll.operator.resources.quantity import to_bytes
 from plimsoll.operator.resources.service import build_service, endpoint_url
 from plimsoll.operator.resources.settings import BuildSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"
 SETTINGS = BuildSettings(plimsoll_image="plimsoll:test", vllm_image="vllm/vllm-openai:v0.32.0")
 

@@ -1,6 +1,6 @@
 """Multi-node replicas on the local control plane: InvalidSpec without the LWS API, a LeaderWorkerSet with it.
 
-The CRD is kubernetes-sigs/lws's own (``tests/operator/crds/``, descriptions
+The CRD is kubernetes-sigs/lws's own (``tests/operator/handlers/crds/``, descriptions
 stripped, schema unchanged), so the API server validates the operator's object
 against the upstream schema (server-side apply would refuse a field it lacks). No
 LWS controller runs here, so no pods appear: "accepted" means the API server

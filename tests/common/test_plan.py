@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from plimsoll.cli import app
 from plimsoll.plan import parse_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MISTRAL = ROOT / "examples" / "model-configs" / "mistral-7b.json"
 QWEN = ROOT / "examples" / "model-configs" / "qwen2.5-7b.json"
 runner = CliRunner()

@@ -12,7 +12,7 @@ import yaml
 
 from plimsoll.devcluster import paths
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "plimsoll"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "plimsoll"
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

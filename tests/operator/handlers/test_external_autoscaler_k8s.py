@@ -21,7 +21,7 @@ from plimsoll.operator.resources.external_autoscaler import build_hpa
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(300)]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llmservice-hpa.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llmservice-hpa.yaml"
 SCALED_OBJECT_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",

@@ -1,6 +1,6 @@
 """The autoscaler's reading of real exposition (written by prometheus_client) for both engine families.
 
-Histograms and quantiles themselves are tested with plimsoll.prometheus (tests/test_prometheus.py).
+Histograms and quantiles themselves are tested with plimsoll.prometheus (tests/common/test_prometheus.py).
 """
 
 import math

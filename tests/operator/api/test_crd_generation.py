@@ -7,7 +7,7 @@ import yaml
 
 from plimsoll.operator.api import crd
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_committed_crds_match_the_models() -> None:

@@ -23,7 +23,7 @@ from plimsoll import metric_names as mn
 from plimsoll.devcluster import paths
 from plimsoll.operator.resources.monitoring import SERIES_LABEL
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "plimsoll"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "plimsoll"
 DASHBOARD = CHART / "dashboards" / "llmservice.json"
 GENERATOR = CHART / "dashboards" / "generate.py"
 SIX_PANELS = [

@@ -16,7 +16,7 @@ from plimsoll.operator.handlers.router_children import router_children, router_o
 from plimsoll.operator.resources.settings import BuildSettings
 
 SETTINGS = BuildSettings(plimsoll_image="plimsoll:test")
-CHART = Path(__file__).resolve().parents[2] / "charts" / "plimsoll"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "plimsoll"
 BODY: dict[str, Any] = {
     "metadata": {"name": "chat", "namespace": "prod"},
     "spec": {"model": {"uri": "embedded://smollm2-135m"}, "replicas": 2, "autoscaling": {"mode": "off"}},

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from plimsoll.cli import app
 
-QWEN = Path(__file__).resolve().parents[1] / "examples" / "model-configs" / "qwen2.5-7b.json"
+QWEN = Path(__file__).resolve().parents[2] / "examples" / "model-configs" / "qwen2.5-7b.json"
 
 
 def report_of(tmp_path: Path, model: str) -> Path:

@@ -18,7 +18,7 @@ from plimsoll.operator.local import OperatorProcess
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llmservice-embedded.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llmservice-embedded.yaml"
 GPU_NODES = {"gpu-node-a", "gpu-node-b"}
 
 

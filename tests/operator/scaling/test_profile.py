@@ -119,7 +119,7 @@ def sweep_report() -> dict[str, Any]:
 
 
 def test_sample_report_matches_the_bench_schema() -> None:
-    schema = json.loads((Path(__file__).resolve().parents[2] / "bench" / "report.schema.json").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[3] / "bench" / "report.schema.json").read_text())
     jsonschema.validate(sweep_report(), schema)
 
 
