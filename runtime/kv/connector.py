@@ -100,7 +100,9 @@ class KVConnector:
         self._evicted: list[tuple[int, bytes]] = []
         self._computed: list[tuple[int, bytes]] = []
         self._loads: list[tuple[int, int]] = []  # (primary block id, host slot)
-        self._matched: dict[str, tuple[list[int], list[bytes]]] = {}  # request id -> (pinned slots, addresses)
+        self._matched: dict[
+            str, tuple[list[int], list[bytes]]
+        ] = {}  # request id -> (pinned slots, addresses)
         self._origin: OrderedDict[bytes, str] = OrderedDict()  # prefetched address -> tier it came from
         self._shared_known: OrderedDict[bytes, None] = OrderedDict()  # written to / read from the server
         self._shared_known_size = shared_known_size
@@ -112,10 +114,14 @@ class KVConnector:
         self.prefetch_done = threading.Condition()
         self._threads = []
         if host is not None or shared is not None:
-            self._threads.append(threading.Thread(target=self._work, args=(self._store_queue,), name="kv-store", daemon=True))
+            self._threads.append(
+                threading.Thread(target=self._work, args=(self._store_queue,), name="kv-store", daemon=True)
+            )
         if shared is not None or (host is not None and host.disk is not None):
             self._threads.append(
-                threading.Thread(target=self._work, args=(self._prefetch_queue,), name="kv-prefetch", daemon=True)
+                threading.Thread(
+                    target=self._work, args=(self._prefetch_queue,), name="kv-prefetch", daemon=True
+                )
             )
         for t in self._threads:
             t.start()
@@ -408,7 +414,9 @@ class KVConnector:
             self.publisher.close()
 
 
-def build_connector(config: Any, kv_caches: KVCaches, model: torch.nn.Module, hf_config: Any, max_model_len: int) -> KVConnector | None:
+def build_connector(
+    config: Any, kv_caches: KVCaches, model: torch.nn.Module, hf_config: Any, max_model_len: int
+) -> KVConnector | None:
     """The connector an ``EngineConfig`` asks for (tiers, events), or None when it asks for neither."""
     from plimsoll.runtime.kv.blocks import layout_of, model_fingerprint
     from plimsoll.runtime.kv.host_tier import DiskTier
@@ -434,7 +442,9 @@ def build_connector(config: Any, kv_caches: KVCaches, model: torch.nn.Module, hf
     if size_gib is not None:
         disk = None
         if config.kv_offloading_disk_path is not None:
-            disk = DiskTier(config.kv_offloading_disk_path, int(config.kv_offloading_disk_size * 2**30 // nbytes))
+            disk = DiskTier(
+                config.kv_offloading_disk_path, int(config.kv_offloading_disk_size * 2**30 // nbytes)
+            )
         host = HostTier(
             int(size_gib * 2**30 // nbytes), shape, k.dtype, pin_memory=k.device.type == "cuda",
             store_threshold=config.kv_offloading_store_threshold, disk=disk,

@@ -26,7 +26,13 @@ from pathlib import Path
 
 import torch
 
-from plimsoll.runtime.kv.transfer import BlockRejected, block_from_payload, pack_block, payload_of, unpack_block
+from plimsoll.runtime.kv.transfer import (
+    BlockRejected,
+    block_from_payload,
+    pack_block,
+    payload_of,
+    unpack_block,
+)
 
 # (medium, address, stored) for KV events: the connector turns them into BlockStored/BlockRemoved.
 TierListener = Callable[[str, bytes, bool], None]

@@ -16,6 +16,7 @@ index: the server is the index.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -32,7 +33,9 @@ KEY_PREFIX = "plimsoll:kv:"
 class CircuitBreaker:
     """Closed → open after ``failures`` consecutive failures; one trial call after ``cooldown_s``."""
 
-    def __init__(self, failures: int = 3, cooldown_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, failures: int = 3, cooldown_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.failures = failures
         self.cooldown_s = cooldown_s
         self.clock = clock
@@ -72,7 +75,8 @@ class CircuitBreaker:
                     self.times_opened += 1
                     log.warning(
                         "shared KV tier failed %d times in a row; circuit open for %.1f s (requests recompute)",
-                        self.consecutive, self.cooldown_s,
+                        self.consecutive,
+                        self.cooldown_s,
                     )
                 self.opened_at = self.clock()
 
@@ -198,7 +202,5 @@ class SharedTier:
         self.breaker.failure()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing a dead connection: nothing to do
             self.client.close()
-        except Exception:  # closing a dead connection: nothing to do
-            pass

@@ -49,7 +49,9 @@ def export_blocks(
     device = kv_caches[0][0].device
     idx = torch.tensor(block_ids, dtype=torch.long, device=device)
     # [n, layers, 2, bs, H, D]: one gather per layer and K/V, then one copy to the host.
-    gathered = torch.stack([torch.stack([k.index_select(0, idx), v.index_select(0, idx)], 1) for k, v in kv_caches], 1)
+    gathered = torch.stack(
+        [torch.stack([k.index_select(0, idx), v.index_select(0, idx)], 1) for k, v in kv_caches], 1
+    )
     if out is None:
         return gathered.to("cpu") if device.type != "cpu" else gathered
     out.copy_(gathered, non_blocking=True)

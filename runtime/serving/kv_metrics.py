@@ -106,8 +106,12 @@ class KVTierCollector(Collector):
             s = shared.stats
             yield plain(mn.KV_SHARED_REJECTED_BLOCKS, "Shared-tier blocks that failed their check (corrupt or "
                         "foreign) and were recomputed.", s.rejected)  # fmt: skip
-            yield plain(mn.KV_SHARED_ERRORS, "Shared-tier calls that failed (timeout, refused, protocol).", s.errors)
-            yield plain(mn.KV_SHARED_SKIPPED, "Shared-tier calls not made because the circuit was open.", s.skipped)
+            yield plain(
+                mn.KV_SHARED_ERRORS, "Shared-tier calls that failed (timeout, refused, protocol).", s.errors
+            )
+            yield plain(
+                mn.KV_SHARED_SKIPPED, "Shared-tier calls not made because the circuit was open.", s.skipped
+            )
             g = GaugeMetricFamily(mn.KV_SHARED_CIRCUIT_OPEN, "1 while the shared tier's circuit is open.",
                                   labels=["model_name"])  # fmt: skip
             g.add_metric([self.model], 0.0 if shared.breaker.state == "closed" else 1.0)
@@ -118,5 +122,7 @@ class KVTierCollector(Collector):
                                            ["model_name"], [self.model])  # fmt: skip
         pub = c.publisher
         if pub is not None:
-            yield plain(mn.KV_EVENTS_PUBLISHED, "KV event batches published (vLLM's ZMQ schema).", pub.published)
+            yield plain(
+                mn.KV_EVENTS_PUBLISHED, "KV event batches published (vLLM's ZMQ schema).", pub.published
+            )
             yield plain(mn.KV_EVENTS_DROPPED, "KV event batches dropped (publisher queue full).", pub.dropped)
