@@ -112,8 +112,9 @@ def test_disk_tier_below_a_small_host_tier(tiny_model_dir: Any, tmp_path: Path) 
     model = tiny_model_dir("llama")
     a, b, c = prompts(4, n=3)
     base, _ = run(model, [a, b, c, a])
-    # Host tier of 4 blocks: A's 12 blocks spill to the 64-block disk tier and come back from it.
-    tier, _ = run(model, [a, b, c, a], kv_offloading_size=4 * 8192 / 2**30,
+    # Host tier of 16 blocks: B's and C's evictions push A's 12 blocks to the 64-block disk tier;
+    # A comes back from it (through the host tier, which stages a prompt's blocks).
+    tier, _ = run(model, [a, b, c, a], kv_offloading_size=16 * 8192 / 2**30,
                   kv_offloading_disk_path=str(tmp_path / "disk"), kv_offloading_disk_size=64 * 8192 / 2**30)  # fmt: skip
     assert [t for _, t in tier] == [t for _, t in base]
     assert tier[3][0] > base[3][0]
