@@ -86,6 +86,8 @@ class KVBlockIndex:
         if slot is not None:
             self.live &= ~(1 << slot)
             self._dead |= 1 << slot
+            if self._dead.bit_count() * 4 >= self.stride:
+                self.compact()  # a quarter of the slots are garbage: one pass over the entries
 
     def remove_replica(self, replica: str) -> None:
         self.clear(replica)

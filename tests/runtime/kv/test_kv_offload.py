@@ -36,7 +36,9 @@ def prompts(seed: int, n: int = 2) -> list[list[int]]:
     return [[rng.randrange(3, 259) for _ in range(PROMPT)] for _ in range(n)]
 
 
-def run(model: Path, sequence: list[list[int]], lora: str | None = None, **kw: Any) -> tuple[list[Any], Prefill]:
+def run(
+    model: Path, sequence: list[list[int]], lora: str | None = None, **kw: Any
+) -> tuple[list[Any], Prefill]:
     from plimsoll.runtime import LLM, SamplingParams
 
     counter = Prefill()
