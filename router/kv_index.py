@@ -153,62 +153,64 @@ class KVBlockIndex:
     # -- scoring -------------------------------------------------------------------------
 
     def score(self, replicas: Sequence[str], hashes: Sequence[int]) -> dict[str, Score]:
-        """Each replica's longest servable run of ``hashes`` and its tier-weighted value."""
+        """Each replica's longest servable run of ``hashes`` and its tier-weighted value.
+
+        Most blocks of a run sit in the primary cache of every replica still in the race, so
+        only the exceptions are counted: blocks an alive replica serves from its host or disk
+        tier, or only through the shared tier. A replica's weighted run is then
+        ``run × w_gpu − Σ exceptions × (w_gpu − w_tier)``.
+        """
         stride = self.stride
+        s1, s2, s3 = stride, 2 * stride, SHARED * stride
         slots = {r: self.slot_of[r] for r in replicas if r in self.slot_of}
-        wanted = 0
+        alive = 0
         for s in slots.values():
-            wanted |= 1 << s
-        alive = wanted
+            alive |= 1 << s
         ends: dict[int, int] = {}
-        # Vertical counters: plane k holds bit k of each slot's count of blocks served per tier.
-        planes: list[list[int]] = [[], [], []]
-        shared_run = 0  # blocks at the head of the prompt the shared tier holds
+        # Vertical (bit-sliced) counters of the exceptions, per tier: host, disk, shared only.
+        planes: tuple[list[int], list[int], list[int]] = ([], [], [])
         shared_alive = True
-        entries = self.entries
-        n = 0
+        get = self.entries.get
+        n = len(hashes)
         for i, h in enumerate(hashes):
-            v = entries.get(h, 0)
-            in_shared = (v >> (SHARED * stride)) & 1
+            v = get(h, 0)
             g = v & alive
-            c = (v >> stride) & alive
-            d = (v >> (2 * stride)) & alive
+            if g == alive and alive:
+                continue  # the common case: every replica still in the race holds it on its device
+            in_shared = (v >> s3) & 1
+            c = (v >> s1) & alive
+            d = (v >> s2) & alive
             local = g | c | d
             present = alive if in_shared else local
             dropped = alive & ~present
-            if dropped:
-                x = dropped
-                while x:
-                    low = x & -x
-                    ends[low.bit_length() - 1] = i
-                    x ^= low
-                alive = present
-            if shared_alive and in_shared:
-                shared_run += 1
-            else:
-                shared_alive = False
-            if not alive and not shared_alive:
+            while dropped:
+                low = dropped & -dropped
+                ends[low.bit_length() - 1] = i
+                dropped ^= low
+            alive = present
+            shared_alive = shared_alive and bool(in_shared)
+            if not alive:
                 n = i
                 break
-            for t, m in enumerate((g, c & ~g, d & ~g & ~c)):
-                carry = m
-                p = planes[t]
+            c &= ~g
+            d &= ~(g | c)
+            sh = alive & ~local
+            for plane, m in ((planes[0], c), (planes[1], d), (planes[2], sh)):
                 k = 0
-                while carry:
-                    if k == len(p):
-                        p.append(0)
-                    t2 = p[k] & carry
-                    p[k] ^= carry
-                    carry = t2
+                while m:
+                    if k == len(plane):
+                        plane.append(0)
+                    carry = plane[k] & m
+                    plane[k] ^= m
+                    m = carry
                     k += 1
-            n = i + 1
         out: dict[str, Score] = {}
         wg, wc, wd, ws = self.weights
         for replica, slot in slots.items():
             run = ends.get(slot, n)
-            counts = [sum(((p[k] >> slot) & 1) << k for k in range(len(p))) for p in planes]
-            rest = run - sum(counts)  # blocks of the run only the shared tier holds
-            out[replica] = Score(run, wg * counts[0] + wc * counts[1] + wd * counts[2] + ws * rest)
+            host, disk, shared = (sum(((p[k] >> slot) & 1) << k for k in range(len(p))) for p in planes)
+            weighted = run * wg - host * (wg - wc) - disk * (wg - wd) - shared * (wg - ws)
+            out[replica] = Score(run, weighted)
         return out
 
     def shared_run(self, hashes: Sequence[int]) -> int:

@@ -51,16 +51,13 @@ def chain_hashes_fast(token_ids: Sequence[int], block_size: int, salt: str | Non
         return []
     packed = np.asarray(token_ids[: n * block_size], dtype="<i8").tobytes()
     step = block_size * 8
-    view = memoryview(packed)
+    sha256 = hashlib.sha256
     out: list[bytes] = []
-    parent = ROOT_HASH
-    salt_bytes = salt.encode() if salt else None
-    for i in range(n):
-        h = hashlib.sha256(parent)
-        if i == 0 and salt_bytes is not None:
-            h.update(salt_bytes)
-        h.update(view[i * step : (i + 1) * step])
-        parent = h.digest()
+    first = ROOT_HASH + (salt.encode() if salt else b"")
+    parent = sha256(first + packed[:step]).digest()
+    out.append(parent)
+    for i in range(1, n):
+        parent = sha256(parent + packed[i * step : (i + 1) * step]).digest()
         out.append(parent)
     return out
 
