@@ -52,8 +52,15 @@ class KVTierCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         c = self.connector
-        counters = c.counters
         labels = ["model_name", "medium"]
+        if c is None:
+            # No tiers or events configured: the families exist (dashboards query them), with no samples.
+            for name in (mn.KV_TIER_HITS, mn.KV_OFFLOAD_LOAD_BYTES, mn.KV_OFFLOAD_STORE_BYTES):
+                yield CounterMetricFamily(name.removesuffix("_total"), "KV tiers are off on this replica.", labels=labels)
+            yield CounterMetricFamily(mn.KV_SHARED_REJECTED_BLOCKS.removesuffix("_total"), "The shared KV tier is off.",
+                                      labels=["model_name"])  # fmt: skip
+            return
+        counters = c.counters
 
         def per_medium(name: str, doc: str, table: dict[str, float]) -> CounterMetricFamily:
             fam = CounterMetricFamily(name.removesuffix("_total"), doc, labels=labels)

@@ -384,13 +384,14 @@ class ServerMetrics:
         self.request_errors.labels(self.model_name, reason).inc()
 
     def attach_kv_tiers(self, connector: Any) -> None:
-        """Export the KV tiers' series (runtime/kv/) from now on; a no-op without tiers or events."""
-        if connector is None or getattr(self, "_kv_tiers", None) is not None:
-            return
-        from plimsoll.runtime.serving.kv_metrics import KVTierCollector
+        """Read the KV tiers' series (runtime/kv/) from the engine's connector from now on."""
+        if getattr(self, "_kv_tiers", None) is None:
+            from plimsoll.runtime.serving.kv_metrics import KVTierCollector
 
-        self._kv_tiers = KVTierCollector(connector, self.model_name)
-        self.registry.register(self._kv_tiers)
+            self._kv_tiers = KVTierCollector(None, self.model_name)
+            self.registry.register(self._kv_tiers)
+        if connector is not None:
+            self._kv_tiers.connector = connector
 
     def set_cache_config(
         self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str
