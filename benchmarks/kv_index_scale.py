@@ -39,7 +39,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=100)
     ap.add_argument("--blocks", type=int, default=100_000, help="blocks each replica holds")
-    ap.add_argument("--shared-fraction", type=float, default=0.3, help="share of each replica's blocks that are common prefixes")
+    ap.add_argument(
+        "--shared-fraction",
+        type=float,
+        default=0.3,
+        help="share of each replica's blocks that are common prefixes",
+    )
     ap.add_argument("--rate", type=float, default=2000.0, help="synthetic events per second during scoring")
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
@@ -58,13 +63,21 @@ def main() -> None:
         mine = rng.sample(common, int(args.blocks * args.shared_fraction))
         mine += [rng.getrandbits(64) for _ in range(args.blocks - len(mine))]
         for i in range(0, len(mine), 1000):  # batches of 1000 blocks, as a long prefill publishes
-            sub.handle(n, seqs[n], encode_batch(EventBatch(time.time(), [BlockStored(mine[i:i + 1000], None, [], 16, None, "GPU")])))
+            sub.handle(
+                n,
+                seqs[n],
+                encode_batch(
+                    EventBatch(time.time(), [BlockStored(mine[i : i + 1000], None, [], 16, None, "GPU")])
+                ),
+            )
             seqs[n] += 1
     fill_s = time.perf_counter() - t0
     rss = rss_bytes() - rss0
-    print(f"index: {args.replicas} replicas x {args.blocks} blocks = {args.replicas * args.blocks:,} (replica, block) pairs, "
-          f"{len(index):,} distinct hashes; filled in {fill_s:.1f} s ({args.replicas * args.blocks / fill_s:,.0f} blocks/s); "
-          f"RSS +{rss / 2**30:.2f} GiB ({rss / max(1, len(index)):.0f} B per distinct hash)")
+    print(
+        f"index: {args.replicas} replicas x {args.blocks} blocks = {args.replicas * args.blocks:,} (replica, block) pairs, "
+        f"{len(index):,} distinct hashes; filled in {fill_s:.1f} s ({args.replicas * args.blocks / fill_s:,.0f} blocks/s); "
+        f"RSS +{rss / 2**30:.2f} GiB ({rss / max(1, len(index)):.0f} B per distinct hash)"
+    )
 
     # 2. Requests: a replica-held prompt of P blocks (240k tokens = 15,000 blocks) scored against 96 replicas.
     def prompt_hashes(blocks: int) -> list[int]:
@@ -108,11 +121,15 @@ def main() -> None:
         results.setdefault(blocks, ([], []))[0].append(t1 - t0)
         results[blocks][1].append(t2 - t1)
     print(f"events applied during scoring: {applied:,} ({applied / args.seconds:,.0f}/s)")
-    print(f"event lag: p50 {pct(lags, .5) * 1e3:.2f} ms, p99 {pct(lags, .99) * 1e3:.2f} ms, max {max(lags) * 1e3:.1f} ms")
+    print(
+        f"event lag: p50 {pct(lags, 0.5) * 1e3:.2f} ms, p99 {pct(lags, 0.99) * 1e3:.2f} ms, max {max(lags) * 1e3:.1f} ms"
+    )
     for blocks, (hash_s, score_s) in sorted(results.items()):
-        print(f"prompt {blocks * 16:>7,} tokens ({blocks:>6,} blocks) x {len(candidates)} replicas, {len(score_s)} requests: "
-              f"score p50 {statistics.median(score_s) * 1e3:.1f} ms, p99 {pct(score_s, .99) * 1e3:.1f} ms; "
-              f"hashing the prompt p50 {statistics.median(hash_s) * 1e3:.1f} ms")
+        print(
+            f"prompt {blocks * 16:>7,} tokens ({blocks:>6,} blocks) x {len(candidates)} replicas, {len(score_s)} requests: "
+            f"score p50 {statistics.median(score_s) * 1e3:.1f} ms, p99 {pct(score_s, 0.99) * 1e3:.1f} ms; "
+            f"hashing the prompt p50 {statistics.median(hash_s) * 1e3:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

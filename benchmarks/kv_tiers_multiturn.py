@@ -33,8 +33,38 @@ import httpx
 from plimsoll.prometheus import parse
 from plimsoll.runtime.testing import KeyValueServer, ServerProcess, free_port
 
-WORDS = ("alpha beta gamma delta kernel cache block router replica token prefix tier host shared event index "
-         "vector matrix stream batch queue latency memory policy engine model layer head value key").split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "kernel",
+    "cache",
+    "block",
+    "router",
+    "replica",
+    "token",
+    "prefix",
+    "tier",
+    "host",
+    "shared",
+    "event",
+    "index",
+    "vector",
+    "matrix",
+    "stream",
+    "batch",
+    "queue",
+    "latency",
+    "memory",
+    "policy",
+    "engine",
+    "model",
+    "layer",
+    "head",
+    "value",
+    "key",
+]
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -60,15 +90,21 @@ class Result:
         t = sorted(self.ttft)
         p95 = t[min(len(t) - 1, int(0.95 * len(t)))] if t else float("nan")
         hits = " ".join(f"{k} {v:.1%}" for k, v in self.tiers.items())
-        return (f"{self.name:<34} TTFT p50 {statistics.median(t) * 1e3:7.0f} ms  p95 {p95 * 1e3:7.0f} ms  "
-                f"computed {self.computed:>7} of {self.prompt_tokens:>7} prompt tokens  "
-                f"out {self.output_tokens / self.wall_s:6.1f} tok/s  errors {self.errors}  hits: {hits}")
+        return (
+            f"{self.name:<34} TTFT p50 {statistics.median(t) * 1e3:7.0f} ms  p95 {p95 * 1e3:7.0f} ms  "
+            f"computed {self.computed:>7} of {self.prompt_tokens:>7} prompt tokens  "
+            f"out {self.output_tokens / self.wall_s:6.1f} tok/s  errors {self.errors}  hits: {hits}"
+        )
 
 
-def conversations(n: int, turns: int, groups: int, system_words: int, seed: int) -> list[tuple[str, list[str]]]:
+def conversations(
+    n: int, turns: int, groups: int, system_words: int, seed: int
+) -> list[tuple[str, list[str]]]:
     rng = random.Random(seed)
     systems = [f"System {g}: " + words(rng, system_words) for g in range(groups)]
-    return [(systems[i % groups], [f"User {i}.{t}: " + words(rng, 24) for t in range(turns)]) for i in range(n)]
+    return [
+        (systems[i % groups], [f"User {i}.{t}: " + words(rng, 24) for t in range(turns)]) for i in range(n)
+    ]
 
 
 async def run_conversations(url: str, model: str, convs: list[tuple[str, list[str]]], concurrency: int,
@@ -130,9 +166,10 @@ def tier_hits(urls: list[str]) -> dict[str, float]:
 
 async def measure(name: str, policy: str, serve_extra: list[str], args: argparse.Namespace,
                   convs: list[tuple[str, list[str]]], kv: KeyValueServer | None) -> Result:  # fmt: skip
+    import uvicorn
+
     from plimsoll.router.app import build_app
     from plimsoll.router.config import RouterConfig
-    import uvicorn
 
     ports = [free_port() for _ in range(3)]
     replicas = []
@@ -141,7 +178,10 @@ async def measure(name: str, policy: str, serve_extra: list[str], args: argparse
         if kv is not None:
             extra += ["--kv-shared-url", kv.url]
         if policy == "precise-prefix":
-            extra += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{p + 1}"})]
+            extra += [
+                "--kv-events-config",
+                json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{p + 1}"}),
+            ]
         replicas.append(ServerProcess(["--model", args.model, "--served-model-name", "m", "--kv-cache-memory",
                                        str(args.kv_bytes), "--max-model-len", str(args.max_model_len),
                                        "--max-num-seqs", "4", "--drain-timeout", "2", *extra],
@@ -151,7 +191,10 @@ async def measure(name: str, policy: str, serve_extra: list[str], args: argparse
     urls = [r.url for r in replicas]
     cfg: dict[str, Any] = {"backends": tuple(urls), "policy": policy, "port": 0}
     if policy == "precise-prefix":
-        cfg.update(kv_tokenizer=args.model, kv_events_endpoints={u: f"tcp://127.0.0.1:{p + 1}" for u, p in zip(urls, ports)})
+        cfg.update(
+            kv_tokenizer=args.model,
+            kv_events_endpoints={u: f"tcp://127.0.0.1:{p + 1}" for u, p in zip(urls, ports, strict=True)},
+        )
     app = build_app(RouterConfig(**cfg))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
@@ -201,8 +244,10 @@ async def main() -> None:
     tok = load_tokenizer(args.model)
     convs = conversations(args.conversations, args.turns, args.groups, args.system_words, args.seed)
     # Working set: every conversation's final history, the system prompts counted once per group.
-    final = [len(tok.encode(s + "".join("\n" + u + "\nAssistant:" + " x" * args.max_tokens for u in turns)))
-             for s, turns in convs]
+    final = [
+        len(tok.encode(s + "".join("\n" + u + "\nAssistant:" + " x" * args.max_tokens for u in turns)))
+        for s, turns in convs
+    ]
     system = len(tok.encode(convs[0][0]))
     working_set = sum(final) - system * (args.conversations - args.groups)
     from plimsoll.runtime.models.embedded import EMBEDDED_MODELS, ensure_embedded_model
@@ -216,10 +261,13 @@ async def main() -> None:
     per_replica_tokens = -(-max(working_set // 9, max(final) + 64) // 16) * 16
     args.kv_bytes = per_replica_tokens * per_token
     args.max_model_len = min(per_replica_tokens, hf.max_position_embeddings)
-    print(f"{args.conversations} conversations x {args.turns} turns, {args.groups} system prompts of {system} tokens; "
-          f"longest history {max(final)} tokens; working set {working_set} tokens; each replica's KV cache "
-          f"{per_replica_tokens} tokens ({args.kv_bytes / 2**20:.1f} MiB); the three hold "
-          f"{3 * per_replica_tokens / working_set:.0%} of it", flush=True)
+    print(
+        f"{args.conversations} conversations x {args.turns} turns, {args.groups} system prompts of {system} tokens; "
+        f"longest history {max(final)} tokens; working set {working_set} tokens; each replica's KV cache "
+        f"{per_replica_tokens} tokens ({args.kv_bytes / 2**20:.1f} MiB); the three hold "
+        f"{3 * per_replica_tokens / working_set:.0%} of it",
+        flush=True,
+    )
     results = []
     host = ["--kv-offloading-size", str(args.host_gib)]
     with KeyValueServer(maxmemory="2gb") as kv:
@@ -234,9 +282,11 @@ async def main() -> None:
             results.append(await measure(name, policy, extra, args, convs, shared))
             print(results[-1].line(), flush=True)
     a, d = results[0], results[-1]
-    print(f"(d) vs (a): prompt tokens computed {a.computed / max(d.computed, 1):.2f}x fewer; TTFT p50 "
-          f"{statistics.median(a.ttft) / statistics.median(d.ttft):.2f}x lower; output tok/s "
-          f"{(d.output_tokens / d.wall_s) / (a.output_tokens / a.wall_s):.2f}x")
+    print(
+        f"(d) vs (a): prompt tokens computed {a.computed / max(d.computed, 1):.2f}x fewer; TTFT p50 "
+        f"{statistics.median(a.ttft) / statistics.median(d.ttft):.2f}x lower; output tok/s "
+        f"{(d.output_tokens / d.wall_s) / (a.output_tokens / a.wall_s):.2f}x"
+    )
 
 
 def httpx_flush(kv: KeyValueServer) -> None:

@@ -56,7 +56,9 @@ class KVTierCollector(Collector):
         if c is None:
             # No tiers or events configured: the families exist (dashboards query them), with no samples.
             for name in (mn.KV_TIER_HITS, mn.KV_OFFLOAD_LOAD_BYTES, mn.KV_OFFLOAD_STORE_BYTES):
-                yield CounterMetricFamily(name.removesuffix("_total"), "KV tiers are off on this replica.", labels=labels)
+                yield CounterMetricFamily(
+                    name.removesuffix("_total"), "KV tiers are off on this replica.", labels=labels
+                )
             yield CounterMetricFamily(mn.KV_SHARED_REJECTED_BLOCKS.removesuffix("_total"), "The shared KV tier is off.",
                                       labels=["model_name"])  # fmt: skip
             return
