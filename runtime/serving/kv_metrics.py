@@ -54,13 +54,8 @@ class KVTierCollector(Collector):
         c = self.connector
         labels = ["model_name", "medium"]
         if c is None:
-            # No tiers or events configured: the families exist (dashboards query them), with no samples.
-            for name in (mn.KV_TIER_HITS, mn.KV_OFFLOAD_LOAD_BYTES, mn.KV_OFFLOAD_STORE_BYTES):
-                yield CounterMetricFamily(
-                    name.removesuffix("_total"), "KV tiers are off on this replica.", labels=labels
-                )
-            yield CounterMetricFamily(mn.KV_SHARED_REJECTED_BLOCKS.removesuffix("_total"), "The shared KV tier is off.",
-                                      labels=["model_name"])  # fmt: skip
+            # No tiers or events on this replica: every family exists (dashboards query them), no samples.
+            yield from _empty_families()
             return
         counters = c.counters
 
@@ -135,3 +130,21 @@ class KVTierCollector(Collector):
                 mn.KV_EVENTS_PUBLISHED, "KV event batches published (vLLM's ZMQ schema).", pub.published
             )
             yield plain(mn.KV_EVENTS_DROPPED, "KV event batches dropped (publisher queue full).", pub.dropped)
+
+
+def _empty_families() -> Iterator[Any]:
+    doc = "KV tiers and events are off on this replica (runtime/kv/)."
+    per_medium = (mn.KV_TIER_QUERIES, mn.KV_TIER_HITS, mn.KV_OFFLOAD_LOAD_BYTES, mn.KV_OFFLOAD_LOAD_TIME,
+                  mn.KV_OFFLOAD_STORE_BYTES, mn.KV_OFFLOAD_STORE_TIME, mn.KV_OFFLOAD_STORES_DROPPED)  # fmt: skip
+    plain = (mn.EXTERNAL_PREFIX_CACHE_QUERIES, mn.EXTERNAL_PREFIX_CACHE_HITS, mn.KV_OFFLOAD_STORES_SKIPPED,
+             mn.KV_SHARED_REJECTED_BLOCKS, mn.KV_SHARED_ERRORS, mn.KV_SHARED_SKIPPED, mn.KV_EVENTS_PUBLISHED,
+             mn.KV_EVENTS_DROPPED)  # fmt: skip
+    for name in per_medium:
+        yield CounterMetricFamily(name.removesuffix("_total"), doc, labels=["model_name", "medium"])
+    for name in plain:
+        yield CounterMetricFamily(name.removesuffix("_total"), doc, labels=["model_name"])
+    for name in (mn.KV_TIER_BLOCKS, mn.KV_TIER_CAPACITY_BLOCKS):
+        yield GaugeMetricFamily(name, doc, labels=["model_name", "medium"])
+    yield GaugeMetricFamily(mn.KV_SHARED_CIRCUIT_OPEN, doc, labels=["model_name"])
+    for name in (mn.KV_SHARED_READ_LATENCY, mn.KV_PREFETCH_WAIT):
+        yield HistogramMetricFamily(name, doc, labels=["model_name"])

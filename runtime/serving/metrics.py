@@ -221,6 +221,8 @@ class ServerMetrics:
             )
         elif metrics_compat is not None:
             raise ValueError(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
+        # The KV tiers' series (runtime/kv/), read from the engine's connector once it runs.
+        self.attach_kv_tiers(None)
         # --enable-lora (GIE's model-server protocol): one series, value = when it was set, labels =
         # the adapters of running and waiting requests (comma-joined) and the slot count.
         lora_info_labels = ("running_lora_adapters", "waiting_lora_adapters", "max_lora")
