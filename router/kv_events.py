@@ -1,7 +1,7 @@
 """The router's subscription to every replica's KV events, and whether each replica's view is fresh.
 
 What it is: one ZMQ SUB socket per replica (``tcp://<pod IP>:<kv events port>``, or an endpoint
-given per backend), read on the router's event loop; each batch (vLLM's schema,
+given per backend), all read by one thread and handed to the router's event loop; each batch (vLLM's schema,
 ``plimsoll.runtime.kv.events.decode_batch``) updates the :class:`~plimsoll.router.kv_index.KVBlockIndex`.
 Sequence numbers are checked: a number lower than the last one means the replica restarted, a
 skipped one means batches were lost; either way its entries are cleared (they can no longer be
@@ -17,10 +17,12 @@ What it is not: the index or the policy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import queue
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from plimsoll.router.kv_index import KVBlockIndex
@@ -39,7 +41,6 @@ class ReplicaFeed:
     gaps: int = 0
     restarts: int = 0
     stale: bool = False
-    task: asyncio.Task[None] | None = None
 
 
 class KVEventSubscriber:
@@ -51,7 +52,7 @@ class KVEventSubscriber:
         self.metrics = metrics
         self.feeds: dict[str, ReplicaFeed] = {}
         self.block_size: int | None = None  # from BlockStored events
-        self._ctx: object | None = None
+        self._reader: _Reader | None = None
 
     # -- which replicas --------------------------------------------------------------------
 
@@ -60,43 +61,34 @@ class KVEventSubscriber:
         if feed is not None and feed.endpoint == endpoint:
             return
         self.unwatch(replica)
-        feed = ReplicaFeed(endpoint)
-        self.feeds[replica] = feed
-        with contextlib.suppress(RuntimeError):  # no running loop (a test driving handle() itself)
-            feed.task = asyncio.get_running_loop().create_task(
-                self._run(replica, feed), name=f"kv-events {replica}"
-            )
+        self.feeds[replica] = ReplicaFeed(endpoint)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no running loop: a test drives handle() itself
+        if self._reader is None:
+            self._reader = _Reader(loop, self._deliver, self.topic)
+            self._reader.start()
+        self._reader.commands.put(("watch", replica, endpoint))
+        log.info("subscribing to KV events of %s at %s", replica, endpoint)
 
     def unwatch(self, replica: str) -> None:
-        feed = self.feeds.pop(replica, None)
-        if feed is not None and feed.task is not None:
-            feed.task.cancel()
+        if self.feeds.pop(replica, None) is not None and self._reader is not None:
+            self._reader.commands.put(("unwatch", replica, ""))
         self.index.remove_replica(replica)
 
     def close(self) -> None:
         for replica in list(self.feeds):
             self.unwatch(replica)
+        if self._reader is not None:
+            self._reader.commands.put(("stop", "", ""))
+            self._reader.join(timeout=2.0)
+            self._reader = None
 
-    # -- events ------------------------------------------------------------------------------
-
-    async def _run(self, replica: str, feed: ReplicaFeed) -> None:
-        import zmq
-        import zmq.asyncio
-
-        if self._ctx is None:
-            self._ctx = zmq.asyncio.Context.instance()
-        sock = self._ctx.socket(zmq.SUB)  # type: ignore[attr-defined]
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
-        sock.connect(feed.endpoint)
-        log.info("subscribed to KV events of %s at %s", replica, feed.endpoint)
-        try:
-            while True:
-                frames = await sock.recv_multipart()
-                if len(frames) == 3:
-                    self.handle(replica, int.from_bytes(frames[1], "big"), frames[2])
-        finally:
-            sock.close(linger=0)
+    def _deliver(self, messages: list[tuple[str, int, bytes]]) -> None:
+        """On the event loop: apply what the reader thread received, in order."""
+        for replica, seq, payload in messages:
+            self.handle(replica, seq, payload)
 
     def handle(self, replica: str, seq: int, payload: bytes, now: float | None = None) -> None:
         """Apply one message ``(seq, payload)`` from ``replica``."""
@@ -169,6 +161,72 @@ class KVEventSubscriber:
             )  # fmt: skip
         else:
             log.info("KV events from %s again: precise prefix routing resumes", replica)
+
+
+class _Reader(threading.Thread):
+    """One thread reading every replica's SUB socket with a level-triggered poller.
+
+    A thread rather than asyncio sockets: ZMQ's file descriptor is edge-triggered, and an event loop
+    that was busy when messages arrived can miss the edge and never read them. Messages go to the
+    loop in batches (``call_soon_threadsafe``), so the index is only touched on the loop's thread.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Any, topic: str) -> None:
+        super().__init__(name="kv-events-reader", daemon=True)
+        self.loop = loop
+        self.deliver = deliver
+        self.topic = topic.encode()
+        self.commands: queue.Queue[tuple[str, str, str]] = queue.Queue()
+
+    def run(self) -> None:
+        import zmq
+
+        ctx = zmq.Context.instance()
+        poller = zmq.Poller()
+        sockets: dict[str, Any] = {}
+        replica_of: dict[Any, str] = {}
+        while True:
+            while not self.commands.empty():
+                kind, replica, endpoint = self.commands.get()
+                if kind == "stop":
+                    for sock in sockets.values():
+                        sock.close(linger=0)
+                    return
+                old = sockets.pop(replica, None)
+                if old is not None:
+                    poller.unregister(old)
+                    replica_of.pop(old, None)
+                    old.close(linger=0)
+                if kind == "watch":
+                    sock = ctx.socket(zmq.SUB)
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.setsockopt(zmq.SUBSCRIBE, self.topic)
+                    sock.connect(endpoint)
+                    sockets[replica] = sock
+                    replica_of[sock] = replica
+                    poller.register(sock, zmq.POLLIN)
+            ready = dict(poller.poll(100)) if sockets else {}
+            if not sockets:
+                self.commands_wait()
+            batch: list[tuple[str, int, bytes]] = []
+            for sock in ready:
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if len(frames) == 3:
+                        batch.append((replica_of[sock], int.from_bytes(frames[1], "big"), frames[2]))
+            if batch:
+                try:
+                    self.loop.call_soon_threadsafe(self.deliver, batch)
+                except RuntimeError:  # the loop closed: the router is stopping
+                    return
+
+    def commands_wait(self) -> None:
+        import time as _time
+
+        _time.sleep(0.05)
 
 
 def events_endpoint(replica_url: str, port: int) -> str:

@@ -131,6 +131,9 @@ class KVConnector:
                 host.disk.listener = self._on_tier_change
         if publisher is not None:
             log.info("publishing KV events on %s", publisher.bound_endpoint)
+            # A (re)started engine holds nothing: subscribers drop what they knew of this replica.
+            self._emit(AllBlocksCleared())
+            self.flush_events()
 
     # -- events -----------------------------------------------------------------------------
 
