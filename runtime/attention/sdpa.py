@@ -159,7 +159,9 @@ def paged_attention(
         return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
     # Prefill and mixed steps in one call (not an int8 cache: the kernel reads no block layout).
     if cpu_kernels.supports_paged_attention(query, k_cache, v_cache) and not kv_int8.is_int8(k_cache):
-        return cpu_kernels.paged_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+        return cpu_kernels.paged_attention(
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
+        )
     if not bool(is_decode.any()):
         return prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     out = torch.empty_like(query)

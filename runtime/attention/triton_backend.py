@@ -251,7 +251,9 @@ def _check_attention_args(
     num_seqs = context_lens.shape[0]
     head_dim = kv_int8.head_dim_of(k_cache)
     if query.dim() != 3 or query.shape[-1] != head_dim:
-        raise ValueError(f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}")
+        raise ValueError(
+            f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}"
+        )
     if query.shape[1] % k_cache.shape[2] != 0:
         raise ValueError(
             f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads ({k_cache.shape[2]}) for GQA"

@@ -53,7 +53,9 @@ def test_block_layout_keeps_values_then_scales_in_each_block() -> None:
     kv_int8.store(packed, torch.tensor([6]), row)  # block 1, offset 2
     changed = (packed != before).view(3, -1).any(dim=1)
     assert changed.tolist() == [False, True, False]
-    assert torch.allclose(kv_int8.read_blocks(packed, torch.tensor([1]), torch.float32)[0, 2], row[0], atol=0.05)
+    assert torch.allclose(
+        kv_int8.read_blocks(packed, torch.tensor([1]), torch.float32)[0, 2], row[0], atol=0.05
+    )
     with pytest.raises(ValueError, match="divisible by 4"):
         kv_int8.quantize_cache(torch.zeros((1, 4, 1, 6)))
 
@@ -131,12 +133,18 @@ def test_engine_with_an_int8_cache_allocates_what_plan_computes(tiny_model_dir: 
         steps = {
             s.name: s.value
             for s in make_plan(
-                read_model_config(directory), gpu_memory=2**30, dtype="fp32", kv_dtype=plan_dtype, context_length=256
+                read_model_config(directory),
+                gpu_memory=2**30,
+                dtype="fp32",
+                kv_dtype=plan_dtype,
+                context_length=256,
             )
         }
         allocated = engine.runner.kv_cache_bytes()
         tokens = engine.num_blocks * engine.config.block_size
-        print(f"kv {kv_dtype}: engine {allocated} B for {tokens} tokens, plan {steps['KV bytes per token']} B/token")
+        print(
+            f"kv {kv_dtype}: engine {allocated} B for {tokens} tokens, plan {steps['KV bytes per token']} B/token"
+        )
         assert allocated == steps["KV bytes per token"] * tokens
         assert engine.runner.kv_caches[0][0].dtype == (torch.int8 if kv_dtype == "int8" else torch.float32)
         outs[kv_dtype] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
