@@ -151,11 +151,17 @@ def load_model(
         ).state_dict()
     else:
         state = _read_safetensors(directory)
+    from plimsoll.runtime.models import quant_fp8
+
+    # An FP8 checkpoint (quantization_config in config.json) loads as it is and serves as fp8.
+    quantization = quant_fp8.prepare_checkpoint(hf_config, state, quantization, device)
     with torch.device("meta"):
         net = LlamaForCausalLM(hf_config)
     if net.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = net.load_state_dict(fuse_hf_state_dict(state), strict=False, assign=True)
+    fused = fuse_hf_state_dict(state)
+    quant_fp8.install_modules(net, fused)
+    missing, unexpected = net.load_state_dict(fused, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(
             f"weights in {directory} do not match a {type(net).__name__} built from its config: "

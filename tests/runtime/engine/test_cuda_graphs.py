@@ -34,7 +34,6 @@ def test_ineligible_reasons_name_what_to_change() -> None:
     assert "cpu" in str(ineligible_reason(cpu, "triton", False))
     assert "triton" in str(ineligible_reason(cuda, "torch", False))
     assert "tensor parallelism" in str(ineligible_reason(cuda, "triton", False, tensor_parallel=True))
-    assert "LoRA" in str(ineligible_reason(cuda, "triton", False, lora=True))
 
 
 def test_cpu_engine_captures_nothing(tiny_model_dir: Any) -> None:
