@@ -55,7 +55,14 @@ class PagedAttend:
         # block another sequence fills in this same step read it correctly.
         self.store_kv(key, value, k_cache, v_cache, m.slot_mapping)
         out: torch.Tensor = self.paged_attention(
-            query, k_cache, v_cache, m.block_tables, m.cu_seqlens_q, m.context_lens, scale, max_q_len=m.max_q_len
+            query,
+            k_cache,
+            v_cache,
+            m.block_tables,
+            m.cu_seqlens_q,
+            m.context_lens,
+            scale,
+            max_q_len=m.max_q_len,
         )
         return out
 
@@ -76,7 +83,9 @@ def step_context(attend: PagedAttend) -> Iterator[None]:
 
 
 @torch.library.custom_op("plimsoll::attention", mutates_args=())
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float
+) -> torch.Tensor:
     """``PagedAttend`` of the open ``step_context``: stores K/V (the cache is the context's, not an
     argument) and returns the attention output, a new ``[N, H, D]`` tensor."""
     if _current is None:
@@ -92,7 +101,9 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, s
     return torch.empty_like(query)
 
 
-def opaque_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+def opaque_attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float
+) -> torch.Tensor:
     """What the compiled forward calls in place of a ``PagedAttend``."""
     out: torch.Tensor = torch.ops.plimsoll.attention(query, key, value, layer, scale)
     return out

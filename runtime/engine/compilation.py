@@ -113,7 +113,9 @@ class CompiledForward:
             )
         return hidden
 
-    def warm_up(self, device: torch.device, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], forward_args: Any) -> None:
+    def warm_up(
+        self, device: torch.device, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], forward_args: Any
+    ) -> None:
         """Compile both graphs now: one- and two-token steps that store nothing (slot -1) and read
         one cached token of block 0 (``forward_args`` is ``(store_kv, paged_attention)``)."""
         for n in (2, 1):

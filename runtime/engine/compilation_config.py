@@ -37,7 +37,8 @@ class CompilationConfig(BaseModel):
         "there so a restart does not compile again); unset: inductor's default under the temp dir",
     )
     cudagraph_capture_sizes: list[int] | None = Field(
-        None, description="decode batch sizes captured as CUDA graphs (default 1, 2, 4, 8, 16, ... max_num_seqs)"
+        None,
+        description="decode batch sizes captured as CUDA graphs (default 1, 2, 4, 8, 16, ... max_num_seqs)",
     )
 
     @model_validator(mode="before")

@@ -112,6 +112,7 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_s = 0.0
         self.pool_bytes = 0
+        self.replays = 0
         self._copied: torch.cuda.Event | None = None
 
     def _meta(self, size: int) -> AttentionMetadata:
@@ -221,6 +222,7 @@ class DecodeGraphs:
         if pinned:
             self._copied = torch.cuda.Event()
             self._copied.record()
+        self.replays += 1
         if self.capture:
             self.graphs[size].replay()
             out = self.outputs[size]

@@ -35,7 +35,11 @@ from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
 
 
 def kv_cache_shape(
-    hf_config: Any, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+    hf_config: Any,
+    num_blocks: int,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
 ) -> tuple[int, ...]:
     """``[num_blocks, block_size, num_kv_heads, head_dim]`` on one rank (with tensor parallelism
     each rank caches its KV heads only, ``kv_heads_per_rank``); an int8 block also holds its
@@ -46,7 +50,9 @@ def kv_cache_shape(
         kv_int8.check_head_dim(head_dim)
         head_dim = kv_int8.packed_dim(head_dim)
     elif kv_cache_dtype != "auto":
-        raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}"
+        )
     return (num_blocks, block_size, num_kv_heads, head_dim)
 
 
@@ -81,7 +87,9 @@ class StepInputs:
         self._device: dict[str, torch.Tensor] = {}
         self._copied: Any = None  # torch.cuda.Event of the last upload
 
-    def _buffer(self, table: dict[str, torch.Tensor], name: str, like: torch.Tensor, device: torch.device) -> torch.Tensor:
+    def _buffer(
+        self, table: dict[str, torch.Tensor], name: str, like: torch.Tensor, device: torch.device
+    ) -> torch.Tensor:
         buf = table.get(name)
         if buf is None or buf.dtype != like.dtype or buf.numel() < like.numel():
             size = 1 << max(4, (like.numel() - 1).bit_length())
@@ -130,7 +138,9 @@ class ModelRunner:
         cfg = model.config
         attn = model.model.layers[0].self_attn  # this rank's heads (all of them without TP)
         if kv_cache_dtype not in kv_int8.KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}"
+            )
         if kv_cache_dtype == "int8":
             kv_int8.check_head_dim(attn.head_dim)
         row = kv_int8.packed_dim(attn.head_dim) if kv_cache_dtype == "int8" else attn.head_dim
@@ -245,7 +255,8 @@ class ModelRunner:
             pos_list = [c - 1 for c in context_lens]
             pos = torch.tensor(pos_list, dtype=torch.int64)
             slot_mapping = torch.tensor(
-                [table[p // bs] * bs + p % bs for table, p in zip(tables, pos_list, strict=True)], dtype=torch.int64
+                [table[p // bs] * bs + p % bs for table, p in zip(tables, pos_list, strict=True)],
+                dtype=torch.int64,
             )
             cu_seqlens_q = torch.arange(len(q_lens) + 1, dtype=torch.int32)
         else:
@@ -268,9 +279,7 @@ class ModelRunner:
         return StepPlan(ids, pos, meta, logit_rows), last_rows
 
     def upload(self, plan: "StepPlan") -> "StepPlan":
-        """The plan on this runner's device, through ``StepInputs`` (a plan already there is kept)."""
-        if plan.input_ids.device == self.device:
-            return plan
+        """The plan on this runner's device, through ``StepInputs`` (on CPU: the plan's own tensors)."""
         up, m = self.inputs.upload, plan.meta
         return StepPlan(
             up("input_ids", plan.input_ids),
@@ -376,7 +385,9 @@ class ModelRunner:
         """The forward of one plan (on this runner's device); logits of its ``logit_rows`` (None when
         there are none). ``eager`` skips the compiled forward (a step with LoRA adapters)."""
         forward = self.model if eager else self.forward
-        hidden = forward(plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.store_kv, self.paged_attention)
+        hidden = forward(
+            plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.store_kv, self.paged_attention
+        )
         if not plan.logit_rows:
             return None
         logits: torch.Tensor = self.model.compute_logits(self._select_rows(hidden, plan.logit_rows))

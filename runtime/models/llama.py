@@ -224,7 +224,9 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.model.rotary_emb(positions, x.dtype)
         return self.run_layers(x, cos, sin, opaque_attend)
 
-    def run_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def run_layers(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
         for layer in self.model.layers:
             x = layer(x, cos, sin, attend)
         hidden: torch.Tensor = self.model.norm(x)
@@ -238,7 +240,6 @@ class LlamaForCausalLM(nn.Module):
             return linear(hidden, self.model.embed_tokens.weight)
         logits: torch.Tensor = self.lm_head(hidden)  # a Linear, or an Int8Linear (models/quant.py)
         return logits
-
 
     def prime_matmuls(self, max_tokens: int, max_logit_rows: int) -> int:
         """Build the CPU matmul primitives every step shape will need (``dense.prime_onednn``): the

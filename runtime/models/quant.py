@@ -208,7 +208,9 @@ class Int8Linear(_Int8Weights):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # one opaque node: the kernels below are not traceable
-            out: torch.Tensor = torch.ops.plimsoll.int8_linear(x, self.qweight, self.scales, self.offsets, self.bias)
+            out: torch.Tensor = torch.ops.plimsoll.int8_linear(
+                x, self.qweight, self.scales, self.offsets, self.bias
+            )
             return out
         return int8_matmul(x, self.qweight, self.scales, self.offsets, self.bias)
 

@@ -94,7 +94,9 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def rowwise_supported(device_type: str, device_index: int | None) -> bool:
     """Whether ``_scaled_mm`` takes a scale per row of A and per column of B here (tried once)."""
-    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    device = (
+        torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    )
     a = torch.zeros((ALIGNMENT, ALIGNMENT), device=device).to(FP8)
     b = torch.zeros((ALIGNMENT, ALIGNMENT), device=device).to(FP8)
     try:
@@ -185,7 +187,9 @@ class Fp8Linear(nn.Module):
 def check_shapes(net: nn.Module) -> None:
     """Refuse, before anything runs, a projection whose sizes ``_scaled_mm`` cannot take on CUDA."""
     for name, module in net.named_modules():
-        if isinstance(module, Fp8Linear) and (module.in_features % ALIGNMENT or module.out_features % ALIGNMENT):
+        if isinstance(module, Fp8Linear) and (
+            module.in_features % ALIGNMENT or module.out_features % ALIGNMENT
+        ):
             raise ValueError(
                 f"--quantization fp8: {name} is {module.out_features}x{module.in_features}; FP8 matmuls need "
                 f"both sizes divisible by {ALIGNMENT}. Serve this model without fp8"
@@ -280,7 +284,9 @@ def prepare_state(state: dict[str, torch.Tensor], fmt: CheckpointFormat) -> set[
         if scale.numel() == 1:
             scale = scale.expand(rows).contiguous()
         elif scale.numel() != rows:
-            raise ValueError(f"{name} holds {scale.numel()} scales for {rows} rows: not per tensor or per channel")
+            raise ValueError(
+                f"{name} holds {scale.numel()} scales for {rows} rows: not per tensor or per channel"
+            )
         state[name] = scale
         fp8_modules.add(module)
     return fp8_modules
@@ -300,7 +306,9 @@ def prepare_checkpoint(
                 f"{quantization} (it is served as fp8)"
             )
         modules = prepare_state(state, fmt)
-        log.info("FP8 checkpoint (%s, %s scales): %d projections in e4m3", fmt.name, fmt.strategy, len(modules))
+        log.info(
+            "FP8 checkpoint (%s, %s scales): %d projections in e4m3", fmt.name, fmt.strategy, len(modules)
+        )
         quantization = "fp8"
     if quantization == "fp8":
         check_device(device)
@@ -317,4 +325,6 @@ def install_modules(net: nn.Module, fused_state: dict[str, torch.Tensor]) -> Non
     for parent, name, child in _projections(net):
         if modules[id(child)] in names:
             assert isinstance(child, nn.Linear)
-            setattr(parent, name, Fp8Linear.empty(child.out_features, child.in_features, child.bias is not None))
+            setattr(
+                parent, name, Fp8Linear.empty(child.out_features, child.in_features, child.bias is not None)
+            )
