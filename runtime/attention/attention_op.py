@@ -87,18 +87,19 @@ def attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float
 ) -> torch.Tensor:
     """``PagedAttend`` of the open ``step_context``: stores K/V (the cache is the context's, not an
-    argument) and returns the attention output, a new ``[N, H, D]`` tensor."""
+    argument) and returns the attention output, a new contiguous ``[N, H, D]`` tensor (what the
+    fake implementation promises the compiler, whatever the strides of ``query``)."""
     if _current is None:
         raise RuntimeError(
             "torch.ops.plimsoll.attention ran outside a step_context: the model runner opens one around "
             "every compiled forward"
         )
-    return _current(query, key, value, layer, scale)
+    return _current(query, key, value, layer, scale).contiguous()
 
 
 @attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
-    return torch.empty_like(query)
+    return query.new_empty(query.shape)
 
 
 def opaque_attend(

@@ -96,12 +96,15 @@ class DecodeGraphs:
             raise ValueError(f"no CUDA graph capture size is at most max_num_seqs={max_num_seqs}: {sizes}")
         self.max_blocks = -(-max_model_len // block_size) + 1  # one spare block per sequence
         top = self.sizes[-1]
-        self.input_ids = torch.zeros(top * q, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(top * q, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((top * q,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros((top, self.max_blocks), dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=device) * q
-        self.context_lens = torch.zeros(top, dtype=torch.int32, device=device)
+        # Inference tensors, like every step's own inputs: the compiled forward guards on the kind,
+        # and one kind means one graph for both.
+        with torch.inference_mode():
+            self.input_ids = torch.zeros(top * q, dtype=torch.int64, device=device)
+            self.positions = torch.zeros(top * q, dtype=torch.int64, device=device)
+            self.slot_mapping = torch.full((top * q,), -1, dtype=torch.int64, device=device)
+            self.block_tables = torch.zeros((top, self.max_blocks), dtype=torch.int32, device=device)
+            self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=device) * q
+            self.context_lens = torch.zeros(top, dtype=torch.int32, device=device)
         # Host staging rows (pinned on CUDA, so the copies to the device do not wait for a sync).
         pin = device.type == "cuda"
         self._host_tokens = torch.zeros((3, top * q), dtype=torch.int64, pin_memory=pin)  # ids, pos, slots

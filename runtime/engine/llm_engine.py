@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
 from plimsoll.runtime.engine.compilation import cache_counters, use_cache_dir
+from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
 from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager

@@ -50,8 +50,14 @@ ALIGNMENT = 16
 FP8_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
+# Whether _scaled_mm takes a scale per row and per column, by device type: found by check_device
+# at load, read by fp8_linear (a plain dict, so torch.compile traces the choice as a constant).
+ROWWISE: dict[str, bool] = {}
+
+
 def check_device(device: torch.device | str) -> None:
-    """Raise ``ValueError`` saying why FP8 weights cannot run here; log that CPU is for checking."""
+    """Raise ``ValueError`` saying why FP8 weights cannot run here; log that CPU is for checking.
+    Also finds out (once) which scales the device's ``_scaled_mm`` takes."""
     dev = torch.device(device)
     if dev.type == "cuda":
         index = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -69,6 +75,7 @@ def check_device(device: torch.device | str) -> None:
         )
     else:
         raise ValueError(f"--quantization fp8 runs on CUDA (compute capability 8.9+) or CPU, not {dev.type}")
+    ROWWISE[dev.type] = rowwise_supported(dev.type, dev.index)
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +132,7 @@ def fp8_linear(
     if x2.shape[0] == 0:
         return x.new_empty(*shape[:-1], n)
     out_dtype = x.dtype
-    if rowwise_supported(x.device.type, x.device.index):
+    if ROWWISE.get(x.device.type, True):
         xq, x_scale = quantize_activations(x2)
         y = torch._scaled_mm(
             xq, qweight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, n), out_dtype=out_dtype

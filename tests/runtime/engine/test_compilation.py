@@ -2,13 +2,16 @@
 
 One tiny model, steps of two or more tokens only (one dynamic graph: CI pays one compile), run
 in two fresh processes sharing a cache directory: the compiled logits equal the eager ones within
-float32 tolerance in both, the first compiles (cache misses, no hits) and the second loads what
-the first stored (hits, no misses): checked by torch's cache counters, not by time.
+float32 tolerance in both (prefill, decode, a decode mixed with a prompt chunk, and a decode step
+through the CUDA-graph buffers with the Triton attention in its interpreter), the first compiles
+(cache misses, no hits) and the second loads what the first stored (hits, no misses): checked by
+torch's cache counters, not by time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -62,6 +65,20 @@ PROBE = textwrap.dedent(
         runner.forward = runner.compiled
         _, compiled = runner.execute(sched)  # stores the same K/V again
         worst = max(worst, float((compiled - eager).abs().max()))
+    # The decode graphs' static, padded buffers over the compiled forward (capture=False: no CUDA
+    # here; the Triton attention in its interpreter): 2 sequences in the 4-row buffers.
+    runner.enable_cuda_graphs(4, 64, capture=False, sizes=[4])
+    for r in (a, b):
+        r.append_token(70)
+        r.num_computed_tokens += 1
+    sched = SchedulerOutput(scheduled=[(a, 1), (b, 1)])
+    graphs, runner.decode_graphs = runner.decode_graphs, None
+    runner.forward = runner.model
+    _, eager = runner.execute(sched)
+    runner.decode_graphs = graphs
+    _, replayed = runner.execute(sched)
+    assert graphs.replays == 1
+    worst = max(worst, float((replayed - eager).abs().max()))
     print(json.dumps({
         "max_abs_diff": worst, "graphs": runner.compiled.graphs,
         "compile_seconds": runner.compiled.compile_seconds, "process_seconds": time.monotonic() - t0,
@@ -77,6 +94,7 @@ def run_probe(model_dir: Path, cache_dir: Path) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=500,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])

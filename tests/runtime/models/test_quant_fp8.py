@@ -57,7 +57,7 @@ def test_fp8_matmul_is_the_dequantised_product(rowwise: bool, monkeypatch: pytes
     bias = torch.randn(32, generator=gen)
     q, s = quant_fp8.quantize_weight(w)
     if not rowwise:  # a device whose _scaled_mm takes one scale per tensor
-        monkeypatch.setattr(quant_fp8, "rowwise_supported", lambda *_: False)
+        monkeypatch.setitem(quant_fp8.ROWWISE, "cpu", False)
     got = quant_fp8.fp8_linear(x, q, s, bias)
     if rowwise:
         xq, xs = quant_fp8.quantize_activations(x)
@@ -168,7 +168,10 @@ def test_unsupported_fp8_checkpoints_and_devices_are_refused(monkeypatch: pytest
     with pytest.raises(ValueError, match=r"8\.9\+.*A100.*sm_80"):
         quant_fp8.check_device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _i: (9, 0))
-    quant_fp8.check_device("cuda:0")  # Hopper: accepted
+    monkeypatch.setattr(quant_fp8, "rowwise_supported", lambda *_: True)
+    monkeypatch.setattr(quant_fp8, "ROWWISE", {})
+    quant_fp8.check_device("cuda:0")  # Hopper: accepted, and its scales found out once
+    assert quant_fp8.ROWWISE == {"cuda": True}
 
 
 def test_projections_fp8_cannot_multiply_are_refused() -> None:
