@@ -103,6 +103,13 @@ class LLMEngine:
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
         STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
+        if self.device.type == "cuda" and (config.quantization == "int8" or config.kv_cache_dtype == "int8"):
+            from plimsoll.runtime.engine import int8_speed
+
+            # An int8 path slower than bf16 on this card says so in the log (int8_speed.py).
+            self.int8_speed = int8_speed.check(
+                loaded.model, config.quantization, config.kv_cache_dtype, config.attention_backend, config.max_num_seqs
+            )
         self._capture_cuda_graphs()
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None

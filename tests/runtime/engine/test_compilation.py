@@ -147,3 +147,37 @@ def test_serve_flags_fold_the_cache_dir_into_the_compilation_config() -> None:
     assert (
         EngineConfig(compilation_config=_compilation_config(None, "/v")).compilation_config.cache_dir == "/v"
     )
+
+
+@pytest.mark.gpu
+def test_compiled_and_captured_forward_equals_eager_on_gpu(tiny_model_dir: Any, tmp_path: Path) -> None:
+    import random
+
+    from plimsoll.runtime import LLM, SamplingParams
+
+    common: dict[str, Any] = dict(
+        model=str(tiny_model_dir("llama")),
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        kv_cache_memory="64MiB",
+        max_model_len=512,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+    )
+    rng = random.Random(3)
+    batch = [[rng.randrange(3, 250) for _ in range(rng.choice([1, 7, 30, 90]))] for _ in range(16)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eager = LLM(**common, enforce_eager=True, compilation_config={"mode": 0})
+    want = [o.outputs[0].token_ids for o in eager.generate(batch, params)]
+    del eager
+    # No mode given: 3, CUDA's default.
+    compiled = LLM(**common, compilation_config={"cache_dir": str(tmp_path / "cache")})
+    runner = compiled.engine.runner
+    assert runner.compiled is not None and runner.decode_graphs is not None
+    got = [o.outputs[0].token_ids for o in compiled.generate(batch, params)]
+    assert got == want
+    assert runner.graph_replays > 0
+    report = compiled.engine.compile_report()
+    print(report)
+    assert report["compiled_graphs"] == 2 and report["cuda_graph_capture_seconds"] > 0

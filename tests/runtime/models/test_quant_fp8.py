@@ -181,3 +181,21 @@ def test_projections_fp8_cannot_multiply_are_refused() -> None:
     net.bad = quant_fp8.Fp8Linear.from_linear(nn.Linear(24, 32))
     with pytest.raises(ValueError, match="divisible by 16"):
         quant_fp8.check_shapes(net)
+
+
+@pytest.mark.gpu
+def test_fp8_matmul_on_an_fp8_gpu() -> None:
+    index = torch.cuda.current_device()
+    if torch.cuda.get_device_capability(index) < quant_fp8.MIN_CAPABILITY:
+        pytest.skip(f"{torch.cuda.get_device_name(index)} has no FP8 tensor cores")
+    quant_fp8.check_device("cuda")
+    gen = torch.Generator().manual_seed(2)
+    w = (torch.randn((2048, 1024), generator=gen) * 0.02).cuda()
+    q, s = quant_fp8.quantize_weight(w)
+    for rows in (1, 7, 64, 300):
+        x = torch.randn((rows, 1024), generator=gen).cuda().to(torch.bfloat16)
+        got = quant_fp8.fp8_linear(x, q, s, None)
+        xq, xs = quant_fp8.quantize_activations(x)
+        exact = (xq.double() * xs.double()) @ (q.double() * s.double()[:, None]).T
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=1e-3)  # bf16 output rounding
