@@ -51,7 +51,17 @@ CHILD = textwrap.dedent(
 
 def start(args: argparse.Namespace, cache: Path, mode: int) -> dict[str, object]:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, args.model, args.device, args.dtype, str(cache), str(args.threads), str(mode)],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            args.model,
+            args.device,
+            args.dtype,
+            str(cache),
+            str(args.threads),
+            str(mode),
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "TRITON_INTERPRET": "0"},
@@ -64,7 +74,9 @@ def start(args: argparse.Namespace, cache: Path, mode: int) -> dict[str, object]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=None, help="model directory or name (default: the tiny test model)")
+    parser.add_argument(
+        "--model", default=None, help="model directory or name (default: the tiny test model)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
@@ -75,7 +87,11 @@ def main() -> None:
 
             args.model = str(write_tiny_model(Path(tmp) / "tiny-llama"))
         cache = Path(tmp) / "compile-cache"
-        runs = {"cold cache": start(args, cache, 3), "warm cache": start(args, cache, 3), "eager": start(args, cache, 0)}
+        runs = {
+            "cold cache": start(args, cache, 3),
+            "warm cache": start(args, cache, 3),
+            "eager": start(args, cache, 0),
+        }
     print(f"model {args.model} on {args.device} ({args.dtype}), {args.threads} threads")
     for name, r in runs.items():
         print(

@@ -204,4 +204,6 @@ def test_each_rank_reads_only_its_share_and_gets_what_slicing_the_whole_gives(
         assert presharded.lm_head.weight is presharded.model.embed_tokens.weight
     read = read_rank_state(directory, whole.config, group)  # type: ignore[arg-type]
     q = read["model.layers.0.self_attn.q_proj.weight"]
-    assert q.shape[0] == whole.config.num_attention_heads // tp * presharded.model.layers[0].self_attn.head_dim
+    assert (
+        q.shape[0] == whole.config.num_attention_heads // tp * presharded.model.layers[0].self_attn.head_dim
+    )
