@@ -201,7 +201,7 @@ def random_weights(seed: int = 0) -> Iterator[None]:
         cfg = AutoConfig.from_pretrained(str(directory))
         with torch.device("meta"):
             net = LlamaForCausalLM(cfg)
-        net = net.to_empty(device=device).to(dtype)
+        net = net.to(dtype=dtype).to_empty(device=device)  # cast on meta: no float32 copy on the device
         gen = torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             for _, p in sorted(net.named_parameters()):
@@ -467,7 +467,7 @@ def model_part(
         eng.close()
 
 
-def agreement(base: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
+def agreement(model: str, base: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
     a, b = base.get("greedy_32x32"), fp8.get("greedy_32x32")
     if not a or not b:
         return {"status": "skipped: the bf16 or fp8 run is missing"}
@@ -486,7 +486,7 @@ def agreement(base: dict[str, Any], fp8: dict[str, Any]) -> dict[str, Any]:
         "c1_speedup_fp8_over_bf16": speedup,
         "caveat": "random weights: logits have small margins, so a flip is likelier than on a trained model",
     }
-    say(f"  FP8 vs bf16: {out}")
+    say(f"  {model} FP8 vs bf16: {out}")
     return out
 
 
@@ -706,30 +706,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="plimsoll-roofline-") as tmp:
         work = Path(tmp)
         args.cache_dir = Path(args.cache_dir) if args.cache_dir else work / "compile-cache"
-        wanted = args.parts.split(",")
-        runs: list[tuple[str, str, str | None, float]] = []
-        for model in args.models.split(","):
-            for dtype in args.dtypes.split(","):
-                runs.append((f"{model}-{dtype}", model, "fp8" if dtype == "fp8" else None, 90))
-        if "kernels" in wanted:
-            part("int8 KV and int8 matmul kernels", budget, 20, lambda: kv_and_int8_kernels(args))
-        if "models" in wanted:
-            for label, model, quant, need in runs:
-                part(label, budget, need, functools.partial(model_part, args, work, peaks, model, quant))
-            for model in args.models.split(","):
-                if f"{model}-bf16" in RESULTS and f"{model}-fp8" in RESULTS:
-                    RESULTS[f"{model}: fp8 vs bf16"] = agreement(
-                        RESULTS[f"{model}-bf16"], RESULTS[f"{model}-fp8"]
+        # Parts in order of what the figures are for; each starts only with enough budget left.
+        for item in args.plan.split(","):
+            if item == "kernels":
+                part("int8 KV and int8 matmul kernels", budget, 20, lambda: kv_and_int8_kernels(args))
+            elif item == "spec-lora":
+                part("1b c=1: n-gram speculation and --enable-lora vs plain", budget, 150,
+                     lambda: speculation_and_lora(args, work, peaks))  # fmt: skip
+            elif item == "serve":
+
+                def serve() -> dict[str, Any]:
+                    return serve_part(args, work, offline_c64(args, work))
+
+                part("plimsoll serve: cold/warm start-up and HTTP c=64", budget, 150, serve)
+            else:
+                model, _, dtype = item.partition("-")
+                if model not in MODELS or dtype not in ("bf16", "fp8"):
+                    raise SystemExit(
+                        f"unknown part {item!r} in --plan: MODEL-bf16, MODEL-fp8, kernels, serve, spec-lora"
                     )
-        if "spec-lora" in wanted:
-            part("1b c=1: n-gram speculation and --enable-lora vs plain", budget, 150,
-                 lambda: speculation_and_lora(args, work, peaks))  # fmt: skip
-        if "serve" in wanted:
-
-            def serve() -> dict[str, Any]:
-                return serve_part(args, work, offline_c64(args, work))
-
-            part("plimsoll serve: cold/warm start-up and HTTP c=64", budget, 150, serve)
+                quant = "fp8" if dtype == "fp8" else None
+                part(item, budget, 90, functools.partial(model_part, args, work, peaks, model, quant))
+                other = f"{model}-{'bf16' if quant else 'fp8'}"
+                if other in RESULTS:
+                    bf16, fp8 = (RESULTS[other], RESULTS[item]) if quant else (RESULTS[item], RESULTS[other])
+                    RESULTS[f"{model}: fp8 vs bf16"] = agreement(model, bf16, fp8)
     for result in RESULTS.values():
         if isinstance(result, dict):
             result.pop("greedy_32x32", None)  # tokens were for the agreement figure
@@ -746,10 +747,10 @@ def parser() -> argparse.ArgumentParser:
         "--device", default="cuda", help="cuda (the bench) or cpu (tiny shapes: checks the script)"
     )
     p.add_argument("--budget-s", type=float, default=480.0, help="start no part after this many seconds")
-    p.add_argument("--models", default="1b,8b,smollm2", help="which shapes, in order: smollm2, 1b, 8b")
-    p.add_argument("--dtypes", default="bf16,fp8", help="bf16, fp8 (weights)")
     p.add_argument(
-        "--parts", default="kernels,models,spec-lora,serve", help="kernels, models, spec-lora, serve"
+        "--plan",
+        default="kernels,1b-bf16,8b-bf16,8b-fp8,smollm2-bf16,serve,1b-fp8,spec-lora,smollm2-fp8",
+        help="parts in order: MODEL-DTYPE (MODEL smollm2, 1b, 8b; DTYPE bf16, fp8), kernels, serve, spec-lora",
     )
     p.add_argument(
         "--compile-mode",

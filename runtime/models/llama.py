@@ -5,6 +5,10 @@ except that q/k/v and gate/up are each one fused matmul (``fuse_hf_state_dict``
 stacks a transformers state dict's tensors into them at load). Differences between the family members are
 switches read from the HF config: Qwen2's q/k/v bias, Qwen3's per-head q/k
 RMSNorm, tied or untied embeddings, RoPE variants (default, linear, llama3, yarn).
+Each layer calls one ``attend(q, k, v, layer, scale)`` after RoPE: eagerly a ``PagedAttend``
+over the step's caches and backend (``forward``, which also takes the CPU native paths), or
+the opaque ``torch.ops.plimsoll.attention`` in ``forward_opaque``, the forward
+``torch.compile`` traces (``engine/compilation.py``).
 What it is not: a general model zoo; sliding-window attention is not implemented,
 so a window shorter than ``max_model_len`` is refused by the loader.
 """
