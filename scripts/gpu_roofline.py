@@ -52,7 +52,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_check
+import gpu_check  # the shapes, peaks and kernel helpers live there
+
+from plimsoll.runtime import testing
 
 # Dense (no sparsity) tensor-core peaks, FLOP/s: (bf16, fp8), data sheets.
 PEAK_TENSOR_FLOPS = {
@@ -76,17 +78,12 @@ LLAMA_8B_SHAPE = dict(  # Llama-3.1-8B's config
     rope_theta=500000.0,
     tie_word_embeddings=False,
 )
-TINY_SHAPE = dict(  # --device cpu: checks the script, nothing else
-    vocab_size=259,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-    rope_theta=10000.0,
-    tie_word_embeddings=False,
-)
+# --device cpu: the test suite's tiny shape (checks the script, nothing else); the token ids are
+# the config writers' own.
+TINY_SHAPE = {
+    **{k: v for k, v in testing.TINY_SHAPE.items() if not k.endswith("_token_id")},
+    "max_position_embeddings": 1024,
+}
 MODELS = {"smollm2": gpu_check.SMOLLM2_SHAPE, "1b": gpu_check.LLAMA_1B_SHAPE, "8b": LLAMA_8B_SHAPE}
 
 RESULTS: dict[str, Any] = {}
@@ -228,19 +225,6 @@ def random_weights(seed: int = 0) -> Iterator[None]:
         llm_engine.load_model = real  # type: ignore[assignment]
 
 
-class StepLog:
-    """EngineObserver that keeps every step's statistics."""
-
-    def __init__(self) -> None:
-        self.steps: list[Any] = []
-
-    def on_step(self, stats: Any) -> None:
-        self.steps.append(stats)
-
-    def on_request_finished(self, output: Any) -> None:
-        pass
-
-
 def weight_bytes_per_step(model: Any) -> int:
     """Bytes a decode step reads: every weight but the input embedding's (a few rows are gathered),
     which is read whole when it is also the LM head (tied)."""
@@ -278,7 +262,7 @@ class Engine:
     def __init__(self, args: argparse.Namespace, directory: Path, **overrides: Any) -> None:
         from plimsoll.runtime import LLM
 
-        self.log = StepLog()
+        self.log = gpu_check.StepLog()
         smoke = args.device == "cpu"
         settings: dict[str, Any] = dict(
             model=str(directory),

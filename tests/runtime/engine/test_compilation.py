@@ -101,6 +101,7 @@ def run_probe(model_dir: Path, cache_dir: Path) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_compiled_forward_equals_eager_and_a_second_start_loads_the_cache(
     tiny_model_dir: Any, tmp_path: Path
 ) -> None:
