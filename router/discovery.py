@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 # Set by the operator on replicas its scale-down is draining: no new requests go there.
 DRAINING_LABEL = "plimsoll.dev/draining"
+# A split fleet's pool of each replica (prefill or decode), set by the operator (spec.disaggregation).
+ROLE_LABEL = "plimsoll.dev/role"
 # How often the LLMService's status is read (the hold queue takes the measured cold starts from it).
 STATUS_POLL_S = 5.0
 
@@ -61,9 +63,11 @@ class PodDiscovery:
         config: RouterConfig,
         replica_set: ReplicaSet,
         on_status: Callable[[dict[str, Any]], None] | None = None,
+        role: str | None = None,
     ) -> None:
         assert config.llmservice is not None
         self._on_status = on_status
+        self._role = role  # only the pods of this pool of a split fleet (their ROLE_LABEL)
         self._config = config
         self._name = config.llmservice
         self._replica_set = replica_set
@@ -130,9 +134,10 @@ class PodDiscovery:
         except ApiException as exc:
             log.warning("cannot read LLMService %s/%s (%s); selecting pods by %s",
                         self._config.namespace, self._name, exc.reason, fallback)
-            return fallback
+            return f"{fallback},{ROLE_LABEL}={self._role}" if self._role else fallback
         selector = (service.get("status") or {}).get("selector")
-        return selector if isinstance(selector, str) and selector else fallback
+        chosen = selector if isinstance(selector, str) and selector else fallback
+        return f"{chosen},{ROLE_LABEL}={self._role}" if self._role else chosen
 
     def _replace(self, pods: list[dict[str, Any]]) -> None:
         self._pods.clear()

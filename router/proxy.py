@@ -43,6 +43,7 @@ _HOP_HEADERS = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length", "date", "server",
 })
+HOP_HEADERS = _HOP_HEADERS
 REPLICA_HEADER = "x-plimsoll-replica"
 # Failures that happen before a connection exists: nothing was sent, a retry is safe.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -93,10 +94,12 @@ class Proxy:
         self.prompt_tokens: Any = None
         self.kv_events: Any = None
 
-    async def forward(self, request: Request) -> Response:
+    async def forward(self, request: Request, body: bytes | None = None) -> Response:
+        """Route ``request`` (with ``body`` in place of its own when given: the prefill/decode path's hops)."""
         arrival = time.monotonic()
         endpoint = request.url.path
-        body = await request.body()
+        if body is None:
+            body = await request.body()
         parsed = _parse_json(body)
         features = RequestFeatures.from_body(
             parsed, prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token

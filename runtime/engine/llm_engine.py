@@ -33,6 +33,7 @@ from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 from plimsoll.runtime.kv.connector import build_connector
+from plimsoll.runtime.kv.remote_prefill import RemoteDecode, RemoteSource
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
@@ -103,7 +104,9 @@ class LLMEngine:
             self.runner.plan_sink = self.executor.broadcast_plan
         # KV tiers and events (runtime/kv/): the cache manager reports to the connector; requests
         # whose blocks may be on disk or in the shared tier wait in ``prefetching`` until fetched.
-        self.kv_connector = build_connector(config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len)
+        self.kv_connector = build_connector(
+            config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len, kv=kv
+        )
         if self.kv_connector is not None:
             kv.connector = self.kv_connector
             kv.pool.on_evicted = self.kv_connector.on_evicted
@@ -305,6 +308,7 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}, which must "
                 "also leave room for at least one generated token; shorten the prompt"
             )
+        transfer = self._kv_transfer_of(params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         if self.config.enable_prefix_caching:
             salt: str | None = ""
@@ -323,6 +327,7 @@ class LLMEngine:
                 cache_salt=salt, priority=priority, fairness_id=fairness_id,
             )
             seq.lora = lora
+            seq.kv_transfer = transfer
             seq.generator = torch.Generator(device="cpu")
             if params.seed is not None:
                 seq.generator.manual_seed((params.seed + i * 1_000_003) % 2**64)
@@ -342,13 +347,33 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add_request(seq)
 
+    def _kv_transfer_of(self, params: SamplingParams) -> RemoteDecode | RemoteSource | None:
+        """What the request's ``kv_transfer_params`` ask (``ValueError`` if this replica's role forbids it).
+
+        Without ``--kv-transfer-config`` they are ignored, as vLLM does: the request runs here in full.
+        """
+        remote = self.kv_connector.remote if self.kv_connector is not None else None
+        if remote is None or not params.kv_transfer_params:
+            return None
+        return remote.parse(params.kv_transfer_params, params.n)
+
     def _start_prefetch(self, seq: Request) -> bool:
         connector = self.kv_connector
-        if connector is None or not connector.wants_prefetch() or seq.cache_salt is None:
+        if connector is None or seq.cache_salt is None:
+            return False
+        pool = self.scheduler.kv.pool
+        if isinstance(seq.kv_transfer, RemoteSource):
+            # Prefilled on another replica: pull what this one lacks, then schedule it.
+            return connector.start_remote_pull(seq, seq.kv_transfer, lambda h: pool.get_cached_block(h) is not None)
+        if not connector.wants_prefetch():
             return False
         seq.update_block_hashes(self.config.block_size)
-        pool = self.scheduler.kv.pool
         return connector.start_prefetch(seq, lambda h: pool.get_cached_block(h) is not None)
+
+    def apply_kv_releases(self) -> None:
+        """Free blocks a producer held for pulls that are done or expired (engine thread)."""
+        if self.kv_connector is not None and self.kv_connector.remote is not None:
+            self.kv_connector.remote.apply_releases()
 
     def _admit_prefetched(self) -> None:
         """Hand requests whose prefetch finished to the scheduler, in arrival order."""
@@ -380,6 +405,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.monotonic()
         connector = self.kv_connector
+        if connector is not None and connector.remote is not None:
+            connector.remote.apply_releases()
         if self.prefetching:
             self._admit_prefetched()
         sched = self.scheduler.schedule()
@@ -484,6 +511,10 @@ class LLMEngine:
         elif (p.max_tokens is not None and n_out >= p.max_tokens) or req.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is not None:
+            if isinstance(req.kv_transfer, RemoteDecode):
+                # The prefill half of a split: its prompt blocks wait for the decode replica's pull.
+                assert self.kv_connector is not None and self.kv_connector.remote is not None
+                req.kv_transfer_params = self.kv_connector.remote.hold(req)
             self.scheduler.finish(req, reason, stop_reason)
             self.seq_to_group[req.request_id].finished_seqs.add(req.index)
 

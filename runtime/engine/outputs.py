@@ -64,6 +64,8 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt: str | None = None
     error: str | None = None  # set when this request failed in the engine (the engine itself went on)
+    # Prefill side of a split (do_remote_decode): what the decode replica needs to pull this prompt's blocks.
+    kv_transfer_params: dict[str, object] | None = None
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ scheduling attributes: ``priority`` and the tenant belong to the request
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_LOGPROBS = 20
 
@@ -31,6 +32,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs; 0 = only the chosen token's
     skip_special_tokens: bool = True
+    # vLLM's per-request KV transfer (prefill/decode disaggregation): do_remote_decode on the prefill
+    # side; do_remote_prefill with the producer's remote_* fields on the decode side (runtime/kv/).
+    kv_transfer_params: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # vLLM's habits: one stop string, or None for none (as the OpenAI API's null).
@@ -83,4 +87,6 @@ class SamplingParams:
             raise bad("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "an integer or None")
+        if self.kv_transfer_params is not None and not isinstance(self.kv_transfer_params, dict):
+            raise bad("kv_transfer_params", "a JSON object or None")
         return self

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
 from plimsoll.runtime.serving.errors import APIError
+from plimsoll.runtime.serving.kv_transfer import answer_params, check_transfer_request
 from plimsoll.runtime.serving.logprobs import chat_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
@@ -48,6 +49,7 @@ from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
     engine = ctx.engine
     check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    check_transfer_request(req.kv_transfer_params, 1, req.stream)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     timeout = ctx.settings.tokenize_timeout
     template = client_template(req, ctx.settings.allow_client_chat_template)
@@ -76,7 +78,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         final = await until_disconnect(raw, lambda: _last(stream))
     finally:
         adm.release()
-    return JSONResponse(_response(ctx, req, adm.request_id, final).model_dump(mode="json"))
+    response = _response(ctx, req, adm.request_id, final)
+    response.kv_transfer_params = answer_params(final.kv_transfer_params, raw)
+    return JSONResponse(response.model_dump(mode="json"))
 
 
 async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
 from plimsoll.runtime.serving.errors import APIError
+from plimsoll.runtime.serving.kv_transfer import answer_params, check_transfer_request
 from plimsoll.runtime.serving.logprobs import completion_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
@@ -46,6 +47,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     tokenizer = engine.tokenizer
     prompts = req.prompts()
     check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    check_transfer_request(req.kv_transfer_params, len(prompts), req.stream)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     prompt_ids = await off_loop(
         lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],
@@ -80,7 +82,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     finally:
         adm.release()
     texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts] if req.echo else None
-    return JSONResponse(_response(ctx, req, adm.request_id, finals, texts).model_dump(mode="json"))
+    response = _response(ctx, req, adm.request_id, finals, texts)
+    response.kv_transfer_params = answer_params(finals[0].kv_transfer_params, raw)
+    return JSONResponse(response.model_dump(mode="json"))
 
 
 async def _collect(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:

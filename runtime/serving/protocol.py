@@ -67,6 +67,9 @@ class _SamplingFields(_Request):
     skip_special_tokens: bool = True
     # vLLM: lower runs first under --scheduling-policy priority; ignored by the other policies.
     priority: int = Field(0, ge=-(2**31), lt=2**31)
+    # vLLM's prefill/decode disaggregation (--kv-transfer-config): do_remote_decode asks this replica to
+    # prefill and hold the blocks; do_remote_prefill with remote_* fields to pull them before decoding.
+    kv_transfer_params: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -103,6 +106,7 @@ class _SamplingFields(_Request):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            kv_transfer_params=self.kv_transfer_params,
         )
 
     @property
@@ -257,6 +261,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM: what a decode replica needs (do_remote_decode)
 
 
 class TopLogprob(BaseModel):
@@ -293,6 +298,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM: what a decode replica needs (do_remote_decode)
 
 
 class DeltaMessage(BaseModel):
