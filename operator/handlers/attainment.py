@@ -1,6 +1,6 @@
 """Live SLO attainment and cost per LLMService, on the operator's metrics endpoint.
 
-What it is: :func:`track_attainment`, called every built-in autoscaler tick.
+What it is: :func:`track_attainment`, called every replica-planning tick.
 It tells each ready plimsoll replica the service's ``spec.slo`` when the
 bounds the replica exports differ (``PUT /slo``: a new or restarted replica,
 or a changed SLO), feeds the replicas' judged-request counters to an
@@ -25,6 +25,7 @@ import httpx
 from prometheus_client import Gauge
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.pod_http import put_slo
 from plimsoll.operator.scaling.attainment import (
     COST_WINDOW,
     WINDOWS_S,
@@ -35,7 +36,6 @@ from plimsoll.operator.scaling.attainment import (
 from plimsoll.operator.scaling.metrics import PodSample
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
-PUT_TIMEOUT_S = 2.0
 
 SLO_ATTAINMENT = Gauge(
     "plimsoll_operator_slo_attainment_ratio",
@@ -84,8 +84,7 @@ async def track_attainment(
     for name, sample in samples.items():
         if needs_objectives(sample, wanted) and name in base_urls:
             try:
-                response = await http.put(f"{base_urls[name]}/slo", json=body, timeout=PUT_TIMEOUT_S)
-                response.raise_for_status()
+                await put_slo(http, base_urls[name], body)
             except httpx.HTTPError as error:
                 logger.info("could not set the SLO on pod %s (its requests are not judged): %s", name, error)
     if state.tracker is None or state.tracker.objectives != wanted:

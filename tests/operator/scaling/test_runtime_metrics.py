@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plimsoll.operator.handlers.autoscaling import scrape
+from plimsoll.operator.handlers.pod_http import scrape
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.prometheus import histogram_quantile
 
