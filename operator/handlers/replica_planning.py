@@ -219,10 +219,10 @@ class ReplicaLoop:
                     or annotations.get(DELETION_COST_ANNOTATION) != DRAINING_DELETION_COST
                 ):
                     await self._mark(svc, name, on=True)
-                # Asked again every tick: a restarted replica, or a DELETE /drain by hand, answers 200 again.
-                if base is not None and await pod_http.answers_ready(self.http, base):
-                    await pod_http.mark_for_removal(self.http, base)
-            elif base is None or await pod_http.unmark(self.http, base):
+                if base is not None:
+                    await keep_engine_mark(self.http, base, marked=True)
+            elif base is None or await keep_engine_mark(self.http, base, marked=False):
+                # The label goes once the replica has taken its own mark off (else: again next tick).
                 await self._mark(svc, name, on=False)
         except ApiException as error:
             if error.status != 404:
@@ -254,6 +254,19 @@ class ReplicaLoop:
             return {**fields, "conditions": with_conditions(current.get("conditions"), updates, generation)}
 
         return await update_status(self.kube, svc.namespace, svc.name, change)
+
+
+async def keep_engine_mark(http: httpx.AsyncClient, base_url: str, marked: bool) -> bool:
+    """The replica's own removal mark as the plan wants it; False when an unmark went unanswered.
+
+    Marked: ``POST /drain`` whenever ``/ready`` still answers 200 — asked every tick, so a
+    restarted replica, or a ``DELETE /drain`` by hand, is marked again. Unmarked: ``DELETE /drain``.
+    """
+    if not marked:
+        return await pod_http.unmark(http, base_url)
+    if await pod_http.answers_ready(http, base_url):
+        await pod_http.mark_for_removal(http, base_url)
+    return True
 
 
 async def observe_pods(http: httpx.AsyncClient, pods: list[dict[str, Any]]) -> list[PodObservation | None]:
