@@ -55,12 +55,13 @@ class AttainmentState:
     tracker: AttainmentTracker | None = None
 
 
-def _forget(svc: LLMService) -> None:
+def forget_attainment(namespace: str, name: str) -> None:
+    """Drop one service's attainment and cost series."""
     for window in WINDOWS_S:
         with contextlib.suppress(KeyError):
-            SLO_ATTAINMENT.remove(svc.namespace, svc.name, window)
+            SLO_ATTAINMENT.remove(namespace, name, window)
     with contextlib.suppress(KeyError):
-        COST_PER_1K_GOOD.remove(svc.namespace, svc.name)
+        COST_PER_1K_GOOD.remove(namespace, name)
 
 
 async def track_attainment(
@@ -78,7 +79,7 @@ async def track_attainment(
     wanted = objectives_seconds(slo.ttft_p95_ms, slo.tpot_p50_ms, slo.e2e_p95_ms)
     if not wanted:
         state.tracker = None
-        _forget(svc)
+        forget_attainment(svc.namespace, svc.name)
         return None
     body = {"ttftP95Ms": slo.ttft_p95_ms, "tpotP50Ms": slo.tpot_p50_ms, "e2eP95Ms": slo.e2e_p95_ms}
     for name, sample in samples.items():
@@ -89,7 +90,7 @@ async def track_attainment(
                 logger.info("could not set the SLO on pod %s (its requests are not judged): %s", name, error)
     if state.tracker is None or state.tracker.objectives != wanted:
         state.tracker = AttainmentTracker(objectives=wanted)
-        _forget(svc)
+        forget_attainment(svc.namespace, svc.name)
     tracker = state.tracker
     tracker.observe(now, samples, replicas)
     for window, seconds in WINDOWS_S.items():

@@ -30,6 +30,7 @@ module registers the daemon with kopf's default registry.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -46,7 +47,7 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import GROUP, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers import pod_http
-from plimsoll.operator.handlers.attainment import AttainmentState, track_attainment
+from plimsoll.operator.handlers.attainment import AttainmentState, forget_attainment, track_attainment
 from plimsoll.operator.handlers.drift import DriftState, DriftUpdate, after_write
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.pods import (
@@ -330,15 +331,27 @@ async def plan_replicas(
     body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     """Observe → plan → act → write, every ``autoscaling.intervalSeconds``, until the object goes."""
-    async with httpx.AsyncClient() as http:
-        loop = ReplicaLoop(memo.kube, http, kopf_events(body), logger)
-        while not stopped:
-            interval = 5.0
-            try:
-                interval = float(LLMService.from_body(body).spec.autoscaling.interval_seconds)
-                await loop.tick(body)
-            except ValidationError:
-                pass  # reported by reconcile as InvalidSpec
-            except Exception as error:  # one failed tick must not end the loop
-                logger.warning("replica planning tick failed: %s", error)
-            await stopped.wait(interval)
+    try:
+        async with httpx.AsyncClient() as http:
+            loop = ReplicaLoop(memo.kube, http, kopf_events(body), logger)
+            while not stopped:
+                interval = 5.0
+                try:
+                    interval = float(LLMService.from_body(body).spec.autoscaling.interval_seconds)
+                    await loop.tick(body)
+                except ValidationError:
+                    pass  # reported by reconcile as InvalidSpec
+                except Exception as error:  # one failed tick must not end the loop
+                    logger.warning("replica planning tick failed: %s", error)
+                await stopped.wait(interval)
+    finally:
+        # The loop's state goes with this frame; the service's own series go with it.
+        meta = body.get("metadata") or {}
+        forget_series(str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def forget_series(namespace: str, name: str) -> None:
+    """Drop one LLMService's series from the operator's metrics (it was deleted, or the operator stops)."""
+    with contextlib.suppress(KeyError):
+        REQUESTS_CUT.remove(namespace, name)
+    forget_attainment(namespace, name)
