@@ -78,7 +78,7 @@ def run_operator(
         raise typer.Exit(code=2)
     import kopf
 
-    # Importing registers the handlers: reconcile (llmservice), the built-in autoscaler daemon
+    # Importing registers the handlers: reconcile (llmservice), the replica-planning daemon
     # and the capacity-profiling timer.
     from plimsoll.operator.handlers import llmservice, profiling, replica_planning, runtime_profile  # noqa: F401
 
