@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from plimsoll.metric_names import (
     BUILD_INFO,
     ENGINE_FAMILIES,
+    KV_TIER_HITS,
     REQUESTS_CUT_BY_SHUTDOWN,
     SLO_OBJECTIVE_SECONDS,
     SLO_REQUESTS,
@@ -52,6 +53,10 @@ class PodSample:
     slo_objectives: dict[str, float] = field(default_factory=dict)
     # Requests the replica's own shutdown ended (plimsoll_requests_cut_by_shutdown_total); None for vLLM.
     requests_cut: float | None = None
+    # Prefix cache (tokens, cumulative): looked up, found in the replica's own cache, found per KV tier.
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    tier_hits: dict[str, float] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> float:
@@ -64,10 +69,21 @@ READ = frozenset(
     {
         name
         for f in ENGINE_FAMILIES.values()
-        for name in (f.running, f.waiting, f.kv_usage, f.ttft, f.tpot, f.generation_tokens, f.request_success)
+        for name in (
+            f.running,
+            f.waiting,
+            f.kv_usage,
+            f.ttft,
+            f.tpot,
+            f.generation_tokens,
+            f.request_success,
+            f.prefix_queries,
+            f.prefix_hits,
+        )
     }
     | {
         BUILD_INFO,
+        KV_TIER_HITS,
         STARTUP_PHASE_SECONDS,
         "process_start_time_seconds",
         SLO_REQUESTS,
@@ -117,7 +133,18 @@ def parse_scrape(text: str) -> PodSample:
             if "objective" in labels
         },
         requests_cut=scrape.sum(REQUESTS_CUT_BY_SHUTDOWN),
+        prefix_queries=scrape.sum(engine.prefix_queries),
+        prefix_hits=scrape.sum(engine.prefix_hits),
+        tier_hits=_tier_hits(scrape),
     )
+
+
+def _tier_hits(scrape: Scrape) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in scrape.samples.get(KV_TIER_HITS, []):
+        medium = labels.get("medium", "")
+        out[medium] = out.get(medium, 0.0) + value
+    return out
 
 
 def _labelled_sum(scrape: Scrape, name: str, label: str, value: str) -> float | None:

@@ -47,6 +47,7 @@ from plimsoll.operator.api.status import ConditionStatus, ConditionUpdate
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from plimsoll.operator.scaling.drain import PodLoad, choose_victims
 from plimsoll.operator.scaling.inputs import autoscaler_config
+from plimsoll.operator.scaling.kv_cache import kv_cache_status
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import Observations
 from plimsoll.operator.scaling.replica_plan import Plan, PlanDraft
@@ -261,6 +262,9 @@ class ReplicaPlanner:
         if must or draft.must_write or (fresh and now - self.last_write >= STATUS_MIN_INTERVAL_S):
             draft.merge("autoscaler", block)
             draft.conditions.extend(conditions)
+            kv = kv_cache_status(samples)  # status.kvCache: hit rates per KV tier, with the same write
+            if kv is not None:
+                draft.fields["kvCache"] = kv
             draft.must_write = True
 
     def _check_slo(
