@@ -19,9 +19,9 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.adapters import sync_adapters
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.inference_pool import remove_unused_inference_pool
-from plimsoll.operator.handlers.initial_sizing import apply_start_size
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
+from plimsoll.operator.handlers.replica_planning import kopf_events, size_new_service
 from plimsoll.operator.handlers.replica_workload import replica_workload
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.spans import llmservice_span
@@ -165,7 +165,7 @@ async def _reconcile(
         await reject_invalid(kube, body, error)
         raise
     # No spec.replicas yet: size from expectedLoad (or seed it for an HPA) before the Deployment is built.
-    svc = await apply_start_size(kube, body, svc, logger)
+    svc = await size_new_service(kube, body, svc, kopf_events(body), logger)
 
     workload = await replica_workload(kube, svc, settings, logger)
     if workload.removed:
