@@ -454,6 +454,62 @@ def soak(
     execute(cfg, body, output)
 
 
+@app.command("disagg")
+def disagg(
+    url: list[str] = typer.Option(
+        ..., "--url", help="A replica started with --kv-transfer-config '{\"kv_role\": \"kv_both\"}' (repeat: "
+        "the replicas at hand)"
+    ),
+    ratios: str = typer.Option("1:1", "--ratios", help="Split layouts to try, PREFILL:DECODE replicas, e.g. 1:1,1:2"),
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    shared_prefix_tokens: int = PREFIX,
+    shared_prefix_fraction: float = PREFIX_FRACTION,
+    levels: str = typer.Option("1,2,4", "--levels", help="Concurrency levels PER REPLICA of each layout"),
+    requests_per_level: int | None = REQUESTS,
+    duration_per_level: float | None = DURATION,
+    warmup_requests: int | None = WARMUP,
+    slo_ttft_p95_ms: float | None = SLO_TTFT,
+    slo_tpot_p50_ms: float | None = SLO_TPOT,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    max_error_rate: float = MAX_ERRORS,
+    min_concurrency_ratio: float = MIN_CONC,
+    max_client_lag_ms: float = MAX_LAG,
+    output: Path | None = OUTPUT,
+) -> None:
+    """Aggregated vs split prefill/decode on the same replicas: goodput per replica, KV transfer cost, verdict."""
+    from plimsoll.bench.client import BenchError
+    from plimsoll.bench.disagg import compare, summary_lines
+    from plimsoll.disaggregation import parse_ratios
+
+    try:
+        level_list = parse_levels(levels)
+        ratio_list = parse_ratios(ratios)
+    except (BenchInputError, ValueError) as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    cfg = make_config(locals(), url=url[0], levels=level_list)
+    say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+    try:
+        report = asyncio.run(compare(cfg, [u.rstrip("/") for u in url], ratio_list, level_list, say))
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    except BenchError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(1) from exc
+    for line in summary_lines(report):
+        typer.echo(line)
+    if output is not None:
+        output.write_text(json.dumps(report, indent=2, default=str))
+        err.print(f"wrote {output}", markup=False)
+
+
 @app.command("simulate")
 def simulate(
     port: int = typer.Option(8000, "--port"),

@@ -207,3 +207,30 @@ def build_app(config: RouterConfig) -> Starlette:
     app.add_middleware(TraceMiddleware)
     app.state.router = state
     return app
+
+
+@contextlib.asynccontextmanager
+async def running_router(config: RouterConfig, host: str = "127.0.0.1") -> AsyncIterator[tuple[str, RouterState]]:
+    """A router serving on ``host`` and a free port inside the caller's event loop: (its URL, its state).
+
+    What `plimsoll bench disagg` routes each layout through, and the router tests' harness.
+    """
+    import uvicorn
+
+    app = build_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=0, log_level="warning", ws="none", lifespan="on", access_log=False)
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(60):
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the router exited before it started")
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{port}", app.state.router
+    finally:
+        server.should_exit = True
+        await task

@@ -50,11 +50,11 @@ def engines(model: Path) -> Iterator[tuple[Any, Any, Any]]:
     """(aggregated, producer, consumer) engines of one model."""
     from plimsoll.runtime import LLM
 
+    consumer = {"kv_role": "kv_consumer", "kv_connector_extra_config": {"transfer_timeout": 5}}
     built = [
         LLM(model=str(model), **ENGINE),
         LLM(model=str(model), kv_transfer_config=producer_config(abort_request_timeout=60), **ENGINE),
-        LLM(model=str(model), kv_transfer_config={"kv_role": "kv_consumer", "kv_connector_extra_config": {
-            "transfer_timeout": 5}}, **ENGINE),  # fmt: skip
+        LLM(model=str(model), kv_transfer_config=consumer, **ENGINE),
     ]
     yield built[0].engine, built[1].engine, built[2].engine
     for llm in built:
@@ -98,7 +98,7 @@ def test_split_matches_aggregated_and_pulls_only_what_is_missing(engines: Any) -
 
 
 def test_a_full_local_hit_pulls_nothing_and_frees_the_producer_at_once(engines: Any) -> None:
-    aggregated, producer, consumer = engines
+    _, producer, consumer = engines
     ids = prompt(3, 90)
     expected = consumer.generate([ids], greedy())[0].outputs[0].token_ids  # the consumer computes it itself
     params = prefill(producer, ids)
@@ -129,7 +129,9 @@ def test_a_corrupt_block_on_the_wire_is_rejected(engines: Any, monkeypatch: pyte
     failures = dict(consumer.kv_connector.remote.counters.failures)
     out = consumer.generate([ids], greedy(kv_transfer_params=params))[0]
     assert out.outputs[0].token_ids == expected  # prefilled locally
-    assert consumer.kv_connector.remote.counters.failures.get("rejected", 0) == failures.get("rejected", 0) + 1
+    assert (
+        consumer.kv_connector.remote.counters.failures.get("rejected", 0) == failures.get("rejected", 0) + 1
+    )
     settle(producer)
     assert producer.scheduler.kv.usage() == 0.0 and consumer.scheduler.kv.usage() == 0.0
 
@@ -159,7 +161,9 @@ def test_an_unpulled_hold_expires_and_a_late_pull_is_refused(model: Path, engine
     from plimsoll.runtime import LLM
 
     aggregated, _, consumer = engines
-    producer = LLM(model=str(model), kv_transfer_config=producer_config(abort_request_timeout=0.3), **ENGINE).engine
+    producer = LLM(
+        model=str(model), kv_transfer_config=producer_config(abort_request_timeout=0.3), **ENGINE
+    ).engine
     try:
         ids = prompt(6, 70)
         params = prefill(producer, ids)
@@ -217,7 +221,9 @@ def test_the_staged_copy_path_reads_the_same_bytes(engines: Any) -> None:
 def test_config_refuses_other_connectors_and_their_fields() -> None:
     from plimsoll.runtime.engine.config import EngineConfig
 
-    with pytest.raises(ValueError, match="'NixlConnector' is not available in plimsoll; leave kv_connector out"):
+    with pytest.raises(
+        ValueError, match="'NixlConnector' is not available in plimsoll; leave kv_connector out"
+    ):
         KVTransferConfig.parse('{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}')
     with pytest.raises(ValueError, match="kv_buffer_size configure vLLM's other connectors"):
         KVTransferConfig.parse({"kv_role": "kv_both", "kv_buffer_size": 1e9})
@@ -233,7 +239,15 @@ def test_serve_refuses_an_unknown_connector_at_start(model: Path) -> None:
 
     from plimsoll.cli import app
 
-    args = ["serve", "--model", str(model), "--port", "1", "--kv-transfer-config", '{"kv_connector": "NixlConnector"}']
+    args = [
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        "1",
+        "--kv-transfer-config",
+        '{"kv_connector": "NixlConnector"}',
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "'NixlConnector' is not available in plimsoll" in result.output
 
