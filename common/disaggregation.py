@@ -262,7 +262,8 @@ def profile_from_report(
 ) -> ServiceProfile:
     """A :class:`ServiceProfile` from a `plimsoll bench sweep` report of one replica.
 
-    Prefill rate: mean prompt tokens ÷ TTFT p50 at the lowest level (a prompt alone on the replica).
+    Prefill rate: the server's prompt tokens per second of prefill at the lowest level (scraped by the
+    bench), else mean prompt tokens ÷ TTFT p50 there (a prompt alone on the replica, end to end).
     Decode: the highest level whose TPOT p50 meets ``tpot_slo_s`` (every level without one), and that
     TPOT. ``ValueError`` when the report lacks them.
     """
@@ -271,14 +272,16 @@ def profile_from_report(
         raise ValueError("the report has no valid concurrency level")
     levels.sort(key=lambda lv: lv["concurrency"])
     lowest = levels[0]
-    prompt = (lowest.get("tokens") or {}).get("prompt_mean") or (report.get("workload") or {}).get(
-        "input_tokens_mean"
-    )
-    ttft = ((lowest.get("latency_ms") or {}).get("ttft") or {}).get("p50")
-    if not prompt or not ttft:
-        raise ValueError(
-            "the report's lowest level has no prompt length or TTFT to derive a prefill rate from"
-        )
+    # The server's own prefill rate when the report scraped it; else a prompt alone, end to end.
+    rate = (((lowest.get("server") or {}).get("load")) or {}).get("prefill_tokens_per_s")
+    if not rate:
+        prompt = (lowest.get("tokens") or {}).get("prompt_mean")
+        ttft = ((lowest.get("latency_ms") or {}).get("ttft") or {}).get("p50")
+        if not prompt or not ttft:
+            raise ValueError(
+                "the report's lowest level has no prefill rate, nor a prompt length and TTFT for one"
+            )
+        rate = float(prompt) / (float(ttft) / 1e3)
 
     def tpot_of(lv: Mapping[str, Any]) -> float | None:
         value = ((lv.get("latency_ms") or {}).get("tpot") or {}).get("p50")
@@ -288,8 +291,7 @@ def profile_from_report(
     if not fits:
         raise ValueError("no level of the report meets the TPOT SLO: the replica cannot decode within it")
     best = fits[-1]
-    return ServiceProfile(float(prompt) / (float(ttft) / 1e3), float(best["concurrency"]), tpot_of(best) or 0.0,
-                          kv_bytes_per_token)  # fmt: skip
+    return ServiceProfile(float(rate), float(best["concurrency"]), tpot_of(best) or 0.0, kv_bytes_per_token)
 
 
 def parse_bandwidth(text: str) -> float:

@@ -99,3 +99,6 @@ def test_a_profile_from_a_sweep_report() -> None:
     assert profile_from_report(report, 2048).decode_sequences == 8
     with pytest.raises(ValueError, match="no level of the report meets the TPOT SLO"):
         profile_from_report(report, 2048, tpot_slo_s=0.01)
+    # The server's own prefill rate, when the bench scraped it, is preferred over the end-to-end TTFT.
+    report["levels"][1]["server"] = {"load": {"prefill_tokens_per_s": 25_000.0}}
+    assert profile_from_report(report, 2048).prefill_tokens_per_s == 25_000
