@@ -36,7 +36,6 @@ from plimsoll.bench.session import BenchSession
 from plimsoll.disaggregation import Ratio, parse_ratios, predict, profile_from_report, verdict
 from plimsoll.runtime.testing import ServerProcess
 
-
 LINK: dict[str, float] = {}  # the KV link's rate, as the first workload's pulls measured it
 
 
