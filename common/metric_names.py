@@ -14,6 +14,10 @@ PREFIX = "plimsoll_"
 NUM_REQUESTS_RUNNING = "plimsoll_num_requests_running"
 NUM_REQUESTS_WAITING = "plimsoll_num_requests_waiting"
 KV_CACHE_USAGE_RATIO = "plimsoll_kv_cache_usage_ratio"
+# Prompt tokens admitted and not yet computed (waiting and running requests): a prefill pool's signal.
+PREFILL_BACKLOG_TOKENS = "plimsoll_prefill_backlog_tokens"
+# Bytes of KV one token takes in this replica's cache (all layers, K and V): what moving a prompt costs.
+KV_CACHE_BYTES_PER_TOKEN = "plimsoll_kv_cache_bytes_per_token"
 CACHE_CONFIG_INFO = "plimsoll_cache_config_info"
 # Info metric: {version} of the running engine (the operator's drift check notices a change).
 BUILD_INFO = "plimsoll_build_info"

@@ -125,6 +125,11 @@ class PodDiscovery:
     async def _selector(self, custom: Any) -> str:
         from kubernetes_asyncio.client.exceptions import ApiException
 
+        if self._role:
+            # A split service's pools have a selector each (the prefill pool is its own Deployment); both
+            # carry the service's instance label and their role.
+            return f"app.kubernetes.io/instance={self._name},{ROLE_LABEL}={self._role}"
+
         # The router's own pods share the instance label; only replicas are wanted.
         fallback = f"app.kubernetes.io/component=replica,app.kubernetes.io/instance={self._name}"
         try:
@@ -134,10 +139,9 @@ class PodDiscovery:
         except ApiException as exc:
             log.warning("cannot read LLMService %s/%s (%s); selecting pods by %s",
                         self._config.namespace, self._name, exc.reason, fallback)
-            return f"{fallback},{ROLE_LABEL}={self._role}" if self._role else fallback
+            return fallback
         selector = (service.get("status") or {}).get("selector")
-        chosen = selector if isinstance(selector, str) and selector else fallback
-        return f"{chosen},{ROLE_LABEL}={self._role}" if self._role else chosen
+        return selector if isinstance(selector, str) and selector else fallback
 
     def _replace(self, pods: list[dict[str, Any]]) -> None:
         self._pods.clear()

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
+from plimsoll.operator.api.disaggregation import DisaggregationSpec
 from plimsoll.operator.api.model_uri import ADAPTER_URI_PATTERN, MODEL_URI_PATTERN, parse_model_uri
 
 EngineKind = Literal["plimsoll", "vllm"]
@@ -645,6 +646,12 @@ class LLMServiceSpec(APIModel):
         default_factory=list,
         description="Where the engine container mounts them (Kubernetes VolumeMount objects).",
     )
+    disaggregation: DisaggregationSpec | None = Field(
+        None,
+        description="Prefill and decode on separate pools (vLLM's kv_transfer_params protocol): the replicas "
+        "above become the decode pool, disaggregation.prefill a pool of its own, the router sends each request "
+        "through both; status.disaggregation says whether the split pays.",
+    )
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="LoRA adapters on the base model: loaded on every Ready replica through the engine's API "
@@ -680,6 +687,7 @@ class LLMServiceSpec(APIModel):
                 "use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
+        self._check_disaggregation()
         if (
             self.replicas is not None
             and self.scaling is not None
@@ -716,6 +724,23 @@ class LLMServiceSpec(APIModel):
                 f"raise resources.gpu.count to {tp}"
             )
 
+    def _check_disaggregation(self) -> None:
+        if self.disaggregation is None:
+            return
+        why = None
+        if self.engine.kind != "plimsoll":
+            why = "engine.kind plimsoll (its built-in KV transfer; vLLM needs a NIXL setup plimsoll does not make)"
+        elif self.engine.prefix_caching is False:
+            why = "prefix caching (blocks move under their prefix-cache hashes); drop engine.prefixCaching: false"
+        elif self.router.mode != "plimsoll":
+            why = "router.mode plimsoll (its router runs the two hops)"
+        elif self.tensor_parallel_size() > 1 or self.resources.nodes > 1:
+            why = "one GPU (or CPU) per replica for now; drop tensor parallelism and resources.nodes"
+        elif self.lora_enabled():
+            why = "no LoRA adapters (their blocks are salted per replica); drop the adapters or the split"
+        if why is not None:
+            raise ValueError(f"disaggregation needs {why}")
+
     def tensor_parallel_size(self) -> int:
         """Ranks per pod: engine.tensorParallelSize, else the pod's GPUs (at least 1)."""
         if self.engine.tensor_parallel_size is not None:
@@ -748,8 +773,9 @@ class LLMServiceSpec(APIModel):
         return self
 
     def router_in_front(self) -> bool:
-        """The router runs when asked for, and always with scaling.min 0: it holds requests at zero."""
-        return self.router.enabled or (
+        """The router runs when asked for, always with scaling.min 0 (it holds requests at zero), and on a
+        split service (it runs the two hops)."""
+        return self.router.enabled or self.disaggregation is not None or (
             self.scaling is not None and self.scaling.min == 0 and self.router.mode == "plimsoll"
         )
 

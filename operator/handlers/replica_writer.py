@@ -17,14 +17,18 @@ from typing import Any
 
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.scaling.pools import PREFILL_POOL
 from plimsoll.operator.scaling.replica_plan import DEFAULT_POOL
 
 
 def replicas_patch(pool: str, replicas: int) -> dict[str, Any]:
     """The spec fragment that holds ``pool``'s count."""
+    if pool == PREFILL_POOL:  # a split service's prefill pool (its decode pool is spec.replicas)
+        return {"spec": {"disaggregation": {"prefill": {"replicas": replicas}}}}
     if pool != DEFAULT_POOL:
         raise ValueError(
-            f"no replica pool {pool!r} in an LLMService spec (only {DEFAULT_POOL!r}: spec.replicas)"
+            f"no replica pool {pool!r} in an LLMService spec ({DEFAULT_POOL!r}: spec.replicas, "
+            f"{PREFILL_POOL!r}: spec.disaggregation.prefill.replicas)"
         )
     return {"spec": {"replicas": replicas}}
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from plimsoll.metric_names import (
     BUILD_INFO,
     ENGINE_FAMILIES,
+    KV_CACHE_BYTES_PER_TOKEN,
     KV_TIER_HITS,
+    PREFILL_BACKLOG_TOKENS,
     REQUESTS_CUT_BY_SHUTDOWN,
     SLO_OBJECTIVE_SECONDS,
     SLO_REQUESTS,
@@ -57,6 +59,10 @@ class PodSample:
     prefix_queries: float | None = None
     prefix_hits: float | None = None
     tier_hits: dict[str, float] = field(default_factory=dict)
+    # Prompt tokens admitted and not yet computed (plimsoll_prefill_backlog_tokens): a prefill pool's
+    # signal; None for engines that do not export it.
+    prefill_backlog_tokens: float | None = None
+    kv_bytes_per_token: float | None = None  # plimsoll_kv_cache_bytes_per_token
 
     @property
     def in_flight(self) -> float:
@@ -89,6 +95,8 @@ READ = frozenset(
         SLO_REQUESTS,
         SLO_OBJECTIVE_SECONDS,
         REQUESTS_CUT_BY_SHUTDOWN,
+        PREFILL_BACKLOG_TOKENS,
+        KV_CACHE_BYTES_PER_TOKEN,
     }
 )
 
@@ -136,6 +144,8 @@ def parse_scrape(text: str) -> PodSample:
         prefix_queries=scrape.sum(engine.prefix_queries),
         prefix_hits=scrape.sum(engine.prefix_hits),
         tier_hits=_tier_hits(scrape),
+        prefill_backlog_tokens=scrape.sum(PREFILL_BACKLOG_TOKENS),
+        kv_bytes_per_token=scrape.sum(KV_CACHE_BYTES_PER_TOKEN),
     )
 
 

@@ -70,6 +70,7 @@ class LLMEngine:
         per_token = kv_bytes_per_token(
             loaded.hf_config, config.torch_dtype, config.kv_cache_dtype, config.tensor_parallel_size
         )
+        self.kv_bytes_per_token = per_token
         self.num_blocks = config.kv_cache_memory // (per_token * bs)
         if self.num_blocks < 1:
             raise ValueError(
@@ -573,8 +574,16 @@ class LLMEngine:
             num_free_blocks=kv.num_free_blocks,
             block_size=self.config.block_size,
             enable_prefix_caching=self.config.enable_prefix_caching,
+            prefill_backlog_tokens=self._prefill_backlog(),
+            kv_bytes_per_token=self.kv_bytes_per_token,
             **self._lora_stats(),
         )
+
+    def _prefill_backlog(self) -> int:
+        """Prompt tokens admitted and not computed yet (read off-thread: copies of the queues)."""
+        queued = [*self.scheduler.waiting, *self.scheduler.running]
+        queued += [s for seqs in list(self.prefetching.values()) for s in seqs]
+        return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in queued)
 
     def _lora_stats(self) -> dict[str, Any]:
         if self.lora is None:

@@ -101,6 +101,9 @@ class EngineStats:
     num_free_blocks: int
     block_size: int
     enable_prefix_caching: bool
+    # Prompt tokens admitted and not yet computed, waiting and running requests together.
+    prefill_backlog_tokens: int = 0
+    kv_bytes_per_token: int = 0  # all layers, K and V, on this rank
     # --enable-lora: slots, and the adapters of running / waiting requests (GIE's lora_requests_info)
     max_loras: int = 0
     running_lora_adapters: list[str] = field(default_factory=list)
