@@ -300,5 +300,5 @@ def parse_bandwidth(text: str) -> float:
     if not m:
         raise ValueError(f"link bandwidth {text!r}: write e.g. 10GB/s, 25Gbit/s or 400Gbps")
     scale = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[m[2].lower()]
-    value = float(m[1]) * (1024 if m[3] else 1000) ** scale
+    value = float(m[1]) * float((1024 if m[3] else 1000) ** scale)
     return value / 8 if m[4] in ("bit", "b") else value

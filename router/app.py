@@ -158,7 +158,8 @@ def build_app(config: RouterConfig) -> Starlette:
     async def proxied(request: Request) -> Response:
         assert state.proxy is not None, "the lifespan starts the proxy before serving"
         if state.prefill_decode is not None:
-            return await state.prefill_decode.forward(request)
+            split: Response = await state.prefill_decode.forward(request)
+            return split
         response: Response = await state.proxy.forward(request)
         return response
 

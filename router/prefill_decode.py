@@ -117,19 +117,21 @@ class PrefillDecode:
         refusal = split_refusal(endpoint, body)
         if refusal is not None:
             self.requests.labels("unsplit", refusal).inc()
-            return await self.decode.forward(request, raw)
+            unsplit: Response = await self.decode.forward(request, raw)
+            return unsplit
         assert isinstance(body, dict)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
         params, prefill_url, reason = await self._prefill(endpoint, body, headers)
         decode_raw = (
             json.dumps({**body, "kv_transfer_params": params}).encode() if params is not None else raw
         )
-        response = await self.decode.forward(request, decode_raw)
+        response: Response = await self.decode.forward(request, decode_raw)
         if REPLICA_HEADER not in response.headers and response.status_code in (502, 503):
             # No decode replica could take it: run it whole on a prefill replica (a complete engine).
             self.requests.labels("aggregated", "decode_unavailable").inc()
             log.warning("no decode replica reachable; serving the request on the prefill pool")
-            return await self.prefill.forward(request, raw)
+            whole: Response = await self.prefill.forward(request, raw)
+            return whole
         self.requests.labels("split" if params is not None else "fallback", reason).inc()
         if prefill_url is not None:
             response.headers[PREFILL_HEADER] = prefill_url

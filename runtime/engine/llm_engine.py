@@ -365,7 +365,7 @@ class LLMEngine:
         pool = self.scheduler.kv.pool
         if isinstance(seq.kv_transfer, RemoteSource):
             # Prefilled on another replica: pull what this one lacks, then schedule it.
-            return connector.start_remote_pull(seq, seq.kv_transfer, lambda h: pool.get_cached_block(h) is not None)
+            return bool(connector.start_remote_pull(seq, seq.kv_transfer, lambda h: pool.get_cached_block(h) is not None))
         if not connector.wants_prefetch():
             return False
         seq.update_block_hashes(self.config.block_size)

@@ -113,7 +113,7 @@ class _Staging:
         self.device = k.device
         self.staged = staged or self.device.type != "cpu"
         self.buffer: torch.Tensor | None = None
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None  # type: ignore[no-untyped-call]
         self.lock = threading.Lock()
         if self.staged:
             shape = (blocks, len(kv_caches), 2, *k.shape[1:])

@@ -59,7 +59,7 @@ class KVTransferConfig(BaseModel):
     engine_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
     kv_ip: str = Field("0.0.0.0", description="address the transfer server binds (a wildcard: every address)")
     kv_port: int = Field(DEFAULT_KV_PORT, ge=0, le=65535, description="its port; 0 picks a free one")
-    kv_connector_extra_config: TransferTuning = Field(default_factory=TransferTuning)
+    kv_connector_extra_config: TransferTuning = Field(default_factory=lambda: TransferTuning.model_validate({}))
 
     @model_validator(mode="before")
     @classmethod

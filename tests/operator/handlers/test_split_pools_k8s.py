@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from llms_k8s import apply, condition, get_json, llmservice, wait_for
 
-pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 ROLE_LABEL = "plimsoll.dev/role"
 
