@@ -120,7 +120,9 @@ def loaded_adapters(models: dict[str, Any], base_model: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for card in models.get("data") or []:
         if isinstance(card, dict) and card.get("parent") == base_model and card.get("id") != base_model:
-            found[str(card["id"])] = str(card.get("root") or "")
+            root = str(card.get("root") or "")
+            # A replica shows the path only to its admin key's holder; a bare name is "not said".
+            found[str(card["id"])] = root if root.startswith("/") else ""
     return found
 
 
