@@ -2,7 +2,7 @@
 
 What it is: :func:`track_attainment`, called every built-in autoscaler tick.
 It tells each ready plimsoll replica the service's ``spec.slo`` when the
-bounds the replica exports differ (``PUT /slo``: a new or restarted replica,
+bounds the replica exports differ (``PUT /slo`` with the admin key: a new or restarted replica,
 or a changed SLO), feeds the replicas' judged-request counters to an
 :class:`AttainmentTracker`, and sets, in the default registry served by
 ``plimsoll operator --metrics-bind-address``:
@@ -25,6 +25,7 @@ import httpx
 from prometheus_client import Gauge
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.scaling.attainment import (
     COST_WINDOW,
     WINDOWS_S,
@@ -64,7 +65,7 @@ def _forget(svc: LLMService) -> None:
 
 
 async def track_attainment(
-    http: httpx.AsyncClient,
+    http: ReplicaClient,
     svc: LLMService,
     state: AttainmentState,
     samples: dict[str, PodSample],

@@ -2,7 +2,7 @@
 
 What it is: one kopf daemon per LLMService with ``autoscaling.mode: builtin``.
 Every ``autoscaling.intervalSeconds`` it lists the service's pods, scrapes each
-ready pod's ``/metrics`` (plimsoll or vLLM names) with httpx under a short
+ready pod's ``/metrics`` (plimsoll or vLLM names) through ``ReplicaClient`` (byte-capped) under a short
 timeout, hands the observations to the pure
 :class:`plimsoll.operator.scaling.autoscaler.Autoscaler`, patches
 ``spec.replicas`` (the scale subresource's field) when the decision
@@ -32,6 +32,7 @@ from plimsoll.operator.handlers import scale_phases
 from plimsoll.operator.handlers.attainment import AttainmentState, track_attainment
 from plimsoll.operator.handlers.drift import DriftState, track_drift
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.handlers.scale_up import follow_timeline, open_timeline
 from plimsoll.operator.handlers.spans import decision_attributes, llmservice_span
 from plimsoll.operator.handlers.status_writer import update_status
@@ -83,17 +84,15 @@ def metrics_url(pod: dict[str, Any]) -> str | None:
     return f"http://{ip}:{port}/metrics"
 
 
-async def scrape(http: httpx.AsyncClient, url: str) -> PodSample | str:
-    """One pod's parsed metrics, or the reason they could not be read."""
+async def scrape(http: ReplicaClient, url: str) -> PodSample | str:
+    """One pod's parsed metrics, or the reason they could not be read (the answer is byte-capped)."""
     try:
-        response = await http.get(url, timeout=SCRAPE_TIMEOUT_S)
-        response.raise_for_status()
-        return parse_scrape(response.text)
+        return parse_scrape(await http.get_text(url, timeout=SCRAPE_TIMEOUT_S))
     except (httpx.HTTPError, MetricsError) as error:
         return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-async def observe(http: httpx.AsyncClient, pods: list[dict[str, Any]]) -> list[PodObservation]:
+async def observe(http: ReplicaClient, pods: list[dict[str, Any]]) -> list[PodObservation]:
     """Readiness and metrics of every pod that counts; unready pods are not scraped."""
     counted = [p for p in pods if counts_for_scaling(p)]
 
@@ -144,7 +143,8 @@ async def autoscale_llmservice(
                     state.scaler = None
                 else:
                     with llmservice_span("autoscale", svc.namespace, svc.name):
-                        await _tick(memo.kube, body, svc, http, state, drift, attainment, logger)
+                        replicas = await ReplicaClient.for_service(memo.kube, svc, http)
+                        await _tick(memo.kube, body, svc, replicas, state, drift, attainment, logger)
             except ValidationError:
                 pass  # reported by reconcile as InvalidSpec
             except Exception as error:  # one failed tick must not end the loop
@@ -185,7 +185,7 @@ async def _tick(
     kube: Kube,
     body: kopf.Body,
     svc: LLMService,
-    http: httpx.AsyncClient,
+    http: ReplicaClient,
     state: LoopState,
     drift: DriftState,
     attainment: AttainmentState,

@@ -31,9 +31,11 @@ import httpx
 import kopf
 from prometheus_client import Counter
 
+from plimsoll.bounded_http import SMALL_LIMIT_BYTES
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.handlers.status_writer import update_status, with_conditions
 from plimsoll.operator.resources.labels import selector_labels
 from plimsoll.operator.resources.settings import ENGINE_PORT
@@ -108,7 +110,7 @@ def _ip_url(pod: dict[str, Any], path: str) -> str | None:
     return f"http://{ip}:{ENGINE_PORT}{path}" if ip else None
 
 
-async def router_demand(kube: Kube, svc: LLMService, http: httpx.AsyncClient) -> dict[str, Any] | None:
+async def router_demand(kube: Kube, svc: LLMService, http: ReplicaClient) -> dict[str, Any] | None:
     """The router's ``GET /hold`` (held requests, oldest wait); None without a reachable router pod."""
     if not svc.spec.router_in_front():
         return None
@@ -118,28 +120,24 @@ async def router_demand(kube: Kube, svc: LLMService, http: httpx.AsyncClient) ->
         if url is None:
             continue
         try:
-            response = await http.get(url, timeout=TIMEOUT_S)
-            if response.status_code == 200:
-                demand: dict[str, Any] = response.json()
-                return demand
+            demand: dict[str, Any] = await http.get_json(url, limit=SMALL_LIMIT_BYTES, timeout=TIMEOUT_S)
+            return demand
         except (httpx.HTTPError, ValueError):
             continue
     return None
 
 
-async def _scrape_text(http: httpx.AsyncClient, pod: dict[str, Any]) -> str | None:
+async def _scrape_text(http: ReplicaClient, pod: dict[str, Any]) -> str | None:
     url = _ip_url(pod, "/metrics")
     if url is None:
         return None
     try:
-        response = await http.get(url, timeout=TIMEOUT_S)
-        response.raise_for_status()
-        return response.text
+        return await http.get_text(url, timeout=TIMEOUT_S)
     except httpx.HTTPError:
         return None
 
 
-async def _victim_loads(http: httpx.AsyncClient, pods: dict[str, dict[str, Any]], names: tuple[str, ...],
+async def _victim_loads(http: ReplicaClient, pods: dict[str, dict[str, Any]], names: tuple[str, ...],
                         state: PhaseState) -> dict[str, float | None]:  # fmt: skip
     """In flight on each listed victim (scraped whether Ready or not); feeds the cut tally too."""
 
@@ -162,7 +160,7 @@ def _ready(pod: dict[str, Any]) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])  # fmt: skip
 
 
-async def _mark(kube: Kube, http: httpx.AsyncClient, svc: LLMService, pod: dict[str, Any], on: bool) -> None:
+async def _mark(kube: Kube, http: ReplicaClient, svc: LLMService, pod: dict[str, Any], on: bool) -> None:
     """Mark (or unmark) one pod for removal: router label, deletion cost, and the replica's own /drain."""
     patch = {"metadata": {
         "labels": {DRAINING_LABEL: "true" if on else None},
@@ -199,7 +197,7 @@ async def _patch_status(
 
 
 async def start_scale_down(
-    kube: Kube, body: kopf.Body, svc: LLMService, http: httpx.AsyncClient, decision: Decision,
+    kube: Kube, body: kopf.Body, svc: LLMService, http: ReplicaClient, decision: Decision,
     pods: list[dict[str, Any]], observations: list[PodObservation], logger: Logger,
 ) -> None:  # fmt: skip
     """Phase one of a scale-down the autoscaler decided: choose, mark, and start waiting."""
@@ -216,7 +214,7 @@ async def start_scale_down(
 
 
 async def _begin(
-    kube: Kube, body: kopf.Body, svc: LLMService, http: httpx.AsyncClient, state: PhaseState,
+    kube: Kube, body: kopf.Body, svc: LLMService, http: ReplicaClient, state: PhaseState,
     by_name: dict[str, dict[str, Any]], victims: tuple[str, ...], current: int, target: int, now: float,
     drain_s: float, purpose: str, why: str, logger: Logger,
 ) -> None:  # fmt: skip
@@ -235,7 +233,7 @@ async def _begin(
 
 
 async def before_decide(
-    kube: Kube, body: kopf.Body, svc: LLMService, http: httpx.AsyncClient, config: AutoscalerConfig,
+    kube: Kube, body: kopf.Body, svc: LLMService, http: ReplicaClient, config: AutoscalerConfig,
     current: int, pods: list[dict[str, Any]], observations: list[PodObservation], now: float, logger: Logger,
 ) -> bool:  # fmt: skip
     """Handle this tick here (True: the autoscaler's decide is skipped) or leave it to the autoscaler."""

@@ -50,8 +50,9 @@ def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, 
             *adapters.volumes,
             *([cache_volume(svc)] if adapters.needs_cache_volume else []),
             # vLLM and torch use shared memory between workers; the default 64 MiB is too small.
-            {"name": "shm", "emptyDir": {"medium": "Memory"}},
-            {"name": "tmp", "emptyDir": {}},
+            # Both are bounded: a full /tmp evicts this pod, it cannot fill the node's disk or memory.
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size_limit}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
             *spec.volumes,
         ],
     }

@@ -11,7 +11,13 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
-from plimsoll.operator.resources.adapters import VLLM_RUNTIME_LORA_ENV, adapter_placement, lora_flags
+from plimsoll.operator.resources.adapters import (
+    VLLM_RUNTIME_LORA_ENV,
+    adapter_placement,
+    adapter_roots,
+    lora_flags,
+)
+from plimsoll.operator.resources.credentials import engine_credential_env
 from plimsoll.operator.resources.model_fetch import (
     MODEL_CACHE_MOUNT,
     MODEL_CACHE_VOLUME,
@@ -102,6 +108,17 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
     args = ["serve", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", svc.served_name]
     if model_arg is not None:
         args += ["--model", model_arg]
+    user = svc.spec.engine.args
+    # A replica's queue and a request's life are bounded by default (engine.args still wins).
+    if not _has_flag(user, "--max-waiting"):
+        args += ["--max-waiting", str(svc.spec.engine.max_waiting)]
+    if not _has_flag(user, "--request-timeout"):
+        args += ["--request-timeout", str(svc.spec.engine.request_timeout_seconds)]
+    if svc.spec.lora_enabled():
+        # spec.adapters are loaded through the API from the volumes the operator mounts, and only from there.
+        args.append("--allow-runtime-lora-updating")
+        for root in adapter_roots(svc):
+            args += ["--lora-allowed-roots", root]
     if svc.spec.router.mode == "inferencePool":
         # A Gateway's endpoint picker reads vLLM's series names (model-server protocol).
         args += ["--metrics-compat", "vllm"]
@@ -156,7 +173,8 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
     spec = svc.spec
     placement = model_placement(svc)
     adapters = adapter_placement(svc)
-    env = [*placement.env]
+    # HOME on the pod's own /tmp: the root filesystem is read-only, and engines keep caches under HOME.
+    env = [*placement.env, {"name": "HOME", "value": "/tmp"}, *engine_credential_env(svc)]
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
     if spec.engine.kind == "plimsoll":
@@ -173,6 +191,9 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         if value is not None:
             resources["requests"][key] = value
             resources["limits"][key] = value
+    if spec.resources.memory is None and settings.engine_memory_limit:
+        # Never unbounded: a replica that leaks takes its own pod down, not the node's other pods.
+        resources["limits"]["memory"] = settings.engine_memory_limit
     if spec.resources.gpu.count > 0:
         # Extended resources must have requests == limits; limits alone imply requests.
         resources["limits"][spec.resources.gpu.resource_name] = spec.resources.gpu.count
@@ -190,6 +211,8 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            # Writable: /tmp and /dev/shm (bounded emptyDirs) and the volumes mounted for the model.
+            "readOnlyRootFilesystem": True,
         },
         "volumeMounts": [
             *placement.mounts,

@@ -23,6 +23,7 @@ import pytest
 
 from plimsoll.bench.simulator import ServiceCurve, serving_simulator
 from plimsoll.operator.handlers.autoscaling import observe
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -92,7 +93,7 @@ async def _autoscaler(replay: Replay, http: httpx.AsyncClient, stack: contextlib
     while not done.is_set():
         now = time.monotonic()
         pods = [r.pod(f"r{i}", now) for i, r in enumerate(replay.replicas)]
-        d = scaler.decide(now - t0, len(replay.replicas), await observe(http, pods))
+        d = scaler.decide(now - t0, len(replay.replicas), await observe(ReplicaClient(http), pods))
         for _ in range(len(replay.replicas), d.desired_replicas):
             url = await stack.enter_async_context(serving_simulator(CURVE))
             replay.replicas.append(Replica(url, ready_at=time.monotonic() + STARTUP_S))

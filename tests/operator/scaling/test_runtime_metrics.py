@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from plimsoll.operator.handlers.autoscaling import scrape
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.prometheus import histogram_quantile
 
@@ -22,7 +23,7 @@ async def test_runtime_metrics_parse_into_in_flight_and_latency(tmp_path: Path) 
     model = write_tiny_model(tmp_path / "tiny")
     with ThreadedServer(model) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-            idle = await scrape(http, f"{server.url}/metrics")
+            idle = await scrape(ReplicaClient(http), f"{server.url}/metrics")
             assert isinstance(idle, PodSample), idle
             assert (idle.engine, idle.in_flight) == ("plimsoll", 0)
             served = (await http.get("/v1/models")).json()["data"][0]["id"]
@@ -31,7 +32,7 @@ async def test_runtime_metrics_parse_into_in_flight_and_latency(tmp_path: Path) 
                     "/v1/completions", json={"model": served, "prompt": "hello", "max_tokens": 4}
                 )
                 assert r.status_code == 200, r.text
-            after = await scrape(http, f"{server.url}/metrics")
+            after = await scrape(ReplicaClient(http), f"{server.url}/metrics")
     assert isinstance(after, PodSample), after
     assert after.in_flight == 0  # all three finished
     assert after.kv_usage is not None and 0 <= after.kv_usage <= 1

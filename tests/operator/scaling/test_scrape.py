@@ -17,6 +17,7 @@ from prometheus_client.exposition import MetricsHandler
 
 from plimsoll import metric_names as names
 from plimsoll.operator.handlers.autoscaling import metrics_url, observe
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from plimsoll.operator.scaling.autoscaler_loop import status_patch
 
@@ -85,7 +86,7 @@ async def test_observe_scrapes_ready_pods_and_explains_failures(servers: dict[st
         pod("failed", servers["a"], phase="Failed"),
     ]
     async with httpx.AsyncClient() as http:
-        seen = {o.name: o for o in await observe(http, pods)}
+        seen = {o.name: o for o in await observe(ReplicaClient(http), pods)}
     assert set(seen) == {"a", "b", "starting", "html", "gone"}  # deleted and failed pods do not count
     assert seen["a"].sample is not None and seen["a"].sample.in_flight == 13
     assert seen["b"].sample is not None and seen["b"].sample.in_flight == 14
