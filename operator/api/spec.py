@@ -13,7 +13,12 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
-from plimsoll.operator.api.model_uri import ADAPTER_URI_PATTERN, MODEL_URI_PATTERN, parse_model_uri
+from plimsoll.operator.api.model_uri import (
+    ADAPTER_URI_PATTERN,
+    MODEL_URI_PATTERN,
+    parse_adapter_uri,
+    parse_model_uri,
+)
 
 EngineKind = Literal["plimsoll", "vllm"]
 CapacityMode = Literal["Profile", "Manual"]
@@ -175,6 +180,11 @@ class EngineSpec(APIModel):
     )
     max_lora_rank: PositiveInt | None = Field(
         None, description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset)."
+    )
+    lora_allowed_roots: list[Annotated[str, Field(pattern=r"^/")]] = Field(
+        default_factory=list,
+        description="plimsoll: directories in the image that file:// adapters may be loaded from at run time "
+        "(--lora-allowed-roots; the operator adds its own mount points). Changing it rolls the pods.",
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
         None,
@@ -740,6 +750,17 @@ class LLMServiceSpec(APIModel):
             raise ValueError(f"adapters: each name once; {', '.join(twice)} appear more than once")
         if self.adapters and self.engine.enable_lora is False:
             raise ValueError("adapters need LoRA: remove engine.enableLora false, or the adapters")
+        if self.engine.kind != "plimsoll":
+            return
+        roots = [r.rstrip("/") + "/" for r in self.engine.lora_allowed_roots]
+        for adapter in self.adapters:
+            location = parse_adapter_uri(adapter.uri)
+            path = location.name.rstrip("/") + "/"
+            if location.scheme == "file" and not any(path.startswith(root) for root in roots):
+                raise ValueError(
+                    f"adapters: {adapter.name} ({adapter.uri}) is outside engine.loraAllowedRoots, so the "
+                    "replicas would refuse to load it; add its directory (or a parent) to engine.loraAllowedRoots"
+                )
 
     def lora_enabled(self) -> bool:
         """--enable-lora: asked for, or implied by declared adapters."""

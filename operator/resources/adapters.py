@@ -71,13 +71,9 @@ def adapter_path(svc: LLMService, adapter: AdapterSpec) -> str:
 
 def adapter_roots(svc: LLMService) -> list[str]:
     """The directories run-time loads may read (``--lora-allowed-roots``): every mount point this module
-    and the model use for adapters, whether or not one is declared yet (adding the first adapter then
-    changes no flag), plus the file:// adapters' own directories in the image."""
-    roots = {ADAPTER_MOUNT, MODEL_CACHE_MOUNT, MODEL_MOUNT}
-    for adapter in svc.spec.adapters:
-        if parse_adapter_uri(adapter.uri).scheme == "file":
-            roots.add(adapter_path(svc, adapter))
-    return sorted(roots)
+    and the model use for adapters, whether or not one is declared yet (adding an adapter then changes
+    no flag, so no pod restarts), plus ``engine.loraAllowedRoots`` for file:// adapters in the image."""
+    return sorted({ADAPTER_MOUNT, MODEL_CACHE_MOUNT, MODEL_MOUNT, *svc.spec.engine.lora_allowed_roots})
 
 
 def desired_adapters(svc: LLMService) -> dict[str, str]:

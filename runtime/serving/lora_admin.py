@@ -75,11 +75,19 @@ class LoRAAdmin:
 
         self._check_enabled()
         real = under_roots(path, self.settings.lora_allowed_roots)
-        if real is None or not real.is_dir():
-            log.warning("refused to load adapter %r from %r: not a directory under %s",
+        if real is None:
+            log.warning("refused to load adapter %r from %r: not under %s",
                         name, path, list(self.settings.lora_allowed_roots) or "no allowed root")  # fmt: skip
             raise APIError(
                 400, f"The lora adapter '{name}' was not loaded: {OUTSIDE_ROOTS}.", param="lora_path"
+            )
+        if not real.is_dir():
+            # Inside the roots the server was given, saying what is wrong maps nothing new.
+            raise APIError(
+                400,
+                f"The lora adapter '{name}' was not loaded: LoRA path {path!r} is not a directory; pass a PEFT "
+                "adapter directory",
+                param="lora_path",
             )
         async with self._loading:
             names = {lora.lora_name for lora in self.engine.list_loras()}

@@ -9,18 +9,14 @@ and refuses a 1 GiB body with 413 without holding it.
 
 from __future__ import annotations
 
-import os
 import select
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from router_harness import free_port, run_router
+from router_harness import free_port, route_process, run_router
 
 from plimsoll.objectives import FAIRNESS_HEADER, OBJECTIVE_HEADER
 from plimsoll.runtime.testing import ThreadedServer, write_tiny_model
@@ -46,27 +42,18 @@ def router(replica: ThreadedServer, tmp_path_factory: pytest.TempPathFactory) ->
     keys = tmp_path_factory.mktemp("tenant-keys")
     for tenant, key in TENANTS.items():
         (keys / tenant).write_text(key + "\n")
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from plimsoll.cli import main; main()", "route", "--port", str(port),
-         "--backend", replica.url, "--tenant-keys-dir", str(keys), "--scrape-interval", "0.2",
-         "--log-level", "warning"],
-        env={**os.environ, "PLIMSOLL_API_KEY": SERVICE_KEY},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None, process.communicate()[0].decode()
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "plimsoll route never became ready"
-        time.sleep(0.1)
-    yield url, process.pid
-    process.terminate()
+    args = [
+        "--backend",
+        replica.url,
+        "--tenant-keys-dir",
+        str(keys),
+        "--scrape-interval",
+        "0.2",
+        "--log-level",
+        "warning",
+    ]
+    with route_process(args, env={"PLIMSOLL_API_KEY": SERVICE_KEY}) as (url, process):
+        yield url, process.pid
     process.communicate(timeout=30)
 
 

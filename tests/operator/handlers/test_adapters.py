@@ -36,6 +36,8 @@ LOG = logging.getLogger("test")
 
 
 def svc(adapters: list[dict[str, str]], model: str = "pvc://weights/llama", **engine: Any) -> LLMService:
+    if engine.get("kind", "plimsoll") == "plimsoll":
+        engine.setdefault("loraAllowedRoots", ["/"])  # the file:// adapters below lie anywhere
     return LLMService.from_body(
         {
             "metadata": {"name": "chat", "namespace": "ns", "generation": 3},
@@ -116,6 +118,13 @@ def test_adapter_paths_per_scheme_and_hf_adapters_fetched_at_start() -> None:
 def test_bad_adapter_lists_are_refused(adapters: list[dict[str, str]], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         svc(adapters)
+
+
+def test_a_file_adapter_outside_the_allowed_roots_is_refused() -> None:
+    with pytest.raises(ValidationError, match="outside engine.loraAllowedRoots"):
+        svc([{"name": "a", "uri": "file:///srv/a"}], loraAllowedRoots=["/srv/other"])
+    assert svc([{"name": "a", "uri": "file:///srv/a"}], loraAllowedRoots=["/srv"]).spec.adapters
+    assert svc([{"name": "a", "uri": "file:///srv/a"}], kind="vllm").spec.adapters  # vLLM has no roots
 
 
 def test_enable_lora_false_with_adapters_is_refused() -> None:

@@ -142,6 +142,7 @@ class FloodingReplica:
         self.sock = socket.create_server((ip, port))
         self.sent_metrics: list[int] = []  # bytes of /metrics sent, per connection
         self.models_auth: list[str] = []
+        self.metrics_auth: list[str] = []
         self.other_auth: list[tuple[str, str]] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -168,6 +169,7 @@ class FloodingReplica:
                 (f.split(":", 1)[1].strip() for f in fields if f.lower().startswith("authorization:")), ""
             )
             if path == "/metrics":
+                self.metrics_auth.append(auth)
                 self._flood(conn)
                 return
             if path == "/v1/models":
@@ -244,3 +246,4 @@ def test_a_replica_streaming_1gib_of_metrics_is_cut_at_the_cap(
     key = base64.b64decode(secret["data"]["admin-api-key"]).decode()
     wait_for(lambda: replica.models_auth, 90, "a GET /v1/models from the operator")
     assert set(replica.models_auth) == {f"Bearer {key}"}
+    assert set(replica.metrics_auth) == {""}, "the admin key goes to control and /v1 paths only"

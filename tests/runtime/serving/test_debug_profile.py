@@ -205,3 +205,36 @@ def test_profiles_go_to_a_private_directory(tmp_path: Path) -> None:
         with pytest.raises(profiling.APIError):
             profiling.ProfileStore(folder).save("torch", ".json.gz", b"x")
     assert not list(shared.iterdir())
+
+
+async def test_a_profile_larger_than_the_cap_is_refused_without_holding_it() -> None:
+    """What the operator reads from a replica is capped: a server sending 64 MiB is cut at 1 MiB."""
+    import http.server
+    import socketserver
+
+    from plimsoll.profile_fetch import ProfileError, take_profile
+
+    class Flood(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(64 << 20))
+            self.end_headers()
+            total = 0
+            try:
+                while total < 64 << 20:
+                    self.wfile.write(b"x" * (1 << 20))
+                    total += 1 << 20
+            except OSError:
+                pass  # the reader hung up at its cap
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Flood) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(ProfileError, match="larger than 1048576 bytes"):
+                await take_profile(f"http://127.0.0.1:{server.server_address[1]}", 1, max_bytes=1 << 20)
+        finally:
+            server.shutdown()
