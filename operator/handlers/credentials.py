@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+import time
 from typing import Any, cast
 
 import kopf
@@ -29,22 +30,34 @@ from plimsoll.operator.resources.credentials import ADMIN_KEY_FIELD, admin_secre
 
 # (namespace, uid) -> admin key; a new LLMService of the same name has a new uid and a new Secret.
 _admin_keys: dict[tuple[str, str], str] = {}
+# (namespace, uid) -> when the Secret was last seen in place (monotonic seconds).
+_seen: dict[tuple[str, str], float] = {}
+RECHECK_S = 300.0
 
 
 async def ensure_credentials(kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService) -> bool:
-    """Create the Secret when it is missing; True when it was created. Raises OwnershipConflict."""
+    """Create the Secret when it is missing; True when it was created. Raises OwnershipConflict.
+
+    Once seen in place it is looked at again only every ``RECHECK_S``: reconcile runs every few
+    seconds for every LLMService, and the Secret never changes once made.
+    """
+    key = (svc.namespace, svc.metadata.uid or "")
+    if time.monotonic() - _seen.get(key, -RECHECK_S) < RECHECK_S:
+        return False
     obj = build_admin_secret(svc, secrets.token_urlsafe(32), secrets.token_urlsafe(32))
     kopf.adopt(obj, owner=cast(kopf.Body, body))
-    if await existing_owned(kube, body, obj) is not None:
-        return False  # kept as it is: the replicas hold these values
-    try:
-        await kube.create(obj)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-        await existing_owned(kube, body, obj)  # created meanwhile: ours (a concurrent pass) or a conflict
-        return False
-    return True
+    created = False
+    if await existing_owned(kube, body, obj) is None:
+        try:
+            await kube.create(obj)
+            created = True
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            await existing_owned(kube, body, obj)  # created meanwhile: ours (a concurrent pass) or a conflict
+    if svc.metadata.uid:
+        _seen[key] = time.monotonic()
+    return created
 
 
 async def admin_key(kube: Kube, svc: LLMService) -> str | None:

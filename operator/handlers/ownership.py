@@ -94,6 +94,12 @@ async def delete_owned(
     return await kube.delete(api_version, kind, namespace, name)
 
 
+def has_conflict(owner: kopf.Body | dict[str, Any]) -> bool:
+    """Whether the owner's status (as last read) reports OwnershipConflict=True."""
+    conditions = (owner.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == OWNERSHIP_CONDITION and c.get("status") == "True" for c in conditions)
+
+
 def conflict_message(labels: list[str]) -> str:
     names = ", ".join(sorted(set(labels)))
     return (

@@ -31,6 +31,7 @@ from plimsoll.operator.handlers.ownership import (
     OwnershipConflict,
     delete_owned,
     existing_owned,
+    has_conflict,
     report_conflicts,
 )
 from plimsoll.operator.handlers.replica_workload import replica_workload
@@ -284,7 +285,8 @@ async def _reconcile(
         await report_conflicts(kube, body, conflicts)
         return Outcome(tuple(created), tuple(updated), False)
     ready = await write_status(kube, body, svc, deployment)
-    await report_conflicts(kube, body, [])
+    if has_conflict(body):  # clear it once the objects are gone or renamed (no read otherwise)
+        await report_conflicts(kube, body, [])
     await report_model_download(kube, body, svc, logger)
     # Adapters are loaded through the replicas' API, not the pod template: a change never rolls the pods.
     await sync_adapters(kube, body, svc, logger)

@@ -193,7 +193,9 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
             resources["limits"][key] = value
     if spec.resources.memory is None and settings.engine_memory_limit:
         # Never unbounded: a replica that leaks takes its own pod down, not the node's other pods.
+        # The request is set too, small: a limit alone would also be the request (64Gi to schedule).
         resources["limits"]["memory"] = settings.engine_memory_limit
+        resources["requests"]["memory"] = settings.engine_memory_request
     if spec.resources.gpu.count > 0:
         # Extended resources must have requests == limits; limits alone imply requests.
         resources["limits"][spec.resources.gpu.resource_name] = spec.resources.gpu.count

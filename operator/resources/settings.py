@@ -33,6 +33,9 @@ class BuildSettings(BaseModel):
     engine_memory_limit: str | None = Field(
         "64Gi", description="Memory limit of an engine container whose spec.resources.memory is unset ('' for none)."
     )
+    engine_memory_request: str = Field(
+        "1Gi", description="Memory request that goes with engine_memory_limit when spec.resources.memory is unset."
+    )
     tmp_size_limit: str = Field("8Gi", description="sizeLimit of the replicas' /tmp emptyDir.")
     shm_size_limit: str = Field("16Gi", description="sizeLimit of the replicas' /dev/shm (memory-backed).")
     operator_namespace: str | None = Field(
