@@ -29,6 +29,10 @@ from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, Build
 
 # The engine container's name in every replica pod (the scale-up timeline reads its startedAt).
 ENGINE_CONTAINER = "engine"
+# The plimsoll image's HOME is /home/plimsoll (Dockerfile); compiled kernels and library caches go to
+# its .cache, a bounded emptyDir since the root filesystem is read-only.
+HOME_CACHE_VOLUME = "home-cache"
+PLIMSOLL_HOME_CACHE = "/home/plimsoll/.cache"
 
 
 @dataclass
@@ -173,8 +177,12 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
     spec = svc.spec
     placement = model_placement(svc)
     adapters = adapter_placement(svc)
-    # HOME on the pod's own /tmp: the root filesystem is read-only, and engines keep caches under HOME.
-    env = [*placement.env, {"name": "HOME", "value": "/tmp"}, *engine_credential_env(svc)]
+    env = [*placement.env, *engine_credential_env(svc)]
+    if spec.engine.kind == "vllm":
+        # The root filesystem is read-only and vLLM, torch and Triton keep caches under HOME (which
+        # the upstream image leaves on the root filesystem for uid 1000): HOME on the pod's own /tmp.
+        # The plimsoll image's HOME keeps its .cache on a volume of its own (replica_pod_template).
+        env.append({"name": "HOME", "value": "/tmp"})
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
     if spec.engine.kind == "plimsoll":
@@ -221,6 +229,7 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
             *adapters.mounts,
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *([{"name": HOME_CACHE_VOLUME, "mountPath": PLIMSOLL_HOME_CACHE}] if spec.engine.kind == "plimsoll" else []),
             *spec.volume_mounts,
         ],
     }
