@@ -130,9 +130,13 @@ class Scraper:
 
     async def _probe(self, url: str) -> bool:
         if url not in self._health_only:
-            response = await fetch_capped(self._client, "GET", f"{url}/ready", SMALL_LIMIT_BYTES, timeout=self._timeout)
+            response: httpx.Response = await fetch_capped(
+                self._client, "GET", f"{url}/ready", SMALL_LIMIT_BYTES, timeout=self._timeout
+            )
             if response.status_code != 404:
                 return response.status_code == 200
             self._health_only.add(url)
-        response = await fetch_capped(self._client, "GET", f"{url}/health", SMALL_LIMIT_BYTES, timeout=self._timeout)
-        return response.status_code == 200
+        health: httpx.Response = await fetch_capped(
+            self._client, "GET", f"{url}/health", SMALL_LIMIT_BYTES, timeout=self._timeout
+        )
+        return health.status_code == 200

@@ -17,7 +17,7 @@ What it is not: garbage collection (ownerReferences do that), nor the builders.
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import kopf
 
@@ -45,13 +45,14 @@ def describe(obj: dict[str, Any]) -> str:
     return f"{obj.get('kind', '?')} {obj['metadata']['name']}"
 
 
-Owner = kopf.Body | dict[str, Any] | LLMService
+Owner: TypeAlias = kopf.Body | dict[str, Any] | LLMService
 
 
 def _uid(owner: Owner) -> str | None:
     if isinstance(owner, LLMService):
-        return owner.metadata.uid
-    uid = owner["metadata"].get("uid")
+        known: str | None = owner.metadata.uid
+        return known
+    uid = cast(dict[str, Any], owner["metadata"]).get("uid")
     return str(uid) if uid else None
 
 
@@ -67,7 +68,9 @@ async def existing_owned(
 ) -> dict[str, Any] | None:
     """The stored copy of ``obj`` (None when absent); OwnershipConflict when it is someone else's."""
     meta = obj["metadata"]
-    stored = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+    stored: dict[str, Any] | None = await kube.get(
+        obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
+    )
     if stored is not None and not owned_by(stored, owner):
         raise OwnershipConflict(stored)
     return stored
@@ -91,7 +94,8 @@ async def delete_owned(
     if not owned_by(stored, owner):
         log.info("left %s %s/%s alone: not owned by this LLMService", kind, namespace, name)
         return False
-    return await kube.delete(api_version, kind, namespace, name)
+    deleted: bool = await kube.delete(api_version, kind, namespace, name)
+    return deleted
 
 
 def has_conflict(owner: kopf.Body | dict[str, Any]) -> bool:

@@ -47,9 +47,10 @@ class ReplicaClient:
     async def request(
         self, method: str, url: str, limit: int, json: Any = None, timeout: float | None = None
     ) -> httpx.Response:
-        return await fetch_capped(
+        response: httpx.Response = await fetch_capped(
             self.http, method, url, limit, json=json, headers=self._headers(method, url), timeout=timeout
         )
+        return response
 
     async def get_text(self, url: str, limit: int = METRICS_LIMIT_BYTES, timeout: float | None = None) -> str:
         """The body of a 2xx GET as text; HTTPStatusError otherwise."""

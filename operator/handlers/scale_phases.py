@@ -132,9 +132,10 @@ async def _scrape_text(http: ReplicaClient, pod: dict[str, Any]) -> str | None:
     if url is None:
         return None
     try:
-        return await http.get_text(url, timeout=TIMEOUT_S)
+        text: str = await http.get_text(url, timeout=TIMEOUT_S)
     except httpx.HTTPError:
         return None
+    return text
 
 
 async def _victim_loads(http: ReplicaClient, pods: dict[str, dict[str, Any]], names: tuple[str, ...],

@@ -31,8 +31,9 @@ class AuthMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
         self.app = app
-        self.api_key = api_key
-        self.admin_api_key = admin_api_key
+        # An empty key (an unset variable rendered as "") means no key, as before.
+        self.api_key = api_key or None
+        self.admin_api_key = admin_api_key or None
 
     def _refusal(self, scope: Scope) -> APIError | None:
         path, method = scope["path"], scope["method"]
