@@ -15,6 +15,8 @@ and a started stream is never replayed: the client gets the failure.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -88,6 +90,9 @@ class Proxy:
         self._metrics = metrics
         self._client = client
         self._chars_per_token = config.lanes.chars_per_token if config.lanes else 4.0
+        # --policy precise-prefix: the prompt's block hashes, computed off the event loop.
+        self.prompt_tokens: Any = None
+        self.kv_events: Any = None
 
     async def forward(self, request: Request) -> Response:
         arrival = time.monotonic()
@@ -100,9 +105,14 @@ class Proxy:
         body = await read_capped_body(request, self._config.max_request_bytes)
         if isinstance(body, Response):
             return self._finish(body, endpoint, arrival, reason="too_large")
+        parsed = _parse_json(body)
         features = RequestFeatures.from_body(
-            _parse_json(body), prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token
+            parsed, prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token
         )
+        if self.prompt_tokens is not None and endpoint != "/v1/models":
+            block_size = self.kv_events.block_size or self._config.kv_block_size
+            hashes = await asyncio.to_thread(self.prompt_tokens.block_hashes, parsed, block_size)
+            features = dataclasses.replace(features, block_hashes=hashes)
         headers = upstream_headers(self._config, request, identity)
         target = endpoint + (f"?{request.url.query}" if request.url.query else "")
         tried: set[str] = set()

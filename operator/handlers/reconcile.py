@@ -46,6 +46,7 @@ from plimsoll.operator.resources.inference_pool import (
     build_inference_pool,
     uses_inference_pool,
 )
+from plimsoll.operator.resources.kv_cache import kv_children, kv_server_name
 from plimsoll.operator.resources.leader_worker_set import LWS_GROUP_VERSION
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
@@ -53,11 +54,7 @@ from plimsoll.operator.resources.monitoring import (
     build_prometheus_rule,
     build_service_monitor,
 )
-from plimsoll.operator.resources.network_policy import (
-    NETWORK_POLICY_API_VERSION,
-    build_network_policy,
-    uses_network_policy,
-)
+from plimsoll.operator.resources.network_policy import NETWORK_POLICY_API_VERSION, network_policies
 from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
 from plimsoll.operator.resources.service import build_service
 from plimsoll.operator.resources.settings import BuildSettings
@@ -206,10 +203,13 @@ async def _reconcile(
         logger.warning("%s; left untouched", conflict)
         conflicts.append(conflict.label)
     children = [replicas, build_service(svc), build_pdb(svc)]
-    if uses_network_policy(svc):
-        children.append(build_network_policy(svc, settings))
-    elif await delete_owned(kube, body, NETWORK_POLICY_API_VERSION, "NetworkPolicy", svc.namespace, svc.name):
-        kopf.info(_as_body(body), reason="Deleted", message=f"deleted NetworkPolicy/{svc.name} (networkPolicy.enabled false)")
+    policies = network_policies(svc, settings)
+    children.extend(policies)
+    # networkPolicy.enabled false: remove what it made. (A `<name>-kv` policy left after the operator's
+    # Valkey went selects no pod; it goes with the LLMService.)
+    for unused in () if policies else (svc.name, kv_server_name(svc)):
+        if await delete_owned(kube, body, NETWORK_POLICY_API_VERSION, "NetworkPolicy", svc.namespace, unused):
+            kopf.info(_as_body(body), reason="Deleted", message=f"deleted NetworkPolicy/{unused}")
     if await kube.has_resource(MONITORING_GROUP_VERSION, "podmonitors"):
         children.append(build_pod_monitor(svc))
     elif await kube.has_resource(MONITORING_GROUP_VERSION, "servicemonitors"):
@@ -218,6 +218,7 @@ async def _reconcile(
         # Thresholds follow status.capacity, so a new profile updates the rule on the next pass.
         children.append(build_prometheus_rule(svc, (body.get("status") or {}).get("capacity")))
     children.extend(router_children(svc, settings))
+    children.extend(kv_children(svc))  # the shared KV tier's Valkey, when spec.kvCache.shared deploys one
     if uses_inference_pool(svc):
         if await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
             children.append(build_inference_pool(svc))

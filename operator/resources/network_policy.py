@@ -12,8 +12,11 @@ LLMService (``spec.networkPolicy.enabled``, on by default) selecting its replica
   empty, the pods of the LLMService's own namespace (the clients of a router-less
   service), since the replicas' Service is then the endpoint.
 
-For ``resources.nodes`` > 1 a second rule opens every port, but only between this
-LLMService's own pods (Ray's head, object manager and workers pick their ports).
+With KV events on (``router.policy: precise-prefix``) the router may also reach the
+replicas' events port. For ``resources.nodes`` > 1 a rule opens every port, but only
+between this LLMService's own pods (Ray's head, object manager and workers pick their
+ports). The shared KV tier's Valkey, when the operator runs it, gets a policy of its own
+(``<name>-kv``): only this LLMService's replicas may connect to it.
 Everything else is refused by the network plugin (where it enforces NetworkPolicy).
 
 What it is not: egress control, or a policy for the router (its clients are the
@@ -23,6 +26,14 @@ service's users; it authenticates them itself).
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.kv_cache import COMPONENT as KV_COMPONENT
+from plimsoll.operator.resources.kv_cache import (
+    KV_EVENTS_PORT,
+    VALKEY_PORT,
+    kv_children,
+    kv_events_enabled,
+    kv_server_name,
+)
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, common_labels, selector_labels
 from plimsoll.operator.resources.leader_worker_set import WORKER_COMPONENT
 from plimsoll.operator.resources.profile_job import PROFILE_COMPONENT
@@ -73,6 +84,10 @@ def build_network_policy(svc: LLMService, settings: BuildSettings) -> dict[str, 
     ingress: list[dict[str, Any]] = [
         {"ports": [{"protocol": "TCP", "port": ENGINE_PORT}], "from": serving_peers(svc, settings)}
     ]
+    if kv_events_enabled(svc):
+        # The router subscribes to each replica's KV events (ZMQ, published on the replica).
+        router = {"podSelector": {"matchLabels": selector_labels(svc, ROUTER_COMPONENT)}}
+        ingress.append({"ports": [{"protocol": "TCP", "port": KV_EVENTS_PORT}], "from": [router]})
     if svc.spec.resources.nodes > 1:
         ingress.append({"from": [{"podSelector": _group_selector(svc)}]})
     return {
@@ -85,3 +100,37 @@ def build_network_policy(svc: LLMService, settings: BuildSettings) -> dict[str, 
         },
         "spec": {"podSelector": _group_selector(svc), "policyTypes": ["Ingress"], "ingress": ingress},
     }
+
+
+def build_kv_server_network_policy(svc: LLMService) -> dict[str, Any]:
+    """The NetworkPolicy of the shared KV tier's Valkey (``spec.kvCache.shared`` deployed by the operator):
+    only this LLMService's replicas may connect, so no other pod can read or poison cached blocks."""
+    return {
+        "apiVersion": NETWORK_POLICY_API_VERSION,
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": kv_server_name(svc),
+            "namespace": svc.namespace,
+            "labels": common_labels(svc, "network-policy"),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(svc, KV_COMPONENT)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "ports": [{"protocol": "TCP", "port": VALKEY_PORT}],
+                    "from": [{"podSelector": _group_selector(svc)}],
+                }
+            ],
+        },
+    }
+
+
+def network_policies(svc: LLMService, settings: BuildSettings) -> list[dict[str, Any]]:
+    """Every NetworkPolicy the LLMService needs: its replicas', and its Valkey's when the operator runs one."""
+    if not uses_network_policy(svc):
+        return []
+    policies = [build_network_policy(svc, settings)]
+    if kv_children(svc):
+        policies.append(build_kv_server_network_policy(svc))
+    return policies

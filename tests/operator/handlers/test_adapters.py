@@ -121,7 +121,7 @@ def test_bad_adapter_lists_are_refused(adapters: list[dict[str, str]], message: 
 
 
 def test_a_file_adapter_outside_the_allowed_roots_is_refused() -> None:
-    with pytest.raises(ValidationError, match="outside engine.loraAllowedRoots"):
+    with pytest.raises(ValidationError, match=r"outside engine\.loraAllowedRoots"):
         svc([{"name": "a", "uri": "file:///srv/a"}], loraAllowedRoots=["/srv/other"])
     assert svc([{"name": "a", "uri": "file:///srv/a"}], loraAllowedRoots=["/srv"]).spec.adapters
     assert svc([{"name": "a", "uri": "file:///srv/a"}], kind="vllm").spec.adapters  # vLLM has no roots

@@ -15,7 +15,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.credentials import admin_secret_name, build_admin_secret
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.leader_worker_set import build_leader_worker_set
-from plimsoll.operator.resources.network_policy import build_network_policy
+from plimsoll.operator.resources.network_policy import build_network_policy, network_policies
 from plimsoll.operator.resources.profile_job import build_profile_job
 from plimsoll.operator.resources.router import build_router_deployment
 from plimsoll.operator.resources.settings import BuildSettings
@@ -49,6 +49,8 @@ CASES = {
             "ingressFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}]
         },
     ),
+    # KV events to the router (precise-prefix) and a shared Valkey the operator runs: their own rules.
+    "network-policy-kv": service(router={"enabled": True, "policy": "precise-prefix"}, kvCache={"shared": {}}),
     # Two nodes per replica (vLLM on Ray): a second rule, every port, only between this service's pods.
     "network-policy-multi-node": service(
         model={"uri": "hf://org/model"}, engine={"kind": "vllm"}, resources={"nodes": 2, "gpu": {"count": 8}}
@@ -58,7 +60,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_network_policy_matches_golden(name: str) -> None:
-    text = yaml.safe_dump(build_network_policy(CASES[name], OPERATOR), sort_keys=True, width=120)
+    text = yaml.safe_dump_all(network_policies(CASES[name], OPERATOR), sort_keys=True, width=120)
     path = GOLDEN / f"{name}.yaml"
     if os.environ.get("PLIMSOLL_UPDATE_GOLDEN"):
         path.write_text(text)
@@ -154,3 +156,17 @@ def test_plimsoll_replicas_get_bounded_admission_and_lora_roots_by_default() -> 
     assert "--allow-runtime-lora-updating" in args
     roots = [args[i + 1] for i, a in enumerate(args) if a == "--lora-allowed-roots"]
     assert roots == ["/mnt/adapters", "/mnt/models", "/var/cache/plimsoll/models"]
+
+
+def test_the_router_reaches_kv_events_and_only_the_replicas_reach_the_shared_tier() -> None:
+    svc = CASES["network-policy-kv"]
+    replicas, valkey = network_policies(svc, OPERATOR)
+    events = replicas["spec"]["ingress"][1]
+    assert events["ports"] == [{"protocol": "TCP", "port": 5557}]
+    assert [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in events["from"]] == ["router"]
+    assert valkey["metadata"]["name"] == "chat-kv"
+    assert valkey["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "kv-cache"
+    (rule,) = valkey["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    assert rule["from"] == [{"podSelector": replicas["spec"]["podSelector"]}]
+    assert network_policies(service(networkPolicy={"enabled": False}), OPERATOR) == []
