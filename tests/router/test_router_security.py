@@ -156,6 +156,7 @@ def test_a_1gib_body_gets_413_and_the_router_lives(router: tuple[str, int], chun
     # The router never held the body: its peak resident memory stayed far below 1 GiB.
     peak_kib = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                     if line.startswith("VmHWM:"))  # fmt: skip
+    print(f"\n1 GiB body ({'chunked' if chunked else 'declared length'}): 413, router peak RSS {peak_kib / 1024:.0f} MiB")
     assert peak_kib < 400 * 1024, f"router peak RSS {peak_kib} KiB"
 
 

@@ -238,6 +238,8 @@ def test_a_replica_streaming_1gib_of_metrics_is_cut_at_the_cap(
     assert running_operator.is_alive()
     assert max(replica.sent_metrics) < 256 * (1 << 20), replica.sent_metrics  # the cap, plus socket buffers
     growth = _peak_rss_bytes(pid) - peak_before
+    print(f"\n1 GiB /metrics: MiB sent before the operator hung up {[round(n / 2**20) for n in replica.sent_metrics]}, "
+          f"operator peak RSS growth {growth / 2**20:.1f} MiB")  # fmt: skip
     assert growth < 128 * (1 << 20), f"operator peak RSS grew {growth / 2**20:.0f} MiB"
     # The operator's adapter sync lists the replica's adapters with the admin key from its Secret.
     secret = wait_for(
