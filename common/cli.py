@@ -39,7 +39,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     """Serve LLMs on Kubernetes below their saturation line."""
 
@@ -61,7 +63,7 @@ app.command("demo", help="Bring up everything locally and show an LLMService ser
 
 
 def main() -> None:
-    from plimsoll.runtime.serve_args import expand_lora_modules
+    from plimsoll.runtime.serve_args import expand_multi_value_flags
 
-    sys.argv[1:] = expand_lora_modules(sys.argv[1:])  # vLLM's multi-value --lora-modules
+    sys.argv[1:] = expand_multi_value_flags(sys.argv[1:])  # vLLM's --lora-modules a=p b=q
     app()

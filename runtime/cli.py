@@ -45,8 +45,11 @@ def serve(
         help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded; the default).",
         show_default=False,
     ),
-    served_model_name: str | None = typer.Option(
-        None, "--served-model-name", help="Name clients send as `model` (default: --model)."
+    served_model_name: list[str] | None = typer.Option(
+        None,
+        "--served-model-name",
+        help="Name clients send as `model` (default: --model).",
+        show_default=False,
     ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
@@ -254,6 +257,7 @@ def serve(
         resolve_attention_backend,
         resolve_device,
         resolve_dtype,
+        served_name,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -264,6 +268,7 @@ def serve(
     # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
     try:
         model = choose_model(model_arg, model)
+        served = served_name(served_model_name)
         device = resolve_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
         dtype = resolve_dtype(dtype, device)
@@ -285,7 +290,7 @@ def serve(
     try:
         config = EngineConfig(
             model=model,
-            served_model_name=served_model_name,
+            served_model_name=served,
             dtype=dtype,
             device=device,
             max_num_seqs=max_num_seqs,
