@@ -14,7 +14,7 @@ from plimsoll.bench.cli import app as bench_app
 from plimsoll.bench.cli import diagnose
 from plimsoll.demo import demo
 from plimsoll.devcluster.cli import app as dev_app
-from plimsoll.help_format import hide_flag_types
+from plimsoll.help_format import hide_flag_types, keep_option_names_whole
 from plimsoll.model_fetch import fetch_command
 from plimsoll.operator.cli import run_operator
 from plimsoll.plan import plan
@@ -23,6 +23,7 @@ from plimsoll.router.cli import route
 from plimsoll.runtime.cli import serve
 
 hide_flag_types()
+keep_option_names_whole()
 app = typer.Typer(
     name="plimsoll",
     help="Serve LLMs on Kubernetes below their saturation line.",
