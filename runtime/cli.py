@@ -94,6 +94,18 @@ def serve(
         min=2,
         help="Longest prompt + completion (default: the model's, capped at 4096).",
     ),
+    max_new_tokens_flag: int | None = typer.Option(
+        None,
+        "--max-new-tokens",
+        min=1,
+        help="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it); default: the rest of the context.",
+    ),
+    override_generation_config: str | None = typer.Option(
+        None,
+        "--override-generation-config",
+        help="vLLM's form of --max-new-tokens: '{\"max_new_tokens\": 512}' (its only key read here).",
+    ),
     max_waiting: int | None = typer.Option(
         None,
         "--max-waiting",
@@ -253,6 +265,7 @@ def serve(
         choose_model,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
+        max_new_tokens,
         parse_lora_module,
         resolve_attention_backend,
         resolve_device,
@@ -269,6 +282,7 @@ def serve(
     try:
         model = choose_model(model_arg, model)
         served = served_name(served_model_name)
+        new_tokens = max_new_tokens(max_new_tokens_flag, override_generation_config)
         device = resolve_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
         dtype = resolve_dtype(dtype, device)
@@ -318,6 +332,7 @@ def serve(
             model_root=model,
             api_key=api_key,
             max_waiting=max_waiting,
+            max_new_tokens=new_tokens,
             request_timeout=request_timeout,
             drain_timeout=drain_timeout,
             max_tenant_inflight_tokens=max_tenant_inflight_tokens,

@@ -224,6 +224,39 @@ def served_name(names: list[str] | None) -> str | None:
     return names[0] if names else None
 
 
+def max_new_tokens(flag: int | None, override_generation_config: str | None) -> int | None:
+    """The server's max_tokens default and limit: ``--max-new-tokens N`` or vLLM's
+    ``--override-generation-config '{"max_new_tokens": N}'`` (its only key plimsoll reads)."""
+    from_json: int | None = None
+    if override_generation_config is not None:
+        try:
+            value = json.loads(override_generation_config)
+        except ValueError as exc:
+            raise ServeArgError(f"--override-generation-config is not valid JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise ServeArgError(
+                "--override-generation-config takes a JSON object, e.g. '{\"max_new_tokens\": 512}'"
+            )
+        extra = sorted(set(value) - {"max_new_tokens"})
+        if extra:
+            raise ServeArgError(
+                f"--override-generation-config: plimsoll reads only max_new_tokens, not {', '.join(extra)}; "
+                "send sampling values with each request"
+            )
+        from_json = value.get("max_new_tokens")
+        if from_json is not None and (
+            not isinstance(from_json, int) or isinstance(from_json, bool) or from_json < 1
+        ):
+            raise ServeArgError(
+                f"--override-generation-config max_new_tokens {from_json!r} must be an integer >= 1"
+            )
+    if flag is not None and from_json is not None and flag != from_json:
+        raise ServeArgError(
+            f"--max-new-tokens {flag} and --override-generation-config max_new_tokens {from_json} disagree; pass one"
+        )
+    return flag if flag is not None else from_json
+
+
 def _is_lora_module(arg: str) -> bool:
     return "=" in arg or arg.lstrip().startswith("{")
 

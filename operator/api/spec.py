@@ -173,6 +173,12 @@ class EngineSpec(APIModel):
     max_lora_rank: PositiveInt | None = Field(
         None, description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset)."
     )
+    max_new_tokens: PositiveInt | None = Field(
+        None,
+        description="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it): plimsoll --max-new-tokens, vLLM --override-generation-config max_new_tokens. "
+        "Unset: a request without max_tokens may fill the rest of the context.",
+    )
 
 
 class GPUSpec(APIModel):

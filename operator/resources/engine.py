@@ -6,6 +6,7 @@ model source, probes and drain behaviour. It does not build the Deployment aroun
 the container (``deployment.py``) and never talks to a cluster.
 """
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,11 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
     tp = svc.spec.tensor_parallel_size()
     if tp > 1 and not _has_flag(engine.args, "--tensor-parallel-size", "-tp"):
         args += ["--tensor-parallel-size", str(tp)]
+    if engine.max_new_tokens is not None:
+        if engine.kind == "vllm":
+            args += ["--override-generation-config", json.dumps({"max_new_tokens": engine.max_new_tokens})]
+        else:
+            args += ["--max-new-tokens", str(engine.max_new_tokens)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
     return args + lora_flags(svc) + list(engine.args)

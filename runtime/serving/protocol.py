@@ -110,6 +110,21 @@ class _SamplingFields(_Request):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class _PromptTruncation(_Request):
+    """vLLM's prompt truncation fields, shared by both endpoints."""
+
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        ge=-1,
+        le=2**31 - 1,
+        description="Keep only this many prompt tokens (-1: as many as the context holds beside at "
+        "least one completion token); a longer prompt is cut instead of refused.",
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="left (default) keeps the last N tokens; right keeps the first N."
+    )
+
+
 def _temperature(value: float | None) -> float:
     if value is None:
         return 1.0
@@ -125,7 +140,7 @@ PromptField = (
 )
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_SamplingFields, _PromptTruncation):
     """``POST /v1/completions``."""
 
     prompt: PromptField
@@ -190,7 +205,7 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, _PromptTruncation):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
