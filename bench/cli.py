@@ -53,6 +53,14 @@ REQUESTS = typer.Option(
     show_default=False,
 )
 DURATION = typer.Option(None, "--duration-per-level", help="Measured seconds per level (after warm-up)")
+MIN_DURATION = typer.Option(
+    None,
+    "--min-duration-per-level",
+    min=0.0,
+    help="Floor under the request count: a level also runs at least this many measured seconds "
+    "(more requests, same concurrency), so a fast server is not measured in one or two waves",
+    show_default=False,
+)
 WARMUP = typer.Option(
     None, "--warmup-requests", help="Completions excluded as warm-up (default: one per client)"
 )
@@ -77,7 +85,11 @@ MAX_LAG = typer.Option(50.0, "--max-client-lag-ms", help="Gate: client event-loo
 
 
 # Flag names that differ from the BenchConfig field they fill.
-_FLAG_TO_FIELD = {"duration_per_level": "duration_per_level_s", "request_timeout": "request_timeout_s"}
+_FLAG_TO_FIELD = {
+    "duration_per_level": "duration_per_level_s",
+    "min_duration_per_level": "min_duration_per_level_s",
+    "request_timeout": "request_timeout_s",
+}
 _SLO_FLAGS = {
     "slo_ttft_p95_ms": "ttft_p95_ms",
     "slo_tpot_p50_ms": "tpot_p50_ms",
@@ -237,6 +249,7 @@ def sweep(
     levels: str = typer.Option("1,2,4,8,12,16,24,32,48,64", "--levels", help="Concurrency levels"),
     requests_per_level: int | None = REQUESTS,
     duration_per_level: float | None = DURATION,
+    min_duration_per_level: float | None = MIN_DURATION,
     warmup_requests: int | None = WARMUP,
     repeats: int = REPEATS,
     slo_ttft_p95_ms: float | None = SLO_TTFT,

@@ -132,6 +132,9 @@ class BenchConfig(BaseModel):
     levels: tuple[int, ...] = DEFAULT_LEVELS
     requests_per_level: int | None = Field(default=None, ge=1)
     duration_per_level_s: float | None = Field(default=None, gt=0)
+    # A floor under request mode: a level ends at its request count *and* after this many seconds,
+    # so a fast server is measured for minutes, not one or two synchronised waves.
+    min_duration_per_level_s: float | None = Field(default=None, ge=0)
     warmup_requests: int | None = Field(default=None, ge=0)
     repeats: int = Field(default=1, ge=1)
     request_timeout_s: float = Field(default=120.0, gt=0)
@@ -171,6 +174,11 @@ class BenchConfig(BaseModel):
             raise ValueError("--shared-prefix-fraction needs --shared-prefix-tokens > 0")
         if self.models and self.model is not None:
             raise ValueError("give --model (one model) or --models (a mix), not both")
+        if self.min_duration_per_level_s and self.duration_per_level_s is not None:
+            raise ValueError(
+                "--min-duration-per-level is a floor under the request count; with --duration-per-level "
+                "the duration already decides, so pass one of them"
+            )
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"--models names a model twice: {','.join(self.models)}")
         return self

@@ -63,6 +63,7 @@ def build_report(
             "levels": list(cfg.levels),
             "requests_per_level": cfg.requests_per_level,
             "duration_per_level_s": cfg.duration_per_level_s,
+            "min_duration_per_level_s": cfg.min_duration_per_level_s,
             "warmup_requests": cfg.warmup_requests,
             "repeats": cfg.repeats,
         },

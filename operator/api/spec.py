@@ -29,6 +29,9 @@ RESERVED_VOLUME_PREFIX = "lora-"
 DEFAULT_MAX_LORAS = 4
 
 DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+# A capacity profile measures each level for at least a minute and at least 100 requests (bench's
+# max(100, 4 × c)): enough for stable p95s and for queues to settle, as load tests are advised to.
+DEFAULT_MIN_SECONDS_PER_LEVEL = 60
 
 PositiveInt = Annotated[int, Field(ge=1)]
 
@@ -278,7 +281,18 @@ class ProfileWorkload(APIModel):
         min_length=1,
         description="Closed-loop concurrency levels swept, in increasing order.",
     )
-    requests_per_level: PositiveInt = Field(32, description="Requests measured at each level.")
+    requests_per_level: PositiveInt | None = Field(
+        None,
+        description="Requests measured at each level; unset: bench's own default, max(100, 4 × concurrency) "
+        "(fewer measure one or two synchronised waves at high concurrency).",
+    )
+    min_seconds_per_level: int = Field(
+        DEFAULT_MIN_SECONDS_PER_LEVEL,
+        ge=0,
+        le=1800,
+        description="Floor on each level's measured time: a level runs its requests and at least this long "
+        "(more requests at the same concurrency), so a fast replica is measured for minutes; 0 turns it off.",
+    )
 
 
 class ProfileSpec(APIModel):

@@ -78,6 +78,12 @@ class CapacityStatus(APIModel):
         description="Per level of the sweep: concurrency, outputTokensPerS, ttftP95Ms, tpotP50Ms "
         "(what the ProfileDrift check compares each replica with).",
     )
+    measured: FreeForm | None = Field(
+        None,
+        description="What the profile measured: levels (each with concurrency, requests, seconds, valid), "
+        "requests and seconds in total, requestsPerLevel and minSecondsPerLevel asked for, and where it "
+        "ran (loadGeneratorNode, replicaNode, sameNode: the load generator shared the replica's machine).",
+    )
 
 
 class AutoscalerStatus(APIModel):
