@@ -29,9 +29,10 @@ RESERVED_VOLUME_PREFIX = "lora-"
 DEFAULT_MAX_LORAS = 4
 
 DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-# A capacity profile measures each level for at least a minute and at least 100 requests (bench's
-# max(100, 4 × c)): enough for stable p95s and for queues to settle, as load tests are advised to.
-DEFAULT_MIN_SECONDS_PER_LEVEL = 60
+# A capacity profile measures each level for at least three minutes and at least 100 requests
+# (bench's max(100, 4 × c)): the low end of the 3–5 minutes a level is advised to run, so p95s are
+# stable and queues have settled. Ten levels then take half an hour; lower it for a first look.
+DEFAULT_MIN_SECONDS_PER_LEVEL = 180
 
 PositiveInt = Annotated[int, Field(ge=1)]
 

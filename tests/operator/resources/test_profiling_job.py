@@ -168,9 +168,9 @@ def test_default_profile_uses_bench_request_counts_and_a_duration_floor() -> Non
     job = build_profile_job(svc, "10.0.0.7", SETTINGS, HASH)
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--requests-per-level" not in args  # bench's own max(100, 4 × concurrency)
-    assert _flag(args, "--min-duration-per-level") == "60"
-    # Ten levels of at least 60 s plus four holds of 60 s fit in the hour with room.
-    assert job["spec"]["activeDeadlineSeconds"] == 3600
+    assert _flag(args, "--min-duration-per-level") == "180"
+    # Three times ten levels of at least 180 s plus four holds of 60 s.
+    assert job["spec"]["activeDeadlineSeconds"] == 3 * (10 * 180 + 4 * 60)
     body["spec"]["capacity"] = {"profile": {"workload": {"minSecondsPerLevel": 300}}}
     long = build_profile_job(LLMService.from_body(body), "10.0.0.7", SETTINGS, HASH)
     assert long["spec"]["activeDeadlineSeconds"] == 3 * (10 * 300 + 4 * 60)  # three times its floors
