@@ -10,7 +10,7 @@ This module does no I/O and knows nothing about Deployments.
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
 from plimsoll.operator.api.model_uri import ADAPTER_URI_PATTERN, MODEL_URI_PATTERN, parse_model_uri
@@ -262,14 +262,42 @@ class ScalingSpec(APIModel):
         return self
 
 
+# What spec.slo means when it sets no objective (slo.preset): users grow impatient past a
+# 3 s first token and leave past 5 s, so an interactive service holds TTFT p95 to 3 s.
+SLO_PRESETS: dict[str, dict[str, float]] = {"interactive": {"ttft_p95_ms": 3000.0}, "none": {}}
+SLOPreset = Literal["interactive", "none"]
+
+
 class SLOSpec(APIModel):
     """Latency objectives; profiling and the autoscaler keep replicas inside them."""
 
+    preset: SLOPreset = Field(
+        "interactive",
+        description="Objectives used when none of ttftP95Ms, tpotP50Ms, e2eP95Ms is set: interactive "
+        "(TTFT p95 3000 ms) or none. The operator says in status.slo and an SLODefaulted Event when it "
+        "applies them.",
+    )
     ttft_p95_ms: float | None = Field(None, gt=0, description="95th percentile time to first token, ms.")
     tpot_p50_ms: float | None = Field(None, gt=0, description="Median time per output token, ms.")
     e2e_p95_ms: float | None = Field(
         None, gt=0, alias="e2eP95Ms", description="95th percentile end-to-end latency, ms."
     )
+    _defaulted: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _apply_preset(self) -> "SLOSpec":
+        if self.ttft_p95_ms is None and self.tpot_p50_ms is None and self.e2e_p95_ms is None:
+            bounds = SLO_PRESETS[self.preset]
+            if bounds:
+                for name, value in bounds.items():
+                    setattr(self, name, value)
+                self._defaulted = self.preset
+        return self
+
+    @property
+    def defaulted_from(self) -> str | None:
+        """The preset whose objectives were applied because the spec set none (None: the user's own)."""
+        return self._defaulted
 
 
 class ProfileWorkload(APIModel):
