@@ -486,7 +486,9 @@ def simulate(
     host: str = typer.Option("127.0.0.1", "--host"),
     enable_lora: bool = typer.Option(False, "--enable-lora", help="Serve vLLM's LoRA adapter API"),
     lora_modules: list[str] = typer.Option(
-        [], "--lora-modules", help="An adapter as name=path (a directory with adapter_config.json); repeatable"
+        [],
+        "--lora-modules",
+        help="An adapter as name=path (a directory with adapter_config.json); repeatable",
     ),
     max_loras: int = typer.Option(4, "--max-loras", min=1, help="The lora_requests_info max_lora label"),
 ) -> None:
@@ -533,12 +535,28 @@ def diagnose(
         help="A `plimsoll bench baseline` (or sweep) report of this server: decode is slow at "
         "2× its c=1 TPOT",
     ),
+    dcgm_url: str | None = typer.Option(
+        None,
+        "--dcgm-url",
+        help="Base URL of the NVIDIA DCGM-exporter on the replica's node (e.g. http://NODE:9400): GPU "
+        "utilisation, memory, temperature, power and clocks join the verdict",
+    ),
+    dcgm_pod: str | None = typer.Option(
+        None, "--dcgm-pod", help="Only the GPUs the exporter maps to this pod (its `pod` label)"
+    ),
+    gpu: str | None = typer.Option(None, "--gpu", help="Only these GPU indices, e.g. 0,1 (the `gpu` label)"),
+    nvml: bool = typer.Option(
+        False,
+        "--nvml",
+        help="Read this host's GPUs through NVML instead of an exporter (run on the replica's host or pod; "
+        "needs nvidia-ml-py)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
 ) -> None:
     """Read a server's /metrics over a window and name the layer that limits it."""
     import httpx
 
-    from plimsoll.bench.diagnose import Thresholds, analyse, observe, render
+    from plimsoll.bench.diagnose import Thresholds, analyse, observe, observe_nvml, render
 
     th = Thresholds()
     try:
@@ -555,20 +573,40 @@ def diagnose(
         markup=False,
         highlight=False,
     )
+    if dcgm_url and nvml:
+        err.print("error: pass --dcgm-url or --nvml, not both", markup=False)
+        raise typer.Exit(2)
+    gpus = tuple(g.strip() for g in (gpu or "").split(",") if g.strip())
     bar = _window_progress(window)
+
+    async def watch() -> tuple[list[Any], list[Any] | None]:
+        server = observe(url.rstrip("/"), window, interval, headers, bar)
+        if dcgm_url:
+            return await asyncio.gather(server, observe(dcgm_url.rstrip("/"), window, interval))  # type: ignore[return-value]
+        if nvml:
+            return await asyncio.gather(server, observe_nvml(window, interval))  # type: ignore[return-value]
+        return await server, None
+
     try:
-        samples = asyncio.run(observe(url.rstrip("/"), window, interval, headers, bar))
+        samples, gpu_samples = asyncio.run(watch())
     except (httpx.HTTPError, ValueError) as exc:
+        where = f"{dcgm_url}/metrics or {url}/metrics" if dcgm_url else f"{url}/metrics"
         err.print(
-            f"error: cannot read {url}/metrics ({type(exc).__name__}: {exc}); check --url and that the "
-            "server exposes Prometheus metrics",
+            f"error: cannot read {where} ({type(exc).__name__}: {exc}); check --url (and --dcgm-url) and that "
+            "they expose Prometheus metrics",
             markup=False,
         )
         raise typer.Exit(1) from exc
     finally:
         if bar is not None:
             bar(-1.0)  # stop the bar
-    result = analyse(samples, th)
+    if nvml and not gpu_samples:
+        err.print(
+            "error: --nvml found no NVML or no GPU here (pip install nvidia-ml-py on a GPU host)",
+            markup=False,
+        )
+        raise typer.Exit(2)
+    result = analyse(samples, th, gpu_samples, (dcgm_pod, gpus))
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
     else:
