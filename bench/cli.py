@@ -21,7 +21,15 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels, parse_models
+from plimsoll.bench.config import (
+    SLO,
+    BenchConfig,
+    BenchInputError,
+    LengthSpec,
+    parse_duration,
+    parse_levels,
+    parse_models,
+)
 from plimsoll.bench.progress import Live, plan_line
 
 app = typer.Typer(no_args_is_help=True, help="Load-test a server and find its saturation knees.")
@@ -444,7 +452,12 @@ def soak(
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
-    duration: float = typer.Option(600.0, "--duration", help="Total seconds"),
+    duration: str = typer.Option(
+        "30m",
+        "--duration",
+        help="How long: seconds, or with a unit (45m, 1h). Slow leaks need the 30-60 minutes load tests "
+        "are advised to soak for",
+    ),
     window: float = typer.Option(60.0, "--window", help="Seconds per recorded window"),
     input_tokens: str = INPUT,
     output_tokens: str = OUTPUT_TOKENS,
@@ -456,13 +469,18 @@ def soak(
     min_concurrency_ratio: float = MIN_CONC,
     output: Path | None = OUTPUT,
 ) -> None:
-    """Steady load for a long time: latency and server KV/memory per window, upward drift flagged."""
+    """Steady load for a long time: latency, KV, memory, fds and connections per window; rises flagged."""
     from plimsoll.bench.scenarios import run_soak
 
+    try:
+        seconds = parse_duration(duration)
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
     cfg = make_config(locals(), levels=(concurrency,), duration_per_level_s=window, warmup_requests=0)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
-        return dict(await run_soak(session, concurrency, duration, window, live.start))
+        return dict(await run_soak(session, concurrency, seconds, window, live.start))
 
     execute(cfg, body, output)
 

@@ -204,6 +204,21 @@ def parse_models(text: str | None) -> tuple[str, ...]:
     return models
 
 
+def parse_duration(text: str) -> float:
+    """``600``, ``600s``, ``45m`` or ``1h`` in seconds, with a clear error."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    value = text.strip().lower()
+    scale = units.get(value[-1:])
+    number = value[:-1] if scale is not None else value
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError as exc:
+        raise BenchInputError(f"cannot read duration {text!r}: use seconds or 45m, 1h") from exc
+    if seconds <= 0:
+        raise BenchInputError(f"duration {text!r} must be positive")
+    return seconds
+
+
 def parse_levels(text: str) -> tuple[int, ...]:
     """Parse ``1,2,4,8`` into a tuple, with a clear error."""
     try:

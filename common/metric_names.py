@@ -46,6 +46,8 @@ LORA_REQUESTS = "plimsoll_lora_requests_total"
 LORA_SWAPS = "plimsoll_lora_swaps_total"
 BATCH_SIZE = "plimsoll_batch_size"
 STEP_TOKENS = "plimsoll_step_tokens"
+# Open HTTP connections to the server (uvicorn's own count): a soak watches it for leaks.
+HTTP_CONNECTIONS = "plimsoll_http_connections"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
 # Requests still in flight when the drain deadline after SIGTERM passed (cut off by the shutdown).
 REQUESTS_CUT_BY_SHUTDOWN = "plimsoll_requests_cut_by_shutdown_total"
