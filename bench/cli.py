@@ -485,6 +485,56 @@ def soak(
     execute(cfg, body, output)
 
 
+@app.command("spec-ab")
+def spec_ab(
+    url: str = URL,
+    speculative_url: str = typer.Option(
+        ...,
+        "--speculative-url",
+        help="The same model served with --speculative-config (the candidate); --url is the baseline without",
+    ),
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight on each server"),
+    duration: str = typer.Option(
+        "30m", "--duration", help="Time on each server: seconds, or 30m, 1h (an A/B decides over ~30 minutes)"
+    ),
+    window: float = typer.Option(
+        60.0, "--window", help="Seconds per window; the arms alternate window by window"
+    ),
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    max_client_lag_ms: float = MAX_LAG,
+    max_error_rate: float = MAX_ERRORS,
+    min_concurrency_ratio: float = MIN_CONC,
+    output: Path | None = OUTPUT,
+) -> None:
+    """A/B a speculative-decoding config: gain, acceptance rate, keep if > 30% faster."""
+    from plimsoll.bench.session import BenchSession
+    from plimsoll.bench.spec_ab import run_spec_ab
+
+    try:
+        seconds = parse_duration(duration)
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    cfg = make_config(locals(), levels=(concurrency,), duration_per_level_s=window, warmup_requests=0)
+    candidate_cfg = cfg.model_copy(update={"url": speculative_url.rstrip("/")})
+
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        candidate = await BenchSession.open(candidate_cfg)
+        try:
+            return dict(await run_spec_ab(session, candidate, concurrency, seconds, window, live.start))
+        finally:
+            await candidate.aclose()
+
+    execute(cfg, body, output)
+
+
 @app.command("simulate")
 def simulate(
     port: int = typer.Option(8000, "--port"),
