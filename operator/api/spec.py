@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
 from plimsoll.operator.api.model_uri import ADAPTER_URI_PATTERN, MODEL_URI_PATTERN, parse_model_uri
 
-EngineKind = Literal["plimsoll", "vllm"]
+EngineKind = Literal["plimsoll", "vllm", "sglang"]
 CapacityMode = Literal["Profile", "Manual"]
 Reprofile = Literal["Auto", "OnAnnotation"]
 AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
@@ -136,7 +136,9 @@ class EngineSpec(APIModel):
     """The inference engine each replica runs and its batching/KV settings."""
 
     kind: EngineKind = Field(
-        "plimsoll", description="plimsoll (this project's runtime) or vllm (upstream image)."
+        "plimsoll",
+        description="plimsoll (this project's runtime), vllm or sglang (their upstream images, with "
+        "the equivalent flags; SGLang runs with --enable-metrics).",
     )
     image: str | None = Field(
         None, description="Container image; defaults to the operator's image for each kind."
@@ -685,15 +687,17 @@ class LLMServiceSpec(APIModel):
                 raise ValueError(
                     f"volumeMounts entry {mount!r} needs a mountPath and the name of an entry in volumes"
                 )
-        if self.engine.kind == "vllm" and self.engine.scheduling_policy == "static":
+        if self.engine.kind != "plimsoll" and self.engine.scheduling_policy == "static":
             raise ValueError(
-                "engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with vllm"
+                f"engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with "
+                f"{self.engine.kind}"
             )
+        self._check_sglang()
         self._check_parallelism()
-        if self.engine.kind == "vllm" and location.scheme == "embedded":
+        if self.engine.kind != "plimsoll" and location.scheme == "embedded":
             raise ValueError(
-                "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "
-                "use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
+                f"engine.kind {self.engine.kind} cannot serve embedded:// models (they live in the plimsoll "
+                "image); use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
         if (
@@ -712,6 +716,25 @@ class LLMServiceSpec(APIModel):
                 "(the external autoscaler's bounds)"
             )
         return self
+
+    def _check_sglang(self) -> None:
+        """What an SGLang replica cannot be given through these fields (each error says the SGLang way)."""
+        if self.engine.kind != "sglang":
+            return
+        unsupported = [
+            (self.engine.kv_cache_memory is not None, "engine.kvCacheMemory",
+             "SGLang sizes its KV pool as a fraction of memory: engine.args [--mem-fraction-static, '0.8'] "
+             "or [--max-total-tokens, N]"),
+            (self.engine.max_new_tokens is not None, "engine.maxNewTokens",
+             "SGLang has no server-side max_tokens default; clients must send max_tokens"),
+            (bool(self.adapters), "spec.adapters",
+             "adapters load through vLLM's runtime LoRA API; give SGLang engine.args [--lora-paths, name=path]"),
+            (self.resources.nodes > 1, "resources.nodes above 1",
+             "multi-node SGLang replicas are not built; use engine.kind vllm for replicas across nodes"),
+        ]  # fmt: skip
+        for bad, field, how in unsupported:
+            if bad:
+                raise ValueError(f"{field} is not available with engine.kind sglang: {how}")
 
     def _check_parallelism(self) -> None:
         gpus, nodes = self.resources.gpu.count, self.resources.nodes

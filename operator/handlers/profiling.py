@@ -42,7 +42,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
-from plimsoll.operator.resources.engine import engine_container
+from plimsoll.operator.resources.engine import engine_container, engine_image
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
 from plimsoll.operator.resources.profile_job import (
     PROFILE_COMPONENT,
@@ -114,8 +114,7 @@ def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict
 
 
 def _engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    default = settings.plimsoll_image if svc.spec.engine.kind == "plimsoll" else settings.vllm_image
-    return str(svc.spec.engine.image or default)
+    return str(svc.spec.engine.image or engine_image(svc, settings))
 
 
 # --- writing -----------------------------------------------------------------------------
