@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.image_entrypoint:
         part, sep, command = item.partition("=")
         if not sep or not part or not command.strip():
-            parser.error(f"--image-entrypoint {item!r}: write PART=COMMAND, e.g. vllm='/venv/bin/python -m ...'")
+            parser.error(
+                f"--image-entrypoint {item!r}: write PART=COMMAND, e.g. vllm='/venv/bin/python -m ...'"
+            )
         entrypoints.append((part, tuple(shlex.split(command))))
     config = RunnerConfig(
         kubeconfig=args.kubeconfig.resolve(),

@@ -91,9 +91,12 @@ class SLOStatus(APIModel):
 
     ttft_p95_ms: float | None = Field(None, description="TTFT p95 objective in force, ms.")
     tpot_p50_ms: float | None = Field(None, description="TPOT p50 objective in force, ms.")
-    e2e_p95_ms: float | None = Field(None, alias="e2eP95Ms", description="End-to-end p95 objective in force, ms.")
+    e2e_p95_ms: float | None = Field(
+        None, alias="e2eP95Ms", description="End-to-end p95 objective in force, ms."
+    )
     source: str | None = Field(
-        None, description="spec (the user's own), preset:interactive (applied because spec.slo sets none) or none."
+        None,
+        description="spec (the user's own), preset:interactive (applied because spec.slo sets none) or none.",
     )
     message: str | None = Field(None, description="What applies, in words.")
 

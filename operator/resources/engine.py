@@ -190,7 +190,11 @@ def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
 
 def engine_image(svc: LLMService, settings: BuildSettings) -> str:
     """The image ``svc``'s replicas run: ``engine.image``, else the operator's default for the kind."""
-    default = {"plimsoll": settings.plimsoll_image, "vllm": settings.vllm_image, "sglang": settings.sglang_image}
+    default = {
+        "plimsoll": settings.plimsoll_image,
+        "vllm": settings.vllm_image,
+        "sglang": settings.sglang_image,
+    }
     return svc.spec.engine.image or default[svc.spec.engine.kind]
 
 

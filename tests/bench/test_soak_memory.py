@@ -60,7 +60,9 @@ def test_soak_against_plimsoll_serve_records_resident_memory(tmp_path: Path) -> 
     assert "resident_memory_mean" not in report["scenario"]["unchecked"]
     # Open fds and HTTP connections too (the scrape's own connection is one of them).
     for lv in report["levels"]:
-        assert lv["server"]["open_fds"]["mean"] > 3 and lv["server"]["http_connections"]["mean"] >= 1, lv["server"]
+        assert lv["server"]["open_fds"]["mean"] > 3 and lv["server"]["http_connections"]["mean"] >= 1, lv[
+            "server"
+        ]
     assert {"open_fds_mean", "http_connections_mean"}.isdisjoint(report["scenario"]["unchecked"])
 
 

@@ -164,7 +164,10 @@ def test_failed_profile_is_reported_without_capacity_and_not_retried(
     ns, name = llms_namespace, "noengine"
     manifest = llmservice(
         name,
-        capacity={"mode": "Profile", "profile": {"workload": {"concurrency": [1, 2], "requestsPerLevel": 2, "minSecondsPerLevel": 0}}},
+        capacity={
+            "mode": "Profile",
+            "profile": {"workload": {"concurrency": [1, 2], "requestsPerLevel": 2, "minSecondsPerLevel": 0}},
+        },
     )
     apply(devcluster, ns, manifest)
 
