@@ -129,6 +129,11 @@ def manifest(model_dir: Path, adapter_dir: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def scaled_up_message(cluster: Cluster) -> str | None:
+    items = get_json(cluster, "events", "-n", NS, "--field-selector", f"involvedObject.name={NAME}") or {}
+    return next((e["message"] for e in items.get("items", []) if e.get("reason") == "ScaledUp"), None)
+
+
 def vllm_series(ip: str) -> dict[str, float]:
     text = httpx.get(f"http://{ip}:8000/metrics", timeout=10).text
     out = {}
@@ -229,8 +234,7 @@ def main() -> None:
 
             try:
                 wait(scaled, 300, "spec.replicas 2", interval=2)
-                auto = service(cluster)["status"].get("autoscaler") or {}
-                say("4 autoscale", f"1 → 2: {auto.get('formula')}; inputs {json.dumps(auto.get('inputs'))}")
+                say("4 autoscale", f"ScaledUp Event: {scaled_up_message(cluster)}")
                 say("4 autoscale", f"vLLM gauges under load {vllm_series(ip)}")
                 wait(lambda: len(ready_ips(cluster)) >= 2, args.start_timeout, "2 Ready replicas", interval=5)
                 say("4 autoscale", f"2 replicas Ready: {ready_ips(cluster)}")
