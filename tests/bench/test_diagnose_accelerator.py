@@ -102,3 +102,27 @@ def test_cli_reads_the_exporter_beside_the_server() -> None:
 
 def frames_text(name: str) -> list[str]:
     return [frame.split("\n", 1)[1] for frame in frames(name)]
+
+
+def test_nvml_readings_come_out_in_the_exporters_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NVML path's mapping, with NVML's Python module stood in for (no GPU here): the same
+    names and units the exporter uses, so one analysis reads both."""
+    import types
+
+    from plimsoll.bench.accelerator import gpu_series, nvml_exposition
+
+    nvml = types.SimpleNamespace(
+        NVMLError=RuntimeError, NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1,
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda h: b"NVIDIA H200",
+        nvmlDeviceGetUUID=lambda h: "GPU-1234", nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=37),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=100 * 2**30, free=40 * 2**30),
+        nvmlDeviceGetTemperature=lambda h, kind: 71, nvmlDeviceGetPowerUsage=lambda h: 512_000,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1980, nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x4,
+    )  # fmt: skip
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    text = nvml_exposition()
+    assert text is not None and 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1234"' in text
+    (g,) = gpu_series([parse_metrics(text, 0.0), parse_metrics(text, 1.0)])
+    assert g.busy == [0.37, 0.37] and g.fb_used_mib[0] == 100 * 1024 and g.power_w[0] == 512.0
+    assert g.temp_c[0] == 71 and g.reasons == [0x4, 0x4] and g.model == "NVIDIA H200"
