@@ -32,6 +32,21 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _compilation_config(text: str | None, cache_dir: str | None) -> object:
+    """``--compilation-config`` with ``--compilation-cache-dir`` folded in as its ``cache_dir``."""
+    from plimsoll.runtime.engine.compilation_config import CompilationConfig
+
+    if cache_dir is None:
+        return text if text is not None else {}
+    try:
+        parsed = CompilationConfig.parse(text) if text is not None else {}
+    except ValueError as exc:
+        _fail(str(exc))
+    if not isinstance(parsed, dict):
+        _fail(f"--compilation-config must be a JSON object or a mode number, got {text!r}")
+    return {**parsed, "cache_dir": cache_dir}  # type: ignore[dict-item]
+
+
 def serve(
     model_arg: str | None = typer.Argument(
         None,
@@ -137,6 +152,19 @@ def serve(
         help="Never replay CUDA graphs (by default, on CUDA with --attention-backend triton, decode steps "
         "replay graphs captured at start).",
     ),
+    compilation_config: str | None = typer.Option(
+        None,
+        "--compilation-config",
+        "-O",
+        help='vLLM\'s JSON (\'{"mode": 3, "cache_dir": "/cache/compile"}\') or a mode number: 3 compiles the '
+        "forward with torch.compile (the default on CUDA), 0 runs it eagerly (docs/runtime.md).",
+    ),
+    compilation_cache_dir: str | None = typer.Option(
+        None,
+        "--compilation-cache-dir",
+        help="Keep torch.compile's and Triton's caches here (the compilation config's cache_dir): mount a "
+        "volume so a restart loads the compiled graphs instead of compiling again.",
+    ),
     scheduling_policy: str = typer.Option(
         _engine_default("scheduling_policy"),
         "--scheduling-policy",
@@ -170,7 +198,9 @@ def serve(
     quantization: str | None = typer.Option(
         None,
         "--quantization",
-        help="int8: weight-only, a scale and offset per 32 inputs of a row, computed at load (docs/runtime.md).",
+        help="int8: weight-only, a scale and offset per 32 inputs of a row; fp8: e4m3 weights with a scale "
+        "per output channel and activations scaled per token (compute capability 8.9+); both computed at "
+        "load (docs/runtime.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
     ),
     kv_cache_dtype: str = typer.Option(
         "auto",
@@ -315,6 +345,7 @@ def serve(
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
             enforce_eager=enforce_eager,
+            compilation_config=_compilation_config(compilation_config, compilation_cache_dir),
             scheduling_policy=scheduling_policy,
             seed=seed,
             speculative_config=speculative_config,

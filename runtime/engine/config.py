@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Re-exported: callers that build an EngineConfig by hand parse sizes the same way.
 from plimsoll.byte_size import parse_bytes
+from plimsoll.runtime.engine.compilation_config import CompilationConfig
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
@@ -62,10 +63,24 @@ class EngineConfig(BaseModel):
         description="vLLM's --enforce-eager: never replay CUDA graphs (on CUDA with the Triton backend, "
         "decode steps replay graphs captured at start; engine/cuda_graphs.py)",
     )
+    compilation_config: CompilationConfig = Field(
+        default_factory=CompilationConfig,
+        description="vLLM's --compilation-config: mode 3 compiles the forward with torch.compile (the default "
+        "on CUDA), 0 runs it eagerly; cache_dir keeps the compile caches (engine/compilation_config.py)",
+    )
+
+    @field_validator("compilation_config", mode="before")
+    @classmethod
+    def _parse_compilation_config(cls, value: object) -> object:
+        return CompilationConfig.parse(value)
+
     scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
-    quantization: Literal["int8"] | None = Field(
-        None, description="weight-only int8, a scale and offset per 32 inputs of a row, computed at load (vLLM's --quantization)"
+    quantization: Literal["int8", "fp8"] | None = Field(
+        None,
+        description="vLLM's --quantization: 'int8' weight-only (a scale and offset per 32 inputs of a row) or "
+        "'fp8' (e4m3 weights with a scale per output channel, activations scaled per token at run time; "
+        "compute capability 8.9+ on CUDA), both computed at load; an FP8 checkpoint is served as fp8 without it",
     )
     kv_cache_dtype: Literal["auto", "int8"] = Field(
         "auto",

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.engine.compilation import cache_counters, use_cache_dir
 from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
 from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
@@ -102,6 +103,13 @@ class LLMEngine:
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
         STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
+        if self.device.type == "cuda" and (config.quantization == "int8" or config.kv_cache_dtype == "int8"):
+            from plimsoll.runtime.engine import int8_speed
+
+            # An int8 path slower than bf16 on this card says so in the log (int8_speed.py).
+            self.int8_speed = int8_speed.check(
+                loaded.model, config.quantization, config.kv_cache_dtype, config.attention_backend, config.max_num_seqs
+            )
         self._capture_cuda_graphs()
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
@@ -121,20 +129,50 @@ class LLMEngine:
         )
 
     def _capture_cuda_graphs(self) -> None:
-        """On CUDA with the Triton backend, decode steps replay graphs captured now (cuda_graphs.py)."""
+        """Compile the forward (``--compilation-config`` mode 3, the default on CUDA:
+        engine/compilation.py), then, on CUDA with the Triton backend, capture the graphs that
+        uniform decode and verify steps replay (cuda_graphs.py)."""
         config = self.config
-        reason = ineligible_reason(
+        compilation = config.compilation_config
+        if compilation.cache_dir is not None:
+            log.info("compile caches in %s", use_cache_dir(compilation.cache_dir))
+        graphs_off = ineligible_reason(
             self.device,
             config.attention_backend,
             config.enforce_eager,
             tensor_parallel=self.executor is not None,
-            lora=config.enable_lora,
         )
-        if reason is not None:
+        mode = compilation.resolved_mode(self.device.type)
+        if mode == 3 and self.executor is not None:
+            log.info("the forward runs eagerly: tensor parallelism is not compiled")
+        elif mode == 3:
+            # CUDA-graph capture compiles each graph as it warms up; otherwise compile now.
+            self.runner.enable_compile(warm_up=graphs_off is not None)
+        if graphs_off is not None:
             if self.device.type == "cuda":
-                log.info("decode runs eagerly, without CUDA graphs: %s", reason)
+                log.info("steps run without CUDA graphs: %s", graphs_off)
             return
-        self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
+        spec = config.speculative_config
+        self.runner.enable_cuda_graphs(
+            config.max_num_seqs,
+            self.max_model_len,
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
+            sizes=compilation.cudagraph_capture_sizes,
+        )
+
+    def compile_report(self) -> dict[str, Any]:
+        """What start-up spent compiling and capturing, and the compile caches' counters."""
+        runner = self.runner
+        compiled = runner.compiled
+        graphs = [g for g in (runner.decode_graphs, runner.verify_graphs) if g is not None]
+        return {
+            "compiled": compiled is not None,
+            "compile_seconds": round(compiled.compile_seconds, 3) if compiled is not None else 0.0,
+            "compiled_graphs": compiled.graphs if compiled is not None else 0,
+            "cuda_graph_capture_seconds": round(sum(g.capture_s for g in graphs), 3),
+            "cuda_graph_sizes": {g.query_len: g.sizes for g in graphs},
+            "cache_counters": cache_counters(),
+        }
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (a no-op without tensor parallelism)."""

@@ -77,6 +77,8 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``; on CPU in float32 through oneDNN (see the module docstring), a few
     rows in float32 or bfloat16 through the compiled kernels."""
+    if torch.compiler.is_compiling():  # torch.compile (engine/compilation.py) lowers F.linear itself
+        return F.linear(x, weight, bias)
     if cpu_kernels.supports_linear(x, weight, bias):
         small: torch.Tensor = cpu_kernels.small_batch_linear(x, weight, bias)
         return small
