@@ -80,8 +80,9 @@ def profile(cluster: Cluster, ns: str, name: str, workload: dict[str, Any], time
     result = {
         "name": name,
         "job_seconds": _seconds(job["status"]["startTime"], job["status"]["completionTime"]),
-        "throughput_knee": capacity["knees"]["throughput"]["concurrency"],
-        "latency_knee": capacity["knees"]["latency"]["concurrency"],
+        # A knee that is not there ("no knee within range") is left out of status.
+        "throughput_knee": (capacity["knees"].get("throughput") or {}).get("concurrency"),
+        "latency_knee": (capacity["knees"].get("latency") or {}).get("concurrency"),
         "per_replica": capacity["concurrencyPerReplica"],
         "measured": capacity.get("measured"),
         "disturbed": capacity.get("disturbedLevels"),
@@ -99,13 +100,16 @@ def main() -> None:
     parser.add_argument("--input-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for each profile")
+    parser.add_argument(
+        "--variants",
+        default="p32,pdefault",
+        help="which profiles to run: p32 (32 requests), pdefault (defaults)",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
     shape = {"inputTokens": args.input_tokens, "outputTokens": args.output_tokens, "concurrency": levels}
-    variants = [
-        ("p32", {**shape, "requestsPerLevel": 32, "minSecondsPerLevel": 0}),
-        ("pdefault", dict(shape)),
-    ]
+    known = {"p32": {**shape, "requestsPerLevel": 32, "minSecondsPerLevel": 0}, "pdefault": dict(shape)}
+    variants = [(name, known[name]) for name in args.variants.split(",")]
     started = time.monotonic()
     rows = []
     with (
