@@ -157,6 +157,18 @@ def serve(
         "--quantization",
         help="int8: weight-only, a scale and offset per 32 inputs of a row, computed at load (docs/runtime.md).",
     ),
+    cpu_kernels: str = typer.Option(
+        _engine_default("cpu_kernels"),
+        "--cpu-kernels",
+        help="Which build of the C++ CPU kernels to run: auto (the best this CPU runs), avx512, avx2, plain, "
+        "or off (torch's ops alone). Built at install; the start-up line names the one in use.",
+    ),
+    cpu_packed_weights: bool = typer.Option(
+        _engine_default("cpu_packed_weights"),
+        "--cpu-packed-weights/--no-cpu-packed-weights",
+        help="On CPU, keep float32 projections and the head also packed in column panels (faster steps, a "
+        "second copy of those weights in memory).",
+    ),
     kv_cache_dtype: str = typer.Option(
         "auto",
         "--kv-cache-dtype",
@@ -248,6 +260,7 @@ def serve(
         check_model,
         check_port,
         choose_model,
+        environment_malloc_settings,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
         parse_lora_module,
@@ -282,6 +295,9 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    malloc_settings = (
+        environment_malloc_settings()
+    )  # the process's own malloc rules win (kernels/host_memory.py)
     try:
         config = EngineConfig(
             model=model,
@@ -307,6 +323,9 @@ def serve(
             max_lora_rank=max_lora_rank,
             max_cpu_loras=max_cpu_loras,
             kv_cache_dtype=kv_cache_dtype,
+            cpu_kernels=cpu_kernels,
+            cpu_packed_weights=cpu_packed_weights,
+            keep_freed_memory=malloc_settings is None,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,
@@ -329,9 +348,8 @@ def serve(
 
     if metrics_compat not in (None, "vllm"):
         _fail(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
-    from plimsoll.runtime.serve_args import kernel_line
-
-    logging.getLogger("plimsoll.serve").info(kernel_line(device, attention_backend, dtype))
+    if malloc_settings is not None:
+        logging.getLogger("plimsoll.serve").info("malloc thresholds left as they are: %s", malloc_settings)
     if otlp_traces_endpoint:
         from plimsoll.tracing import configure_tracing
 

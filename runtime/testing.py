@@ -13,7 +13,6 @@ What it is not: a fake. The model is tiny but real (transformers can load it and
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -319,7 +318,6 @@ class ServerProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         startup_timeout: float = 120.0,
-        env: dict[str, str] | None = None,
         prelude: str = "",
     ) -> None:
         self.host = host
@@ -327,7 +325,6 @@ class ServerProcess:
         self.port = port if port is not None else free_port(host)
         self.args = list(args)
         self.startup_timeout = startup_timeout
-        self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         # Closed in __exit__; the file outlives the process so a failing test can show the log.
         self._log = tempfile.NamedTemporaryFile(prefix="plimsoll-serve-", suffix=".log", delete=False)  # noqa: SIM115
@@ -350,9 +347,7 @@ class ServerProcess:
             "--port",
             str(self.port),
         ]
-        self.proc = subprocess.Popen(
-            [*cmd, *self.args], stdout=self._log, stderr=subprocess.STDOUT, env=self.env
-        )
+        self.proc = subprocess.Popen([*cmd, *self.args], stdout=self._log, stderr=subprocess.STDOUT)
         self.wait_ready()
         return self
 

@@ -21,6 +21,7 @@ from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
 from plimsoll.runtime.engine.cuda_graphs import DecodeGraphs
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
+from plimsoll.runtime.models.cpu_plan import CUDA_GRAPH, CPUOptions, CPUPlan
 from plimsoll.runtime.models.llama import LlamaForCausalLM
 from plimsoll.runtime.models.lora import LoRASlots, LoRAWeights
 from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
@@ -50,6 +51,15 @@ def kv_bytes_per_token(
     return int(2 * hf_config.num_hidden_layers * num_kv_heads * row * element)
 
 
+def cpu_options(config: Any) -> CPUOptions:
+    """The CPU plan's switches from an ``EngineConfig``."""
+    return CPUOptions(
+        fused_decode=config.cpu_fused_decode,
+        glued_layers=config.cpu_glued_layers,
+        packed_weights=config.cpu_packed_weights,
+    )
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -61,6 +71,7 @@ class ModelRunner:
         attention_backend: str = "torch",
         lora_slots: tuple[int, int] | None = None,  # (max_loras, max_lora_rank) with --enable-lora
         kv_cache_dtype: str = "auto",
+        cpu_options: CPUOptions | None = None,  # the engine's cpu_* switches (cpu_options(config))
     ) -> None:
         self.model = model
         self.lora = LoRASlots(model, *lora_slots) if lora_slots is not None else None
@@ -85,6 +96,9 @@ class ModelRunner:
         self.plan_sink: Callable[[StepPlan], None] | None = None
         self.decode_graphs: DecodeGraphs | None = None  # enable_cuda_graphs()
         self.graph_replays = 0  # decode steps that replayed a graph
+        # Which code serves each step (after LoRA's slots are attached: they change what fits).
+        self.cpu_plan = CPUPlan(model, cpu_options, device, attention_backend, kv_cache_dtype)
+        self.last_path = self.cpu_plan.last_path  # what served the last step (models/cpu_plan.STEP_PATHS)
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
         """Capture the decode forward as CUDA graphs (``cuda_graphs.py``); decode-only steps replay
@@ -212,6 +226,7 @@ class ModelRunner:
         finally:
             if self.lora is not None:
                 self.lora.row_mask = None
+        self.last_path = self.cpu_plan.last_path
         if logits is None:
             return [], torch.empty(0)
         return reqs, logits.float()
@@ -219,6 +234,7 @@ class ModelRunner:
     def _replay(self, graphs: DecodeGraphs, sched: SchedulerOutput) -> tuple[list[Request], torch.Tensor]:
         hidden, last_rows = graphs.run(sched.scheduled)
         self.graph_replays += 1
+        self.last_path = CUDA_GRAPH
         reqs = [req for (req, _), r in zip(sched.scheduled, last_rows, strict=True) if r >= 0]
         rows = [r for r in last_rows if r >= 0]
         if not rows:
