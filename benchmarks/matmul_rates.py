@@ -26,6 +26,7 @@ import torch
 
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import dense, fused_decode
+from plimsoll.runtime.models.cpu_plan import RowLimits
 
 SMOLLM2 = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
@@ -83,7 +84,7 @@ def measure(
                 fused_decode._onednn_matmul(padded[w.shape[1]], w, m, 0)  # the glued layers' call
 
     paths: dict[str, Callable[[], None]] = {"panels": run_panels}
-    if m <= cpu_kernels.SMALL_BATCH_MAX_ROWS:
+    if m <= RowLimits().small_matmul:
         paths["rows"] = run_rows
     if onednn is not None and m <= dense.ONEDNN_CHUNK_ROWS:
         paths["onednn"] = run_onednn

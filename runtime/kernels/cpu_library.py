@@ -70,7 +70,7 @@ def _ctype(declared: str) -> type | None:
         return C_TYPES[text]
     if text.endswith("*"):
         return ctypes.c_void_p
-    raise ValueError(f"{HEADER.name}: no ctypes binding for the C type {declared!r}")
+    raise ValueError(f"{HEADER.name}: no ctypes binding for the C type {declared.strip()!r}")
 
 
 def signatures(header: Path = HEADER) -> dict[str, tuple[type | None, list[type | None]]]:

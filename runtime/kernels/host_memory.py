@@ -39,11 +39,13 @@ _applied: bool | None = None
 ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
 
 
-def _why_not() -> str | None:
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
+def _why_not(maps: str | None = None) -> str | None:
+    """Why the thresholds must stay as they are (``maps``: ``/proc/self/maps``'s text, read if not given)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
     loaded = sorted({name for name in ALLOCATORS if f"lib{name}" in maps})
     return f"another allocator is loaded ({', '.join(loaded)})" if loaded else None
 

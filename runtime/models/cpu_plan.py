@@ -131,7 +131,9 @@ class CPUPlan:
             hidden: torch.Tensor = self.model.model.norm(x)
             return hidden
         if self.glued is not None:
-            glued = self.glued.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
+            glued: torch.Tensor | None = self.glued.run(
+                x, cos, sin, kv_caches, meta, store_kv, paged_attention
+            )
             if glued is not None:
                 self.last_path = GLUED_LAYERS
                 return glued
@@ -142,11 +144,14 @@ class CPUPlan:
         """The head's logits where the plan serves them (the packed head; a tied head through the
         small-batch rule), else ``None`` (the model's own head: a ``Linear`` follows its rows)."""
         if self.fused is not None:
-            packed = self.fused.logits(hidden)
+            packed: torch.Tensor | None = self.fused.logits(hidden)
             if packed is not None:
                 return packed
         if self.model.tie_word_embeddings and self.matmul_rows:
-            return dense.linear(hidden, self.model.model.embed_tokens.weight, None, self.matmul_rows)
+            tied: torch.Tensor = dense.linear(
+                hidden, self.model.model.embed_tokens.weight, None, self.matmul_rows
+            )
+            return tied
         return None
 
     def describe(self) -> str:
@@ -166,13 +171,14 @@ class CPUPlan:
 
     def _steps(self) -> list[str]:
         fused, glued = self.fused, self.glued
-        layers = self._module_matmuls()
+        layers = f"layer by layer ({self._module_matmuls()})"
         out = []
-        if fused is not None and fused.max_rows:
-            over = "column panels" if fused.panels else "plain rows" if not fused.int8 else "int8 rows"
+        assert fused is not None  # a CPU plan always builds it: it holds the packed weights
+        if fused.max_rows:
+            over = "int8 rows" if fused.int8 else "column panels" if fused.panels else "plain rows"
             out.append(f"decode of up to {fused.max_rows} rows: the fused decode step over {over}")
-        elif fused is not None and fused.reason is not None:
-            out.append(f"no fused decode step ({fused.reason})")
+        else:
+            out.append("no fused decode step (" + (fused.reason or "off: cpu_fused_decode=False") + ")")
         if glued is not None and glued.reason is None:
             matmuls = (
                 "column panels"
@@ -181,15 +187,17 @@ class CPUPlan:
                 if self.dtype == torch.bfloat16
                 else "oneDNN"
             )
-            which = "every other step" if out and out[0].startswith("decode") else "every step"
+            which = "other steps" if fused.max_rows else "every step"
             if glued.min_rows > 1:
                 which += f" of {glued.min_rows} rows or more"
             out.append(f"{which}: glued layers ({matmuls} matmuls, C++ glue between)")
             if glued.min_rows > 1:
-                out.append(f"smaller steps: layer by layer ({layers})")
+                out.append(f"smaller steps: {layers}")
         else:
-            why = f" ({glued.reason})" if glued is not None and glued.reason else ""
-            out.append(f"other steps: layer by layer ({layers}){why}")
+            why = glued.reason if glued is not None else "off: cpu_glued_layers=False"
+            out.append(
+                f"{'other steps' if fused.max_rows else 'every step'}: {layers}; no glued layers ({why})"
+            )
         return out
 
     def _module_matmuls(self) -> str:
