@@ -449,12 +449,14 @@ def _library_or_raise() -> KernelLibrary:
 @dataclass(frozen=True)
 class PackedWeight:
     """A float32 weight ``[n, k]`` packed by ``pack_f32`` (``data``: its panels, 1-D); ``parts``
-    equal row groups packed one after another (a fused gate_up: 2)."""
+    equal row groups packed one after another (a fused gate_up: 2); ``cols``: the panels' width,
+    the build's (48 with AVX-512, 16 otherwise), which only a build of the same width reads."""
 
     data: torch.Tensor
     n: int
     k: int
     parts: int = 1
+    cols: int = 48
 
 
 def pack_f32(weight: torch.Tensor, parts: int = 1) -> PackedWeight:
@@ -472,7 +474,7 @@ def pack_f32(weight: torch.Tensor, parts: int = 1) -> PackedWeight:
     data = torch.empty(floats, dtype=torch.float32)
     if lib.plimsoll_pack_f32(w.data_ptr(), data.data_ptr(), n, k, parts, torch.get_num_threads()) != 0:
         raise ValueError(f"pack_f32 rejected a weight of {tuple(weight.shape)} in {parts} parts")
-    return PackedWeight(data, n, k, parts)
+    return PackedWeight(data, n, k, parts, int(lib.plimsoll_packed_f32_panel_cols()))
 
 
 def packed_linear(
@@ -484,6 +486,11 @@ def packed_linear(
 ) -> torch.Tensor:
     """``x @ W.T + bias`` over a packed weight; returns ``out`` (a new ``[M, N]`` tensor if not given)."""
     lib = _library_or_raise()
+    if lib.plimsoll_packed_f32_panel_cols() != weight.cols:
+        raise ValueError(
+            f"packed_linear: a weight packed in panels of {weight.cols} columns, and the {lib.variant} build reads "
+            f"{lib.plimsoll_packed_f32_panel_cols()}; pack it again with the build in use"
+        )
     m = x.shape[0]
     if x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] != weight.k or x.stride(1) != 1 or m == 0:
         raise ValueError(

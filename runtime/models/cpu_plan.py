@@ -126,6 +126,11 @@ class CPUPlan:
     ) -> torch.Tensor | None:
         """The final norm's output of a step served by the fused step or the glued layers, or
         ``None`` (the caller runs the layers); ``last_path`` says which served it."""
+        if cpu_kernels.library() is not self.kernels:
+            # The process runs another build now (another engine selected one): this plan's
+            # packed weights are laid out for its own, so the module path serves.
+            self.last_path = MODULE_LAYERS
+            return None
         if self.fused is not None and self.fused.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention):
             self.last_path = FUSED_DECODE
             hidden: torch.Tensor = self.model.model.norm(x)
@@ -143,6 +148,8 @@ class CPUPlan:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """The head's logits where the plan serves them (the packed head; a tied head through the
         small-batch rule), else ``None`` (the model's own head: a ``Linear`` follows its rows)."""
+        if cpu_kernels.library() is not self.kernels:
+            return None
         if self.fused is not None:
             packed: torch.Tensor | None = self.fused.logits(hidden)
             if packed is not None:

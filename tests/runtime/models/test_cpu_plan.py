@@ -119,3 +119,32 @@ def test_the_engine_logs_its_plan_once(
     monkeypatch.setattr(cpu_library, "load", unloadable)
     (line,) = engine_lines(caplog, tiny_model_dir("llama"))
     assert line.levelno == logging.WARNING and "is not installed" in line.getMessage()
+
+
+def test_a_plan_steps_aside_while_the_process_runs_another_build() -> None:
+    # Another engine in the process selected another build: this plan's panels are laid out for
+    # its own, so its steps and head go to the module path until its build is back.
+    if len(RUNNABLE) < 2:
+        pytest.skip("one build runs on this CPU")
+    model = tiny()
+    plan = CPUPlan(model)
+    hidden = torch.randn(3, model.config.hidden_size)
+    head = plan.fused.head if plan.fused is not None else None
+    assert head is not None and plan.logits(hidden) is not None
+    try:
+        other = cpu_kernels.select(RUNNABLE[-1]).library
+        assert other is not None and other is not plan.kernels
+        assert plan.logits(hidden) is None
+        if other.plimsoll_packed_f32_panel_cols() != head.cols:
+            with pytest.raises(ValueError, match=f"panels of {head.cols} columns"):
+                cpu_kernels.packed_linear(hidden, head)
+    finally:
+        cpu_kernels.select()
+    torch.testing.assert_close(
+        plan.logits(hidden),
+        hidden @ model.model.embed_tokens.weight.T
+        if model.tie_word_embeddings
+        else hidden @ model.lm_head.weight.T,
+        rtol=1e-4,
+        atol=1e-4,
+    )
