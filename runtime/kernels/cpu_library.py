@@ -183,7 +183,12 @@ def load(variant: str, directory: Path = PACKAGE_DIR) -> KernelLibrary:
     lib = _open(directory / spec.library)
     lib.variant, lib.path, lib.openmp = variant, directory / spec.library, False
     # Read before binding the rest: a stale build's functions may not match the header.
-    lib.plimsoll_kernels_build_hash.restype = ctypes.c_char_p
+    try:
+        lib.plimsoll_kernels_build_hash.restype = ctypes.c_char_p
+    except AttributeError:
+        raise KernelsUnavailable(
+            f"{spec.library} carries no build hash; reinstall plimsoll to rebuild it"
+        ) from None
     built, wanted = lib.plimsoll_kernels_build_hash().decode(), cpu_variants.build_hash(spec)
     if built != wanted:
         raise KernelsUnavailable(

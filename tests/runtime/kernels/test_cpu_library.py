@@ -110,6 +110,11 @@ def test_a_build_from_other_sources_or_a_missing_one_is_refused(tmp_path: Path) 
         cpu_library.load(variant, stale)
     with pytest.raises(cpu_library.KernelsUnavailable, match=r"is not installed in .* reinstall with g\+\+ present"):
         cpu_library.load(variant, tmp_path / "empty")
+    if cpu_library.torch_libgomp() is not None:  # a shared object that loads here but is no build of the kernels
+        alien = copy_build(variant, tmp_path / "alien")
+        shutil.copyfile(alien / cpu_variants.OPENMP_LIBRARY, alien / spec.library)
+        with pytest.raises(cpu_library.KernelsUnavailable, match="carries no build hash; reinstall plimsoll"):
+            cpu_library.load(variant, alien)
 
 
 def test_a_build_this_cpu_cannot_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
