@@ -318,6 +318,7 @@ class ServerProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         startup_timeout: float = 120.0,
+        env: dict[str, str] | None = None,
         prelude: str = "",
     ) -> None:
         self.host = host
@@ -325,6 +326,7 @@ class ServerProcess:
         self.port = port if port is not None else free_port(host)
         self.args = list(args)
         self.startup_timeout = startup_timeout
+        self.env = env  # the server's whole environment; None: this process's
         self.proc: subprocess.Popen[bytes] | None = None
         # Closed in __exit__; the file outlives the process so a failing test can show the log.
         self._log = tempfile.NamedTemporaryFile(prefix="plimsoll-serve-", suffix=".log", delete=False)  # noqa: SIM115
@@ -347,7 +349,9 @@ class ServerProcess:
             "--port",
             str(self.port),
         ]
-        self.proc = subprocess.Popen([*cmd, *self.args], stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [*cmd, *self.args], stdout=self._log, stderr=subprocess.STDOUT, env=self.env
+        )
         self.wait_ready()
         return self
 
