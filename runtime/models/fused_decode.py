@@ -25,7 +25,6 @@ What it is not: a compiler, or a second model definition (``models/llama.py`` st
 reference the fused step is tested against: ``tests/runtime/models/test_fused_decode.py``).
 """
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +38,8 @@ from plimsoll.runtime.models import dense
 from plimsoll.runtime.models.dense import Linear
 from plimsoll.runtime.models.quant import Int8Linear
 
-log = logging.getLogger(__name__)
 _linear_pointwise = torch.ops.mkldnn._linear_pointwise if dense._ONEDNN else None
+
 
 def why_not(model: Any, float_dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> str | None:
     """Why this model's decode steps cannot be fused (``None`` when they can): float projections
