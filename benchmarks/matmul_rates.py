@@ -8,7 +8,7 @@ step, through
 - ``panels``: ``cpu_kernels.packed_linear`` over weights packed once by ``pack_f32`` (what the
   fused decode step, the glued layers and the output head run by default);
 - ``rows``: ``cpu_kernels.small_batch_linear`` over the plain ``[N, K]`` weights (the fused
-  step's matmul before the panels; up to ``SMALL_BATCH_MAX_ROWS`` rows);
+  step's matmul before the panels; up to ``RowLimits.small_matmul`` rows);
 - ``onednn``: oneDNN's matmul over its own prepacked layout, rows padded to the engine's bucket
   (the glued layers' matmul before the panels),
 

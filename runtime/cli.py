@@ -32,6 +32,21 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _compilation_config(text: str | None, cache_dir: str | None) -> object:
+    """``--compilation-config`` with ``--compilation-cache-dir`` folded in as its ``cache_dir``."""
+    from plimsoll.runtime.engine.compilation_config import CompilationConfig
+
+    if cache_dir is None:
+        return text if text is not None else {}
+    try:
+        parsed = CompilationConfig.parse(text) if text is not None else {}
+    except ValueError as exc:
+        _fail(str(exc))
+    if not isinstance(parsed, dict):
+        _fail(f"--compilation-config must be a JSON object or a mode number, got {text!r}")
+    return {**parsed, "cache_dir": cache_dir}  # type: ignore[dict-item]
+
+
 def serve(
     model_arg: str | None = typer.Argument(
         None,
@@ -122,6 +137,19 @@ def serve(
         help="Never replay CUDA graphs (by default, on CUDA with --attention-backend triton, decode steps "
         "replay graphs captured at start).",
     ),
+    compilation_config: str | None = typer.Option(
+        None,
+        "--compilation-config",
+        "-O",
+        help='vLLM\'s JSON (\'{"mode": 3, "cache_dir": "/cache/compile"}\') or a mode number: 3 compiles the '
+        "forward with torch.compile (the default on CUDA), 0 runs it eagerly (docs/runtime.md).",
+    ),
+    compilation_cache_dir: str | None = typer.Option(
+        None,
+        "--compilation-cache-dir",
+        help="Keep torch.compile's and Triton's caches here (the compilation config's cache_dir): mount a "
+        "volume so a restart loads the compiled graphs instead of compiling again.",
+    ),
     scheduling_policy: str = typer.Option(
         _engine_default("scheduling_policy"),
         "--scheduling-policy",
@@ -155,7 +183,9 @@ def serve(
     quantization: str | None = typer.Option(
         None,
         "--quantization",
-        help="int8: weight-only, a scale and offset per 32 inputs of a row, computed at load (docs/runtime.md).",
+        help="int8: weight-only, a scale and offset per 32 inputs of a row; fp8: e4m3 weights with a scale "
+        "per output channel and activations scaled per token (compute capability 8.9+); both computed at "
+        "load (docs/runtime.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
     ),
     cpu_kernels: str = typer.Option(
         _engine_default("cpu_kernels"),
@@ -173,6 +203,37 @@ def serve(
         "auto",
         "--kv-cache-dtype",
         help="KV cache storage: auto (the model dtype) or int8 (a float32 scale per token and KV head).",
+    ),
+    kv_offloading_backend: str | None = typer.Option(
+        None, "--kv-offloading-backend",
+        help="native: keep blocks evicted from the KV cache in host memory and load them back on a prefix "
+        "hit (vLLM's flag; --kv-offloading-size alone implies it).",
+    ),
+    kv_offloading_size: float | None = typer.Option(
+        None, "--kv-offloading-size", help="GiB of host memory for evicted KV blocks (vLLM's flag)."
+    ),
+    kv_offloading_store_threshold: int = typer.Option(
+        0, "--kv-offloading-store-threshold",
+        help="Offload a block only after lookups asked for it this many times (vLLM's store_threshold; 0: all).",
+    ),
+    kv_offloading_disk_path: str | None = typer.Option(
+        None, "--kv-offloading-disk-path", help="Directory of a disk tier below the host tier (emptied at start)."
+    ),
+    kv_offloading_disk_size: float | None = typer.Option(
+        None, "--kv-offloading-disk-size", help="GiB of the disk tier."
+    ),
+    kv_shared_url: str | None = typer.Option(
+        None, "--kv-shared-url",
+        help="redis://HOST:PORT of a Valkey or Redis server shared by the replicas: blocks computed on one "
+        "replica are hits on the others.",
+    ),
+    kv_shared_timeout: float = typer.Option(
+        0.25, "--kv-shared-timeout", help="Seconds one shared-tier call may take before the request recomputes."
+    ),
+    kv_events_config: str | None = typer.Option(
+        None, "--kv-events-config",
+        help='vLLM\'s KV events JSON: \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557"}\' (BlockStored/BlockRemoved/AllBlocksCleared, msgpack).',
     ),
     speculative_config: str | None = typer.Option(
         None,
@@ -312,6 +373,7 @@ def serve(
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
             enforce_eager=enforce_eager,
+            compilation_config=_compilation_config(compilation_config, compilation_cache_dir),
             scheduling_policy=scheduling_policy,
             seed=seed,
             speculative_config=speculative_config,
@@ -323,6 +385,14 @@ def serve(
             max_lora_rank=max_lora_rank,
             max_cpu_loras=max_cpu_loras,
             kv_cache_dtype=kv_cache_dtype,
+            kv_offloading_backend=kv_offloading_backend,
+            kv_offloading_size=kv_offloading_size,
+            kv_offloading_store_threshold=kv_offloading_store_threshold,
+            kv_offloading_disk_path=kv_offloading_disk_path,
+            kv_offloading_disk_size=kv_offloading_disk_size,
+            kv_shared_url=kv_shared_url,
+            kv_shared_timeout_s=kv_shared_timeout,
+            kv_events_config=kv_events_config,
             cpu_kernels=cpu_kernels,
             cpu_packed_weights=cpu_packed_weights,
             keep_freed_memory=malloc_settings is None,

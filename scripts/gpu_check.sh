@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run plimsoll's GPU check on a machine with one CUDA GPU, from any directory:
 #   bash scripts/gpu_check.sh [--budget-s 420] [--sections kernels,parity,decode-smollm2,decode-llama1b]
+#   bash scripts/gpu_check.sh --sections roofline --budget-s 540   # the roofline bench (gpu_roofline.py)
 # Prints versions, makes `plimsoll` importable without installing it (the GPU
 # machine may be offline, so no pip), then runs scripts/gpu_check.py. Figures go to
 # stdout and, when $OUT is set, to $OUT/gpu_check.json. Missing pieces (no GPU, no

@@ -45,6 +45,7 @@ from plimsoll.operator.scaling.autoscaler_loop import (
     warn_scaling_limited,
 )
 from plimsoll.operator.scaling.inputs import autoscaler_config
+from plimsoll.operator.scaling.kv_cache import kv_cache_status
 from plimsoll.operator.scaling.metrics import MetricsError, PodSample, parse_scrape
 from plimsoll.operator.scaling.scale_to_zero import floored
 from plimsoll.operator.scaling.sizing import NoTargetError
@@ -267,7 +268,11 @@ async def _tick(
     )
     if must or may:
         # Written on the freshest copy: reconcile or the profiler may have set other conditions since.
-        await update_status(
-            kube, svc.namespace, svc.name, lambda current: status_patch(current, decision, generation, slo)
-        )
+        kv = kv_cache_status(samples)  # status.kvCache: hit rates per KV tier, with the same write
+
+        def change(current: dict[str, Any]) -> dict[str, Any]:
+            patch = status_patch(current, decision, generation, slo)
+            return {**patch, "kvCache": kv} if kv is not None else patch
+
+        await update_status(kube, svc.namespace, svc.name, change)
         state.last_write = now

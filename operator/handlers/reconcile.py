@@ -33,6 +33,7 @@ from plimsoll.operator.resources.inference_pool import (
     build_inference_pool,
     uses_inference_pool,
 )
+from plimsoll.operator.resources.kv_cache import kv_children
 from plimsoll.operator.resources.leader_worker_set import LWS_GROUP_VERSION
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
@@ -184,6 +185,7 @@ async def _reconcile(
         # Thresholds follow status.capacity, so a new profile updates the rule on the next pass.
         children.append(build_prometheus_rule(svc, (body.get("status") or {}).get("capacity")))
     children.extend(router_children(svc, settings))
+    children.extend(kv_children(svc))  # the shared KV tier's Valkey, when spec.kvCache.shared deploys one
     if uses_inference_pool(svc):
         if await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
             children.append(build_inference_pool(svc))

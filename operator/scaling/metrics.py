@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from plimsoll.metric_names import (
     BUILD_INFO,
     ENGINE_FAMILIES,
+    KV_TIER_HITS,
     SLO_OBJECTIVE_SECONDS,
     SLO_REQUESTS,
     STARTUP_PHASE_SECONDS,
@@ -48,6 +49,10 @@ class PodSample:
     slo_good: float | None = None
     slo_bad: float | None = None
     slo_objectives: dict[str, float] = field(default_factory=dict)
+    # Prefix cache (tokens, cumulative): looked up, found in the replica's own cache, found per KV tier.
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    tier_hits: dict[str, float] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> float:
@@ -94,7 +99,18 @@ def parse_scrape(text: str) -> PodSample:
             for labels, value in scrape.samples.get(SLO_OBJECTIVE_SECONDS, [])
             if "objective" in labels
         },
+        prefix_queries=scrape.sum(engine.prefix_queries),
+        prefix_hits=scrape.sum(engine.prefix_hits),
+        tier_hits=_tier_hits(scrape),
     )
+
+
+def _tier_hits(scrape: Scrape) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in scrape.samples.get(KV_TIER_HITS, []):
+        medium = labels.get("medium", "")
+        out[medium] = out.get(medium, 0.0) + value
+    return out
 
 
 def _labelled_sum(scrape: Scrape, name: str, label: str, value: str) -> float | None:

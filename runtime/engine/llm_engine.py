@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.engine.compilation import cache_counters, use_cache_dir
 from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
 from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
@@ -32,6 +33,7 @@ from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
+from plimsoll.runtime.kv.connector import build_connector
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
@@ -108,9 +110,24 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.start_workers(self.num_blocks)
             self.runner.plan_sink = self.executor.broadcast_plan
+        # KV tiers and events (runtime/kv/): the cache manager reports to the connector; requests
+        # whose blocks may be on disk or in the shared tier wait in ``prefetching`` until fetched.
+        self.kv_connector = build_connector(config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len)
+        if self.kv_connector is not None:
+            kv.connector = self.kv_connector
+            kv.pool.on_evicted = self.kv_connector.on_evicted
+            kv.pool.on_cleared = self.kv_connector.on_cleared
+        self.prefetching: dict[str, list[Request]] = {}
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
         STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
+        if self.device.type == "cuda" and (config.quantization == "int8" or config.kv_cache_dtype == "int8"):
+            from plimsoll.runtime.engine import int8_speed
+
+            # An int8 path slower than bf16 on this card says so in the log (int8_speed.py).
+            self.int8_speed = int8_speed.check(
+                loaded.model, config.quantization, config.kv_cache_dtype, config.attention_backend, config.max_num_seqs
+            )
         self._capture_cuda_graphs()
         self.sampler = Sampler(self.tokenizer)
         self.speculator: Speculator | None = None
@@ -130,25 +147,58 @@ class LLMEngine:
         )
 
     def _capture_cuda_graphs(self) -> None:
-        """On CUDA with the Triton backend, decode steps replay graphs captured now (cuda_graphs.py)."""
+        """Compile the forward (``--compilation-config`` mode 3, the default on CUDA:
+        engine/compilation.py), then, on CUDA with the Triton backend, capture the graphs that
+        uniform decode and verify steps replay (cuda_graphs.py)."""
         config = self.config
-        reason = ineligible_reason(
+        compilation = config.compilation_config
+        if compilation.cache_dir is not None:
+            log.info("compile caches in %s", use_cache_dir(compilation.cache_dir))
+        graphs_off = ineligible_reason(
             self.device,
             config.attention_backend,
             config.enforce_eager,
             tensor_parallel=self.executor is not None,
-            lora=config.enable_lora,
         )
-        if reason is not None:
+        mode = compilation.resolved_mode(self.device.type)
+        if mode == 3 and self.executor is not None:
+            log.info("the forward runs eagerly: tensor parallelism is not compiled")
+        elif mode == 3:
+            # CUDA-graph capture compiles each graph as it warms up; otherwise compile now.
+            self.runner.enable_compile(warm_up=graphs_off is not None)
+        if graphs_off is not None:
             if self.device.type == "cuda":
-                log.info("decode runs eagerly, without CUDA graphs: %s", reason)
+                log.info("steps run without CUDA graphs: %s", graphs_off)
             return
-        self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
+        spec = config.speculative_config
+        self.runner.enable_cuda_graphs(
+            config.max_num_seqs,
+            self.max_model_len,
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
+            sizes=compilation.cudagraph_capture_sizes,
+        )
+
+    def compile_report(self) -> dict[str, Any]:
+        """What start-up spent compiling and capturing, and the compile caches' counters."""
+        runner = self.runner
+        compiled = runner.compiled
+        graphs = [g for g in (runner.decode_graphs, runner.verify_graphs) if g is not None]
+        return {
+            "compiled": compiled is not None,
+            "compile_seconds": round(compiled.compile_seconds, 3) if compiled is not None else 0.0,
+            "compiled_graphs": compiled.graphs if compiled is not None else 0,
+            "cuda_graph_capture_seconds": round(sum(g.capture_s for g in graphs), 3),
+            "cuda_graph_sizes": {g.query_len: g.sizes for g in graphs},
+            "cache_counters": cache_counters(),
+        }
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (a no-op without tensor parallelism)."""
+        """Stop the tensor-parallel workers and the KV tiers' threads, if any."""
         if self.executor is not None:
             self.executor.close()
+        connector = getattr(self, "kv_connector", None)
+        if connector is not None:
+            connector.close()
 
     def _max_model_len(self, model_max: int, kv_tokens: int) -> int:
         cfg = self.hf_config
@@ -293,15 +343,38 @@ class LLMEngine:
             seqs.append(seq)
         group = RequestGroup(request_id, text, ids, seqs, arrival)
         for seq in seqs:
-            self.scheduler.add_request(seq)
             self.seq_to_group[seq.request_id] = group
         self.groups[request_id] = group
+        if self._start_prefetch(seqs[0]):
+            self.prefetching[request_id] = seqs  # scheduled once its blocks are fetched (or not found)
+            return
+        for seq in seqs:
+            self.scheduler.add_request(seq)
+
+    def _start_prefetch(self, seq: Request) -> bool:
+        connector = self.kv_connector
+        if connector is None or not connector.wants_prefetch() or seq.cache_salt is None:
+            return False
+        seq.update_block_hashes(self.config.block_size)
+        pool = self.scheduler.kv.pool
+        return connector.start_prefetch(seq, lambda h: pool.get_cached_block(h) is not None)
+
+    def _admit_prefetched(self) -> None:
+        """Hand requests whose prefetch finished to the scheduler, in arrival order."""
+        assert self.kv_connector is not None
+        for request_id in list(self.prefetching):
+            if self.kv_connector.prefetch_ready(request_id):
+                for seq in self.prefetching.pop(request_id):
+                    self.scheduler.add_request(seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort now; its blocks are freed at once. Returns the final output, or None if unknown."""
         group = self.groups.get(request_id)
         if group is None:
             return None
+        if self.prefetching.pop(request_id, None) is not None:
+            assert self.kv_connector is not None
+            self.kv_connector.cancel_prefetch(request_id)
         for seq in group.seqs:
             if not seq.is_finished:
                 self.scheduler.abort(seq.request_id)
@@ -315,13 +388,23 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         t0 = time.monotonic()
+        connector = self.kv_connector
+        if self.prefetching:
+            self._admit_prefetched()
         sched = self.scheduler.schedule()
         touched: dict[str, RequestGroup] = {}
         if sched.lora_loads:
             self._load_lora_slots(sched)
+        if connector is not None:
+            # Evicted blocks leave before anything overwrites them; tier hits arrive before they are read.
+            connector.before_forward(self.runner.kv_caches)
+        if sched.is_empty and self.prefetching and connector is not None:
+            connector.wait_prefetch(0.01)  # only fetches are outstanding: wait for one, do not spin
         if not sched.is_empty:
             prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_output_tokens == 0]
             reqs, logits = self.runner.execute(sched)  # a failure here is the engine's: it propagates
+            if connector is not None:
+                connector.after_forward(self.runner.kv_caches)
             sampled = self._sample(reqs, logits)
             now = time.monotonic()
             for r, n in prompt_chunks:
@@ -342,6 +425,8 @@ class LLMEngine:
                     self._fail_group(group, req, exc)
             if self.speculator is not None:
                 self.speculator.after_step(reqs, self.scheduler.running)
+        if connector is not None and sched.is_empty:
+            connector.flush_events()
         outputs = []
         for g in touched.values():
             out = self._make_output(g)

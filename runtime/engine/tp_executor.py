@@ -140,7 +140,8 @@ class TensorParallelExecutor:
     # -- steps ----------------------------------------------------------------------------
 
     def broadcast_plan(self, plan: StepPlan) -> None:
-        self.broadcast_plan_or_stop(plan.to("cpu"))
+        """Rank 0's host plan, as built (no device round trip): each rank uploads its own copy."""
+        self.broadcast_plan_or_stop(plan)
 
     def broadcast_plan_or_stop(self, plan: object) -> None:
         self._raise_if_failed()
@@ -240,5 +241,6 @@ def run_worker(
         if plan is None:
             break
         assert isinstance(plan, StepPlan)
-        runner.run(plan.to(device))
+        runner.inputs.begin_step()
+        runner.run(runner.upload(plan))
     group.destroy()

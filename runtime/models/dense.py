@@ -81,6 +81,8 @@ def linear(
 ) -> torch.Tensor:
     """``x @ weight.T + bias``; on CPU in float32 through oneDNN (see the module docstring), up to
     ``kernel_rows`` rows in float32 or bfloat16 through the compiled kernels."""
+    if torch.compiler.is_compiling():  # torch.compile (engine/compilation.py) lowers F.linear itself
+        return F.linear(x, weight, bias)
     if 0 < x.shape[0] <= kernel_rows:
         if cpu_kernels.supports_linear(x, weight, bias):
             small: torch.Tensor = cpu_kernels.small_batch_linear(x, weight, bias)
