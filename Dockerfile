@@ -40,6 +40,7 @@ RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/nu
 FROM base AS build
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.15.0
 ARG EXTRAS=""
 # The build machine's pip settings, for builds behind a proxy or a private index
 # (e.g. --build-arg PIP_INDEX_URL=... --build-arg PIP_CERT=/path/in/base/ca.crt).
@@ -55,7 +56,7 @@ RUN if ! command -v c++ >/dev/null 2>&1; then \
  && python3 -m venv "$VIRTUAL_ENV"
 
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY requirements.lock pyproject.toml setup.py README.md ./
 COPY common/ common/
 COPY runtime/ runtime/
 COPY bench/ bench/
@@ -63,18 +64,27 @@ COPY operator/ operator/
 COPY router/ router/
 COPY devcluster/ devcluster/
 
-RUN pip install --upgrade pip \
- && pip install --extra-index-url "$TORCH_INDEX_URL" ".${EXTRAS:+[$EXTRAS]}" \
+# Dependencies in three steps, one index each (never --extra-index-url, which lets the highest
+# version on any index win): everything but torch exactly as requirements.lock pins it, hashes
+# checked, from PyPI; then torch (with its CUDA libraries and triton on a CUDA base) from the one
+# PyTorch index of this build, its other dependencies already satisfied by the locked ones; then
+# plimsoll itself without resolving anything. Regenerate the lock with scripts/lock-requirements.sh.
+# The weights stay root's: the serving user (1000) can read them, not change them.
+RUN pip install --require-hashes --no-deps -r requirements.lock \
+ && pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
+ && case ",$EXTRAS," in *,gpu,*) pip install --index-url "$TORCH_INDEX_URL" triton ;; esac \
+ && pip install --no-deps --no-build-isolation . \
  && python -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
+ && chmod -R a+rX,go-w /opt/plimsoll \
  && python -c "import pathlib, plimsoll.runtime.kernels as k; \
 built = sorted(p.name for p in pathlib.Path(k.__file__).parent.glob('libplimsoll_*.so')); \
 print('CPU kernels built:', built); assert len(built) >= 2, built"
 
-# The image: the venv and the converted model, without the compiler.
+# The image: the venv and the converted model (root's: the serving user reads them), without the compiler.
 FROM base
 
 COPY --from=build /opt/venv /opt/venv
-COPY --from=build --chown=1000:1000 /opt/plimsoll /opt/plimsoll
+COPY --from=build /opt/plimsoll /opt/plimsoll
 # Fails the build if a compiler came along, or if the kernels do not load without one.
 RUN ! command -v c++ && ! command -v g++ && ! command -v cc \
  && python -c "from plimsoll.runtime.kernels import cpu_kernels; s = cpu_kernels.select(); \

@@ -75,7 +75,7 @@ class BuildCPUKernels(build_ext):
         # A library that carries this digest was built from these very sources and flags: kept, or
         # (an editable install's, beside the sources) copied, instead of compiled again.
         build_py = self.get_finalized_command("build_py")
-        in_place = Path(self._get_inplace_equivalent(build_py, ext)[0])
+        in_place = Path(build_py.get_package_dir(PACKAGE)) / target.name
         for built in (target, in_place):
             if not self.force and built.is_file() and digest.encode() in built.read_bytes():
                 if built != target:
