@@ -62,8 +62,11 @@ def serve(
         help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded; the default).",
         show_default=False,
     ),
-    served_model_name: str | None = typer.Option(
-        None, "--served-model-name", help="Name clients send as `model` (default: --model)."
+    served_model_name: list[str] | None = typer.Option(
+        None,
+        "--served-model-name",
+        help="Name clients send as `model` (default: --model).",
+        show_default=False,
     ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
@@ -107,6 +110,18 @@ def serve(
         "--max-model-len",
         min=2,
         help="Longest prompt + completion (default: the model's, capped at 4096).",
+    ),
+    max_new_tokens_flag: int | None = typer.Option(
+        None,
+        "--max-new-tokens",
+        min=1,
+        help="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it); default: the rest of the context.",
+    ),
+    override_generation_config: str | None = typer.Option(
+        None,
+        "--override-generation-config",
+        help="vLLM's form of --max-new-tokens: '{\"max_new_tokens\": 512}' (its only key read here).",
     ),
     max_waiting: int | None = typer.Option(
         None,
@@ -367,10 +382,12 @@ def serve(
         environment_malloc_settings,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
+        max_new_tokens,
         parse_lora_module,
         resolve_attention_backend,
         resolve_device,
         resolve_dtype,
+        served_name,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -381,6 +398,8 @@ def serve(
     # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
     try:
         model = choose_model(model_arg, model)
+        served = served_name(served_model_name)
+        new_tokens = max_new_tokens(max_new_tokens_flag, override_generation_config)
         device = resolve_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
         dtype = resolve_dtype(dtype, device)
@@ -406,7 +425,7 @@ def serve(
     try:
         config = EngineConfig(
             model=model,
-            served_model_name=served_model_name,
+            served_model_name=served,
             dtype=dtype,
             device=device,
             max_num_seqs=max_num_seqs,
@@ -452,6 +471,7 @@ def serve(
             tenant_cache_isolation=tenant_cache_isolation,
             min_client_priority=min_client_priority,
             max_waiting=max_waiting,
+            max_new_tokens=new_tokens,
             request_timeout=request_timeout,
             drain_timeout=drain_timeout,
             max_tenant_inflight_tokens=max_tenant_inflight_tokens,
