@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
-sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the scenario drivers the k8s test uses
+sys.path.insert(0, str(ROOT / "tests" / "operator" / "handlers"))  # the scenario drivers the k8s test uses
 
 from llms_k8s import apply  # noqa: E402
 from test_scale_to_zero_k8s import (  # noqa: E402
