@@ -38,7 +38,7 @@ from plimsoll.metric_names import TTFT_BUCKETS
 from plimsoll.router.backends import ReplicaSet
 from plimsoll.router.metrics import PREFIX, RouterMetrics
 from plimsoll.router.policy import AllSaturated, NoReadyReplica, RequestFeatures, Router
-from plimsoll.router.proxy import HOP_HEADERS, REPLICA_HEADER, Proxy
+from plimsoll.router.proxy import REPLICA_HEADER, Proxy, authenticate, read_capped_body, upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,14 @@ class PrefillDecode:
 
     async def forward(self, request: Request) -> Response:
         endpoint = request.url.path
-        raw = await request.body()
+        config = self.decode.config
+        # As on the one-hop path: who is asking, and a capped body, before any replica does work for it.
+        identity = authenticate(config, request.headers.get("authorization"))
+        if isinstance(identity, Response):
+            return identity
+        raw = await read_capped_body(request, config.max_request_bytes)
+        if isinstance(raw, Response):
+            return raw
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
@@ -120,7 +127,7 @@ class PrefillDecode:
             unsplit: Response = await self.decode.forward(request, raw)
             return unsplit
         assert isinstance(body, dict)
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
+        headers = upstream_headers(config, request, identity)
         params, prefill_url, reason = await self._prefill(endpoint, body, headers)
         decode_raw = (
             json.dumps({**body, "kv_transfer_params": params}).encode() if params is not None else raw
