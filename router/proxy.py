@@ -109,9 +109,10 @@ class Proxy:
         if isinstance(identity, Response):
             return self._finish(identity, endpoint, arrival, reason="unauthenticated")
         if body is None:
-            body = await read_capped_body(request, self._config.max_request_bytes)
-            if isinstance(body, Response):
-                return self._finish(body, endpoint, arrival, reason="too_large")
+            read = await read_capped_body(request, self._config.max_request_bytes)
+            if isinstance(read, Response):
+                return self._finish(read, endpoint, arrival, reason="too_large")
+            body = read
         parsed = _parse_json(body)
         features = RequestFeatures.from_body(
             parsed, prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token
