@@ -13,7 +13,12 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
-from plimsoll.operator.api.model_uri import ADAPTER_URI_PATTERN, MODEL_URI_PATTERN, parse_model_uri
+from plimsoll.operator.api.model_uri import (
+    ADAPTER_URI_PATTERN,
+    MODEL_URI_PATTERN,
+    parse_adapter_uri,
+    parse_model_uri,
+)
 
 EngineKind = Literal["plimsoll", "vllm"]
 CapacityMode = Literal["Profile", "Manual"]
@@ -22,11 +27,14 @@ AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
 RouterPolicy = Literal["least-in-flight", "prefix-affinity", "precise-prefix"]
 RouterMode = Literal["plimsoll", "inferencePool"]
 # Volume names the builders use themselves; a user volume may not take one.
-RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp")
+RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp", "home-cache")
 # Adapter claims other than the model's are mounted as volumes named lora-<hash>.
 RESERVED_VOLUME_PREFIX = "lora-"
 # --max-loras when LoRA is on and engine.maxLoras is unset (vLLM's own default, 1, swaps on every mix).
 DEFAULT_MAX_LORAS = 4
+# The admission limits the operator gives plimsoll replicas unless engine.args sets them.
+DEFAULT_MAX_WAITING = 512
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 600
 
 DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -172,6 +180,26 @@ class EngineSpec(APIModel):
     )
     max_lora_rank: PositiveInt | None = Field(
         None, description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset)."
+    )
+    lora_allowed_roots: list[Annotated[str, Field(pattern=r"^/")]] = Field(
+        default_factory=list,
+        description="plimsoll: directories in the image that file:// adapters may be loaded from at run time "
+        "(--lora-allowed-roots; the operator adds its own mount points). Changing it rolls the pods.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        None,
+        description="The API key clients send (`Authorization: Bearer`), from a Secret: the engine reads it "
+        "from its environment (PLIMSOLL_API_KEY or VLLM_API_KEY, never its arguments), the router checks "
+        "clients against it, the profile Job sends it.",
+    )
+    max_waiting: PositiveInt = Field(
+        DEFAULT_MAX_WAITING,
+        description="plimsoll --max-waiting: waiting requests beyond which new ones get 429 (a replica's "
+        "queue is bounded by default).",
+    )
+    request_timeout_seconds: PositiveInt = Field(
+        DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        description="plimsoll --request-timeout: seconds after which a request is aborted with 504.",
     )
 
 
@@ -448,6 +476,12 @@ class ExpectedLoadSpec(APIModel):
         return self
 
 
+class LocalObjectReference(APIModel):
+    """A reference by name to an object in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Object name.")
+
+
 class EndpointPickerRef(APIModel):
     """The Gateway API Inference Extension endpoint picker an InferencePool names (v1 shape)."""
 
@@ -529,6 +563,12 @@ class RouterSpec(APIModel):
     endpoint_picker_ref: EndpointPickerRef | None = Field(
         None, description="The endpoint picker the InferencePool names (inferencePool mode)."
     )
+    tenant_keys_secret_ref: LocalObjectReference | None = Field(
+        None,
+        description="A Secret whose keys are tenant names and values their API keys: the router authenticates "
+        "clients with them and sets x-gateway-inference-fairness-id to the tenant (its own token cap and "
+        "prefix-cache salt on the replicas).",
+    )
 
     @model_validator(mode="after")
     def _picker_needs_pool(self) -> "RouterSpec":
@@ -542,10 +582,20 @@ class RouterSpec(APIModel):
         return self
 
 
-class LocalObjectReference(APIModel):
-    """A reference by name to an object in the same namespace."""
+class NetworkPolicySpec(APIModel):
+    """Who may open connections to the replicas (a NetworkPolicy the operator keeps per LLMService)."""
 
-    name: str = Field(min_length=1, max_length=253, description="Object name.")
+    enabled: bool = Field(
+        True,
+        description="Keep a NetworkPolicy that lets only the router, the profile Job, the operator, the "
+        "metrics scraper and ingressFrom reach the replicas' port (and, for multi-node replicas, every port "
+        "only from the same LLMService's pods). Enforced where the cluster's network plugin supports it.",
+    )
+    ingress_from: list[FreeForm] = Field(
+        default_factory=list,
+        description="More NetworkPolicyPeer objects allowed on the serving port: the clients when no router is "
+        "in front (default then: pods of this namespace), a Gateway and its endpoint picker (inferencePool).",
+    )
 
 
 class TracingSpec(APIModel):
@@ -645,6 +695,10 @@ class LLMServiceSpec(APIModel):
         default_factory=list,
         description="Where the engine container mounts them (Kubernetes VolumeMount objects).",
     )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=lambda: NetworkPolicySpec.model_validate({}),
+        description="The replicas' NetworkPolicy (on by default).",
+    )
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="LoRA adapters on the base model: loaded on every Ready replica through the engine's API "
@@ -729,6 +783,17 @@ class LLMServiceSpec(APIModel):
             raise ValueError(f"adapters: each name once; {', '.join(twice)} appear more than once")
         if self.adapters and self.engine.enable_lora is False:
             raise ValueError("adapters need LoRA: remove engine.enableLora false, or the adapters")
+        if self.engine.kind != "plimsoll":
+            return
+        roots = [r.rstrip("/") + "/" for r in self.engine.lora_allowed_roots]
+        for adapter in self.adapters:
+            location = parse_adapter_uri(adapter.uri)
+            path = location.name.rstrip("/") + "/"
+            if location.scheme == "file" and not any(path.startswith(root) for root in roots):
+                raise ValueError(
+                    f"adapters: {adapter.name} ({adapter.uri}) is outside engine.loraAllowedRoots, so the "
+                    "replicas would refuse to load it; add its directory (or a parent) to engine.loraAllowedRoots"
+                )
 
     def lora_enabled(self) -> bool:
         """--enable-lora: asked for, or implied by declared adapters."""

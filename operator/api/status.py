@@ -24,6 +24,7 @@ ConditionType = Literal[
     "SLOAtRisk",
     "ModelReady",
     "AdaptersReady",
+    "OwnershipConflict",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -41,7 +42,8 @@ class Condition(APIModel):
 
     type: ConditionType = Field(
         description="Ready, Progressing, Degraded, Profiled, ProfileStale, ProfileDrift, ScalingLimited, SLOAtRisk, "
-        "ModelReady (an hf:// model's download) or AdaptersReady (spec.adapters loaded on every Ready replica)."
+        "ModelReady (an hf:// model's download), AdaptersReady (spec.adapters loaded on every Ready replica) or "
+        "OwnershipConflict (an object the LLMService would create exists and is someone else's; left untouched)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason.")

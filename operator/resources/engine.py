@@ -11,7 +11,13 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
-from plimsoll.operator.resources.adapters import VLLM_RUNTIME_LORA_ENV, adapter_placement, lora_flags
+from plimsoll.operator.resources.adapters import (
+    VLLM_RUNTIME_LORA_ENV,
+    adapter_placement,
+    adapter_roots,
+    lora_flags,
+)
+from plimsoll.operator.resources.credentials import engine_credential_env
 from plimsoll.operator.resources.kv_cache import kv_engine_flags
 from plimsoll.operator.resources.model_fetch import (
     MODEL_CACHE_MOUNT,
@@ -24,6 +30,10 @@ from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, Build
 
 # The engine container's name in every replica pod (the scale-up timeline reads its startedAt).
 ENGINE_CONTAINER = "engine"
+# The plimsoll image's HOME is /home/plimsoll (Dockerfile); compiled kernels and library caches go to
+# its .cache, a bounded emptyDir since the root filesystem is read-only.
+HOME_CACHE_VOLUME = "home-cache"
+PLIMSOLL_HOME_CACHE = "/home/plimsoll/.cache"
 
 
 @dataclass
@@ -104,6 +114,17 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
     args = ["serve", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", svc.served_name]
     if model_arg is not None:
         args += ["--model", model_arg]
+    user = svc.spec.engine.args
+    # A replica's queue and a request's life are bounded by default (engine.args still wins).
+    if not _has_flag(user, "--max-waiting"):
+        args += ["--max-waiting", str(svc.spec.engine.max_waiting)]
+    if not _has_flag(user, "--request-timeout"):
+        args += ["--request-timeout", str(svc.spec.engine.request_timeout_seconds)]
+    if svc.spec.lora_enabled():
+        # spec.adapters are loaded through the API from the volumes the operator mounts, and only from there.
+        args.append("--allow-runtime-lora-updating")
+        for root in adapter_roots(svc):
+            args += ["--lora-allowed-roots", root]
     if svc.spec.router.mode == "inferencePool":
         # A Gateway's endpoint picker reads vLLM's series names (model-server protocol).
         args += ["--metrics-compat", "vllm"]
@@ -158,7 +179,12 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
     spec = svc.spec
     placement = model_placement(svc)
     adapters = adapter_placement(svc)
-    env = [*placement.env]
+    env = [*placement.env, *engine_credential_env(svc)]
+    if spec.engine.kind == "vllm":
+        # The root filesystem is read-only and vLLM, torch and Triton keep caches under HOME (which
+        # the upstream image leaves on the root filesystem for uid 1000): HOME on the pod's own /tmp.
+        # The plimsoll image's HOME keeps its .cache on a volume of its own (replica_pod_template).
+        env.append({"name": "HOME", "value": "/tmp"})
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
     if spec.engine.kind == "plimsoll":
@@ -175,6 +201,11 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         if value is not None:
             resources["requests"][key] = value
             resources["limits"][key] = value
+    if spec.resources.memory is None and settings.engine_memory_limit:
+        # Never unbounded: a replica that leaks takes its own pod down, not the node's other pods.
+        # The request is set too, small: a limit alone would also be the request (64Gi to schedule).
+        resources["limits"]["memory"] = settings.engine_memory_limit
+        resources["requests"]["memory"] = settings.engine_memory_request
     if spec.resources.gpu.count > 0:
         # Extended resources must have requests == limits; limits alone imply requests.
         resources["limits"][spec.resources.gpu.resource_name] = spec.resources.gpu.count
@@ -192,12 +223,15 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            # Writable: /tmp and /dev/shm (bounded emptyDirs) and the volumes mounted for the model.
+            "readOnlyRootFilesystem": True,
         },
         "volumeMounts": [
             *placement.mounts,
             *adapters.mounts,
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *([{"name": HOME_CACHE_VOLUME, "mountPath": PLIMSOLL_HOME_CACHE}] if spec.engine.kind == "plimsoll" else []),
             *spec.volume_mounts,
         ],
     }

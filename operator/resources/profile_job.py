@@ -19,6 +19,7 @@ from typing import Any
 
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.credentials import api_key_env
 from plimsoll.operator.resources.labels import common_labels
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
@@ -189,7 +190,10 @@ def build_profile_job(
         "image": settings.plimsoll_image,
         "command": ["plimsoll"],
         "args": sweep_args(svc, pod_ip, name),
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        # The sweep sends the replicas' API key (from its Secret, never in the args); HOME and TMPDIR on
+        # the work volume because the root filesystem is read-only.
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": WORK_MOUNT},
+                {"name": "TMPDIR", "value": WORK_MOUNT}, *api_key_env(svc)],
         # The tail of the log becomes the termination message, which the operator quotes
         # in the Profiled condition when the sweep fails (`kubectl logs` needs no access then).
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -197,7 +201,9 @@ def build_profile_job(
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
         },
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
         "volumeMounts": [{"name": "work", "mountPath": WORK_MOUNT}],
     }
     return {
@@ -225,7 +231,7 @@ def build_profile_job(
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
-                    "volumes": [{"name": "work", "emptyDir": {}}],
+                    "volumes": [{"name": "work", "emptyDir": {"sizeLimit": "1Gi"}}],
                 },
             },
         },

@@ -201,12 +201,13 @@ class AsyncEngine:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request already validated by the caller (the HTTP edge), under the
         adapter ``lora_name`` if given.
 
-        ``priority`` and ``fairness_id`` are the request's scheduling attributes (see
-        ``LLMEngine.add_request``).
+        ``priority`` and ``fairness_id`` are the request's scheduling attributes and ``cache_salt``
+        its prefix-cache salt (see ``LLMEngine.add_request``).
         """
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
@@ -221,7 +222,7 @@ class AsyncEngine:
         with self._posted_lock:
             for i in range(params.n):
                 self._posted[f"{request_id}#{i}"] = (len(ids), max(1, min(wanted, limit)))
-        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id))
+        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, cache_salt))
         finished = False
         try:
             while True:
@@ -323,14 +324,14 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, ids, params, arrival, lora_name, priority, fairness_id = payload
+                        request_id, ids, params, arrival, lora_name, priority, fairness_id, salt = payload
                         with self._posted_lock:
                             for i in range(params.n):
                                 self._posted.pop(f"{request_id}#{i}", None)
                         try:
                             engine.add_request(
                                 request_id, ids, params, arrival, ids, lora_name,
-                                priority=priority, fairness_id=fairness_id,
+                                priority=priority, fairness_id=fairness_id, cache_salt=salt,
                             )  # fmt: skip
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)

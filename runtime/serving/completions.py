@@ -33,6 +33,7 @@ from plimsoll.runtime.serving.protocol import (
 from plimsoll.runtime.serving.requests import (
     Admission,
     ServingContext,
+    cache_salt_of,
     merge,
     priority_of,
     tenant_of,
@@ -58,6 +59,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
 
     priority = priority_of(raw, req.priority, ctx.settings)
     tenant = tenant_of(raw, req.user)
+    salt = cache_salt_of(raw, req.cache_salt, ctx.settings)
     held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
     adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
     streams = [
@@ -69,6 +71,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
             ctx.lora_of(req.model),
             priority=priority,
             fairness_id=tenant,
+            cache_salt=salt,
         )
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
@@ -115,11 +118,11 @@ def _response(
                 )
             )
     return CompletionResponse(
-        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(finals)
+        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(finals, ctx.settings.enable_prompt_tokens_details)
     )
 
 
-def _usage(outputs: list[RequestOutput]) -> UsageInfo:
+def _usage(outputs: list[RequestOutput], details: bool) -> UsageInfo:
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(o.metrics.num_cached_tokens for o in outputs)
@@ -127,7 +130,8 @@ def _usage(outputs: list[RequestOutput]) -> UsageInfo:
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
-        prompt_tokens_details={"cached_tokens": cached},
+        # Off unless --enable-prompt-tokens-details (see chat.py).
+        prompt_tokens_details={"cached_tokens": cached} if details else None,
     )
 
 
@@ -169,10 +173,10 @@ async def _stream(
                 latest[i] = out
                 choices = [c for o in out.outputs if (c := choice(i, o)) is not None]
                 if choices:
-                    usage = _usage(list(latest.values())) if _continuous(req) else None
+                    usage = _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details) if _continuous(req) else None
                     yield chunk(choices, usage)
         if req.include_usage:
-            yield chunk([], _usage(list(latest.values())))
+            yield chunk([], _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details))
     except APIError as err:
         yield sse(err.body())
     yield DONE

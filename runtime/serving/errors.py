@@ -25,8 +25,10 @@ log = logging.getLogger("plimsoll.runtime.serving.server")
 ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    409: "ConflictError",
     413: "RequestTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",

@@ -67,6 +67,8 @@ class _SamplingFields(_Request):
     skip_special_tokens: bool = True
     # vLLM: lower runs first under --scheduling-policy priority; ignored by the other policies.
     priority: int = Field(0, ge=-(2**31), lt=2**31)
+    # vLLM: salts the prefix cache, so only requests with the same salt share cached blocks.
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("stop")
     @classmethod

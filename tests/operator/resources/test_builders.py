@@ -70,7 +70,8 @@ def test_plimsoll_engine_flags_and_embedded_model() -> None:
     assert container["command"] == ["plimsoll"]
     assert container["args"][:5] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
     assert "--model" not in container["args"], "embedded:// uses the image's converted copy"
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "64Gi"}  # bounded by default
+    assert container["resources"]["requests"] == {"memory": "1Gi"}  # not 64Gi to schedule
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["startupProbe"]["httpGet"]["path"] == "/health"
