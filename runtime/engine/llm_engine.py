@@ -131,6 +131,7 @@ class LLMEngine:
         # The TTFT predictor's inputs (plimsoll.ttft_prediction): this replica's measured rates and its
         # queue, published after every step for the server thread to read.
         self.rate_meter = ServiceRateMeter(config.max_num_seqs)
+        self._unmetered: tuple[float, int, int] | None = None  # the last step, timed when the next starts
         self.queue = QueueSnapshot()
         self.deferred_warmup = False  # the largest step and the primitives, still to run (warmup())
         self.sleep_state = sleep_mode.SleepState()
@@ -441,12 +442,25 @@ class LLMEngine:
             if g.finished:
                 self._retire(g, out)
         elapsed = time.monotonic() - t0
-        if not sched.is_empty:
-            self.rate_meter.observe(sched.num_prefill_tokens, sched.num_decode_tokens, elapsed)
+        self._meter_step(t0, elapsed, sched)
         self.publish_queue()
         if self.observer is not None:
             self.observer.on_step(self._step_stats(sched, elapsed))
         return outputs
+
+    def _meter_step(self, t0: float, elapsed: float, sched: Any) -> None:
+        """Feed the rate meter the cadence steps really run at: from one step's start to the next while
+        work remains (the loop's own costs between steps included), else the step's own time."""
+        last, self._unmetered = self._unmetered, None
+        if last is not None:
+            start, prefill, decode = last
+            self.rate_meter.observe(prefill, decode, t0 - start)
+        if sched.is_empty:
+            return
+        if self.has_unfinished_requests():
+            self._unmetered = (t0, sched.num_prefill_tokens, sched.num_decode_tokens)
+        else:
+            self.rate_meter.observe(sched.num_prefill_tokens, sched.num_decode_tokens, elapsed)
 
     def publish_queue(self) -> None:
         """Snapshot the queue for readers on other threads (the server's admission and metrics)."""
