@@ -191,6 +191,12 @@ class SimEngine:
             Gauge(mn.BACKLOG_SECONDS, "Backlog, seconds.", registry=reg).set_function(
                 lambda: self.predict(0).backlog_s
             )
+            Gauge(mn.PREFILL_TOKENS_PER_SECOND, "Prefill rate.", registry=reg).set_function(
+                lambda: self.rates().prefill_tokens_per_s
+            )
+            Gauge(mn.DECODE_STEP_SECONDS, "Decode step.", registry=reg).set_function(
+                lambda: self.rates().decode_step_s
+            )
         # vLLM has no admission-rejection counter; plimsoll's is beyond vLLM.
         self.rejections = counter(
             mn.ADMISSION_REJECTIONS if curve.engine == "plimsoll" else "sim_admission_rejections",

@@ -44,8 +44,11 @@ async def hold(http: ReplicaClient, urls: list[str]) -> RouterDemand | None:
     for url in urls:
         try:
             demand: dict[str, Any] = await http.get_json(url, limit=SMALL_LIMIT_BYTES, timeout=TIMEOUT_S)
+            shed = demand.get("shedSloTotal")
             return RouterDemand(
-                held=int(demand.get("held") or 0), oldest_held_s=demand.get("oldestHeldSeconds")
+                held=int(demand.get("held") or 0),
+                oldest_held_s=demand.get("oldestHeldSeconds"),
+                shed_slo_total=float(shed) if isinstance(shed, int | float) else None,
             )
         except (httpx.HTTPError, ValueError):
             continue
@@ -92,7 +95,7 @@ async def wake_up(http: ReplicaClient, base_url: str) -> bool:
         response = await http.post(f"{base_url}/wake_up", timeout=SLEEP_TIMEOUT_S)
     except httpx.HTTPError:
         return False
-    return response.status_code == 200
+    return bool(response.status_code == 200)
 
 
 async def put_slo(http: ReplicaClient, base_url: str, objectives: dict[str, Any]) -> None:

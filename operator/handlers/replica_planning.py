@@ -159,8 +159,9 @@ class ReplicaLoop:
         base_urls = {p["metadata"]["name"]: url for p in pods if (url := pod_url(p, ""))}
         counted = sum(1 for p in seen if not p.terminating)
         try:
+            shed = {"router": router.shed_slo_total} if router is not None and router.shed_slo_total else None
             attainment = await track_attainment(
-                client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger
+                client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger, shed
             )
         except Exception as error:  # SLO bookkeeping may not stop scaling
             attainment = None
@@ -322,10 +323,10 @@ async def observe_pods(http: ReplicaClient, pods: list[dict[str, Any]]) -> list[
         seen = dict(draining=marked, terminating=not counted, standby=parked, created_at=created)
         # Parked pods are scraped too (asleep they are not Ready): whether they sleep, what they hold.
         if url is None or not ((ready and counted) or marked or (parked and counted)):
-            return PodObservation(name, ready, None, **seen)  # type: ignore[arg-type]
+            return PodObservation(name, ready, None, **seen)
         result = await pod_http.scrape(http, url)
         sample, error = (None, result) if isinstance(result, str) else (result, None)
-        return PodObservation(name, ready, sample, error, **seen)  # type: ignore[arg-type]
+        return PodObservation(name, ready, sample, error, **seen)
 
     return list(await asyncio.gather(*(one(p) for p in pods)))
 

@@ -39,6 +39,8 @@ class RouterDemand:
 
     held: int
     oldest_held_s: float | None = None
+    # Requests the router refused because every replica would miss their TTFT bound (cumulative).
+    shed_slo_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,9 @@ _NOT_COMPARED = ("time", "lastScaleUp")
 def needs_router_demand(spec: LLMServiceSpec) -> bool:
     """Whether a tick asks the router's ``/hold``: only a service that can be, or is, at zero."""
     at_zero_allowed = spec.scaling is not None and spec.scaling.min == 0
-    return bool(spec.router_in_front() and (at_zero_allowed or spec.desired_replicas() == 0))
+    # With predicted admission the router's refusals count in the SLO attainment: asked every tick.
+    admission = spec.slo.admission == "Predicted"
+    return bool(spec.router_in_front() and (at_zero_allowed or admission or spec.desired_replicas() == 0))
 
 
 def condition_states(conditions: list[dict[str, Any]] | None) -> dict[str, str]:
