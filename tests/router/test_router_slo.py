@@ -16,6 +16,7 @@ from router_harness import RunningRouter, eventually, fake_replicas, run_router 
 
 from plimsoll.overload import OVERLOAD_HEADER
 from plimsoll.router.backends import Replica
+from plimsoll.router.discovery import is_draining
 from plimsoll.router.slo_routing import predicted_ttft, slo_exclusions
 from plimsoll.ttft_prediction import SLO_TTFT_HEADER
 
@@ -37,6 +38,16 @@ def test_the_prediction_adds_what_the_router_sent_since_the_scrape() -> None:
     assert missing == {"http://r"} and refusal is not None
     assert refusal.retry_after_s == 1 and "TTFT bound of 300 ms" in refusal.message()
     assert slo_exclusions([r], 10, None) == (set(), None)  # no bound: nothing is judged
+
+
+def test_parked_standby_pods_are_routed_nothing() -> None:
+    def pod(labels: dict[str, str]) -> dict[str, object]:
+        return {"metadata": {"labels": labels}}
+
+    assert is_draining(pod({"plimsoll.dev/standby": "true"})) and is_draining(
+        pod({"plimsoll.dev/draining": "true"})
+    )
+    assert not is_draining(pod({"plimsoll.dev/standby": "false"})) and not is_draining({"metadata": {}})
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,7 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.engine import VLLM_SLEEP_ENDPOINTS_ENV
+from plimsoll.operator.resources.router import build_router_deployment
 from plimsoll.operator.resources.settings import BuildSettings
 
 SETTINGS = BuildSettings(plimsoll_image="plimsoll:test", vllm_image="vllm/vllm-openai:v0.32.0")
@@ -43,6 +44,16 @@ def test_predicted_admission_turns_on_the_replicas_slo_admission() -> None:
     engine = _engine(build_deployment(_svc(slo={"ttftP95Ms": 400, "admission": "Predicted"}), SETTINGS))
     assert "--slo-admission" in engine["args"]
     assert "--slo-admission" not in _engine(build_deployment(_svc(slo={"ttftP95Ms": 400}), SETTINGS))["args"]
+
+
+def test_predicted_admission_gives_the_router_the_ttft_bound() -> None:
+    def router_args(slo: dict[str, Any]) -> list[str]:
+        built = build_router_deployment(_svc(router={"enabled": True}, slo=slo), SETTINGS)
+        return list(built["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    args = router_args({"ttftP95Ms": 400, "admission": "Predicted"})
+    assert args[args.index("--slo-ttft-ms") + 1] == "400"
+    assert "--slo-ttft-ms" not in router_args({"ttftP95Ms": 400})
 
 
 def test_vllm_standby_gets_the_sleep_flag_and_its_dev_mode_endpoints() -> None:
