@@ -217,6 +217,7 @@ def service_manifest(model_uri: str, profile: bool) -> dict[str, Any]:
                     "outputTokens": 8,
                     "concurrency": [1, 2, 4, 8],
                     "requestsPerLevel": 8,
+                    "minSecondsPerLevel": 0,
                 }
             },
         }

@@ -62,8 +62,11 @@ def serve(
         help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded; the default).",
         show_default=False,
     ),
-    served_model_name: str | None = typer.Option(
-        None, "--served-model-name", help="Name clients send as `model` (default: --model)."
+    served_model_name: list[str] | None = typer.Option(
+        None,
+        "--served-model-name",
+        help="Name clients send as `model` (default: --model).",
+        show_default=False,
     ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
@@ -107,6 +110,18 @@ def serve(
         "--max-model-len",
         min=2,
         help="Longest prompt + completion (default: the model's, capped at 4096).",
+    ),
+    max_new_tokens_flag: int | None = typer.Option(
+        None,
+        "--max-new-tokens",
+        min=1,
+        help="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it); default: the rest of the context.",
+    ),
+    override_generation_config: str | None = typer.Option(
+        None,
+        "--override-generation-config",
+        help="vLLM's form of --max-new-tokens: '{\"max_new_tokens\": 512}' (its only key read here).",
     ),
     max_waiting: int | None = typer.Option(
         None,
@@ -213,6 +228,18 @@ def serve(
         help="int8: weight-only, a scale and offset per 32 inputs of a row; fp8: e4m3 weights with a scale "
         "per output channel and activations scaled per token (compute capability 8.9+); both computed at "
         "load (docs/runtime.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
+    ),
+    cpu_kernels: str = typer.Option(
+        _engine_default("cpu_kernels"),
+        "--cpu-kernels",
+        help="Which build of the C++ CPU kernels to run: auto (the best this CPU runs), avx512, avx2, plain, "
+        "or off (torch's ops alone). Built at install; the start-up line names the one in use.",
+    ),
+    cpu_packed_weights: bool = typer.Option(
+        _engine_default("cpu_packed_weights"),
+        "--cpu-packed-weights/--no-cpu-packed-weights",
+        help="On CPU, keep float32 projections and the head also packed in column panels (faster steps, a "
+        "second copy of those weights in memory).",
     ),
     kv_cache_dtype: str = typer.Option(
         "auto",
@@ -365,12 +392,15 @@ def serve(
         check_model,
         check_port,
         choose_model,
+        environment_malloc_settings,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
+        max_new_tokens,
         parse_lora_module,
         resolve_attention_backend,
         resolve_device,
         resolve_dtype,
+        served_name,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -381,6 +411,8 @@ def serve(
     # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
     try:
         model = choose_model(model_arg, model)
+        served = served_name(served_model_name)
+        new_tokens = max_new_tokens(max_new_tokens_flag, override_generation_config)
         device = resolve_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
         dtype = resolve_dtype(dtype, device)
@@ -399,13 +431,14 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    malloc_settings = environment_malloc_settings()  # the process's own malloc rules win (kernels/host_memory.py)
     # Read once: child processes (chat-template workers, py-spy, tensor-parallel ranks) need neither key.
     for name in (API_KEY_ENV, ADMIN_API_KEY_ENV):
         os.environ.pop(name, None)
     try:
         config = EngineConfig(
             model=model,
-            served_model_name=served_model_name,
+            served_model_name=served,
             dtype=dtype,
             device=device,
             max_num_seqs=max_num_seqs,
@@ -437,6 +470,9 @@ def serve(
             kv_shared_timeout_s=kv_shared_timeout,
             kv_events_config=kv_events_config,
             enable_sleep_mode=enable_sleep_mode,
+            cpu_kernels=cpu_kernels,
+            cpu_packed_weights=cpu_packed_weights,
+            keep_freed_memory=malloc_settings is None,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,
@@ -449,6 +485,7 @@ def serve(
             tenant_cache_isolation=tenant_cache_isolation,
             min_client_priority=min_client_priority,
             max_waiting=max_waiting,
+            max_new_tokens=new_tokens,
             request_timeout=request_timeout,
             drain_timeout=drain_timeout,
             max_tenant_inflight_tokens=max_tenant_inflight_tokens,
@@ -466,9 +503,8 @@ def serve(
 
     if metrics_compat not in (None, "vllm"):
         _fail(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
-    from plimsoll.runtime.serve_args import kernel_line
-
-    logging.getLogger("plimsoll.serve").info(kernel_line(device, attention_backend, dtype))
+    if malloc_settings is not None:
+        logging.getLogger("plimsoll.serve").info("malloc thresholds left as they are: %s", malloc_settings)
     if otlp_traces_endpoint:
         from plimsoll.tracing import configure_tracing
 

@@ -10,7 +10,7 @@ This module does no I/O and knows nothing about Deployments.
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
 from plimsoll.operator.api.model_uri import (
@@ -20,7 +20,7 @@ from plimsoll.operator.api.model_uri import (
     parse_model_uri,
 )
 
-EngineKind = Literal["plimsoll", "vllm"]
+EngineKind = Literal["plimsoll", "vllm", "sglang"]
 CapacityMode = Literal["Profile", "Manual"]
 Reprofile = Literal["Auto", "OnAnnotation"]
 AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
@@ -37,6 +37,10 @@ DEFAULT_MAX_WAITING = 512
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 600
 
 DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+# A capacity profile measures each level for at least three minutes and at least 100 requests
+# (bench's max(100, 4 × c)): the low end of the 3–5 minutes a level is advised to run, so p95s are
+# stable and queues have settled. Ten levels then take half an hour; lower it for a first look.
+DEFAULT_MIN_SECONDS_PER_LEVEL = 180
 
 PositiveInt = Annotated[int, Field(ge=1)]
 
@@ -140,7 +144,9 @@ class EngineSpec(APIModel):
     """The inference engine each replica runs and its batching/KV settings."""
 
     kind: EngineKind = Field(
-        "plimsoll", description="plimsoll (this project's runtime) or vllm (upstream image)."
+        "plimsoll",
+        description="plimsoll (this project's runtime), vllm or sglang (their upstream images, with "
+        "the equivalent flags; SGLang runs with --enable-metrics).",
     )
     image: str | None = Field(
         None, description="Container image; defaults to the operator's image for each kind."
@@ -200,6 +206,12 @@ class EngineSpec(APIModel):
     request_timeout_seconds: PositiveInt = Field(
         DEFAULT_REQUEST_TIMEOUT_SECONDS,
         description="plimsoll --request-timeout: seconds after which a request is aborted with 504.",
+    )
+    max_new_tokens: PositiveInt | None = Field(
+        None,
+        description="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it): plimsoll --max-new-tokens, vLLM --override-generation-config max_new_tokens. "
+        "Unset: a request without max_tokens may fill the rest of the context.",
     )
 
 
@@ -280,6 +292,12 @@ class ScalingSpec(APIModel):
         return self
 
 
+# What spec.slo means when it sets no objective (slo.preset): users grow impatient past a
+# 3 s first token and leave past 5 s, so an interactive service holds TTFT p95 to 3 s.
+SLO_PRESETS: dict[str, dict[str, float]] = {"interactive": {"ttft_p95_ms": 3000.0}, "none": {}}
+SLOPreset = Literal["interactive", "none"]
+
+
 class SLOSpec(APIModel):
     """Latency objectives; profiling and the autoscaler keep replicas inside them."""
 
@@ -294,6 +312,12 @@ class SLOSpec(APIModel):
         }
     )
 
+    preset: SLOPreset = Field(
+        "interactive",
+        description="Objectives used when none of ttftP95Ms, tpotP50Ms, e2eP95Ms is set: interactive "
+        "(TTFT p95 3000 ms) or none. The operator says in status.slo and an SLODefaulted Event when it "
+        "applies them.",
+    )
     ttft_p95_ms: float | None = Field(None, gt=0, description="95th percentile time to first token, ms.")
     tpot_p50_ms: float | None = Field(None, gt=0, description="Median time per output token, ms.")
     e2e_p95_ms: float | None = Field(
@@ -307,11 +331,29 @@ class SLOSpec(APIModel):
         "either way.",
     )
 
+    _defaulted: str | None = PrivateAttr(None)
+
     @model_validator(mode="after")
     def _admission_needs_ttft(self) -> "SLOSpec":
+        # Before the preset: admission needs a bound the user chose, as the CEL rule says.
         if self.admission == "Predicted" and self.ttft_p95_ms is None:
             raise ValueError("slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)")
         return self
+
+    @model_validator(mode="after")
+    def _apply_preset(self) -> "SLOSpec":
+        if self.ttft_p95_ms is None and self.tpot_p50_ms is None and self.e2e_p95_ms is None:
+            bounds = SLO_PRESETS[self.preset]
+            if bounds:
+                for name, value in bounds.items():
+                    setattr(self, name, value)
+                self._defaulted = self.preset
+        return self
+
+    @property
+    def defaulted_from(self) -> str | None:
+        """The preset whose objectives were applied because the spec set none (None: the user's own)."""
+        return self._defaulted
 
 
 class ProfileWorkload(APIModel):
@@ -324,7 +366,18 @@ class ProfileWorkload(APIModel):
         min_length=1,
         description="Closed-loop concurrency levels swept, in increasing order.",
     )
-    requests_per_level: PositiveInt = Field(32, description="Requests measured at each level.")
+    requests_per_level: PositiveInt | None = Field(
+        None,
+        description="Requests measured at each level; unset: bench's own default, max(100, 4 × concurrency) "
+        "(fewer measure one or two synchronised waves at high concurrency).",
+    )
+    min_seconds_per_level: int = Field(
+        DEFAULT_MIN_SECONDS_PER_LEVEL,
+        ge=0,
+        le=1800,
+        description="Floor on each level's measured time: a level runs its requests and at least this long "
+        "(more requests at the same concurrency), so a fast replica is measured for minutes; 0 turns it off.",
+    )
 
 
 class ProfileSpec(APIModel):
@@ -785,20 +838,27 @@ class LLMServiceSpec(APIModel):
                 raise ValueError(
                     f"volumeMounts entry {mount!r} needs a mountPath and the name of an entry in volumes"
                 )
-        if self.engine.kind == "vllm" and self.engine.scheduling_policy == "static":
+        if self.engine.kind != "plimsoll" and self.engine.scheduling_policy == "static":
             raise ValueError(
-                "engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with vllm"
+                f"engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with "
+                f"{self.engine.kind}"
             )
+        self._check_sglang()
         self._check_parallelism()
+        if self.autoscaling.standby is not None and self.engine.kind == "sglang":
+            raise ValueError(
+                "autoscaling.standby parks replicas with vLLM's sleep interface (POST /sleep, /wake_up), which "
+                "engine.kind sglang does not serve: drop autoscaling.standby or use plimsoll or vllm"
+            )
         if self.autoscaling.standby is not None and self.resources.nodes > 1:
             raise ValueError(
                 "autoscaling.standby parks single-pod replicas; a replica spanning resources.nodes > 1 cannot "
                 "sleep as one yet: drop autoscaling.standby or use one node per replica"
             )
-        if self.engine.kind == "vllm" and location.scheme == "embedded":
+        if self.engine.kind != "plimsoll" and location.scheme == "embedded":
             raise ValueError(
-                "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "
-                "use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
+                f"engine.kind {self.engine.kind} cannot serve embedded:// models (they live in the plimsoll "
+                "image); use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
         if (
@@ -817,6 +877,28 @@ class LLMServiceSpec(APIModel):
                 "(the external autoscaler's bounds)"
             )
         return self
+
+    def _check_sglang(self) -> None:
+        """What an SGLang replica cannot be given through these fields (each error says the SGLang way)."""
+        if self.engine.kind != "sglang":
+            return
+        unsupported = [
+            (self.engine.kv_cache_memory is not None, "engine.kvCacheMemory",
+             "SGLang sizes its KV pool as a fraction of memory: engine.args [--mem-fraction-static, '0.8'] "
+             "or [--max-total-tokens, N]"),
+            (self.engine.max_new_tokens is not None, "engine.maxNewTokens",
+             "SGLang has no server-side max_tokens default; clients must send max_tokens"),
+            (bool(self.adapters), "spec.adapters",
+             "adapters load through vLLM's runtime LoRA API; give SGLang engine.args [--lora-paths, name=path]"),
+            (self.resources.nodes > 1, "resources.nodes above 1",
+             "multi-node SGLang replicas are not built; use engine.kind vllm for replicas across nodes"),
+            (self.engine.api_key_secret_ref is not None, "engine.apiKeySecretRef",
+             "SGLang takes its key only as --api-key on its command line, where every reader of the pod "
+             "spec and /proc sees it; put an authenticating gateway or the router (--api-key) in front"),
+        ]  # fmt: skip
+        for bad, field, how in unsupported:
+            if bad:
+                raise ValueError(f"{field} is not available with engine.kind sglang: {how}")
 
     def _check_parallelism(self) -> None:
         gpus, nodes = self.resources.gpu.count, self.resources.nodes

@@ -45,6 +45,7 @@ def settings_from_env() -> BuildSettings:
     for env, field in (
         ("PLIMSOLL_IMAGE", "plimsoll_image"),
         ("PLIMSOLL_VLLM_IMAGE", "vllm_image"),
+        ("PLIMSOLL_SGLANG_IMAGE", "sglang_image"),
         ("PLIMSOLL_TERMINATION_GRACE_SECONDS", "termination_grace_period_seconds"),
         ("PLIMSOLL_PRESTOP_SLEEP_SECONDS", "pre_stop_sleep_seconds"),
         ("PLIMSOLL_OPERATOR_NAMESPACE", "operator_namespace"),

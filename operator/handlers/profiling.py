@@ -51,7 +51,7 @@ from plimsoll.operator.handlers.ownership import (
     owned_by,
 )
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
-from plimsoll.operator.resources.engine import engine_container
+from plimsoll.operator.resources.engine import engine_container, engine_image
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
 from plimsoll.operator.resources.profile_job import (
     PROFILE_COMPONENT,
@@ -126,8 +126,7 @@ def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict
 
 
 def _engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    default = settings.plimsoll_image if svc.spec.engine.kind == "plimsoll" else settings.vllm_image
-    return str(svc.spec.engine.image or default)
+    return str(svc.spec.engine.image or engine_image(svc, settings))
 
 
 # --- writing -----------------------------------------------------------------------------
@@ -206,6 +205,7 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
 
     if isinstance(result, CapacityProfile):
         measured_at = (job.get("status") or {}).get("completionTime")
+        measured = {**result.measured(), **await _where_it_ran(kube, svc, job)}
         capacity = {
             "knees": result.knees(),
             "curve": result.curve() or None,
@@ -215,9 +215,20 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
             "specHash": spec_hash,
             "verification": result.verification_status(),
             "disturbedLevels": list(result.disturbed) or None,
+            "measured": measured,
         }
         conditions, warning = profile_conditions(result, name, spec_hash)
-        message = conditions[0][3]
+        message = conditions[0][3] + (
+            f"; {measured['requests']} requests over {measured['seconds']:g} s in {len(measured['levels'])} levels"
+        )
+        if measured.get("sameNode"):
+            shared = (
+                f"the load generator ran on the replica's own node {measured['replicaNode']} (no other node "
+                "could take it), so the knees may sit low; re-profile when another node is free"
+            )
+            message += f"; {shared}"
+            warning = f"{warning}; {shared}" if warning else shared
+        conditions = ((*conditions[0][:3], message), *conditions[1:])
         await patch_profile_status(
             kube, svc, conditions, capacity={k: v for k, v in capacity.items() if v is not None}
         )
@@ -233,6 +244,25 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
     await kube.merge_patch(
         "batch/v1", "Job", ns, name, {"metadata": {"annotations": {RECORDED_ANNOTATION: "true"}}}
     )
+
+
+async def _where_it_ran(kube: Kube, svc: LLMService, job: dict[str, Any]) -> dict[str, Any]:
+    """The nodes of the Job's pod and of the replica it measured (by the IP in its --url)."""
+    ns = svc.namespace
+    pods = await kube.list_objects("v1", "Pod", ns, label_selector=f"job-name={job['metadata']['name']}")
+    generator = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
+    containers = job["spec"]["template"]["spec"].get("containers") or [{}]
+    args = containers[0].get("args") or []
+    url = args[args.index("--url") + 1] if "--url" in args else ""
+    ip = url.removeprefix("http://").rsplit(":", 1)[0]
+    replicas = await kube.list_objects("v1", "Pod", ns, label_selector=selector_string(svc))
+    replica = next(
+        (p["spec"].get("nodeName") for p in replicas if (p.get("status") or {}).get("podIP") == ip), None
+    )
+    where: dict[str, Any] = {"loadGeneratorNode": generator, "replicaNode": replica}
+    if generator and replica:
+        where["sameNode"] = generator == replica
+    return where
 
 
 async def _failure_detail(kube: Kube, ns: str, job: dict[str, Any]) -> str:

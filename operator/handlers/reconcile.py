@@ -310,6 +310,9 @@ async def write_status(
         # Nothing to write: Ready is what the stored status already says.
         ready_now = next(c for c in change(seen)["conditions"] if c["type"] == "Ready")
         return bool(ready_now["status"] == "True")
+    slo_now, slo_before = written.patch.get("slo") or {}, written.before.get("slo") or {}
+    if slo_now.get("source", "").startswith("preset:") and slo_before.get("source") != slo_now["source"]:
+        kopf.info(_as_body(body), reason="SLODefaulted", message=slo_now["message"])
     ready_now = next(c for c in written.patch["conditions"] if c["type"] == "Ready")
     ready_before = written.condition_before("Ready")
     if ready_before is None or ready_before.get("status") != ready_now["status"]:

@@ -58,10 +58,15 @@ def api_key_env(svc: LLMService, env: str = API_KEY_ENV) -> list[dict[str, Any]]
 
 
 def engine_credential_env(svc: LLMService) -> list[dict[str, Any]]:
-    """The engine container's keys: the admin key (plimsoll) and the inference key (both engines)."""
+    """The engine container's keys: the admin key (plimsoll) and the inference key (plimsoll, vLLM).
+
+    SGLang reads its key only from its arguments; the spec refuses ``apiKeySecretRef`` for it.
+    """
     if svc.spec.engine.kind == "plimsoll":
         return [_from_secret(ADMIN_API_KEY_ENV, admin_secret_name(svc), ADMIN_KEY_FIELD), *api_key_env(svc)]
-    return api_key_env(svc, VLLM_API_KEY_ENV)
+    if svc.spec.engine.kind == "vllm":
+        return api_key_env(svc, VLLM_API_KEY_ENV)
+    return []
 
 
 def ray_auth_env(svc: LLMService) -> list[dict[str, Any]]:

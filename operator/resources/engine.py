@@ -1,11 +1,14 @@
 """The engine container of a replica: image, command line, model volume, probes. Pure.
 
-Maps the LLMService spec onto either ``plimsoll serve`` or the upstream
-``vllm/vllm-openai`` image with the equivalent flags, so both engines get the same
-model source, probes and drain behaviour. It does not build the Deployment around
+Maps the LLMService spec onto ``plimsoll serve``, the upstream ``vllm/vllm-openai``
+image or SGLang's (``python3 -m sglang.launch_server``, with ``--enable-metrics`` so
+the autoscaler can read ``sglang:num_running_reqs``/``sglang:num_queue_reqs``), each
+with its own spelling of the same settings, so every engine gets the same model
+source, probes and drain behaviour. It does not build the Deployment around
 the container (``deployment.py``) and never talks to a cluster.
 """
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,9 +110,43 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
     tp = svc.spec.tensor_parallel_size()
     if tp > 1 and not _has_flag(engine.args, "--tensor-parallel-size", "-tp"):
         args += ["--tensor-parallel-size", str(tp)]
+    if engine.max_new_tokens is not None:
+        if engine.kind == "vllm":
+            args += ["--override-generation-config", json.dumps({"max_new_tokens": engine.max_new_tokens})]
+        else:
+            args += ["--max-new-tokens", str(engine.max_new_tokens)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
     return args + lora_flags(svc) + list(engine.args)
+
+
+# SGLang's spelling of the settings both other engines share (its launch_server flags).
+SGLANG_LAUNCH = ["python3", "-m", "sglang.launch_server"]
+SGLANG_POLICY = {"continuous": ["--schedule-policy", "fcfs"], "priority": ["--enable-priority-scheduling"]}
+
+
+def _sglang_args(svc: LLMService, model_arg: str | None) -> list[str]:
+    # The API refuses sglang + embedded://, kvCacheMemory, maxNewTokens, adapters and multi-node replicas.
+    assert model_arg is not None, "sglang needs a model path or repository"
+    engine = svc.spec.engine
+    args = ["--model-path", model_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+            "--served-model-name", svc.served_name, "--enable-metrics"]  # fmt: skip
+    for value, flag in (
+        (engine.max_num_seqs, "--max-running-requests"),
+        (engine.max_num_batched_tokens, "--chunked-prefill-size"),
+        (engine.max_model_len, "--context-length"),
+        (engine.block_size, "--page-size"),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    if engine.prefix_caching is False:
+        args.append("--disable-radix-cache")  # SGLang's prefix cache (RadixAttention) is on by default
+    if engine.scheduling_policy is not None:
+        args += SGLANG_POLICY[engine.scheduling_policy]
+    tp = svc.spec.tensor_parallel_size()
+    if tp > 1 and not _has_flag(engine.args, "--tp-size", "--tensor-parallel-size", "--tp"):
+        args += ["--tp-size", str(tp)]
+    return args + list(engine.args)
 
 
 def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
@@ -170,8 +207,8 @@ def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
     period as 4.5 s between warm-up done and Ready (docs/autoscaling.md). A probe
     is one small GET a second; readiness still needs 15 failures in a row (15 s,
     as before) to take a busy replica out. plimsoll has /ready (weights, KV cache
-    and warm-up done, not draining); vLLM only has /health, which answers once its
-    server is up, so it serves both purposes there.
+    and warm-up done, not draining); vLLM and SGLang only have /health, which answers
+    once their server is up, so it serves both purposes there.
     """
     ready_path = "/ready" if svc.spec.engine.kind == "plimsoll" else "/health"
     return {
@@ -181,27 +218,40 @@ def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
     }
 
 
+def engine_image(svc: LLMService, settings: BuildSettings) -> str:
+    """The image ``svc``'s replicas run: ``engine.image``, else the operator's default for the kind."""
+    default = {
+        "plimsoll": settings.plimsoll_image,
+        "vllm": settings.vllm_image,
+        "sglang": settings.sglang_image,
+    }
+    return svc.spec.engine.image or default[svc.spec.engine.kind]
+
+
 def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str, Any], ModelPlacement]:
     """The engine container and the volumes it needs."""
     spec = svc.spec
     placement = model_placement(svc)
     adapters = adapter_placement(svc)
     env = [*placement.env, *engine_credential_env(svc)]
-    if spec.engine.kind == "vllm":
-        # The root filesystem is read-only and vLLM, torch and Triton keep caches under HOME (which
-        # the upstream image leaves on the root filesystem for uid 1000): HOME on the pod's own /tmp.
+    if spec.engine.kind in ("vllm", "sglang"):
+        # The root filesystem is read-only and vLLM/SGLang, torch and Triton keep caches under HOME
+        # (which the upstream images leave on the root filesystem): HOME on the pod's own /tmp.
         # The plimsoll image's HOME keeps its .cache on a volume of its own (replica_pod_template).
         env.append({"name": "HOME", "value": "/tmp"})
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
     if spec.engine.kind == "vllm" and spec.autoscaling.standby is not None:
         env.append(VLLM_SLEEP_ENDPOINTS_ENV)  # vLLM serves /sleep and /wake_up only in its dev mode
+    image = engine_image(svc, settings)
+    command: list[str] | None
     if spec.engine.kind == "plimsoll":
-        image = spec.engine.image or settings.plimsoll_image
-        command: list[str] | None = ["plimsoll"]
+        command = ["plimsoll"]
         args = _plimsoll_args(svc, placement.model_arg)
+    elif spec.engine.kind == "sglang":
+        command = list(SGLANG_LAUNCH)  # the image's entrypoint is a shell; its server is a module
+        args = _sglang_args(svc, placement.model_arg)
     else:
-        image = spec.engine.image or settings.vllm_image
         command = None  # the upstream image's entrypoint is its OpenAI server
         args = _vllm_args(svc, placement.model_arg)
 

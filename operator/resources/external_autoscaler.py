@@ -14,7 +14,7 @@ target, with ``scaling.min..max`` and the spec's stabilisation windows.
 - keda: a ``keda.sh/v1alpha1`` ScaledObject with a ``prometheus`` trigger whose
   query sums running + waiting over the service's pods and whose threshold is
   the target (KEDA divides the sum by the replica count, an average value).
-- With ``slo.ttftP95Ms`` (``autoscaling.tokenAware``, a plimsoll engine) both get a
+- With ``slo.ttftP95Ms`` set (not a preset's; ``autoscaling.tokenAware``, a plimsoll engine) both get a
   second metric, the built-in predicted-TTFT rule's signal: the replicas' backlog in
   seconds (``plimsoll_backlog_seconds``) averaged per pod against the SLO. The HPA
   (and KEDA's) takes the larger of the two recommendations, as the built-in loop
@@ -88,7 +88,11 @@ def backlog_target_s(svc: LLMService) -> float | None:
     """Seconds of backlog per pod to scale at (the TTFT SLO), or None when the backlog is not a signal here."""
     spec = svc.spec
     if spec.slo.ttft_p95_ms is None or not spec.autoscaling.token_aware or spec.engine.kind != "plimsoll":
-        return None  # vLLM exports no backlog; without an SLO there is nothing to hold it against
+        return None  # vLLM and SGLang export no backlog; without an SLO there is nothing to hold it against
+    if spec.slo.defaulted_from is not None:
+        # Only an objective the user set: the metric needs its adapter rule, and an HPA that cannot read
+        # one of its metrics stops scaling down.
+        return None
     return float(spec.slo.ttft_p95_ms) / 1000.0
 
 

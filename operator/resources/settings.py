@@ -24,6 +24,7 @@ class BuildSettings(BaseModel):
         f"ghcr.io/plimsoll/plimsoll:{__version__}", description="Image for engine.kind plimsoll."
     )
     vllm_image: str = Field("vllm/vllm-openai:v0.32.0", description="Image for engine.kind vllm.")
+    sglang_image: str = Field("lmsysorg/sglang:latest", description="Image for engine.kind sglang.")
     termination_grace_period_seconds: int = Field(
         120, ge=1, description="Time a replica gets to finish in-flight streams after SIGTERM."
     )

@@ -27,6 +27,7 @@ from plimsoll.runtime.serving.prompts import (
     encode_text,
     off_loop,
     resolve_max_tokens,
+    truncate_prompt,
 )
 from plimsoll.runtime.serving.protocol import (
     ChatChoice,
@@ -60,8 +61,15 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         context = client_template_context(engine.tokenizer, req, max_chars)
         text = await ctx.templates.render(template, context, max_chars, timeout)
         prompt_ids = await off_loop(lambda: encode_text(engine.tokenizer, text, max_chars), timeout)
+    prompt_ids = truncate_prompt(
+        prompt_ids, req.truncate_prompt_tokens, req.truncation_side, engine.max_model_len
+    )
     max_tokens = resolve_max_tokens(
-        len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
+        len(prompt_ids),
+        req.requested_max_tokens(),
+        engine.max_model_len,
+        "messages",
+        ctx.settings.max_new_tokens,
     )
     params = req.to_sampling_params(max_tokens)
     priority = priority_of(raw, req.priority, ctx.settings)

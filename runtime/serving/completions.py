@@ -23,6 +23,7 @@ from plimsoll.runtime.serving.prompts import (
     encode_prompt,
     off_loop,
     resolve_max_tokens,
+    truncate_prompt,
 )
 from plimsoll.runtime.serving.protocol import (
     CompletionChoice,
@@ -53,8 +54,14 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],
         ctx.settings.tokenize_timeout,
     )
+    prompt_ids = [
+        truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, engine.max_model_len)
+        for ids in prompt_ids
+    ]
+    limit = ctx.settings.max_new_tokens
     max_tokens = [
-        resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt") for ids in prompt_ids
+        resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt", limit)
+        for ids in prompt_ids
     ]
     params = [req.to_sampling_params(m) for m in max_tokens]
 
@@ -84,7 +91,13 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         finals = await until_disconnect(raw, lambda: _collect(streams))
     finally:
         adm.release()
-    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts] if req.echo else None
+    texts = None
+    if req.echo:  # the prompt the model saw: after truncate_prompt_tokens, when a request sets it
+        cut = req.truncate_prompt_tokens is not None
+        texts = [
+            p if isinstance(p, str) and not cut else tokenizer.decode(ids)
+            for p, ids in zip(prompts, prompt_ids, strict=True)
+        ]
     return JSONResponse(_response(ctx, req, adm.request_id, finals, texts).model_dump(mode="json"))
 
 

@@ -36,6 +36,7 @@ from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
 from plimsoll.runtime.serving.lora_admin import LoRAAdmin
 from plimsoll.runtime.serving.metrics import ServerMetrics
+from plimsoll.runtime.serving.openapi import install_openapi
 from plimsoll.runtime.serving.profiling import add_profile_route
 from plimsoll.runtime.serving.protocol import (
     ChatCompletionRequest,
@@ -318,4 +319,5 @@ def build_app(
     add_sleep_routes(app, ctx)
     profile_dir = Path(settings.profile_dir) if settings.profile_dir else None
     add_profile_route(app, engine, settings.enable_profiling, profile_dir)
+    install_openapi(app)  # every response documented, not only the 200s
     return app

@@ -24,6 +24,12 @@ class ServerSettings(BaseModel):
     max_tenant_inflight_tokens: int | None = Field(
         None, ge=1, description="prompt + max_tokens one tenant may have in flight before 429"
     )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="max_tokens for a request that sends none, and the most any request gets (larger "
+        "ones are lowered to it); None: the rest of the context",
+    )
     max_request_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted; larger ones get 413"
     )

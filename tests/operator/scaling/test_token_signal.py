@@ -82,8 +82,12 @@ def test_a_parked_replica_to_wake_is_sooner_than_those_starting() -> None:
 
 
 def test_the_rule_is_off_without_an_slo_or_when_turned_off() -> None:
-    plain = Service(spec())
+    plain = Service(spec(slo={"preset": "none"}))
     plain.tick(0.0, [busy("a", 1.0, 1.1)])
     assert "tokenAware" not in plain.status["autoscaler"]
+    # The interactive preset's objective (TTFT p95 3 s) is an SLO like any other: 1.1 s is within it.
+    preset = Service(spec())
+    preset.tick(0.0, [busy("a", 1.0, 1.1)])
+    assert preset.status["autoscaler"]["tokenAware"]["reason"] == "WithinSLO"
     off = Service(slo_spec(autoscaling={"tokenAware": False}))
     assert not off.tick(0.0, [busy("a", 1.0, 1.1)]).changes()
