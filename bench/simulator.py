@@ -483,7 +483,9 @@ def build_app(curve: ServiceCurve) -> Any:
                 **predicted,
             }
             return JSONResponse(body_, status_code=429, headers=headers)
-        queued = eng.enqueue(prompt_tokens, max_tokens)
+        # A plain answer joins the queue now; a streamed one when its body starts (a stream whose body
+        # never starts, the client gone, would otherwise stay counted as waiting).
+        queued = None if body.get("stream") else eng.enqueue(prompt_tokens, max_tokens)
         rid = f"sim-{uuid.uuid4().hex[:12]}"
         kind = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
@@ -522,7 +524,7 @@ def build_app(curve: ServiceCurve) -> Any:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[str]:
-            async for i in eng.generate(prompt_tokens, max_tokens, model, queued):
+            async for i in eng.generate(prompt_tokens, max_tokens, model):
                 finish = "length" if i == max_tokens - 1 else None
                 yield f"data: {json.dumps(chunk(i, finish))}\n\n"
             if include_usage:

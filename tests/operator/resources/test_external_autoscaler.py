@@ -163,4 +163,5 @@ def test_with_a_ttft_slo_both_also_scale_on_the_replicas_backlog_in_seconds() ->
     assert len(build_hpa(service("vllm", slo=slo), 6)["spec"]["metrics"]) == 1
     off = service(slo=slo, autoscaling={"mode": "hpa", "tokenAware": False})
     assert len(build_hpa(off, 6)["spec"]["metrics"]) == 1
-    assert len(build_hpa(service(), 6)["spec"]["metrics"]) == 1
+    assert len(build_hpa(service(), 6)["spec"]["metrics"]) == 1  # the preset's objective: not the user's
+    assert len(build_hpa(service(slo={"preset": "none"}), 6)["spec"]["metrics"]) == 1

@@ -87,3 +87,6 @@ def test_standby_needs_the_builtin_autoscaler_and_single_pod_replicas() -> None:
         LLMServiceSpec.model_validate({**base, "model": {"uri": "hf://org/model"}, "engine": {"kind": "vllm"},
                                        "autoscaling": {"standby": {"replicas": 1}},
                                        "resources": {"nodes": 2, "gpu": {"count": 1}}})  # fmt: skip
+    with pytest.raises(ValidationError, match=r"engine\.kind sglang does not serve"):
+        LLMServiceSpec.model_validate({**base, "model": {"uri": "hf://org/model"}, "engine": {"kind": "sglang"},
+                                       "autoscaling": {"standby": {"replicas": 1}}})  # fmt: skip
