@@ -62,7 +62,7 @@ def serve(
     kv_cache_memory: str | None = typer.Option(
         None,
         "--kv-cache-memory",
-        help="Size of the paged KV cache, e.g. 2GiB (default 1GiB).",
+        help="Size of the paged KV cache, e.g. 2GiB (default: sized from the GPU; 1GiB on CPU).",
         show_default=False,
     ),
     kv_cache_memory_bytes: int | None = typer.Option(
@@ -74,8 +74,9 @@ def serve(
     gpu_memory_utilization: float | None = typer.Option(
         None,
         "--gpu-memory-utilization",
-        help="Fraction of the GPU's memory this server may use, KV cache sized to fill it (vLLM's flag; "
-        "CUDA only).",
+        help="Share of the GPU's memory this server may hold (vLLM's flag, default 0.9 on CUDA): the KV "
+        "cache gets what the weights, the largest step and the CUDA graphs leave. "
+        "--kv-cache-memory-bytes overrides it.",
     ),
     block_size: int = typer.Option(
         _engine_default("block_size"), "--block-size", min=1, help="Tokens per KV-cache block."
@@ -248,12 +249,14 @@ def serve(
         check_model,
         check_port,
         choose_model,
-        gpu_kv_cache_bytes,
         kv_cache_bytes,
         parse_lora_module,
         resolve_attention_backend,
         resolve_device,
         resolve_dtype,
+    )
+    from plimsoll.runtime.serve_args import (
+        gpu_memory_utilization as check_utilization,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -269,8 +272,7 @@ def serve(
         dtype = resolve_dtype(dtype, device)
         check_model(model)
         kv_size = kv_cache_bytes(kv_cache_memory, kv_cache_memory_bytes)
-        if gpu_memory_utilization is not None:
-            kv_size = gpu_kv_cache_bytes(gpu_memory_utilization, device, model)
+        utilization = check_utilization(gpu_memory_utilization, device)
         loras = [parse_lora_module(text) for text in lora_modules or []]
         if loras and not enable_lora:
             raise ServeArgError("--lora-modules needs --enable-lora")
@@ -292,6 +294,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             kv_cache_memory=kv_size,
+            **({"gpu_memory_utilization": utilization} if utilization is not None else {}),
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,

@@ -133,19 +133,22 @@ def check_port(host: str, port: int) -> None:
             ) from exc
 
 
-def kv_cache_bytes(kv_cache_memory: str | None, kv_cache_memory_bytes: int | None) -> str | int:
-    """``--kv-cache-memory-bytes`` (vLLM) or ``--kv-cache-memory`` (a size like 2GiB); default 1GiB."""
+def kv_cache_bytes(kv_cache_memory: str | None, kv_cache_memory_bytes: int | None) -> str | int | None:
+    """``--kv-cache-memory-bytes`` (vLLM) or ``--kv-cache-memory`` (a size like 2GiB); None when neither
+    is given (then CUDA sizes the cache from the device, and a CPU takes 1 GiB)."""
     if kv_cache_memory is not None and kv_cache_memory_bytes is not None:
         raise ServeArgError("pass --kv-cache-memory or --kv-cache-memory-bytes, not both")
     if kv_cache_memory_bytes is not None:
         return kv_cache_memory_bytes
-    return kv_cache_memory if kv_cache_memory is not None else "1GiB"
+    return kv_cache_memory
 
 
-def gpu_kv_cache_bytes(utilization: float, device: str, model: str) -> int:
-    """vLLM's ``--gpu-memory-utilization``: this server may hold ``utilization`` × the device's
-    memory; the KV cache gets that less what is already in use there and the model's weights
-    (their file size: an estimate, exact for unquantised safetensors at the served dtype)."""
+def gpu_memory_utilization(utilization: float | None, device: str) -> float | None:
+    """vLLM's ``--gpu-memory-utilization``: the share of the device this server may hold (default
+    0.9 on CUDA, where the KV cache is sized from what the device reports after the engine
+    has loaded and warmed up); refused on a CPU, where the cache size is explicit."""
+    if utilization is None:
+        return None
     if not 0 < utilization <= 1:
         raise ServeArgError(f"--gpu-memory-utilization {utilization} must be in (0, 1], e.g. 0.9")
     if not device.startswith("cuda"):
@@ -153,22 +156,7 @@ def gpu_kv_cache_bytes(utilization: float, device: str, model: str) -> int:
             "--gpu-memory-utilization needs --device cuda; on CPU size the cache with "
             "--kv-cache-memory-bytes (or --kv-cache-memory 2GiB)"
         )
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ServeArgError("--gpu-memory-utilization: no CUDA device is visible; check CUDA_VISIBLE_DEVICES")
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    path = Path(model).expanduser()
-    files = [path] if path.is_file() else [*path.glob("*.safetensors"), *path.glob("*.gguf")]
-    weights = sum(f.stat().st_size for f in files if f.exists())
-    budget = int(utilization * total) - (total - free) - weights
-    if budget <= 0:
-        raise ServeArgError(
-            f"--gpu-memory-utilization {utilization}: {utilization:.0%} of {total / 2**30:.1f} GiB leaves no "
-            f"room for the KV cache beside {(total - free) / 2**30:.1f} GiB in use and "
-            f"{weights / 2**30:.1f} GiB of weights; raise it or free the device"
-        )
-    return budget
+    return utilization
 
 
 def kernel_line(device: str, attention_backend: str, dtype: str) -> str:

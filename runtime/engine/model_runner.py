@@ -72,15 +72,11 @@ class ModelRunner:
         row = kv_int8.packed_dim(attn.head_dim) if kv_cache_dtype == "int8" else attn.head_dim
         if kv_cache_dtype not in kv_int8.KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
-        shape = (num_blocks, block_size, attn.num_kv_heads, row)
-        cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-            )
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        self._block_shape = (block_size, attn.num_kv_heads, row)
+        self._cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
+        self._num_layers = cfg.num_hidden_layers
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.allocate_kv_cache(num_blocks)
         # Rank 0 of a tensor-parallel replica: called with each step's plan before it runs.
         self.plan_sink: Callable[[StepPlan], None] | None = None
         self.decode_graphs: DecodeGraphs | None = None  # enable_cuda_graphs()
@@ -107,6 +103,19 @@ class ModelRunner:
         )
         graphs.capture_all()
         self.decode_graphs = graphs
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """(Re)allocate the KV cache with ``num_blocks`` blocks; the old tensors are dropped first, so
+        sizing from the device can swap its provisional cache for the real one (0: drop only)."""
+        self.kv_caches = []
+        shape = (num_blocks, *self._block_shape)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
+                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
+            )
+            for _ in range(self._num_layers)
+        ]
 
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache tensors hold, all layers, K and V."""

@@ -36,6 +36,17 @@ from plimsoll import __version__
 from plimsoll import metric_names as mn
 from plimsoll.runtime.engine.startup import STARTUP
 
+# vLLM's cache_config_info labels (CacheConfig fields); gpu_memory_utilization is "" when the
+# cache size was given in bytes.
+CACHE_CONFIG_LABELS = (
+    "block_size",
+    "num_gpu_blocks",
+    "enable_prefix_caching",
+    "cache_dtype",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+)
+
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
 # Why an admitted request failed server-side: its own fault in the engine, or the engine dead.
@@ -123,7 +134,7 @@ class ServerMetrics:
         self.cache_config = gauge(
             mn.CACHE_CONFIG_INFO,
             "KV-cache configuration; value 1 (vllm:cache_config_info).",
-            ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+            CACHE_CONFIG_LABELS,
         )
         # prometheus_client appends _info: plimsoll_build_info{version} 1 (the operator's drift check reads it).
         Info(
@@ -216,7 +227,7 @@ class ServerMetrics:
                 gauge(
                     "vllm:cache_config_info",
                     "KV-cache configuration; value 1 (= plimsoll_cache_config_info).",
-                    ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+                    CACHE_CONFIG_LABELS,
                 ),
             )
         elif metrics_compat is not None:
@@ -384,9 +395,24 @@ class ServerMetrics:
         self.request_errors.labels(self.model_name, reason).inc()
 
     def set_cache_config(
-        self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str
+        self,
+        *,
+        block_size: int,
+        num_blocks: int,
+        enable_prefix_caching: bool,
+        cache_dtype: str,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int = 0,
     ) -> None:
-        labels = (self.model_name, str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype)
+        labels = (
+            self.model_name,
+            str(block_size),
+            str(num_blocks),
+            str(enable_prefix_caching),
+            cache_dtype,
+            "" if gpu_memory_utilization is None else f"{gpu_memory_utilization:g}",  # "": an explicit size
+            str(kv_cache_memory_bytes),
+        )
         self.cache_config.labels(*labels).set(1)
         if self.compat is not None:
             self.compat[3].labels(*labels).set(1)
