@@ -33,11 +33,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PLIMSOLL_CACHE_DIR=/opt/plimsoll/models \
     HOME=/home/plimsoll
 
-# CUDA bases ship without Python; the python:* base already has it. g++ builds the
+# CUDA bases ship without Python; the python:* base already has it (with its headers).
+# python3-dev: Triton compiles a C launcher against Python's headers at its first kernel
+# launch, so the CUDA image needs them (checked below, after the install). g++ builds the
 # CPU kernels (runtime/kernels/csrc) at first use for the node's own CPU; without it
 # `plimsoll serve` on CPU falls back to slower torch paths.
 RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then \
-      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip python3-dev \
       && rm -rf /var/lib/apt/lists/*; \
     fi \
  && if ! command -v c++ >/dev/null 2>&1; then \
@@ -56,8 +58,13 @@ COPY operator/ operator/
 COPY router/ router/
 COPY devcluster/ devcluster/
 
+# Where Triton is installed (the CUDA build), compile a module the way Triton compiles its
+# launcher: an image that could not would otherwise fail its first request on a GPU.
 RUN pip install --upgrade pip \
  && pip install --extra-index-url "$TORCH_INDEX_URL" ".${EXTRAS:+[$EXTRAS]}" \
+ && if python -c "import triton" 2>/dev/null; then \
+      TRITON_CACHE_DIR="$(mktemp -d)" python -c "from plimsoll.runtime.serve_args import check_triton_toolchain; check_triton_toolchain(); print('triton launcher toolchain: ok')"; \
+    fi \
  && python -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
  && chown -R 1000:1000 /opt/plimsoll \
  && rm -rf /src

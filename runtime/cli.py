@@ -246,8 +246,10 @@ def serve(
     from plimsoll.runtime.engine.config import EngineConfig
     from plimsoll.runtime.serve_args import (
         ServeArgError,
+        check_device,
         check_model,
         check_port,
+        check_triton_toolchain,
         choose_model,
         kv_cache_bytes,
         parse_lora_module,
@@ -268,7 +270,10 @@ def serve(
     try:
         model = choose_model(model_arg, model)
         device = resolve_device(device)
+        check_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
+        if attention_backend == "triton" and device.startswith("cuda"):
+            check_triton_toolchain()
         dtype = resolve_dtype(dtype, device)
         check_model(model)
         kv_size = kv_cache_bytes(kv_cache_memory, kv_cache_memory_bytes)

@@ -65,6 +65,51 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(device: str) -> None:
+    """``--device cuda[:N]`` where torch sees no such device (a CPU build of torch, the CPU image on a
+    GPU node, a hidden GPU) fails here, in one line, instead of loading onto nothing."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ServeArgError(
+            f"--device {device}: torch {torch.__version__} ({build}) sees no CUDA device; run the CUDA image "
+            "(chart value engineImages.plimsollCuda) on a GPU node with the GPU requested, or pass --device cpu"
+        )
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        raise ServeArgError(
+            f"--device {device}: {torch.cuda.device_count()} CUDA device(s) are visible (0..); "
+            "pick one of them or check CUDA_VISIBLE_DEVICES"
+        )
+
+
+def check_triton_toolchain() -> None:
+    """Triton compiles a small C launcher against Python's headers at its first kernel launch; an
+    image without a C compiler or ``python3-dev`` would start, then fail its first request. Compile
+    and import a trivial module the way Triton does, now, so such an image fails at start in one
+    line (the CUDA image runs this at build time too)."""
+    try:
+        from triton.runtime.build import compile_module_from_src
+    except ImportError as exc:  # an older or newer Triton without this helper: nothing to check here
+        raise ServeArgError(f"cannot check Triton's C toolchain: {exc}; pass --attention-backend torch") from None
+    source = (
+        "#include <Python.h>\n"
+        "static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, \"plimsoll_triton_check\", NULL, -1, NULL};\n"
+        "PyMODINIT_FUNC PyInit_plimsoll_triton_check(void) { return PyModule_Create(&m); }\n"
+    )
+    try:
+        compile_module_from_src(source, "plimsoll_triton_check")
+    except Exception as exc:  # CalledProcessError, RuntimeError (no compiler), ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ServeArgError(
+            f"Triton cannot compile its kernel launcher here ({first}); install a C compiler and the Python "
+            "headers (python3-dev) in the image, or pass --attention-backend torch"
+        ) from None
+
+
 def resolve_attention_backend(backend: str, device: str) -> str:
     """``--attention-backend auto``: ``triton`` on CUDA where the triton package imports (its
     paged kernels, and decode steps replaying CUDA graphs), else ``torch``."""

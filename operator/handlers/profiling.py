@@ -42,7 +42,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
-from plimsoll.operator.resources.engine import engine_container
+from plimsoll.operator.resources.engine import engine_container, engine_image
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
 from plimsoll.operator.resources.profile_job import (
     PROFILE_COMPONENT,
@@ -111,11 +111,6 @@ def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict
         if ready and current and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
             return str(status["podIP"])
     return None
-
-
-def _engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    default = settings.plimsoll_image if svc.spec.engine.kind == "plimsoll" else settings.vllm_image
-    return str(svc.spec.engine.image or default)
 
 
 # --- writing -----------------------------------------------------------------------------
@@ -238,7 +233,7 @@ async def _failure_detail(kube: Kube, ns: str, job: dict[str, Any]) -> str:
 async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, logger: Log) -> Plan:
     """One pass: observe, decide, act. Returns the plan taken (for logs and tests)."""
     svc = LLMService.from_body(body)
-    current_hash = spec_profile_hash(svc.spec, _engine_image(svc, settings))
+    current_hash = spec_profile_hash(svc.spec, engine_image(svc, settings))
     capacity_hash = ((body.get("status") or {}).get("capacity") or {}).get("specHash")
     jobs = await list_profile_jobs(kube, svc)
     pods = await kube.list_objects("v1", "Pod", svc.namespace, label_selector=selector_string(svc))

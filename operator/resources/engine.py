@@ -82,6 +82,8 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.kv_cache_memory is not None:
         args += [kv_cache_flag, str(to_bytes(engine.kv_cache_memory))]
+    if svc.spec.resources.gpu.count > 0 and not _has_flag(engine.args, "--gpu-memory-utilization"):
+        args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
     if engine.block_size is not None:
         args += ["--block-size", str(engine.block_size)]
     if engine.prefix_caching is not None:
@@ -107,6 +109,10 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
         args += ["--metrics-compat", "vllm"]
     if svc.spec.engine.profiling:
         args.append("--enable-profiling")
+    if svc.spec.resources.gpu.count > 0 and not _has_flag(svc.spec.engine.args, "--device"):
+        # Not --device auto: an image without CUDA then fails at start in one line instead of
+        # serving from the CPU while it holds a GPU.
+        args += ["--device", "cuda"]
     return args + _engine_flags(svc, "--kv-cache-memory")
 
 
@@ -120,6 +126,16 @@ def _vllm_args(svc: LLMService, model_arg: str | None) -> list[str]:
         args = [*args[:-1], "--pipeline-parallel-size", str(nodes), "--distributed-executor-backend", "ray",
                 args[-1]]  # fmt: skip
     return [*args, svc.served_name, *_engine_flags(svc, "--kv-cache-memory-bytes")]
+
+
+def engine_image(svc: LLMService, settings: BuildSettings) -> str:
+    """The engine container's image: ``engine.image`` if given, else vLLM's, or plimsoll's CUDA
+    build on GPU replicas and its CPU build otherwise."""
+    if svc.spec.engine.image:
+        return svc.spec.engine.image
+    if svc.spec.engine.kind == "vllm":
+        return settings.vllm_image
+    return settings.plimsoll_cuda_image if svc.spec.resources.gpu.count > 0 else settings.plimsoll_image
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -159,12 +175,11 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
     env = [*placement.env]
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
+    image = engine_image(svc, settings)
     if spec.engine.kind == "plimsoll":
-        image = spec.engine.image or settings.plimsoll_image
         command: list[str] | None = ["plimsoll"]
         args = _plimsoll_args(svc, placement.model_arg)
     else:
-        image = spec.engine.image or settings.vllm_image
         command = None  # the upstream image's entrypoint is its OpenAI server
         args = _vllm_args(svc, placement.model_arg)
 
