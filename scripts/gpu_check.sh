@@ -1,14 +1,42 @@
 #!/usr/bin/env bash
 # Run plimsoll's GPU check on a machine with one CUDA GPU, from any directory:
-#   bash scripts/gpu_check.sh [--budget-s 420] [--sections kernels,parity,decode-smollm2,decode-llama1b]
-# Prints versions, makes `plimsoll` importable without installing it (the GPU
-# machine may be offline, so no pip), then runs scripts/gpu_check.py. Figures go to
-# stdout and, when $OUT is set, to $OUT/gpu_check.json. Missing pieces (no GPU, no
-# triton, no transformers) are skipped by the Python script with a line saying so.
+#   bash scripts/gpu_check.sh [--part offline|server|all] [--cpu] [--budget-s N] [more args]
+#   bash scripts/gpu_check.sh --prepare   # here, before: SmolLM2's tokenizer into build/gpu-check
+# --part offline runs scripts/gpu_check.py (kernels, parity, decode figures); --part server
+# runs scripts/gpu_server_check.py (`plimsoll serve` on the GPU over HTTP, 64 clients, every
+# API feature, chi-square of the sampler, sampled vs greedy tok/s, RoPE at 4k tokens, KV
+# sizing by --gpu-memory-utilization); all (the default) runs both, server first. --cpu runs
+# them on small models on this CPU (checks the scripts; no GPU behaviour is shown). Other
+# arguments go to the scripts. Prints versions, makes `plimsoll` importable without
+# installing it (the GPU machine may be offline, so no pip). Figures go to stdout and, when
+# $OUT is set, to $OUT/gpu_check.json and $OUT/gpu_server_check.json. The exit status is
+# non-zero when a section fails or a check does not hold.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
 PY="${PYTHON:-python3}"
+PART=all
+CPU=0
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --part) PART="$2"; shift 2 ;;
+    --cpu) CPU=1; shift ;;
+    --prepare)
+      # SmolLM2's tokenizer, from the embedded model's cache, where the run tool carries it
+      # (an ignored path: run(..., carry=["build/gpu-check"])).
+      SRC="${PLIMSOLL_SMOLLM2_DIR:-${PLIMSOLL_CACHE_DIR:-$HOME/.cache/plimsoll/models}/smollm2-135m-instruct}"
+      mkdir -p build/gpu-check/smollm2-tokenizer
+      for f in tokenizer.json tokenizer_config.json special_tokens_map.json chat_template.jinja; do
+        [ -f "$SRC/$f" ] && cp "$SRC/$f" build/gpu-check/smollm2-tokenizer/
+      done
+      [ -f build/gpu-check/smollm2-tokenizer/tokenizer.json ] || { echo "no tokenizer.json in $SRC"; exit 2; }
+      echo "prepared build/gpu-check/smollm2-tokenizer from $SRC"; exit 0 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+set -- "${ARGS[@]+"${ARGS[@]}"}"
+case "$PART" in offline|server|all) ;; *) echo "--part must be offline, server or all"; exit 2 ;; esac
 
 echo "=== host ==="
 "$PY" --version 2>&1 || { echo "no $PY found: set PYTHON=/path/to/python"; exit 2; }
@@ -19,9 +47,11 @@ else
 fi
 "$PY" - <<'EOF'
 import importlib
-for name in ("torch", "triton", "transformers", "safetensors", "tokenizers", "pydantic", "numpy"):
+import importlib.metadata
+for name in ("torch", "triton", "transformers", "safetensors", "tokenizers", "pydantic", "numpy", "openai", "httpx", "peft", "prometheus_client"):
     try:
-        print(f"{name}: {importlib.import_module(name).__version__}")
+        module = importlib.import_module(name)
+        print(f"{name}: {getattr(module, '__version__', None) or importlib.metadata.version(name)}")
     except Exception as exc:
         print(f"{name}: MISSING ({type(exc).__name__}: {exc})")
 EOF
@@ -43,4 +73,14 @@ fi
 
 # Keep Triton 3.9's FP-fusion default explicit (silences its warning, same behaviour).
 export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"
-exec "$PY" "$REPO/scripts/gpu_check.py" "$@"
+status=0
+if [ "$PART" = server ] || [ "$PART" = all ]; then
+  if [ "$CPU" = 1 ]; then set -- --device cpu "$@"; fi
+  "$PY" "$REPO/scripts/gpu_server_check.py" "$@" || status=1
+  if [ "$CPU" = 1 ]; then shift 2; fi
+fi
+if [ "$PART" = offline ] || [ "$PART" = all ]; then
+  if [ "$CPU" = 1 ]; then set -- --smoke "$@"; fi
+  "$PY" "$REPO/scripts/gpu_check.py" "$@" || status=1
+fi
+exit $status

@@ -160,7 +160,7 @@ class LLMEngine:
         else:
             self._capture_cuda_graphs()
         STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now (and the graphs)
-        log.info(self.kv_cache_line(per_token))
+        log.info(self.kv_cache_line())
         log.info(
             "engine ready: %s, %d KV blocks x %d tokens (%d bytes/token%s), max_model_len %d",
             self.model_path,
@@ -238,7 +238,7 @@ class LLMEngine:
             total, c.gpu_memory_utilization, weights, activations, NON_TORCH_BYTES_ESTIMATE, per_token, c.block_size
         )
 
-    def kv_cache_line(self, per_token: int) -> str:
+    def kv_cache_line(self) -> str:
         """The start-up line (as vLLM's): KV bytes and where they came from, tokens, blocks, concurrency."""
         bs = self.config.block_size
         if self.kv_budget is not None:

@@ -95,15 +95,19 @@ def reference_probs(req: Request, raw: torch.Tensor) -> torch.Tensor:
 class ReferenceSampler:
     def __init__(self, tokenizer: object | None = None, seed: int = 0) -> None:
         self.tokenizer = tokenizer
-        self.seed = seed
+        self.shared = torch.Generator().manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}
 
+    def release(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
     def _generator(self, req: Request) -> torch.Generator:
+        """A seeded sequence's own generator; the others share one."""
+        if req.params.seed is None:
+            return self.shared
         if req.request_id not in self.generators:
-            seed = req.params.seed if req.params.seed is not None else self.seed
-            self.generators[req.request_id] = torch.Generator().manual_seed(
-                (seed + req.index * SEED_STRIDE) % 2**64
-            )
+            seed = (req.params.seed + req.index * SEED_STRIDE) % 2**64
+            self.generators[req.request_id] = torch.Generator().manual_seed(seed)
         return self.generators[req.request_id]
 
     def _decode(self, token_id: int) -> str | None:
