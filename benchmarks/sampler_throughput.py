@@ -80,6 +80,7 @@ def main() -> None:
                 figures.setdefault((sampler_name, kind), []).append(
                     (tokens / wall, statistics.median(steps.decode) * 1000)
                 )
+                print(f"  {sampler_name} / {kind}: {tokens / wall:.1f} tok/s", flush=True)
     print(f"model {args.model}, vocab {vocab}, {CONCURRENCY} concurrent, {args.tokens} output tokens each, "
           f"{torch.get_num_threads()} threads, {args.rounds} rounds (best of each)")  # fmt: skip
     print(f"{'sampler':9s} {'requests':34s} {'tok/s':>8s} {'decode step ms':>15s} {'÷ greedy':>9s}")

@@ -215,15 +215,17 @@ class EngineShape:
 
 def activations_per_gpu(d: ModelDims, tp: int, dtype: str, engine: EngineShape) -> int:
     """``kv_memory.activation_bytes_estimate`` for this model's per-GPU shapes."""
-    return activation_bytes_estimate(
-        hidden=d.hidden,
-        intermediate=d.intermediate // tp,
-        q_dim=d.heads * d.head_dim // tp,
-        kv_dim=tp_split.kv_heads_per_rank(d.kv_heads, tp) * d.head_dim,
-        vocab=d.vocab,
-        dtype_bytes=dtype_bytes("bf16" if dtype.lower() in ("int8", "int4", "fp8") else dtype),
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        max_logit_rows=engine.max_num_seqs,
+    return int(
+        activation_bytes_estimate(
+            hidden=d.hidden,
+            intermediate=d.intermediate // tp,
+            q_dim=d.heads * d.head_dim // tp,
+            kv_dim=tp_split.kv_heads_per_rank(d.kv_heads, tp) * d.head_dim,
+            vocab=d.vocab,
+            dtype_bytes=dtype_bytes("bf16" if dtype.lower() in ("int8", "int4", "fp8") else dtype),
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_logit_rows=engine.max_num_seqs,
+        )
     )
 
 

@@ -248,7 +248,7 @@ class LLMEngine:
             source, kv_bytes = "kv_cache_memory", self.config.kv_cache_memory
         else:
             source, kv_bytes = "the CPU default; set --kv-cache-memory-bytes", DEFAULT_CPU_KV_CACHE_MEMORY
-        return kv_cache_line(kv_bytes, self.num_blocks, bs, self.max_model_len, source)
+        return str(kv_cache_line(kv_bytes, self.num_blocks, bs, self.max_model_len, source))
 
     def _capture_cuda_graphs(self) -> None:
         """On CUDA with the Triton backend, decode steps replay graphs captured now (cuda_graphs.py)."""

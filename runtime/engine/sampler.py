@@ -194,7 +194,7 @@ class Sampler:
             x = logits.clone()
         if allowed:
             rows = device_index([i for i, _ in allowed], device)
-            pairs = [(j, t) for j, (_, ids) in enumerate(allowed) for t in ids]  # type: ignore[union-attr]
+            pairs = [(j, t) for j, (_, ids) in enumerate(allowed) for t in ids or []]
             where = torch.tensor(pairs, dtype=torch.long).to(device)  # [M, 2]
             outside = torch.ones(len(allowed), vocab, dtype=torch.bool, device=device)
             outside[where[:, 0], where[:, 1]] = False

@@ -166,7 +166,7 @@ class Randomness:
 
     @staticmethod
     def _own(req: Request, device: torch.device) -> torch.Generator:
-        gen = req.generator
+        gen: torch.Generator | None = req.generator
         if gen is None or gen.device != device:
             assert req.params.seed is not None
             gen = torch.Generator(device=device)

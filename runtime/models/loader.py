@@ -137,7 +137,7 @@ def share_tied_int8_head(net: torch.nn.Module) -> None:
     """
     head, embed = net.lm_head, net.model.embed_tokens  # type: ignore[union-attr]
     for name in ("qweight", "scales", "offsets"):
-        head._buffers[name] = embed._buffers[name]  # type: ignore[index,union-attr]
+        head._buffers[name] = embed._buffers[name]  # type: ignore[union-attr]
 
 
 def load_model(

@@ -129,7 +129,7 @@ class DraftProposer:
                 num_new = seq.num_tokens - seq.num_computed_tokens
                 seq.num_computed_tokens = seq.num_tokens  # booked, as the scheduler does
                 scheduled.append((seq, num_new))
-            _, logits = self.runner.execute(SchedulerOutput(scheduled=scheduled))  # type: ignore[arg-type]
+            _, logits = self.runner.execute(SchedulerOutput(scheduled=scheduled))
             token_ids, qs = self._pick([reqs[i] for i, _ in active], logits)
             tokens = [int(t) for t in fetch([token_ids])]
             still = []
