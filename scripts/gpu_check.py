@@ -709,12 +709,18 @@ def main() -> int:
         for name, min_s, fn in plan:
             if name in wanted and not (args.smoke and name in gpu_only):
                 section(name, args.budget_s, min_s, fn)
-    RESULTS["total_seconds"] = round(time.monotonic() - T0, 1)
     table()
+    return finish("gpu_check.json")
+
+
+def finish(json_name: str) -> int:
+    """Write the figures to ``$OUT/json_name`` (when ``$OUT`` is set), list the mismatches, and
+    return the exit status: 1 when a section failed or a check did not hold."""
+    RESULTS["total_seconds"] = round(time.monotonic() - T0, 1)
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        path = Path(out) / "gpu_check.json"
+        path = Path(out) / json_name
         path.write_text(json.dumps(RESULTS, indent=2, default=str))
         say(f"\nwrote {path}")
     failed = [n for n, f in RESULTS["sections"].items() if str(f.get("status", "")).startswith("failed")]
@@ -723,6 +729,7 @@ def main() -> int:
     if failed or RESULTS["mismatches"]:
         say(f"\nFAILED: {len(failed)} section(s) failed, {len(RESULTS['mismatches'])} mismatch(es)")
         return 1
+    say("\nall checks held")
     return 0
 
 
