@@ -7,8 +7,10 @@ greedy (temperature 0), sampled with the API's defaults (temperature 1.0) and sa
 with top-p 0.9, top-k 50 and a repetition penalty, each with the engine's batched
 sampler and with ``sampler_reference.ReferenceSampler`` (the per-row loop with a host
 read per row). Prints output tokens/s, the median decode step and sampled ÷ greedy per
-sampler; the variants alternate over ``--rounds`` so load drift hits them alike. A
-script that prints figures, not a test.
+sampler; the variants alternate over ``--rounds`` so load drift hits them alike. Then the
+samplers alone on the same shapes (64 rows of 49,152 logits, 20 steps of growing
+histories): milliseconds per step, which the model's step time does not blur. A script
+that prints figures, not a test.
 
     python benchmarks/sampler_throughput.py --rounds 2
 """
@@ -26,6 +28,11 @@ from plimsoll.runtime.engine.sampler import Sampler
 from plimsoll.runtime.engine.sampler_reference import ReferenceSampler
 
 CONCURRENCY = 64
+KINDS: dict[str, dict[str, Any]] = {
+    "greedy": dict(temperature=0.0),
+    "sampled (defaults)": dict(),
+    "sampled (top-p, top-k, penalty)": dict(top_p=0.9, top_k=50, repetition_penalty=1.1),
+}
 
 
 class Steps:
@@ -48,19 +55,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per request")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--sampler-only", action="store_true", help="only the samplers alone, no model")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.sampler_only:
+        sampler_alone(KINDS, 49152)
+        return
     steps = Steps()
     llm = LLM(model=args.model, observer=steps, kv_cache_memory="1GiB", max_num_seqs=CONCURRENCY)
     vocab = int(llm.engine.hf_config.vocab_size)
     rng = random.Random(0)
     prompts = [[rng.randrange(100, vocab) for _ in range(32)] for _ in range(CONCURRENCY)]
-    kinds = {
-        "greedy": dict(temperature=0.0),
-        "sampled (defaults)": dict(),
-        "sampled (top-p, top-k, penalty)": dict(top_p=0.9, top_k=50, repetition_penalty=1.1),
-    }
+    kinds = KINDS
     samplers = {
         "batched": Sampler(llm.engine.tokenizer, seed=0),
         "per-row": ReferenceSampler(llm.engine.tokenizer, seed=0),
@@ -94,6 +101,46 @@ def main() -> None:
         new = max(r for r, _ in figures[("batched", kind)])
         old = max(r for r, _ in figures[("per-row", kind)])
         print(f"{kind}: batched ÷ per-row tok/s = {new / old:.2f}")
+    sampler_alone(kinds, vocab)
+
+
+def sampler_alone(kinds: dict[str, dict[str, Any]], vocab: int, steps: int = 20) -> None:
+    """Milliseconds per step of each sampler alone, best of ``steps`` steps (histories grow)."""
+    from plimsoll.runtime.engine.request import Request
+
+    print(f"samplers alone: {CONCURRENCY} rows x {vocab} logits, best of {steps} steps")
+    for kind, params in kinds.items():
+        times = {}
+        for name, make in (
+            ("batched", lambda: Sampler(None, seed=0)),
+            ("per-row", lambda: ReferenceSampler(None, seed=0)),
+        ):
+            sampler: Any = make()
+            reqs = [
+                Request(
+                    f"{kind}{i}",
+                    "g",
+                    0,
+                    list(range(100, 132)),
+                    SamplingParams(max_tokens=steps, **params),
+                    frozenset(),
+                )
+                for i in range(CONCURRENCY)
+            ]
+            gen = torch.Generator().manual_seed(1)
+            best = float("inf")
+            for _ in range(steps):
+                logits = torch.randn(CONCURRENCY, vocab, generator=gen) * 3
+                t = time.perf_counter()
+                out = sampler(reqs, logits)
+                best = min(best, time.perf_counter() - t)
+                for req, (token, _) in zip(reqs, out, strict=True):
+                    req.append_token(token)
+            times[name] = best * 1000
+        print(
+            f"  {kind:34s} batched {times['batched']:8.2f} ms   per-row {times['per-row']:8.2f} ms   "
+            f"per-row / batched {times['per-row'] / times['batched']:6.2f}"
+        )
 
 
 if __name__ == "__main__":

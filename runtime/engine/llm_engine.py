@@ -8,6 +8,7 @@ every step. What it is not: threads or asyncio (see ``async_engine.py``), HTTP,
 or assembling outputs (``output_processor.py``).
 """
 
+import gc
 import logging
 import random
 import time
@@ -207,6 +208,7 @@ class LLMEngine:
         self.runner.allocate_kv_cache(0)
         if draft is not None:
             draft.resize(0)
+        gc.collect()  # the graphs' memory pool goes only with the last reference to them
         memory.empty_cache()
         self.num_blocks = budget.num_blocks
         self.runner.allocate_kv_cache(self.num_blocks)

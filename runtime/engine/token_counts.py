@@ -47,7 +47,7 @@ class TokenCounts:
         used = len(self.slot_of)
         if self.output is not None and len(self.free) >= count:
             return
-        capacity = max(8, 2 * (used + count))
+        capacity = max(8, used + count, 2 * used)  # doubles as sequences arrive; one batch at most at once
         output = torch.zeros(capacity, vocab_size, dtype=torch.int32, device=device)
         prompt = torch.zeros(capacity, vocab_size, dtype=torch.bool, device=device)
         if self.output is not None and self.prompt is not None:

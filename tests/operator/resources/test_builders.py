@@ -195,6 +195,9 @@ def test_gpu_replicas_get_the_cuda_image_device_and_memory_share_cpu_replicas_ne
     body["spec"]["engine"] = {"args": ["--device", "cuda:1", "--gpu-memory-utilization=0.5"]}
     args = engine_of(body)["args"]
     assert args.count("--device") == 1 and "--gpu-memory-utilization" not in args  # the user's win
+    body["spec"]["engine"] = {"args": ["--device", "cpu"]}  # a simulated GPU node: served from the CPU
+    args = engine_of(body)["args"]
+    assert args.count("--device") == 1 and "--gpu-memory-utilization" not in args
     body["spec"]["resources"] = {"gpu": {"count": 0}, "cpu": "4", "memory": "8Gi"}
     body["spec"]["engine"] = {}
     cpu = engine_of(body)
