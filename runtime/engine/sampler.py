@@ -215,20 +215,25 @@ class Sampler:
     def _penalise(
         self, x: torch.Tensor, reqs: list[Request], rows: torch.Tensor, slots: torch.Tensor
     ) -> None:
-        """Repetition penalty over prompt and output, presence and frequency over output (as vLLM), in place."""
+        """Repetition penalty over prompt and output, presence and frequency over output (as vLLM), in place.
+        Only the terms some row uses are computed: each is a few passes over ``[P, V]``."""
         assert self.counts.output is not None and self.counts.prompt is not None
+        params = [r.params for r in reqs]
+        table = torch.tensor(
+            [(p.repetition_penalty, p.frequency_penalty, p.presence_penalty) for p in params], dtype=x.dtype
+        ).to(x.device)  # [P, 3]
+        whole = len(reqs) == x.shape[0]  # every row is penalised: work on x itself, no gather/scatter
+        y = x if whole else x[rows]
         counts = self.counts.output[slots]  # [P, V]
         in_output = counts > 0
-        seen = self.counts.prompt[slots] | in_output
-        table = torch.tensor(
-            [
-                (r.params.repetition_penalty, r.params.frequency_penalty, r.params.presence_penalty)
-                for r in reqs
-            ],
-            dtype=x.dtype,
-        ).to(x.device)  # [P, 3]
-        rep, freq, pres = table[:, 0:1], table[:, 1:2], table[:, 2:3]
-        y = x[rows]
-        y = torch.where(seen, torch.where(y > 0, y / rep, y * rep), y)
-        y = y - freq * counts.to(x.dtype) - pres * in_output.to(x.dtype)
-        x[rows] = y
+        if any(p.repetition_penalty != 1.0 for p in params):
+            rep = table[:, 0:1]
+            seen = self.counts.prompt[slots] | in_output
+            # Divide positive logits, multiply negative ones (exactly as written: greedy rows stay the reference's).
+            y.copy_(torch.where(seen, torch.where(y > 0, y / rep, y * rep), y))
+        if any(p.frequency_penalty for p in params):
+            y.sub_(table[:, 1:2] * counts)
+        if any(p.presence_penalty for p in params):
+            y.sub_(table[:, 2:3] * in_output)
+        if not whole:
+            x[rows] = y

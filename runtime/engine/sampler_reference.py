@@ -7,7 +7,7 @@ vLLM's semantics. ``reference_probs`` gives the exact distribution a sampled row
 from (what the chi-square tests compare the batched sampler's draws against);
 ``ReferenceSampler`` draws from it with ``torch.multinomial`` and one CPU generator per
 sequence, reading each token back to the host (the per-row loop the batched sampler
-replaces; ``benchmarks/sampler_throughput.py`` times the two side by side);
+replaces, with its one batched argmax for plain greedy rows; ``benchmarks/sampler_throughput.py`` times the two side by side);
 ``chi_square_p`` scores observed token counts against such a distribution.
 What it is not: fast, or used when serving.
 """
@@ -16,7 +16,7 @@ import torch
 
 from plimsoll.runtime.engine.outputs import Logprob
 from plimsoll.runtime.engine.request import Request
-from plimsoll.runtime.engine.sampler import Sample, banned_ids
+from plimsoll.runtime.engine.sampler import Sample, banned_ids, is_plain_greedy
 from plimsoll.runtime.engine.sampling_tensors import SEED_STRIDE
 
 
@@ -118,10 +118,15 @@ class ReferenceSampler:
     def __call__(self, reqs: list[Request], logits: torch.Tensor) -> list[Sample]:
         """``logits`` is fp32 ``[len(reqs), V]``; returns ``(token_id, logprobs or None)`` per request."""
         results: list[Sample] = []
+        plain = [is_plain_greedy(r) for r in reqs]
+        # As the engine's sampler did before it was batched: one argmax for the plain greedy rows.
+        greedy = logits.argmax(dim=-1).tolist() if any(plain) else []
         for i, req in enumerate(reqs):
             p = req.params
             raw = logits[i]
-            if p.is_greedy:
+            if plain[i]:
+                token = int(greedy[i])
+            elif p.is_greedy:
                 token = int(torch.argmax(edited_logits(req, raw)))
             else:
                 probs = reference_probs(req, raw)

@@ -38,21 +38,23 @@ class RowParams:
     kmax: int  # the largest top_k in use; 0 when no row uses top-k
     use_top_p: bool
     use_min_p: bool
+    top_p_within_k: bool = False  # every top-p row also has a top-k: sort kmax values, not V
 
     @classmethod
     def build(cls, reqs: Sequence[Request], device: torch.device, vocab_size: int) -> "RowParams":
-        rows, kmax, use_top_p, use_min_p = [], 0, False, False
+        rows, kmax, use_top_p, use_min_p, within = [], 0, False, False, True
         for req in reqs:
             p = req.params
             k = p.top_k if 0 < p.top_k < vocab_size else 0
             kmax = max(kmax, k)
             use_top_p |= p.top_p < 1.0
             use_min_p |= p.min_p > 0.0
+            within &= p.top_p >= 1.0 or k > 0
             rows.append(
                 (1.0 if p.is_greedy else p.temperature, float(k), p.top_p if p.top_p < 1.0 else 2.0, p.min_p)
             )
         table = torch.tensor(rows, dtype=torch.float32).to(device).view(-1, 4)
-        return cls(table, kmax, use_top_p, use_min_p)
+        return cls(table, kmax, use_top_p, use_min_p, within and kmax > 0)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` ``[N, V]`` (not modified) → the normalised probabilities each row samples from:
@@ -70,6 +72,18 @@ class RowParams:
 
     def _top_k_top_p(self, x: torch.Tensor) -> torch.Tensor:
         k = self.table[:, 1:2].long()  # [N, 1]
+        if self.use_top_p and self.top_p_within_k:
+            # The nucleus lies inside the top k: sort those kmax values (a topk), not the vocabulary.
+            # (A value tied with the k-th beyond position kmax is dropped; the full sort keeps it.)
+            values, order = torch.topk(x, self.kmax, dim=-1)  # [N, kmax], descending
+            kth = values.gather(1, k.clamp(min=1) - 1).masked_fill(k <= 0, float("-inf"))
+            values = values.masked_fill(values < kth, float("-inf"))
+            probs = torch.softmax(values, dim=-1)
+            drop = ((torch.cumsum(probs, dim=-1) - probs) >= self.table[:, 2:3]) | torch.isneginf(values)
+            kept = torch.full_like(x, float("-inf")).scatter_(
+                1, order, values.masked_fill(drop, float("-inf"))
+            )
+            return torch.where(k > 0, kept, x)  # rows without top-k (nor, here, top-p) keep everything
         if self.use_top_p:
             sorted_x, order = torch.sort(x, dim=-1, descending=True)
             if self.kmax:

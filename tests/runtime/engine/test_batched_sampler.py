@@ -239,3 +239,18 @@ def test_finished_sequences_give_their_penalty_rows_back() -> None:
     capacity = sampler.counts.output.shape[0]  # type: ignore[union-attr]
     sampler([seq(f"q{i}", temperature=1.0, presence_penalty=1.0) for i in range(20)], torch.randn(20, 30))
     assert sampler.counts.output.shape[0] == capacity  # type: ignore[union-attr]  # rows reused
+
+
+def test_top_p_inside_top_k_equals_the_full_sort() -> None:
+    from plimsoll.runtime.engine.sampling_tensors import RowParams
+
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(3)) * 2
+    both = [seq("a", top_k=20, top_p=0.7), seq("b", top_k=5, top_p=0.9, min_p=0.1), seq("c", top_k=40)]
+    fast = RowParams.build(both, torch.device("cpu"), 300)
+    assert fast.top_p_within_k  # the topk path
+    with_sort = RowParams.build([*both, seq("d", top_p=0.5)], torch.device("cpu"), 300)
+    assert not with_sort.top_p_within_k  # a top-p row without top-k: the full sort
+    slow = with_sort.probs(torch.cat([logits, logits[:1]]))[:3]
+    assert torch.allclose(fast.probs(logits), slow, atol=1e-6)
+    for i, req in enumerate(both):
+        assert torch.allclose(fast.probs(logits)[i], reference_probs(req, logits[i].clone()), atol=1e-6)
