@@ -39,10 +39,11 @@ class RowParams:
     use_top_p: bool
     use_min_p: bool
     top_p_within_k: bool = False  # every top-p row also has a top-k: sort kmax values, not V
+    all_top_k: bool = False  # every row has a top-k
 
     @classmethod
     def build(cls, reqs: Sequence[Request], device: torch.device, vocab_size: int) -> "RowParams":
-        rows, kmax, use_top_p, use_min_p, within = [], 0, False, False, True
+        rows, kmax, use_top_p, use_min_p, within, every_k = [], 0, False, False, True, True
         for req in reqs:
             p = req.params
             k = p.top_k if 0 < p.top_k < vocab_size else 0
@@ -50,11 +51,12 @@ class RowParams:
             use_top_p |= p.top_p < 1.0
             use_min_p |= p.min_p > 0.0
             within &= p.top_p >= 1.0 or k > 0
+            every_k &= k > 0
             rows.append(
                 (1.0 if p.is_greedy else p.temperature, float(k), p.top_p if p.top_p < 1.0 else 2.0, p.min_p)
             )
         table = torch.tensor(rows, dtype=torch.float32).to(device).view(-1, 4)
-        return cls(table, kmax, use_top_p, use_min_p, within and kmax > 0)
+        return cls(table, kmax, use_top_p, use_min_p, within and kmax > 0, every_k and kmax > 0)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` ``[N, V]`` (not modified) → the normalised probabilities each row samples from:
@@ -83,7 +85,7 @@ class RowParams:
             kept = torch.full_like(x, float("-inf")).scatter_(
                 1, order, values.masked_fill(drop, float("-inf"))
             )
-            return torch.where(k > 0, kept, x)  # rows without top-k (nor, here, top-p) keep everything
+            return kept if self.all_top_k else torch.where(k > 0, kept, x)  # rows without top-k keep all
         if self.use_top_p:
             sorted_x, order = torch.sort(x, dim=-1, descending=True)
             if self.kmax:
