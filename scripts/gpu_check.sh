@@ -18,6 +18,16 @@ PY="${PYTHON:-python3}"
 PART=all
 CPU=0
 ARGS=()
+# What the server check imports beyond torch, transformers and their own dependencies:
+# import name=distribution. --prepare downloads their wheels (CPython 3.12 and pure Python)
+# into build/gpu-check/wheels; a machine that lacks one installs it from there into
+# build/gpu-check/site (no network).
+NEEDED="typer=typer click=click rich=rich markdown_it=markdown-it-py mdurl=mdurl pygments=pygments
+shellingham=shellingham annotated_doc=annotated-doc yaml=pyyaml httpx=httpx httpcore=httpcore h11=h11
+anyio=anyio sniffio=sniffio idna=idna certifi=certifi fastapi=fastapi starlette=starlette uvicorn=uvicorn
+prometheus_client=prometheus-client openai=openai distro=distro jiter=jiter tqdm=tqdm peft=peft
+accelerate=accelerate psutil=psutil pydantic=pydantic pydantic_core=pydantic-core
+typing_inspection=typing-inspection annotated_types=annotated-types typing_extensions=typing-extensions"
 while [ $# -gt 0 ]; do
   case "$1" in
     --part) PART="$2"; shift 2 ;;
@@ -31,7 +41,16 @@ while [ $# -gt 0 ]; do
         [ -f "$SRC/$f" ] && cp "$SRC/$f" build/gpu-check/smollm2-tokenizer/
       done
       [ -f build/gpu-check/smollm2-tokenizer/tokenizer.json ] || { echo "no tokenizer.json in $SRC"; exit 2; }
-      echo "prepared build/gpu-check/smollm2-tokenizer from $SRC"; exit 0 ;;
+      echo "prepared build/gpu-check/smollm2-tokenizer from $SRC"
+      TARGET=(--only-binary=:all: --implementation cp --python-version 3.12 --platform manylinux_2_28_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d build/gpu-check/wheels)
+      # The serving stack with its dependencies resolved (pydantic pins its core); peft and
+      # accelerate without theirs (torch and transformers are on the machine).
+      "$PY" -m pip download --quiet "${TARGET[@]}" typer rich pyyaml fastapi uvicorn prometheus-client openai httpx \
+        && "$PY" -m pip download --quiet --no-deps "${TARGET[@]}" peft accelerate psutil tqdm \
+        || { echo "pip download failed"; exit 2; }
+      echo "prepared build/gpu-check/wheels ($(du -sh build/gpu-check/wheels | cut -f1)); carry build/gpu-check"
+      exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
@@ -69,6 +88,22 @@ if ! "$PY" -c "import plimsoll.runtime.attention.triton_backend" >/dev/null 2>&1
   echo "plimsoll: not installed, importing from $REPO through $SHIM"
 else
   echo "plimsoll: installed"
+fi
+
+# Packages the server check needs that this machine lacks, from the carried wheels.
+if [ -d "$REPO/build/gpu-check/wheels" ]; then
+  SITE="$REPO/build/gpu-check/site"
+  MISSING=""
+  for pair in $NEEDED; do
+    "$PY" -c "import ${pair%%=*}" >/dev/null 2>&1 || MISSING="$MISSING ${pair#*=}"
+  done
+  if [ -n "$MISSING" ]; then
+    echo "installing from build/gpu-check/wheels into $SITE:$MISSING"
+    # shellcheck disable=SC2086
+    "$PY" -m pip install --quiet --no-index --no-deps --find-links "$REPO/build/gpu-check/wheels" \
+      --target "$SITE" $MISSING || echo "some carried wheels did not install; the sections needing them will say so"
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE"
+  fi
 fi
 
 # Keep Triton 3.9's FP-fusion default explicit (silences its warning, same behaviour).
