@@ -185,3 +185,13 @@ def test_cuda_n_becomes_the_current_device(monkeypatch: pytest.MonkeyPatch) -> N
     assert select_device("cpu") == torch.device("cpu")
     select_device("cuda")  # no index: the current device stays
     assert chosen == [torch.device("cuda", 1)]
+
+
+def test_plan_reads_the_engines_defaults() -> None:
+    from plimsoll import kv_memory
+
+    config = EngineConfig()
+    assert config.max_num_batched_tokens == kv_memory.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert config.max_num_seqs == kv_memory.DEFAULT_MAX_NUM_SEQS
+    assert config.block_size == kv_memory.DEFAULT_BLOCK_SIZE
+    assert config.gpu_memory_utilization == kv_memory.DEFAULT_GPU_MEMORY_UTILIZATION
