@@ -10,16 +10,25 @@ provisional cache. ``measure`` turns those figures into the ``KVCacheBudget`` th
 weights and the provisional cache are the activations and workspaces; bytes the
 device lost beyond what torch reserved are memory outside torch.
 
-What it is not: the profiling run itself or the reallocation (``llm_engine.py``), or
-anything on a CPU, where the cache size is explicit.
+``profile_sampler`` runs the sampler's largest batch for the profile; ``estimated_budget``
+is the rule with ``plimsoll plan``'s activation estimate, for tensor-parallel ranks, which
+are not profiled.
+
+What it is not: the largest step or the reallocation (``llm_engine.py``), or anything on
+a CPU, where the cache size is explicit.
 """
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-from plimsoll.kv_memory import GiB, KVCacheBudget
+from plimsoll.kv_memory import NON_TORCH_BYTES_ESTIMATE, GiB, KVCacheBudget, activation_bytes_estimate
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.request import Request
+from plimsoll.runtime.engine.sampler import Sampler
+from plimsoll.runtime.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
 
 
 class DeviceMemory(Protocol):
@@ -111,3 +120,44 @@ def measure(
 def profile_blocks(largest_step: int, block_size: int) -> int:
     """Blocks of the provisional cache: the profiling run's one request of ``largest_step`` tokens."""
     return -(-(largest_step + 1) // block_size) + 1
+
+
+def profile_sampler(sampler: Sampler, rows: int, vocab_size: int, device: torch.device) -> None:
+    """Sample the most rows a step can have with every stage on (the penalties' tables, a sort for
+    top-p, logprobs), so their peak is in the profile; the rows leave nothing behind."""
+    params = SamplingParams(
+        temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, repetition_penalty=1.1, logprobs=MAX_LOGPROBS
+    )
+    reqs = [Request(f"__profile_{i}", "__profile__", 0, [0], params, frozenset()) for i in range(rows)]
+    sampler(reqs, torch.zeros(rows, vocab_size, device=device))
+    for req in reqs:
+        sampler.release(req.request_id)
+
+
+def estimated_budget(
+    config: EngineConfig, hf_config: object, total: int, weights: int, bytes_per_token: int
+) -> KVCacheBudget:
+    """The rule with measured ``weights`` and the activations and outside-torch memory estimated as
+    ``plimsoll plan`` estimates them (per rank with tensor parallelism)."""
+    cfg: Any = hf_config
+    tp = config.tensor_parallel_size
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    activations = activation_bytes_estimate(
+        hidden=cfg.hidden_size,
+        intermediate=cfg.intermediate_size // tp,
+        q_dim=cfg.num_attention_heads * head_dim // tp,
+        kv_dim=kv_heads_per_rank(cfg, tp) * head_dim,
+        vocab=int(cfg.vocab_size),
+        dtype_bytes=torch.empty((), dtype=config.torch_dtype).element_size(),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_logit_rows=config.max_logit_rows,
+    )
+    return KVCacheBudget(
+        total=total,
+        utilization=config.gpu_memory_utilization,
+        weights=weights,
+        activations=int(activations),
+        non_torch=NON_TORCH_BYTES_ESTIMATE,
+        bytes_per_token=bytes_per_token,
+        block_size=config.block_size,
+    )

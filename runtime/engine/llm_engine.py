@@ -17,9 +17,7 @@ from typing import Any
 import torch
 
 from plimsoll.kv_memory import (
-    NON_TORCH_BYTES_ESTIMATE,
     KVCacheBudget,
-    activation_bytes_estimate,
     kv_cache_line,
 )
 from plimsoll.runtime.engine import kv_sizing
@@ -38,14 +36,14 @@ from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
 from plimsoll.runtime.engine.request import Request, RequestGroup
 from plimsoll.runtime.engine.sampler import Sampler, sample_each
-from plimsoll.runtime.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 from plimsoll.runtime.models.loader import load_model, read_hf_config
-from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel, kv_heads_per_rank
+from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +110,9 @@ class LLMEngine:
         if memory is not None and baseline is not None and self.executor is not None:
             # Tensor parallelism: the ranks cannot rerun a profiling step, so the activations are
             # estimated as `plimsoll plan` does and the weights are this rank's, measured.
-            self.kv_budget = self._estimated_budget(memory, baseline, weights, per_token)
+            self.kv_budget = kv_sizing.estimated_budget(
+                config, loaded.hf_config, memory.mem_get_info()[1], weights, per_token
+            )
             self.num_blocks = self.kv_budget.num_blocks
             kv_tokens: int | None = self.num_blocks * bs
         elif memory is not None:
@@ -186,7 +186,9 @@ class LLMEngine:
         over the provisional cache; size the real cache from the device's figures; swap it in."""
         memory.reset_peak_memory_stats()
         self._run_largest_step()
-        self._profile_sampler()
+        kv_sizing.profile_sampler(
+            self.sampler, self.config.max_logit_rows, int(self.hf_config.vocab_size), self.device
+        )
         self._capture_cuda_graphs()
         draft = getattr(self.speculator, "draft", None)
         provisional = self.runner.kv_cache_bytes() + (draft.runner.kv_cache_bytes() if draft is not None else 0)
@@ -218,27 +220,6 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.max_model_len = self.max_model_len
         self._capture_cuda_graphs()
-
-    def _estimated_budget(
-        self, memory: DeviceMemory, baseline: kv_sizing.Baseline, weights: int, per_token: int
-    ) -> KVCacheBudget:
-        c, cfg = self.config, self.hf_config
-        tp = c.tensor_parallel_size
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        _, total = memory.mem_get_info()
-        activations = activation_bytes_estimate(
-            hidden=cfg.hidden_size,
-            intermediate=cfg.intermediate_size // tp,
-            q_dim=cfg.num_attention_heads * head_dim // tp,
-            kv_dim=kv_heads_per_rank(cfg, tp) * head_dim,
-            vocab=int(cfg.vocab_size),
-            dtype_bytes=torch.empty((), dtype=c.torch_dtype).element_size(),
-            max_num_batched_tokens=c.max_num_batched_tokens,
-            max_logit_rows=c.max_logit_rows,
-        )
-        return KVCacheBudget(
-            total, c.gpu_memory_utilization, weights, activations, NON_TORCH_BYTES_ESTIMATE, per_token, c.block_size
-        )
 
     def kv_cache_line(self) -> str:
         """The start-up line (as vLLM's): KV bytes and where they came from, tokens, blocks, concurrency."""
@@ -625,19 +606,6 @@ class LLMEngine:
             )
             while self.has_unfinished_requests():
                 self.step()
-
-    def _profile_sampler(self) -> None:
-        """Sample the most rows a step can have with every stage on (penalties' tables, a sort for
-        top-p, logprobs), so their peak is in the profile."""
-        rows = self.config.max_logit_rows
-        params = SamplingParams(
-            temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, repetition_penalty=1.1, logprobs=MAX_LOGPROBS
-        )
-        reqs = [Request(f"__profile_{i}", "__profile__", 0, [0], params, self.eos_token_ids) for i in range(rows)]
-        logits = torch.zeros(rows, int(self.hf_config.vocab_size), device=self.device)
-        self.sampler(reqs, logits)
-        for req in reqs:
-            self.sampler.release(req.request_id)
 
     def warmup(self) -> None:
         """One tiny request through every stage, so the first real request pays no first-call costs."""
