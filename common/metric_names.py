@@ -44,8 +44,13 @@ KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
 # --enable-lora: finished requests per adapter (label lora_name), adapter loads into a device slot.
 LORA_REQUESTS = "plimsoll_lora_requests_total"
 LORA_SWAPS = "plimsoll_lora_swaps_total"
+# Engine steps that ran the model, by what ran it (label path: fused_decode, glued_layers,
+# module_layers, cuda_graph; runtime/models/cpu_plan.py).
+ENGINE_STEPS = "plimsoll_engine_steps_total"
 BATCH_SIZE = "plimsoll_batch_size"
 STEP_TOKENS = "plimsoll_step_tokens"
+# Open HTTP connections to the server (uvicorn's own count): a soak watches it for leaks.
+HTTP_CONNECTIONS = "plimsoll_http_connections"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
 # Requests still in flight when the drain deadline after SIGTERM passed (cut off by the shutdown).
 REQUESTS_CUT_BY_SHUTDOWN = "plimsoll_requests_cut_by_shutdown_total"
@@ -137,7 +142,30 @@ VLLM = EngineMetricNames(
     request_success="vllm:request_success_total",
 )
 
-ENGINE_FAMILIES: dict[str, EngineMetricNames] = {"plimsoll": PLIMSOLL, "vllm": VLLM}
+# SGLang's names (python/sglang/srt/metrics/collector.py; the server needs --enable-metrics).
+# SGLang reports per-token latency as inter-token latency and has no prefill/decode-time
+# histograms, prefix-cache token counters or finished-request counter by reason: those
+# fields name series SGLang does not export, so readers find them absent.
+SGLANG = EngineMetricNames(
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+    kv_usage="sglang:token_usage",
+    ttft="sglang:time_to_first_token_seconds",
+    tpot="sglang:inter_token_latency_seconds",
+    itl="sglang:inter_token_latency_seconds",
+    e2e="sglang:e2e_request_latency_seconds",
+    queue_time="sglang:queue_time_seconds",
+    prefill_time="sglang:prefill_time_seconds",
+    decode_time="sglang:decode_time_seconds",
+    preemptions="sglang:num_retracted_requests_total",
+    prefix_queries="sglang:prefix_cache_queries_total",
+    prefix_hits="sglang:prefix_cache_hits_total",
+    prompt_tokens="sglang:prompt_tokens_total",
+    generation_tokens="sglang:generation_tokens_total",
+    request_success="sglang:num_requests_total",
+)
+
+ENGINE_FAMILIES: dict[str, EngineMetricNames] = {"plimsoll": PLIMSOLL, "vllm": VLLM, "sglang": SGLANG}
 
 
 def detect_family(metric_names: set[str]) -> EngineMetricNames | None:
@@ -146,3 +174,28 @@ def detect_family(metric_names: set[str]) -> EngineMetricNames | None:
         if family.running in metric_names or family.waiting in metric_names:
             return family
     return None
+
+# KV tiers beyond the engine's cache (runtime/kv/), label ``medium`` = CPU | DISK | SHARED.
+# vLLM's names: vllm:external_prefix_cache_{queries,hits} (tokens found by a KV connector) and
+# vllm:kv_offload_{load,store}_{bytes,time} (transfers between the primary cache and a tier).
+EXTERNAL_PREFIX_CACHE_QUERIES = "plimsoll_external_prefix_cache_queries_total"
+EXTERNAL_PREFIX_CACHE_HITS = "plimsoll_external_prefix_cache_hits_total"
+KV_TIER_QUERIES = "plimsoll_kv_tier_queries_total"  # tokens looked up in one tier
+KV_TIER_HITS = "plimsoll_kv_tier_hits_total"  # tokens served from one tier instead of recomputed
+KV_OFFLOAD_LOAD_BYTES = "plimsoll_kv_offload_load_bytes_total"
+KV_OFFLOAD_LOAD_TIME = "plimsoll_kv_offload_load_time_seconds_total"
+KV_OFFLOAD_STORE_BYTES = "plimsoll_kv_offload_store_bytes_total"
+KV_OFFLOAD_STORE_TIME = "plimsoll_kv_offload_store_time_seconds_total"
+KV_OFFLOAD_STORES_SKIPPED = "plimsoll_kv_offload_stores_skipped_total"  # below the reuse threshold
+KV_OFFLOAD_STORES_DROPPED = "plimsoll_kv_offload_stores_dropped_total"  # the store queue was full
+KV_TIER_BLOCKS = "plimsoll_kv_tier_blocks"  # gauge: blocks held (host, disk)
+KV_TIER_CAPACITY_BLOCKS = "plimsoll_kv_tier_capacity_blocks"
+KV_SHARED_REJECTED_BLOCKS = "plimsoll_kv_shared_rejected_blocks_total"  # failed their check: never served
+KV_SHARED_ERRORS = "plimsoll_kv_shared_errors_total"  # calls that failed (timeout, refused)
+KV_SHARED_SKIPPED = "plimsoll_kv_shared_skipped_total"  # calls not made: the circuit was open
+KV_SHARED_CIRCUIT_OPEN = "plimsoll_kv_shared_circuit_open"  # gauge 1/0
+KV_SHARED_READ_LATENCY = "plimsoll_kv_shared_read_latency_seconds"
+KV_PREFETCH_WAIT = "plimsoll_kv_prefetch_wait_seconds"  # request held while its blocks were fetched
+KV_EVENTS_PUBLISHED = "plimsoll_kv_events_published_total"  # batches
+KV_EVENTS_DROPPED = "plimsoll_kv_events_dropped_total"
+KV_TIER_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -229,6 +229,11 @@ def activations_per_gpu(d: ModelDims, tp: int, dtype: str, engine: EngineShape) 
     )
 
 
+def _draft_split(draft: ModelDims, tp: int) -> int:
+    """The draft's ranks: the target's split where its heads allow it, else one (replicated)."""
+    return tp if tp_split.split_error(draft.heads, draft.kv_heads, draft.intermediate, tp) is None else 1
+
+
 def kv_budget(
     d: ModelDims,
     gpu_memory: int,
@@ -237,16 +242,27 @@ def kv_budget(
     kv_dtype: str,
     memory_fraction: float,
     engine: EngineShape,
+    draft: ModelDims | None = None,
 ) -> KVCacheBudget:
     """The engine's KV rule on one GPU of a ``tp``-way replica, with the weights, activations and
-    outside-torch memory estimated."""
+    outside-torch memory estimated. With a ``draft`` model its weights share the GPU and each token
+    also sits in its KV cache; its steps run apart from the target's, so the larger of the two
+    models' activations is the peak."""
+    weights = math.ceil(weight_bytes_per_gpu(d, tp, dtype))
+    per_token = math.ceil(kv_bytes_per_token_per_gpu(d, tp, kv_dtype))
+    activations = activations_per_gpu(d, tp, dtype, engine)
+    if draft is not None:
+        dtp = _draft_split(draft, tp)
+        weights += math.ceil(weight_bytes_per_gpu(draft, dtp, dtype))
+        per_token += math.ceil(kv_bytes_per_token_per_gpu(draft, dtp, kv_dtype))
+        activations = max(activations, activations_per_gpu(draft, dtp, dtype, engine))
     return KVCacheBudget(
         total=gpu_memory,
         utilization=memory_fraction,
-        weights=math.ceil(weight_bytes_per_gpu(d, tp, dtype)),
-        activations=activations_per_gpu(d, tp, dtype, engine),
+        weights=weights,
+        activations=activations,
         non_torch=engine.non_torch,
-        bytes_per_token=math.ceil(kv_bytes_per_token_per_gpu(d, tp, kv_dtype)),
+        bytes_per_token=per_token,
         block_size=engine.block_size,
     )
 
@@ -259,6 +275,7 @@ def gpus_needed(
     memory_fraction: float,
     context_length: int,
     engine: EngineShape = EngineShape(),
+    draft: ModelDims | None = None,
 ) -> int | None:
     """The smallest tensor-parallel size (up to 64) whose weights and activations per GPU leave room
     for one full sequence."""
@@ -266,7 +283,7 @@ def gpus_needed(
         if tp_split.split_error(d.heads, d.kv_heads, d.intermediate, tp) is not None:
             continue
         if (
-            kv_budget(d, gpu_memory, tp, dtype, kv_dtype, memory_fraction, engine).num_tokens
+            kv_budget(d, gpu_memory, tp, dtype, kv_dtype, memory_fraction, engine, draft).num_tokens
             >= context_length
         ):
             return tp
@@ -301,8 +318,13 @@ def make_plan(
     target_concurrency: float | None = None,
     target_rps: float | None = None,
     latency_s: float | None = None,
+    draft: ModelDims | None = None,
 ) -> list[Step]:
-    """Every step of the plan, in order; raises :class:`PlanError` on inputs that cannot work."""
+    """Every step of the plan, in order; raises :class:`PlanError` on inputs that cannot work.
+
+    ``draft`` is a speculative-decoding draft model served beside the target: its weights
+    share each GPU, and every token also sits in the draft's own KV cache.
+    """
     if not 0 < memory_fraction <= 1:
         raise PlanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     if context_length < 1 or gpus_per_replica < 1:
@@ -346,6 +368,23 @@ def make_plan(
     else:
         how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
     steps.append(Step("weight bytes", weights, how))
+    if draft is not None:
+        dtp = _draft_split(draft, tp)
+        draft_weights = weight_bytes_per_gpu(draft, dtp, dtype)
+        where = (
+            ""
+            if dtp == tp
+            else f", not split ({tp} ranks would split its {draft.kv_heads} KV heads unevenly)"
+        )
+        steps.append(
+            Step(
+                "draft weight bytes",
+                draft_weights,
+                f"draft model {parameter_count(draft) / 1e9:.2f} B × {w_bytes:g} B ({dtype}){where} "
+                f"= {fmt_bytes(draft_weights)}{' per GPU' if tp > 1 else ''}",
+            )
+        )
+        weights += draft_weights
     usable = gpu_memory * memory_fraction
     per_gpu = " per GPU" if tp > 1 else ""
     steps.append(
@@ -355,22 +394,22 @@ def make_plan(
             f"{fmt_bytes(gpu_memory)} × 1 GPU × {memory_fraction:g} = {fmt_bytes(usable)}{per_gpu}",
         )
     )
-    needed = gpus_needed(dims, gpu_memory, dtype, kv_name, memory_fraction, context_length, engine)
+    needed = gpus_needed(dims, gpu_memory, dtype, kv_name, memory_fraction, context_length, engine, draft)
     steps.append(
         Step(
             "GPUs needed",
             needed if needed is not None else "more than 64",
-            "the smallest tensor-parallel split whose weights per GPU leave room for one "
+            "the smallest tensor-parallel split whose weights and activations per GPU leave room for one "
             f"{context_length:,}-token sequence",
         )
     )
-    budget = kv_budget(dims, gpu_memory, tp, dtype, kv_name, memory_fraction, engine)
+    budget = kv_budget(dims, gpu_memory, tp, dtype, kv_name, memory_fraction, engine, draft)
     steps.append(
         Step(
             "activations",
             budget.activations,
             f"estimate for a {engine.max_num_batched_tokens:,}-token step and {engine.max_num_seqs} sampled rows "
-            f"= {fmt_bytes(budget.activations)}{per_gpu} (the engine measures it at start)",
+            f"(the engine measures it at start) = {fmt_bytes(budget.activations)}{per_gpu}",
         )
     )
     steps.append(
@@ -409,14 +448,23 @@ def make_plan(
             f"2 × {dims.layers} layers × {kv_heads} KV heads{per_gpu} × ({dims.head_dim} int8 + a 4 B scale) "
             f"= {per_token:,.0f} B{per_gpu}"
         )
+    if draft is not None:
+        dtp = _draft_split(draft, tp)
+        draft_token = kv_bytes_per_token_per_gpu(draft, dtp, kv_name)
+        how += (
+            f" + the draft's 2 × {draft.layers} layers × {tp_split.kv_heads_per_rank(draft.kv_heads, dtp)} KV heads × "
+            f"{draft.head_dim} head dim × {kv_bytes:g} B = {per_token + draft_token:,.0f} B{per_gpu} (each token sits "
+            "in both caches)"
+        )
+        per_token += draft_token
     steps.append(Step("KV bytes per token", per_token, how))
     tokens = budget.num_tokens
     steps.append(
         Step(
             "KV tokens that fit",
             tokens,
-            f"{budget.num_blocks:,} whole blocks of {engine.block_size} = floor({budget.kv_bytes:,} B / "
-            f"({budget.bytes_per_token:,} B × {engine.block_size})) × {engine.block_size} = {tokens:,}",
+            f"floor({budget.kv_bytes:,} B / ({budget.bytes_per_token:,} B × {engine.block_size})) = "
+            f"{budget.num_blocks:,} whole blocks × {engine.block_size} = {tokens:,}",
         )
     )
     if dims.max_position is not None and context_length > dims.max_position:
@@ -588,6 +636,12 @@ def plan(
         int, typer.Option(min=1, help="The engine's --max-num-seqs.")
     ] = DEFAULT_MAX_NUM_SEQS,
     block_size: Annotated[int, typer.Option(min=1, help="The engine's --block-size.")] = DEFAULT_BLOCK_SIZE,
+    draft_model_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="A speculative-decoding draft model's config.json: its weights and KV cache share each GPU."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Plan capacity offline: what fits on one GPU replica, and how many replicas a load needs."""
@@ -626,6 +680,7 @@ def plan(
             target_concurrency=target_concurrency,
             target_rps=target_rps,
             latency_s=latency_s,
+            draft=read_model_config(draft_model_config) if draft_model_config is not None else None,
         )
     except PlanError as err:
         typer.echo(f"plimsoll plan: {err}", err=True)

@@ -20,10 +20,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from plimsoll.router.backends import ReplicaSet
-from plimsoll.router.config import RouterConfig
+from plimsoll.router.config import Policy, RouterConfig
 from plimsoll.router.hold import ColdStarts, HoldQueue
+from plimsoll.router.kv_events import KVEventSubscriber, events_endpoint
+from plimsoll.router.kv_index import KVBlockIndex
 from plimsoll.router.metrics import RouterMetrics
 from plimsoll.router.policy import Router
+from plimsoll.router.prompt_tokens import PromptTokens, load_tokenizer
 from plimsoll.router.proxy import Proxy
 from plimsoll.router.scrape import Scraper
 from plimsoll.tracing import TraceMiddleware
@@ -37,8 +40,16 @@ class RouterState:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.replica_set = ReplicaSet.static(config.backends)
-        self.router = Router(config, self.replica_set)
         self.metrics = RouterMetrics()
+        self.kv_events: KVEventSubscriber | None = None
+        self.prompt_tokens: PromptTokens | None = None
+        kv = None
+        if config.policy is Policy.PRECISE_PREFIX:
+            index = KVBlockIndex(max_replicas=config.kv_index_max_replicas)
+            self.kv_events = KVEventSubscriber(index, stale_after_s=config.kv_events_stale_after_s,
+                                               topic=config.kv_events_topic, metrics=self.metrics)  # fmt: skip
+            kv = (index, self.kv_events)
+        self.router = Router(config, self.replica_set, kv)
         self.client: httpx.AsyncClient | None = None
         self.scraper: Scraper | None = None
         self.proxy: Proxy | None = None
@@ -54,6 +65,18 @@ class RouterState:
                 record_cold_starts=config.llmservice is None,
             )
             self.replica_set.on_ready.append(self.hold.pump)
+
+    def sync_kv_feeds(self) -> None:
+        """Subscribe to the KV events of every replica in the set, and only those."""
+        if self.kv_events is None:
+            return
+        config = self.config
+        current = set(self.replica_set.replicas)
+        for url in list(self.kv_events.feeds):
+            if url not in current:
+                self.kv_events.unwatch(url)
+        for url in current:
+            self.kv_events.watch(url, config.kv_events_endpoints.get(url) or events_endpoint(url, config.kv_events_port))
 
     def take_status(self, status: dict[str, object]) -> None:
         """The LLMService's status, polled by discovery: the operator's measured cold starts."""
@@ -81,8 +104,17 @@ def build_app(config: RouterConfig) -> Starlette:
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             state.client = client
             state.scraper = Scraper(state.replica_set, client, state.metrics, interval_s=config.scrape_interval_s,
-                                    timeout_s=config.scrape_timeout_s, engine=config.metrics_engine)
+                                    timeout_s=config.scrape_timeout_s, engine=config.metrics_engine,
+                                    api_key=config.api_key)
             state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client, hold=state.hold)
+            if state.kv_events is not None:
+                assert config.kv_tokenizer is not None
+                tokenizer = await asyncio.to_thread(load_tokenizer, config.kv_tokenizer)
+                state.prompt_tokens = PromptTokens(tokenizer)
+                state.proxy.prompt_tokens = state.prompt_tokens
+                state.proxy.kv_events = state.kv_events
+                state.replica_set.on_change.append(state.sync_kv_feeds)
+                state.sync_kv_feeds()
             # One probe before serving, so /ready is truthful from the first request.
             await state.scraper.scrape_all()
             tasks = [asyncio.create_task(state.scraper.run(), name="router-scrape")]
@@ -97,6 +129,8 @@ def build_app(config: RouterConfig) -> Starlette:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                if state.kv_events is not None:
+                    state.kv_events.close()
 
     async def proxied(request: Request) -> Response:
         assert state.proxy is not None, "the lifespan starts the proxy before serving"
@@ -107,11 +141,13 @@ def build_app(config: RouterConfig) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def ready(_: Request) -> Response:
-        ready_urls = [r.url for r in state.replica_set.ready()]
-        body = {"ready": bool(ready_urls), "ready_replicas": ready_urls,
-                "replicas": sorted(state.replica_set.replicas), "holding": state.hold is not None}
+        # Counts, not addresses: /ready is open to anyone who reaches the router, and the pods'
+        # addresses are not theirs to learn (the NetworkPolicy keeps them out of the pods anyway).
+        num_ready = len(state.replica_set.ready())
+        body = {"ready": bool(num_ready), "ready_replicas": num_ready,
+                "replicas": len(state.replica_set.replicas), "holding": state.hold is not None}
         # A router that holds requests serves even at zero replicas: that is when it is needed most.
-        return JSONResponse(body, status_code=200 if ready_urls or state.hold is not None else 503)
+        return JSONResponse(body, status_code=200 if num_ready or state.hold is not None else 503)
 
     async def hold(_: Request) -> Response:
         """What the operator polls each tick to scale from zero: held requests and the cold-start basis."""
@@ -121,6 +157,8 @@ def build_app(config: RouterConfig) -> Starlette:
 
     async def metrics(_: Request) -> Response:
         state.metrics.observe_replicas(state.replica_set)
+        if state.kv_events is not None:
+            state.metrics.observe_kv(state.kv_events)
         if state.hold is not None:
             state.metrics.held.set(state.hold.held)
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -23,6 +23,12 @@ saying why, a failure is printed and the next section still runs):
              Each with CUDA graphs and again eagerly; then the SmolLM2 run on the torch
              attention backend, and the 1B model with ``--quantization int8``.
 
+4. roofline  scripts/gpu_roofline.py (read its docstring): decode and prefill against the card's
+             HBM and tensor-core peaks on SmolLM2-, 1B- and 8B-shaped models in bf16 and FP8,
+             compile and start-up seconds with a cold and a warm compile cache, HTTP at c=64,
+             speculation and LoRA at c=1, int8 KV and int8 weights against bf16. Not in the
+             default list; run it with ``--sections roofline``.
+
 What it is not: a test suite (it prints figures; it exits 1 when a section fails or a
 check that must hold does not: greedy parity with transformers, store_kv bit-exact) and
 not a serving benchmark (the offline API, no HTTP; closed loop = all requests submitted
@@ -657,6 +663,21 @@ def decode(
     return figures
 
 
+# --------------------------------------------------------------------------- 4. roofline
+def roofline(smoke: bool, budget_s: float) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gpu_roofline
+
+    left = budget_s - (time.monotonic() - T0)
+    results = gpu_roofline.run(
+        gpu_roofline.parser().parse_args(
+            ["--device", "cpu" if smoke else "cuda", "--budget-s", str(max(60.0, left - 30))]
+            + (["--compile-mode", "0"] if smoke else ["--compile-mode", "3"])
+        )
+    )
+    return {"parts": {k: v.get("status") if isinstance(v, dict) else v for k, v in results.items()}}
+
+
 # --------------------------------------------------------------------------- main
 def table() -> None:
     say("\n=== figures ===")
@@ -704,6 +725,8 @@ def main() -> int:
             ("decode-smollm2-torch", 40, lambda: decode(args.smoke, work, "smollm2", backend="torch")),
             # --quantization int8 on the GPU (weights dequantised per matmul: memory, not speed)
             ("decode-llama1b-int8", 60, lambda: decode(args.smoke, work, "llama1b", quantization="int8")),
+            # not in the default list: --sections roofline (scripts/gpu_roofline.py)
+            ("roofline", 120, lambda: roofline(args.smoke, args.budget_s)),
         ]
         gpu_only = ("decode-llama1b", "decode-llama1b-eager", "decode-smollm2-torch", "decode-llama1b-int8")
         for name, min_s, fn in plan:

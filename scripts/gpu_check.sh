@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Run plimsoll's GPU check on a machine with one CUDA GPU, from any directory:
-#   bash scripts/gpu_check.sh [--part offline|server|all] [--cpu] [--budget-s N] [more args]
-#   bash scripts/gpu_check.sh --prepare   # here, before: SmolLM2's tokenizer into build/gpu-check
+#   bash scripts/gpu_check.sh [--part offline|server|all] [--cpu] [--budget-s N] [--sections a,b] [more args]
+#   bash scripts/gpu_check.sh --sections roofline --part offline --budget-s 540   # gpu_roofline.py
+#   bash scripts/gpu_check.sh --prepare   # here, before: SmolLM2's tokenizer and wheels into build/gpu-check
+#   bash scripts/gpu_check.sh --help      # the parts, their sections, and the command for a lent GPU
 # --part offline runs scripts/gpu_check.py (kernels, parity, decode figures); --part server
 # runs scripts/gpu_server_check.py (`plimsoll serve` on the GPU over HTTP, 64 clients, every
 # API feature, chi-square of the sampler, sampled vs greedy tok/s, RoPE at 4k tokens, KV
 # sizing by --gpu-memory-utilization); all (the default) runs both, server first. --cpu runs
 # them on small models on this CPU (checks the scripts; no GPU behaviour is shown). Other
-# arguments go to the scripts. Prints versions, makes `plimsoll` importable without
-# installing it (the GPU machine may be offline, so no pip). Figures go to stdout and, when
-# $OUT is set, to $OUT/gpu_check.json and $OUT/gpu_server_check.json. The exit status is
-# non-zero when a section fails or a check does not hold.
+# arguments (--budget-s, --sections: names a script does not know are ignored by it) go to
+# the scripts. Prints versions, makes `plimsoll` importable without installing it (the GPU
+# machine may be offline, so no pip). Figures go to stdout and, when $OUT is set, to
+# $OUT/gpu_check.json and $OUT/gpu_server_check.json. The exit status is non-zero when a
+# section fails or a check does not hold.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -28,8 +31,36 @@ anyio=anyio sniffio=sniffio idna=idna certifi=certifi fastapi=fastapi starlette=
 prometheus_client=prometheus-client openai=openai distro=distro jiter=jiter tqdm=tqdm peft=peft
 accelerate=accelerate psutil=psutil pydantic=pydantic pydantic_core=pydantic-core
 typing_inspection=typing-inspection annotated_types=annotated-types typing_extensions=typing-extensions"
+usage() {
+  # This file's header, then each script's own list of sections (read from its docstring, so
+  # the help needs neither torch nor a GPU), then how a lent GPU runs it.
+  sed -n '2,/^set -uo/p' "$REPO/scripts/gpu_check.sh" | sed '$d' | sed 's/^# \{0,1\}//'
+  for script in gpu_server_check.py gpu_check.py; do
+    echo
+    echo "=== scripts/$script (--part $( [ "$script" = gpu_check.py ] && echo offline || echo server)) ==="
+    "$PY" -c 'import ast, sys; print(ast.get_docstring(ast.parse(open(sys.argv[1]).read())))' "$REPO/scripts/$script"
+  done
+  cat <<'HELP'
+
+=== on a lent GPU (the device run tool: 15 minutes of device time, 10 a command) ===
+Here, once (downloads SmolLM2's tokenizer from the embedded model's cache and the serving
+stack's wheels for the GPU machine's Python into build/gpu-check, an ignored path):
+    bash scripts/gpu_check.sh --prepare
+Then one command on the device, carrying that folder, with time left to rerun it:
+    run(command="bash scripts/gpu_check.sh --part server --budget-s 400",
+        carry=["build/gpu-check"], timeout_s=540)
+It runs the sampler's chi-square, the server section (64 openai clients, every API feature
+against a CPU reference), sampled vs greedy tok/s at c=64 and the KV line on the card first,
+then the other sections while the budget lasts; the JSON lands in $OUT/gpu_server_check.json.
+The offline part (kernels, parity, decode) is a second command if time is left:
+    run(command="bash scripts/gpu_check.sh --part offline --budget-s 300", timeout_s=420)
+Check the scripts themselves on this CPU first (small models; shows no GPU behaviour):
+    bash scripts/gpu_check.sh --part server --cpu --sections sampler,server
+HELP
+}
 while [ $# -gt 0 ]; do
   case "$1" in
+    -h|--help) usage; exit 0 ;;
     --part) PART="$2"; shift 2 ;;
     --cpu) CPU=1; shift ;;
     --prepare)

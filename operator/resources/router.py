@@ -12,11 +12,15 @@ from typing import Any
 
 from plimsoll.operator.api.base import GROUP, PLURAL
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.credentials import api_key_env
 from plimsoll.operator.resources.deployment import RUN_AS_USER
+from plimsoll.operator.resources.engine import model_placement
+from plimsoll.operator.resources.kv_cache import kv_router_flags
 from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 COMPONENT = "router"
+TENANT_KEYS_MOUNT = "/etc/plimsoll/tenant-keys"
 
 
 def router_name(svc: LLMService) -> str:
@@ -52,6 +56,22 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
         args += ["--release-concurrency", str(concurrency)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
+    placement = model_placement(svc)
+    # precise-prefix: the replicas' KV events on the pod IPs, and the model's tokenizer (same image; a
+    # pvc:// model is mounted read-only as in the replicas).
+    args += kv_router_flags(svc, placement.model_arg or "smollm2-135m")
+    precise = svc.spec.router.policy == "precise-prefix"
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if precise:
+        volumes += placement.volumes
+        mounts += placement.mounts
+    tenants = svc.spec.router.tenant_keys_secret_ref
+    if tenants is not None:
+        # One file per tenant, named after it, holding its key: read by the router only.
+        volumes.append({"name": "tenant-keys", "secret": {"secretName": tenants.name, "defaultMode": 0o440}})
+        mounts.append({"name": "tenant-keys", "mountPath": TENANT_KEYS_MOUNT, "readOnly": True})
+        args += ["--tenant-keys-dir", TENANT_KEYS_MOUNT]
     container = {
         "name": "router",
         "image": settings.plimsoll_image,
@@ -62,15 +82,20 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
         # while one starts. Without, it is Ready only once a replica is, and an empty router takes no traffic.
         "readinessProbe": _probe("/ready", period=5, failures=3),
         "livenessProbe": _probe("/health", period=10, failures=3),
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        # precise-prefix holds a tokenizer and the KV index (~130 bytes per distinct block hash).
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi" if precise else "128Mi"},
+                      "limits": {"cpu": "2", "memory": "2Gi" if precise else "512Mi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
             "readOnlyRootFilesystem": True,
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": mounts,
     }
+    env = api_key_env(svc)  # clients authenticate with it; the router sends it on to the replicas
+    if env:
+        container["env"] = env
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -97,7 +122,7 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": volumes,
                 },
             },
         },

@@ -3,7 +3,8 @@
 Not fast: a loop over sequences. It defines the contract every backend meets.
 
 KV cache layout, per layer: ``k_cache``/``v_cache`` are ``[num_blocks, block_size,
-num_kv_heads, head_dim]`` (int8: ``head_dim + 4``, see ``kv_int8``). A token's slot is ``block_id * block_size + offset``.
+num_kv_heads, head_dim]`` (int8: ``head_dim + 4``, values then scales per block, see ``kv_int8``).
+A token's slot is ``block_id * block_size + offset``.
 Batches are ragged: the queries of all sequences are packed into ``[num_tokens, ...]``
 and ``cu_seqlens_q`` marks where each sequence's queries start.
 """
@@ -20,12 +21,14 @@ def store_kv(
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     slot_mapping: torch.Tensor,  # [N] int64; -1 = do not store (padding)
 ) -> None:
-    """Write each token's key and value into its slot of the paged cache."""
+    """Write each token's key and value into its slot of the paged cache (int8: quantised)."""
     block_size = k_cache.shape[1]
-    if kv_int8.is_int8(k_cache):
-        key, value = kv_int8.quantize(key), kv_int8.quantize(value)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
+    if kv_int8.is_int8(k_cache):
+        kv_int8.store(k_cache, slots, key[keep])
+        kv_int8.store(v_cache, slots, value[keep])
+        return
     blocks, offsets = slots // block_size, slots % block_size
     k_cache[blocks, offsets] = key[keep].to(k_cache.dtype)
     v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
@@ -39,6 +42,7 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32, query offsets into N
     context_lens: torch.Tensor,  # [B] int32, tokens in the cache per sequence incl. this step's
     scale: float,
+    max_q_len: int | None = None,  # accepted for the common signature; this oracle reads the offsets
 ) -> torch.Tensor:  # [N, H, D]
     """Causal attention of each sequence's new queries over its whole paged context.
 
@@ -60,10 +64,9 @@ def paged_attention(
             continue
         num_blocks = (ctx_len + block_size - 1) // block_size
         blocks = block_tables[b, :num_blocks].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[-1])[:ctx_len]  # [ctx, Hkv, D]
-        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[-1])[:ctx_len]
-        if kv_int8.is_int8(k):
-            k, v = kv_int8.dequantize(k, q.dtype), kv_int8.dequantize(v, q.dtype)
+        head_dim = q.shape[-1]
+        k = kv_int8.read_blocks(k_cache, blocks, q.dtype).reshape(-1, num_kv_heads, head_dim)[:ctx_len]
+        v = kv_int8.read_blocks(v_cache, blocks, q.dtype).reshape(-1, num_kv_heads, head_dim)[:ctx_len]
         k = k.repeat_interleave(group, dim=1).to(q.dtype)  # [ctx, H, D]
         v = v.repeat_interleave(group, dim=1).to(q.dtype)
         scores = torch.einsum("qhd,khd->hqk", q, k).float() * scale  # [H, q_len, ctx]

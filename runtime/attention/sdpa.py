@@ -10,7 +10,7 @@ flash path when nothing of the context was cached (``prefill_attention`` says wh
 not one padded batch). GQA goes through SDPA's ``enable_gqa``, so K/V heads are
 never copied per query head. ``store_kv`` writes through a flat view of the cache
 with one ``index_copy_``. An int8 cache (``kv_int8``) is quantised as it is stored and
-dequantised as it is gathered.
+dequantised as it is gathered (through ``kv_int8``'s block layout).
 
 Float32 prefill and mixed steps on CPU go to ``cpu_kernels.paged_attention`` where it is
 built (head_dim 64 or 128): the per-sequence SDPA calls below are what it falls back to.
@@ -37,8 +37,10 @@ def store_kv(
     if slot_mapping.numel() and int(slot_mapping.min()) < 0:
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    if kv_int8.is_int8(k_cache):  # --kv-cache-dtype int8: each row quantised with its own scale
-        key, value = kv_int8.quantize(key), kv_int8.quantize(value)
+    if kv_int8.is_int8(k_cache):  # --kv-cache-dtype int8: values and scales into their block regions
+        kv_int8.store(k_cache, slot_mapping, key)
+        kv_int8.store(v_cache, slot_mapping, value)
+        return
     # A slot is block_id * block_size + offset: exactly its row in the flat view.
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
@@ -51,11 +53,9 @@ def gather_context(
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [B, Hkv, num_blocks * block_size, D]
     tables = block_tables[:, :num_blocks].long().clamp(min=0)  # padding reads block 0; masked later
-    ctx = cache[tables]  # [B, num_blocks, block_size, Hkv, D] (int8: D + 4, dequantised here)
-    if kv_int8.is_int8(ctx):
-        ctx = kv_int8.dequantize(ctx, dtype)
+    ctx = kv_int8.read_blocks(cache, tables, dtype)  # [B, num_blocks, block_size, Hkv, D], int8 dequantised
     b, _, _, hkv, d = ctx.shape
-    return ctx.reshape(b, -1, hkv, d).transpose(1, 2).to(dtype)
+    return ctx.reshape(b, -1, hkv, d).transpose(1, 2)
 
 
 def decode_attention(
@@ -66,8 +66,9 @@ def decode_attention(
     context_lens: torch.Tensor,  # [B]
     scale: float,
 ) -> torch.Tensor:  # [B, H, D]
-    """Float32 on CPU goes to the compiled kernel (``cpu_kernels``) when it is built."""
-    if cpu_kernels.supports_attention(query, k_cache, v_cache):
+    """Float32 on CPU goes to the compiled kernel (``cpu_kernels``) when it is built; not an int8
+    cache, whose block layout (``kv_int8``) that kernel does not read."""
+    if cpu_kernels.supports_attention(query, k_cache, v_cache) and not kv_int8.is_int8(k_cache):
         return cpu_kernels.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
     return sdpa_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
 
@@ -146,6 +147,7 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    max_q_len: int | None = None,  # accepted for the common signature; this path reads the offsets
 ) -> torch.Tensor:  # [N, H, D]
     """Same contract as ``reference.paged_attention``: decode rows batched, prefills apart; a
     float32 CPU cache with head_dim 64 or 128 takes the compiled kernel for the whole step."""
@@ -155,8 +157,11 @@ def paged_attention(
     is_decode = q_lens == 1
     if bool(is_decode.all()):
         return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
-    if cpu_kernels.supports_paged_attention(query, k_cache, v_cache):  # prefill and mixed steps in one call
-        return cpu_kernels.paged_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    # Prefill and mixed steps in one call (not an int8 cache: the kernel reads no block layout).
+    if cpu_kernels.supports_paged_attention(query, k_cache, v_cache) and not kv_int8.is_int8(k_cache):
+        return cpu_kernels.paged_attention(
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
+        )
     if not bool(is_decode.any()):
         return prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     out = torch.empty_like(query)

@@ -17,6 +17,10 @@ Same contract as ``plimsoll.runtime.attention.reference`` (the oracle): ``store_
 GQA: ``kv_head = head // (num_heads // num_kv_heads)``. Block tables may hold any
 block ids in any order; each key's page is looked up per token.
 
+An int8 cache (``kv_int8``: each block's values, then its float32 scales) is read as int8
+tiles converted in registers, with the K scale on the scores and the V scale on the
+probabilities; ``store_kv`` quantises in the kernel.
+
 What this is not: no FP8 KV, no sliding window, no ALiBi. CUDA graphs of the decode
 forward are the engine's (``engine/cuda_graphs.py``): ``decode_attention`` launches the
 same grid for a given batch size and block-table width, so it can be captured.
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import weakref
 from types import SimpleNamespace
 from typing import Any
@@ -60,7 +63,9 @@ _MAX_KV_SPLITS = 16
 
 def is_interpreting() -> bool:
     """True when Triton kernels will run in the interpreter (CPU tensors)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    import triton  # only where the Triton kernels run
+
+    return bool(triton.knobs.runtime.interpret)
 
 
 @functools.cache
@@ -114,13 +119,12 @@ def store_kv(
     slot_mapping: torch.Tensor,  # [N] int64; -1 = do not store (padding)
 ) -> None:
     """Write each token's key and value into its slot of the paged cache (an int8 cache: each
-    row quantised with its scale first, ``kv_int8``, and the packed bytes copied)."""
+    row quantised in the kernel, values and scale into their block regions, ``kv_int8``)."""
     opts = _launchable(key, value, k_cache, v_cache, slot_mapping)
     _check_cache(k_cache, v_cache)
-    if kv_int8.is_int8(k_cache):
-        key, value = kv_int8.quantize(key), kv_int8.quantize(value)
     num_tokens, num_kv_heads, head_dim = key.shape
-    if value.shape != key.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+    row = kv_int8.packed_dim(head_dim) if kv_int8.is_int8(k_cache) else head_dim
+    if value.shape != key.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, row):
         raise ValueError(
             f"key/value {tuple(key.shape)}/{tuple(value.shape)} do not fit the cache's "
             f"[num_kv_heads, head_dim] = {tuple(k_cache.shape[2:])}"
@@ -133,6 +137,17 @@ def store_kv(
         return
     key, value, slot_mapping = map(_unit_stride, (key, value, slot_mapping))
     kernels = _kernels(opts["interpret"])
+    if kv_int8.is_int8(k_cache):
+        k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
+        kernels.store_kv_int8[(num_tokens,)](
+            key, value, k_values, v_values, k_scales, v_scales, slot_mapping,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            k_values.stride(0), k_values.stride(1), k_values.stride(2),
+            *s_strides,
+            NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
+            BLOCK_H=_pow2(num_kv_heads), BLOCK_D=_pow2(head_dim),
+        )  # fmt: skip
+        return
     kernels.store_kv[(num_tokens,)](
         key,
         value,
@@ -165,14 +180,18 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32, query offsets into N
     context_lens: torch.Tensor,  # [B] int32, tokens in the cache per sequence incl. this step's
     scale: float,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:  # [N, H, D]
     """Causal attention of each sequence's new queries over its whole paged context.
 
     Same contract as ``reference.paged_attention``. Batches where every
     sequence has at most one query go to the split-KV decode kernel; any batch
     with a longer query (prefill, chunked prefill, mixed) goes to the prefill kernel.
+    ``max_q_len`` (the longest query, which the host knows when it builds the step) saves
+    reading it back from ``cu_seqlens_q``: a host sync, and no capture in a CUDA graph.
     """
-    max_q_len = _max_q_len(cu_seqlens_q)
+    if max_q_len is None:
+        max_q_len = _max_q_len(cu_seqlens_q)
     if max_q_len <= 1:
         return decode_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
     return prefill_attention(
@@ -204,6 +223,20 @@ def _max_q_len(cu_seqlens_q: torch.Tensor) -> int:
     return value
 
 
+def _kv_operands(
+    k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, int, int]]:
+    """What the kernels read: the K and V value tensors and the K and V scale tensors with the
+    scales' (block, slot, head) strides. An int8 cache gives the views of its block regions
+    (``kv_int8.values``/``scales``); a float cache gives itself twice and zero strides (the
+    kernels read no scale then)."""
+    if not kv_int8.is_int8(k_cache):
+        return k_cache, v_cache, k_cache, v_cache, (0, 0, 0)
+    k_scales = kv_int8.scales(k_cache)
+    strides = (k_scales.stride(0), k_scales.stride(1), k_scales.stride(2))
+    return kv_int8.values(k_cache), kv_int8.values(v_cache), k_scales, kv_int8.scales(v_cache), strides
+
+
 def _unit_stride(tensor: torch.Tensor) -> torch.Tensor:
     """The kernels index the last axis with stride 1 (other strides are passed in)."""
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
@@ -219,7 +252,9 @@ def _check_attention_args(
     num_seqs = context_lens.shape[0]
     head_dim = kv_int8.head_dim_of(k_cache)
     if query.dim() != 3 or query.shape[-1] != head_dim:
-        raise ValueError(f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}")
+        raise ValueError(
+            f"query must be [num_tokens, num_heads, head_dim={head_dim}], got {tuple(query.shape)}"
+        )
     if query.shape[1] % k_cache.shape[2] != 0:
         raise ValueError(
             f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads ({k_cache.shape[2]}) for GQA"
@@ -306,10 +341,13 @@ def decode_attention(
     else:
         part_acc = part_max = part_sum = torch.empty(1, dtype=torch.float32, device=query.device)
     group = num_heads // k_cache.shape[2]
+    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
     kernels.decode[(k_cache.shape[2], num_seqs, num_kv_splits)](
         query,
-        k_cache,
-        v_cache,
+        k_values,
+        v_values,
+        k_scales,
+        v_scales,
         block_tables,
         cu_seqlens_q,
         context_lens,
@@ -323,12 +361,13 @@ def decode_attention(
         query.stride(1),
         out.stride(0),
         out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        k_values.stride(0),
+        k_values.stride(1),
+        k_values.stride(2),
+        v_values.stride(0),
+        v_values.stride(1),
+        v_values.stride(2),
+        *s_strides,
         block_tables.stride(0),
         GROUP=group,
         HEAD_DIM=head_dim,
@@ -384,10 +423,13 @@ def prefill_attention(
     block_m = 16 if opts["interpret"] else _GPU_PREFILL_BLOCK_M
     block_n = _INTERPRET_BLOCK_N if opts["interpret"] else _GPU_PREFILL_BLOCK_N
     grid = (num_heads, num_seqs, -(-max_q_len // block_m))
+    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
     kernels.prefill[grid](
         query,
-        k_cache,
-        v_cache,
+        k_values,
+        v_values,
+        k_scales,
+        v_scales,
         out,
         block_tables,
         cu_seqlens_q,
@@ -397,12 +439,13 @@ def prefill_attention(
         query.stride(1),
         out.stride(0),
         out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        k_values.stride(0),
+        k_values.stride(1),
+        k_values.stride(2),
+        v_values.stride(0),
+        v_values.stride(1),
+        v_values.stride(2),
+        *s_strides,
         block_tables.stride(0),
         GROUP=num_heads // k_cache.shape[2],
         HEAD_DIM=head_dim,

@@ -20,7 +20,6 @@ are never called by the interpreter (it recognises them and reduces with numpy).
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +30,7 @@ tl: Any = None
 _max_combine: Any = None
 _sum_combine: Any = None
 _attend_kv: Any = None
+_store_int8_rows: Any = None
 
 
 def build(interpret: bool) -> SimpleNamespace:
@@ -39,7 +39,7 @@ def build(interpret: bool) -> SimpleNamespace:
     ``triton.jit`` decides at decoration time, from TRITON_INTERPRET, whether it
     builds an interpreted or a compiled function. Callers cache the result per mode.
     """
-    global triton, tl, _max_combine, _sum_combine, _attend_kv
+    global triton, tl, _max_combine, _sum_combine, _attend_kv, _store_int8_rows
     try:
         import triton as _triton
         import triton.language as _tl
@@ -49,7 +49,7 @@ def build(interpret: bool) -> SimpleNamespace:
             "or use attention_backend='torch'"
         ) from exc
     triton, tl = _triton, _tl
-    assert (os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")) == interpret
+    assert bool(triton.knobs.runtime.interpret) == interpret
 
     # Combine functions for tl.reduce; module globals because Triton resolves the
     # names a kernel calls in its module's namespace, not in closures. Triton's own
@@ -71,11 +71,17 @@ def build(interpret: bool) -> SimpleNamespace:
     # a decode program, or BLOCK_M query positions of a prefill tile). Returns the
     # unnormalised output and the running max and sum, which a decode split stores
     # for the merge. A module global, like the combiners, so the kernels can call it.
+    # An int8 cache (attention/kv_int8.py): k/v_cache_ptr point at the value regions (strides of
+    # kv_int8.values()), k/v_scale_ptr at the float32 scale regions (strides of kv_int8.scales(),
+    # the same for K and V). The int8 tile converts exactly to the query's dtype; the K scale
+    # multiplies the scores' columns and the V scale the probabilities' columns, so no
+    # [BLOCK_N, HEAD_DIM] tile is ever dequantised.
     def attend_kv(
         q, start, end, q_pos,
-        k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
+        k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq, kv_head, scale,
         stride_kc_block, stride_kc_slot, stride_kc_head,
         stride_vc_block, stride_vc_slot, stride_vc_head,
+        stride_s_block, stride_s_slot, stride_s_head,
         stride_bt,
         ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, COMPUTE_F32: tl.constexpr, CAUSAL: tl.constexpr, KV_INT8: tl.constexpr,
@@ -99,14 +105,10 @@ def build(interpret: bool) -> SimpleNamespace:
             v_row = v_cache_ptr + page * stride_vc_block + in_page * stride_vc_slot + kv_head * stride_vc_head
             k = tl.load(k_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            if KV_INT8:  # attention/kv_int8.py: HEAD_DIM int8 values, then their float32 scale
-                k_scale = tl.load((k_row + HEAD_DIM).to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
-                v_scale = tl.load((v_row + HEAD_DIM).to(tl.pointer_type(tl.float32)), mask=n_mask, other=0.0)
-                k = (k.to(tl.float32) * k_scale[:, None]).to(q.dtype)
-                v = (v.to(tl.float32) * v_scale[:, None]).to(q.dtype)
-            else:  # both branches must give k and v one type (the compiler checks)
-                k = k.to(q.dtype)
-                v = v.to(q.dtype)
+            if KV_INT8:  # one float32 per key of the tile, from the block's scale region
+                s_off = page * stride_s_block + in_page * stride_s_slot + kv_head * stride_s_head
+                k_scale = tl.load(k_scale_ptr + s_off, mask=n_mask, other=0.0)
+                v_scale = tl.load(v_scale_ptr + s_off, mask=n_mask, other=0.0)
             if COMPUTE_F32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -115,6 +117,8 @@ def build(interpret: bool) -> SimpleNamespace:
                 k = k.to(q.dtype)
                 v = v.to(q.dtype)
                 scores = tl.dot(q, tl.trans(k))
+            if KV_INT8:
+                scores = scores * k_scale[None, :]
             scores = scores * scale
             # Causal (prefill): each row sees keys up to its own absolute position q_pos.
             # Decode: one query per sequence, after every key, so all of [tile, end).
@@ -126,8 +130,11 @@ def build(interpret: bool) -> SimpleNamespace:
             p = tl.exp(scores - new_max[:, None])
             alpha = tl.exp(run_max - new_max)
             run_sum = run_sum * alpha + tl.reduce(p, 1, _sum_combine)
+            pw = p
+            if KV_INT8:
+                pw = p * v_scale[None, :]
             # In 16 bits the torch oracle also casts the probabilities to the value dtype.
-            pv = tl.dot(p, v, input_precision="ieee") if COMPUTE_F32 else tl.dot(p.to(v.dtype), v)
+            pv = tl.dot(pw, v, input_precision="ieee") if COMPUTE_F32 else tl.dot(pw.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             run_max = new_max
         return acc, run_max, run_sum
@@ -165,13 +172,60 @@ def build(interpret: bool) -> SimpleNamespace:
         tl.store(v_dst + offs_h[:, None] * stride_vc_head + offs_d[None, :],
                  v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
+    # One token's [Hkv, D] rows into an int8 cache (attention/kv_int8.py): the same bits as
+    # kv_int8.quantize_rows (IEEE division, then round half to even: adding and taking away
+    # 1.5 * 2^23 leaves the nearest integer, ties to even, for |r| <= 127).
+    def store_int8_rows(x, values_dst, scales_dst, offs_h, offs_d, mask, h_mask, stride_val_head, stride_s_head):
+        x = tl.where(mask, x.to(tl.float32), 0.0)
+        amax = tl.reduce(tl.abs(x), 1, _max_combine)  # [BLOCK_H]
+        row_scale = tl.maximum(amax / 127.0, 1.1754943508222875e-38)
+        r = tl.math.div_rn(x, row_scale[:, None])
+        r = (r + 12582912.0) - 12582912.0
+        r = tl.minimum(tl.maximum(r, -127.0), 127.0)
+        tl.store(values_dst + offs_h[:, None] * stride_val_head + offs_d[None, :], r.to(tl.int8), mask=mask)
+        tl.store(scales_dst + offs_h * stride_s_head, row_scale, mask=h_mask)
+
+    _store_int8_rows = triton.jit(store_int8_rows)
+
+    @triton.jit
+    def store_kv_int8_kernel(
+        key_ptr, value_ptr, k_values_ptr, v_values_ptr, k_scales_ptr, v_scales_ptr, slot_mapping_ptr,
+        stride_key_n, stride_key_h, stride_value_n, stride_value_h,
+        stride_val_block, stride_val_slot, stride_val_head,
+        stride_s_block, stride_s_slot, stride_s_head,
+        NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if slot < 0:  # padding token: nothing to store
+            return
+        block = slot // PAGE_SIZE
+        offset = slot % PAGE_SIZE
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        h_mask = offs_h < NUM_KV_HEADS
+        mask = h_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(key_ptr + token * stride_key_n + offs_h[:, None] * stride_key_h + offs_d[None, :],
+                    mask=mask, other=0.0)
+        v = tl.load(value_ptr + token * stride_value_n + offs_h[:, None] * stride_value_h + offs_d[None, :],
+                    mask=mask, other=0.0)
+        val_off = block * stride_val_block + offset * stride_val_slot
+        s_off = block * stride_s_block + offset * stride_s_slot
+        _store_int8_rows(k, k_values_ptr + val_off, k_scales_ptr + s_off, offs_h, offs_d, mask, h_mask,
+                         stride_val_head, stride_s_head)
+        _store_int8_rows(v, v_values_ptr + val_off, v_scales_ptr + s_off, offs_h, offs_d, mask, h_mask,
+                         stride_val_head, stride_s_head)
+
     @triton.jit
     def decode_kernel(
-        query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
+        query_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+        block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
         out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, scale, num_splits,
         stride_q_n, stride_q_h, stride_o_n, stride_o_h,
         stride_kc_block, stride_kc_slot, stride_kc_head,
         stride_vc_block, stride_vc_slot, stride_vc_head,
+        stride_s_block, stride_s_slot, stride_s_head,
         stride_bt,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, COMPUTE_F32: tl.constexpr,
@@ -203,8 +257,10 @@ def build(interpret: bool) -> SimpleNamespace:
         q = tl.load(query_ptr + q_start * stride_q_n + heads[:, None] * stride_q_h + offs_d[None, :],
                     mask=row_mask, other=0.0)  # [BLOCK_G, BLOCK_D]
         acc, run_max, run_sum = _attend_kv(
-            q, start, end, ctx_len, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
+            q, start, end, ctx_len, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq,
+            kv_head, scale,
             stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
+            stride_s_block, stride_s_slot, stride_s_head,
             stride_bt, BLOCK_G, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, False, KV_INT8,
         )
         if num_splits == 1:  # (Triton specialises 1: this branch is resolved at compile time)
@@ -249,11 +305,13 @@ def build(interpret: bool) -> SimpleNamespace:
 
     @triton.jit
     def prefill_kernel(
-        query_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
+        query_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr,
+        block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
         scale,
         stride_q_n, stride_q_h, stride_o_n, stride_o_h,
         stride_kc_block, stride_kc_slot, stride_kc_head,
         stride_vc_block, stride_vc_slot, stride_vc_head,
+        stride_s_block, stride_s_slot, stride_s_head,
         stride_bt,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, COMPUTE_F32: tl.constexpr,
@@ -280,14 +338,17 @@ def build(interpret: bool) -> SimpleNamespace:
         # Causal: the last query of this tile sees keys up to its own position.
         kv_end = tl.minimum(ctx_len, prefix_len + (q_tile + 1) * BLOCK_M)
         acc, _, run_sum = _attend_kv(
-            q, 0, kv_end, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, kv_head, scale,
+            q, 0, kv_end, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq,
+            kv_head, scale,
             stride_kc_block, stride_kc_slot, stride_kc_head, stride_vc_block, stride_vc_slot, stride_vc_head,
+            stride_s_block, stride_s_slot, stride_s_head,
             stride_bt, BLOCK_M, HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D, COMPUTE_F32, True, KV_INT8,
         )
-        out = acc / run_sum[:, None]
+        # A padding sequence of a captured verify step has no context (run_sum 0): 0, not NaN.
+        out = acc / tl.maximum(run_sum, 1.0e-30)[:, None]
         tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_o_n + head * stride_o_h + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
     return SimpleNamespace(
-        store_kv=store_kv_kernel, decode=decode_kernel, merge=merge_splits_kernel, prefill=prefill_kernel
+        store_kv=store_kv_kernel, store_kv_int8=store_kv_int8_kernel, decode=decode_kernel, merge=merge_splits_kernel, prefill=prefill_kernel
     )

@@ -7,7 +7,10 @@ as vLLM's ``cpu_group`` carries its metadata). The data collectives time out aft
 ``timeout_s``, so a peer that hangs mid-forward ends the step with an error instead
 of a hang; the plan group waits as long as the server stays idle, and a peer that
 dies closes its sockets, which ends any wait at once. ``collective_seconds`` adds up
-the wall time spent inside data collectives (the benchmark's all-reduce share).
+the time spent inside data collectives (the benchmark's all-reduce share): on CUDA the
+GPU time between CUDA events recorded around each collective (NCCL returns as soon as the
+work is queued, so the host's clock would time only the enqueue), read when asked; on CPU
+the wall time of the call (gloo blocks until done).
 
 What it is not: process management (``engine/tp_executor.py`` spawns and watches
 the workers) or sharding (``models/tensor_parallel.py``).
@@ -29,7 +32,41 @@ class TensorParallelGroup:
         self.rank = rank
         self.world_size = world_size
         self.plan_group = plan_group
-        self.collective_seconds = 0.0  # wall time inside all_reduce / gather, this rank
+        self._seconds = 0.0  # time inside all_reduce / gather, this rank, resolved so far
+        self._pending: list[tuple[Any, Any]] = []  # CUDA (start, end) events not read yet
+
+    @property
+    def collective_seconds(self) -> float:
+        """Seconds this rank spent in data collectives (reading CUDA events waits for them)."""
+        self._read_events(wait=True)
+        return self._seconds
+
+    def _read_events(self, wait: bool) -> None:
+        """Add up the timed collectives whose end event has passed (all of them with ``wait``)."""
+        still = []
+        for start, end in self._pending:
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                still.append((start, end))
+                continue
+            self._seconds += start.elapsed_time(end) / 1000.0
+        self._pending = still
+
+    def _timed(self, tensor: torch.Tensor, run: Any) -> Any:
+        if tensor.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = run()
+            end.record()
+            self._pending.append((start, end))
+            if len(self._pending) > 1024:  # keep the list short on a server nobody asks (never waits)
+                self._read_events(wait=False)
+            return result
+        t0 = time.perf_counter()
+        result = run()
+        self._seconds += time.perf_counter() - t0
+        return result
 
     @classmethod
     def init(
@@ -57,17 +94,13 @@ class TensorParallelGroup:
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over the ranks, in place."""
-        t0 = time.perf_counter()
-        dist.all_reduce(tensor)
-        self.collective_seconds += time.perf_counter() - t0
+        self._timed(tensor, lambda: dist.all_reduce(tensor))
 
     def gather_last_dim(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0 gets every rank's ``tensor`` concatenated on the last dim; the others get theirs back."""
-        t0 = time.perf_counter()
         tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)] if self.is_first else None
-        dist.gather(tensor, parts, dst=0)
-        self.collective_seconds += time.perf_counter() - t0
+        self._timed(tensor, lambda: dist.gather(tensor, parts, dst=0))
         return torch.cat(parts, dim=-1) if parts is not None else tensor
 
     def broadcast_plan(self, plan: object) -> None:

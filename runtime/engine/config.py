@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # Re-exported: callers that build an EngineConfig by hand parse sizes the same way.
 from plimsoll.byte_size import parse_bytes
 from plimsoll.kv_memory import DEFAULT_GPU_MEMORY_UTILIZATION
+from plimsoll.runtime.engine.compilation_config import CompilationConfig
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
+from plimsoll.runtime.kv.events import KVEventsConfig
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
 DEFAULT_CPU_KV_CACHE_MEMORY = 1024**3  # on a CPU the cache size is explicit; this when none is given
@@ -75,10 +77,24 @@ class EngineConfig(BaseModel):
         description="vLLM's --enforce-eager: never replay CUDA graphs (on CUDA with the Triton backend, "
         "decode steps replay graphs captured at start; engine/cuda_graphs.py)",
     )
+    compilation_config: CompilationConfig = Field(
+        default_factory=CompilationConfig,
+        description="vLLM's --compilation-config: mode 3 compiles the forward with torch.compile (the default "
+        "on CUDA), 0 runs it eagerly; cache_dir keeps the compile caches (engine/compilation_config.py)",
+    )
+
+    @field_validator("compilation_config", mode="before")
+    @classmethod
+    def _parse_compilation_config(cls, value: object) -> object:
+        return CompilationConfig.parse(value)
+
     scheduling_policy: Literal["continuous", "static", "priority"] = "continuous"
     seed: int = 0
-    quantization: Literal["int8"] | None = Field(
-        None, description="weight-only int8, a scale and offset per 32 inputs of a row, computed at load (vLLM's --quantization)"
+    quantization: Literal["int8", "fp8"] | None = Field(
+        None,
+        description="vLLM's --quantization: 'int8' weight-only (a scale and offset per 32 inputs of a row) or "
+        "'fp8' (e4m3 weights with a scale per output channel, activations scaled per token at run time; "
+        "compute capability 8.9+ on CUDA), both computed at load; an FP8 checkpoint is served as fp8 without it",
     )
     kv_cache_dtype: Literal["auto", "int8"] = Field(
         "auto",
@@ -87,6 +103,32 @@ class EngineConfig(BaseModel):
     )
     speculative_config: SpeculativeConfig | None = Field(
         None, description="vLLM's --speculative-config: ngram prompt lookup or a draft model"
+    )
+
+    # CPU execution (models/cpu_plan.py): chosen once at load and named in one start-up line.
+    cpu_kernels: Literal["auto", "avx512", "avx2", "plain", "off"] = Field(
+        "auto",
+        description="which build of the C++ CPU kernels this process runs: auto (the best this CPU runs), a "
+        "build by name, or off (torch's ops alone); the builds are compiled at install (setup.py)",
+    )
+    cpu_packed_weights: bool = Field(
+        True,
+        description="float32 projections and head packed once in column panels (a second copy of them) for "
+        "the fused decode step, the glued layers and the head; off: one copy, plain rows",
+    )
+    cpu_fused_decode: bool = Field(True, description="every layer of a decode step in one native call")
+    cpu_glued_layers: bool = Field(
+        True, description="steps the fused step leaves as oneDNN or packed matmuls with native glue between"
+    )
+    cpu_kernel_parallel: Literal["auto", "openmp", "pool", "threads"] = Field(
+        "auto",
+        description="how a kernel call splits over threads: auto (torch's OpenMP team where it is libgomp, else "
+        "the kernels' own pool), or one of those; threads (started per call) is for A/B timing only",
+    )
+    keep_freed_memory: bool = Field(
+        True,
+        description="keep a step's freed activation memory in the process (glibc malloc thresholds raised, "
+        "kernels/host_memory.py); off where another allocator or MALLOC_* settings should rule",
     )
 
     tensor_parallel_size: int = Field(
@@ -138,6 +180,59 @@ class EngineConfig(BaseModel):
         names = [m.name for m in self.lora_modules]
         if len(set(names)) != len(names) or self.display_name in names:
             raise ValueError(f"LoRA module names must be unique and differ from the base model's: {names}")
+        return self
+
+    # KV tiers (runtime/kv/): vLLM's offloading flags, the tier shared by replicas, KV events.
+    kv_offloading_backend: Literal["native"] | None = Field(
+        None, description="vLLM's --kv-offloading-backend: 'native' keeps evicted blocks in host memory"
+    )
+    kv_offloading_size: float | None = Field(
+        None, gt=0, description="vLLM's --kv-offloading-size: GiB of host memory for evicted KV blocks"
+    )
+    kv_offloading_store_threshold: int = Field(
+        0, ge=0, description="store an evicted block only once lookups asked for it this often (vLLM's "
+        "store_threshold; below 2: every evicted block)",
+    )
+    kv_offloading_disk_path: str | None = Field(None, description="directory of a disk tier below the host tier")
+    kv_offloading_disk_size: float | None = Field(None, gt=0, description="GiB of the disk tier")
+    kv_shared_url: str | None = Field(
+        None, description="redis://HOST:PORT[/DB] of a Valkey or Redis server the replicas share KV blocks through"
+    )
+    kv_shared_timeout_s: float = Field(
+        0.25, gt=0, description="socket timeout of one shared-tier call (no retry; then the request recomputes)"
+    )
+    kv_events_config: KVEventsConfig | None = Field(None, description="vLLM's --kv-events-config")
+
+    @field_validator("kv_events_config", mode="before")
+    @classmethod
+    def _parse_kv_events_config(cls, value: object) -> object:
+        return KVEventsConfig.parse(value)
+
+    @model_validator(mode="after")
+    def _check_kv_tiers(self) -> "EngineConfig":
+        if self.kv_offloading_size is not None and self.kv_offloading_backend is None:
+            self.kv_offloading_backend = "native"
+        if self.kv_offloading_backend is not None and self.kv_offloading_size is None:
+            raise ValueError("--kv-offloading-backend needs --kv-offloading-size GiB (e.g. --kv-offloading-size 4)")
+        if self.kv_offloading_disk_path is not None and (
+            self.kv_offloading_disk_size is None or self.kv_offloading_size is None
+        ):
+            raise ValueError(
+                "a disk tier (--kv-offloading-disk-path) needs --kv-offloading-disk-size GiB and a host tier "
+                "(--kv-offloading-size GiB) above it"
+            )
+        tiers = self.kv_offloading_size is not None or self.kv_shared_url is not None
+        if tiers and not self.enable_prefix_caching:
+            raise ValueError("KV offloading and the shared KV tier need prefix caching; drop --no-enable-prefix-caching")
+        if tiers and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "KV offloading and the shared KV tier are not supported with tensor_parallel_size > 1 yet; "
+                "drop one of them"
+            )
+        if self.kv_shared_url is not None and not self.kv_shared_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"--kv-shared-url {self.kv_shared_url!r} is not a redis:// URL; pass redis://HOST:PORT (Valkey or Redis)"
+            )
         return self
 
     @field_validator("speculative_config", mode="before")

@@ -1,19 +1,23 @@
-"""CUDA graphs of the decode forward, one per batch size (vLLM's cudagraph capture sizes).
+"""CUDA graphs of uniform steps' forward, one per batch size (vLLM's cudagraph capture sizes).
 
-What it is: at start, the model's forward for decode-only batches (one new token per
-sequence) is captured once per size in ``capture_sizes(max_num_seqs)`` into graphs that
-share one memory pool, over static input buffers sized for the largest batch and the
-longest context (``max_model_len``). A step of ``n`` decode sequences copies its inputs
-into the first ``n`` rows of the buffers, pads the rest (slot ``-1``: nothing stored;
+What it is: at start, the forward (the model's, or its ``torch.compile``:
+``engine/compilation.py``) of steps where every sequence brings ``query_len`` new tokens is
+captured once per size in ``capture_sizes(max_num_seqs)`` into graphs that share one memory
+pool, over static input buffers sized for the largest batch and the longest context
+(``max_model_len``). ``query_len`` 1 is a decode step; ``1 + k`` a speculative verify step
+where every sequence carries k proposals (the attention's longest query is then known when
+capturing, so the prefill kernel's grid is fixed too). A step of ``n`` sequences copies its
+inputs into the first rows of the buffers, pads the rest (slot ``-1``: nothing stored;
 context length ``0``: nothing read), replays the graph of the smallest size ``>= n`` and
-reads the first ``n`` rows of its output. One replay launches the ~10 kernels of each
-layer without Python or launch gaps between them, which is most of a small decode step's
-time on a GPU. The logits are computed outside the graph, on the rows that sample.
+reads its first ``n * query_len`` rows. One replay launches every kernel of every layer
+without Python or launch gaps between them, which is most of a small decode step's time on
+a GPU. The logits are computed outside the graph, on the rows that sample. LoRA servers use
+the graphs for steps where no row runs an adapter (captured with no adapter active).
 
-What it is not: prefill or mixed steps (their shapes vary: they run eagerly), LoRA,
-tensor parallelism or speculative verification (those steps run eagerly too), or the
-torch attention backend (its decode path syncs with the host). ``enforce_eager`` (vLLM's
-``--enforce-eager``) turns it off.
+What it is not: prefill or mixed steps (their shapes vary: they run the compiled forward
+without a graph), steps with adapter rows, tensor parallelism, or the torch attention
+backend (its decode path syncs with the host). ``enforce_eager`` (vLLM's ``--enforce-eager``)
+turns it off.
 
 ``DecodeGraphs(..., capture=False)`` keeps the static buffers and the padding but runs
 the forward eagerly on them: the tests use it on a CPU (Triton's interpreter), where no
@@ -52,9 +56,8 @@ def ineligible_reason(
     attention_backend: str,
     enforce_eager: bool,
     tensor_parallel: bool = False,
-    lora: bool = False,
 ) -> str | None:
-    """Why decode steps on this engine cannot replay CUDA graphs (None: they can)."""
+    """Why uniform steps on this engine cannot replay CUDA graphs (None: they can)."""
     if enforce_eager:
         return "enforce_eager is set"
     if device.type != "cuda":
@@ -63,69 +66,77 @@ def ineligible_reason(
         return f"attention_backend={attention_backend!r} syncs with the host in decode (use 'triton')"
     if tensor_parallel:
         return "tensor parallelism runs its ranks eagerly"
-    if lora:
-        return "LoRA steps run eagerly"
     return None
 
 
 class DecodeGraphs:
     def __init__(
         self,
-        model: Any,
+        forward: Callable[..., torch.Tensor],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         store_kv: StoreKV,
-        decode_attention: Callable[..., torch.Tensor],
+        paged_attention: Callable[..., torch.Tensor],
         max_num_seqs: int,
         max_model_len: int,
         block_size: int,
         device: torch.device,
         capture: bool = True,
+        query_len: int = 1,
+        sizes: list[int] | None = None,
     ) -> None:
-        self.model = model
+        self.forward = forward
         self.kv_caches = kv_caches
         self.store_kv = store_kv
-        self.attention = decode_attention
+        self.attention = paged_attention
         self.block_size = block_size
         self.device = device
-        self.sizes = capture_sizes(max_num_seqs)
+        self.query_len = q = query_len
+        self.sizes = capture_sizes(max_num_seqs) if sizes is None else [s for s in sizes if s <= max_num_seqs]
+        if not self.sizes:
+            raise ValueError(f"no CUDA graph capture size is at most max_num_seqs={max_num_seqs}: {sizes}")
         self.max_blocks = -(-max_model_len // block_size) + 1  # one spare block per sequence
         top = self.sizes[-1]
-        self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(top, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((top,), -1, dtype=torch.int64, device=device)
-        self.block_tables = torch.zeros((top, self.max_blocks), dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=device)
-        self.context_lens = torch.zeros(top, dtype=torch.int32, device=device)
+        # Inference tensors, like every step's own inputs: the compiled forward guards on the kind,
+        # and one kind means one graph for both.
+        with torch.inference_mode():
+            self.input_ids = torch.zeros(top * q, dtype=torch.int64, device=device)
+            self.positions = torch.zeros(top * q, dtype=torch.int64, device=device)
+            self.slot_mapping = torch.full((top * q,), -1, dtype=torch.int64, device=device)
+            self.block_tables = torch.zeros((top, self.max_blocks), dtype=torch.int32, device=device)
+            self.cu_seqlens_q = torch.arange(top + 1, dtype=torch.int32, device=device) * q
+            self.context_lens = torch.zeros(top, dtype=torch.int32, device=device)
         # Host staging rows (pinned on CUDA, so the copies to the device do not wait for a sync).
         pin = device.type == "cuda"
-        self._host_ints = torch.zeros((4, top), dtype=torch.int64, pin_memory=pin)  # ids, pos, slots, ctx
+        self._host_tokens = torch.zeros((3, top * q), dtype=torch.int64, pin_memory=pin)  # ids, pos, slots
+        self._host_ctx = torch.zeros(top, dtype=torch.int32, pin_memory=pin)
         self._host_tables = torch.zeros((top, self.max_blocks), dtype=torch.int32, pin_memory=pin)
         self.capture = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_s = 0.0
         self.pool_bytes = 0
+        self.replays = 0
         self._copied: torch.cuda.Event | None = None
 
     def _meta(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size],
+            slot_mapping=self.slot_mapping[: size * self.query_len],
             block_tables=self.block_tables[:size],
             cu_seqlens_q=self.cu_seqlens_q[: size + 1],
             context_lens=self.context_lens[:size],
-            max_q_len=1,
+            max_q_len=self.query_len,
         )
 
     def _forward(self, size: int) -> torch.Tensor:
-        hidden: torch.Tensor = self.model(
-            self.input_ids[:size],
-            self.positions[:size],
+        n = size * self.query_len
+        return self.forward(
+            self.input_ids[:n],
+            self.positions[:n],
             self.kv_caches,
             self._meta(size),
             self.store_kv,
             self.attention,
         )
-        return hidden
 
     @torch.inference_mode()
     def capture_all(self) -> None:
@@ -137,7 +148,7 @@ class DecodeGraphs:
         before = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):
-            self._forward(size)  # warm-up: compiles the Triton kernels for this shape
+            self._forward(size)  # warm-up: compiles the Triton kernels (and the forward) for this shape
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
@@ -147,7 +158,8 @@ class DecodeGraphs:
         self.capture_s = time.monotonic() - t
         self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
         log.info(
-            "captured CUDA graphs of the decode forward for batch sizes %s in %.1f s (%.0f MiB)",
+            "captured CUDA graphs of %s steps for batch sizes %s in %.1f s (%.0f MiB)",
+            "decode" if self.query_len == 1 else f"{self.query_len}-token verify",
             ",".join(map(str, self.sizes)),
             self.capture_s,
             self.pool_bytes / 2**20,
@@ -157,55 +169,66 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= num_seqs), None)
 
     def eligible(self, scheduled: list[tuple[Any, int]]) -> bool:
-        """A decode-only step (one new token each, no proposals) that fits the buffers."""
+        """Every sequence brings ``query_len`` tokens: its last one (decode) and, for a verify step,
+        exactly ``query_len - 1`` proposals; and the step fits the buffers."""
+        q = self.query_len
         return (
             0 < len(scheduled) <= self.sizes[-1]
-            and all(num_new == 1 and not req.spec_token_ids for req, num_new in scheduled)
+            and all(num_new == q and len(req.spec_token_ids) == q - 1 for req, num_new in scheduled)
             and max(len(req.block_ids) for req, _ in scheduled) <= self.max_blocks
         )
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Any, int]]) -> tuple[torch.Tensor, list[int]]:
-        """Replay the step; return the hidden states ``[n, hidden]`` (a view of the graph's
-        output, valid until the next replay) and the row of each sequence that samples
-        (``-1`` for one whose prompt is still being prefilled, a token at a time)."""
-        n = len(scheduled)
+        """Replay the step; return the hidden states ``[n * query_len, hidden]`` (a view of the
+        graph's output, valid until the next replay) and the row of each sequence's last token
+        (``-1`` for one whose prompt is still being prefilled, a token at a time; a verify step's
+        sequences sample their ``query_len`` rows ending there)."""
+        n, q = len(scheduled), self.query_len
         size = self.size_for(n)
         assert size is not None, "eligible() first"
         if self._copied is not None:
             self._copied.synchronize()  # the last step's copies have read the staging rows
         bs = self.block_size
-        ids, pos, slots, ctx, last_rows, tables = [], [], [], [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        ctx, last_rows, tables = [], [], []
         for i, (req, _) in enumerate(scheduled):
             end = req.num_computed_tokens  # the scheduler has already booked this step
-            p = end - 1
             blocks = req.block_ids
-            ids.append(req.all_token_ids[p])
-            pos.append(p)
-            slots.append(blocks[p // bs] * bs + p % bs)
+            spec = req.spec_token_ids
+            tokens = req.all_token_ids + spec if spec else req.all_token_ids
+            for p in range(end - q, end):
+                ids.append(tokens[p])
+                pos.append(p)
+                slots.append(blocks[p // bs] * bs + p % bs)
             ctx.append(end)
             tables.append(blocks)
-            last_rows.append(i if end == req.num_tokens else -1)
+            last_rows.append((i + 1) * q - 1 if end == req.num_tokens + len(spec) else -1)
         width = max(map(len, tables))
-        pad = size - n  # padding rows: token 0 at position 0, stored nowhere, attending to nothing
-        host = self._host_ints
-        host[:, :size] = torch.tensor([ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad, ctx + [0] * pad])
+        pad = (size - n) * q  # padding rows: token 0 at position 0, stored nowhere, attending to nothing
+        host = self._host_tokens
+        rows = size * q
+        host[:, :rows] = torch.tensor([ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad])
+        self._host_ctx[:size] = torch.tensor(ctx + [0] * (size - n), dtype=torch.int32)
         self._host_tables[:n, :width] = torch.tensor(
             [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32
         )
         pinned = host.is_pinned()
-        self.input_ids[:size].copy_(host[0, :size], non_blocking=pinned)
-        self.positions[:size].copy_(host[1, :size], non_blocking=pinned)
-        self.slot_mapping[:size].copy_(host[2, :size], non_blocking=pinned)
-        self.context_lens[:size].copy_(host[3, :size], non_blocking=pinned)
+        self.input_ids[:rows].copy_(host[0, :rows], non_blocking=pinned)
+        self.positions[:rows].copy_(host[1, :rows], non_blocking=pinned)
+        self.slot_mapping[:rows].copy_(host[2, :rows], non_blocking=pinned)
+        self.context_lens[:size].copy_(self._host_ctx[:size], non_blocking=pinned)
         # Only the columns this step's tables use: the kernels read no block past a context's end.
         self.block_tables[:n, :width].copy_(self._host_tables[:n, :width], non_blocking=pinned)
         if pinned:
             self._copied = torch.cuda.Event()
             self._copied.record()
+        self.replays += 1
         if self.capture:
             self.graphs[size].replay()
             out = self.outputs[size]
         else:
             out = self._forward(size)
-        return out[:n], last_rows
+        return out[: n * q], last_rows

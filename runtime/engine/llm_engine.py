@@ -16,11 +16,9 @@ from typing import Any
 
 import torch
 
-from plimsoll.kv_memory import (
-    KVCacheBudget,
-    kv_cache_line,
-)
+from plimsoll.kv_memory import KVCacheBudget, kv_cache_line
 from plimsoll.runtime.engine import kv_sizing
+from plimsoll.runtime.engine.compilation import cache_counters, use_cache_dir
 from plimsoll.runtime.engine.config import (
     DEFAULT_CPU_KV_CACHE_MEMORY,
     DEFAULT_MAX_MODEL_LEN_CAP,
@@ -31,7 +29,7 @@ from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.kv_sizing import CudaMemory, DeviceMemory
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
-from plimsoll.runtime.engine.model_runner import ModelRunner, kv_bytes_per_token
+from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token
 from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
 from plimsoll.runtime.engine.request import Request, RequestGroup
@@ -41,7 +39,9 @@ from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
+from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
+from plimsoll.runtime.kv.connector import KVConnector, build_connector
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
@@ -86,7 +86,10 @@ class LLMEngine:
             raise
 
     def _build(self, config: EngineConfig) -> None:
-        keep_freed_memory()  # a step's multi-MiB activations reuse the last step's pages (kernels/host_memory.py)
+        if config.keep_freed_memory:
+            keep_freed_memory()  # a step's multi-MiB activations reuse the last step's pages (kernels/host_memory.py)
+        if self.device.type == "cpu":  # the process's build of the kernels, before any model uses them
+            cpu_kernels.select(config.cpu_kernels, config.cpu_kernel_parallel)
         memory = self.device_memory
         if memory is None and config.kv_cache_memory is None and not self.device.type == "cpu":
             raise ValueError(
@@ -143,12 +146,26 @@ class LLMEngine:
             config.attention_backend,
             lora_slots=(config.max_loras, config.max_lora_rank) if config.enable_lora else None,
             kv_cache_dtype=config.kv_cache_dtype,
+            cpu_options=cpu_options(config),
         )
+        plan = self.runner.cpu_plan
+        # The one line naming what serves this model's steps; a warning where the kernels would run but cannot.
+        log.log(logging.WARNING if plan.kernels_reason and "--cpu-kernels off" not in plan.kernels_reason
+                else logging.INFO, "%s", plan.describe())  # fmt: skip
         if self.executor is not None:
             self.executor.start_workers(self.num_blocks)
             self.runner.plan_sink = self.executor.broadcast_plan
+        self.kv_connector: KVConnector | None = None  # _attach_kv_connector(), on the cache serving uses
+        self.prefetching: dict[str, list[Request]] = {}
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
+        if self.device.type == "cuda" and (config.quantization == "int8" or config.kv_cache_dtype == "int8"):
+            from plimsoll.runtime.engine import int8_speed
+
+            # An int8 path slower than bf16 on this card says so in the log (int8_speed.py).
+            self.int8_speed = int8_speed.check(
+                loaded.model, config.quantization, config.kv_cache_dtype, config.attention_backend, config.max_num_seqs
+            )
         self.sampler = Sampler(self.tokenizer, seed=config.seed)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
@@ -161,6 +178,7 @@ class LLMEngine:
         else:
             self._capture_cuda_graphs()
         STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now (and the graphs)
+        self._attach_kv_connector(loaded)
         log.info(self.kv_cache_line())
         log.info(
             "engine ready: %s, %d KV blocks x %d tokens (%d bytes/token%s), max_model_len %d",
@@ -177,6 +195,19 @@ class LLMEngine:
         kv = KVCacheManager(self.num_blocks, c.block_size)
         return Scheduler(kv, c.max_num_seqs, c.max_num_batched_tokens, self.max_model_len, c.scheduling_policy, self.lora)
 
+    def _attach_kv_connector(self, loaded: Any) -> None:
+        """KV tiers and events (runtime/kv/): the cache manager reports to the connector; requests
+        whose blocks may be on disk or in the shared tier wait in ``prefetching`` until fetched.
+        Attached to the cache serving uses, after any sizing from the device replaced it."""
+        self.kv_connector = build_connector(
+            self.config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len
+        )
+        if self.kv_connector is not None:
+            kv = self.scheduler.kv
+            kv.connector = self.kv_connector
+            kv.pool.on_evicted = self.kv_connector.on_evicted
+            kv.pool.on_cleared = self.kv_connector.on_cleared
+
     def _draft_bytes_per_token(self) -> int:
         draft = getattr(self.speculator, "draft", None)
         return int(draft.bytes_per_token) if draft is not None else 0
@@ -184,6 +215,7 @@ class LLMEngine:
     def _size_from_device(self, memory: DeviceMemory, baseline: kv_sizing.Baseline, weights: int, per_token: int) -> None:
         """Run what serving will run — the largest step, the largest sampled batch, the CUDA graphs —
         over the provisional cache; size the real cache from the device's figures; swap it in."""
+        memory.empty_cache()  # what start-up checks freed (int8_speed) is not this profile's peak
         memory.reset_peak_memory_stats()
         self._run_largest_step()
         kv_sizing.profile_sampler(
@@ -207,6 +239,7 @@ class LLMEngine:
             raise ValueError(problem)
         self.kv_budget = budget
         self.runner.decode_graphs = None  # they point into the provisional cache
+        self.runner.verify_graphs = None
         self.runner.allocate_kv_cache(0)
         if draft is not None:
             draft.resize(0)
@@ -219,7 +252,7 @@ class LLMEngine:
         self.scheduler = self._scheduler()
         if self.speculator is not None:
             self.speculator.max_model_len = self.max_model_len
-        self._capture_cuda_graphs()
+        self._capture_cuda_graphs(compile_forward=False)
 
     def kv_cache_line(self) -> str:
         """The start-up line (as vLLM's): KV bytes and where they came from, tokens, blocks, concurrency."""
@@ -233,26 +266,61 @@ class LLMEngine:
             source, kv_bytes = "the CPU default; set --kv-cache-memory-bytes", DEFAULT_CPU_KV_CACHE_MEMORY
         return str(kv_cache_line(kv_bytes, self.num_blocks, bs, self.max_model_len, source))
 
-    def _capture_cuda_graphs(self) -> None:
-        """On CUDA with the Triton backend, decode steps replay graphs captured now (cuda_graphs.py)."""
+    def _capture_cuda_graphs(self, compile_forward: bool = True) -> None:
+        """Compile the forward (``--compilation-config`` mode 3, the default on CUDA:
+        engine/compilation.py), then, on CUDA with the Triton backend, capture the graphs that
+        uniform decode and verify steps replay (cuda_graphs.py). ``compile_forward=False``
+        recaptures the graphs only (the compiled forward takes the KV cache as an argument, so a
+        resized cache keeps it)."""
         config = self.config
-        reason = ineligible_reason(
+        compilation = config.compilation_config
+        if compilation.cache_dir is not None:
+            log.info("compile caches in %s", use_cache_dir(compilation.cache_dir))
+        graphs_off = ineligible_reason(
             self.device,
             config.attention_backend,
             config.enforce_eager,
             tensor_parallel=self.executor is not None,
-            lora=config.enable_lora,
         )
-        if reason is not None:
+        mode = compilation.resolved_mode(self.device.type)
+        if mode == 3 and self.executor is not None:
+            log.info("the forward runs eagerly: tensor parallelism is not compiled")
+        elif mode == 3 and compile_forward:
+            # CUDA-graph capture compiles each graph as it warms up; otherwise compile now.
+            self.runner.enable_compile(warm_up=graphs_off is not None)
+        if graphs_off is not None:
             if self.device.type == "cuda":
-                log.info("decode runs eagerly, without CUDA graphs: %s", reason)
+                log.info("steps run without CUDA graphs: %s", graphs_off)
             return
-        self.runner.enable_cuda_graphs(config.max_num_seqs, self.max_model_len)
+        spec = config.speculative_config
+        self.runner.enable_cuda_graphs(
+            config.max_num_seqs,
+            self.max_model_len,
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
+            sizes=compilation.cudagraph_capture_sizes,
+        )
+
+    def compile_report(self) -> dict[str, Any]:
+        """What start-up spent compiling and capturing, and the compile caches' counters."""
+        runner = self.runner
+        compiled = runner.compiled
+        graphs = [g for g in (runner.decode_graphs, runner.verify_graphs) if g is not None]
+        return {
+            "compiled": compiled is not None,
+            "compile_seconds": round(compiled.compile_seconds, 3) if compiled is not None else 0.0,
+            "compiled_graphs": compiled.graphs if compiled is not None else 0,
+            "cuda_graph_capture_seconds": round(sum(g.capture_s for g in graphs), 3),
+            "cuda_graph_sizes": {g.query_len: g.sizes for g in graphs},
+            "cache_counters": cache_counters(),
+        }
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (a no-op without tensor parallelism)."""
+        """Stop the tensor-parallel workers and the KV tiers' threads, if any."""
         if self.executor is not None:
             self.executor.close()
+        connector = getattr(self, "kv_connector", None)
+        if connector is not None:
+            connector.close()
 
     def _max_model_len(self, model_max: int, kv_tokens: int | None) -> int:
         """The longest sequence served; ``kv_tokens`` None: the cache is not sized yet (it is then
@@ -352,6 +420,7 @@ class LLMEngine:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
 
@@ -359,6 +428,8 @@ class LLMEngine:
         ``lora_name`` runs it under that adapter (``LoRANotFoundError`` if none is loaded by that name).
         ``priority`` (lower first) and ``fairness_id`` (the tenant) are the request's scheduling
         attributes, read by ``--scheduling-policy priority`` only, as vLLM's ``add_request`` takes them.
+        ``cache_salt`` (vLLM's per-request field; the server folds the tenant into it) starts the
+        prefix-cache hash chain: requests with different salts never share a cached block.
         """
         vocab = int(self.hf_config.vocab_size)
         params.validate(vocab)  # every id a request carries indexes the logits on the device
@@ -380,7 +451,7 @@ class LLMEngine:
             )
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         if self.config.enable_prefix_caching:
-            salt: str | None = ""
+            salt: str | None = f"salt:{cache_salt}" if cache_salt else ""
         else:
             # Caching off: siblings of one n>1 request still share their prompt blocks.
             salt = f"group:{request_id}:{id(params)}" if params.n > 1 else None
@@ -402,15 +473,38 @@ class LLMEngine:
             seqs.append(seq)
         group = RequestGroup(request_id, text, ids, seqs, arrival)
         for seq in seqs:
-            self.scheduler.add_request(seq)
             self.seq_to_group[seq.request_id] = group
         self.groups[request_id] = group
+        if self._start_prefetch(seqs[0]):
+            self.prefetching[request_id] = seqs  # scheduled once its blocks are fetched (or not found)
+            return
+        for seq in seqs:
+            self.scheduler.add_request(seq)
+
+    def _start_prefetch(self, seq: Request) -> bool:
+        connector = self.kv_connector
+        if connector is None or not connector.wants_prefetch() or seq.cache_salt is None:
+            return False
+        seq.update_block_hashes(self.config.block_size)
+        pool = self.scheduler.kv.pool
+        return connector.start_prefetch(seq, lambda h: pool.get_cached_block(h) is not None)
+
+    def _admit_prefetched(self) -> None:
+        """Hand requests whose prefetch finished to the scheduler, in arrival order."""
+        assert self.kv_connector is not None
+        for request_id in list(self.prefetching):
+            if self.kv_connector.prefetch_ready(request_id):
+                for seq in self.prefetching.pop(request_id):
+                    self.scheduler.add_request(seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort now; its blocks are freed at once. Returns the final output, or None if unknown."""
         group = self.groups.get(request_id)
         if group is None:
             return None
+        if self.prefetching.pop(request_id, None) is not None:
+            assert self.kv_connector is not None
+            self.kv_connector.cancel_prefetch(request_id)
         for seq in group.seqs:
             if not seq.is_finished:
                 self.scheduler.abort(seq.request_id)
@@ -424,13 +518,23 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         t0 = time.monotonic()
+        connector = self.kv_connector
+        if self.prefetching:
+            self._admit_prefetched()
         sched = self.scheduler.schedule()
         touched: dict[str, RequestGroup] = {}
         if sched.lora_loads:
             self._load_lora_slots(sched)
+        if connector is not None:
+            # Evicted blocks leave before anything overwrites them; tier hits arrive before they are read.
+            connector.before_forward(self.runner.kv_caches)
+        if sched.is_empty and self.prefetching and connector is not None:
+            connector.wait_prefetch(0.01)  # only fetches are outstanding: wait for one, do not spin
         if not sched.is_empty:
             prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_output_tokens == 0]
             reqs, logits = self.runner.execute(sched)  # a failure here is the engine's: it propagates
+            if connector is not None:
+                connector.after_forward(self.runner.kv_caches)
             sampled = self._sample(reqs, logits)
             now = time.monotonic()
             for r, n in prompt_chunks:
@@ -451,6 +555,8 @@ class LLMEngine:
                     self._fail_group(group, req, exc)
             if self.speculator is not None:
                 self.speculator.after_step(reqs, self.scheduler.running)
+        if connector is not None and sched.is_empty:
+            connector.flush_events()
         outputs = []
         for g in touched.values():
             out = self._make_output(g)
@@ -551,6 +657,7 @@ class LLMEngine:
             prefix_cache_hits=sched.prefix_cache_hits,
             kv_cache_usage=self.scheduler.kv.usage(),
             lora_swaps=len(sched.lora_loads),
+            step_path="" if sched.is_empty else self.runner.last_path,
             step_time_s=step_time,
             **self._spec_stats(sched),
         )

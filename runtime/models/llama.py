@@ -5,22 +5,32 @@ except that q/k/v and gate/up are each one fused matmul (``fuse_hf_state_dict``
 stacks a transformers state dict's tensors into them at load). Differences between the family members are
 switches read from the HF config: Qwen2's q/k/v bias, Qwen3's per-head q/k
 RMSNorm, tied or untied embeddings, RoPE variants (default, linear, llama3, yarn).
+Each layer calls one ``attend(q, k, v, layer, scale)`` after RoPE: eagerly a ``PagedAttend``
+over the step's caches and backend (``forward``, which also takes the CPU native paths), or
+the opaque ``torch.ops.plimsoll.attention`` in ``forward_opaque``, the forward
+``torch.compile`` traces (``engine/compilation.py``).
 What it is not: a general model zoo; sliding-window attention is not implemented,
 so a window shorter than ``max_model_len`` is refused by the loader.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from plimsoll.runtime.attention.attention_op import PagedAttend, opaque_attend
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
+from plimsoll.runtime.models.cpu_plan import CPUPlan
 from plimsoll.runtime.models.dense import Linear, linear, prime_onednn
-from plimsoll.runtime.models.fused_decode import FusedDecode, GluedLayers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+# What a layer calls after RoPE: (query, key, value, layer index, scale) -> attention output.
+# A ``PagedAttend`` eagerly, ``opaque_attend`` (one custom op) under torch.compile.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -50,14 +60,17 @@ class RotaryEmbedding(nn.Module):
                 f"RoPE type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        if rope_type == "default":
-            base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-            self.attention_scaling = 1.0
-        else:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        # Computed on the CPU even inside the loader's meta device: on meta these ops run through
+        # torch's Python refs, which import torch._dynamo (and Triton with it) on a CPU server.
+        with torch.device("cpu"):
+            if rope_type == "default":
+                base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+                inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+                self.attention_scaling = 1.0
+            else:
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+                inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -78,8 +91,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any, arch: str) -> None:
+    def __init__(self, config: Any, arch: str, layer_index: int = 0) -> None:
         super().__init__()
+        self.layer_index = layer_index  # which KV cache of the step is this layer's
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -102,10 +116,7 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [N, hidden]
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-        store_kv: StoreKV,
-        paged_attention: PagedAttention,
+        attend: Attend,
     ) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x)
@@ -125,13 +136,7 @@ class Attention(nn.Module):
             )
         # RoPE on q and k heads together: one set of ops per layer instead of two.
         q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
-        k_cache, v_cache = kv_cache
-        # Every layer stores all of the step's KV before attending, so sequences that
-        # hit a block another sequence fills in this same step read it correctly.
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale
-        )  # [N, H, D]
+        out = attend(q, k, v, self.layer_index, self.scale)  # [N, H, D]; stores this step's K/V first
         result: torch.Tensor = self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
         return result
 
@@ -153,15 +158,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any, arch: str) -> None:
+    def __init__(self, config: Any, arch: str, layer_index: int = 0) -> None:
         super().__init__()
-        self.self_attn = Attention(config, arch)
+        self.self_attn = Attention(config, arch, layer_index)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, *attn_args: Any) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
         result: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return result
 
@@ -169,8 +174,13 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, arch: str) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, arch) for _ in range(config.num_hidden_layers))
+        # Initialised here, not by nn.Embedding: its normal_() on the loader's meta device runs
+        # through torch's Python refs, which import torch._dynamo (and Triton with it) on a CPU.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
+        self.layers = nn.ModuleList(DecoderLayer(config, arch, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
@@ -187,8 +197,8 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._fused: FusedDecode | None = None  # built at the first forward (after LoRA, TP, int8)
-        self._glued: GluedLayers | None = None
+        # Set by the engine's model runner at load, after LoRA, TP and int8 (models/cpu_plan.py).
+        self.cpu_plan: CPUPlan | None = None
 
     def forward(
         self,
@@ -201,31 +211,42 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [N, hidden]
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(positions, x.dtype)  # once per step, for every layer
-        if self._fused is None:
-            self._fused = FusedDecode(self)
-            self._glued = GluedLayers(self._fused)
-        # On CPU in float32 (models/fused_decode.py): a few decode rows, every layer in one native
-        # call; larger steps, each layer as oneDNN matmuls with one native call between each two.
-        if self._fused.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention):
-            return self.model.norm(x)  # type: ignore[no-any-return]
-        assert self._glued is not None
-        glued = self._glued.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
-        if glued is not None:
-            return glued
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, meta, store_kv, paged_attention)
+        # On CPU (models/cpu_plan.py): the fused decode step or the glued layers where they take
+        # the step; every other step runs the layers below.
+        if self.cpu_plan is not None:
+            planned = self.cpu_plan.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
+            if planned is not None:
+                return planned
+        return self.run_layers(x, cos, sin, PagedAttend(kv_caches, meta, store_kv, paged_attention))
+
+    def forward_opaque(
+        self,
+        input_ids: torch.Tensor,  # [N]
+        positions: torch.Tensor,  # [N]
+    ) -> torch.Tensor:  # [N, hidden]
+        """The forward ``torch.compile`` traces (``engine/compilation.py``): every layer's attention
+        is the opaque ``torch.ops.plimsoll.attention``, which reads the step's caches and metadata
+        from the runner's ``step_context``; none of the CPU native paths."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        return self.run_layers(x, cos, sin, opaque_attend)
+
+    def run_layers(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, attend)
         hidden: torch.Tensor = self.model.norm(x)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        packed = None if self._fused is None else self._fused.logits(hidden)  # float32 CPU: the packed head
-        if packed is not None:
-            return packed
+        planned = None if self.cpu_plan is None else self.cpu_plan.logits(hidden)  # CPU: the packed head
+        if planned is not None:
+            return planned
         if self.tie_word_embeddings:
             return linear(hidden, self.model.embed_tokens.weight)
         logits: torch.Tensor = self.lm_head(hidden)  # a Linear, or an Int8Linear (models/quant.py)
         return logits
-
 
     def prime_matmuls(self, max_tokens: int, max_logit_rows: int) -> int:
         """Build the CPU matmul primitives every step shape will need (``dense.prime_onednn``): the

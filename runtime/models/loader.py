@@ -161,13 +161,34 @@ def load_model(
         state = AutoModelForCausalLM.from_pretrained(
             str(directory), gguf_file=gguf_file, dtype=torch.float32
         ).state_dict()
-    else:
+    # With tensor parallelism each rank reads only its share of each tensor, and the model is
+    # sharded while still on the meta device (models/tensor_parallel.py).
+    presharded = gguf_file is None and tensor_parallel is not None and tensor_parallel.world_size > 1
+    if presharded:
+        from plimsoll.runtime.models.tensor_parallel import read_rank_state
+
+        state = read_rank_state(directory, hf_config, tensor_parallel)
+    elif not gguf_file:
         state = _read_safetensors(directory)
+    from plimsoll.runtime.models import quant_fp8
+
+    # An FP8 checkpoint (quantization_config in config.json) loads as it is and serves as fp8.
+    quantization = quant_fp8.prepare_checkpoint(hf_config, state, quantization, device)
     with torch.device("meta"):
         net = LlamaForCausalLM(hf_config)
-    if net.tie_word_embeddings:
+    tied = net.tie_word_embeddings
+    if tied:
         state.pop("lm_head.weight", None)
-    missing, unexpected = net.load_state_dict(fuse_hf_state_dict(state), strict=False, assign=True)
+    if presharded:
+        from plimsoll.runtime.models.tensor_parallel import shard_model
+
+        shard_model(net, tensor_parallel)  # type: ignore[arg-type]
+    fused = fuse_hf_state_dict(state)
+    quant_fp8.install_modules(net, fused)
+    missing, unexpected = net.load_state_dict(fused, strict=False, assign=True)
+    if presharded and tied:  # the sharded head is the sharded embedding, assigned just now
+        net.lm_head.weight = net.model.embed_tokens.weight
+        missing = [m for m in missing if m != "lm_head.weight"]
     if missing or unexpected:
         raise ValueError(
             f"weights in {directory} do not match a {type(net).__name__} built from its config: "
@@ -177,7 +198,7 @@ def load_model(
     from plimsoll.runtime.models.llama import RotaryEmbedding
 
     net.model.rotary_emb = RotaryEmbedding(hf_config)
-    if tensor_parallel is not None and tensor_parallel.world_size > 1:
+    if tensor_parallel is not None and tensor_parallel.world_size > 1 and not presharded:
         from plimsoll.runtime.models.tensor_parallel import shard_model
 
         shard_model(net, tensor_parallel)

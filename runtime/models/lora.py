@@ -205,17 +205,36 @@ class LoRASlots:
                 module.lora = _SlotView(self, layer_idx, proj)
 
     def load(self, slot: int, weights: LoRAWeights) -> None:
-        """Copy one adapter into ``slot``; what it does not target stays zero."""
+        """Copy one adapter into ``slot``; what it does not target stays zero.
+
+        Every A and B row of the slot is packed into one host buffer (pinned on CUDA), copied to
+        the device in one transfer that does not block the engine thread, and spread into the
+        slots there with one batched device copy: not a small blocking copy per layer and
+        projection."""
         r, big_r = weights.rank, self.max_rank
+        targets: list[torch.Tensor] = []
+        pieces: list[torch.Tensor] = []
         for (layer, proj), a_all in self.lora_a.items():
             p_count = len(self.shapes[proj][1])
-            a_slot = a_all[slot * p_count * big_r : (slot + 1) * p_count * big_r].zero_()
+            a_slot = a_all[slot * p_count * big_r : (slot + 1) * p_count * big_r]
+            a_host = torch.zeros(a_slot.shape, dtype=a_slot.dtype)
             for part, b_part in enumerate(self.lora_b[(layer, proj)]):
-                b_slot = b_part[slot * big_r : (slot + 1) * big_r].zero_()
+                b_slot = b_part[slot * big_r : (slot + 1) * big_r]
+                b_host = torch.zeros(b_slot.shape, dtype=b_slot.dtype)
                 ab = weights.tensors.get((layer, proj, part))
                 if ab is not None:
-                    a_slot[part * big_r : part * big_r + r].copy_(ab[0])
-                    b_slot[:r].copy_(ab[1].T)
+                    a_host[part * big_r : part * big_r + r] = ab[0]
+                    b_host[:r] = ab[1].T
+                targets.append(b_slot)
+                pieces.append(b_host)
+            targets.append(a_slot)
+            pieces.append(a_host)
+        staged = torch.cat([p.reshape(-1) for p in pieces])  # [total] on the host
+        device = targets[0].device
+        if device.type == "cuda":
+            staged = staged.pin_memory().to(device, non_blocking=True)
+        parts = staged.split([p.numel() for p in pieces])
+        torch._foreach_copy_(targets, [v.view(p.shape) for v, p in zip(parts, pieces, strict=True)])
 
     def delta(self, layer: int, proj: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         mask = self.row_mask

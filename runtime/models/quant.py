@@ -19,9 +19,13 @@ in the compiled kernel (``cpu_kernels.int8_linear``: the weight streams as int8,
 quarter of the float32 bytes, which is what a decode step is bound by) for up to 64
 rows; on CUDA the Triton kernel (``quant_triton.int8_linear``, int8 tiles on the tensor cores)
 does the same for up to 64 rows; prefill-sized matmuls dequantise the weight and call
-``dense.linear`` (oneDNN on CPU, cuBLAS through ``F.linear`` on a GPU), and a device where
-neither kernel can run logs one warning and dequantises, trading the speed for the memory
-saving. Norms and biases are not quantised.
+``dense.linear`` (oneDNN on CPU, cuBLAS through ``F.linear`` on a GPU; on a GPU a few thousand
+output rows at a time, so the float temporary is a slice of the matrix, never all of it), and
+a device where neither kernel can run logs one warning and dequantises, trading the speed for
+the memory saving. Under ``torch.compile`` the whole projection is one opaque op
+(``plimsoll::int8_linear``). ``compare_with_bf16`` times the kernel against the bf16 matmul at
+start on a GPU, so a server whose int8 path is slower than bfloat16 says so in its log.
+Norms and biases are not quantised.
 
 ``quantize_rows(w, group_size, asymmetric, grid)`` also makes the older layouts (one
 symmetric scale per row or per group, ``s = max|w| / 127``, no offsets) for comparison
@@ -36,6 +40,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import quant_triton
@@ -43,7 +48,7 @@ from plimsoll.runtime.models.dense import linear
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "fp8")  # fp8: models/quant_fp8.py
 # Above this, dequantise + the dense matmul is as fast on a layer's matrices (docs/runtime.md).
 KERNEL_MAX_ROWS = 64
 # Inputs per scale and offset; 0 = one per output row. 32 matches GGUF's blocks (docs/runtime.md
@@ -202,23 +207,88 @@ class Int8Linear(_Int8Weights):
         return dequantize(self.qweight, self.scales, self.offsets, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= KERNEL_MAX_ROWS and x.device.type == "cpu":
-            if cpu_kernels.supports_int8_linear(x, self.qweight, self.scales):
-                out: torch.Tensor = cpu_kernels.int8_linear(
-                    x, self.qweight, self.scales, self.bias, self.offsets
-                )
-                return out
-            _warn_fallback_once(
-                "the compiled CPU kernel cannot run here (not built, activations not float32, or groups "
-                "not a multiple of 16 inputs)"
+        if torch.compiler.is_compiling():  # one opaque node: the kernels below are not traceable
+            out: torch.Tensor = torch.ops.plimsoll.int8_linear(
+                x, self.qweight, self.scales, self.offsets, self.bias
             )
-        elif x.device.type == "cuda" and x.dim() == 2 and x.shape[0] <= quant_triton.MAX_ROWS:
-            reason = quant_triton.unsupported_reason(x, self.qweight, self.scales, self.offsets)
-            if reason is None:
-                gpu: torch.Tensor = quant_triton.launch(x, self.qweight, self.scales, self.offsets, self.bias)
-                return gpu
-            _warn_fallback_once(f"the Triton int8 kernel cannot run here ({reason})")
-        return linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            return out
+        return int8_matmul(x, self.qweight, self.scales, self.offsets, self.bias)
+
+
+def int8_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """``x @ dequantize(qweight, scales, offsets).T + bias`` by the fastest path this device has."""
+    if x.dim() == 2 and x.shape[0] <= KERNEL_MAX_ROWS and x.device.type == "cpu":
+        if cpu_kernels.supports_int8_linear(x, qweight, scales):
+            out: torch.Tensor = cpu_kernels.int8_linear(x, qweight, scales, bias, offsets)
+            return out
+        _warn_fallback_once(
+            "the compiled CPU kernel cannot run here (not built, activations not float32, or groups "
+            "not a multiple of 16 inputs)"
+        )
+    elif x.device.type == "cuda" and x.dim() == 2 and x.shape[0] <= quant_triton.MAX_ROWS:
+        reason = quant_triton.unsupported_reason(x, qweight, scales, offsets)
+        if reason is None:
+            gpu: torch.Tensor = quant_triton.launch(x, qweight, scales, offsets, bias)
+            return gpu
+        _warn_fallback_once(f"the Triton int8 kernel cannot run here ({reason})")
+    bias = None if bias is None else bias.to(x.dtype)
+    if x.device.type == "cpu":  # oneDNN's primitives are primed per whole weight shape (prime_matmuls)
+        return linear(x, dequantize(qweight, scales, offsets, x.dtype), bias)
+    return chunked_dequant_linear(x, qweight, scales, offsets, bias)
+
+
+@torch.library.custom_op("plimsoll::int8_linear", mutates_args=())
+def int8_linear_op(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """``int8_matmul`` as one node of a compiled graph (eager callers call the function itself)."""
+    return int8_matmul(x, qweight, scales, offsets, bias)
+
+
+@int8_linear_op.register_fake
+def _(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+
+
+DEQUANT_CHUNK_BYTES = 8 * 2**20  # float32 temporary per chunk of output rows
+
+
+def chunked_dequant_linear(
+    x: torch.Tensor,  # [M, K]
+    qweight: torch.Tensor,  # [N, K] int8
+    scales: torch.Tensor,
+    offsets: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:  # [M, N]
+    """The prefill-sized path: dequantise a few thousand output rows at a time to ``x.dtype`` and
+    matmul them, so the float temporaries are a slice of the matrix (``DEQUANT_CHUNK_BYTES`` of
+    float32), not the whole of it on every call."""
+    n, k = qweight.shape
+    chunk = max(64, DEQUANT_CHUNK_BYTES // (4 * k) // 64 * 64)
+    if chunk >= n:
+        return F.linear(x, dequantize(qweight, scales, offsets, x.dtype), bias)
+    out = x.new_empty(*x.shape[:-1], n)
+    for n0 in range(0, n, chunk):
+        n1 = min(n, n0 + chunk)
+        w = dequantize(qweight[n0:n1], scales[n0:n1], None if offsets is None else offsets[n0:n1], x.dtype)
+        out[..., n0:n1] = F.linear(x, w, None if bias is None else bias[n0:n1])
+    return out
 
 
 class Int8Embedding(_Int8Weights):
@@ -243,6 +313,12 @@ def quantize_model(net: nn.Module, method: str, dtype: torch.dtype) -> nn.Module
     (a bf16 cast moves a checkpoint's values off the grid that grid recovery finds)."""
     if method not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or None, got {method!r}")
+    if method == "fp8":
+        from plimsoll.runtime.models import quant_fp8
+
+        quant_fp8.quantize_model(net)  # projections an FP8 checkpoint loaded stay as they are
+        quant_fp8.check_shapes(net)
+        return net
     for module in list(net.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):

@@ -13,6 +13,12 @@ KV heads: with at least as many KV heads as ranks each rank keeps
 KV head is replicated on ``tp / num_kv_heads`` ranks, the ranks whose query heads
 read it. ``check_tensor_parallel`` says which shapes cannot split, before anything loads.
 
+``read_rank_state(directory, config, group)`` reads only this rank's share of each tensor of a
+safetensors checkpoint (``safe_open(...).get_slice``), by the same slicing rules, so no rank
+holds the whole checkpoint in memory: the loader then runs ``shard_model`` on the model while
+it is still on the meta device (which only reshapes it and installs the hooks) and assigns the
+rank's tensors into it.
+
 What it is not: communication (``distributed/group.py``), process management
 (``engine/tp_executor.py``) or int8 weights (refused with TP by ``EngineConfig``).
 """
@@ -59,26 +65,39 @@ def _set_linear(layer: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | Non
     layer.out_features, layer.in_features = weight.shape
 
 
+def part_rows(part: str, config: Any, rank: int, tp: int) -> slice:
+    """This rank's rows of one Hugging Face projection (``q``, ``k``, ``v``, ``gate``, ``up``), or
+    its input columns of a row-parallel one (``o`` reads ``q``'s, ``down`` reads ``gate``'s)."""
+    num_heads, num_kv_heads, head_dim = _heads(config)
+    if part in ("q", "o"):
+        local_heads = num_heads // tp
+        return slice(rank * local_heads * head_dim, (rank + 1) * local_heads * head_dim)
+    if part in ("k", "v"):
+        local_kv = tp_split.kv_heads_per_rank(num_kv_heads, tp)
+        # Split: this rank's share; replicated: the one KV head this rank's query heads read.
+        first_kv = rank * local_kv if num_kv_heads >= tp else rank * num_kv_heads // tp
+        return slice(first_kv * head_dim, (first_kv + local_kv) * head_dim)
+    if part in ("gate", "up", "down"):
+        local = int(config.intermediate_size) // tp
+        return slice(rank * local, (rank + 1) * local)
+    raise ValueError(f"no tensor-parallel rule for projection part {part!r}")
+
+
 def _shard_attention(attn: Attention, config: Any, group: TensorParallelGroup) -> None:
     tp, rank = group.world_size, group.rank
     num_heads, num_kv_heads, head_dim = _heads(config)
     local_heads = num_heads // tp
     local_kv = tp_split.kv_heads_per_rank(num_kv_heads, tp)
-    # Split: this rank's share; replicated: the one KV head this rank's query heads read.
-    first_kv = rank * local_kv if num_kv_heads >= tp else rank * num_kv_heads // tp
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
 
     def rows(t: torch.Tensor) -> torch.Tensor:  # [q | k | v] -> this rank's [q | k | v]
-        q = t[rank * local_heads * head_dim : (rank + 1) * local_heads * head_dim]
-        k = t[q_size + first_kv * head_dim : q_size + (first_kv + local_kv) * head_dim]
-        v = t[q_size + kv_size + first_kv * head_dim : q_size + kv_size + (first_kv + local_kv) * head_dim]
-        return torch.cat((q, k, v))
+        q, k, v = t.split([q_size, kv_size, kv_size])
+        return torch.cat(tuple(x[part_rows(p, config, rank, tp)] for x, p in ((q, "q"), (k, "k"), (v, "v"))))
 
     qkv = attn.qkv_proj
     _set_linear(qkv, rows(qkv.weight.data), None if qkv.bias is None else rows(qkv.bias.data))
     o = attn.o_proj
-    cols = slice(rank * local_heads * head_dim, (rank + 1) * local_heads * head_dim)
-    _row_parallel(o, o.weight.data[:, cols], group)
+    _row_parallel(o, o.weight.data[:, part_rows("o", config, rank, tp)], group)
     attn.num_heads, attn.num_kv_heads = local_heads, local_kv
     attn.q_size, attn.kv_size = local_heads * head_dim, local_kv * head_dim
 
@@ -166,3 +185,59 @@ def shard_model(net: LlamaForCausalLM, group: TensorParallelGroup) -> LlamaForCa
 
     net.lm_head.register_forward_hook(gather_logits)
     return net
+
+
+# Hugging Face tensor name -> (projection part, sliced along the input columns, bias kept on rank 0 only)
+_HF_PARTS = {
+    "q_proj": ("q", False),
+    "k_proj": ("k", False),
+    "v_proj": ("v", False),
+    "gate_proj": ("gate", False),
+    "up_proj": ("up", False),
+    "o_proj": ("o", True),
+    "down_proj": ("down", True),
+}
+
+
+def read_rank_state(directory: Any, config: Any, group: TensorParallelGroup) -> dict[str, torch.Tensor]:
+    """This rank's share of every tensor of the safetensors files in ``directory`` (Hugging Face
+    names): column-parallel rows, row-parallel input columns (their bias on rank 0 only), this
+    rank's vocabulary rows of the embedding and the head (zero-padded as ``shard_model`` pads
+    them), everything else whole. Only those slices are read into memory."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {directory}; save the model with safe_serialization")
+    tp, rank = group.world_size, group.rank
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as reader:
+            for name in reader.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                tensor = _read_share(reader, name, config, rank, tp)
+                if tensor is not None:
+                    state[name] = tensor
+    return state
+
+
+def _read_share(reader: Any, name: str, config: Any, rank: int, tp: int) -> torch.Tensor | None:
+    view = reader.get_slice(name)
+    module, _, kind = name.rpartition(".")
+    projection = module.rpartition(".")[2]
+    if projection in _HF_PARTS:
+        part, by_columns = _HF_PARTS[projection]
+        rows = part_rows(part, config, rank, tp)
+        if kind == "bias" and by_columns:
+            return view[:] if rank == 0 else None  # added once, after the all-reduce
+        return view[:, rows] if by_columns and kind == "weight" else view[rows]
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        vocab = view.get_shape()[0]
+        per_rank = tp_split.vocab_per_rank(vocab, tp)
+        first = rank * per_rank
+        part = view[first : min(vocab, first + per_rank)]
+        if part.shape[0] < per_rank:
+            part = torch.cat((part, part.new_zeros(per_rank - part.shape[0], part.shape[1])))
+        return part
+    return view[:]

@@ -27,6 +27,7 @@ SETTINGS = BuildSettings(
     plimsoll_image="plimsoll:test",
     plimsoll_cuda_image="plimsoll:test-cuda",
     vllm_image="vllm/vllm-openai:v0.32.0",
+    sglang_image="lmsysorg/sglang:test",
 )
 
 
@@ -39,6 +40,7 @@ CASES = {
     "qwen-vllm": ROOT / "examples" / "llmservice-qwen-vllm.yaml",
     "hf-gateway": ROOT / "examples" / "llmservice-hf-gateway.yaml",
     "lora-vllm": ROOT / "examples" / "llmservice-lora.yaml",
+    "qwen-sglang": ROOT / "examples" / "llmservice-qwen-sglang.yaml",
 }
 
 
@@ -74,7 +76,8 @@ def test_plimsoll_engine_flags_and_embedded_model() -> None:
     assert container["command"] == ["plimsoll"]
     assert container["args"][:5] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
     assert "--model" not in container["args"], "embedded:// uses the image's converted copy"
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "64Gi"}  # bounded by default
+    assert container["resources"]["requests"] == {"memory": "1Gi"}  # not 64Gi to schedule
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["startupProbe"]["httpGet"]["path"] == "/health"

@@ -24,23 +24,51 @@ def test_rows_round_trip_within_half_a_step() -> None:
     gen = torch.Generator().manual_seed(3)
     rows = torch.randn((50, 4, 64), generator=gen) * torch.rand((50, 4, 1), generator=gen) * 10
     rows[0, 0] = 0.0  # an all-zero row keeps a tiny positive scale, not a division by zero
-    packed = kv_int8.quantize(rows)
-    assert packed.dtype == torch.int8 and packed.shape == (50, 4, 68)
-    back = kv_int8.dequantize(packed, torch.float32)
+    q, s = kv_int8.quantize_rows(rows)
+    assert q.dtype == torch.int8 and q.shape == (50, 4, 64) and s.shape == (50, 4)
+    back = q.float() * s[..., None]
     assert bool(((back - rows).abs() <= kv_int8.scale_error_bound(rows) * (1 + 1e-6)).all())
     assert bool((back[0, 0] == 0).all())
-    assert kv_int8.head_dim_of(packed) == 64
+
+
+def test_block_layout_keeps_values_then_scales_in_each_block() -> None:
+    # [num_blocks 3, block_size 4, Hkv 2, D 16]: each block is 4*2*16 value bytes, then 4*2 float32
+    # scales; the value rows are D bytes apart (aligned), the views write into the one tensor.
+    gen = torch.Generator().manual_seed(4)
+    cache = torch.randn((3, 4, 2, 16), generator=gen)
+    packed = kv_int8.quantize_cache(cache)
+    assert packed.shape == (3, 4, 2, 20) and packed.dtype == torch.int8
+    assert kv_int8.head_dim_of(packed) == 16
+    values, scales = kv_int8.values(packed), kv_int8.scales(packed)
+    assert values.stride() == (4 * 2 * 20, 2 * 16, 16, 1) and scales.stride() == (4 * 2 * 20 // 4, 2, 1)
+    block = packed.view(3, -1)[1]
+    q, s = kv_int8.quantize_rows(cache[1])
+    assert torch.equal(block[: 4 * 2 * 16].view(4, 2, 16), q)
+    assert torch.equal(block[4 * 2 * 16 :].view(torch.float32).view(4, 2), s)
+    back = kv_int8.dequantize_cache(packed, torch.float32)
+    assert bool(((back - cache).abs() <= kv_int8.scale_error_bound(cache) * (1 + 1e-6)).all())
+    # store() writes one slot's values and scale and nothing else.
+    before = packed.clone()
+    row = torch.randn((1, 2, 16), generator=gen)
+    kv_int8.store(packed, torch.tensor([6]), row)  # block 1, offset 2
+    changed = (packed != before).view(3, -1).any(dim=1)
+    assert changed.tolist() == [False, True, False]
+    assert torch.allclose(
+        kv_int8.read_blocks(packed, torch.tensor([1]), torch.float32)[0, 2], row[0], atol=0.05
+    )
+    with pytest.raises(ValueError, match="divisible by 4"):
+        kv_int8.quantize_cache(torch.zeros((1, 4, 1, 6)))
 
 
 def int8_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
+    return kv_int8.quantize_cache(k_cache), kv_int8.quantize_cache(v_cache)
 
 
 def error_bound(args: tuple[Any, ...], kq: torch.Tensor, vq: torch.Tensor) -> torch.Tensor:
     """Per query row and head: the bound of the module docstring, over that row's context."""
     query, k_cache, v_cache, *_, scale = args
-    dk = (kv_int8.dequantize(kq, torch.float32) - k_cache).abs().amax()
-    dv = (kv_int8.dequantize(vq, torch.float32) - v_cache).abs().amax()
+    dk = (kv_int8.dequantize_cache(kq, torch.float32) - k_cache).abs().amax()
+    dv = (kv_int8.dequantize_cache(vq, torch.float32) - v_cache).abs().amax()
     delta = scale * query.abs().sum(dim=-1, keepdim=True) * dk  # [N, H, 1]
     return dv + torch.expm1(2 * delta) * v_cache.abs().amax() + 1e-5
 
@@ -64,18 +92,18 @@ def test_int8_cache_readers_equal_the_oracle_and_stay_within_the_bound_of_fp32(c
 
 
 @pytest.mark.skipif(cpu_kernels.library() is None, reason="no C++ compiler: the kernel cannot be built here")
-def test_compiled_decode_kernel_reads_the_int8_cache() -> None:
+def test_compiled_decode_kernel_is_not_handed_the_block_layout() -> None:
+    # The CPU decode kernel reads the row-packed form (kv_int8.quantize); the engine's int8 caches
+    # use the block layout, so the torch backend's decode keeps them away from it and gathers.
     args = make_batch([37, 5, 16, 1, 90], [1, 1, 1, 1, 1], head_dim=64)
     query, k_cache, v_cache, tables, cu, lens, scale = args
     kq, vq = int8_caches(k_cache, v_cache)
-    assert cpu_kernels.supports_attention(query, kq, vq)
-    got = cpu_kernels.decode_attention(query, kq, vq, tables, lens, scale)
-    fallback = attention_sdpa.sdpa_decode_attention(query, kq, vq, tables, lens, scale)
     oracle = attention_torch.paged_attention(query, kq, vq, tables, cu, lens, scale)
+    via_torch_backend = attention_sdpa.decode_attention(query, kq, vq, tables, lens, scale)
+    assert torch.allclose(via_torch_backend, oracle, atol=2e-5)
+    packed_k, packed_v = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)  # the same values, row-packed
+    got = cpu_kernels.decode_attention(query, packed_k, packed_v, tables, lens, scale)
     assert torch.allclose(got, oracle, atol=2e-5), float((got - oracle).abs().max())
-    assert torch.allclose(fallback, oracle, atol=2e-5)
-    with pytest.raises(ValueError, match="rows hold"):
-        cpu_kernels.decode_attention(query, kq[..., :-1].contiguous(), vq[..., :-1].contiguous(), tables, lens, scale)
 
 
 def test_store_kv_quantises_into_an_int8_cache_like_the_oracle() -> None:
@@ -86,7 +114,7 @@ def test_store_kv_quantises_into_an_int8_cache_like_the_oracle() -> None:
     attention_sdpa.store_kv(key, value, caches[0], caches[1], slots)
     attention_torch.store_kv(key, value, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
-    flat = kv_int8.dequantize(caches[0].view(-1, 2, 36), torch.float32)
+    flat = kv_int8.dequantize_cache(caches[0], torch.float32).view(-1, 2, 32)
     keep = slots >= 0
     assert bool(((flat[slots[keep]] - key[keep]).abs() <= kv_int8.scale_error_bound(key[keep]) + 1e-7).all())
 
@@ -105,12 +133,18 @@ def test_engine_with_an_int8_cache_allocates_what_plan_computes(tiny_model_dir: 
         steps = {
             s.name: s.value
             for s in make_plan(
-                read_model_config(directory), gpu_memory=2**30, dtype="fp32", kv_dtype=plan_dtype, context_length=256
+                read_model_config(directory),
+                gpu_memory=2**30,
+                dtype="fp32",
+                kv_dtype=plan_dtype,
+                context_length=256,
             )
         }
         allocated = engine.runner.kv_cache_bytes()
         tokens = engine.num_blocks * engine.config.block_size
-        print(f"kv {kv_dtype}: engine {allocated} B for {tokens} tokens, plan {steps['KV bytes per token']} B/token")
+        print(
+            f"kv {kv_dtype}: engine {allocated} B for {tokens} tokens, plan {steps['KV bytes per token']} B/token"
+        )
         assert allocated == steps["KV bytes per token"] * tokens
         assert engine.runner.kv_caches[0][0].dtype == (torch.int8 if kv_dtype == "int8" else torch.float32)
         outs[kv_dtype] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]

@@ -34,7 +34,6 @@ def test_ineligible_reasons_name_what_to_change() -> None:
     assert "cpu" in str(ineligible_reason(cpu, "triton", False))
     assert "triton" in str(ineligible_reason(cuda, "torch", False))
     assert "tensor parallelism" in str(ineligible_reason(cuda, "triton", False, tensor_parallel=True))
-    assert "LoRA" in str(ineligible_reason(cuda, "triton", False, lora=True))
 
 
 def test_cpu_engine_captures_nothing(tiny_model_dir: Any) -> None:
@@ -159,3 +158,83 @@ def test_one_padded_step_writes_only_its_slots_and_matches_the_plain_step(
             int(s) for s in ((k != k0).flatten(2).any(-1) | (v != v0).flatten(2).any(-1)).flatten().nonzero()
         }
         assert changed == written
+
+
+def test_fixed_k_verify_steps_replay_their_own_graphs(tiny_model_dir: Any, triton_interpret: None) -> None:
+    # Three sequences each verifying k = 2 proposals (3 query tokens) replay the 3-token buffers
+    # of size 4 (the prefill kernel over a fixed grid, one padding sequence with no context): the
+    # same logits (3 rows a sequence) and the same caches as the plain step.
+    from plimsoll.runtime.engine.scheduler import SchedulerOutput
+
+    def verifying(rid: str, prompt: list[int], outputs: list[int], spec: list[int], blocks: list[int]) -> Any:
+        req, _ = booked(rid, prompt, outputs, blocks)
+        req.spec_token_ids = spec
+        req.num_computed_tokens = req.num_tokens + len(spec)
+        return req, 1 + len(spec)
+
+    common: dict[str, Any] = dict(
+        model=str(tiny_model_dir("llama")),
+        attention_backend="triton",
+        kv_cache_memory="1MiB",
+        max_model_len=64,
+        max_num_seqs=4,
+        block_size=4,
+    )
+    sched = SchedulerOutput(
+        scheduled=[
+            verifying("a", [5, 6, 7, 8, 9], [10], [11, 12], [3, 1]),
+            verifying("b", [12, 13], [], [14, 15], [2]),
+            verifying("c", list(range(20, 31)), [40], [41, 42], [6, 4, 5, 7]),
+        ]
+    )
+    plain = LLM(**common).engine.runner
+    graphed = LLM(**common).engine.runner
+    graphed.enable_cuda_graphs(4, 64, capture=False, num_speculative_tokens=2)
+    assert graphed.verify_graphs is not None and graphed.verify_graphs.eligible(sched.scheduled)
+    assert graphed.decode_graphs is not None and not graphed.decode_graphs.eligible(sched.scheduled)
+    plain_reqs, plain_logits = plain.execute(sched)
+    reqs, logits = graphed.execute(sched)
+    assert graphed.verify_graphs.replays == 1 and graphed.decode_graphs.replays == 0
+    assert [r.request_id for r in reqs] == [r.request_id for r in plain_reqs] == ["a", "b", "c"]
+    assert logits.shape == plain_logits.shape == (9, 259)
+    torch.testing.assert_close(logits, plain_logits, rtol=1e-5, atol=1e-5)
+    for (k, v), (pk, pv) in zip(graphed.kv_caches, plain.kv_caches, strict=True):
+        assert torch.equal(k, pk) and torch.equal(v, pv)
+    # One sequence with a single proposal makes the step non-uniform: it runs without the graphs.
+    sched.scheduled[1] = verifying("b", [12, 13], [], [14], [2])
+    assert not graphed.verify_graphs.eligible(sched.scheduled)
+
+
+def test_lora_servers_replay_graphs_for_base_only_steps(
+    tiny_model_dir: Any, triton_interpret: None, tmp_path: Any
+) -> None:
+    from plimsoll.runtime.testing import write_random_lora
+
+    base = tiny_model_dir("llama")
+    adapter = write_random_lora(base, tmp_path / "lora", 4, ("q_proj", "v_proj", "down_proj"), 8.0, 3)
+    common: dict[str, Any] = dict(
+        model=str(base),
+        attention_backend="triton",
+        kv_cache_memory="4MiB",
+        max_model_len=128,
+        max_num_seqs=4,
+        block_size=4,
+        enable_lora=True,
+        max_lora_rank=8,
+        lora_modules=[{"name": "ad", "path": str(adapter)}],
+    )
+    batch = prompts(4, seed=6)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    plain = LLM(**common)
+    want_base = [o.outputs[0].token_ids for o in plain.generate(batch, params)]
+    want_ad = [o.outputs[0].token_ids for o in plain.engine.generate(batch, params, ["ad"] * 4)]
+    llm = LLM(**common)
+    runner = llm.engine.runner
+    runner.enable_cuda_graphs(4, llm.engine.max_model_len, capture=False)
+    graphs = runner.decode_graphs
+    assert graphs is not None
+    assert [o.outputs[0].token_ids for o in llm.generate(batch, params)] == want_base
+    base_replays = graphs.replays
+    assert base_replays > 0  # base-only decode steps went through the graph buffers
+    assert [o.outputs[0].token_ids for o in llm.engine.generate(batch, params, ["ad"] * 4)] == want_ad
+    assert graphs.replays == base_replays  # adapter steps never replay a graph captured without LoRA

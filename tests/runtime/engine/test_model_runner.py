@@ -4,7 +4,7 @@ from typing import Any
 
 import torch
 
-from plimsoll.runtime.engine.model_runner import ModelRunner
+from plimsoll.runtime.engine.model_runner import ModelRunner, StepInputs
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
@@ -26,6 +26,7 @@ def test_prepare_matches_per_token_reference() -> None:
     bs = 4
     runner = ModelRunner.__new__(ModelRunner)  # prepare needs no model or KV tensors
     runner.block_size, runner.device = bs, torch.device("cpu")
+    runner.inputs = StepInputs(runner.device)
     sched = SchedulerOutput(
         scheduled=[
             booked(10, 0, 10, 10, [7, 2, 9]),  # fresh prefill, samples
@@ -50,6 +51,7 @@ def test_decode_only_steps_take_the_list_path_and_match_too() -> None:
     bs = 4
     runner = ModelRunner.__new__(ModelRunner)
     runner.block_size, runner.device = bs, torch.device("cpu")
+    runner.inputs = StepInputs(runner.device)
     sched = SchedulerOutput(
         scheduled=[
             booked(9, 3, 12, 1, [4, 0, 5]),  # the last slot of a block

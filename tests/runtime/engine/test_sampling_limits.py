@@ -7,11 +7,11 @@ import pytest
 from pydantic import ValidationError
 
 from plimsoll.runtime.engine.sampling_params import LIMITS, SamplingParams
-from plimsoll.runtime.serving.protocol import CompletionRequest
+from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest
 
 SHARED = ["n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "min_tokens", "logprobs", "seed"]  # fmt: skip
-INTEGERS = {"n", "top_k", "min_tokens", "logprobs", "seed"}
+          "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "seed"]  # fmt: skip
+INTEGERS = {"n", "top_k", "max_tokens", "min_tokens", "logprobs", "seed"}
 
 
 def edges(name: str) -> tuple[list[Any], list[Any]]:
@@ -35,7 +35,7 @@ def http_accepts(name: str, value: Any) -> bool:
 
 def engine_accepts(name: str, value: Any) -> bool:
     try:
-        SamplingParams(**{name: value, "max_tokens": None}).validate()
+        SamplingParams(**{"max_tokens": None, name: value}).validate()
     except ValueError as exc:
         assert name in str(exc)
         return False
@@ -49,6 +49,21 @@ def test_the_http_edge_and_the_engine_share_each_limit(name: str) -> None:
         assert http_accepts(name, value) and engine_accepts(name, value), (name, value)
     for value in outside:
         assert not http_accepts(name, value) and not engine_accepts(name, value), (name, value)
+
+
+def test_chat_token_budgets_share_the_max_tokens_limit() -> None:
+    hi = LIMITS["max_tokens"].le
+    assert hi is not None
+    for field in ("max_tokens", "max_completion_tokens"):
+        for value, ok in ((1, True), (hi, True), (0, False), (hi + 1, False)):
+            body = {"messages": [{"role": "user", "content": "hi"}], field: value}
+            try:
+                ChatCompletionRequest.model_validate(body)
+                accepted = True
+            except ValidationError as exc:
+                assert field in str(exc)
+                accepted = False
+            assert accepted is ok, (field, value)
 
 
 def test_logit_bias_values_share_their_limit() -> None:

@@ -178,3 +178,32 @@ def test_embedded_model_tp3_equals_tp1() -> None:
             outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
     print(f"smollm2 TP=1 {outs[0]}\nsmollm2 TP=3 {outs[1]}")
     assert outs[1] == outs[0]
+
+
+@pytest.mark.parametrize(("arch", "tp", "rank"), [("llama", 2, 1), ("qwen2", 2, 0), ("qwen3", 4, 3)])
+def test_each_rank_reads_only_its_share_and_gets_what_slicing_the_whole_gives(
+    tiny_model_dir: Any, arch: str, tp: int, rank: int
+) -> None:
+    # The loader's tensor-parallel path (read_rank_state, shard_model on the meta model, assign)
+    # against the whole checkpoint loaded and then sharded: the same tensors, rank by rank.
+    from types import SimpleNamespace
+
+    from plimsoll.runtime.models.loader import load_model
+    from plimsoll.runtime.models.tensor_parallel import read_rank_state, shard_model
+
+    group = SimpleNamespace(rank=rank, world_size=tp, is_first=rank == 0)
+    directory = tiny_model_dir(arch)
+    presharded = load_model(str(directory), torch.float32, tensor_parallel=group).model  # type: ignore[arg-type]
+    whole = load_model(str(directory), torch.float32).model
+    shard_model(whole, group)  # type: ignore[arg-type]
+    mine, theirs = presharded.state_dict(), whole.state_dict()
+    assert mine.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert torch.equal(mine[name], tensor), name
+    if whole.config.tie_word_embeddings:
+        assert presharded.lm_head.weight is presharded.model.embed_tokens.weight
+    read = read_rank_state(directory, whole.config, group)  # type: ignore[arg-type]
+    q = read["model.layers.0.self_attn.q_proj.weight"]
+    assert (
+        q.shape[0] == whole.config.num_attention_heads // tp * presharded.model.layers[0].self_attn.head_dim
+    )
