@@ -21,16 +21,11 @@ PY="${PYTHON:-python3}"
 PART=all
 CPU=0
 ARGS=()
-# What the server check imports beyond torch, transformers and their own dependencies:
-# import name=distribution. --prepare downloads their wheels (CPython 3.12 and pure Python)
-# into build/gpu-check/wheels; a machine that lacks one installs it from there into
-# build/gpu-check/site (no network).
-NEEDED="typer=typer click=click rich=rich markdown_it=markdown-it-py mdurl=mdurl pygments=pygments
-shellingham=shellingham annotated_doc=annotated-doc yaml=pyyaml httpx=httpx httpcore=httpcore h11=h11
-anyio=anyio sniffio=sniffio idna=idna certifi=certifi fastapi=fastapi starlette=starlette uvicorn=uvicorn
-prometheus_client=prometheus-client openai=openai distro=distro jiter=jiter tqdm=tqdm peft=peft
-accelerate=accelerate psutil=psutil pydantic=pydantic pydantic_core=pydantic-core
-typing_inspection=typing-inspection annotated_types=annotated-types typing_extensions=typing-extensions"
+# --prepare downloads the wheels of what the server check imports beyond torch and
+# transformers, with their dependencies (CPython 3.12 and pure Python), into
+# build/gpu-check/wheels; a machine that lacks one of those distributions installs its
+# wheel from there into build/gpu-check/site (no network, no resolving: the wheels were
+# resolved together when they were downloaded).
 usage() {
   # This file's header, then each script's own list of sections (read from its docstring, so
   # the help needs neither torch nor a GPU), then how a lent GPU runs it.
@@ -121,18 +116,29 @@ else
   echo "plimsoll: installed"
 fi
 
-# Packages the server check needs that this machine lacks, from the carried wheels.
+# Packages the server check needs that this machine lacks, from the carried wheels: each wheel
+# whose distribution is not installed here, by file (one that cannot install does not stop the rest).
 if [ -d "$REPO/build/gpu-check/wheels" ]; then
   SITE="$REPO/build/gpu-check/site"
-  MISSING=""
-  for pair in $NEEDED; do
-    "$PY" -c "import ${pair%%=*}" >/dev/null 2>&1 || MISSING="$MISSING ${pair#*=}"
-  done
+  MISSING="$("$PY" - "$REPO/build/gpu-check/wheels" <<'EOF'
+import importlib.metadata
+import pathlib
+import sys
+
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    try:
+        importlib.metadata.version(wheel.name.split("-")[0])
+    except importlib.metadata.PackageNotFoundError:
+        print(wheel)
+EOF
+)"
   if [ -n "$MISSING" ]; then
-    echo "installing from build/gpu-check/wheels into $SITE:$MISSING"
-    # shellcheck disable=SC2086
-    "$PY" -m pip install --quiet --no-index --no-deps --find-links "$REPO/build/gpu-check/wheels" \
-      --target "$SITE" $MISSING || echo "some carried wheels did not install; the sections needing them will say so"
+    echo "installing from build/gpu-check/wheels into $SITE:"
+    for wheel in $MISSING; do
+      echo "  $(basename "$wheel")"
+      "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" "$wheel" \
+        || echo "  $(basename "$wheel") did not install; the sections needing it will say so"
+    done
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE"
   fi
 fi

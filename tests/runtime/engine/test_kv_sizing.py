@@ -159,6 +159,17 @@ def test_a_draft_model_shares_the_budget_and_the_block_count(tiny_model_dir: Any
     assert len(engine.speculator.draft.free_blocks) == engine.num_blocks  # type: ignore[union-attr]
 
 
+def test_the_kv_tiers_attach_to_the_cache_that_replaced_the_provisional_one(tiny_model_dir: Any) -> None:
+    card = FakeCard(total=64 * MiB, others=0, weights=3 * MiB, activations=5 * MiB, non_torch=0)
+    engine = engine_on(card, tiny_model_dir("llama"), kv_offloading_backend="native", kv_offloading_size=0.01)
+    kv = engine.scheduler.kv
+    assert engine.kv_connector is not None and kv.connector is engine.kv_connector
+    assert kv.pool.on_evicted == engine.kv_connector.on_evicted
+    assert kv.num_free_blocks == engine.num_blocks  # the scheduler of the real cache, not the provisional one
+    out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
 def test_plimsoll_plan_arrives_at_the_engines_cache(tiny_model_dir: Any) -> None:
     model = tiny_model_dir("llama")
     dims = planning.read_model_config(model)
