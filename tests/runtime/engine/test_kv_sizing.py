@@ -189,6 +189,31 @@ def test_plimsoll_plan_arrives_at_the_engines_cache(tiny_model_dir: Any) -> None
     assert engine.num_blocks * 16 == steps["KV tokens that fit"]
 
 
+def test_plimsoll_plan_with_a_draft_arrives_at_the_engines_cache(tiny_model_dir: Any) -> None:
+    target, draft = tiny_model_dir("llama"), tiny_model_dir("mistral")
+    shape = planning.EngineShape(max_num_batched_tokens=2048, max_num_seqs=64, block_size=16, non_torch=MiB)
+    total = 64 * MiB
+    steps = {
+        s.name: s.value
+        for s in planning.make_plan(
+            planning.read_model_config(target),
+            gpu_memory=total,
+            dtype="fp32",
+            memory_fraction=0.9,
+            context_length=512,
+            engine=shape,
+            draft=planning.read_model_config(draft),
+        )
+    }
+    # Both models' weights on the card, the larger step's activations: the engine's cache holds
+    # what plan says fits in both caches.
+    card = FakeCard(
+        total, 0, int(steps["weight bytes"] + steps["draft weight bytes"]), int(steps["activations"]), MiB
+    )
+    engine = engine_on(card, target, draft)
+    assert engine.num_blocks * 16 == steps["KV tokens that fit"]
+
+
 def test_cuda_n_becomes_the_current_device(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(torch.device(d)))
