@@ -396,8 +396,15 @@ def main_server_section(mode: Mode, models: Models) -> dict[str, Any]:
     long_ids[0] = long_ids[0] + [7] * (mode.long_prompt - len(long_ids[0]))
     want = reference(models.main, ids + long_ids, n)
     figures: dict[str, Any] = {}
+    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (off by default, as vLLM).
     with Server(
-        mode, models.main, "--scheduling-policy", "priority", "--max-num-batched-tokens", "1024"
+        mode,
+        models.main,
+        "--scheduling-policy",
+        "priority",
+        "--max-num-batched-tokens",
+        "1024",
+        "--enable-prompt-tokens-details",
     ) as s:
         figures["start_s"], figures["kv"] = round(s.start_s, 1), s.kv_line
         got = parallel(lambda p: s.greedy(p, n), ids)
