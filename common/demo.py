@@ -227,6 +227,8 @@ def service_manifest(model_uri: str, profile: bool) -> dict[str, Any]:
         }
     else:
         spec["capacity"] = {"mode": "Manual", "concurrencyPerReplica": MANUAL_CONCURRENCY}
+    # The cluster's GPU nodes are simulated and the replica runs on this machine's CPU.
+    spec.setdefault("engine", {})["args"] = ["--device", "cpu"]
     spec["autoscaling"] = {"mode": "builtin"}
     spec["scaling"] = {"min": 1, "max": 2}
     spec["replicas"] = 1

@@ -158,7 +158,16 @@ class EngineSpec(APIModel):
     max_model_len: PositiveInt | None = Field(
         None, description="Longest context (prompt + output) in tokens."
     )
-    kv_cache_memory: Quantity | None = Field(None, description="KV-cache byte budget, e.g. 8Gi.")
+    kv_cache_memory: Quantity | None = Field(
+        None, description="KV-cache byte budget, e.g. 8Gi; unset on GPUs: sized by gpuMemoryUtilization."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="--gpu-memory-utilization on GPU replicas: the share of each GPU the engine may hold; "
+        "the KV cache gets what the weights, the largest step and the CUDA graphs leave (vLLM's default).",
+    )
     block_size: PositiveInt | None = Field(None, description="Tokens per KV-cache block.")
     prefix_caching: bool | None = Field(None, description="Reuse KV blocks of shared prompt prefixes.")
     tensor_parallel_size: PositiveInt | None = Field(

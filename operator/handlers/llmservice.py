@@ -44,6 +44,7 @@ def settings_from_env() -> BuildSettings:
     overrides: dict[str, Any] = {}
     for env, field in (
         ("PLIMSOLL_IMAGE", "plimsoll_image"),
+        ("PLIMSOLL_CUDA_IMAGE", "plimsoll_cuda_image"),
         ("PLIMSOLL_VLLM_IMAGE", "vllm_image"),
         ("PLIMSOLL_SGLANG_IMAGE", "sglang_image"),
         ("PLIMSOLL_TERMINATION_GRACE_SECONDS", "termination_grace_period_seconds"),

@@ -125,10 +125,6 @@ def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict
     return None
 
 
-def _engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    return str(svc.spec.engine.image or engine_image(svc, settings))
-
-
 # --- writing -----------------------------------------------------------------------------
 
 
@@ -288,7 +284,7 @@ async def _failure_detail(kube: Kube, ns: str, job: dict[str, Any]) -> str:
 async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, logger: Log) -> Plan:
     """One pass: observe, decide, act. Returns the plan taken (for logs and tests)."""
     svc = LLMService.from_body(body)
-    current_hash = spec_profile_hash(svc.spec, _engine_image(svc, settings))
+    current_hash = spec_profile_hash(svc.spec, engine_image(svc, settings))
     capacity_hash = ((body.get("status") or {}).get("capacity") or {}).get("specHash")
     jobs = await list_profile_jobs(kube, svc)
     pods = await kube.list_objects("v1", "Pod", svc.namespace, label_selector=selector_string(svc))

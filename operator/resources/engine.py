@@ -86,6 +86,23 @@ def _has_flag(args: list[str], *names: str) -> bool:
     return any(a in names or a.split("=", 1)[0] in names for a in args)
 
 
+def _flag_value(args: list[str], name: str) -> str | None:
+    """The value of ``--flag V`` or ``--flag=V`` in ``engine.args`` (None when absent)."""
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def on_gpu(svc: LLMService) -> bool:
+    """Replicas that serve from their GPUs: GPUs requested, and no ``--device`` other than CUDA in
+    ``engine.args`` (a simulated GPU node in a test cluster runs ``--device cpu``)."""
+    device = _flag_value(svc.spec.engine.args, "--device")
+    return svc.spec.resources.gpu.count > 0 and (device is None or device.startswith("cuda"))
+
+
 def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
     """The tuning flags both engines spell the same way, except the KV budget's name."""
     engine = svc.spec.engine
@@ -98,6 +115,8 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.kv_cache_memory is not None:
         args += [kv_cache_flag, str(to_bytes(engine.kv_cache_memory))]
+    if on_gpu(svc) and not _has_flag(engine.args, "--gpu-memory-utilization"):
+        args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
     if engine.block_size is not None:
         args += ["--block-size", str(engine.block_size)]
     if engine.prefix_caching is not None:
@@ -173,6 +192,10 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
         args.append("--slo-admission")  # its TTFT objective arrives with PUT /slo (handlers/attainment.py)
     if svc.spec.autoscaling.standby is not None:
         args.append("--enable-sleep-mode")
+    if svc.spec.resources.gpu.count > 0 and not _has_flag(svc.spec.engine.args, "--device"):
+        # Not --device auto: an image without CUDA then fails at start in one line instead of
+        # serving from the CPU while it holds a GPU.
+        args += ["--device", "cuda"]
     return args + _engine_flags(svc, "--kv-cache-memory")
 
 
@@ -219,9 +242,11 @@ def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
 
 
 def engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    """The image ``svc``'s replicas run: ``engine.image``, else the operator's default for the kind."""
+    """The image ``svc``'s replicas run: ``engine.image``, else the operator's default for the kind
+    (for plimsoll, its CUDA build on GPU replicas and its CPU build otherwise)."""
+    gpu = svc.spec.resources.gpu.count > 0
     default = {
-        "plimsoll": settings.plimsoll_image,
+        "plimsoll": settings.plimsoll_cuda_image if gpu else settings.plimsoll_image,
         "vllm": settings.vllm_image,
         "sglang": settings.sglang_image,
     }

@@ -155,15 +155,11 @@ class ModelRunner:
         if kv_cache_dtype == "int8":
             kv_int8.check_head_dim(attn.head_dim)
         row = kv_int8.packed_dim(attn.head_dim) if kv_cache_dtype == "int8" else attn.head_dim
-        shape = (num_blocks, block_size, attn.num_kv_heads, row)
-        cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-            )
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        self._block_shape = (block_size, attn.num_kv_heads, row)
+        self._cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
+        self._num_layers = cfg.num_hidden_layers
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.allocate_kv_cache(num_blocks)
         self.inputs = StepInputs(device)
         # The forward steps run: the model itself, or its torch.compile (enable_compile()).
         self.forward: Callable[..., torch.Tensor] = model
@@ -225,6 +221,19 @@ class ModelRunner:
         self.decode_graphs = graphs(1)
         if num_speculative_tokens > 0:
             self.verify_graphs = graphs(1 + num_speculative_tokens)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """(Re)allocate the KV cache with ``num_blocks`` blocks; the old tensors are dropped first, so
+        sizing from the device can swap its provisional cache for the real one (0: drop only)."""
+        self.kv_caches = []
+        shape = (num_blocks, *self._block_shape)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
+                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
+            )
+            for _ in range(self._num_layers)
+        ]
 
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache tensors hold, all layers, K and V."""

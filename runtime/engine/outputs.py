@@ -100,6 +100,8 @@ class EngineStats:
     num_free_blocks: int
     block_size: int
     enable_prefix_caching: bool
+    kv_cache_memory_bytes: int = 0  # the KV cache's bytes (all layers, K and V, this rank)
+    gpu_memory_utilization: float | None = None  # set when the cache was sized from the device
     # --enable-lora: slots, and the adapters of running / waiting requests (GIE's lora_requests_info)
     max_loras: int = 0
     running_lora_adapters: list[str] = field(default_factory=list)

@@ -50,7 +50,8 @@ from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
     engine = ctx.engine
-    check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    for field, ids in req.token_id_fields().items():
+        check_token_ids(ids, engine.vocab_size, field)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     timeout = ctx.settings.tokenize_timeout
     template = client_template(req, ctx.settings.allow_client_chat_template)

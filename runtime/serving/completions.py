@@ -48,7 +48,8 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     engine = ctx.engine
     tokenizer = engine.tokenizer
     prompts = req.prompts()
-    check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    for field, ids in req.token_id_fields().items():
+        check_token_ids(ids, engine.vocab_size, field)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     prompt_ids = await off_loop(
         lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],

@@ -38,6 +38,17 @@ from plimsoll import metric_names as mn
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.models.cpu_plan import STEP_PATHS
 
+# vLLM's cache_config_info labels (CacheConfig fields); gpu_memory_utilization is "" when the
+# cache size was given in bytes.
+CACHE_CONFIG_LABELS = (
+    "block_size",
+    "num_gpu_blocks",
+    "enable_prefix_caching",
+    "cache_dtype",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+)
+
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 REJECTION_REASONS = (
     "queue_full",
@@ -136,7 +147,7 @@ class ServerMetrics:
         self.cache_config = gauge(
             mn.CACHE_CONFIG_INFO,
             "KV-cache configuration; value 1 (vllm:cache_config_info).",
-            ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+            CACHE_CONFIG_LABELS,
         )
         # prometheus_client appends _info: plimsoll_build_info{version} 1 (the operator's drift check reads it).
         Info(
@@ -235,7 +246,7 @@ class ServerMetrics:
                 gauge(
                     "vllm:cache_config_info",
                     "KV-cache configuration; value 1 (= plimsoll_cache_config_info).",
-                    ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+                    CACHE_CONFIG_LABELS,
                 ),
             )
         elif metrics_compat is not None:
@@ -468,9 +479,24 @@ class ServerMetrics:
             self._kv_tiers.connector = connector
 
     def set_cache_config(
-        self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str
+        self,
+        *,
+        block_size: int,
+        num_blocks: int,
+        enable_prefix_caching: bool,
+        cache_dtype: str,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int = 0,
     ) -> None:
-        labels = (self.model_name, str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype)
+        labels = (
+            self.model_name,
+            str(block_size),
+            str(num_blocks),
+            str(enable_prefix_caching),
+            cache_dtype,
+            "" if gpu_memory_utilization is None else f"{gpu_memory_utilization:g}",  # "": an explicit size
+            str(kv_cache_memory_bytes),
+        )
         self.cache_config.labels(*labels).set(1)
         if self.compat is not None:
             self.compat[3].labels(*labels).set(1)

@@ -151,6 +151,8 @@ def build_app(
                 num_blocks=s.num_blocks,
                 enable_prefix_caching=s.enable_prefix_caching,
                 cache_dtype=str(getattr(getattr(engine, "config", None), "dtype", "auto")),
+                gpu_memory_utilization=getattr(s, "gpu_memory_utilization", None),
+                kv_cache_memory_bytes=getattr(s, "kv_cache_memory_bytes", 0),
             )
             metrics.refresh(s)
             metrics.attach_kv_tiers(getattr(getattr(engine, "engine", None), "kv_connector", None))
