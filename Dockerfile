@@ -16,6 +16,7 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.15.0
 ARG EXTRAS=""
 # The build machine's pip settings, for builds behind a proxy or a private index
 # (e.g. --build-arg PIP_INDEX_URL=... --build-arg PIP_CERT=/path/in/base/ca.crt).
@@ -48,7 +49,7 @@ RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/nu
  && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/plimsoll --shell /usr/sbin/nologin plimsoll
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml README.md ./
 COPY common/ common/
 COPY runtime/ runtime/
 COPY bench/ bench/
@@ -56,10 +57,18 @@ COPY operator/ operator/
 COPY router/ router/
 COPY devcluster/ devcluster/
 
-RUN pip install --upgrade pip \
- && pip install --extra-index-url "$TORCH_INDEX_URL" ".${EXTRAS:+[$EXTRAS]}" \
+# Dependencies in three steps, one index each (never --extra-index-url, which lets the highest
+# version on any index win): everything but torch exactly as requirements.lock pins it, hashes
+# checked, from PyPI; then torch (with its CUDA libraries and triton on a CUDA base) from the one
+# PyTorch index of this build, its other dependencies already satisfied by the locked ones; then
+# plimsoll itself without resolving anything. Regenerate the lock with scripts/lock-requirements.sh.
+# The weights stay root's: the serving user (1000) can read them, not change them.
+RUN pip install --require-hashes --no-deps -r requirements.lock \
+ && pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
+ && case ",$EXTRAS," in *,gpu,*) pip install --index-url "$TORCH_INDEX_URL" triton ;; esac \
+ && pip install --no-deps --no-build-isolation . \
  && python -c "from plimsoll.runtime.models.embedded import ensure_embedded_model; ensure_embedded_model('smollm2-135m')" \
- && chown -R 1000:1000 /opt/plimsoll \
+ && chmod -R a+rX,go-w /opt/plimsoll \
  && rm -rf /src
 
 WORKDIR /home/plimsoll

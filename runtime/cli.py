@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 
 import typer
 
+from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.serving.settings import ServerSettings
@@ -60,8 +62,11 @@ def serve(
         help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded; the default).",
         show_default=False,
     ),
-    served_model_name: str | None = typer.Option(
-        None, "--served-model-name", help="Name clients send as `model` (default: --model)."
+    served_model_name: list[str] | None = typer.Option(
+        None,
+        "--served-model-name",
+        help="Name clients send as `model` (default: --model).",
+        show_default=False,
     ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
@@ -106,6 +111,18 @@ def serve(
         min=2,
         help="Longest prompt + completion (default: the model's, capped at 4096).",
     ),
+    max_new_tokens_flag: int | None = typer.Option(
+        None,
+        "--max-new-tokens",
+        min=1,
+        help="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it); default: the rest of the context.",
+    ),
+    override_generation_config: str | None = typer.Option(
+        None,
+        "--override-generation-config",
+        help="vLLM's form of --max-new-tokens: '{\"max_new_tokens\": 512}' (its only key read here).",
+    ),
     max_waiting: int | None = typer.Option(
         None,
         "--max-waiting",
@@ -116,7 +133,14 @@ def serve(
         None, "--request-timeout", min=0.001, help="Seconds after which a request is aborted (default: none)."
     ),
     api_key: str | None = typer.Option(
-        None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Require `Authorization: Bearer KEY` on /v1/*."
+        None, "--api-key", envvar=API_KEY_ENV, help="Require `Authorization: Bearer KEY` on /v1/* "
+        f"(or ${API_KEY_ENV}, which keeps the key out of the process's arguments)."
+    ),
+    admin_api_key: str | None = typer.Option(
+        None, "--admin-api-key", envvar=ADMIN_API_KEY_ENV,
+        help="Require `Authorization: Bearer KEY` on the control endpoints (/drain, PUT /slo, LoRA load/unload, "
+        f"/debug/*); without it they answer loopback clients only (or ${ADMIN_API_KEY_ENV}).",
+        show_default=False,
     ),
     dtype: str = typer.Option(
         "auto",
@@ -163,6 +187,24 @@ def serve(
         min=1,
         help="Prompt + max_tokens one tenant (x-gateway-inference-fairness-id, else `user`) may have in "
         "flight; beyond it new requests get 429 (default: unlimited).",
+    ),
+    enable_prompt_tokens_details: bool = typer.Option(
+        _server_default("enable_prompt_tokens_details"),
+        "--enable-prompt-tokens-details",
+        help="Report usage.prompt_tokens_details.cached_tokens (vLLM's flag). Off by default: the count "
+        "tells a client whether a prompt with its salt was cached.",
+    ),
+    tenant_cache_isolation: bool = typer.Option(
+        _server_default("tenant_cache_isolation"),
+        "--tenant-cache-isolation/--no-tenant-cache-isolation",
+        help="Salt the prefix cache with the tenant (x-gateway-inference-fairness-id, set by the router or "
+        "gateway), so tenants never share cached blocks.",
+    ),
+    min_client_priority: int = typer.Option(
+        _server_default("min_client_priority"),
+        "--min-client-priority",
+        help="The body's `priority` is raised to at least this (vLLM: lower runs first), so clients can lower "
+        "their own priority but not jump ahead; x-gateway-inference-objective priorities are not clamped.",
     ),
     inference_objective: list[str] = typer.Option(
         [],
@@ -258,6 +300,22 @@ def serve(
     max_lora_rank: int = typer.Option(
         _engine_default("max_lora_rank"), "--max-lora-rank", min=1, help="Largest adapter rank accepted."
     ),
+    allow_runtime_lora_updating: bool = typer.Option(
+        _server_default("allow_runtime_lora_updating"),
+        "--allow-runtime-lora-updating",
+        envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        help="Answer /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING "
+        "is read too); loads are limited to --lora-allowed-roots.",
+    ),
+    lora_allowed_roots: list[str] = typer.Option(
+        [], "--lora-allowed-roots", help="Directory run-time LoRA loads may read from (repeatable)."
+    ),
+    max_registered_loras: int = typer.Option(
+        _server_default("max_registered_loras"),
+        "--max-registered-loras",
+        min=1,
+        help="Adapters registered at once, start-up ones included; a load beyond it gets 400.",
+    ),
     max_cpu_loras: int | None = typer.Option(
         None, "--max-cpu-loras", min=1, help="Adapters kept in host memory, LRU (default: --max-loras)."
     ),
@@ -282,11 +340,11 @@ def serve(
     enable_profiling: bool = typer.Option(
         _server_default("enable_profiling"),
         "--enable-profiling",
-        help="Answer POST /debug/profile?seconds=S&kind=torch|py-spy (behind --api-key when set); "
+        help="Answer POST /debug/profile?seconds=S&kind=torch|py-spy (a control endpoint: --admin-api-key); "
         "fetch one with `plimsoll profile`.",
     ),
     profile_dir: str | None = typer.Option(
-        None, "--profile-dir", help="Where profiles are also written (default: $TMPDIR/plimsoll-profiles)."
+        None, "--profile-dir", help="Where profiles are also written (default: a fresh $TMPDIR/plimsoll-profiles-XXXX, mode 0700)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     metrics_compat: str | None = typer.Option(
@@ -311,10 +369,12 @@ def serve(
         choose_model,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
+        max_new_tokens,
         parse_lora_module,
         resolve_attention_backend,
         resolve_device,
         resolve_dtype,
+        served_name,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -325,6 +385,8 @@ def serve(
     # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
     try:
         model = choose_model(model_arg, model)
+        served = served_name(served_model_name)
+        new_tokens = max_new_tokens(max_new_tokens_flag, override_generation_config)
         device = resolve_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
         dtype = resolve_dtype(dtype, device)
@@ -343,10 +405,13 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    # Read once: child processes (chat-template workers, py-spy, tensor-parallel ranks) need neither key.
+    for name in (API_KEY_ENV, ADMIN_API_KEY_ENV):
+        os.environ.pop(name, None)
     try:
         config = EngineConfig(
             model=model,
-            served_model_name=served_model_name,
+            served_model_name=served,
             dtype=dtype,
             device=device,
             max_num_seqs=max_num_seqs,
@@ -380,9 +445,16 @@ def serve(
         )
         settings = ServerSettings(
             served_model_name=config.display_name,
-            model_root=model,
             api_key=api_key,
+            admin_api_key=admin_api_key,
+            allow_runtime_lora_updating=allow_runtime_lora_updating,
+            lora_allowed_roots=tuple(lora_allowed_roots),
+            max_registered_loras=max_registered_loras,
+            enable_prompt_tokens_details=enable_prompt_tokens_details,
+            tenant_cache_isolation=tenant_cache_isolation,
+            min_client_priority=min_client_priority,
             max_waiting=max_waiting,
+            max_new_tokens=new_tokens,
             request_timeout=request_timeout,
             drain_timeout=drain_timeout,
             max_tenant_inflight_tokens=max_tenant_inflight_tokens,

@@ -222,7 +222,7 @@ class ThreadedServer:
 
         config = EngineConfig(model=self.model, **self.engine_kwargs)
         settings = ServerSettings(
-            served_model_name=config.display_name, model_root=self.model, **self.server_kwargs
+            served_model_name=config.display_name, **self.server_kwargs
         )
         self.metrics = ServerMetrics(settings.served_model_name)
         self.engine = AsyncEngine(config, observer=self.metrics)

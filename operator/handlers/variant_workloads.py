@@ -4,7 +4,7 @@ What it is: :func:`variant_workloads`, the reconcile step of a service with
 ``spec.variants``: one Deployment per variant (``resources/variants.py``), the
 single-shape Deployment deleted when the spec moved to variants, and the
 Deployments of variants no longer in the spec deleted; each deletion only of
-objects carrying the operator's managed-by label. A variant Deployment that does
+objects this LLMService owns (``ownership.py``). A variant Deployment that does
 not exist yet is named in ``missing``: reconcile hands those to the replica
 planner's handler, which creates each with its first count (the count is the
 planner's, never reconcile's), then applies all of them without a count.
@@ -21,8 +21,7 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
-from plimsoll.operator.handlers.replica_workload import _delete_ours
-from plimsoll.operator.resources.labels import MANAGED_BY
+from plimsoll.operator.handlers.ownership import delete_owned, owned_by
 from plimsoll.operator.resources.settings import BuildSettings
 from plimsoll.operator.resources.variants import (
     VARIANT_LABEL,
@@ -50,16 +49,12 @@ async def _variant_deployments(kube: Kube, svc: LLMService) -> list[dict[str, An
     return [d for d in found if not d["metadata"].get("deletionTimestamp")]
 
 
-def _ours(obj: dict[str, Any]) -> bool:
-    return (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/managed-by") == MANAGED_BY
-
-
 async def variant_workloads(
     kube: Kube, svc: LLMService, settings: BuildSettings, logger: Log
 ) -> VariantWorkloads:
     """The variants' Deployments for ``svc`` (see the module docstring)."""
     removed: list[str] = []
-    if await _delete_ours(kube, "apps/v1", "Deployment", svc):
+    if await delete_owned(kube, svc, "apps/v1", "Deployment", svc.namespace, svc.name):
         logger.info("deleted Deployment %s: the service now runs variants", svc.name)
         removed.append(f"Deployment/{svc.name}")
     wanted = [build_variant_deployment(svc, v, settings) for v in svc.spec.variants]
@@ -67,8 +62,7 @@ async def variant_workloads(
     existing = await _variant_deployments(kube, svc)
     for deployment in existing:
         name = deployment["metadata"]["name"]
-        if name not in names and _ours(deployment):
-            await kube.delete("apps/v1", "Deployment", svc.namespace, name)
+        if name not in names and await delete_owned(kube, svc, "apps/v1", "Deployment", svc.namespace, name):
             logger.info("deleted Deployment %s: its variant left spec.variants", name)
             removed.append(f"Deployment/{name}")
     have = {d["metadata"]["name"] for d in existing}
@@ -79,9 +73,8 @@ async def remove_variant_workloads(kube: Kube, svc: LLMService, logger: Log) -> 
     """Delete the variant Deployments a spec without variants left behind; what was deleted."""
     removed = []
     for deployment in await _variant_deployments(kube, svc):
-        if _ours(deployment):
-            name = deployment["metadata"]["name"]
-            await kube.delete("apps/v1", "Deployment", svc.namespace, name)
+        name = deployment["metadata"]["name"]
+        if owned_by(deployment, svc) and await delete_owned(kube, svc, "apps/v1", "Deployment", svc.namespace, name):
             logger.info("deleted Deployment %s: spec.variants is empty", name)
             removed.append(f"Deployment/{name}")
     return removed

@@ -282,6 +282,7 @@ class LLMEngine:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
 
@@ -289,6 +290,8 @@ class LLMEngine:
         ``lora_name`` runs it under that adapter (``LoRANotFoundError`` if none is loaded by that name).
         ``priority`` (lower first) and ``fairness_id`` (the tenant) are the request's scheduling
         attributes, read by ``--scheduling-policy priority`` only, as vLLM's ``add_request`` takes them.
+        ``cache_salt`` (vLLM's per-request field; the server folds the tenant into it) starts the
+        prefix-cache hash chain: requests with different salts never share a cached block.
         """
         params.validate()
         lora = self._lora_manager().get(lora_name) if lora_name is not None else None
@@ -307,7 +310,7 @@ class LLMEngine:
             )
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         if self.config.enable_prefix_caching:
-            salt: str | None = ""
+            salt: str | None = f"salt:{cache_salt}" if cache_salt else ""
         else:
             # Caching off: siblings of one n>1 request still share their prompt blocks.
             salt = f"group:{request_id}:{id(params)}" if params.n > 1 else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -119,6 +120,9 @@ class ServerMetrics:
         )
         self.kv_usage = gauge(
             mn.KV_CACHE_USAGE_RATIO, "Fraction of KV-cache blocks in use, 0..1 (vllm:kv_cache_usage_perc)."
+        )
+        self.http_connections = gauge(
+            mn.HTTP_CONNECTIONS, "Open HTTP connections to this server (what a soak watches for leaks)."
         )
         self.cache_config = gauge(
             mn.CACHE_CONFIG_INFO,
@@ -427,6 +431,10 @@ class ServerMetrics:
             running.labels(m).set(stats.num_running)
             waiting.labels(m).set(stats.num_waiting)
             kv_usage.labels(m).set(stats.kv_cache_usage)
+
+    def watch_connections(self, count: Callable[[], int]) -> None:
+        """Report ``count()`` (the HTTP server's open connections) at every scrape."""
+        self.http_connections.labels(self.model_name).set_function(count)
 
     def exposition(self) -> tuple[bytes, str]:
         for phase, seconds in STARTUP.seconds().items():
