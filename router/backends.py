@@ -41,10 +41,23 @@ class Replica:
     # sit in its GPU slots, so a request for one costs no adapter swap.
     adapters: frozenset[str] | None = None
     active_adapters: frozenset[str] = frozenset()
+    # Its measured capacity relative to the others (an LLMService's hardware variants: the
+    # in-flight one replica of its variant carries at its target); 1.0 when all are alike.
+    weight: float = 1.0
 
     @property
     def is_ready(self) -> bool:
         return self.discovered_ready and self.reachable and not self.draining
+
+    @property
+    def relative_load(self) -> float:
+        """Load per unit of capacity with one more request on it: what least-in-flight evens out.
+
+        Counting the request being placed (weighted least connections) fills an idle heavy
+        replica before an idle light one, so the split follows the weights at light load too,
+        where plain load per weight would tie at zero and take turns. Equal weights: the load's order.
+        """
+        return (self.load + 1) / self.weight
 
     @property
     def load(self) -> float:
@@ -129,6 +142,16 @@ class ReplicaSet:
             return
         replica.waiting, replica.running, replica.engine = waiting, running, engine
         replica.last_scrape = time.monotonic()
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Each listed replica's capacity weight (others 1.0); a change rebuilds what hashes by weight."""
+        changed = False
+        for url, replica in self.replicas.items():
+            weight = weights.get(url, 1.0)
+            if weight > 0 and replica.weight != weight:
+                replica.weight, changed = weight, True
+        if changed:
+            self._notify()
 
     def record_adapters(self, url: str, *, adapters: frozenset[str] | None, active: frozenset[str]) -> None:
         replica = self.replicas.get(url)

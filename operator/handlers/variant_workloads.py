@@ -74,7 +74,9 @@ async def remove_variant_workloads(kube: Kube, svc: LLMService, logger: Log) -> 
     removed = []
     for deployment in await _variant_deployments(kube, svc):
         name = deployment["metadata"]["name"]
-        if owned_by(deployment, svc) and await delete_owned(kube, svc, "apps/v1", "Deployment", svc.namespace, name):
+        if owned_by(deployment, svc) and await delete_owned(
+            kube, svc, "apps/v1", "Deployment", svc.namespace, name
+        ):
             logger.info("deleted Deployment %s: spec.variants is empty", name)
             removed.append(f"Deployment/{name}")
     return removed

@@ -119,7 +119,8 @@ def combine_deployments(deployments: list[dict[str, Any]]) -> dict[str, Any] | N
             conditions = failing
     return {
         "metadata": {"generation": 1},
-        "spec": {"replicas": desired},
+        # What status reads as "desired" (the planner's counts added up); a view, never written back.
+        "spec": dict(replicas=desired),
         "status": {**total, "observedGeneration": 1 if rolled_out else 0, "conditions": conditions},
     }
 

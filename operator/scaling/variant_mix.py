@@ -25,8 +25,7 @@ chosen mix adds replicas of (one search per such variant with that variant held
 at its minimum); the explanation says why it lost.
 
 What it is not: the planner's timing (scale-ups first, removals after, windows,
-availability: ``variant_planner.py``) or any I/O. ``plimsoll plan --variants``
-runs the same function on bench reports.
+availability: ``variant_planner.py``) or any I/O.
 """
 
 from __future__ import annotations
