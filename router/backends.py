@@ -51,13 +51,8 @@ class Replica:
 
     @property
     def relative_load(self) -> float:
-        """Load per unit of capacity with one more request on it: what least-in-flight evens out.
-
-        Counting the request being placed (weighted least connections) fills an idle heavy
-        replica before an idle light one, so the split follows the weights at light load too,
-        where plain load per weight would tie at zero and take turns. Equal weights: the load's order.
-        """
-        return (self.load + 1) / self.weight
+        """Load per unit of capacity: what least-in-flight evens out (equal weights: the load's order)."""
+        return self.load / self.weight
 
     @property
     def load(self) -> float:

@@ -120,10 +120,10 @@ class RoundRobin:
 
 
 class LeastInflight:
-    """The candidate with the least load (own in-flight + scraped waiting) per unit of its weight; ties in turn.
+    """The candidate with the least load (own in-flight + scraped waiting) per unit of its weight.
 
-    With equal weights that is the least load; a replica of a variant measured to carry twice
-    as much is sent requests until it holds twice as many.
+    Ties go to the heaviest, then in turn. With equal weights that is the least load; a replica
+    of a variant measured to carry twice as much is sent requests until it holds twice as many.
     """
 
     name = "least_inflight"
@@ -134,6 +134,10 @@ class LeastInflight:
     def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
         lowest = min(r.relative_load for r in candidates)
         tied = [r for r in candidates if r.relative_load == lowest]
+        # Of replicas equally loaded for their size (all idle, say) the heaviest goes first: it
+        # finishes soonest, and the light ones still get their share once it holds its part.
+        heaviest = max(r.weight for r in tied)
+        tied = [r for r in tied if r.weight == heaviest]
         replica = tied[self._tie_break % len(tied)]
         self._tie_break += 1
         return Decision(replica, "least_inflight")

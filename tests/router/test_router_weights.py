@@ -24,6 +24,8 @@ def weighted_set() -> ReplicaSet:
 def test_least_in_flight_fills_replicas_in_proportion_to_their_weight() -> None:
     replicas = weighted_set()
     router = Router(RouterConfig(backends=tuple(URLS), policy=Policy.LEAST_INFLIGHT), replicas)
+    # All idle: the heavier replicas go first (the light ones do not take turns with them).
+    assert router.choose(RequestFeatures("", 0)).replica.url in URLS[:2]
     for _ in range(40):  # requests that stay: each pick sees the ones before it
         decision = router.choose(RequestFeatures("", 0))
         decision.replica.inflight += 1
