@@ -44,6 +44,9 @@ KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
 # --enable-lora: finished requests per adapter (label lora_name), adapter loads into a device slot.
 LORA_REQUESTS = "plimsoll_lora_requests_total"
 LORA_SWAPS = "plimsoll_lora_swaps_total"
+# Engine steps that ran the model, by what ran it (label path: fused_decode, glued_layers,
+# module_layers, cuda_graph; runtime/models/cpu_plan.py).
+ENGINE_STEPS = "plimsoll_engine_steps_total"
 BATCH_SIZE = "plimsoll_batch_size"
 STEP_TOKENS = "plimsoll_step_tokens"
 # Open HTTP connections to the server (uvicorn's own count): a soak watches it for leaks.

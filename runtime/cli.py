@@ -229,6 +229,18 @@ def serve(
         "per output channel and activations scaled per token (compute capability 8.9+); both computed at "
         "load (docs/runtime.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
     ),
+    cpu_kernels: str = typer.Option(
+        _engine_default("cpu_kernels"),
+        "--cpu-kernels",
+        help="Which build of the C++ CPU kernels to run: auto (the best this CPU runs), avx512, avx2, plain, "
+        "or off (torch's ops alone). Built at install; the start-up line names the one in use.",
+    ),
+    cpu_packed_weights: bool = typer.Option(
+        _engine_default("cpu_packed_weights"),
+        "--cpu-packed-weights/--no-cpu-packed-weights",
+        help="On CPU, keep float32 projections and the head also packed in column panels (faster steps, a "
+        "second copy of those weights in memory).",
+    ),
     kv_cache_dtype: str = typer.Option(
         "auto",
         "--kv-cache-dtype",
@@ -367,6 +379,7 @@ def serve(
         check_model,
         check_port,
         choose_model,
+        environment_malloc_settings,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
         max_new_tokens,
@@ -405,6 +418,7 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    malloc_settings = environment_malloc_settings()  # the process's own malloc rules win (kernels/host_memory.py)
     # Read once: child processes (chat-template workers, py-spy, tensor-parallel ranks) need neither key.
     for name in (API_KEY_ENV, ADMIN_API_KEY_ENV):
         os.environ.pop(name, None)
@@ -442,6 +456,9 @@ def serve(
             kv_shared_url=kv_shared_url,
             kv_shared_timeout_s=kv_shared_timeout,
             kv_events_config=kv_events_config,
+            cpu_kernels=cpu_kernels,
+            cpu_packed_weights=cpu_packed_weights,
+            keep_freed_memory=malloc_settings is None,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,
@@ -471,9 +488,8 @@ def serve(
 
     if metrics_compat not in (None, "vllm"):
         _fail(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
-    from plimsoll.runtime.serve_args import kernel_line
-
-    logging.getLogger("plimsoll.serve").info(kernel_line(device, attention_backend, dtype))
+    if malloc_settings is not None:
+        logging.getLogger("plimsoll.serve").info("malloc thresholds left as they are: %s", malloc_settings)
     if otlp_traces_endpoint:
         from plimsoll.tracing import configure_tracing
 

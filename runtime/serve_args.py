@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -171,26 +172,13 @@ def gpu_kv_cache_bytes(utilization: float, device: str, model: str) -> int:
     return budget
 
 
-def kernel_line(device: str, attention_backend: str, dtype: str) -> str:
-    """The one start-up line naming the kernels this server runs, and what is slower without them."""
-    if not device.startswith("cpu"):
-        return (
-            f"kernels: {attention_backend} attention on {device}, {dtype}; the CPU C++ kernels are not used"
-        )
-    from plimsoll.runtime.kernels import cpu_kernels
-
-    if dtype != "float32":
-        return (
-            f"kernels: torch on CPU ({dtype}); the C++ decode-attention and small-matmul kernels "
-            "are float32 only, so decode is slower (use --dtype float32)"
-        )
-    why = cpu_kernels.unavailable_reason()
-    if why is None:
-        return "kernels: C++ paged decode attention and small-batch matmuls on CPU, oneDNN for decode matmuls"
-    return (
-        f"kernels: torch only on CPU; the C++ decode kernels are {why}, so decode attention and "
-        "small-batch matmuls are slower"
-    )
+def environment_malloc_settings() -> str | None:
+    """Why this process's malloc is configured by its environment (``MALLOC_*`` or glibc's malloc
+    tunables), so the engine should leave its thresholds alone (``keep_freed_memory``), or ``None``."""
+    names = sorted(k for k in os.environ if k.startswith("MALLOC_"))
+    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        names.append("GLIBC_TUNABLES")
+    return f"malloc is configured by the environment ({', '.join(names)})" if names else None
 
 
 def parse_lora_module(text: str) -> dict[str, str]:

@@ -152,6 +152,15 @@ def sweep_args(svc: LLMService, pod_ip: str, configmap: str) -> list[str]:
     """The `plimsoll bench sweep` command line for ``svc`` against the pod at ``pod_ip``."""
     workload = svc.spec.capacity.profile.workload
     slo = svc.spec.slo
+    # A preset's objectives (applied because the spec sets none) are not the user's promise of
+    # how long requests may wait: the sweep then finds where the replica saturates (server
+    # queueing, floored latency inflation) instead of how far a 3 s TTFT would stretch it.
+    # The preset still drives the autoscaler's attainment and the alerts.
+    measured = {} if slo.defaulted_from else {
+        "--slo-ttft-p95-ms": slo.ttft_p95_ms,
+        "--slo-tpot-p50-ms": slo.tpot_p50_ms,
+        "--slo-e2e-p95-ms": slo.e2e_p95_ms,
+    }
     args = [
         "bench", "sweep",
         "--url", f"http://{pod_ip}:{ENGINE_PORT}",
@@ -166,11 +175,7 @@ def sweep_args(svc: LLMService, pod_ip: str, configmap: str) -> list[str]:
         args += ["--requests-per-level", str(workload.requests_per_level)]
     if workload.min_seconds_per_level > 0:
         args += ["--min-duration-per-level", str(workload.min_seconds_per_level)]
-    for flag, value in (
-        ("--slo-ttft-p95-ms", slo.ttft_p95_ms),
-        ("--slo-tpot-p50-ms", slo.tpot_p50_ms),
-        ("--slo-e2e-p95-ms", slo.e2e_p95_ms),
-    ):
+    for flag, value in measured.items():
         if value is not None:
             args += [flag, str(value)]
     args += [*extra_profile_args(svc), "--output", f"{WORK_MOUNT}/report.json"]

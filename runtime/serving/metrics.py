@@ -36,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from plimsoll import __version__
 from plimsoll import metric_names as mn
 from plimsoll.runtime.engine.startup import STARTUP
+from plimsoll.runtime.models.cpu_plan import STEP_PATHS
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
@@ -175,6 +176,12 @@ class ServerMetrics:
         self.kv_alloc_failures = counter(
             mn.KV_CACHE_ALLOCATION_FAILURES, "Times the scheduler could not get KV blocks for a request."
         )
+        self.engine_steps = counter(
+            mn.ENGINE_STEPS,
+            "Engine steps that ran the model, by what ran it: fused_decode, glued_layers, module_layers "
+            "or cuda_graph.",
+            ("path",),
+        )
         self.batch_size = histogram(
             mn.BATCH_SIZE, "Sequences per engine step.", tuple(float(b) for b in mn.BATCH_SIZE_BUCKETS)
         )
@@ -278,6 +285,8 @@ class ServerMetrics:
             self.rejections.labels(model_name, reason)
         for reason in ERROR_REASONS:
             self.request_errors.labels(model_name, reason)
+        for path in STEP_PATHS:
+            self.engine_steps.labels(model_name, path)
         for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits,
                        self.cut_by_shutdown, self.lora_swaps):
             family.labels(model_name)
@@ -304,6 +313,9 @@ class ServerMetrics:
             return
         self._set_gauges(stats)
         m = self.model_name
+        path = getattr(stats, "step_path", "")
+        if path:
+            self.engine_steps.labels(m, path).inc()
         if stats.batch_size > 0:
             self.batch_size.labels(m).observe(stats.batch_size)
             self.step_tokens.labels(m).observe(stats.num_scheduled_tokens)

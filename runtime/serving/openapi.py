@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from plimsoll.auth import is_admin_path
 from plimsoll.runtime.serving.protocol import ChatCompletionResponse, CompletionResponse, ErrorResponse
 
 # The paths ``--api-key`` guards (the probes and /metrics stay open for the kubelet and Prometheus).
@@ -33,7 +34,8 @@ _RETRY_AFTER = {
 WHY = {
     400: "The request is invalid; the error names the field (param) and says what to send instead.",
     401: "The API key is missing or wrong (the server runs with --api-key); send `Authorization: Bearer KEY`.",
-    403: "The key is valid but may not do this.",
+    403: "A control endpoint: it needs the admin key (`Authorization: Bearer ADMIN_KEY`, --admin-api-key); "
+    "without one configured only clients on the replica's own host may call it.",
     404: "Not found; the error says what exists.",
     409: "Busy with the same operation; retry when it finishes.",
     413: "The request body is larger than --max-request-bytes.",
@@ -118,6 +120,8 @@ def statuses_for(method: str, path: str, has_body: bool) -> list[int]:
         found |= {413}  # the body limit reads every request that may carry one
     if path.startswith(API_KEY_PREFIXES):
         found |= {401}
+    if is_admin_path(method, path):
+        found |= {401, 403}
     return sorted(found)
 
 
