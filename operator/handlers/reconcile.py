@@ -33,12 +33,16 @@ from plimsoll.operator.handlers.ownership import (
     has_conflict,
     report_conflicts,
 )
-from plimsoll.operator.handlers.replica_planning import kopf_events, size_new_service
+from plimsoll.operator.handlers.replica_planning import (
+    kopf_events,
+    size_new_service,
+    start_variant_deployments,
+)
 from plimsoll.operator.handlers.replica_workload import replica_workload
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.spans import llmservice_span
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
-from plimsoll.operator.handlers.variant_workloads import remove_variant_children, variant_children
+from plimsoll.operator.handlers.variant_workloads import remove_variant_workloads, variant_workloads
 from plimsoll.operator.resources.credentials import admin_secret_name
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.inference_pool import (
@@ -207,11 +211,18 @@ async def _reconcile(
     children = [replicas, build_service(svc), build_pdb(svc)]
     variant_objs: list[dict[str, Any]] = []
     if svc.spec.variants:
-        # One Deployment per hardware variant in place of the one above (variant_workloads.py).
-        variant_objs = await variant_children(kube, body, svc, settings, logger)
+        # One Deployment per hardware variant in place of the one above (variant_workloads.py). One that
+        # does not exist yet is created by the replica planner's handler with its first count; all are
+        # then applied here without a count.
+        work = await variant_workloads(kube, svc, settings, logger)
+        await start_variant_deployments(kube, body, svc, work.missing, logger)
+        for removed in work.removed:
+            kopf.info(_as_body(body), reason="Deleted", message=f"deleted {removed}")
+        variant_objs = work.objs
         children = [*variant_objs, *children[1:]]
     elif (body.get("status") or {}).get("variants"):
-        await remove_variant_children(kube, body, svc, logger)
+        for removed in await remove_variant_workloads(kube, svc, logger):
+            kopf.info(_as_body(body), reason="Deleted", message=f"deleted {removed} (spec.variants is empty)")
     policies = network_policies(svc, settings)
     children.extend(policies)
     # networkPolicy.enabled false: remove what it made. (A `<name>-kv` policy left after the operator's

@@ -205,10 +205,10 @@ class ReplicaLoop:
         found = await self.kube.list_objects(
             "apps/v1", "Deployment", svc.namespace, label_selector=variants_selector(svc)
         )
-        counts = {}
+        counts: dict[str, int] = {}
         for deployment in found:
             name = (deployment["metadata"].get("labels") or {}).get(VARIANT_LABEL)
-            if name in wanted and not deployment["metadata"].get("deletionTimestamp"):
+            if isinstance(name, str) and name in wanted and not deployment["metadata"].get("deletionTimestamp"):
                 counts[name] = int((deployment.get("spec") or {}).get("replicas", 0) or 0)
         return counts
 

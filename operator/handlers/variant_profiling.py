@@ -152,6 +152,8 @@ async def profile_variants(
     written = await update_status(kube, svc.namespace, svc.name, change)
     if written is not None:
         before = written.condition_before("ProfileStale") or {}
-        after = next((c for c in written.patch.get("conditions", []) if c.get("type") == "ProfileStale"), {})
+        after: dict[str, Any] = next(
+            (c for c in written.patch.get("conditions", []) if c.get("type") == "ProfileStale"), {}
+        )
         if after.get("status") == "True" and before.get("status") != "True":
             kopf.info(body, reason="ProfileStale", message=str(after.get("message", "")))

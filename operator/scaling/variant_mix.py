@@ -122,9 +122,11 @@ def spot_excess(spot_capacity: float, capacity: float, max_spot_fraction: float)
     return excess if excess > EPS else 0.0
 
 
-def mix_key(
-    mix: Mix, demand: float, max_spot_fraction: float
-) -> tuple[float, float, float, float, float, tuple[int, ...]]:
+# What mix_key returns: spot excess, shortfall, cost, -capacity, spot capacity, the counts.
+MixKey = tuple[float, float, float, float, float, tuple[int, ...]]
+
+
+def mix_key(mix: Mix, demand: float, max_spot_fraction: float) -> MixKey:
     """What the optimiser minimises, in order (module docstring); lower is better."""
     short = demand - mix.capacity
     return (
@@ -142,7 +144,7 @@ class _Search:
     offers: list[Offer]  # cheapest per unit of capacity first
     demand: float
     f: float
-    best: tuple[tuple[float, ...], tuple[int, ...]] | None = None
+    best: tuple[MixKey, tuple[int, ...]] | None = None
     searched: int = 0
 
     def run(self) -> tuple[int, ...]:
@@ -221,7 +223,7 @@ def choose_mix(offers: Sequence[Offer], demand: float, max_spot_fraction: float 
     key = mix_key(chosen, demand, max_spot_fraction)
 
     runner_up: Mix | None = None
-    runner_key: tuple[float, float, float, float, float, tuple[int, ...]] | None = None
+    runner_key: MixKey | None = None
     for i, offer in enumerate(offers):
         if counts[i] <= offer.min_replicas:
             continue  # the chosen mix adds nothing of this variant: giving it up changes nothing
@@ -237,7 +239,7 @@ def choose_mix(offers: Sequence[Offer], demand: float, max_spot_fraction: float 
     return MixChoice(demand, max_spot_fraction, chosen, runner_up, why, key[1], key[0], searched)
 
 
-def _why_not(key: tuple[float, ...], other: tuple[float, ...], runner_up: Mix, chosen: Mix) -> str:
+def _why_not(key: MixKey, other: MixKey, runner_up: Mix, chosen: Mix) -> str:
     """Why the runner-up lost, in the order the optimiser ranks mixes."""
     if other[0] > key[0]:
         return f"puts {runner_up.spot_share:.0%} of its capacity on spot, above the limit"

@@ -561,7 +561,7 @@ class VariantPlanner:
             draft.fields["variants"] = variants
             if cost is not None:
                 draft.fields["cost"] = cost
-            draft.conditions.append(limited)  # type: ignore[arg-type]
+            draft.conditions.append(limited)
             draft.must_write = True
             self.last_write, self.last_block = now, block
 

@@ -187,7 +187,7 @@ def test_a_variant_whose_nodes_vanished_is_left_out_and_its_capacity_moves() -> 
     # Replacements that find no node are unschedulable; it stays out until its back-off ends.
     pending = [pod("spot-9", ready=False, unschedulable="0/3 nodes are available: 3 node(s) didn't match")]
     svc.tick(30.0, [pod("l4-0", 3), pod("l4-1", 3), pod("l4-2", 2), *pending])
-    assert svc.counts["spot"] == 0 and "spot" in svc.planner.variants.unavailable  # type: ignore[union-attr]
+    assert svc.counts["spot"] == 0 and "spot" in svc.planner.variants.unavailable
 
 
 def test_a_variant_that_cannot_be_scheduled_becomes_unavailable_with_the_schedulers_words() -> None:
