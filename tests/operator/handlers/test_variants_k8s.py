@@ -1,4 +1,4 @@
-"""Hardware variants against a real kube-apiserver and the session's operator.
+"""Hardware variants against a real kube-apiserver and the running test operator.
 
 An LLMService with two variants (kwok-simulated pods, Manual per-variant targets):
 the operator creates one Deployment per variant, labelled and selecting apart,
