@@ -44,6 +44,12 @@ class Replica:
     # Its measured capacity relative to the others (an LLMService's hardware variants: the
     # in-flight one replica of its variant carries at its target); 1.0 when all are alike.
     weight: float = 1.0
+    # Token-aware load from the replica's /metrics (plimsoll.ttft_prediction; None: not exported): its
+    # backlog in seconds and the rates it measured, and the router's in-flight when it was read.
+    backlog_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_step_s: float | None = None
+    inflight_at_scrape: int = 0
 
     @property
     def is_ready(self) -> bool:
@@ -147,6 +153,14 @@ class ReplicaSet:
                 replica.weight, changed = weight, True
         if changed:
             self._notify()
+    def record_load(
+        self, url: str, *, backlog_s: float | None, prefill_tokens_per_s: float | None, decode_step_s: float | None
+    ) -> None:
+        """The replica's backlog and rates as just scraped (``slo_routing.py`` predicts TTFT from them)."""
+        replica = self.replicas.get(url)
+        if replica is not None:
+            replica.backlog_s, replica.prefill_tokens_per_s = backlog_s, prefill_tokens_per_s
+            replica.decode_step_s, replica.inflight_at_scrape = decode_step_s, replica.inflight
 
     def record_adapters(self, url: str, *, adapters: frozenset[str] | None, active: frozenset[str]) -> None:
         replica = self.replicas.get(url)

@@ -33,6 +33,8 @@ DRAINING_LABEL = "plimsoll.dev/draining"
 # An LLMService's hardware variant a replica belongs to; status.variants.<name>.weight is what one
 # replica of it carries (operator/resources/variants.py), the weight the router gives it.
 VARIANT_LABEL = "plimsoll.dev/variant"
+# Set by the operator on replicas parked asleep (autoscaling.standby): nothing goes there either.
+STANDBY_LABEL = "plimsoll.dev/standby"
 # How often the LLMService's status is read (the hold queue takes the measured cold starts from it).
 STATUS_POLL_S = 5.0
 
@@ -48,7 +50,9 @@ def variant_weights(status: dict[str, Any]) -> dict[str, float]:
 
 
 def is_draining(pod: dict[str, Any]) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(DRAINING_LABEL) == "true"
+    """Marked for removal, or parked in standby: routed nothing new."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(DRAINING_LABEL) == "true" or labels.get(STANDBY_LABEL) == "true"
 
 
 def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | None:

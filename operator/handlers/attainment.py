@@ -89,6 +89,7 @@ async def track_attainment(
     now: float,
     logger: Log,
     cost_per_hour: float | None = None,
+    shed: dict[str, float] | None = None,
 ) -> float | None:
     """One tick (see the module docstring); the 1-minute attainment, or None when there is none."""
     slo = svc.spec.slo
@@ -110,7 +111,7 @@ async def track_attainment(
         state.tracker = AttainmentTracker(objectives=wanted)
         forget_attainment(svc.namespace, svc.name)
     tracker = state.tracker
-    tracker.observe(now, samples, replicas, cost_per_hour)
+    tracker.observe(now, samples, replicas, cost_per_hour=cost_per_hour, shed=shed)
     for window, seconds in WINDOWS_S.items():
         ratio = tracker.attainment(seconds)
         if ratio is not None:

@@ -4,8 +4,8 @@ What it is: :func:`list_pods` (the replicas by the service's selector) and the
 readings of a pod object the handlers share — Ready (what a Service's
 endpoints use), counted for scaling (not being deleted, not finished, as the
 HPA counts them), marked for removal (the ``plimsoll.dev/draining`` label),
-unschedulable (no node fits it), and the URL of one of its engine's paths on
-the port named ``http``.
+unschedulable (no node fits it), parked in standby (the ``plimsoll.dev/standby`` label),
+and the URL of one of its engine's paths on the port named ``http``.
 
 What it is not: an HTTP client (``pod_http.py`` calls the pods) or a cache.
 """
@@ -16,7 +16,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.settings import ENGINE_PORT
-from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL
+from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL, STANDBY_LABEL
 
 
 async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
@@ -46,9 +46,18 @@ def is_marked_for_removal(pod: dict[str, Any]) -> bool:
 def unschedulable(pod: dict[str, Any]) -> str | None:
     """The scheduler's message while no node fits the pod (PodScheduled False, reason Unschedulable)."""
     for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+        if (
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ):
             return str(c.get("message") or "no node fits it")
     return None
+
+
+def is_parked(pod: dict[str, Any]) -> bool:
+    """The pod carries the standby label: parked asleep beside the active replicas."""
+    return (pod["metadata"].get("labels") or {}).get(STANDBY_LABEL) == "true"
 
 
 def pod_url(pod: dict[str, Any], path: str) -> str | None:
