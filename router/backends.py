@@ -41,6 +41,9 @@ class Replica:
     # sit in its GPU slots, so a request for one costs no adapter swap.
     adapters: frozenset[str] | None = None
     active_adapters: frozenset[str] = frozenset()
+    # Its measured capacity relative to the others (an LLMService's hardware variants: the
+    # in-flight one replica of its variant carries at its target); 1.0 when all are alike.
+    weight: float = 1.0
     # Token-aware load from the replica's /metrics (plimsoll.ttft_prediction; None: not exported): its
     # backlog in seconds and the rates it measured, and the router's in-flight when it was read.
     backlog_s: float | None = None
@@ -51,6 +54,11 @@ class Replica:
     @property
     def is_ready(self) -> bool:
         return self.discovered_ready and self.reachable and not self.draining
+
+    @property
+    def relative_load(self) -> float:
+        """Load per unit of capacity: what least-in-flight evens out (equal weights: the load's order)."""
+        return self.load / self.weight
 
     @property
     def load(self) -> float:
@@ -136,6 +144,15 @@ class ReplicaSet:
         replica.waiting, replica.running, replica.engine = waiting, running, engine
         replica.last_scrape = time.monotonic()
 
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Each listed replica's capacity weight (others 1.0); a change rebuilds what hashes by weight."""
+        changed = False
+        for url, replica in self.replicas.items():
+            weight = weights.get(url, 1.0)
+            if weight > 0 and replica.weight != weight:
+                replica.weight, changed = weight, True
+        if changed:
+            self._notify()
     def record_load(
         self, url: str, *, backlog_s: float | None, prefill_tokens_per_s: float | None, decode_step_s: float | None
     ) -> None:

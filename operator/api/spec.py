@@ -19,6 +19,7 @@ from plimsoll.operator.api.model_uri import (
     parse_adapter_uri,
     parse_model_uri,
 )
+from plimsoll.operator.api.variants import MAX_VARIANTS, MixSpec, VariantSpec
 
 EngineKind = Literal["plimsoll", "vllm", "sglang"]
 CapacityMode = Literal["Profile", "Manual"]
@@ -757,6 +758,18 @@ class LLMServiceSpec(APIModel):
                     "|| !(self.autoscaling.mode in ['hpa', 'keda']) || has(self.scaling)",
                     "autoscaling.mode hpa and keda need scaling.min and scaling.max",
                 ),
+                cel(
+                    "!has(self.variants) || size(self.variants) == 0 "
+                    "|| (!has(self.replicas) && !has(self.scaling))",
+                    "with variants, each variant's minReplicas and maxReplicas bound its count: "
+                    "drop spec.replicas and spec.scaling",
+                ),
+                cel(
+                    "!has(self.variants) || size(self.variants) == 0 || !has(self.autoscaling) "
+                    "|| !has(self.autoscaling.mode) || self.autoscaling.mode in ['builtin', 'off']",
+                    "variants are mixed by the built-in replica planner: autoscaling.mode builtin (or off, "
+                    "each variant at its minReplicas)",
+                ),
             ]
         }
     )
@@ -829,6 +842,18 @@ class LLMServiceSpec(APIModel):
         "(POST /v1/load_lora_adapter), unloaded when removed; status.adapters says where each is loaded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    variants: list[VariantSpec] = Field(
+        default_factory=list,
+        max_length=MAX_VARIANTS,
+        description="Hardware variants serving this model side by side (one Deployment each, behind the same "
+        "Service and router), each profiled on its own; the replica planner runs the cheapest mix that "
+        "carries the demand at the SLO. Empty: one Deployment shaped by spec.resources.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    mix: MixSpec = Field(
+        default_factory=lambda: MixSpec.model_validate({}),
+        description="How variants are mixed: spot exposure limit, rebalancing, unavailable variants.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "LLMServiceSpec":
@@ -870,6 +895,7 @@ class LLMServiceSpec(APIModel):
                 "image); use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
+        self._check_variants()
         if (
             self.replicas is not None
             and self.scaling is not None
@@ -927,6 +953,33 @@ class LLMServiceSpec(APIModel):
                 f"engine.tensorParallelSize {tp} needs {tp} GPUs per pod, but resources.gpu.count is {gpus}; "
                 f"raise resources.gpu.count to {tp}"
             )
+
+    def _check_variants(self) -> None:
+        if not self.variants:
+            return
+        names = [v.name for v in self.variants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"variants: each name once; {', '.join(twice)} appear more than once")
+        if self.replicas is not None or self.scaling is not None:
+            raise ValueError(
+                "with variants, each variant's minReplicas and maxReplicas bound its count: "
+                "drop spec.replicas and spec.scaling"
+            )
+        if self.autoscaling.mode not in ("builtin", "off"):
+            raise ValueError(
+                f"autoscaling.mode {self.autoscaling.mode}: variants are mixed by the built-in replica planner; "
+                "use builtin (or off, each variant at its minReplicas)"
+            )
+        if self.resources.nodes != 1:
+            raise ValueError("variants run one pod per replica: set resources.nodes 1")
+        if self.capacity.mode == "Manual":
+            missing = [v.name for v in self.variants if v.concurrency_per_replica is None]
+            if missing and self.capacity.concurrency_per_replica is None:
+                raise ValueError(
+                    f"capacity.mode Manual: variants {', '.join(missing)} need concurrencyPerReplica "
+                    "(or set spec.capacity.concurrencyPerReplica for all)"
+                )
 
     def tensor_parallel_size(self) -> int:
         """Ranks per pod: engine.tensorParallelSize, else the pod's GPUs (at least 1)."""

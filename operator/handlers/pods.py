@@ -4,8 +4,8 @@ What it is: :func:`list_pods` (the replicas by the service's selector) and the
 readings of a pod object the handlers share — Ready (what a Service's
 endpoints use), counted for scaling (not being deleted, not finished, as the
 HPA counts them), marked for removal (the ``plimsoll.dev/draining`` label),
-parked in standby (the ``plimsoll.dev/standby`` label), and
-the URL of one of its engine's paths on the port named ``http``.
+unschedulable (no node fits it), parked in standby (the ``plimsoll.dev/standby`` label),
+and the URL of one of its engine's paths on the port named ``http``.
 
 What it is not: an HTTP client (``pod_http.py`` calls the pods) or a cache.
 """
@@ -41,6 +41,18 @@ def counts_for_scaling(pod: dict[str, Any]) -> bool:
 def is_marked_for_removal(pod: dict[str, Any]) -> bool:
     """The pod carries the draining label the two-phase scale-down puts on it."""
     return (pod["metadata"].get("labels") or {}).get(DRAINING_LABEL) == "true"
+
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message while no node fits the pod (PodScheduled False, reason Unschedulable)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ):
+            return str(c.get("message") or "no node fits it")
+    return None
 
 
 def is_parked(pod: dict[str, Any]) -> bool:

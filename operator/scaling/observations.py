@@ -6,14 +6,16 @@ way out) and :class:`Observations` (every pod of the service, the pod objects
 for the scale-up timeline, the router's held requests, the last minute's SLO
 attainment, the object's generation and creation time). New signals (tokens,
 per-pool pods) are new fields here, read by the planner: the token-aware load
-rides on each pod's :class:`PodSample`, parked standby pods on ``standby``.
+rides on each pod's :class:`PodSample`, parked standby pods on ``standby``; hardware
+variants add each pod's variant, whether it can be scheduled, each variant's count and
+the cost window.
 
 What it is not: a reader of the cluster. ``operator/handlers/replica_planning.py``
 lists the pods, scrapes them and asks the router; nothing here does I/O.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plimsoll.operator.scaling.metrics import PodSample
@@ -29,8 +31,20 @@ class PodObservation:
     error: str | None = None  # why the scrape could not be read, for the trace
     draining: bool = False  # carries the plimsoll.dev/draining label (marked for removal)
     terminating: bool = False  # being deleted, or Failed/Succeeded: no longer counted for scaling
+    variant: str | None = None  # its plimsoll.dev/variant label (spec.variants)
+    unschedulable: str | None = None  # the scheduler's message while no node fits it
     standby: bool = False  # carries the plimsoll.dev/standby label: parked (asleep, or being put to sleep)
     created_at: float | None = None  # metadata.creationTimestamp: how long a starting pod has been starting
+
+
+@dataclass(frozen=True, slots=True)
+class CostWindow:
+    """What the replicas cost over the attainment tracker's window, and the good requests in it."""
+
+    per_hour: float  # now
+    spent: float | None  # over the window
+    good_requests: float | None  # over the window
+    window_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +68,9 @@ class Observations:
     attainment: float | None = None  # the last minute's share of requests within every SLO bound
     generation: int | None = None  # metadata.generation, for the conditions' observedGeneration
     created_at: float | None = None  # metadata.creationTimestamp: the first cold start counts from it
+    # spec.variants: each variant Deployment's spec.replicas, and what the replicas cost.
+    variant_replicas: Mapping[str, int] = field(default_factory=dict)
+    cost: CostWindow | None = None
 
     @property
     def counted(self) -> tuple[PodObservation, ...]:

@@ -34,6 +34,10 @@ rule (``standby.py``) wakes parked replicas when the count asks for more active
 ones than there are, and parks the surplus (the pods the Deployment starts to keep
 the pool full, the replicas a scale-down drained) asleep.
 
+With ``spec.variants`` the tick is :class:`~plimsoll.operator.scaling.variant_planner.VariantPlanner`'s
+instead (rules 2–6 per hardware variant: the cheapest mix that carries the demand,
+a count per variant pool), then ``SLOAtRisk`` as above.
+
 After the rules, a pod that carries the removal mark but that no drain holds
 any more is unmarked (:class:`Undrain`). Status is written when something a
 reader acts on changed, else at most every :data:`STATUS_MIN_INTERVAL_S`.
@@ -58,7 +62,7 @@ from plimsoll.operator.scaling.inputs import autoscaler_config
 from plimsoll.operator.scaling.kv_cache import kv_cache_status
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import Observations, PodObservation
-from plimsoll.operator.scaling.replica_plan import Plan, PlanDraft
+from plimsoll.operator.scaling.replica_plan import DEFAULT_POOL, Plan, PlanDraft
 from plimsoll.operator.scaling.scale_phases import ScalePhases
 from plimsoll.operator.scaling.scale_to_zero import floored
 from plimsoll.operator.scaling.scale_up_timeline import ScaleUpTimeline
@@ -68,6 +72,7 @@ from plimsoll.operator.scaling.standby import Standby
 from plimsoll.operator.scaling.starting_size import plan_start
 from plimsoll.operator.scaling.timestamps import rfc3339_seconds
 from plimsoll.operator.scaling.token_signal import TokenSignal, predicted_ttft_recommendation
+from plimsoll.operator.scaling.variant_planner import VariantPlanner, start_counts
 
 # Unchanged replicas and conditions: refresh status.autoscaler at most this often.
 STATUS_MIN_INTERVAL_S = 15.0
@@ -152,8 +157,14 @@ class ReplicaPlanner:
         self.timeline: ScaleUpTimeline | None = None
         self.slo_base: tuple[float, dict[str, PodSample]] | None = None
         self.phases: ScalePhases | None = None
+        self.variants: VariantPlanner | None = None  # spec.variants: the mix's state
         self.standby: Standby | None = None
         self._parked_seen: tuple[PodObservation, ...] = ()
+
+    @staticmethod
+    def variant_start_counts(spec: LLMServiceSpec, status: dict[str, Any]) -> dict[str, int]:
+        """The first count of each variant's Deployment (reconcile creates them with it)."""
+        return start_counts(spec, status)
 
     @staticmethod
     def plan_start(now: float, spec: LLMServiceSpec, status: dict[str, Any]) -> Plan | None:
@@ -177,12 +188,17 @@ class ReplicaPlanner:
         # Parked standby pods serve nothing: every rule but the standby one sees the active pods only.
         active = observations.active()
         self._parked_seen = observations.parked
-        self._rules(draft, active, spec, status)
+        if spec.variants:
+            self._variant_rules(draft, active, spec, status)
+        else:
+            self.variants = None
+            self._rules(draft, active, spec, status)
         if self.phases is not None:
             self.phases.unmark_strays(draft, active)
         self._standby(draft, observations, spec, status)
         for count in draft.replicas:
-            self._saw(count.current, count.desired)
+            if count.pool == DEFAULT_POOL:
+                self._saw(count.current, count.desired)
         write = draft.must_write or bool(draft.fields)
         if write:
             if self.phases is not None:
@@ -239,6 +255,22 @@ class ReplicaPlanner:
             phases.begin_drain(draft, live, current, 0, float(scaling.drain_seconds), "ScaleToZero", idle)
             return
         self._autoscale(draft, obs, spec, status, current, samples)
+
+    def _variant_rules(
+        self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]
+    ) -> None:
+        """Hardware variants: the mix (``variant_planner.py``), then SLOAtRisk from the same scrapes."""
+        if self.variants is None:
+            self.variants = VariantPlanner()
+        self.variants.plan(draft, obs, spec, status)
+        slo = self._check_slo(draft.now, spec, obs.ready_samples(), obs.attainment)
+        if slo is not None:
+            state: ConditionStatus = "True" if slo[0] == "True" else "False" if slo[0] == "False" else "Unknown"
+            condition: ConditionUpdate = ("SLOAtRisk", state, slo[1], slo[2])
+            stored = condition_states(status.get("conditions"))
+            if draft.must_write or stored.get("SLOAtRisk") != state:
+                draft.conditions.append(condition)
+                draft.must_write = True
 
     def _autoscale(
         self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any], current: int,
@@ -373,6 +405,8 @@ class ReplicaPlanner:
 
 def _start_size(draft: PlanDraft, spec: LLMServiceSpec, status: dict[str, Any]) -> bool:
     """Rule 1 into ``draft``; True when the spec has no count and ``expectedLoad`` (or a seed) applies."""
+    if spec.variants:
+        return False  # each variant's Deployment starts at its own count (variant_planner.start_counts)
     start = plan_start(spec, _profiled(status))
     if start is None:
         return False

@@ -27,6 +27,8 @@ from plimsoll.operator.scaling.autoscaler import Decision
 
 # The pool ``spec.replicas`` counts.
 DEFAULT_POOL = "default"
+# A hardware variant's pool (spec.variants): its Deployment's count.
+VARIANT_POOL_PREFIX = "variant/"
 # A replica parked asleep beside the active ones (autoscaling.standby): the router sends it nothing.
 STANDBY_LABEL = "plimsoll.dev/standby"
 # How a Drain shows on the pod: the router sends a pod with this label nothing new, and the
@@ -34,6 +36,16 @@ STANDBY_LABEL = "plimsoll.dev/standby"
 DRAINING_LABEL = "plimsoll.dev/draining"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 DRAINING_DELETION_COST = "-1000"
+
+
+def variant_pool(variant: str) -> str:
+    """The pool name of one hardware variant's replicas."""
+    return f"{VARIANT_POOL_PREFIX}{variant}"
+
+
+def pool_variant(pool: str) -> str | None:
+    """The variant a pool counts (None for the default pool)."""
+    return pool.removeprefix(VARIANT_POOL_PREFIX) if pool.startswith(VARIANT_POOL_PREFIX) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +172,11 @@ class PlanDraft:
     ) -> None:
         """The default pool's count (pools beyond it will name theirs)."""
         self.replicas.append(ReplicaCount(DEFAULT_POOL, current, desired, reason, formula, only_if_unchanged))
+        self.must_write = True
+
+    def pool_count(self, pool: str, current: int | None, desired: int, reason: str, formula: str) -> None:
+        """A named pool's count (a hardware variant's: :func:`variant_pool`)."""
+        self.replicas.append(ReplicaCount(pool, current, desired, reason, formula))
         self.must_write = True
 
     def drain(self, pod: str, reason: str) -> None:
