@@ -650,9 +650,9 @@ def diagnose(
     async def watch() -> tuple[list[Any], list[Any] | None]:
         server = observe(url.rstrip("/"), window, interval, headers, bar)
         if dcgm_url:
-            return await asyncio.gather(server, observe(dcgm_url.rstrip("/"), window, interval))  # type: ignore[return-value]
+            return await asyncio.gather(server, observe(dcgm_url.rstrip("/"), window, interval))
         if nvml:
-            return await asyncio.gather(server, observe_nvml(window, interval))  # type: ignore[return-value]
+            return await asyncio.gather(server, observe_nvml(window, interval))
         return await server, None
 
     try:

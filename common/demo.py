@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 import yaml
 
+from plimsoll.pods import pod_is_ready
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -87,13 +89,6 @@ def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
         if c.get("type") == type_:
             return dict(c)
     return {}
-
-
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
 
 
 def _pod_logs(cluster: Cluster, namespace: str) -> str:
@@ -185,7 +180,7 @@ def install_chart(console: Console, cluster: Cluster, timeout: float) -> None:
             "pods", "-n", RELEASE_NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}"
         )
         items = pods["items"]
-        ready = [p for p in items if _pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+        ready = [p for p in items if pod_is_ready(p) and not p["metadata"].get("deletionTimestamp")]
         phases = ", ".join(f"{p['metadata']['name']}: {(p.get('status') or {}).get('phase')}" for p in items)
         return ready, phases or "no operator pod yet"
 
@@ -295,7 +290,7 @@ def replica_endpoints(cluster: Cluster, namespace: str, svc: dict[str, Any]) -> 
     urls = []
     for pod in cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]:
         ip = (pod.get("status") or {}).get("podIP")
-        if ip and _pod_ready(pod):
+        if ip and pod_is_ready(pod):
             ports = [p for c in pod["spec"]["containers"] for p in c.get("ports") or []]
             urls.append(f"http://{ip}:{ports[0]['containerPort']}")
     if not urls:

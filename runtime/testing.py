@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
+from plimsoll.readiness import wait_until_ready
 
 # A minimal ChatML-style template: enough structure that a chat request and a
 # completion request tokenize differently, and an assistant turn ends in eos.
@@ -104,7 +104,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
+    byte_level_tokenizer().save_pretrained(out)
     return out
 
 
@@ -132,8 +132,12 @@ def write_random_lora(
         return out
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     torch.manual_seed(seed)
+    # peft annotates lora_alpha as int; it only scales by alpha / r, and fractional alphas are valid.
     config = LoraConfig(
-        r=r, lora_alpha=lora_alpha, target_modules=list(target_modules), init_lora_weights=False
+        r=r,
+        lora_alpha=lora_alpha,  # type: ignore[arg-type]
+        target_modules=list(target_modules),
+        init_lora_weights=False,
     )
     with warnings.catch_warnings():
         # peft calls a transformers API that transformers marks deprecated: not ours to fix.
@@ -250,18 +254,17 @@ class ThreadedServer:
 
         self._thread = threading.Thread(target=run, name="plimsoll-test-server", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._error is not None or not self._thread.is_alive():
-                raise RuntimeError(f"the server thread stopped before /ready: {self._error!r}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
-                    if self.step_delay:
-                        self._slow_down_steps(self.step_delay)
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        thread = self._thread
+
+        def died() -> str | None:
+            if self._error is None and thread.is_alive():
+                return None
+            return f"the server thread stopped before /ready: {self._error!r}"
+
+        if wait_until_ready(f"{self.url}/ready", self.startup_timeout, died, interval_s=0.1):
+            if self.step_delay:
+                self._slow_down_steps(self.step_delay)
+            return self
         self.stop()
         raise TimeoutError(f"server not ready after {self.startup_timeout}s")
 
@@ -272,13 +275,16 @@ class ThreadedServer:
         happens" holds however fast the machine is.
         """
         core = self.engine.engine
+        if core is None:
+            raise RuntimeError("the engine has not started; call start() first")
         step = core.step
 
         def slow_step() -> Any:
             time.sleep(seconds)
             return step()
 
-        core.step = slow_step  # the engine thread looks the method up on every iteration
+        # A deliberate instance patch: the engine thread looks the method up on every iteration.
+        core.step = slow_step  # type: ignore[method-assign]
 
     def drain(self) -> None:
         """What SIGTERM does: stop admission, finish in-flight requests, then stop."""
@@ -356,19 +362,16 @@ class ServerProcess:
         return self
 
     def wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"plimsoll serve exited with code {self.proc.returncode} before /ready:\n{self.log()}"
-                )
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        proc = self.proc
+        assert proc is not None
+
+        def died() -> str | None:
+            if proc.poll() is None:
+                return None
+            return f"plimsoll serve exited with code {proc.returncode} before /ready:\n{self.log()}"
+
+        if wait_until_ready(f"{self.url}/ready", self.startup_timeout, died):
+            return
         self.stop()
         raise TimeoutError(f"plimsoll serve not ready after {self.startup_timeout}s:\n{self.log()}")
 

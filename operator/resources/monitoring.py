@@ -124,8 +124,8 @@ def in_flight_basis(svc: LLMService, capacity: CapacityStatus | None) -> InFligh
         if isinstance(concurrency, int | float) and not isinstance(concurrency, bool) and concurrency > 0:
             knees.append((float(concurrency), kind))
     if knees:
-        value, kind = min(knees)
-        return InFlightBasis(value, f"the measured {kind} knee ({_num(value)} concurrent requests)")
+        knee_value, kind = min(knees)
+        return InFlightBasis(knee_value, f"the measured {kind} knee ({_num(knee_value)} concurrent requests)")
     if capacity.concurrency_per_replica is not None:
         value = capacity.concurrency_per_replica
         return InFlightBasis(float(value), f"the profiled concurrency per replica ({value})")
