@@ -21,12 +21,17 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plimsoll.readiness import wait_until_ready
+
+if TYPE_CHECKING:
+    from plimsoll.runtime.engine.llm_engine import LLMEngine
+    from plimsoll.runtime.engine.outputs import RequestOutput
 
 # A minimal ChatML-style template: enough structure that a chat request and a
 # completion request tokenize differently, and an assistant turn ends in eos.
@@ -466,3 +471,50 @@ class KeyValueServer:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+@dataclass
+class ClosedLoopRun:
+    """What :func:`run_closed_loop` measured: the finished outputs and the time they took."""
+
+    outputs: list[RequestOutput]  # in the order they finished
+    first_wave: set[str]  # ids of the opening burst, which queue behind each other
+    wall_s: float
+    cpu_s: float  # this process's CPU time over the same span
+
+    @property
+    def steady(self) -> list[RequestOutput]:
+        """The outputs without the opening burst (all of them when nothing came after it)."""
+        return [o for o in self.outputs if o.request_id not in self.first_wave] or self.outputs
+
+    @property
+    def out_tokens(self) -> int:
+        return sum(o.metrics.num_generation_tokens for o in self.outputs)
+
+    def tpot_s(self) -> list[float]:
+        """Seconds per output token after the first, per steady request with more than one."""
+        return [
+            (o.metrics.last_token_time - o.metrics.first_token_time) / (o.metrics.num_generation_tokens - 1)  # type: ignore[operator]
+            for o in self.steady
+            if o.metrics.num_generation_tokens > 1
+        ]
+
+
+def run_closed_loop(engine: LLMEngine, concurrency: int, total: int, add: Callable[[int], str]) -> ClosedLoopRun:
+    """Drive ``engine`` in process with ``concurrency`` requests in flight until ``total`` have finished.
+
+    ``add(i)`` adds request number ``i`` to the engine and returns its id; a new one is
+    added as each finishes. The benchmark scripts measure engine throughput with it.
+    """
+    outputs: list[RequestOutput] = []
+    first_wave = {add(i) for i in range(min(concurrency, total))}
+    issued = len(first_wave)
+    t0, cpu0 = time.monotonic(), time.process_time()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs.append(out)
+                if issued < total:
+                    add(issued)
+                    issued += 1
+    return ClosedLoopRun(outputs, first_wave, time.monotonic() - t0, time.process_time() - cpu0)
