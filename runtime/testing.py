@@ -92,8 +92,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     enough for token-exact comparisons. Idempotent: an existing complete
     directory is left as it is.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen3Config
 
     out = Path(path)
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
@@ -105,11 +104,24 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
         config = Qwen3Config(**common, head_dim=16)
     else:
         raise ValueError(f"write_tiny_model: unknown arch {arch!r}; use 'llama' or 'qwen3'")
+    return save_random_model(out, config, seed=seed)
+
+
+def save_random_model(
+    directory: str | Path, config: Any, seed: int = 0, chat_template: bool = True, **from_config: Any
+) -> Path:
+    """Random weights for the transformers ``config`` (fp32 unless ``dtype`` is given), saved with the
+    byte-level tokenizer at ``directory``: the one factory of the tiny and benchmark-sized test models."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(directory)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
+    from_config.setdefault("dtype", torch.float32)
+    model = AutoModelForCausalLM.from_config(config, **from_config)  # type: ignore[no-untyped-call,unused-ignore]
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    byte_level_tokenizer().save_pretrained(out)
+    byte_level_tokenizer(chat_template=chat_template).save_pretrained(out)
     return out
 
 
