@@ -102,19 +102,15 @@ def bring_up_cluster(console: Console, state_dir: Path | None) -> Cluster:
     from plimsoll.devcluster.cluster import Cluster
 
     ensure_built(console=console)
-    try:
-        running = Cluster.load(state_dir)
-        if running.is_running():
-            if not running.pod_runner:
-                raise DemoError(
-                    f"the control plane in {running.state_dir} runs without the pod runner, so no pod would "
-                    "really run; stop it with `plimsoll dev down` and run `plimsoll demo` again"
-                )
-            console.print(f"[green]✓[/green] reusing the running control plane ({running.server})")
-            return running
-        running.stop()  # a partial leftover: clean it up first
-    except FileNotFoundError:
-        pass
+    running = Cluster.load_running(state_dir)
+    if running is not None:
+        if not running.pod_runner:
+            raise DemoError(
+                f"the control plane in {running.state_dir} runs without the pod runner, so no pod would "
+                "really run; stop it with `plimsoll dev down` and run `plimsoll demo` again"
+            )
+        console.print(f"[green]✓[/green] reusing the running control plane ({running.server})")
+        return running
     cluster = Cluster(state_dir, pod_runner=True)
     started = time.monotonic()
     with console.status("starting etcd, kube-apiserver, controller-manager, scheduler, kwok, pod runner …"):

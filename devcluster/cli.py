@@ -61,14 +61,10 @@ def up(
         if build_only:
             console.print("binaries built")
             return
-        try:
-            running = Cluster.load(state_dir)
-            if running.is_running():
-                console.print(f"already running; kubeconfig: {running.kubeconfig}")
-                return
-            running.stop()  # a partial leftover: clean it up first
-        except FileNotFoundError:
-            pass
+        running = Cluster.load_running(state_dir)
+        if running is not None:
+            console.print(f"already running; kubeconfig: {running.kubeconfig}")
+            return
         cluster = Cluster(state_dir, pod_runner=pod_runner)
         started = time.monotonic()
         with console.status("starting etcd, kube-apiserver, controller-manager, scheduler, kwok …"):

@@ -289,6 +289,19 @@ class Cluster:
         cluster.records = {r["name"]: ProcessRecord.from_json(r) for r in data["processes"]}
         return cluster
 
+    @classmethod
+    def load_running(cls, state_dir: Path | None = None) -> Cluster | None:
+        """The control plane already running from ``state_dir``, or None; a partial leftover (some
+        components dead) is stopped first, so that a new one can start there."""
+        try:
+            running = cls.load(state_dir)
+        except FileNotFoundError:
+            return None
+        if running.is_running():
+            return running
+        running.stop()
+        return None
+
     def status(self) -> list[ComponentStatus]:
         """Each recorded process: alive or not, resident memory, log path."""
         out = []
