@@ -320,7 +320,7 @@ async def observe_pods(http: ReplicaClient, pods: list[dict[str, Any]]) -> list[
         name, ready = pod["metadata"]["name"], pod_is_ready(pod)
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         url = metrics_url(pod)
-        seen = dict(draining=marked, terminating=not counted, standby=parked, created_at=created)
+        seen: dict[str, Any] = dict(draining=marked, terminating=not counted, standby=parked, created_at=created)
         # Parked pods are scraped too (asleep they are not Ready): whether they sleep, what they hold.
         if url is None or not ((ready and counted) or marked or (parked and counted)):
             return PodObservation(name, ready, None, **seen)

@@ -48,9 +48,9 @@ class EngineClient(Protocol):
     @property
     def sleep_level(self) -> int: ...
 
-    async def sleep(self, level: int) -> None: ...
+    async def sleep(self, level: int) -> int: ...  # the bytes freed
 
-    async def wake_up(self) -> None: ...
+    async def wake_up(self) -> float: ...  # the seconds it took
 
     def generate(
         self,
