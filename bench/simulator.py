@@ -47,11 +47,10 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
-
 from plimsoll import metric_names as mn
 from plimsoll.bench.sim_adapters import AdapterError, SimAdapters, adapter_problem, parse_lora_module
 from plimsoll.overload import OVERLOAD_HEADER, REPLICA
+from plimsoll.readiness import wait_until_ready
 from plimsoll.ttft_prediction import (
     PREDICTED_TTFT_HEADER,
     SLO_TTFT_HEADER,
@@ -574,20 +573,14 @@ class SimulatorProcess:
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Return once ``/health`` answers 200; raise if the process exits or the time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"simulator on {self.url} exited with status {self.process.returncode} before it was ready"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"simulator on {self.url} not ready after {timeout_s:.0f} s")
-            time.sleep(0.05)
+
+        def died() -> str | None:
+            if self.process.poll() is None:
+                return None
+            return f"simulator on {self.url} exited with status {self.process.returncode} before it was ready"
+
+        if not wait_until_ready(f"{self.url}/health", timeout_s, died, interval_s=0.05, request_timeout_s=1.0):
+            raise RuntimeError(f"simulator on {self.url} not ready after {timeout_s:.0f} s")
 
     def kill(self) -> None:
         """SIGKILL: the process dies with its open connections."""

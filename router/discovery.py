@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from plimsoll.pods import pod_is_ready
 from plimsoll.router.backends import ReplicaSet
 from plimsoll.router.config import RouterConfig
 
@@ -67,9 +68,7 @@ def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | N
         for container_port in container.get("ports") or []:
             if container_port.get("name") == "http":
                 port = int(container_port["containerPort"])
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
+    ready = pod_is_ready(pod)
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{port}", ready
 

@@ -62,7 +62,9 @@ class RequestFeatures:
         text, prompt_tokens = _prompt_text(body, chars_per_token)
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         extra = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 0
-        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        model = body.get("model")
+        if not isinstance(model, str):
+            model = ""
         # The model is part of the key: the same prompt under two adapters has two KV prefixes.
         key = f"{model}\n{text[:prefix_chars]}" if text and model else text[:prefix_chars]
         return cls(prefix_key=key, estimated_tokens=prompt_tokens + extra, model=model)

@@ -17,6 +17,7 @@ from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.settings import ENGINE_PORT
 from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL, STANDBY_LABEL
+from plimsoll.pods import pod_is_ready as pod_is_ready  # the shared reading; handlers import it from here
 
 
 async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
@@ -24,12 +25,6 @@ async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
         "v1", "Pod", svc.namespace, label_selector=selector_string(svc)
     )
     return pods
-
-
-def pod_is_ready(pod: dict[str, Any]) -> bool:
-    """The pod's Ready condition is True (what a Service's endpoints use)."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def counts_for_scaling(pod: dict[str, Any]) -> bool:

@@ -68,6 +68,7 @@ from plimsoll.operator.resources.variants import label_variant
 from plimsoll.operator.scaling.inputs import spec_profile_hash
 from plimsoll.operator.scaling.profile import CapacityProfile, profile_conditions, read_profile
 from plimsoll.operator.scaling.profile_plan import REPROFILE_ANNOTATION, JobState, JobView, Plan, decide
+from plimsoll.pods import pod_is_ready
 
 RECORDED_ANNOTATION = "plimsoll.dev/profile-recorded"
 PROFILE_INTERVAL_S = float(os.environ.get("PLIMSOLL_PROFILE_INTERVAL_SECONDS", "5"))
@@ -115,9 +116,7 @@ def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict
     want, _ = engine_container(svc, settings)
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         status = pod.get("status") or {}
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
+        ready = pod_is_ready(pod)
         engine: dict[str, Any] = next(
             (c for c in pod["spec"].get("containers", []) if c.get("name") == want["name"]), {}
         )

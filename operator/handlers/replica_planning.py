@@ -361,7 +361,7 @@ async def observe_pods(http: ReplicaClient, pods: list[dict[str, Any]]) -> list[
         name, ready = pod["metadata"]["name"], pod_is_ready(pod)
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         url = metrics_url(pod)
-        seen = dict(
+        seen: dict[str, Any] = dict(
             draining=marked, terminating=not counted, standby=parked, created_at=created,
             variant=(pod["metadata"].get("labels") or {}).get(VARIANT_LABEL), unschedulable=unschedulable(pod),
         )  # fmt: skip

@@ -51,6 +51,11 @@ def target_quantity(value: float) -> str:
     return f"{round(value * 1000)}m"
 
 
+def _metadata(svc: LLMService) -> dict[str, Any]:
+    """The HPA's or ScaledObject's: named after the service, labelled as its autoscaler."""
+    return {"name": svc.name, "namespace": svc.namespace, "labels": common_labels(svc, "autoscaler")}
+
+
 def _target_ref(svc: LLMService) -> dict[str, str]:
     return {"apiVersion": API_VERSION, "kind": KIND, "name": svc.name}
 
@@ -130,11 +135,7 @@ def build_hpa(svc: LLMService, target: float) -> dict[str, Any]:
     return {
         "apiVersion": HPA_API_VERSION,
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {
-            "name": svc.name,
-            "namespace": svc.namespace,
-            "labels": common_labels(svc, "autoscaler"),
-        },
+        "metadata": _metadata(svc),
         "spec": {
             "scaleTargetRef": _target_ref(svc),
             "minReplicas": max(1, low),
@@ -181,11 +182,7 @@ def build_scaled_object(svc: LLMService, target: float) -> dict[str, Any]:
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": "ScaledObject",
-        "metadata": {
-            "name": svc.name,
-            "namespace": svc.namespace,
-            "labels": common_labels(svc, "autoscaler"),
-        },
+        "metadata": _metadata(svc),
         "spec": {
             "scaleTargetRef": _target_ref(svc),
             "minReplicaCount": low,

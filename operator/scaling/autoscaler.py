@@ -40,7 +40,7 @@ when no other rule (starting size, zero, a drain) owns the tick.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -229,7 +229,7 @@ class Autoscaler:
         errors = tuple(f"{p.name}: {p.error}" for p in pods if p.error)
         in_flight = sum(s.in_flight for s in with_metrics.values() if s is not None)
         waiting = sum(s.waiting for s in with_metrics.values() if s is not None)
-        base = dict(
+        base: dict[str, Any] = dict(
             time=now,
             current_replicas=current_replicas,
             target=cfg.target_per_replica,
@@ -430,7 +430,7 @@ class Autoscaler:
     def _calculate(
         self,
         current: int,
-        with_metrics: dict[str, PodSample | None],
+        with_metrics: Mapping[str, PodSample | None],
         unready: tuple[str, ...],
         missing: tuple[str, ...],
     ) -> tuple[int, Fraction, str, str]:

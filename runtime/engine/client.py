@@ -6,7 +6,7 @@ with it. The server validates every request before calling ``generate``; an engi
 behind this interface trusts what it gets. What it is not: an implementation.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from plimsoll.runtime.engine.config import EngineConfig
@@ -48,9 +48,9 @@ class EngineClient(Protocol):
     @property
     def sleep_level(self) -> int: ...
 
-    async def sleep(self, level: int) -> None: ...
+    async def sleep(self, level: int) -> int: ...  # the bytes freed
 
-    async def wake_up(self) -> None: ...
+    async def wake_up(self) -> float: ...  # the seconds it took
 
     def generate(
         self,
@@ -62,7 +62,7 @@ class EngineClient(Protocol):
         priority: int = 0,
         fairness_id: str | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]: ...
+    ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def list_loras(self) -> list[LoRARequest]: ...
 

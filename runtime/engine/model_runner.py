@@ -30,7 +30,7 @@ from plimsoll.runtime.engine.cuda_graphs import DecodeGraphs
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
 from plimsoll.runtime.models.cpu_plan import CUDA_GRAPH, MODULE_LAYERS, CPUOptions, CPUPlan
-from plimsoll.runtime.models.llama import LlamaForCausalLM
+from plimsoll.runtime.models.llama import Attention, LlamaForCausalLM
 from plimsoll.runtime.models.lora import LoRASlots, LoRAWeights
 from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
 
@@ -123,7 +123,7 @@ class StepInputs:
         dev = self._buffer(self._device, name, tensor, self.device)[:n].view(tensor.shape)
         dev.copy_(host, non_blocking=self.pinned)
         if self.pinned:
-            self._copied = torch.cuda.Event()
+            self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call,unused-ignore]  # torch.cuda.Event.__init__ is unannotated (torch 2.15)
             self._copied.record()
         return dev
 
@@ -148,6 +148,8 @@ class ModelRunner:
         self.store_kv, self.paged_attention = get_backend(attention_backend)
         cfg = model.config
         attn = model.model.layers[0].self_attn  # this rank's heads (all of them without TP)
+        if not isinstance(attn, Attention):
+            raise TypeError(f"the model's layers must use llama.Attention, found {type(attn).__name__}")
         if kv_cache_dtype not in kv_int8.KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}"

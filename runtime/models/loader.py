@@ -8,7 +8,7 @@ errors. What it is not: a downloader; nothing here talks to a hub.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -108,7 +108,8 @@ def realign_weights(net: torch.nn.Module) -> int:
     """
     fresh: dict[int, torch.Tensor] = {}  # id of a tensor -> its copy: a weight shared by two modules stays shared
     for module in net.modules():
-        for table in (module._parameters, module._buffers):
+        # Parameters are copied as Parameters (below), so both tables take what ``fresh`` holds.
+        for table in (cast(dict[str, torch.Tensor | None], module._parameters), module._buffers):
             for name, t in table.items():
                 if t is None or t.device.type != "cpu":
                     continue
@@ -164,7 +165,7 @@ def load_model(
     # With tensor parallelism each rank reads only its share of each tensor, and the model is
     # sharded while still on the meta device (models/tensor_parallel.py).
     presharded = gguf_file is None and tensor_parallel is not None and tensor_parallel.world_size > 1
-    if presharded:
+    if presharded and tensor_parallel is not None:
         from plimsoll.runtime.models.tensor_parallel import read_rank_state
 
         state = read_rank_state(directory, hf_config, tensor_parallel)

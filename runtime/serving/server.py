@@ -278,8 +278,8 @@ def build_app(
         # An adapter's `root` is its path (vLLM's field) only for the admin key's holder (the operator
         # compares it with spec.adapters); everyone else sees names: where weights live on the
         # replica is nobody's business who holds only the inference key.
-        admin = bool(settings.admin_api_key) and bearer_matches(
-            raw.headers.get("authorization"), settings.admin_api_key
+        admin = bool(
+            settings.admin_api_key and bearer_matches(raw.headers.get("authorization"), settings.admin_api_key)
         )
         card = ModelCard(
             id=settings.served_model_name,
