@@ -121,10 +121,10 @@ async def track_attainment(
         COST_PER_1K_GOOD.labels(svc.namespace, svc.name).set(cost)
     if cost_per_hour is not None:
         COST_PER_HOUR.labels(svc.namespace, svc.name).set(cost_per_hour)
-        window = cost_window(state, cost_per_hour)
-        if window.spent is not None and window.good_requests:
+        spending = cost_window(state, cost_per_hour)
+        if spending.spent is not None and spending.good_requests:
             MONEY_PER_1K_GOOD.labels(svc.namespace, svc.name).set(
-                window.spent / (window.good_requests / 1000)
+                spending.spent / (spending.good_requests / 1000)
             )
     return tracker.attainment(WINDOWS_S["1m"])
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plimsoll.operator.api.spec import LLMServiceSpec
+from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.scaling.drain import DrainPlan, PodLoad, choose_victims
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.observations import Observations
@@ -546,7 +547,7 @@ class VariantPlanner:
         }
         cost = _cost_status(spec, tick, obs, now)
         shortfall = choice.shortfall if choice is not None and decision.get("mode") == "up" else 0.0
-        limited = ("ScalingLimited", "True", "VariantsAtMax",
+        limited: ConditionUpdate = ("ScalingLimited", "True", "VariantsAtMax",
                    f"{fmt(shortfall)} {tick.unit} beyond every variant's maxReplicas") if shortfall > 0 else (
                    "ScalingLimited", "False", "DesiredWithinRange", "the mix carries the demand within the bounds")  # fmt: skip
         stored = {c.get("type"): c.get("status") for c in status.get("conditions") or []}

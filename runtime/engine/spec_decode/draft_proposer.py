@@ -129,7 +129,8 @@ class DraftProposer:
                 num_new = seq.num_tokens - seq.num_computed_tokens
                 seq.num_computed_tokens = seq.num_tokens  # booked, as the scheduler does
                 scheduled.append((seq, num_new))
-            _, logits = self.runner.execute(SchedulerOutput(scheduled=scheduled))
+            # A DraftSeq has the fields the runner reads of a Request (ids, computed tokens, blocks).
+            _, logits = self.runner.execute(SchedulerOutput(scheduled=scheduled))  # type: ignore[arg-type]
             token_ids, qs = self._pick([reqs[i] for i, _ in active], logits)
             tokens = [int(t) for t in fetch([token_ids])]
             still = []
