@@ -6,7 +6,7 @@ largest block freed so far) with a fresh ``mmap`` and gives it back on ``free``;
 first touch of such memory is a page fault and a page the kernel zeroes. A prefill step
 of 2,048 tokens allocates and frees hundreds of multi-MiB tensors (matmul outputs of 12
 to 25 MiB, their 256-row chunks), so on CPU a third of its time went to ``aten::copy_``
-into fresh pages (``benchmarks/step_profile.py``; the figures are in docs/runtime.md).
+into fresh pages (``benchmarks/step_profile.py``; the figures are in benchmarks/results/2026-12-03-cpu-larger-steps.md).
 Raising the mmap threshold to glibc's largest (32 MiB) and the trim threshold above the
 largest step's working set keeps those blocks on the heap for the next step, as vLLM's
 CPU images get from preloading TCMalloc. The engine calls it unless its config says not to

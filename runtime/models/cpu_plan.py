@@ -42,7 +42,7 @@ STEP_PATHS = (FUSED_DECODE, GLUED_LAYERS, MODULE_LAYERS, CUDA_GRAPH)
 
 @dataclass(frozen=True)
 class RowLimits:
-    """The row counts at which a CPU step or matmul changes path (figures: docs/runtime.md)."""
+    """The row counts at which a CPU step or matmul changes path (figures: benchmarks/results/2026-12-02-cpu-decode-step.md, 2026-12-05-cpu-column-panels.md)."""
 
     # Over column panels the fused step wins up to this many decode rows (its matmuls are the
     # glued layers' own there, and it saves their ~12 calls a layer): 16 / 24 / 32 / 64 / 96 / 128

@@ -11,7 +11,7 @@ a fraction of the memory bandwidth on the AMD hosts this project measures on, an
 an AVX-512 AMD host (Zen 4/5) runs prefill-sized matmuls at about half oneDNN's rate
 too (MKL takes its AVX2 path there). ``python benchmarks/matmul_rates.py`` prints oneDNN
 beside the kernels' own matmuls, and ``bench.hostprobe`` probes MKL against oneDNN
-(figures in docs/bench.md and docs/runtime.md).
+(figures in docs/bench.md and the benchmarks/results/ records).
 
 oneDNN builds and caches one primitive per distinct matmul shape, ~0.9 MiB each for
 SmolLM2's shapes (unbucketed, 256 row counts × 4 shapes grew RSS by 666 MiB). So rows

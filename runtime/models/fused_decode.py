@@ -284,7 +284,7 @@ GLUE_SPLIT_ROWS = 256
 # --cpu-packed-weights): a float32 model's projections and output head in column panels
 # (cpu_kernels.pack_f32) for the fused step, the glued layers and the head (SmolLM2's projections
 # streamed from memory, two threads, AMD EPYC Zen 4: 16 rows 125-135 -> 176 GFLOP/s, 64 rows 194
-# -> 214, 256 rows 212 -> 219; docs/runtime.md); a bfloat16 model's in oneDNN's blocked layout for
+# -> 214, 256 rows 212 -> 219; benchmarks/results/2026-12-05-cpu-column-panels.md); a bfloat16 model's in oneDNN's blocked layout for
 # the glued layers (as vLLM's CPU build prepacks). The cost is a second copy of the projections
 # (and for float32 the head): the module path reads the plain rows. Off, one copy (the plain-row
 # kernel and oneDNN then).

@@ -1,4 +1,4 @@
-"""Issue 21 item 1: `bench soak` sees plimsoll's resident memory, and a drift check without data says so."""
+"""`bench soak` sees plimsoll's resident memory, and a drift check without data says so."""
 
 import json
 from pathlib import Path
