@@ -229,7 +229,7 @@ class CPUPlan:
             )
         else:
             cache = torch.empty((1, 1, attn.num_kv_heads, attn.head_dim), dtype=self.dtype)
-        return cpu_kernels.supports_attention(query, cache, cache)
+        return bool(cpu_kernels.supports_attention(query, cache, cache))
 
     def _attention(self) -> str:
         attn = self.model.model.layers[0].self_attn
