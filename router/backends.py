@@ -41,6 +41,12 @@ class Replica:
     # sit in its GPU slots, so a request for one costs no adapter swap.
     adapters: frozenset[str] | None = None
     active_adapters: frozenset[str] = frozenset()
+    # Token-aware load from the replica's /metrics (plimsoll.ttft_prediction; None: not exported): its
+    # backlog in seconds and the rates it measured, and the router's in-flight when it was read.
+    backlog_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_step_s: float | None = None
+    inflight_at_scrape: int = 0
 
     @property
     def is_ready(self) -> bool:
@@ -129,6 +135,15 @@ class ReplicaSet:
             return
         replica.waiting, replica.running, replica.engine = waiting, running, engine
         replica.last_scrape = time.monotonic()
+
+    def record_load(
+        self, url: str, *, backlog_s: float | None, prefill_tokens_per_s: float | None, decode_step_s: float | None
+    ) -> None:
+        """The replica's backlog and rates as just scraped (``slo_routing.py`` predicts TTFT from them)."""
+        replica = self.replicas.get(url)
+        if replica is not None:
+            replica.backlog_s, replica.prefill_tokens_per_s = backlog_s, prefill_tokens_per_s
+            replica.decode_step_s, replica.inflight_at_scrape = decode_step_s, replica.inflight
 
     def record_adapters(self, url: str, *, adapters: frozenset[str] | None, active: frozenset[str]) -> None:
         replica = self.replicas.get(url)

@@ -26,12 +26,16 @@ log = logging.getLogger(__name__)
 
 # Set by the operator on replicas its scale-down is draining: no new requests go there.
 DRAINING_LABEL = "plimsoll.dev/draining"
+# Set by the operator on replicas parked asleep (autoscaling.standby): nothing goes there either.
+STANDBY_LABEL = "plimsoll.dev/standby"
 # How often the LLMService's status is read (the hold queue takes the measured cold starts from it).
 STATUS_POLL_S = 5.0
 
 
 def is_draining(pod: dict[str, Any]) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(DRAINING_LABEL) == "true"
+    """Marked for removal, or parked in standby: routed nothing new."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(DRAINING_LABEL) == "true" or labels.get(STANDBY_LABEL) == "true"
 
 
 def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | None:

@@ -65,6 +65,11 @@ class RequestFeatures:
         return cls(prefix_key=key, estimated_tokens=prompt_tokens + extra, model=model)
 
 
+def prompt_tokens(body: Any, chars_per_token: float = 4.0) -> int:
+    """A request body's estimated prompt tokens (0 for anything unexpected)."""
+    return _prompt_text(body, chars_per_token)[1] if isinstance(body, dict) else 0
+
+
 def _prompt_text(body: dict[str, Any], chars_per_token: float) -> tuple[str, int]:
     """The prompt as text (chat messages rendered role by role) and its estimated token count."""
     if "messages" in body and isinstance(body["messages"], list):

@@ -358,6 +358,19 @@ def serve(
     profile_dir: str | None = typer.Option(
         None, "--profile-dir", help="Where profiles are also written (default: a fresh $TMPDIR/plimsoll-profiles-XXXX, mode 0700)."
     ),
+    enable_sleep_mode: bool = typer.Option(
+        False,
+        "--enable-sleep-mode",
+        help="Answer POST /sleep?level=1|2 and POST /wake_up (vLLM's flag; admin endpoints): level 1 frees "
+        "the KV cache and moves the weights to host memory (on CPU they are there already), level 2 drops "
+        "them too and reloads them on wake. GET /is_sleeping says which.",
+    ),
+    slo_admission: bool = typer.Option(
+        False,
+        "--slo-admission",
+        help="Refuse (429, Retry-After) a request whose predicted TTFT exceeds the TTFT objective set by "
+        "PUT /slo, when it carries no x-slo-ttft-ms header of its own (a header is honoured either way).",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     metrics_compat: str | None = typer.Option(
         None,
@@ -456,6 +469,7 @@ def serve(
             kv_shared_url=kv_shared_url,
             kv_shared_timeout_s=kv_shared_timeout,
             kv_events_config=kv_events_config,
+            enable_sleep_mode=enable_sleep_mode,
             cpu_kernels=cpu_kernels,
             cpu_packed_weights=cpu_packed_weights,
             keep_freed_memory=malloc_settings is None,
@@ -480,6 +494,7 @@ def serve(
             enable_profiling=enable_profiling,
             profile_dir=profile_dir,
             inference_objectives=objectives,
+            slo_admission=slo_admission,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

@@ -301,6 +301,17 @@ SLOPreset = Literal["interactive", "none"]
 class SLOSpec(APIModel):
     """Latency objectives; profiling and the autoscaler keep replicas inside them."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.admission) || self.admission != 'Predicted' || has(self.ttftP95Ms)",
+                    "slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)",
+                ),
+            ]
+        }
+    )
+
     preset: SLOPreset = Field(
         "interactive",
         description="Objectives used when none of ttftP95Ms, tpotP50Ms, e2eP95Ms is set: interactive "
@@ -312,7 +323,22 @@ class SLOSpec(APIModel):
     e2e_p95_ms: float | None = Field(
         None, gt=0, alias="e2eP95Ms", description="95th percentile end-to-end latency, ms."
     )
+    admission: Literal["Off", "Predicted"] = Field(
+        "Off",
+        description="Predicted: each replica (plimsoll engine) and the router refuse, with 429 and Retry-After, a "
+        "request whose predicted TTFT exceeds ttftP95Ms (or its own x-slo-ttft-ms) instead of queueing it past "
+        "its objective; the refusals count as misses in the attainment. A request's x-slo-ttft-ms is honoured "
+        "either way.",
+    )
+
     _defaulted: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _admission_needs_ttft(self) -> "SLOSpec":
+        # Before the preset: admission needs a bound the user chose, as the CEL rule says.
+        if self.admission == "Predicted" and self.ttft_p95_ms is None:
+            raise ValueError("slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)")
+        return self
 
     @model_validator(mode="after")
     def _apply_preset(self) -> "SLOSpec":
@@ -435,6 +461,19 @@ class TrendSpec(APIModel):
     window_seconds: int = Field(30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over.")
 
 
+class StandbySpec(APIModel):
+    """Replicas parked asleep beside the active ones (vLLM's sleep mode), woken before new ones start."""
+
+    replicas: int = Field(
+        ge=1, le=64, description="Replicas kept parked asleep beyond spec.replicas (the Deployment runs both)."
+    )
+    level: Literal[1, 2] = Field(
+        1,
+        description="Sleep level of a parked replica: 1 frees the KV cache and moves the weights to host memory "
+        "(fastest wake), 2 drops the weights too (least memory held; they are read again on wake).",
+    )
+
+
 class AutoscalingSpec(APIModel):
     """Which autoscaler drives replicas, and how it behaves."""
 
@@ -444,6 +483,10 @@ class AutoscalingSpec(APIModel):
                 cel(
                     "!has(self.mode) || self.mode != 'keda' || has(self.prometheusAddress)",
                     "autoscaling.mode keda needs autoscaling.prometheusAddress (the Prometheus KEDA queries)",
+                ),
+                cel(
+                    "!has(self.standby) || !has(self.mode) || self.mode == 'builtin'",
+                    "autoscaling.standby needs autoscaling.mode builtin (the built-in planner wakes and parks)",
                 ),
             ]
         }
@@ -477,6 +520,27 @@ class AutoscalingSpec(APIModel):
         default_factory=lambda: TrendSpec.model_validate({}),
         description="Scale up for the in-flight trend as well as its level (off by default).",
     )
+    token_aware: bool = Field(
+        True,
+        description="With slo.ttftP95Ms, also scale on the replicas' predicted TTFT (their queued prompt tokens "
+        "and decode demand over the rates they measured, in seconds), crediting replicas already starting "
+        "(built-in autoscaler).",
+    )
+    standby: StandbySpec | None = Field(
+        None,
+        description="Keep replicas parked asleep (sleep mode) beside the active ones: a scale-up, or the first "
+        "request at zero, wakes one in about a second instead of starting a pod; the surplus is parked instead "
+        "of deleted (built-in autoscaler only).",
+    )
+
+    @model_validator(mode="after")
+    def _standby_needs_builtin(self) -> "AutoscalingSpec":
+        if self.standby is not None and self.mode != "builtin":
+            raise ValueError(
+                f"autoscaling.standby needs autoscaling.mode builtin (got {self.mode}): the built-in planner wakes "
+                "and parks replicas"
+            )
+        return self
 
     @model_validator(mode="after")
     def _keda_needs_prometheus(self) -> "AutoscalingSpec":
@@ -781,6 +845,16 @@ class LLMServiceSpec(APIModel):
             )
         self._check_sglang()
         self._check_parallelism()
+        if self.autoscaling.standby is not None and self.engine.kind == "sglang":
+            raise ValueError(
+                "autoscaling.standby parks replicas with vLLM's sleep interface (POST /sleep, /wake_up), which "
+                "engine.kind sglang does not serve: drop autoscaling.standby or use plimsoll or vllm"
+            )
+        if self.autoscaling.standby is not None and self.resources.nodes > 1:
+            raise ValueError(
+                "autoscaling.standby parks single-pod replicas; a replica spanning resources.nodes > 1 cannot "
+                "sleep as one yet: drop autoscaling.standby or use one node per replica"
+            )
         if self.engine.kind != "plimsoll" and location.scheme == "embedded":
             raise ValueError(
                 f"engine.kind {self.engine.kind} cannot serve embedded:// models (they live in the plimsoll "

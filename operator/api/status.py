@@ -116,6 +116,13 @@ class AutoscalerStatus(APIModel):
         "podScheduled, containerStarted, imports, weightsLoaded, kvCacheAllocated, warmupDone, ready, "
         "firstRequestAnswered) with its time and seconds from the phase before.",
     )
+    token_aware: FreeForm | None = Field(
+        None,
+        description="The predicted-TTFT rule (with slo.ttftP95Ms): reason (PredictedTTFTAboveSLO, WithinSLO, "
+        "SLOUnreachable, NoTokenSignal), formula and recommendation, and its inputs (the Ready replicas' mean "
+        "backlog and predicted TTFT in seconds, the budget the SLO leaves, KV headroom, starting replicas "
+        "credited by their expected Ready).",
+    )
 
 
 class SizingStatus(APIModel):
@@ -204,6 +211,11 @@ class LLMServiceStatus(APIModel):
         None, description="The two-phase scale-down: pods being drained, why it ended, requestsCutTotal."
     )
     kv_cache: KVCacheStatus | None = Field(None, description="Prefix-cache hit rates per KV tier.")
+    standby: FreeForm | None = Field(
+        None,
+        description="Replicas parked asleep (autoscaling.standby): replicas wanted, level, parked and asleep now, "
+        "their pods, the host memory they hold (memoryBytes) and the last wake's seconds to Ready.",
+    )
 
 
 def set_condition(

@@ -74,6 +74,7 @@ async def track_attainment(
     replicas: int,
     now: float,
     logger: Log,
+    shed: dict[str, float] | None = None,
 ) -> float | None:
     """One tick (see the module docstring); the 1-minute attainment, or None when there is none."""
     slo = svc.spec.slo
@@ -93,7 +94,7 @@ async def track_attainment(
         state.tracker = AttainmentTracker(objectives=wanted)
         forget_attainment(svc.namespace, svc.name)
     tracker = state.tracker
-    tracker.observe(now, samples, replicas)
+    tracker.observe(now, samples, replicas, shed)
     for window, seconds in WINDOWS_S.items():
         ratio = tracker.attainment(seconds)
         if ratio is not None:

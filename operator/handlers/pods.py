@@ -3,7 +3,8 @@
 What it is: :func:`list_pods` (the replicas by the service's selector) and the
 readings of a pod object the handlers share — Ready (what a Service's
 endpoints use), counted for scaling (not being deleted, not finished, as the
-HPA counts them), marked for removal (the ``plimsoll.dev/draining`` label), and
+HPA counts them), marked for removal (the ``plimsoll.dev/draining`` label),
+parked in standby (the ``plimsoll.dev/standby`` label), and
 the URL of one of its engine's paths on the port named ``http``.
 
 What it is not: an HTTP client (``pod_http.py`` calls the pods) or a cache.
@@ -15,7 +16,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.settings import ENGINE_PORT
-from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL
+from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL, STANDBY_LABEL
 
 
 async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
@@ -40,6 +41,11 @@ def counts_for_scaling(pod: dict[str, Any]) -> bool:
 def is_marked_for_removal(pod: dict[str, Any]) -> bool:
     """The pod carries the draining label the two-phase scale-down puts on it."""
     return (pod["metadata"].get("labels") or {}).get(DRAINING_LABEL) == "true"
+
+
+def is_parked(pod: dict[str, Any]) -> bool:
+    """The pod carries the standby label: parked asleep beside the active replicas."""
+    return (pod["metadata"].get("labels") or {}).get(STANDBY_LABEL) == "true"
 
 
 def pod_url(pod: dict[str, Any], path: str) -> str | None:

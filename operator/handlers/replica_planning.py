@@ -53,6 +53,7 @@ from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.pods import (
     counts_for_scaling,
     is_marked_for_removal,
+    is_parked,
     list_pods,
     metrics_url,
     pod_is_ready,
@@ -70,8 +71,11 @@ from plimsoll.operator.scaling.replica_plan import (
     DELETION_COST_ANNOTATION,
     DRAINING_DELETION_COST,
     DRAINING_LABEL,
+    STANDBY_LABEL,
     Drain,
+    Park,
     Plan,
+    Wake,
 )
 from plimsoll.operator.scaling.scale_up_timeline import PHASES
 from plimsoll.operator.scaling.timestamps import parse_time
@@ -155,8 +159,9 @@ class ReplicaLoop:
         base_urls = {p["metadata"]["name"]: url for p in pods if (url := pod_url(p, ""))}
         counted = sum(1 for p in seen if not p.terminating)
         try:
+            shed = {"router": router.shed_slo_total} if router is not None and router.shed_slo_total else None
             attainment = await track_attainment(
-                client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger
+                client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger, shed
             )
         except Exception as error:  # SLO bookkeeping may not stop scaling
             attainment = None
@@ -219,7 +224,9 @@ class ReplicaLoop:
         name = pod["metadata"]["name"]
         base = pod_url(pod, "")
         try:
-            if isinstance(action, Drain):
+            if isinstance(action, Park | Wake):
+                await self._keep_standby(svc, pod, action, base)
+            elif isinstance(action, Drain):
                 annotations = pod["metadata"].get("annotations") or {}
                 if (
                     not is_marked_for_removal(pod)
@@ -234,6 +241,33 @@ class ReplicaLoop:
         except ApiException as error:
             if error.status != 404:
                 raise  # a pod already gone needs nothing
+
+    async def _keep_standby(self, svc: LLMService, pod: dict[str, Any], action: Park | Wake, base: str | None) -> None:
+        """Parked: the standby label (the router sends it nothing), lowest deletion cost, asleep once idle.
+        Woken: awake first, unmarked, then the label off (the router sends it requests from then on)."""
+        name = pod["metadata"]["name"]
+        labels = pod["metadata"].get("labels") or {}
+        client = await self.client(svc)
+        if isinstance(action, Park):
+            if labels.get(STANDBY_LABEL) != "true" or labels.get(DRAINING_LABEL) is not None:
+                await self._label_standby(svc, name, on=True)
+            if base is not None:
+                # Asked every tick: an asleep replica answers at once, a loading or busy one says why not yet.
+                why = await pod_http.sleep(client, base, action.level)
+                if why is not None:
+                    self.logger.debug("pod %s not asleep yet (again next tick): %s", name, why)
+            return
+        if base is None or not await pod_http.wake_up(client, base):
+            return  # not awake yet: the plan wakes it again next tick
+        await pod_http.unmark(client, base)
+        await self._label_standby(svc, name, on=False)
+
+    async def _label_standby(self, svc: LLMService, pod: str, on: bool) -> None:
+        patch = {"metadata": {
+            "labels": {STANDBY_LABEL: "true" if on else None, DRAINING_LABEL: None},
+            "annotations": {DELETION_COST_ANNOTATION: DRAINING_DELETION_COST if on else None},
+        }}  # fmt: skip
+        await self.kube.merge_patch("v1", "Pod", svc.namespace, pod, patch)
 
     async def _mark(self, svc: LLMService, pod: str, on: bool) -> None:
         """The router label and the ReplicaSet deletion cost (on), or neither (off)."""
@@ -280,16 +314,19 @@ async def observe_pods(http: ReplicaClient, pods: list[dict[str, Any]]) -> list[
     """One observation per pod that counts for scaling or carries the removal mark (None for the rest)."""
 
     async def one(pod: dict[str, Any]) -> PodObservation | None:
-        counted, marked = counts_for_scaling(pod), is_marked_for_removal(pod)
+        counted, marked, parked = counts_for_scaling(pod), is_marked_for_removal(pod), is_parked(pod)
         if not counted and not marked:
             return None
         name, ready = pod["metadata"]["name"], pod_is_ready(pod)
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
         url = metrics_url(pod)
-        if url is None or not ((ready and counted) or marked):
-            return PodObservation(name, ready, None, draining=marked, terminating=not counted)
+        seen = dict(draining=marked, terminating=not counted, standby=parked, created_at=created)
+        # Parked pods are scraped too (asleep they are not Ready): whether they sleep, what they hold.
+        if url is None or not ((ready and counted) or marked or (parked and counted)):
+            return PodObservation(name, ready, None, **seen)
         result = await pod_http.scrape(http, url)
         sample, error = (None, result) if isinstance(result, str) else (result, None)
-        return PodObservation(name, ready, sample, error, draining=marked, terminating=not counted)
+        return PodObservation(name, ready, sample, error, **seen)
 
     return list(await asyncio.gather(*(one(p) for p in pods)))
 

@@ -31,6 +31,8 @@ from plimsoll.operator.resources.model_fetch import (
 from plimsoll.operator.resources.quantity import to_bytes
 from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, BuildSettings
 
+# vLLM answers POST /sleep, POST /wake_up and GET /is_sleeping only with this set.
+VLLM_SLEEP_ENDPOINTS_ENV = {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}
 # The engine container's name in every replica pod (the scale-up timeline reads its startedAt).
 ENGINE_CONTAINER = "engine"
 # The plimsoll image's HOME is /home/plimsoll (Dockerfile); compiled kernels and library caches go to
@@ -167,6 +169,10 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
         args += ["--metrics-compat", "vllm"]
     if svc.spec.engine.profiling:
         args.append("--enable-profiling")
+    if svc.spec.slo.admission == "Predicted":
+        args.append("--slo-admission")  # its TTFT objective arrives with PUT /slo (handlers/attainment.py)
+    if svc.spec.autoscaling.standby is not None:
+        args.append("--enable-sleep-mode")
     return args + _engine_flags(svc, "--kv-cache-memory")
 
 
@@ -179,7 +185,8 @@ def _vllm_args(svc: LLMService, model_arg: str | None) -> list[str]:
         # vLLM's multi-node layout: tensor parallel inside a node, pipeline stages across nodes, on Ray.
         args = [*args[:-1], "--pipeline-parallel-size", str(nodes), "--distributed-executor-backend", "ray",
                 args[-1]]  # fmt: skip
-    return [*args, svc.served_name, *_engine_flags(svc, "--kv-cache-memory-bytes")]
+    sleep = ["--enable-sleep-mode"] if svc.spec.autoscaling.standby is not None else []
+    return [*args, svc.served_name, *sleep, *_engine_flags(svc, "--kv-cache-memory-bytes")]
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -234,6 +241,8 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         env.append({"name": "HOME", "value": "/tmp"})
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
+    if spec.engine.kind == "vllm" and spec.autoscaling.standby is not None:
+        env.append(VLLM_SLEEP_ENDPOINTS_ENV)  # vLLM serves /sleep and /wake_up only in its dev mode
     image = engine_image(svc, settings)
     command: list[str] | None
     if spec.engine.kind == "plimsoll":

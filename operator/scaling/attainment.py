@@ -65,12 +65,18 @@ class AttainmentTracker:
     objectives: dict[str, float]  # what the replicas were told; a change starts afresh
     ticks: deque[_Tick] = field(default_factory=deque)
 
-    def observe(self, now: float, samples: Mapping[str, PodSample], replicas: int) -> None:
+    def observe(
+        self, now: float, samples: Mapping[str, PodSample], replicas: int, shed: Mapping[str, float] | None = None
+    ) -> None:
+        """One tick; ``shed`` are cumulative counts of requests refused before any replica judged them
+        (the router's predicted-TTFT refusals, by router), each one judged and not good."""
         counts = {
             name: (s.slo_good, s.slo_good + s.slo_bad)
             for name, s in samples.items()
             if s.slo_good is not None and s.slo_bad is not None and s.slo_objectives == self.objectives
         }
+        for name, total in (shed or {}).items():
+            counts[f"shed:{name}"] = (0.0, total)
         self.ticks.append(_Tick(now, counts, replicas))
         horizon = now - max(WINDOWS_S.values())
         while len(self.ticks) >= 2 and self.ticks[1].time <= horizon:

@@ -22,9 +22,17 @@ The rules, in the order a tick applies them (the first that owns the tick ends i
 5. **To zero**: with ``scaling.min: 0`` and no sign of work for
    ``scaling.idleSeconds``, the last replicas are drained (rule 4), then 0.
 6. **The HPA formula** (``autoscaler.py``: stabilisation windows, rate policy,
-   queue fast path, trend): a scale-up is written at once and followed to the
-   new pod's first answer (``scale_up_timeline.py``); a scale-down starts a drain.
-   ``SLOAtRisk`` comes from the replicas' histograms and attainment (``slo.py``).
+   queue fast path, trend), raised to what the **predicted TTFT** against
+   ``spec.slo.ttftP95Ms`` asks (``token_signal.py``: the replicas' backlog in
+   seconds, starting replicas credited by their expected Ready): a scale-up is
+   written at once and followed to the new pod's first answer
+   (``scale_up_timeline.py``); a scale-down starts a drain. ``SLOAtRisk`` comes
+   from the replicas' histograms and attainment (``slo.py``).
+
+With ``autoscaling.standby`` the rules above see only the active pods, and a last
+rule (``standby.py``) wakes parked replicas when the count asks for more active
+ones than there are, and parks the surplus (the pods the Deployment starts to keep
+the pool full, the replicas a scale-down drained) asleep.
 
 After the rules, a pod that carries the removal mark but that no drain holds
 any more is unmarked (:class:`Undrain`). Status is written when something a
@@ -49,15 +57,17 @@ from plimsoll.operator.scaling.drain import PodLoad, choose_victims
 from plimsoll.operator.scaling.inputs import autoscaler_config
 from plimsoll.operator.scaling.kv_cache import kv_cache_status
 from plimsoll.operator.scaling.metrics import PodSample
-from plimsoll.operator.scaling.observations import Observations
+from plimsoll.operator.scaling.observations import Observations, PodObservation
 from plimsoll.operator.scaling.replica_plan import Plan, PlanDraft
 from plimsoll.operator.scaling.scale_phases import ScalePhases
 from plimsoll.operator.scaling.scale_to_zero import floored
 from plimsoll.operator.scaling.scale_up_timeline import ScaleUpTimeline
 from plimsoll.operator.scaling.sizing import NoTargetError
 from plimsoll.operator.scaling.slo import check_slo
+from plimsoll.operator.scaling.standby import Standby
 from plimsoll.operator.scaling.starting_size import plan_start
 from plimsoll.operator.scaling.timestamps import rfc3339_seconds
+from plimsoll.operator.scaling.token_signal import TokenSignal, predicted_ttft_recommendation
 
 # Unchanged replicas and conditions: refresh status.autoscaler at most this often.
 STATUS_MIN_INTERVAL_S = 15.0
@@ -65,6 +75,9 @@ STATUS_MIN_INTERVAL_S = 15.0
 SLO_WINDOW_S = 60.0
 # A scale-up whose new pod has not answered after this long is written as it stands (complete: false).
 TIMELINE_GIVE_UP_S = 900.0
+# What the predicted-TTFT rule expects a new replica to take before anything was measured, and a wake.
+DEFAULT_COLD_START_S = 30.0
+DEFAULT_WAKE_S = 2.0
 
 # ScalingLimited=False (reason, message) when the decision touched a bound that is not a problem.
 _WITHIN_RANGE = ("DesiredWithinRange", "desired {desired} within bounds")
@@ -79,7 +92,9 @@ _NOT_COMPARED = ("time", "lastScaleUp")
 def needs_router_demand(spec: LLMServiceSpec) -> bool:
     """Whether a tick asks the router's ``/hold``: only a service that can be, or is, at zero."""
     at_zero_allowed = spec.scaling is not None and spec.scaling.min == 0
-    return bool(spec.router_in_front() and (at_zero_allowed or spec.desired_replicas() == 0))
+    # With predicted admission the router's refusals count in the SLO attainment: asked every tick.
+    admission = spec.slo.admission == "Predicted"
+    return bool(spec.router_in_front() and (at_zero_allowed or admission or spec.desired_replicas() == 0))
 
 
 def condition_states(conditions: list[dict[str, Any]] | None) -> dict[str, str]:
@@ -137,6 +152,8 @@ class ReplicaPlanner:
         self.timeline: ScaleUpTimeline | None = None
         self.slo_base: tuple[float, dict[str, PodSample]] | None = None
         self.phases: ScalePhases | None = None
+        self.standby: Standby | None = None
+        self._parked_seen: tuple[PodObservation, ...] = ()
 
     @staticmethod
     def plan_start(now: float, spec: LLMServiceSpec, status: dict[str, Any]) -> Plan | None:
@@ -157,9 +174,13 @@ class ReplicaPlanner:
             self.forget()
             _start_size(draft, spec, status)
             return draft.build(draft.must_write)
-        self._rules(draft, observations, spec, status)
+        # Parked standby pods serve nothing: every rule but the standby one sees the active pods only.
+        active = observations.active()
+        self._parked_seen = observations.parked
+        self._rules(draft, active, spec, status)
         if self.phases is not None:
-            self.phases.unmark_strays(draft, observations)
+            self.phases.unmark_strays(draft, active)
+        self._standby(draft, observations, spec, status)
         for count in draft.replicas:
             self._saw(count.current, count.desired)
         write = draft.must_write or bool(draft.fields)
@@ -193,6 +214,7 @@ class ReplicaPlanner:
         if self.phases is None:
             self.phases = ScalePhases.from_status(status, obs, spec, now)
         phases = self.phases
+        phases.park_removed = spec.autoscaling.standby is not None
         samples = obs.ready_samples()
         phases.book(draft, obs)
         self._follow_timeline(draft, obs, samples)
@@ -225,7 +247,9 @@ class ReplicaPlanner:
         """Rule 6: the HPA formula's decision, acted on (scale up now, or begin a drain), and explained."""
         assert self.scaler is not None and self.phases is not None
         now = draft.now
-        decision = draft.decision = self.scaler.decide(now, current, obs.counted)
+        signal = self._token_signal(now, obs, spec, status, current)
+        floor = (signal.recommendation, signal.formula) if signal and signal.recommendation is not None else None
+        decision = draft.decision = self.scaler.decide(now, current, obs.counted, floor)
         self._saw(current, decision.desired_replicas)
         if decision.metric is not None and decision.metric > decision.target:
             self.crossed_at = now if self.crossed_at is None else self.crossed_at
@@ -254,6 +278,8 @@ class ReplicaPlanner:
             draft.event("Warning", "ScalingLimited", decision.event_message())
 
         block = decision.to_status()
+        if signal is not None:
+            block["tokenAware"] = signal.to_status()
         conditions = decision_conditions(decision, slo)
         # At once when replicas or a condition's status change; otherwise at most every
         # STATUS_MIN_INTERVAL_S, so a noisy load does not turn into a status write per tick.
@@ -266,6 +292,43 @@ class ReplicaPlanner:
             if kv is not None:
                 draft.fields["kvCache"] = kv
             draft.must_write = True
+
+    def _token_signal(
+        self, now: float, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any], current: int
+    ) -> TokenSignal | None:
+        """The predicted-TTFT rule (``token_signal.py``) when ``spec.slo.ttftP95Ms`` is set and it is on."""
+        slo_ms = spec.slo.ttft_p95_ms
+        if slo_ms is None or not spec.autoscaling.token_aware:
+            return None
+        cold = _expected_cold_start(status)
+        parked_asleep = any(p.sample is not None and p.sample.sleep_level > 0 for p in self._parked_seen)
+        wake = self.standby.last_wake_s if self.standby is not None and self.standby.last_wake_s else DEFAULT_WAKE_S
+        return predicted_ttft_recommendation(
+            now, current, obs.counted, slo_ms / 1000.0, cold, min(wake, cold) if parked_asleep else cold
+        )
+
+    def _standby(self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]) -> None:
+        """The standby rule (``standby.py``) against the count this tick leaves, and ``status.standby``."""
+        config = spec.autoscaling.standby
+        if config is None:
+            self.standby = None
+            if status.get("standby") is not None:
+                draft.fields["standby"] = None
+            return
+        if self.standby is None:
+            self.standby = Standby.from_status(status.get("standby"))
+        count = draft.replicas[-1].desired if draft.replicas else spec.desired_replicas()
+        held: frozenset[str] = frozenset()
+        if self.phases is not None:
+            held = frozenset(self.phases.drain.pods if self.phases.drain is not None else ()) | frozenset(
+                self.phases.removed
+            )
+        self.standby.plan(draft, obs, count, config.replicas, config.level, held)
+        block = self.standby.to_status(obs, config.replicas, config.level)
+        if status.get("standby") != block:
+            draft.fields["standby"] = block
+            if (status.get("standby") or {}).get("parked") != block["parked"]:
+                draft.must_write = True
 
     def _check_slo(
         self, now: float, spec: LLMServiceSpec, samples: dict[str, PodSample], attainment: float | None
@@ -324,6 +387,16 @@ def _start_size(draft: PlanDraft, spec: LLMServiceSpec, status: dict[str, Any]) 
             None, start.replicas, start.reason, start.formula or start.message, only_if_unchanged=True
         )
     return True
+
+
+def _expected_cold_start(status: dict[str, Any]) -> float:
+    """Seconds a new replica is expected to take to be Ready: the measured cold starts' p95, else the last
+    scale-up's decision-to-Ready, else a default."""
+    p95 = (status.get("coldStart") or {}).get("p95Seconds")
+    if p95:
+        return float(p95)
+    last = ((status.get("autoscaler") or {}).get("lastScaleUp") or {}).get("decisionToReadySeconds")
+    return float(last) if last else DEFAULT_COLD_START_S
 
 
 def _no_target(now: float, why: str) -> dict[str, Any]:

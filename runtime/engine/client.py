@@ -13,6 +13,7 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineStats, RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
 
 
 class EngineClient(Protocol):
@@ -39,6 +40,17 @@ class EngineClient(Protocol):
     async def shutdown(self) -> None: ...
 
     def stats(self) -> EngineStats: ...
+
+    def queue_snapshot(self) -> QueueSnapshot: ...
+
+    def service_rates(self) -> ServiceRates | None: ...
+
+    @property
+    def sleep_level(self) -> int: ...
+
+    async def sleep(self, level: int) -> None: ...
+
+    async def wake_up(self) -> None: ...
 
     def generate(
         self,

@@ -137,6 +137,20 @@ class EngineConfig(BaseModel):
             )
         return self
 
+    enable_sleep_mode: bool = Field(
+        False,
+        description="answer POST /sleep?level=1|2 and POST /wake_up (vLLM's --enable-sleep-mode): level 1 frees "
+        "the KV cache and moves the weights to host memory, level 2 drops them too",
+    )
+
+    @model_validator(mode="after")
+    def _check_sleep_mode(self) -> "EngineConfig":
+        if self.enable_sleep_mode and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "enable_sleep_mode with tensor_parallel_size > 1 is not supported yet; drop one of them"
+            )
+        return self
+
     enable_lora: bool = Field(False, description="serve LoRA adapters (vLLM's --enable-lora)")
     lora_modules: list[LoRAModule] = Field(default_factory=list, description="adapters loaded at start")
     max_loras: int = Field(1, ge=1, description="adapters in one step's device slots (vLLM's --max-loras)")

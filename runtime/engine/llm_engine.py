@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.engine import sleep_mode
 from plimsoll.runtime.engine.compilation import cache_counters, use_cache_dir
 from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
 from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
@@ -28,6 +29,7 @@ from plimsoll.runtime.engine.request import Request, RequestGroup
 from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
+from plimsoll.runtime.engine.service_rates import ServiceRateMeter
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
@@ -36,6 +38,7 @@ from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 from plimsoll.runtime.kv.connector import build_connector
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
+from plimsoll.ttft_prediction import QueueSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,13 @@ class LLMEngine:
         if config.speculative_config is not None:
             self.speculator = Speculator(config.speculative_config, self)
         self.rng = random.Random(config.seed)
+        # The TTFT predictor's inputs (plimsoll.ttft_prediction): this replica's measured rates and its
+        # queue, published after every step for the server thread to read.
+        self.rate_meter = ServiceRateMeter(config.max_num_seqs)
+        self._unmetered: tuple[float, int, int] | None = None  # the last step, timed when the next starts
+        self.queue = QueueSnapshot()
+        self.deferred_warmup = False  # the largest step and the primitives, still to run (warmup())
+        self.sleep_state = sleep_mode.SleepState()
         self.groups: dict[str, RequestGroup] = {}
         self.seq_to_group: dict[str, RequestGroup] = {}
         log.info(
@@ -303,6 +313,10 @@ class LLMEngine:
         prefix-cache hash chain: requests with different salts never share a cached block.
         """
         params.validate()
+        if self.sleep_state.level:
+            raise sleep_mode.SleepModeError(
+                f"the engine is asleep (level {self.sleep_state.level}); POST /wake_up first"
+            )
         lora = self._lora_manager().get(lora_name) if lora_name is not None else None
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
@@ -436,9 +450,44 @@ class LLMEngine:
             outputs.append(out)
             if g.finished:
                 self._retire(g, out)
+        elapsed = time.monotonic() - t0
+        self._meter_step(t0, elapsed, sched)
+        self.publish_queue()
         if self.observer is not None:
-            self.observer.on_step(self._step_stats(sched, time.monotonic() - t0))
+            self.observer.on_step(self._step_stats(sched, elapsed))
         return outputs
+
+    def _meter_step(self, t0: float, elapsed: float, sched: Any) -> None:
+        """Feed the rate meter the cadence steps really run at: from one step's start to the next while
+        work remains (the loop's own costs between steps included), else the step's own time."""
+        last, self._unmetered = self._unmetered, None
+        if last is not None:
+            start, prefill, decode = last
+            self.rate_meter.observe(prefill, decode, t0 - start)
+        if sched.is_empty:
+            return
+        if self.has_unfinished_requests():
+            self._unmetered = (t0, sched.num_prefill_tokens, sched.num_decode_tokens)
+        else:
+            self.rate_meter.observe(sched.num_prefill_tokens, sched.num_decode_tokens, elapsed)
+
+    def publish_queue(self) -> None:
+        """Snapshot the queue for readers on other threads (the server's admission and metrics)."""
+        limit = self.max_model_len
+
+        def remaining(r: Request) -> int:
+            cap = limit - r.num_tokens
+            wanted = r.params.max_tokens - r.num_output_tokens if r.params.max_tokens is not None else cap
+            return max(1, min(wanted, cap))
+
+        sched = self.scheduler
+        running = list(sched.running)
+        waiting = [r for r in list(sched.waiting) if not r.is_finished]
+        waiting += [s for seqs in list(self.prefetching.values()) for s in seqs]
+        self.queue = QueueSnapshot(
+            running=tuple((max(0, r.num_tokens - 1 - r.num_computed_tokens), remaining(r)) for r in running),
+            waiting=tuple((max(1, r.num_tokens - r.num_computed_tokens), remaining(r)) for r in waiting),
+        )
 
     def _load_lora_slots(self, sched: Any) -> None:
         """Copy this step's newly slotted adapters to the device. An adapter whose files went bad
@@ -567,16 +616,42 @@ class LLMEngine:
             "waiting_lora_adapters": self.lora.names_in(list(self.scheduler.waiting)),
         }
 
-    def warmup(self) -> None:
-        """One tiny request through every stage, so the first real request pays no first-call costs."""
-        self.add_request(
-            "__warmup__", [int(self.tokenizer.bos_token_id or 0)], SamplingParams(max_tokens=2, temperature=0)
-        )
-        while self.has_unfinished_requests():
-            self.step()
-        # Then the largest step this engine can take (as vLLM's profile run does), so the heap
-        # reaches the size serving needs now (kernels/host_memory.py keeps it) rather than
-        # growing with the first long prompts. Its blocks go back to the pool at once.
+    def warmup(self, defer_rest: bool = False) -> None:
+        """Warm up: what the first requests need now; with ``defer_rest``, the rest after Ready.
+
+        First one tiny request through every stage, so the first real request pays no first-call
+        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the
+        CPU matmul primitives of every step shape: they bound memory growth, not the first
+        answer, so a server runs them once it is Ready, while its engine is idle.
+        """
+        self.warmup_first_request()
+        STARTUP.mark("warmup_done")
+        self.deferred_warmup = True
+        if not defer_rest:
+            self.run_deferred_warmup()
+
+    def warmup_first_request(self) -> None:
+        """One tiny request through every stage (not traffic: no metrics; its decode step seeds the rates)."""
+        observer, self.observer = self.observer, None
+        try:
+            self.add_request(
+                "__warmup__",
+                [int(self.tokenizer.bos_token_id or 0)],
+                SamplingParams(max_tokens=2, temperature=0),
+            )
+            while self.has_unfinished_requests():
+                self.step()
+        finally:
+            self.observer = observer
+
+    def run_deferred_warmup(self) -> None:
+        """The rest of the warm-up: the largest step and the matmul primitives (see :meth:`warmup`)."""
+        if not self.deferred_warmup:
+            return
+        self.deferred_warmup = False
+        # The largest step this engine can take (as vLLM's profile run does), so the heap reaches
+        # the size serving needs now (kernels/host_memory.py keeps it) rather than growing with the
+        # first long prompts; it also measures the prefill rate. Its blocks go back at once.
         largest = min(
             self.config.max_num_batched_tokens,
             self.max_model_len - 1,
@@ -584,13 +659,17 @@ class LLMEngine:
         )
         if largest > 1:
             vocab = int(self.hf_config.vocab_size)
-            self.add_request(
-                "__warmup_largest__",
-                [(7 * i) % vocab for i in range(largest)],
-                SamplingParams(max_tokens=1, temperature=0),
-            )
-            while self.has_unfinished_requests():
-                self.step()
+            observer, self.observer = self.observer, None
+            try:
+                self.add_request(
+                    "__warmup_largest__",
+                    [(7 * i) % vocab for i in range(largest)],
+                    SamplingParams(max_tokens=1, temperature=0),
+                )
+                while self.has_unfinished_requests():
+                    self.step()
+            finally:
+                self.observer = observer
         # oneDNN's matmul primitives for every padded row count a step can have, built now rather
         # than as request shapes first appear (each costs ~1 MiB: models/dense.py).
         primed = self.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_logit_rows)
@@ -598,7 +677,27 @@ class LLMEngine:
         if draft is not None:  # a draft model proposes one row per sequence at a time
             primed += draft.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_num_seqs)
         log.debug("warm-up primed %d matmul shapes", primed)
-        STARTUP.mark("warmup_done")
+
+    # -- sleep mode (--enable-sleep-mode; engine/sleep_mode.py) ---------------------------
+
+    @property
+    def sleep_level(self) -> int:
+        return self.sleep_state.level
+
+    def sleep(self, level: int) -> int:
+        """Free the KV cache (and move or drop the weights); returns the bytes freed."""
+        return sleep_mode.sleep(self, level).freed_bytes
+
+    def wake_up(self) -> float:
+        """Back from sleep; returns the seconds waking took."""
+        return sleep_mode.wake_up(self)
+
+    def recapture_cuda_graphs(self) -> None:
+        """Capture the decode (and verify) graphs again: the tensors they read have moved."""
+        if self.runner.decode_graphs is None:
+            return
+        self.runner.decode_graphs = self.runner.verify_graphs = None
+        self._capture_cuda_graphs()
 
     def generate(
         self,

@@ -44,6 +44,7 @@ from plimsoll.runtime.serving.requests import (
     tenant_of,
     until_disconnect,
 )
+from plimsoll.runtime.serving.slo_admission import check_predicted_ttft
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -74,6 +75,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     priority = priority_of(raw, req.priority, ctx.settings)
     tenant = tenant_of(raw, req.user)
     held = (len(prompt_ids) + max_tokens) * req.n
+    check_predicted_ttft(ctx, raw, [len(prompt_ids)], req.num_seqs)
     adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
     stream = ctx.outputs(
         prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), priority=priority, fairness_id=tenant,

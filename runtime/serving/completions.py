@@ -40,6 +40,7 @@ from plimsoll.runtime.serving.requests import (
     tenant_of,
     until_disconnect,
 )
+from plimsoll.runtime.serving.slo_admission import check_predicted_ttft
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -68,6 +69,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     tenant = tenant_of(raw, req.user)
     salt = cache_salt_of(raw, req.cache_salt, ctx.settings)
     held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
+    check_predicted_ttft(ctx, raw, [len(ids) for ids in prompt_ids], req.num_seqs)
     adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
     streams = [
         ctx.outputs(

@@ -39,7 +39,15 @@ from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.models.cpu_plan import STEP_PATHS
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
+REJECTION_REASONS = (
+    "queue_full",
+    "draining",
+    "invalid_request",
+    "timeout",
+    "tenant_limit",
+    "slo_ttft",
+    "asleep",
+)
 # Why an admitted request failed server-side: its own fault in the engine, or the engine dead.
 ERROR_REASONS = ("engine_error", "engine_dead")
 
@@ -273,6 +281,28 @@ class ServerMetrics:
         self.slo_objective = gauge(
             mn.SLO_OBJECTIVE_SECONDS, "Per-request bounds in force (PUT /slo), seconds.", ("objective",)
         )
+        # Token-aware load (plimsoll.ttft_prediction): the queue, the measured rates, the prediction.
+        self.prompt_tokens_waiting = gauge(
+            mn.PROMPT_TOKENS_WAITING,
+            "Prompt tokens not yet prefilled (waiting requests and unfinished prefills).",
+        )
+        self.decode_tokens_remaining = gauge(
+            mn.DECODE_TOKENS_REMAINING, "Tokens the running sequences may still generate (max_tokens left)."
+        )
+        self.prefill_rate = gauge(
+            mn.PREFILL_TOKENS_PER_SECOND, "Measured prefill rate, prompt tokens per second."
+        )
+        self.decode_step = gauge(mn.DECODE_STEP_SECONDS, "Measured decode step time, seconds.")
+        self.backlog = gauge(
+            mn.BACKLOG_SECONDS,
+            "Seconds a request arriving now would wait before its prefill starts (predicted).",
+        )
+        self.predicted_ttft = gauge(
+            mn.PREDICTED_TTFT_SECONDS,
+            "TTFT predicted for a request of the recent mean prompt length arriving now, seconds.",
+        )
+        self.sleep_level = gauge(mn.ENGINE_SLEEP_LEVEL, "0 awake; 1 or 2: asleep at that level (sleep mode).")
+        self.mean_prompt_tokens = 0.0  # EWMA over finished requests: the prompt the prediction is for
         # objective ("ttft", "tpot", "e2e") -> seconds; empty: nothing is judged.
         self.slo: dict[str, float] = {}
         # The engine's warm-up request is not client traffic; the server switches
@@ -357,6 +387,11 @@ class ServerMetrics:
         self.request_success.labels(m, reason if reason in FINISHED_REASONS else "error").inc()
         cls = priority_label(rm.priority)
         self.priority_requests.labels(m, cls).inc()
+        if rm.num_prompt_tokens:
+            mean = self.mean_prompt_tokens
+            self.mean_prompt_tokens = (
+                rm.num_prompt_tokens if not mean else mean + 0.1 * (rm.num_prompt_tokens - mean)
+            )
         self.prompt_tokens.labels(m).inc(rm.num_prompt_tokens)
         self.generation_tokens.labels(m).inc(rm.num_generation_tokens)
         if getattr(rm, "lora_name", None) is not None:
@@ -392,6 +427,27 @@ class ServerMetrics:
     def reject(self, reason: str) -> None:
         assert reason in REJECTION_REASONS, reason
         self.rejections.labels(self.model_name, reason).inc()
+
+    def judge_shed(self) -> None:
+        """A request refused because it would miss its SLO counts against the SLO (when one is set)."""
+        if self.slo:
+            self.slo_requests.labels(self.model_name, "bad").inc()
+
+    def refresh_load(self, queue: Any, rates: Any, sleep_level: int = 0) -> None:
+        """The token-aware gauges from the engine's queue snapshot and measured rates (None: not yet)."""
+        from plimsoll.ttft_prediction import predict_ttft
+
+        m = self.model_name
+        self.sleep_level.labels(m).set(sleep_level)
+        self.prompt_tokens_waiting.labels(m).set(queue.waiting_prompt_tokens)
+        self.decode_tokens_remaining.labels(m).set(queue.decode_tokens_remaining)
+        if rates is None:
+            return
+        self.prefill_rate.labels(m).set(rates.prefill_tokens_per_s)
+        self.decode_step.labels(m).set(rates.decode_step_s)
+        prediction = predict_ttft(queue, rates, round(self.mean_prompt_tokens))
+        self.backlog.labels(m).set(prediction.backlog_s)
+        self.predicted_ttft.labels(m).set(prediction.ttft_s)
 
     def cut_by_shutdown_add(self, count: int) -> None:
         """Count requests the shutdown ends because the drain deadline passed (the operator reads it)."""
