@@ -293,7 +293,7 @@ def kernels(smoke: bool) -> dict[str, Any]:
                 ctx, q_lens, heads, kv_heads, head_dim, block, torch.float32, dev, seed=len(rows)
             )
             query, k_cache, v_cache, tables, cu, lens, scale = args
-            kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
+            kq, vq = kv_int8.quantize_cache(k_cache), kv_int8.quantize_cache(v_cache)
             got = at.paged_attention(query.to(dtype), kq, vq, tables, cu, lens, scale)
             same = ref.paged_attention(query.to(dtype), kq, vq, tables, cu, lens, scale)
             f32 = ref.paged_attention(*args)
@@ -345,7 +345,7 @@ def kernels(smoke: bool) -> dict[str, Any]:
             [max_ctx] * batch, [1] * batch, heads, kv_heads, head_dim, block, torch.float32, dev, 7
         )
         query, k_cache, v_cache, tables, cu, lens, scale = args
-        kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
+        kq, vq = kv_int8.quantize_cache(k_cache), kv_int8.quantize_cache(v_cache)
         t_int8 = cuda_time_ms(
             functools.partial(at.paged_attention, query.to(torch.bfloat16), kq, vq, tables, cu, lens, scale),
             3 if smoke else 50,
