@@ -13,7 +13,8 @@
 #
 # The CPU kernels (runtime/kernels/csrc) are compiled by `pip install` in the build stage, once
 # for AVX-512, AVX2 and plain x86-64 (setup.py); the server loads the one its node's CPU runs.
-# The image itself has no compiler: the build stage's g++ stays behind.
+# The CPU image has no compiler: the build stage's g++ stays behind (the CUDA image carries gcc
+# and Python's headers for Triton's launcher).
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
@@ -28,9 +29,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PLIMSOLL_CACHE_DIR=/opt/plimsoll/models \
     HOME=/home/plimsoll
 
-# CUDA bases ship without Python; the python:* base already has it.
+# CUDA bases ship without Python; the python:* base already has it (with its headers).
+# python3-dev: Triton compiles a C launcher against Python's headers at its first kernel
+# launch, so the CUDA image needs them (its compiler comes in the final stage, below).
 RUN if ! command -v python3 >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then \
-      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip python3-dev \
       && rm -rf /var/lib/apt/lists/*; \
     fi \
  && groupadd --gid 1000 plimsoll \
@@ -80,15 +83,26 @@ RUN pip install --require-hashes --no-deps -r requirements.lock \
 built = sorted(p.name for p in pathlib.Path(k.__file__).parent.glob('libplimsoll_*.so')); \
 print('CPU kernels built:', built); assert len(built) >= 2, built"
 
-# The image: the venv and the converted model (root's: the serving user reads them), without the compiler.
+# The image: the venv and the converted model (root's: the serving user reads them). The CPU image
+# has no compiler; the CUDA image (EXTRAS gpu) needs gcc, because Triton compiles its C launcher
+# at its first kernel launch: the build compiles a module the way Triton does, so an image that
+# could not fails here rather than at its first request on a GPU.
 FROM base
 
+ARG EXTRAS=""
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/plimsoll /opt/plimsoll
-# Fails the build if a compiler came along, or if the kernels do not load without one.
-RUN ! command -v c++ && ! command -v g++ && ! command -v cc \
- && python -c "from plimsoll.runtime.kernels import cpu_kernels; s = cpu_kernels.select(); \
-assert s.library is not None, s.reason; print('CPU kernels:', s.library.variant, 'build loads')"
+# Fails the build if the kernels do not load without a compiler, if a compiler came along into the
+# CPU image, or if the CUDA image's Triton cannot compile its launcher.
+RUN python -c "from plimsoll.runtime.kernels import cpu_kernels; s = cpu_kernels.select(); \
+assert s.library is not None, s.reason; print('CPU kernels:', s.library.variant, 'build loads')" \
+ && case ",$EXTRAS," in \
+      *,gpu,*) apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+        && rm -rf /var/lib/apt/lists/* \
+        && TRITON_CACHE_DIR="$(mktemp -d)" python -c "from plimsoll.runtime.serve_args import check_triton_toolchain; \
+check_triton_toolchain(); print('triton launcher toolchain: ok')" ;; \
+      *) ! command -v c++ && ! command -v g++ && ! command -v cc ;; \
+    esac
 
 WORKDIR /home/plimsoll
 USER 1000:1000

@@ -15,12 +15,24 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from plimsoll.bench.cli_flags import (
+    API_KEY,
+    CLIENT,
+    GATES,
+    LEVEL,
+    MODEL_MIX,
+    SERVER,
+    SHAPE,
+    SHARED_PREFIX,
+    SLO_FLAGS,
+    with_flags,
+)
 from plimsoll.bench.config import (
     SLO,
     BenchConfig,
@@ -35,32 +47,7 @@ from plimsoll.bench.progress import Live, plan_line
 app = typer.Typer(no_args_is_help=True, help="Load-test a server and find its saturation knees.")
 err = Console(stderr=True, soft_wrap=True)  # one message, one line: never wrapped at 80 columns
 
-URL = typer.Option(..., "--url", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
-MODEL = typer.Option(None, "--model", help="Model id to request (default: the server's only model)")
-MODELS = typer.Option(
-    None,
-    "--models",
-    help="Comma-separated model ids sent in an even mix (a base model and its LoRA adapters); "
-    "the report adds per-model figures to each level",
-)
-API_KEY = typer.Option(
-    None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Bearer token, if the server needs one"
-)
-ENDPOINT = typer.Option("completions", "--endpoint", help="completions or chat")
-INPUT = typer.Option("128", "--input-tokens", help="N, uniform:LO:HI, normal:MEAN:STD or choice:A,B")
-OUTPUT_TOKENS = typer.Option("64", "--output-tokens", help="N, uniform:LO:HI, normal:MEAN:STD or choice:A,B")
-PREFIX = typer.Option(0, "--shared-prefix-tokens", help="Length of a prefix shared by a fraction of requests")
-PREFIX_FRACTION = typer.Option(
-    0.0, "--shared-prefix-fraction", help="Fraction of requests using the shared prefix"
-)
-REQUESTS = typer.Option(
-    None,
-    "--requests-per-level",
-    help="Measured requests per level, at least one per client (default: max(100, 4 × concurrency); "
-    "with --duration-per-level, as many as fit)",
-    show_default=False,
-)
-DURATION = typer.Option(None, "--duration-per-level", help="Measured seconds per level (after warm-up)")
+HEADROOM = typer.Option(0.75, "--headroom", help="Recommended concurrency = floor(headroom × min(knees))")
 MIN_DURATION = typer.Option(
     None,
     "--min-duration-per-level",
@@ -69,27 +56,6 @@ MIN_DURATION = typer.Option(
     "(more requests, same concurrency), so a fast server is not measured in one or two waves",
     show_default=False,
 )
-WARMUP = typer.Option(
-    None, "--warmup-requests", help="Completions excluded as warm-up (default: one per client)"
-)
-REPEATS = typer.Option(1, "--repeats", help="Repeats per level")
-SLO_TTFT = typer.Option(None, "--slo-ttft-p95-ms", help="SLO: TTFT p95 in ms")
-SLO_TPOT = typer.Option(None, "--slo-tpot-p50-ms", help="SLO: TPOT p50 in ms")
-SLO_E2E = typer.Option(None, "--slo-e2e-p95-ms", help="SLO: end-to-end p95 in ms")
-HEADROOM = typer.Option(0.75, "--headroom", help="Recommended concurrency = floor(headroom × min(knees))")
-TIMEOUT = typer.Option(120.0, "--request-timeout", help="Seconds before a request counts as timed out")
-IGNORE_EOS = typer.Option(
-    True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly max_tokens (vLLM extension)"
-)
-OUTPUT = typer.Option(
-    None, "--output", "-o", help="JSON report path; CSV, JSONL, PNG and HTML are written beside it"
-)
-SEED = typer.Option(0, "--seed", help="Workload seed")
-MAX_ERRORS = typer.Option(0.01, "--max-error-rate", help="Gate: a level with more errors is invalid")
-MIN_CONC = typer.Option(
-    0.95, "--min-concurrency-ratio", help="Gate: achieved/target concurrency below is invalid"
-)
-MAX_LAG = typer.Option(50.0, "--max-client-lag-ms", help="Gate: client event-loop lag p99 above is invalid")
 
 
 # Flag names that differ from the BenchConfig field they fill.
@@ -121,12 +87,28 @@ def make_config(flags: dict[str, Any], **fields: Any) -> BenchConfig:
         kw["slo"] = SLO(**{field: flags.get(flag) for flag, field in _SLO_FLAGS.items()})
         return BenchConfig(**kw)
     except BenchInputError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from exc
+        _bad_input(exc)
     except ValidationError as exc:
         msgs = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
         err.print(f"error: invalid options: {msgs}", markup=False)
         raise typer.Exit(2) from exc
+
+
+def _bad_input(exc: BenchInputError) -> NoReturn:
+    """A flag's value is wrong: say why and exit 2 (as typer does for its own usage errors)."""
+    err.print(f"error: {exc}", markup=False)
+    raise typer.Exit(2) from exc
+
+
+def _windowed_config(
+    flags: dict[str, Any], concurrency: int, duration: str, window: float
+) -> tuple[BenchConfig, float]:
+    """Soak and spec-ab: ``concurrency`` clients for ``duration``, recorded per ``window`` with no warm-up."""
+    try:
+        seconds = parse_duration(duration)
+    except BenchInputError as exc:
+        _bad_input(exc)
+    return make_config(flags, levels=(concurrency,), duration_per_level_s=window, warmup_requests=0), seconds
 
 
 def execute(
@@ -244,32 +226,12 @@ def _write_partial(session: Any, kind: str, output: Path | None) -> None:
 
 
 @app.command("sweep")
+@with_flags(SERVER, MODEL_MIX, SHAPE, SHARED_PREFIX, LEVEL, SLO_FLAGS, CLIENT, GATES)
 def sweep(
-    url: str = URL,
-    model: str | None = MODEL,
-    models: str | None = MODELS,
-    api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
-    shared_prefix_tokens: int = PREFIX,
-    shared_prefix_fraction: float = PREFIX_FRACTION,
+    flags: dict[str, Any],
     levels: str = typer.Option("1,2,4,8,12,16,24,32,48,64", "--levels", help="Concurrency levels"),
-    requests_per_level: int | None = REQUESTS,
-    duration_per_level: float | None = DURATION,
     min_duration_per_level: float | None = MIN_DURATION,
-    warmup_requests: int | None = WARMUP,
-    repeats: int = REPEATS,
-    slo_ttft_p95_ms: float | None = SLO_TTFT,
-    slo_tpot_p50_ms: float | None = SLO_TPOT,
-    slo_e2e_p95_ms: float | None = SLO_E2E,
     headroom: float = HEADROOM,
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_error_rate: float = MAX_ERRORS,
-    min_concurrency_ratio: float = MIN_CONC,
-    max_client_lag_ms: float = MAX_LAG,
     disturbed_client_lag_ms: float = typer.Option(
         20.0,
         "--disturbed-client-lag-ms",
@@ -282,7 +244,6 @@ def sweep(
         help="After the sweep, hold the recommended concurrency this long; below 99% SLO attainment or "
         "with a growing queue step down and hold again (0: no hold)",
     ),
-    output: Path | None = OUTPUT,
     report_configmap: str | None = typer.Option(
         None,
         "--report-configmap",
@@ -301,51 +262,26 @@ def sweep(
             except PublishError as exc:
                 raise BenchInputError(str(exc)) from exc
     except BenchInputError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from exc
-    cfg = make_config(locals(), levels=level_list)
-    execute(cfg, _sweep_body("sweep"), output, report_configmap, kind="sweep")
+        _bad_input(exc)
+    cfg = make_config(flags | locals(), levels=level_list)
+    execute(cfg, _sweep_body("sweep"), flags["output"], report_configmap, kind="sweep")
 
 
 @app.command("run")
+@with_flags(SERVER, MODEL_MIX, SHAPE, SHARED_PREFIX, LEVEL, SLO_FLAGS, CLIENT, GATES)
 def run(
-    url: str = URL,
-    model: str | None = MODEL,
-    models: str | None = MODELS,
-    api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
+    flags: dict[str, Any],
     concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
-    shared_prefix_tokens: int = PREFIX,
-    shared_prefix_fraction: float = PREFIX_FRACTION,
-    requests_per_level: int | None = REQUESTS,
-    duration_per_level: float | None = DURATION,
-    warmup_requests: int | None = WARMUP,
-    repeats: int = REPEATS,
-    slo_ttft_p95_ms: float | None = SLO_TTFT,
-    slo_tpot_p50_ms: float | None = SLO_TPOT,
-    slo_e2e_p95_ms: float | None = SLO_E2E,
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_error_rate: float = MAX_ERRORS,
-    min_concurrency_ratio: float = MIN_CONC,
-    max_client_lag_ms: float = MAX_LAG,
-    output: Path | None = OUTPUT,
 ) -> None:
     """One closed-loop level at --concurrency."""
-    cfg = make_config(locals(), levels=(concurrency,))
-    execute(cfg, _sweep_body("run"), output, kind="run")
+    cfg = make_config(flags, levels=(concurrency,))
+    execute(cfg, _sweep_body("run"), flags["output"], kind="run")
 
 
 @app.command("rate")
+@with_flags(SERVER, MODEL_MIX, SHAPE, SLO_FLAGS, CLIENT)
 def rate(
-    url: str = URL,
-    model: str | None = MODEL,
-    models: str | None = MODELS,
-    api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
+    flags: dict[str, Any],
     rates: str = typer.Option("1", "--rate", help="Requests per second; comma-separated for several levels"),
     arrival: str = typer.Option("poisson", "--arrival", help="constant, poisson or bursty"),
     burstiness: float = typer.Option(
@@ -356,16 +292,6 @@ def rate(
         2.0, "--warmup-seconds", help="Seconds excluded at the start of each rate"
     ),
     max_concurrency: int | None = typer.Option(None, "--max-concurrency", help="Cap on requests in flight"),
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
-    slo_ttft_p95_ms: float | None = SLO_TTFT,
-    slo_tpot_p50_ms: float | None = SLO_TPOT,
-    slo_e2e_p95_ms: float | None = SLO_E2E,
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_client_lag_ms: float = MAX_LAG,
-    output: Path | None = OUTPUT,
 ) -> None:
     """Open-loop arrivals (constant, Poisson or bursty) at one or more rates."""
     from plimsoll.bench.scenarios import rate_levels
@@ -379,7 +305,7 @@ def rate(
     except (ValueError, AssertionError) as exc:
         err.print(f"error: --rate must be positive numbers like 2 or 1,2,4; got {rates!r}", markup=False)
         raise typer.Exit(2) from exc
-    cfg = make_config(locals())
+    cfg = make_config(flags | locals())
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
         levels = await rate_levels(
@@ -387,70 +313,50 @@ def rate(
         )
         return dict(levels)
 
-    execute(cfg, body, output)
+    execute(cfg, body, flags["output"])
 
 
 @app.command("baseline")
+@with_flags(SERVER, SHAPE, CLIENT)
 def baseline(
-    url: str = URL,
-    model: str | None = MODEL,
-    api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
+    flags: dict[str, Any],
     requests: int = typer.Option(20, "--requests", help="Sequential requests"),
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_client_lag_ms: float = MAX_LAG,
-    output: Path | None = OUTPUT,
 ) -> None:
     """Single-request baseline with a TPOT-stability check (warns above 20% variation)."""
     from plimsoll.bench.scenarios import run_baseline
 
-    cfg = make_config(locals(), levels=(1,), requests_per_level=requests, warmup_requests=1)
+    cfg = make_config(flags, levels=(1,), requests_per_level=requests, warmup_requests=1)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
         return dict(await run_baseline(session, live.start))
 
-    execute(cfg, body, output)
+    execute(cfg, body, flags["output"])
 
 
 @app.command("burst")
+@with_flags(SERVER, SHAPE, CLIENT)
 def burst(
-    url: str = URL,
-    model: str | None = MODEL,
-    api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
+    flags: dict[str, Any],
     steady_rate: float = typer.Option(1.0, "--steady-rate", help="Background requests per second"),
     burst_requests: int = typer.Option(32, "--burst-requests", help="Requests sent at once in the burst"),
     before_s: float = typer.Option(10.0, "--before", help="Seconds of steady load before the burst"),
     after_s: float = typer.Option(30.0, "--after", help="Seconds of steady load after the burst"),
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_client_lag_ms: float = MAX_LAG,
-    output: Path | None = OUTPUT,
 ) -> None:
     """A burst on top of steady load; reports how long latency takes to recover."""
     from plimsoll.bench.scenarios import run_burst
 
-    cfg = make_config(locals())
+    cfg = make_config(flags)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
         return dict(await run_burst(session, steady_rate, burst_requests, before_s, after_s, live.start))
 
-    execute(cfg, body, output)
+    execute(cfg, body, flags["output"])
 
 
 @app.command("soak")
+@with_flags(SERVER, SHAPE, CLIENT, GATES)
 def soak(
-    url: str = URL,
-    model: str | None = MODEL,
-    api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
+    flags: dict[str, Any],
     concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
     duration: str = typer.Option(
         "30m",
@@ -459,43 +365,27 @@ def soak(
         "are advised to soak for",
     ),
     window: float = typer.Option(60.0, "--window", help="Seconds per recorded window"),
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_client_lag_ms: float = MAX_LAG,
-    max_error_rate: float = MAX_ERRORS,
-    min_concurrency_ratio: float = MIN_CONC,
-    output: Path | None = OUTPUT,
 ) -> None:
     """Steady load for a long time: latency, KV, memory, fds and connections per window; rises flagged."""
     from plimsoll.bench.scenarios import run_soak
 
-    try:
-        seconds = parse_duration(duration)
-    except BenchInputError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from exc
-    cfg = make_config(locals(), levels=(concurrency,), duration_per_level_s=window, warmup_requests=0)
+    cfg, seconds = _windowed_config(flags, concurrency, duration, window)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
         return dict(await run_soak(session, concurrency, seconds, window, live.start))
 
-    execute(cfg, body, output)
+    execute(cfg, body, flags["output"])
 
 
 @app.command("spec-ab")
+@with_flags(SERVER, SHAPE, CLIENT, GATES)
 def spec_ab(
-    url: str = URL,
+    flags: dict[str, Any],
     speculative_url: str = typer.Option(
         ...,
         "--speculative-url",
         help="The same model served with --speculative-config (the candidate); --url is the baseline without",
     ),
-    model: str | None = MODEL,
-    api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
     concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight on each server"),
     duration: str = typer.Option(
         "30m", "--duration", help="Time on each server: seconds, or 30m, 1h (an A/B decides over ~30 minutes)"
@@ -503,26 +393,12 @@ def spec_ab(
     window: float = typer.Option(
         60.0, "--window", help="Seconds per window; the arms alternate window by window"
     ),
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_client_lag_ms: float = MAX_LAG,
-    max_error_rate: float = MAX_ERRORS,
-    min_concurrency_ratio: float = MIN_CONC,
-    output: Path | None = OUTPUT,
 ) -> None:
     """A/B a speculative-decoding config: gain, acceptance rate, keep if > 30% faster."""
     from plimsoll.bench.session import BenchSession
     from plimsoll.bench.spec_ab import run_spec_ab
 
-    try:
-        seconds = parse_duration(duration)
-    except BenchInputError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from exc
-    cfg = make_config(locals(), levels=(concurrency,), duration_per_level_s=window, warmup_requests=0)
+    cfg, seconds = _windowed_config(flags, concurrency, duration, window)
     candidate_cfg = cfg.model_copy(update={"url": speculative_url.rstrip("/")})
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
@@ -532,36 +408,23 @@ def spec_ab(
         finally:
             await candidate.aclose()
 
-    execute(cfg, body, output)
+    execute(cfg, body, flags["output"])
 
 
 @app.command("disagg")
+@with_flags(SHAPE, SHARED_PREFIX, LEVEL, SLO_FLAGS, CLIENT, GATES)
 def disagg(
+    flags: dict[str, Any],
     url: list[str] = typer.Option(
         ..., "--url", help="A replica started with --kv-transfer-config '{\"kv_role\": \"kv_both\"}' (repeat: "
         "the replicas at hand)"
     ),
     ratios: str = typer.Option("1:1", "--ratios", help="Split layouts to try, PREFILL:DECODE replicas, e.g. 1:1,1:2"),
-    model: str | None = MODEL,
+    # SERVER's other flags; its --url is one replica, this command's several.
+    model: str | None = SERVER[1].option,
     api_key: str | None = API_KEY,
-    endpoint: str = ENDPOINT,
-    input_tokens: str = INPUT,
-    output_tokens: str = OUTPUT_TOKENS,
-    shared_prefix_tokens: int = PREFIX,
-    shared_prefix_fraction: float = PREFIX_FRACTION,
+    endpoint: str = SERVER[3].option,
     levels: str = typer.Option("1,2,4", "--levels", help="Concurrency levels PER REPLICA of each layout"),
-    requests_per_level: int | None = REQUESTS,
-    duration_per_level: float | None = DURATION,
-    warmup_requests: int | None = WARMUP,
-    slo_ttft_p95_ms: float | None = SLO_TTFT,
-    slo_tpot_p50_ms: float | None = SLO_TPOT,
-    request_timeout: float = TIMEOUT,
-    ignore_eos: bool = IGNORE_EOS,
-    seed: int = SEED,
-    max_error_rate: float = MAX_ERRORS,
-    min_concurrency_ratio: float = MIN_CONC,
-    max_client_lag_ms: float = MAX_LAG,
-    output: Path | None = OUTPUT,
 ) -> None:
     """Aggregated vs split prefill/decode on the same replicas: goodput per replica, KV transfer cost, verdict."""
     from plimsoll.bench.client import BenchError
@@ -574,7 +437,8 @@ def disagg(
     except (BenchInputError, ValueError) as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from exc
-    cfg = make_config(locals(), url=url[0], levels=level_list)
+    cfg = make_config(flags | locals(), url=url[0], levels=level_list)
+    output = flags["output"]
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     try:
         report = asyncio.run(compare(cfg, [u.rstrip("/") for u in url], ratio_list, level_list, say))
@@ -686,8 +550,7 @@ def diagnose(
     try:
         th = _decode_limit(th, slo_tpot_p50_ms, baseline)
     except BenchInputError as exc:
-        err.print(f"error: {exc}", markup=False)
-        raise typer.Exit(2) from exc
+        _bad_input(exc)
     if slo_ttft_p95_ms is not None:
         th = dataclasses.replace(th, ttft_high_s=slo_ttft_p95_ms / 1e3)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -706,9 +569,9 @@ def diagnose(
     async def watch() -> tuple[list[Any], list[Any] | None]:
         server = observe(url.rstrip("/"), window, interval, headers, bar)
         if dcgm_url:
-            return await asyncio.gather(server, observe(dcgm_url.rstrip("/"), window, interval))  # type: ignore[return-value]
+            return await asyncio.gather(server, observe(dcgm_url.rstrip("/"), window, interval))
         if nvml:
-            return await asyncio.gather(server, observe_nvml(window, interval))  # type: ignore[return-value]
+            return await asyncio.gather(server, observe_nvml(window, interval))
         return await server, None
 
     try:

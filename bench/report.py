@@ -21,8 +21,9 @@ from rich.table import Table
 
 from plimsoll import __version__
 from plimsoll.bench.config import BenchConfig
-from plimsoll.bench.knees import LatencyKnee, Recommendation, ThroughputKnee, as_dict
+from plimsoll.bench.knees import LatencyKnee, ThroughputKnee, as_dict
 from plimsoll.bench.loadgen import LevelRun
+from plimsoll.capacity import Recommendation
 
 SCHEMA_VERSION = "1.0"
 

@@ -20,7 +20,6 @@ from plimsoll.bench.client import BenchError, OpenAIClient, calibrate, probe, re
 from plimsoll.bench.config import BenchConfig
 from plimsoll.bench.knees import (
     LatencyKnee,
-    Recommendation,
     ThroughputKnee,
     confidence,
     is_disturbed,
@@ -33,6 +32,7 @@ from plimsoll.bench.report import build_report
 from plimsoll.bench.scrape import Scraper, family_of, fetch
 from plimsoll.bench.stats import mark_disturbed, summarize_level
 from plimsoll.bench.workload import Workload, load_local_tokenizer
+from plimsoll.capacity import Recommendation
 
 # Completed requests below which a percentile is mostly one or two samples.
 MIN_SAMPLES_P95 = 20

@@ -5,7 +5,9 @@ What it is: real HTTP (FastAPI on uvicorn, bound to 127.0.0.1), SSE streaming fo
 ``/ready`` and ``/metrics`` in either engine family's names (``engine``:
 plimsoll's, or vLLM's, which has no ``/ready``), and OpenAI-style 4xx errors for
 malformed requests. At most ``batch_cap``
-requests run at once (FIFO queue beyond that); each running request emits one
+requests run at once (FIFO queue beyond that); prompts are prefilled one after
+another at ``prefill_s_per_token`` (one prefill lane, as a compute-bound engine
+prefills), the first token one step after the prefill; each running request emits one
 token every ``t(b) = step_t0 + step_k * b`` seconds, where ``b`` is the number of
 running requests when the token is due (× ``degrade_factor`` while more than
 ``degrade_above`` run: a replica whose service falls apart above some load).
@@ -19,6 +21,13 @@ operator's replay) and a way to try `plimsoll bench` without a GPU.
 With ``enable_lora`` it also speaks vLLM's LoRA API (``sim_adapters.py``): adapters
 from ``lora_modules`` and the load/unload endpoints, listed by ``/v1/models`` with
 their ``parent``, served like the base model, and the ``lora_requests_info`` gauge.
+
+It exports the token-aware gauges a plimsoll replica does (prompt tokens waiting,
+decode tokens remaining, its rates, the backlog and predicted TTFT of
+``plimsoll.ttft_prediction``) and, like a replica, refuses with 429 and ``Retry-After``
+a request whose ``x-slo-ttft-ms`` its predicted TTFT would exceed; every answer
+carries the prediction (``x-plimsoll-predicted-ttft-ms``), which is how the predictor
+is checked against measured TTFT on a known curve.
 
 What it is not: a model. Tokens are the word ``tok``; a prompt's token count is
 its whitespace-separated word count.
@@ -38,10 +47,19 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
-
 from plimsoll import metric_names as mn
 from plimsoll.bench.sim_adapters import AdapterError, SimAdapters, adapter_problem, parse_lora_module
+from plimsoll.overload import OVERLOAD_HEADER, REPLICA
+from plimsoll.readiness import wait_until_ready
+from plimsoll.ttft_prediction import (
+    PREDICTED_TTFT_HEADER,
+    SLO_TTFT_HEADER,
+    QueueSnapshot,
+    ServiceRates,
+    TTFTPrediction,
+    parse_ttft_bound,
+    predict_ttft,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +152,11 @@ class SimEngine:
         self._slots = asyncio.Semaphore(curve.batch_cap)
         self._rng = random.Random(curve.seed)
         self.kv_capacity = curve.kv_capacity_tokens or curve.batch_cap * 2048
+        # The prefill lane is busy until this perf_counter time; the queue the predictor reads.
+        self.lane_free_at = 0.0
+        self._running: dict[int, list[float]] = {}  # id -> [prefill end, tokens left]
+        self._waiting: dict[int, tuple[int, int]] = {}  # id -> (prompt, max tokens), FIFO
+        self._ids = 0
         # PUT /sim/step-cost multiplies every step's time: a replica whose speed changes mid-run.
         self.step_scale = 1.0
         reg = self.registry = CollectorRegistry()
@@ -163,13 +186,29 @@ class SimEngine:
         self.itl = histogram(names.itl, "ITL.", mn.TOKEN_LATENCY_BUCKETS)
         self.tpot = histogram(names.tpot, "TPOT.", mn.TOKEN_LATENCY_BUCKETS)
         self.e2e = histogram(names.e2e, "E2E.", mn.REQUEST_LATENCY_BUCKETS)
-        self.queue = histogram(names.queue_time, "Queue.", mn.REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram(names.queue_time, "Queue.", mn.REQUEST_LATENCY_BUCKETS)
         self.prefill = histogram(names.prefill_time, "Prefill.", mn.REQUEST_LATENCY_BUCKETS)
         self.decode = histogram(names.decode_time, "Decode.", mn.REQUEST_LATENCY_BUCKETS)
         self.prompt_tokens = counter(names.prompt_tokens, "Prompt tokens.")
         self.generation_tokens = counter(names.generation_tokens, "Generated tokens.")
         self.success = counter(names.request_success, "Finished requests.", ("finished_reason",))
         self.preemptions = counter(names.preemptions, "Preemptions.")
+        if curve.engine == "plimsoll":  # the token-aware gauges a plimsoll replica exports
+            Gauge(mn.PROMPT_TOKENS_WAITING, "Prompt tokens waiting.", registry=reg).set_function(
+                lambda: self.queue().waiting_prompt_tokens
+            )
+            Gauge(mn.DECODE_TOKENS_REMAINING, "Decode tokens remaining.", registry=reg).set_function(
+                lambda: self.queue().decode_tokens_remaining
+            )
+            Gauge(mn.BACKLOG_SECONDS, "Backlog, seconds.", registry=reg).set_function(
+                lambda: self.predict(0).backlog_s
+            )
+            Gauge(mn.PREFILL_TOKENS_PER_SECOND, "Prefill rate.", registry=reg).set_function(
+                lambda: self.rates().prefill_tokens_per_s
+            )
+            Gauge(mn.DECODE_STEP_SECONDS, "Decode step.", registry=reg).set_function(
+                lambda: self.rates().decode_step_s
+            )
         # vLLM has no admission-rejection counter; plimsoll's is beyond vLLM.
         self.rejections = counter(
             mn.ADMISSION_REJECTIONS if curve.engine == "plimsoll" else "sim_admission_rejections",
@@ -194,11 +233,42 @@ class SimEngine:
     def step_s(self, batch: int) -> float:
         return self.curve.step_s(batch) * self.step_scale
 
-    async def generate(self, prompt_tokens: int, max_tokens: int, model: str = "") -> AsyncIterator[int]:
-        """Yield token indices 0..max_tokens-1 on the curve's schedule (``model``: an adapter, counted)."""
+    def rates(self) -> ServiceRates:
+        per_token = self.curve.prefill_s_per_token * self.step_scale
+        return ServiceRates(
+            prefill_tokens_per_s=1.0 / per_token if per_token > 0 else 1e12,
+            decode_step_s=self.step_s(min(self.curve.batch_cap, self.running + len(self._waiting) + 1)),
+            max_num_seqs=self.curve.batch_cap,
+        )
+
+    def queue(self) -> QueueSnapshot:
+        """The queue now, in the predictor's terms (prompt tokens left to prefill, tokens left)."""
+        now = time.perf_counter()
+        per_token = self.curve.prefill_s_per_token * self.step_scale
+        running = tuple(
+            (round(max(0.0, end - now) / per_token) if per_token > 0 else 0, max(1, int(left)))
+            for end, left in self._running.values()
+        )
+        return QueueSnapshot(running, tuple(self._waiting.values()))
+
+    def predict(self, prompt_tokens: int) -> TTFTPrediction:
+        return predict_ttft(self.queue(), self.rates(), prompt_tokens)
+
+    def enqueue(self, prompt_tokens: int, max_tokens: int) -> int:
+        """Join the queue now (at admission, before a streamed answer starts); the id for :meth:`generate`."""
+        self.waiting += 1
+        self._ids += 1
+        self._waiting[self._ids] = (prompt_tokens, max_tokens)
+        return self._ids
+
+    async def generate(
+        self, prompt_tokens: int, max_tokens: int, model: str = "", queued: int | None = None
+    ) -> AsyncIterator[int]:
+        """Yield token indices 0..max_tokens-1 on the curve's schedule (``model``: an adapter, counted);
+        ``queued`` is the id :meth:`enqueue` gave this request (else it joins the queue now)."""
         arrived = time.perf_counter()
         adapters = self.adapters
-        self.waiting += 1
+        rid = queued if queued is not None else self.enqueue(prompt_tokens, max_tokens)
         if adapters is not None:
             adapters.queued(model)
         try:
@@ -209,16 +279,23 @@ class SimEngine:
             raise
         finally:
             self.waiting -= 1
+            del self._waiting[rid]
         if adapters is not None:
             adapters.started(model)
         self.running += 1
         start = time.perf_counter()
-        self.queue.observe(start - arrived)
+        self.queue_time.observe(start - arrived)
         self.kv_tokens += prompt_tokens
         held = prompt_tokens
         last = start
+        # One prefill lane: this prompt's prefill starts when the one before it is done.
+        prefill_end = (
+            max(start, self.lane_free_at) + self.curve.prefill_s_per_token * self.step_scale * prompt_tokens
+        )
+        self.lane_free_at = prefill_end
+        self._running[rid] = [prefill_end, float(max_tokens)]
         try:
-            due = start + self.curve.prefill_s_per_token * prompt_tokens + self.step_s(self.running)
+            due = prefill_end + self.step_s(self.running)
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             first = last = time.perf_counter()
             self.ttft.observe(first - arrived)
@@ -234,6 +311,7 @@ class SimEngine:
                     last = now
                 self.kv_tokens += 1
                 held += 1
+                self._running[rid][1] = max_tokens - i - 1
                 self.generation_tokens.inc()
                 yield i
             end = time.perf_counter()
@@ -246,6 +324,7 @@ class SimEngine:
         finally:
             self.kv_tokens -= held
             self.running -= 1
+            self._running.pop(rid, None)
             self._slots.release()
             if adapters is not None:
                 adapters.finished(model, was_running=True)
@@ -387,6 +466,25 @@ def build_app(curve: ServiceCurve) -> Any:
         if refused:
             return error(500, "injected simulator fault", "internal_error")
         prompt_tokens = _count_tokens(body)
+        try:
+            bound = parse_ttft_bound(request.headers.get(SLO_TTFT_HEADER))
+        except ValueError as exc:
+            return error(400, str(exc), "invalid_request_error")
+        prediction = eng.predict(prompt_tokens)
+        predicted = {PREDICTED_TTFT_HEADER: f"{prediction.ttft_s * 1000:.1f}"}
+        if bound is not None and prediction.ttft_s > bound:
+            eng.rejections.inc()
+            body_ = {"error": {"message": f"predicted TTFT {prediction.formula()} exceeds {bound * 1000:.0f} ms",
+                               "type": "rate_limit_error", "param": None, "code": 429}}  # fmt: skip
+            headers = {
+                "Retry-After": str(prediction.retry_after_s(bound)),
+                OVERLOAD_HEADER: REPLICA,
+                **predicted,
+            }
+            return JSONResponse(body_, status_code=429, headers=headers)
+        # A plain answer joins the queue now; a streamed one when its body starts (a stream whose body
+        # never starts, the client gone, would otherwise stay counted as waiting).
+        queued = None if body.get("stream") else eng.enqueue(prompt_tokens, max_tokens)
         rid = f"sim-{uuid.uuid4().hex[:12]}"
         kind = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
@@ -405,7 +503,7 @@ def build_app(curve: ServiceCurve) -> Any:
             return {"id": rid, "object": kind, "created": created, "model": model, "choices": [choice]}
 
         if not body.get("stream"):
-            async for _ in eng.generate(prompt_tokens, max_tokens, model):
+            async for _ in eng.generate(prompt_tokens, max_tokens, model, queued):
                 pass
             text = " tok" * max_tokens
             choice = (
@@ -413,14 +511,14 @@ def build_app(curve: ServiceCurve) -> Any:
                 if chat
                 else {"index": 0, "text": text, "finish_reason": "length"}
             )
-            return {
+            return JSONResponse({
                 "id": rid,
                 "object": "chat.completion" if chat else "text_completion",
                 "created": created,
                 "model": model,
                 "choices": [choice],
                 "usage": usage,
-            }
+            }, headers=predicted)  # fmt: skip
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -440,7 +538,7 @@ def build_app(curve: ServiceCurve) -> Any:
                 yield f"data: {json.dumps(tail)}\n\n"
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream", headers=predicted)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -475,20 +573,14 @@ class SimulatorProcess:
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Return once ``/health`` answers 200; raise if the process exits or the time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"simulator on {self.url} exited with status {self.process.returncode} before it was ready"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"simulator on {self.url} not ready after {timeout_s:.0f} s")
-            time.sleep(0.05)
+
+        def died() -> str | None:
+            if self.process.poll() is None:
+                return None
+            return f"simulator on {self.url} exited with status {self.process.returncode} before it was ready"
+
+        if not wait_until_ready(f"{self.url}/health", timeout_s, died, interval_s=0.05, request_timeout_s=1.0):
+            raise RuntimeError(f"simulator on {self.url} not ready after {timeout_s:.0f} s")
 
     def kill(self) -> None:
         """SIGKILL: the process dies with its open connections."""

@@ -117,7 +117,7 @@ def fit_trend(times: Sequence[float], values: Sequence[float | None]) -> TrendFi
     pts = [(t, v) for t, v in zip(times, values, strict=True) if v is not None]
     if len(pts) < MIN_POINTS:
         return None
-    xs, ys = [p[0] for p in pts], [float(p[1]) for p in pts]  # type: ignore[arg-type]
+    xs, ys = [p[0] for p in pts], [float(p[1]) for p in pts]
     n, mx, my = len(xs), statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx <= 0:

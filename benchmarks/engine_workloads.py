@@ -25,8 +25,8 @@ import torch
 
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
-from plimsoll.runtime.engine.outputs import RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.testing import run_closed_loop
 
 Shape = Callable[[random.Random], tuple[list[int], int]]
 
@@ -48,47 +48,25 @@ def rss_mib() -> float:
 
 def closed_loop(engine: LLMEngine, concurrency: int, total: int, shape: Shape, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
-    done: list[RequestOutput] = []
-    ramp: set[str] = set()  # the first ``concurrency`` requests arrive as one burst
-    issued = 0
 
-    def issue() -> None:
-        nonlocal issued
+    def add(i: int) -> str:
         prompt, out_len = shape(rng)
+        request_id = f"req-{seed}-{i}"
         params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-        request_id = f"req-{seed}-{issued}"
-        if issued < concurrency:
-            ramp.add(request_id)
         engine.add_request(request_id, prompt, params)
-        issued += 1
+        return request_id
 
-    for _ in range(min(concurrency, total)):
-        issue()
-    t0 = time.monotonic()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done.append(out)
-                if issued < total:
-                    issue()
-    wall = time.monotonic() - t0
-    out_tokens = sum(o.metrics.num_generation_tokens for o in done)
+    run = run_closed_loop(engine, concurrency, total, add)
     # Latencies in steady state: the opening burst is excluded when later requests exist.
-    done = [o for o in done if o.request_id not in ramp] or done
-    ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in done]  # type: ignore[operator]
-    tpot = [
-        (o.metrics.last_token_time - o.metrics.first_token_time) / (o.metrics.num_generation_tokens - 1)  # type: ignore[operator]
-        for o in done
-        if o.metrics.num_generation_tokens > 1
-    ]
+    ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in run.steady]  # type: ignore[operator]
     return {
-        "requests": issued,
-        "wall_s": wall,
-        "out_tok_s": out_tokens / wall,
+        "requests": len(run.outputs),
+        "wall_s": run.wall_s,
+        "out_tok_s": run.out_tokens / run.wall_s,
         "ttft_p50": pct(ttft, 50),
         "ttft_p95": pct(ttft, 95),
-        "tpot_p50": pct(tpot, 50),
-        "preemptions": sum(o.metrics.num_preemptions for o in done),
+        "tpot_p50": pct(run.tpot_s(), 50),
+        "preemptions": sum(o.metrics.num_preemptions for o in run.steady),
     }
 
 

@@ -29,10 +29,9 @@ import torch
 
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
-from plimsoll.runtime.engine.outputs import RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.models.embedded import ensure_embedded_model
-from plimsoll.runtime.testing import write_random_lora
+from plimsoll.runtime.testing import run_closed_loop, write_random_lora
 
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -52,42 +51,20 @@ def closed_loop(
 ) -> dict[str, float]:
     rng = random.Random(0)  # the same prompts for both runs
     vocab = int(engine.hf_config.vocab_size)
-    done: list[RequestOutput] = []
-    ramp: set[str] = set()
-    issued = 0
 
-    def issue() -> None:
-        nonlocal issued
+    def add(i: int) -> str:
         prompt = [rng.randrange(100, vocab) for _ in range(args.input_tokens)]
         params = SamplingParams(temperature=0, max_tokens=args.output_tokens, ignore_eos=True)
-        rid = f"{tag}-{issued}"
-        if issued < concurrency:
-            ramp.add(rid)
-        engine.add_request(rid, prompt, params, lora_name=loras[issued % len(loras)])
-        issued += 1
+        request_id = f"{tag}-{i}"
+        engine.add_request(request_id, prompt, params, lora_name=loras[i % len(loras)])
+        return request_id
 
-    for _ in range(min(concurrency, total)):
-        issue()
-    t0, cpu0 = time.monotonic(), time.process_time()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done.append(out)
-                if issued < total:
-                    issue()
-    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
-    out_tokens = sum(o.metrics.num_generation_tokens for o in done)
-    steady = [o for o in done if o.request_id not in ramp] or done
-    tpot = [
-        (o.metrics.last_token_time - o.metrics.first_token_time) / (o.metrics.num_generation_tokens - 1)  # type: ignore[operator]
-        for o in steady
-        if o.metrics.num_generation_tokens > 1
-    ]
+    run = run_closed_loop(engine, concurrency, total, add)
     return {
-        "wall_s": wall,
-        "out_tok_s": out_tokens / wall,
-        "out_tok_cpu_s": out_tokens / cpu,
-        "tpot_p50": pct(tpot, 50),
+        "wall_s": run.wall_s,
+        "out_tok_s": run.out_tokens / run.wall_s,
+        "out_tok_cpu_s": run.out_tokens / run.cpu_s,
+        "tpot_p50": pct(run.tpot_s(), 50),
     }
 
 

@@ -6,6 +6,7 @@ on the same batch, alternating every step, and prints the median step time of ea
 A script that prints figures, not a test.
 
     python benchmarks/step_ab.py --compare attention --levels 1,16,64
+    python benchmarks/step_ab.py --compare attention --kv-cache-dtype int8 --levels 1,16,64
 
 ``--compare pool`` first prints the cost of one kernel call (an empty split, a tiny matmul)
 with threads started per call against the persistent pool.
@@ -136,6 +137,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--dtype", default="float32", help="the engine's --dtype (bfloat16: the bf16 glue and kernels)")
     ap.add_argument(
+        "--cpu-time", action="store_true",
+        help="also print the process's CPU time per step (with --threads 1: the code's cost on a loaded host)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--kv-cache-dtype", default="auto", choices=("auto", "int8"),
+        help="the engine's --kv-cache-dtype (int8: every step on the module path, decode attention over int8 blocks)",
+    )  # fmt: skip
+    ap.add_argument(
         "--fused-max-rows", type=int, default=0,
         help="with --compare fused: the most decode rows the fused step takes (0: the plan's)",
     )  # fmt: skip
@@ -151,6 +160,7 @@ def main() -> None:
         EngineConfig(
             model=args.model,
             dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
             kv_cache_memory="1GiB",
             max_num_seqs=max(args.levels),
             enable_prefix_caching=False,
@@ -167,8 +177,9 @@ def main() -> None:
     rng = random.Random(0)
     print(
         f"# {args.compare}: {off} vs {on}; decode step ms (median of {args.steps}), context ~{args.prompt}, "
-        f"{args.dtype}"
+        f"{args.dtype}, KV cache {args.kv_cache_dtype}"
     )
+    print(f"# {plan.describe()}")
     for b in args.levels:
         params = SamplingParams(temperature=0, max_tokens=2 * args.steps + 2, ignore_eos=True)
         for i in range(b):
@@ -176,19 +187,25 @@ def main() -> None:
         while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
             engine.step()  # prefill until every sequence decodes
         times: dict[bool, list[float]] = {False: [], True: []}
+        cpu: dict[bool, list[float]] = {False: [], True: []}
         for i in range(args.steps):
             # ABBA order: a step that runs after the other variant's pays for its leftovers
             # (caches, a helper thread still spinning) the same number of times in each variant.
             for variant in (False, True) if i % 2 == 0 else (True, False):
                 switch(variant)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 engine.step()
                 times[variant].append(time.perf_counter() - t0)
+                cpu[variant].append(time.process_time() - c0)
         switch(True)
         while engine.has_unfinished_requests():
             engine.step()
         a, b_ms = (statistics.median(times[v]) * 1000 for v in (False, True))
-        print(f"batch {b:3d}: {off} {a:7.1f} ms | {on} {b_ms:7.1f} ms | ratio {b_ms / a:.2f}", flush=True)
+        line = f"batch {b:3d}: {off} {a:7.1f} ms | {on} {b_ms:7.1f} ms | ratio {b_ms / a:.2f}"
+        if args.cpu_time:
+            ca, cb = (statistics.median(cpu[v]) * 1000 for v in (False, True))
+            line += f" || CPU time {ca:7.1f} ms | {cb:7.1f} ms | ratio {cb / ca:.2f}"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

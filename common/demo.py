@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 import yaml
 
+from plimsoll.pods import pod_is_ready
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -89,13 +91,6 @@ def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return {}
 
 
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
 def _pod_logs(cluster: Cluster, namespace: str) -> str:
     """Where the pod runner writes the logs of a namespace's pods."""
     return f"{cluster.state_dir / 'pods' / 'logs'}/{namespace}_<pod>_<container>.log"
@@ -107,19 +102,15 @@ def bring_up_cluster(console: Console, state_dir: Path | None) -> Cluster:
     from plimsoll.devcluster.cluster import Cluster
 
     ensure_built(console=console)
-    try:
-        running = Cluster.load(state_dir)
-        if running.is_running():
-            if not running.pod_runner:
-                raise DemoError(
-                    f"the control plane in {running.state_dir} runs without the pod runner, so no pod would "
-                    "really run; stop it with `plimsoll dev down` and run `plimsoll demo` again"
-                )
-            console.print(f"[green]✓[/green] reusing the running control plane ({running.server})")
-            return running
-        running.stop()  # a partial leftover: clean it up first
-    except FileNotFoundError:
-        pass
+    running = Cluster.load_running(state_dir)
+    if running is not None:
+        if not running.pod_runner:
+            raise DemoError(
+                f"the control plane in {running.state_dir} runs without the pod runner, so no pod would "
+                "really run; stop it with `plimsoll dev down` and run `plimsoll demo` again"
+            )
+        console.print(f"[green]✓[/green] reusing the running control plane ({running.server})")
+        return running
     cluster = Cluster(state_dir, pod_runner=True)
     started = time.monotonic()
     with console.status("starting etcd, kube-apiserver, controller-manager, scheduler, kwok, pod runner …"):
@@ -185,7 +176,7 @@ def install_chart(console: Console, cluster: Cluster, timeout: float) -> None:
             "pods", "-n", RELEASE_NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}"
         )
         items = pods["items"]
-        ready = [p for p in items if _pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+        ready = [p for p in items if pod_is_ready(p) and not p["metadata"].get("deletionTimestamp")]
         phases = ", ".join(f"{p['metadata']['name']}: {(p.get('status') or {}).get('phase')}" for p in items)
         return ready, phases or "no operator pod yet"
 
@@ -227,6 +218,8 @@ def service_manifest(model_uri: str, profile: bool) -> dict[str, Any]:
         }
     else:
         spec["capacity"] = {"mode": "Manual", "concurrencyPerReplica": MANUAL_CONCURRENCY}
+    # The cluster's GPU nodes are simulated and the replica runs on this machine's CPU.
+    spec.setdefault("engine", {})["args"] = ["--device", "cpu"]
     spec["autoscaling"] = {"mode": "builtin"}
     spec["scaling"] = {"min": 1, "max": 2}
     spec["replicas"] = 1
@@ -295,7 +288,7 @@ def replica_endpoints(cluster: Cluster, namespace: str, svc: dict[str, Any]) -> 
     urls = []
     for pod in cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]:
         ip = (pod.get("status") or {}).get("podIP")
-        if ip and _pod_ready(pod):
+        if ip and pod_is_ready(pod):
             ports = [p for c in pod["spec"]["containers"] for p in c.get("ports") or []]
             urls.append(f"http://{ip}:{ports[0]['containerPort']}")
     if not urls:

@@ -74,6 +74,17 @@ LORA_REQUESTS_INFO_NAMES = (LORA_REQUESTS_INFO, VLLM_LORA_REQUESTS_INFO)
 SLO_REQUESTS = "plimsoll_slo_requests_total"
 # The objectives in force, seconds (label objective=ttft|tpot|e2e); absent until set.
 SLO_OBJECTIVE_SECONDS = "plimsoll_slo_objective_seconds"
+# Token-aware load (plimsoll.ttft_prediction): the queue in tokens, the replica's measured rates, and
+# what they predict. Gauges; absent until the replica has measured its rates (the backlog, the TTFT).
+PROMPT_TOKENS_WAITING = "plimsoll_prompt_tokens_waiting"  # prompt tokens not yet prefilled
+DECODE_TOKENS_REMAINING = "plimsoll_decode_tokens_remaining"  # tokens running sequences may still generate
+PREFILL_TOKENS_PER_SECOND = "plimsoll_prefill_tokens_per_second"  # measured prefill rate
+DECODE_STEP_SECONDS = "plimsoll_decode_step_seconds"  # measured decode step
+BACKLOG_SECONDS = "plimsoll_backlog_seconds"  # a request arriving now waits this long before its prefill
+# TTFT predicted for a request of the recent mean prompt length arriving now.
+PREDICTED_TTFT_SECONDS = "plimsoll_predicted_ttft_seconds"
+# Sleep mode: 0 awake, 1 or 2 the level it sleeps at (vLLM: vllm:engine_sleep_state).
+ENGINE_SLEEP_LEVEL = "plimsoll_engine_sleep_level"
 
 # vLLM 0.32 histogram buckets (+Inf implied).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -13,8 +13,12 @@ replicas a load needs, with every step shown —
   GPU, KV bytes per token per GPU (its KV heads only);
 - KV bytes per token = 2 × layers × kv_heads (per GPU) × head_dim × KV dtype bytes (int8:
   head_dim + 4 bytes per row, the float32 scale the runtime stores with each token and KV head);
-- KV tokens that fit = (GPU memory × memory fraction − weight bytes per GPU) ÷ KV bytes
-  per token per GPU (every GPU holds the same tokens: block tables are shared);
+- KV tokens that fit: the rule ``plimsoll serve`` applies (``plimsoll.kv_memory``, vLLM's
+  ``--gpu-memory-utilization``): GPU memory × memory fraction, less the weights per GPU,
+  the activations of the largest step and the sampler's tensors (estimated here from
+  ``--max-num-batched-tokens`` and ``--max-num-seqs``; the engine measures them), and
+  memory outside torch, ÷ KV bytes per token per GPU, in whole blocks (every GPU holds the
+  same tokens: block tables are shared);
 - GPUs a replica needs: the smallest valid split whose weights per GPU leave room for
   one sequence at full context;
 - concurrent sequences at a context length = KV tokens ÷ context length;
@@ -22,11 +26,10 @@ replicas a load needs, with every step shown —
   concurrency and a target load (concurrency, or requests/s × latency by
   Little's law): replicas = ceil(load ÷ per-replica), GPUs = replicas × GPUs per replica.
 
-What it is not: a memory profiler. Activation workspace, CUDA graphs, the CPU
-matmul library's cached primitives (~1 MiB per shape: models/dense.py) and
-allocator fragmentation are not modelled (the memory fraction is where to leave
-room for them), and the sequence count assumes every request uses the whole
-context, so it is a floor on what really fits.
+What it is not: a memory profiler. The activation and outside-torch figures are
+estimates where the engine measures (its start-up line prints both), CUDA graphs
+and allocator fragmentation are not modelled, and the sequence count assumes
+every request uses the whole context, so it is a floor on what really fits.
 """
 
 import json
@@ -40,6 +43,15 @@ import typer
 
 from plimsoll import tp_split
 from plimsoll.byte_size import parse_bytes
+from plimsoll.kv_memory import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    NON_TORCH_BYTES_ESTIMATE,
+    KVCacheBudget,
+    activation_bytes_estimate,
+)
 
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
@@ -191,9 +203,68 @@ def kv_bytes_per_token_per_gpu(d: ModelDims, tp: int, kv_dtype: str) -> float:
     return 2 * d.layers * kv_heads * d.head_dim * dtype_bytes(kv_dtype)
 
 
+@dataclass(frozen=True, slots=True)
+class EngineShape:
+    """The engine settings the KV budget depends on (``plimsoll serve``'s defaults)."""
+
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    block_size: int = DEFAULT_BLOCK_SIZE
+    non_torch: int = NON_TORCH_BYTES_ESTIMATE  # what CUDA libraries hold outside torch (an estimate)
+
+
+def activations_per_gpu(d: ModelDims, tp: int, dtype: str, engine: EngineShape) -> int:
+    """``kv_memory.activation_bytes_estimate`` for this model's per-GPU shapes."""
+    return int(
+        activation_bytes_estimate(
+            hidden=d.hidden,
+            intermediate=d.intermediate // tp,
+            q_dim=d.heads * d.head_dim // tp,
+            kv_dim=tp_split.kv_heads_per_rank(d.kv_heads, tp) * d.head_dim,
+            vocab=d.vocab,
+            dtype_bytes=dtype_bytes("bf16" if dtype.lower() in ("int8", "int4", "fp8") else dtype),
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_logit_rows=engine.max_num_seqs,
+        )
+    )
+
+
 def _draft_split(draft: ModelDims, tp: int) -> int:
     """The draft's ranks: the target's split where its heads allow it, else one (replicated)."""
     return tp if tp_split.split_error(draft.heads, draft.kv_heads, draft.intermediate, tp) is None else 1
+
+
+def kv_budget(
+    d: ModelDims,
+    gpu_memory: int,
+    tp: int,
+    dtype: str,
+    kv_dtype: str,
+    memory_fraction: float,
+    engine: EngineShape,
+    draft: ModelDims | None = None,
+) -> KVCacheBudget:
+    """The engine's KV rule on one GPU of a ``tp``-way replica, with the weights, activations and
+    outside-torch memory estimated. With a ``draft`` model its weights share the GPU and each token
+    also sits in its KV cache; its steps run apart from the target's, so the larger of the two
+    models' activations is the peak."""
+    weights = math.ceil(weight_bytes_per_gpu(d, tp, dtype))
+    per_token = math.ceil(kv_bytes_per_token_per_gpu(d, tp, kv_dtype))
+    activations = activations_per_gpu(d, tp, dtype, engine)
+    if draft is not None:
+        dtp = _draft_split(draft, tp)
+        weights += math.ceil(weight_bytes_per_gpu(draft, dtp, dtype))
+        per_token += math.ceil(kv_bytes_per_token_per_gpu(draft, dtp, kv_dtype))
+        activations = max(activations, activations_per_gpu(draft, dtp, dtype, engine))
+    return KVCacheBudget(
+        total=gpu_memory,
+        utilization=memory_fraction,
+        weights=weights,
+        activations=activations,
+        non_torch=engine.non_torch,
+        bytes_per_token=per_token,
+        block_size=engine.block_size,
+    )
 
 
 def gpus_needed(
@@ -203,19 +274,18 @@ def gpus_needed(
     kv_dtype: str,
     memory_fraction: float,
     context_length: int,
+    engine: EngineShape = EngineShape(),
     draft: ModelDims | None = None,
 ) -> int | None:
-    """The smallest tensor-parallel size (up to 64) whose weights per GPU leave room for one full sequence."""
+    """The smallest tensor-parallel size (up to 64) whose weights and activations per GPU leave room
+    for one full sequence."""
     for tp in range(1, 65):
         if tp_split.split_error(d.heads, d.kv_heads, d.intermediate, tp) is not None:
             continue
-        room = gpu_memory * memory_fraction - weight_bytes_per_gpu(d, tp, dtype)
-        per_token = kv_bytes_per_token_per_gpu(d, tp, kv_dtype)
-        if draft is not None:
-            dtp = _draft_split(draft, tp)
-            room -= weight_bytes_per_gpu(draft, dtp, dtype)
-            per_token += kv_bytes_per_token_per_gpu(draft, dtp, kv_dtype)
-        if room >= per_token * context_length:
+        if (
+            kv_budget(d, gpu_memory, tp, dtype, kv_dtype, memory_fraction, engine, draft).num_tokens
+            >= context_length
+        ):
             return tp
     return None
 
@@ -239,9 +309,10 @@ def make_plan(
     gpu_memory: int,
     dtype: str = "bf16",
     kv_dtype: str | None = None,
-    memory_fraction: float = 0.9,
+    memory_fraction: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     context_length: int = 4096,
     gpus_per_replica: int = 1,
+    engine: EngineShape = EngineShape(),
     per_replica: float | None = None,
     per_replica_source: str | None = None,
     target_concurrency: float | None = None,
@@ -323,31 +394,47 @@ def make_plan(
             f"{fmt_bytes(gpu_memory)} × 1 GPU × {memory_fraction:g} = {fmt_bytes(usable)}{per_gpu}",
         )
     )
-    needed = gpus_needed(dims, gpu_memory, dtype, kv_name, memory_fraction, context_length, draft)
+    needed = gpus_needed(dims, gpu_memory, dtype, kv_name, memory_fraction, context_length, engine, draft)
     steps.append(
         Step(
             "GPUs needed",
             needed if needed is not None else "more than 64",
-            "the smallest tensor-parallel split whose weights per GPU leave room for one "
+            "the smallest tensor-parallel split whose weights and activations per GPU leave room for one "
             f"{context_length:,}-token sequence",
         )
     )
-    kv_budget = usable - weights  # with a draft model, both models' weights
-    if kv_budget <= 0:
+    budget = kv_budget(dims, gpu_memory, tp, dtype, kv_name, memory_fraction, engine, draft)
+    steps.append(
+        Step(
+            "activations",
+            budget.activations,
+            f"estimate for a {engine.max_num_batched_tokens:,}-token step and {engine.max_num_seqs} sampled rows "
+            f"(the engine measures it at start) = {fmt_bytes(budget.activations)}{per_gpu}",
+        )
+    )
+    steps.append(
+        Step(
+            "outside torch",
+            budget.non_torch,
+            f"CUDA libraries' workspaces, estimate = {fmt_bytes(budget.non_torch)}",
+        )
+    )
+    if budget.kv_bytes <= 0:
         fix = (
             f"at least {needed} GPUs per replica (--gpus-per-replica {needed})"
             if needed
             else "more GPUs per replica"
         )
         raise PlanError(
-            f"the weights ({fmt_bytes(weights)}{per_gpu}) do not fit in {fmt_bytes(usable)}; use {fix}, "
-            "a smaller --dtype, or a larger --memory-fraction"
+            f"the weights ({fmt_bytes(weights)}{per_gpu}) and activations ({fmt_bytes(budget.activations)}) do not "
+            f"fit in {fmt_bytes(usable)}; use {fix}, a smaller --dtype, or a larger --memory-fraction"
         )
     steps.append(
         Step(
             "KV budget",
-            kv_budget,
-            f"{fmt_bytes(usable)} − {fmt_bytes(weights)} = {fmt_bytes(kv_budget)}{per_gpu}",
+            budget.kv_bytes,
+            f"{fmt_bytes(usable)} − {fmt_bytes(weights)} − {fmt_bytes(budget.activations)} − "
+            f"{fmt_bytes(budget.non_torch)} = {fmt_bytes(budget.kv_bytes)}{per_gpu}",
         )
     )
     per_token = kv_bytes_per_token_per_gpu(dims, tp, kv_name)
@@ -371,8 +458,15 @@ def make_plan(
         )
         per_token += draft_token
     steps.append(Step("KV bytes per token", per_token, how))
-    tokens = math.floor(kv_budget / per_token)
-    steps.append(Step("KV tokens that fit", tokens, f"{kv_budget:,.0f} B / {per_token:,.0f} B = {tokens:,}"))
+    tokens = budget.num_tokens
+    steps.append(
+        Step(
+            "KV tokens that fit",
+            tokens,
+            f"floor({budget.kv_bytes:,} B / ({budget.bytes_per_token:,} B × {engine.block_size})) = "
+            f"{budget.num_blocks:,} whole blocks × {engine.block_size} = {tokens:,}",
+        )
+    )
     if dims.max_position is not None and context_length > dims.max_position:
         raise PlanError(
             f"--context-length {context_length} exceeds the model's max_position_embeddings "
@@ -496,7 +590,14 @@ def plan(
     gpu_memory: Annotated[str, typer.Option(help="Memory of one GPU, e.g. 80GiB or 80GB.")],
     dtype: Annotated[str, typer.Option(help="Weight dtype: bf16, fp16, fp32, fp8, int8, int4.")] = "bf16",
     kv_dtype: Annotated[str | None, typer.Option(help="KV-cache dtype (default: the weight dtype).")] = None,
-    memory_fraction: Annotated[float, typer.Option(help="Share of GPU memory the engine may use.")] = 0.9,
+    memory_fraction: Annotated[
+        float,
+        typer.Option(
+            "--memory-fraction",
+            "--gpu-memory-utilization",
+            help="Share of GPU memory the engine may use (`plimsoll serve --gpu-memory-utilization`).",
+        ),
+    ] = DEFAULT_GPU_MEMORY_UTILIZATION,
     context_length: Annotated[int, typer.Option(help="Tokens per sequence (prompt + output).")] = 4096,
     gpus_per_replica: Annotated[
         int,
@@ -542,6 +643,13 @@ def plan(
     pd_output_tokens: Annotated[
         float | None, typer.Option(help="Output tokens per request for the prediction (default: the report's).")
     ] = None,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(min=1, help="The engine's --max-num-batched-tokens (its largest step).")
+    ] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: Annotated[
+        int, typer.Option(min=1, help="The engine's --max-num-seqs.")
+    ] = DEFAULT_MAX_NUM_SEQS,
+    block_size: Annotated[int, typer.Option(min=1, help="The engine's --block-size.")] = DEFAULT_BLOCK_SIZE,
     draft_model_config: Annotated[
         Path | None,
         typer.Option(
@@ -581,6 +689,7 @@ def plan(
             memory_fraction=memory_fraction,
             context_length=context_length,
             gpus_per_replica=gpus_per_replica,
+            engine=EngineShape(max_num_batched_tokens, max_num_seqs, block_size),
             per_replica=per_replica,
             per_replica_source=source,
             target_concurrency=target_concurrency,
@@ -617,7 +726,7 @@ def plan(
         if s.name == "KV bytes per token":
             value = f"{s.value:,.0f} B"
         elif isinstance(s.value, int | float) and (
-            "bytes" in s.name or s.name in ("usable memory", "KV budget")
+            "bytes" in s.name or s.name in ("usable memory", "KV budget", "activations", "outside torch")
         ):
             value = fmt_bytes(s.value)
         elif isinstance(s.value, int):

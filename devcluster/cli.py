@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from plimsoll.devcluster.cluster import Cluster
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -21,6 +25,17 @@ STATE_DIR_OPTION = typer.Option(
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
+
+
+def _running_cluster(state_dir: Path | None) -> Cluster:
+    """The control plane ``up`` started in ``state_dir``; exit 1 saying so when there is none."""
+    from plimsoll.devcluster.cluster import Cluster
+
+    try:
+        return Cluster.load(state_dir)
+    except FileNotFoundError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from exc
 
 
 @app.command("up")
@@ -46,14 +61,10 @@ def up(
         if build_only:
             console.print("binaries built")
             return
-        try:
-            running = Cluster.load(state_dir)
-            if running.is_running():
-                console.print(f"already running; kubeconfig: {running.kubeconfig}")
-                return
-            running.stop()  # a partial leftover: clean it up first
-        except FileNotFoundError:
-            pass
+        running = Cluster.load_running(state_dir)
+        if running is not None:
+            console.print(f"already running; kubeconfig: {running.kubeconfig}")
+            return
         cluster = Cluster(state_dir, pod_runner=pod_runner)
         started = time.monotonic()
         with console.status("starting etcd, kube-apiserver, controller-manager, scheduler, kwok …"):
@@ -91,13 +102,7 @@ def status(state_dir: Path | None = STATE_DIR_OPTION) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from plimsoll.devcluster.cluster import Cluster
-
-    try:
-        cluster = Cluster.load(state_dir)
-    except FileNotFoundError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(1) from exc
+    cluster = _running_cluster(state_dir)
     table = Table("component", "pid", "state", "rss", "log")
     rows = cluster.status()
     for s in rows:
@@ -116,11 +121,4 @@ def status(state_dir: Path | None = STATE_DIR_OPTION) -> None:
 @app.command("kubeconfig")
 def kubeconfig(state_dir: Path | None = STATE_DIR_OPTION) -> None:
     """Print the admin kubeconfig path (use: export KUBECONFIG=$(plimsoll dev kubeconfig))."""
-    from plimsoll.devcluster.cluster import Cluster
-
-    try:
-        cluster = Cluster.load(state_dir)
-    except FileNotFoundError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(1) from exc
-    typer.echo(str(cluster.kubeconfig))
+    typer.echo(str(_running_cluster(state_dir).kubeconfig))

@@ -289,6 +289,19 @@ class Cluster:
         cluster.records = {r["name"]: ProcessRecord.from_json(r) for r in data["processes"]}
         return cluster
 
+    @classmethod
+    def load_running(cls, state_dir: Path | None = None) -> Cluster | None:
+        """The control plane already running from ``state_dir``, or None; a partial leftover (some
+        components dead) is stopped first, so that a new one can start there."""
+        try:
+            running = cls.load(state_dir)
+        except FileNotFoundError:
+            return None
+        if running.is_running():
+            return running
+        running.stop()
+        return None
+
     def status(self) -> list[ComponentStatus]:
         """Each recorded process: alive or not, resident memory, log path."""
         out = []
@@ -418,14 +431,10 @@ class Cluster:
 
     def _kcm_argv(self) -> list[str]:
         p = self.pki
-        kc = str(self.kubeconfig)
         return [
             str(paths.binary("kube-controller-manager")),
-            f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports['kcm']}",
+            f"--kubeconfig={self.kubeconfig}",
+            *self._secure_serving_args("kcm"),
             f"--cert-dir={self.state_dir / 'kcm'}",
             "--leader-elect=false",
             "--controllers=*",
@@ -435,7 +444,6 @@ class Cluster:
             f"--cluster-signing-key-file={p.ca_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--horizontal-pod-autoscaler-sync-period=5s",
-            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
             "--v=1",
         ]
 
@@ -451,16 +459,23 @@ class Cluster:
                 }
             )
         )
-        kc = str(self.kubeconfig)
         return [
             str(paths.binary("kube-scheduler")),
             f"--config={cfg}",
+            *self._secure_serving_args("scheduler"),
+            "--v=1",
+        ]
+
+    def _secure_serving_args(self, component: str) -> list[str]:
+        """What kube-controller-manager and kube-scheduler serve with: authentication and authorization
+        delegated through the admin kubeconfig, on loopback at their own port, health and metrics open."""
+        kc = str(self.kubeconfig)
+        return [
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports['scheduler']}",
+            f"--secure-port={self.ports[component]}",
             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-            "--v=1",
         ]
 
     def _kwok_argv(self, config: Path) -> list[str]:

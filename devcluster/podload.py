@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from plimsoll.devcluster.kubeapi import KubeAPI, KubeAPIError
+from plimsoll.pods import pod_is_ready
 
 GROUP_PATH = "/apis/plimsoll.dev/v1alpha1"
 DEFAULT_PORT = 8000
@@ -300,11 +301,8 @@ class PodLoad:
 def ready_url(pod: dict[str, Any]) -> str | None:
     """``http://<podIP>:<port named http>`` for a Ready pod on a loopback IP not being deleted, else None."""
     status = pod.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
     ip = status.get("podIP")
-    if not ready or not ip or pod["metadata"].get("deletionTimestamp"):
+    if not pod_is_ready(pod) or not ip or pod["metadata"].get("deletionTimestamp"):
         return None
     if not ipaddress.ip_address(ip).is_loopback:
         return None  # the loopback rule: load goes to 127.0.0.0/8 only, whatever the cluster says

@@ -330,12 +330,12 @@ def pod_status(
     before = {c["type"]: c for c in previous_conditions}
     conditions = []
     for ctype, ok in wanted.items():
-        status = "True" if ok else "False"
+        state = "True" if ok else "False"
         prev = before.get(ctype)
-        cond: dict[str, Any] = {"type": ctype, "status": status}
+        cond: dict[str, Any] = {"type": ctype, "status": state}
         cond["lastTransitionTime"] = (
             prev["lastTransitionTime"]
-            if prev and prev.get("status") == status and prev.get("lastTransitionTime")
+            if prev and prev.get("status") == state and prev.get("lastTransitionTime")
             else now
         )
         if not ok and ctype in ("Ready", "ContainersReady"):
@@ -343,7 +343,11 @@ def pod_status(
             not_ready = [c.name for c in containers if not c.ready]
             cond["message"] = f"containers with unready status: [{' '.join(not_ready)}]"
         conditions.append(cond)
-    status = {"phase": phase, "conditions": conditions, "containerStatuses": [c.status() for c in containers]}
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": conditions,
+        "containerStatuses": [c.status() for c in containers],
+    }
     if inits:
         status["initContainerStatuses"] = [c.status() for c in inits]
     return status

@@ -183,9 +183,12 @@ def build_app(config: RouterConfig) -> Starlette:
 
     async def hold(_: Request) -> Response:
         """What the operator polls each tick to scale from zero: held requests and the cold-start basis."""
+        # shedSloTotal: requests refused because every replica would miss their TTFT bound (the operator's
+        # SLO attainment counts them as misses).
+        shed = {"shedSloTotal": state.proxy.shed_slo_total if state.proxy is not None else 0}
         if state.hold is None:
-            return JSONResponse({"held": 0, "capacity": 0, "enabled": False})
-        return JSONResponse({"enabled": True, **state.hold.demand()})
+            return JSONResponse({"held": 0, "capacity": 0, "enabled": False, **shed})
+        return JSONResponse({"enabled": True, **state.hold.demand(), **shed})
 
     async def metrics(_: Request) -> Response:
         pools = state.replica_set

@@ -41,10 +41,24 @@ class Replica:
     # sit in its GPU slots, so a request for one costs no adapter swap.
     adapters: frozenset[str] | None = None
     active_adapters: frozenset[str] = frozenset()
+    # Its measured capacity relative to the others (an LLMService's hardware variants: the
+    # in-flight one replica of its variant carries at its target); 1.0 when all are alike.
+    weight: float = 1.0
+    # Token-aware load from the replica's /metrics (plimsoll.ttft_prediction; None: not exported): its
+    # backlog in seconds and the rates it measured, and the router's in-flight when it was read.
+    backlog_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_step_s: float | None = None
+    inflight_at_scrape: int = 0
 
     @property
     def is_ready(self) -> bool:
         return self.discovered_ready and self.reachable and not self.draining
+
+    @property
+    def relative_load(self) -> float:
+        """Load per unit of capacity: what least-in-flight evens out (equal weights: the load's order)."""
+        return self.load / self.weight
 
     @property
     def load(self) -> float:
@@ -129,6 +143,24 @@ class ReplicaSet:
             return
         replica.waiting, replica.running, replica.engine = waiting, running, engine
         replica.last_scrape = time.monotonic()
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Each listed replica's capacity weight (others 1.0); a change rebuilds what hashes by weight."""
+        changed = False
+        for url, replica in self.replicas.items():
+            weight = weights.get(url, 1.0)
+            if weight > 0 and replica.weight != weight:
+                replica.weight, changed = weight, True
+        if changed:
+            self._notify()
+    def record_load(
+        self, url: str, *, backlog_s: float | None, prefill_tokens_per_s: float | None, decode_step_s: float | None
+    ) -> None:
+        """The replica's backlog and rates as just scraped (``slo_routing.py`` predicts TTFT from them)."""
+        replica = self.replicas.get(url)
+        if replica is not None:
+            replica.backlog_s, replica.prefill_tokens_per_s = backlog_s, prefill_tokens_per_s
+            replica.decode_step_s, replica.inflight_at_scrape = decode_step_s, replica.inflight
 
     def record_adapters(self, url: str, *, adapters: frozenset[str] | None, active: frozenset[str]) -> None:
         replica = self.replicas.get(url)

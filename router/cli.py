@@ -139,6 +139,12 @@ def route(
         "hashes prompts into the engine's KV block hashes."
     ),
     kv_block_size: int = typer.Option(16, help="The replicas' KV block size until their events say it."),
+    slo_ttft_ms: float | None = typer.Option(
+        None, "--slo-ttft-ms", min=1,
+        help="Refuse at once (429, Retry-After, x-plimsoll-overload: service) a request every ready replica is "
+        "predicted to answer later than this (its own x-slo-ttft-ms wins), and send the others only to replicas "
+        "predicted to meet it.",
+    ),
     log_level: str = typer.Option("info", help="Log level."),
     otlp_traces_endpoint: str | None = typer.Option(
         None, envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -171,6 +177,7 @@ def route(
             retry_after_seconds=retry_after, prefix_chars=prefix_chars, load_factor=load_factor,
             virtual_nodes=virtual_nodes, lanes=lanes, scrape_interval_s=scrape_interval,
             metrics_engine=metrics_engine, hold_queue=hold_queue, hold_timeout_s=hold_timeout,
+            slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1000,
             release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
             inference_objectives=objectives, api_key=api_key, tenant_keys=tenant_keys,
             max_request_bytes=max_request_bytes, trust_gateway_headers=trust_gateway_headers,

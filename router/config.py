@@ -99,6 +99,9 @@ class RouterConfig(BaseModel):
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # x-gateway-inference-* headers from clients are dropped unless a gateway in front sets them.
     trust_gateway_headers: bool = False
+    # Predicted-TTFT routing (router/slo_routing.py): the TTFT bound of a request without x-slo-ttft-ms;
+    # None holds only requests that carry one to a bound.
+    slo_ttft_s: float | None = Field(default=None, gt=0)
 
     @property
     def authenticates(self) -> bool:

@@ -5,6 +5,10 @@ What it is: a list-then-watch loop over the pods selected by the LLMService
 ``app.kubernetes.io/instance=<name>,app.kubernetes.io/component=replica``), turning each pod into a replica URL
 ``http://<pod IP>:<port>`` whose readiness is the pod's Ready condition.
 
+Each pod's ``plimsoll.dev/variant`` label and the LLMService's
+``status.variants.<name>.weight`` (read with the status) weigh the replicas of a
+service with hardware variants by their measured capacity.
+
 What it is not: EndpointSlice-based. The API server rejects loopback addresses
 in EndpointSlices, and test pods here run on 127.0.0.0/8, so pods are the one
 source that works both here and in a cluster.
@@ -18,6 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from plimsoll.pods import pod_is_ready
 from plimsoll.router.backends import ReplicaSet
 from plimsoll.router.config import RouterConfig
 
@@ -28,12 +33,29 @@ log = logging.getLogger(__name__)
 DRAINING_LABEL = "plimsoll.dev/draining"
 # A split fleet's pool of each replica (prefill or decode), set by the operator (spec.disaggregation).
 ROLE_LABEL = "plimsoll.dev/role"
+# An LLMService's hardware variant a replica belongs to; status.variants.<name>.weight is what one
+# replica of it carries (operator/resources/variants.py), the weight the router gives it.
+VARIANT_LABEL = "plimsoll.dev/variant"
+# Set by the operator on replicas parked asleep (autoscaling.standby): nothing goes there either.
+STANDBY_LABEL = "plimsoll.dev/standby"
 # How often the LLMService's status is read (the hold queue takes the measured cold starts from it).
 STATUS_POLL_S = 5.0
 
 
+def variant_weights(status: dict[str, Any]) -> dict[str, float]:
+    """Per variant, the weight the operator measured (``status.variants.<name>.weight``)."""
+    out = {}
+    for name, entry in (status.get("variants") or {}).items():
+        weight = (entry or {}).get("weight")
+        if isinstance(weight, int | float) and weight > 0:
+            out[str(name)] = float(weight)
+    return out
+
+
 def is_draining(pod: dict[str, Any]) -> bool:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(DRAINING_LABEL) == "true"
+    """Marked for removal, or parked in standby: routed nothing new."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(DRAINING_LABEL) == "true" or labels.get(STANDBY_LABEL) == "true"
 
 
 def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | None:
@@ -48,9 +70,7 @@ def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | N
         for container_port in container.get("ports") or []:
             if container_port.get("name") == "http":
                 port = int(container_port["containerPort"])
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
+    ready = pod_is_ready(pod)
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{port}", ready
 
@@ -73,6 +93,9 @@ class PodDiscovery:
         self._replica_set = replica_set
         # pod name -> URL, so a DELETED event can be mapped back even without its IP.
         self._pods: dict[str, str] = {}
+        # URL -> the pod's hardware variant, and each variant's weight from the LLMService's status.
+        self._variants: dict[str, str] = {}
+        self._weights: dict[str, float] = {}
 
     async def run(self) -> None:
         from kubernetes_asyncio import client, config, watch
@@ -117,7 +140,9 @@ class PodDiscovery:
                     self._config.crd_group, self._config.crd_version, self._config.namespace, "llmservices",
                     self._name,
                 )
-                self._on_status(dict(service.get("status") or {}))
+                status = dict(service.get("status") or {})
+                self._on_status(status)
+                self.take_weights(status)
             except ApiException as exc:
                 log.debug("cannot read LLMService %s status: %s", self._name, exc.reason)
             await asyncio.sleep(STATUS_POLL_S)
@@ -143,8 +168,27 @@ class PodDiscovery:
         selector = (service.get("status") or {}).get("selector")
         return selector if isinstance(selector, str) and selector else fallback
 
+    def take_weights(self, status: dict[str, Any]) -> None:
+        """Weigh each replica by its variant's measured capacity (status.variants; others 1.0)."""
+        self._weights = variant_weights(status)
+        self._reweigh()
+
+    def _reweigh(self) -> None:
+        if self._weights or any(r.weight != 1.0 for r in self._replica_set.replicas.values()):
+            self._replica_set.set_weights(
+                {url: self._weights.get(v, 1.0) for url, v in self._variants.items()}
+            )
+
+    def _note_variant(self, url: str, pod: dict[str, Any]) -> None:
+        variant = ((pod.get("metadata") or {}).get("labels") or {}).get(VARIANT_LABEL)
+        if variant:
+            self._variants[url] = str(variant)
+        else:
+            self._variants.pop(url, None)
+
     def _replace(self, pods: list[dict[str, Any]]) -> None:
         self._pods.clear()
+        self._variants.clear()
         ready: dict[str, bool] = {}
         draining: list[str] = []
         for pod in pods:
@@ -152,9 +196,11 @@ class PodDiscovery:
             if endpoint is not None:
                 self._pods[pod["metadata"]["name"]] = endpoint[0]
                 ready[endpoint[0]] = endpoint[1]
+                self._note_variant(endpoint[0], pod)
                 if is_draining(pod):
                     draining.append(endpoint[0])
         self._replica_set.replace(ready, ready, draining)
+        self._reweigh()
 
     def _apply(self, event_type: str, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -163,9 +209,13 @@ class PodDiscovery:
         if endpoint is None:
             if old_url is not None:
                 self._replica_set.remove(old_url)
+                self._variants.pop(old_url, None)
             return
         url, ready = endpoint
         if old_url is not None and old_url != url:
             self._replica_set.remove(old_url)
+            self._variants.pop(old_url, None)
         self._pods[name] = url
+        self._note_variant(url, pod)
         self._replica_set.upsert(url, ready, draining=is_draining(pod))
+        self._reweigh()

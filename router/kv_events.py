@@ -181,7 +181,7 @@ class _Reader(threading.Thread):
     def run(self) -> None:
         import zmq
 
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         poller = zmq.Poller()
         sockets: dict[str, Any] = {}
         replica_of: dict[Any, str] = {}

@@ -57,7 +57,7 @@ class RouterMetrics:
         self.upstream_errors = Counter(UPSTREAM_ERRORS, "Failures talking to a replica, by kind "
                                        "(connect, read, stream_broken).", ["replica", "kind"], registry=r)
         self.rejections = Counter(REJECTIONS, "Requests the router answered itself, by reason "
-                                  "(saturated -> 429, hold_full -> 429, no_replica -> 503, hold_timeout -> 503, "
+                                  "(saturated -> 429, hold_full -> 429, slo_ttft -> 429, no_replica -> 503, hold_timeout -> 503, "
                                   "upstream_failed -> 502).",
                                   ["reason"], registry=r)
         self.duration = Histogram(REQUEST_DURATION, "Request latency through the router, arrival to last byte.",

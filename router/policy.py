@@ -7,7 +7,10 @@ of the request's model and the prompt's leading characters with bounded load),
 optional length lanes in front of any of them, and LoRA adapter affinity: a
 request whose ``model`` is an adapter some replicas serve goes to one of those,
 preferring replicas where it is already active (no adapter swap) unless that
-would overload them. Each decision carries a reason that ends up in
+would overload them. Replicas are weighed by their measured capacity
+(``Replica.weight``: an LLMService's hardware variants): least in-flight evens out
+load per unit of weight, and the hash ring and the bounded load give a replica
+keys and load in proportion to its weight. Each decision carries a reason that ends up in
 ``plimsoll_router_routing_decisions_total``. What it is not: I/O; the proxy
 calls :meth:`Router.choose` and does the HTTP.
 """
@@ -59,10 +62,17 @@ class RequestFeatures:
         text, prompt_tokens = _prompt_text(body, chars_per_token)
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         extra = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 0
-        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        model = body.get("model")
+        if not isinstance(model, str):
+            model = ""
         # The model is part of the key: the same prompt under two adapters has two KV prefixes.
         key = f"{model}\n{text[:prefix_chars]}" if text and model else text[:prefix_chars]
         return cls(prefix_key=key, estimated_tokens=prompt_tokens + extra, model=model)
+
+
+def prompt_tokens(body: Any, chars_per_token: float = 4.0) -> int:
+    """A request body's estimated prompt tokens (0 for anything unexpected)."""
+    return _prompt_text(body, chars_per_token)[1] if isinstance(body, dict) else 0
 
 
 def _prompt_text(body: dict[str, Any], chars_per_token: float) -> tuple[str, int]:
@@ -117,7 +127,11 @@ class RoundRobin:
 
 
 class LeastInflight:
-    """The candidate with the least load (own in-flight + scraped waiting); ties taken in turn."""
+    """The candidate with the least load (own in-flight + scraped waiting) per unit of its weight.
+
+    Ties go to the heaviest, then in turn. With equal weights that is the least load; a replica
+    of a variant measured to carry twice as much is sent requests until it holds twice as many.
+    """
 
     name = "least_inflight"
 
@@ -125,8 +139,12 @@ class LeastInflight:
         self._tie_break = 0
 
     def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
-        lowest = min(r.load for r in candidates)
-        tied = [r for r in candidates if r.load == lowest]
+        lowest = min(r.relative_load for r in candidates)
+        tied = [r for r in candidates if r.relative_load == lowest]
+        # Of replicas equally loaded for their size (all idle, say) the heaviest goes first: it
+        # finishes soonest, and the light ones still get their share once it holds its part.
+        heaviest = max(r.weight for r in tied)
+        tied = [r for r in tied if r.weight == heaviest]
         replica = tied[self._tie_break % len(tied)]
         self._tie_break += 1
         return Decision(replica, "least_inflight")
@@ -136,11 +154,35 @@ def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
-class HashRing:
-    """A consistent-hash ring with `virtual_nodes` points per replica URL."""
+def weighted_cap(load_factor: float, total: float, weight: float, weights: float) -> int:
+    """Bounded load for one replica: ``ceil(load_factor × (total load + 1) × its share of the weight)``.
 
-    def __init__(self, urls: Iterable[str], virtual_nodes: int) -> None:
-        points = sorted((_hash64(f"{url}#{i}"), url) for url in urls for i in range(virtual_nodes))
+    With equal weights the share is 1/candidates, the bound of consistent hashing with
+    bounded loads; a replica with twice the weight may hold twice the load.
+    """
+    return math.ceil(load_factor * (total + 1) * weight / weights)
+
+
+class HashRing:
+    """A consistent-hash ring with `virtual_nodes` points per replica URL (fewer for a lighter weight).
+
+    With ``weights`` a replica gets ``max(1, round(virtual_nodes × weight / heaviest))`` points, so
+    its share of the keys follows its capacity; its points are a prefix of the unweighted ones, so
+    a weight change moves only the keys of the points it adds or drops.
+    """
+
+    def __init__(
+        self, urls: Iterable[str], virtual_nodes: int, weights: dict[str, float] | None = None
+    ) -> None:
+        urls = list(urls)
+        heaviest = max((weights or {}).get(u, 1.0) for u in urls) if urls else 1.0
+
+        def points_of(url: str) -> int:
+            if not weights:
+                return virtual_nodes
+            return max(1, round(virtual_nodes * weights.get(url, 1.0) / heaviest))
+
+        points = sorted((_hash64(f"{url}#{i}"), url) for url in urls for i in range(points_of(url)))
         self._hashes = [h for h, _ in points]
         self._urls = [u for _, u in points]
 
@@ -174,13 +216,19 @@ class PrefixAffinity:
         self._virtual_nodes = virtual_nodes
         self._load_factor = load_factor
         self._fallback = LeastInflight()
-        self._ring = HashRing(replica_set.replicas, virtual_nodes)
+        self._ring = self._build()
         # The ring covers every known replica, ready or not, so a replica going
         # unready only moves its own keys to the next node.
         replica_set.on_change.append(self._rebuild)
 
+    def _build(self) -> HashRing:
+        replicas = self._replica_set.replicas
+        weights = {u: r.weight for u, r in replicas.items()}
+        uneven = any(w != 1.0 for w in weights.values())
+        return HashRing(replicas, self._virtual_nodes, weights if uneven else None)
+
     def _rebuild(self) -> None:
-        self._ring = HashRing(self._replica_set.replicas, self._virtual_nodes)
+        self._ring = self._build()
 
     def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
         if not features.prefix_key:
@@ -188,13 +236,13 @@ class PrefixAffinity:
             return Decision(decision.replica, "prefix_no_key")
         by_url = {r.url: r for r in candidates}
         total = sum(r.load for r in candidates)
-        cap = math.ceil(self._load_factor * (total + 1) / len(candidates))
+        weights = sum(r.weight for r in candidates)
         first = True
         for url in self._ring.walk(features.prefix_key):
             replica = by_url.get(url)
             if replica is None:
                 continue  # not a candidate now (unready, saturated, other lane, tried)
-            if replica.load + 1 <= cap:
+            if replica.load + 1 <= weighted_cap(self._load_factor, total, replica.weight, weights):
                 return Decision(replica, "prefix_affinity" if first else "prefix_overflow")
             first = False
         # Only reachable if the ring lacks a candidate (added since the last rebuild).
@@ -238,14 +286,16 @@ class PrecisePrefix:
             return self._fallback_pick(candidates, features, "precise_fallback_stale")
         scores = self.index.score([r.url for r in candidates], features.block_hashes)
         total = sum(r.load for r in candidates)
-        cap = math.ceil(self._load_factor * (total + 1) / len(candidates))
-        eligible = [r for r in candidates if r.load + 1 <= cap] or list(candidates)
+        weights = sum(r.weight for r in candidates)
+        eligible = [
+            r for r in candidates if r.load + 1 <= weighted_cap(self._load_factor, total, r.weight, weights)
+        ] or list(candidates)
 
         def value(r: Replica) -> float:
             s = scores.get(r.url)
             return s.weighted if s is not None else 0.0
 
-        best = max(eligible, key=lambda r: (value(r), -r.load))
+        best = max(eligible, key=lambda r: (value(r), -r.relative_load))
         if value(best) <= 0.0:
             return self._fallback_pick(candidates, features, "precise_cold")
         overall = max(candidates, key=value)

@@ -30,11 +30,13 @@ from starlette.types import Receive, Scope, Send
 
 from plimsoll.auth import bearer_matches
 from plimsoll.objectives import FAIRNESS_HEADER, GATEWAY_HEADER_PREFIX, OBJECTIVE_HEADER, objective_priority
+from plimsoll.overload import OVERLOAD_HEADER, SERVICE
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.config import RouterConfig
 from plimsoll.router.hold import HoldFull, HoldQueue, HoldTimeout
 from plimsoll.router.metrics import RouterMetrics
-from plimsoll.router.policy import AllSaturated, NoReadyReplica, RequestFeatures, Router
+from plimsoll.router.policy import AllSaturated, NoReadyReplica, RequestFeatures, Router, prompt_tokens
+from plimsoll.router.slo_routing import SLO_TTFT_HEADER, request_bound, slo_exclusions
 from plimsoll.tracing import inject_headers, tracer
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,7 @@ class Proxy:
         self._metrics = metrics
         self._client = client
         self._chars_per_token = config.lanes.chars_per_token if config.lanes else 4.0
+        self.shed_slo_total = 0  # requests refused because every replica would miss their TTFT bound
         # --policy precise-prefix: the prompt's block hashes, computed off the event loop.
         self.prompt_tokens: Any = None
         self.kv_events: Any = None
@@ -123,7 +126,10 @@ class Proxy:
             features = dataclasses.replace(features, block_hashes=hashes)
         headers = upstream_headers(self._config, request, identity)
         target = endpoint + (f"?{request.url.query}" if request.url.query else "")
-        tried: set[str] = set()
+        # Replicas predicted to miss the request's TTFT bound are not tried; when that is all, refuse now.
+        tried, refused = self._slo_exclusions(request, parsed, endpoint, arrival)
+        if refused is not None:
+            return refused
         # Released from the hold queue: the release slot is given back when the response ends.
         held = False
         # Only generation is held: a GET (/v1/models) at zero replicas is answered 503 at once, so
@@ -281,6 +287,25 @@ class Proxy:
     def _set_inflight_gauge(self, replica: Replica) -> None:
         if self._replica_set.get(replica.url) is replica:  # a replica that left has no series
             self._metrics.inflight.labels(replica.url).set(replica.inflight)
+
+    def _slo_exclusions(
+        self, request: Request, parsed: Any, endpoint: str, arrival: float
+    ) -> tuple[set[str], Response | None]:
+        try:
+            bound = request_bound(request.headers.get(SLO_TTFT_HEADER), self._config.slo_ttft_s)
+        except ValueError as exc:
+            return set(), self._finish(error_response(400, str(exc), "BadRequestError"), endpoint, arrival,
+                                       reason="invalid_request")  # fmt: skip
+        prompt = prompt_tokens(parsed, self._chars_per_token)
+        missing, refusal = slo_exclusions(self._replica_set.ready(), prompt, bound)
+        if refusal is None:
+            return missing, None
+        self.shed_slo_total += 1
+        response = error_response(
+            429, refusal.message(), "RateLimitError",
+            headers={"Retry-After": str(refusal.retry_after_s), OVERLOAD_HEADER: SERVICE},
+        )  # fmt: skip
+        return missing, self._finish(response, endpoint, arrival, reason="slo_ttft")
 
     def _reject_saturated(self, endpoint: str, arrival: float) -> Response:
         retry_after = str(self._config.retry_after_seconds)

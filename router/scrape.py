@@ -18,7 +18,15 @@ import logging
 import httpx
 
 from plimsoll.bounded_http import METRICS_LIMIT_BYTES, MODELS_LIMIT_BYTES, SMALL_LIMIT_BYTES, fetch_capped
-from plimsoll.metric_names import ENGINE_FAMILIES, LORA_REQUESTS_INFO_NAMES, EngineMetricNames, detect_family
+from plimsoll.metric_names import (
+    BACKLOG_SECONDS,
+    DECODE_STEP_SECONDS,
+    ENGINE_FAMILIES,
+    LORA_REQUESTS_INFO_NAMES,
+    PREFILL_TOKENS_PER_SECOND,
+    EngineMetricNames,
+    detect_family,
+)
 from plimsoll.prometheus import Scrape, parse
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.metrics import RouterMetrics
@@ -46,6 +54,20 @@ def served_adapters(models: object) -> frozenset[str]:
     return frozenset(
         str(card["id"]) for card in data or [] if isinstance(card, dict) and card.get("parent") and "id" in card
     )
+
+
+def token_load(scrape: Scrape) -> dict[str, float | None]:
+    """A plimsoll replica's backlog (seconds) and measured rates, for predicted-TTFT routing (None: absent)."""
+
+    def one(name: str) -> float | None:
+        values = scrape.values(name)
+        return max(values) if values else None
+
+    return {
+        "backlog_s": one(BACKLOG_SECONDS),
+        "prefill_tokens_per_s": one(PREFILL_TOKENS_PER_SECOND),
+        "decode_step_s": one(DECODE_STEP_SECONDS),
+    }
 
 
 def parse_queue(text: str | Scrape, engine: str | None = None) -> tuple[float | None, float | None, str | None]:
@@ -115,6 +137,7 @@ class Scraper:
             log.debug("scrape of %s failed: %s", replica.url, exc)
             return
         self._replica_set.record_scrape(replica.url, waiting=waiting, running=running, engine=engine)
+        self._replica_set.record_load(replica.url, **token_load(scrape))
         active = active_adapters(scrape)
         adapters: frozenset[str] | None = None
         if active is not None:

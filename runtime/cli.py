@@ -82,7 +82,7 @@ def serve(
     kv_cache_memory: str | None = typer.Option(
         None,
         "--kv-cache-memory",
-        help="Size of the paged KV cache, e.g. 2GiB (default 1GiB).",
+        help="Size of the paged KV cache, e.g. 2GiB (default: sized from the GPU; 1GiB on CPU).",
         show_default=False,
     ),
     kv_cache_memory_bytes: int | None = typer.Option(
@@ -94,8 +94,9 @@ def serve(
     gpu_memory_utilization: float | None = typer.Option(
         None,
         "--gpu-memory-utilization",
-        help="Fraction of the GPU's memory this server may use, KV cache sized to fill it (vLLM's flag; "
-        "CUDA only).",
+        help="Share of the GPU's memory this server may hold (vLLM's flag, default 0.9 on CUDA): the KV "
+        "cache gets what the weights, the largest step and the CUDA graphs leave. "
+        "--kv-cache-memory-bytes overrides it.",
     ),
     block_size: int = typer.Option(
         _engine_default("block_size"), "--block-size", min=1, help="Tokens per KV-cache block."
@@ -364,6 +365,19 @@ def serve(
     profile_dir: str | None = typer.Option(
         None, "--profile-dir", help="Where profiles are also written (default: a fresh $TMPDIR/plimsoll-profiles-XXXX, mode 0700)."
     ),
+    enable_sleep_mode: bool = typer.Option(
+        False,
+        "--enable-sleep-mode",
+        help="Answer POST /sleep?level=1|2 and POST /wake_up (vLLM's flag; admin endpoints): level 1 frees "
+        "the KV cache and moves the weights to host memory (on CPU they are there already), level 2 drops "
+        "them too and reloads them on wake. GET /is_sleeping says which.",
+    ),
+    slo_admission: bool = typer.Option(
+        False,
+        "--slo-admission",
+        help="Refuse (429, Retry-After) a request whose predicted TTFT exceeds the TTFT objective set by "
+        "PUT /slo, when it carries no x-slo-ttft-ms header of its own (a header is honoured either way).",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     metrics_compat: str | None = typer.Option(
         None,
@@ -382,11 +396,12 @@ def serve(
     from plimsoll.runtime.engine.config import EngineConfig
     from plimsoll.runtime.serve_args import (
         ServeArgError,
+        check_device,
         check_model,
         check_port,
+        check_triton_toolchain,
         choose_model,
         environment_malloc_settings,
-        gpu_kv_cache_bytes,
         kv_cache_bytes,
         max_new_tokens,
         parse_lora_module,
@@ -394,6 +409,9 @@ def serve(
         resolve_device,
         resolve_dtype,
         served_name,
+    )
+    from plimsoll.runtime.serve_args import (
+        gpu_memory_utilization as check_utilization,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -407,12 +425,14 @@ def serve(
         served = served_name(served_model_name)
         new_tokens = max_new_tokens(max_new_tokens_flag, override_generation_config)
         device = resolve_device(device)
+        check_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
+        if attention_backend == "triton" and device.startswith("cuda"):
+            check_triton_toolchain()
         dtype = resolve_dtype(dtype, device)
         check_model(model)
         kv_size = kv_cache_bytes(kv_cache_memory, kv_cache_memory_bytes)
-        if gpu_memory_utilization is not None:
-            kv_size = gpu_kv_cache_bytes(gpu_memory_utilization, device, model)
+        utilization = check_utilization(gpu_memory_utilization, device)
         loras = [parse_lora_module(text) for text in lora_modules or []]
         if loras and not enable_lora:
             raise ServeArgError("--lora-modules needs --enable-lora")
@@ -438,6 +458,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             kv_cache_memory=kv_size,
+            **({"gpu_memory_utilization": utilization} if utilization is not None else {}),
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
@@ -463,6 +484,7 @@ def serve(
             kv_shared_timeout_s=kv_shared_timeout,
             kv_events_config=kv_events_config,
             kv_transfer_config=kv_transfer_config,
+            enable_sleep_mode=enable_sleep_mode,
             cpu_kernels=cpu_kernels,
             cpu_packed_weights=cpu_packed_weights,
             keep_freed_memory=malloc_settings is None,
@@ -487,6 +509,7 @@ def serve(
             enable_profiling=enable_profiling,
             profile_dir=profile_dir,
             inference_objectives=objectives,
+            slo_admission=slo_admission,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

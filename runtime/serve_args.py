@@ -66,6 +66,51 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(device: str) -> None:
+    """``--device cuda[:N]`` where torch sees no such device (a CPU build of torch, the CPU image on a
+    GPU node, a hidden GPU) fails here, in one line, instead of loading onto nothing."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ServeArgError(
+            f"--device {device}: torch {torch.__version__} ({build}) sees no CUDA device; run the CUDA image "
+            "(chart value engineImages.plimsollCuda) on a GPU node with the GPU requested, or pass --device cpu"
+        )
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        raise ServeArgError(
+            f"--device {device}: {torch.cuda.device_count()} CUDA device(s) are visible (0..); "
+            "pick one of them or check CUDA_VISIBLE_DEVICES"
+        )
+
+
+def check_triton_toolchain() -> None:
+    """Triton compiles a small C launcher against Python's headers at its first kernel launch; an
+    image without a C compiler or ``python3-dev`` would start, then fail its first request. Compile
+    and import a trivial module the way Triton does, now, so such an image fails at start in one
+    line (the CUDA image runs this at build time too)."""
+    try:
+        from triton.runtime.build import compile_module_from_src
+    except ImportError as exc:  # an older or newer Triton without this helper: nothing to check here
+        raise ServeArgError(f"cannot check Triton's C toolchain: {exc}; pass --attention-backend torch") from None
+    source = (
+        "#include <Python.h>\n"
+        "static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, \"plimsoll_triton_check\", NULL, -1, NULL};\n"
+        "PyMODINIT_FUNC PyInit_plimsoll_triton_check(void) { return PyModule_Create(&m); }\n"
+    )
+    try:
+        compile_module_from_src(source, "plimsoll_triton_check")
+    except Exception as exc:  # CalledProcessError, RuntimeError (no compiler), ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ServeArgError(
+            f"Triton cannot compile its kernel launcher here ({first}); install a C compiler and the Python "
+            "headers (python3-dev) in the image, or pass --attention-backend torch"
+        ) from None
+
+
 def resolve_attention_backend(backend: str, device: str) -> str:
     """``--attention-backend auto``: ``triton`` on CUDA where the triton package imports (its
     paged kernels, and decode steps replaying CUDA graphs), else ``torch``."""
@@ -134,19 +179,22 @@ def check_port(host: str, port: int) -> None:
             ) from exc
 
 
-def kv_cache_bytes(kv_cache_memory: str | None, kv_cache_memory_bytes: int | None) -> str | int:
-    """``--kv-cache-memory-bytes`` (vLLM) or ``--kv-cache-memory`` (a size like 2GiB); default 1GiB."""
+def kv_cache_bytes(kv_cache_memory: str | None, kv_cache_memory_bytes: int | None) -> str | int | None:
+    """``--kv-cache-memory-bytes`` (vLLM) or ``--kv-cache-memory`` (a size like 2GiB); None when neither
+    is given (then CUDA sizes the cache from the device, and a CPU takes 1 GiB)."""
     if kv_cache_memory is not None and kv_cache_memory_bytes is not None:
         raise ServeArgError("pass --kv-cache-memory or --kv-cache-memory-bytes, not both")
     if kv_cache_memory_bytes is not None:
         return kv_cache_memory_bytes
-    return kv_cache_memory if kv_cache_memory is not None else "1GiB"
+    return kv_cache_memory
 
 
-def gpu_kv_cache_bytes(utilization: float, device: str, model: str) -> int:
-    """vLLM's ``--gpu-memory-utilization``: this server may hold ``utilization`` × the device's
-    memory; the KV cache gets that less what is already in use there and the model's weights
-    (their file size: an estimate, exact for unquantised safetensors at the served dtype)."""
+def gpu_memory_utilization(utilization: float | None, device: str) -> float | None:
+    """vLLM's ``--gpu-memory-utilization``: the share of the device this server may hold (default
+    0.9 on CUDA, where the KV cache is sized from what the device reports after the engine
+    has loaded and warmed up); refused on a CPU, where the cache size is explicit."""
+    if utilization is None:
+        return None
     if not 0 < utilization <= 1:
         raise ServeArgError(f"--gpu-memory-utilization {utilization} must be in (0, 1], e.g. 0.9")
     if not device.startswith("cuda"):
@@ -154,22 +202,7 @@ def gpu_kv_cache_bytes(utilization: float, device: str, model: str) -> int:
             "--gpu-memory-utilization needs --device cuda; on CPU size the cache with "
             "--kv-cache-memory-bytes (or --kv-cache-memory 2GiB)"
         )
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ServeArgError("--gpu-memory-utilization: no CUDA device is visible; check CUDA_VISIBLE_DEVICES")
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    path = Path(model).expanduser()
-    files = [path] if path.is_file() else [*path.glob("*.safetensors"), *path.glob("*.gguf")]
-    weights = sum(f.stat().st_size for f in files if f.exists())
-    budget = int(utilization * total) - (total - free) - weights
-    if budget <= 0:
-        raise ServeArgError(
-            f"--gpu-memory-utilization {utilization}: {utilization:.0%} of {total / 2**30:.1f} GiB leaves no "
-            f"room for the KV cache beside {(total - free) / 2**30:.1f} GiB in use and "
-            f"{weights / 2**30:.1f} GiB of weights; raise it or free the device"
-        )
-    return budget
+    return utilization
 
 
 def environment_malloc_settings() -> str | None:

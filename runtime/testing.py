@@ -21,12 +21,17 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+from plimsoll.readiness import wait_until_ready
+
+if TYPE_CHECKING:
+    from plimsoll.runtime.engine.llm_engine import LLMEngine
+    from plimsoll.runtime.engine.outputs import RequestOutput
 
 # A minimal ChatML-style template: enough structure that a chat request and a
 # completion request tokenize differently, and an assistant turn ends in eos.
@@ -87,8 +92,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
     enough for token-exact comparisons. Idempotent: an existing complete
     directory is left as it is.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen3Config
 
     out = Path(path)
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
@@ -100,11 +104,24 @@ def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Pa
         config = Qwen3Config(**common, head_dim=16)
     else:
         raise ValueError(f"write_tiny_model: unknown arch {arch!r}; use 'llama' or 'qwen3'")
+    return save_random_model(out, config, seed=seed)
+
+
+def save_random_model(
+    directory: str | Path, config: Any, seed: int = 0, chat_template: bool = True, **from_config: Any
+) -> Path:
+    """Random weights for the transformers ``config`` (fp32 unless ``dtype`` is given), saved with the
+    byte-level tokenizer at ``directory``: the one factory of the tiny and benchmark-sized test models."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(directory)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
+    from_config.setdefault("dtype", torch.float32)
+    model = AutoModelForCausalLM.from_config(config, **from_config)  # type: ignore[no-untyped-call,unused-ignore]
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    byte_level_tokenizer().save_pretrained(out)  # type: ignore[attr-defined]
+    byte_level_tokenizer(chat_template=chat_template).save_pretrained(out)
     return out
 
 
@@ -132,8 +149,12 @@ def write_random_lora(
         return out
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     torch.manual_seed(seed)
+    # peft annotates lora_alpha as int; it only scales by alpha / r, and fractional alphas are valid.
     config = LoraConfig(
-        r=r, lora_alpha=lora_alpha, target_modules=list(target_modules), init_lora_weights=False
+        r=r,
+        lora_alpha=lora_alpha,  # type: ignore[arg-type]
+        target_modules=list(target_modules),
+        init_lora_weights=False,
     )
     with warnings.catch_warnings():
         # peft calls a transformers API that transformers marks deprecated: not ours to fix.
@@ -250,18 +271,17 @@ class ThreadedServer:
 
         self._thread = threading.Thread(target=run, name="plimsoll-test-server", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._error is not None or not self._thread.is_alive():
-                raise RuntimeError(f"the server thread stopped before /ready: {self._error!r}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
-                    if self.step_delay:
-                        self._slow_down_steps(self.step_delay)
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        thread = self._thread
+
+        def died() -> str | None:
+            if self._error is None and thread.is_alive():
+                return None
+            return f"the server thread stopped before /ready: {self._error!r}"
+
+        if wait_until_ready(f"{self.url}/ready", self.startup_timeout, died, interval_s=0.1):
+            if self.step_delay:
+                self._slow_down_steps(self.step_delay)
+            return self
         self.stop()
         raise TimeoutError(f"server not ready after {self.startup_timeout}s")
 
@@ -272,13 +292,16 @@ class ThreadedServer:
         happens" holds however fast the machine is.
         """
         core = self.engine.engine
+        if core is None:
+            raise RuntimeError("the engine has not started; call start() first")
         step = core.step
 
         def slow_step() -> Any:
             time.sleep(seconds)
             return step()
 
-        core.step = slow_step  # the engine thread looks the method up on every iteration
+        # A deliberate instance patch: the engine thread looks the method up on every iteration.
+        core.step = slow_step  # type: ignore[method-assign]
 
     def drain(self) -> None:
         """What SIGTERM does: stop admission, finish in-flight requests, then stop."""
@@ -356,19 +379,16 @@ class ServerProcess:
         return self
 
     def wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"plimsoll serve exited with code {self.proc.returncode} before /ready:\n{self.log()}"
-                )
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        proc = self.proc
+        assert proc is not None
+
+        def died() -> str | None:
+            if proc.poll() is None:
+                return None
+            return f"plimsoll serve exited with code {proc.returncode} before /ready:\n{self.log()}"
+
+        if wait_until_ready(f"{self.url}/ready", self.startup_timeout, died):
+            return
         self.stop()
         raise TimeoutError(f"plimsoll serve not ready after {self.startup_timeout}s:\n{self.log()}")
 
@@ -463,3 +483,50 @@ class KeyValueServer:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+@dataclass
+class ClosedLoopRun:
+    """What :func:`run_closed_loop` measured: the finished outputs and the time they took."""
+
+    outputs: list[RequestOutput]  # in the order they finished
+    first_wave: set[str]  # ids of the opening burst, which queue behind each other
+    wall_s: float
+    cpu_s: float  # this process's CPU time over the same span
+
+    @property
+    def steady(self) -> list[RequestOutput]:
+        """The outputs without the opening burst (all of them when nothing came after it)."""
+        return [o for o in self.outputs if o.request_id not in self.first_wave] or self.outputs
+
+    @property
+    def out_tokens(self) -> int:
+        return sum(o.metrics.num_generation_tokens for o in self.outputs)
+
+    def tpot_s(self) -> list[float]:
+        """Seconds per output token after the first, per steady request with more than one."""
+        return [
+            (o.metrics.last_token_time - o.metrics.first_token_time) / (o.metrics.num_generation_tokens - 1)  # type: ignore[operator]
+            for o in self.steady
+            if o.metrics.num_generation_tokens > 1
+        ]
+
+
+def run_closed_loop(engine: LLMEngine, concurrency: int, total: int, add: Callable[[int], str]) -> ClosedLoopRun:
+    """Drive ``engine`` in process with ``concurrency`` requests in flight until ``total`` have finished.
+
+    ``add(i)`` adds request number ``i`` to the engine and returns its id; a new one is
+    added as each finishes. The benchmark scripts measure engine throughput with it.
+    """
+    outputs: list[RequestOutput] = []
+    first_wave = {add(i) for i in range(min(concurrency, total))}
+    issued = len(first_wave)
+    t0, cpu0 = time.monotonic(), time.process_time()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs.append(out)
+                if issued < total:
+                    add(issued)
+                    issued += 1
+    return ClosedLoopRun(outputs, first_wave, time.monotonic() - t0, time.process_time() - cpu0)

@@ -29,8 +29,10 @@ saying why, a failure is printed and the next section still runs):
              speculation and LoRA at c=1, int8 KV and int8 weights against bf16. Not in the
              default list; run it with ``--sections roofline``.
 
-What it is not: a test suite (nothing asserts; it prints figures) and not a serving
-benchmark (the offline API, no HTTP; closed loop = all requests submitted at once).
+What it is not: a test suite (it prints figures; it exits 1 when a section fails or a
+check that must hold does not: greedy parity with transformers, store_kv bit-exact) and
+not a serving benchmark (the offline API, no HTTP; closed loop = all requests submitted
+at once; the server check is ``scripts/gpu_server_check.py``).
 
 Usage: ``python scripts/gpu_check.py [--budget-s 420] [--smoke]``, or
 ``bash scripts/gpu_check.sh`` which also prints versions and makes ``plimsoll``
@@ -82,8 +84,14 @@ LLAMA_1B_SHAPE = dict(
     tie_word_embeddings=False,
 )
 
-RESULTS: dict[str, Any] = {"sections": {}}
+RESULTS: dict[str, Any] = {"sections": {}, "mismatches": []}
 T0 = time.monotonic()
+
+
+def mismatch(what: str) -> None:
+    """A check that must hold did not: printed now, listed at the end, and the exit status is 1."""
+    RESULTS["mismatches"].append(what)
+    say(f"MISMATCH {what}")
 
 
 def say(line: str = "") -> None:
@@ -272,6 +280,8 @@ def kernels(smoke: bool) -> dict[str, Any]:
         at.store_kv(key, val, caches[2], caches[3], slots)
         exact = bool(torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3]))
         say(f"  {dtype_name:9s} store_kv       bit-exact = {exact}")
+        if not exact:
+            mismatch(f"kernels: Triton store_kv is not bit-exact in {dtype_name}")
         figures[f"store_kv_exact_{dtype_name}"] = exact
     # --kv-cache-dtype int8: the same batches with K/V quantised (attention/kv_int8.py); the
     # Triton kernels against the oracle reading the same int8 cache, and against the fp32 cache.
@@ -283,7 +293,7 @@ def kernels(smoke: bool) -> dict[str, Any]:
                 ctx, q_lens, heads, kv_heads, head_dim, block, torch.float32, dev, seed=len(rows)
             )
             query, k_cache, v_cache, tables, cu, lens, scale = args
-            kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
+            kq, vq = kv_int8.quantize_cache(k_cache), kv_int8.quantize_cache(v_cache)
             got = at.paged_attention(query.to(dtype), kq, vq, tables, cu, lens, scale)
             same = ref.paged_attention(query.to(dtype), kq, vq, tables, cu, lens, scale)
             f32 = ref.paged_attention(*args)
@@ -335,7 +345,7 @@ def kernels(smoke: bool) -> dict[str, Any]:
             [max_ctx] * batch, [1] * batch, heads, kv_heads, head_dim, block, torch.float32, dev, 7
         )
         query, k_cache, v_cache, tables, cu, lens, scale = args
-        kq, vq = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)
+        kq, vq = kv_int8.quantize_cache(k_cache), kv_int8.quantize_cache(v_cache)
         t_int8 = cuda_time_ms(
             functools.partial(at.paged_attention, query.to(torch.bfloat16), kq, vq, tables, cu, lens, scale),
             3 if smoke else 50,
@@ -498,6 +508,8 @@ def parity(smoke: bool, work: Path) -> dict[str, Any]:
                 f"  {arch:6s} {name:12s} on {dev}: {equal}/{count} prompts token-for-token equal "
                 f"to transformers ({new_tokens} new tokens, fp32; {replays} decode steps replayed CUDA graphs)"
             )
+            if equal != count:
+                mismatch(f"parity {arch}/{name}: {count - equal} of {count} prompts differ from transformers")
             del llm
     return figures
 
@@ -720,16 +732,28 @@ def main() -> int:
         for name, min_s, fn in plan:
             if name in wanted and not (args.smoke and name in gpu_only):
                 section(name, args.budget_s, min_s, fn)
-    RESULTS["total_seconds"] = round(time.monotonic() - T0, 1)
     table()
+    return finish("gpu_check.json")
+
+
+def finish(json_name: str) -> int:
+    """Write the figures to ``$OUT/json_name`` (when ``$OUT`` is set), list the mismatches, and
+    return the exit status: 1 when a section failed or a check did not hold."""
+    RESULTS["total_seconds"] = round(time.monotonic() - T0, 1)
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        path = Path(out) / "gpu_check.json"
+        path = Path(out) / json_name
         path.write_text(json.dumps(RESULTS, indent=2, default=str))
         say(f"\nwrote {path}")
     failed = [n for n, f in RESULTS["sections"].items() if str(f.get("status", "")).startswith("failed")]
-    return 1 if failed else 0
+    for what in RESULTS["mismatches"]:
+        say(f"MISMATCH {what}")
+    if failed or RESULTS["mismatches"]:
+        say(f"\nFAILED: {len(failed)} section(s) failed, {len(RESULTS['mismatches'])} mismatch(es)")
+        return 1
+    say("\nall checks held")
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from plimsoll.operator.api.model_uri import (
     parse_adapter_uri,
     parse_model_uri,
 )
+from plimsoll.operator.api.variants import MAX_VARIANTS, MixSpec, VariantSpec
 
 EngineKind = Literal["plimsoll", "vllm", "sglang"]
 CapacityMode = Literal["Profile", "Manual"]
@@ -159,7 +160,16 @@ class EngineSpec(APIModel):
     max_model_len: PositiveInt | None = Field(
         None, description="Longest context (prompt + output) in tokens."
     )
-    kv_cache_memory: Quantity | None = Field(None, description="KV-cache byte budget, e.g. 8Gi.")
+    kv_cache_memory: Quantity | None = Field(
+        None, description="KV-cache byte budget, e.g. 8Gi; unset on GPUs: sized by gpuMemoryUtilization."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="--gpu-memory-utilization on GPU replicas: the share of each GPU the engine may hold; "
+        "the KV cache gets what the weights, the largest step and the CUDA graphs leave (vLLM's default).",
+    )
     block_size: PositiveInt | None = Field(None, description="Tokens per KV-cache block.")
     prefix_caching: bool | None = Field(None, description="Reuse KV blocks of shared prompt prefixes.")
     tensor_parallel_size: PositiveInt | None = Field(
@@ -302,6 +312,17 @@ SLOPreset = Literal["interactive", "none"]
 class SLOSpec(APIModel):
     """Latency objectives; profiling and the autoscaler keep replicas inside them."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.admission) || self.admission != 'Predicted' || has(self.ttftP95Ms)",
+                    "slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)",
+                ),
+            ]
+        }
+    )
+
     preset: SLOPreset = Field(
         "interactive",
         description="Objectives used when none of ttftP95Ms, tpotP50Ms, e2eP95Ms is set: interactive "
@@ -313,7 +334,22 @@ class SLOSpec(APIModel):
     e2e_p95_ms: float | None = Field(
         None, gt=0, alias="e2eP95Ms", description="95th percentile end-to-end latency, ms."
     )
+    admission: Literal["Off", "Predicted"] = Field(
+        "Off",
+        description="Predicted: each replica (plimsoll engine) and the router refuse, with 429 and Retry-After, a "
+        "request whose predicted TTFT exceeds ttftP95Ms (or its own x-slo-ttft-ms) instead of queueing it past "
+        "its objective; the refusals count as misses in the attainment. A request's x-slo-ttft-ms is honoured "
+        "either way.",
+    )
+
     _defaulted: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _admission_needs_ttft(self) -> "SLOSpec":
+        # Before the preset: admission needs a bound the user chose, as the CEL rule says.
+        if self.admission == "Predicted" and self.ttft_p95_ms is None:
+            raise ValueError("slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)")
+        return self
 
     @model_validator(mode="after")
     def _apply_preset(self) -> "SLOSpec":
@@ -436,6 +472,19 @@ class TrendSpec(APIModel):
     window_seconds: int = Field(30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over.")
 
 
+class StandbySpec(APIModel):
+    """Replicas parked asleep beside the active ones (vLLM's sleep mode), woken before new ones start."""
+
+    replicas: int = Field(
+        ge=1, le=64, description="Replicas kept parked asleep beyond spec.replicas (the Deployment runs both)."
+    )
+    level: Literal[1, 2] = Field(
+        1,
+        description="Sleep level of a parked replica: 1 frees the KV cache and moves the weights to host memory "
+        "(fastest wake), 2 drops the weights too (least memory held; they are read again on wake).",
+    )
+
+
 class AutoscalingSpec(APIModel):
     """Which autoscaler drives replicas, and how it behaves."""
 
@@ -445,6 +494,10 @@ class AutoscalingSpec(APIModel):
                 cel(
                     "!has(self.mode) || self.mode != 'keda' || has(self.prometheusAddress)",
                     "autoscaling.mode keda needs autoscaling.prometheusAddress (the Prometheus KEDA queries)",
+                ),
+                cel(
+                    "!has(self.standby) || !has(self.mode) || self.mode == 'builtin'",
+                    "autoscaling.standby needs autoscaling.mode builtin (the built-in planner wakes and parks)",
                 ),
             ]
         }
@@ -478,6 +531,27 @@ class AutoscalingSpec(APIModel):
         default_factory=lambda: TrendSpec.model_validate({}),
         description="Scale up for the in-flight trend as well as its level (off by default).",
     )
+    token_aware: bool = Field(
+        True,
+        description="With slo.ttftP95Ms, also scale on the replicas' predicted TTFT (their queued prompt tokens "
+        "and decode demand over the rates they measured, in seconds), crediting replicas already starting "
+        "(built-in autoscaler).",
+    )
+    standby: StandbySpec | None = Field(
+        None,
+        description="Keep replicas parked asleep (sleep mode) beside the active ones: a scale-up, or the first "
+        "request at zero, wakes one in about a second instead of starting a pod; the surplus is parked instead "
+        "of deleted (built-in autoscaler only).",
+    )
+
+    @model_validator(mode="after")
+    def _standby_needs_builtin(self) -> "AutoscalingSpec":
+        if self.standby is not None and self.mode != "builtin":
+            raise ValueError(
+                f"autoscaling.standby needs autoscaling.mode builtin (got {self.mode}): the built-in planner wakes "
+                "and parks replicas"
+            )
+        return self
 
     @model_validator(mode="after")
     def _keda_needs_prometheus(self) -> "AutoscalingSpec":
@@ -685,6 +759,18 @@ class LLMServiceSpec(APIModel):
                     "|| !(self.autoscaling.mode in ['hpa', 'keda']) || has(self.scaling)",
                     "autoscaling.mode hpa and keda need scaling.min and scaling.max",
                 ),
+                cel(
+                    "!has(self.variants) || size(self.variants) == 0 "
+                    "|| (!has(self.replicas) && !has(self.scaling))",
+                    "with variants, each variant's minReplicas and maxReplicas bound its count: "
+                    "drop spec.replicas and spec.scaling",
+                ),
+                cel(
+                    "!has(self.variants) || size(self.variants) == 0 || !has(self.autoscaling) "
+                    "|| !has(self.autoscaling.mode) || self.autoscaling.mode in ['builtin', 'off']",
+                    "variants are mixed by the built-in replica planner: autoscaling.mode builtin (or off, "
+                    "each variant at its minReplicas)",
+                ),
             ]
         }
     )
@@ -763,6 +849,18 @@ class LLMServiceSpec(APIModel):
         "(POST /v1/load_lora_adapter), unloaded when removed; status.adapters says where each is loaded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    variants: list[VariantSpec] = Field(
+        default_factory=list,
+        max_length=MAX_VARIANTS,
+        description="Hardware variants serving this model side by side (one Deployment each, behind the same "
+        "Service and router), each profiled on its own; the replica planner runs the cheapest mix that "
+        "carries the demand at the SLO. Empty: one Deployment shaped by spec.resources.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    mix: MixSpec = Field(
+        default_factory=lambda: MixSpec.model_validate({}),
+        description="How variants are mixed: spot exposure limit, rebalancing, unavailable variants.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "LLMServiceSpec":
@@ -788,6 +886,16 @@ class LLMServiceSpec(APIModel):
             )
         self._check_sglang()
         self._check_parallelism()
+        if self.autoscaling.standby is not None and self.engine.kind == "sglang":
+            raise ValueError(
+                "autoscaling.standby parks replicas with vLLM's sleep interface (POST /sleep, /wake_up), which "
+                "engine.kind sglang does not serve: drop autoscaling.standby or use plimsoll or vllm"
+            )
+        if self.autoscaling.standby is not None and self.resources.nodes > 1:
+            raise ValueError(
+                "autoscaling.standby parks single-pod replicas; a replica spanning resources.nodes > 1 cannot "
+                "sleep as one yet: drop autoscaling.standby or use one node per replica"
+            )
         if self.engine.kind != "plimsoll" and location.scheme == "embedded":
             raise ValueError(
                 f"engine.kind {self.engine.kind} cannot serve embedded:// models (they live in the plimsoll "
@@ -795,6 +903,7 @@ class LLMServiceSpec(APIModel):
             )
         self._check_adapters()
         self._check_disaggregation()
+        self._check_variants()
         if (
             self.replicas is not None
             and self.scaling is not None
@@ -867,8 +976,39 @@ class LLMServiceSpec(APIModel):
             why = "one GPU (or CPU) per replica for now; drop tensor parallelism and resources.nodes"
         elif self.lora_enabled():
             why = "no LoRA adapters (their blocks are salted per replica); drop the adapters or the split"
+        elif self.variants:
+            why = (
+                "one hardware variant (the pools are sized by one profile each, not mixed across variants); "
+                "drop spec.variants or spec.disaggregation"
+            )
         if why is not None:
             raise ValueError(f"disaggregation needs {why}")
+    def _check_variants(self) -> None:
+        if not self.variants:
+            return
+        names = [v.name for v in self.variants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"variants: each name once; {', '.join(twice)} appear more than once")
+        if self.replicas is not None or self.scaling is not None:
+            raise ValueError(
+                "with variants, each variant's minReplicas and maxReplicas bound its count: "
+                "drop spec.replicas and spec.scaling"
+            )
+        if self.autoscaling.mode not in ("builtin", "off"):
+            raise ValueError(
+                f"autoscaling.mode {self.autoscaling.mode}: variants are mixed by the built-in replica planner; "
+                "use builtin (or off, each variant at its minReplicas)"
+            )
+        if self.resources.nodes != 1:
+            raise ValueError("variants run one pod per replica: set resources.nodes 1")
+        if self.capacity.mode == "Manual":
+            missing = [v.name for v in self.variants if v.concurrency_per_replica is None]
+            if missing and self.capacity.concurrency_per_replica is None:
+                raise ValueError(
+                    f"capacity.mode Manual: variants {', '.join(missing)} need concurrencyPerReplica "
+                    "(or set spec.capacity.concurrencyPerReplica for all)"
+                )
 
     def tensor_parallel_size(self) -> int:
         """Ranks per pod: engine.tensorParallelSize, else the pod's GPUs (at least 1)."""

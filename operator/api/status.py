@@ -116,6 +116,13 @@ class AutoscalerStatus(APIModel):
         "podScheduled, containerStarted, imports, weightsLoaded, kvCacheAllocated, warmupDone, ready, "
         "firstRequestAnswered) with its time and seconds from the phase before.",
     )
+    token_aware: FreeForm | None = Field(
+        None,
+        description="The predicted-TTFT rule (with slo.ttftP95Ms): reason (PredictedTTFTAboveSLO, WithinSLO, "
+        "SLOUnreachable, NoTokenSignal), formula and recommendation, and its inputs (the Ready replicas' mean "
+        "backlog and predicted TTFT in seconds, the budget the SLO leaves, KV headroom, starting replicas "
+        "credited by their expected Ready).",
+    )
 
 
 class SizingStatus(APIModel):
@@ -199,6 +206,48 @@ class DisaggregationStatus(APIModel):
     )  # fmt: skip
     prefill: PoolStatus | None = Field(None, description="The prefill pool.")
     decode: PoolStatus | None = Field(None, description="The decode pool (the service's replicas).")
+class VariantCapacityStatus(CapacityStatus):
+    """One variant's measured capacity, with the request rate one replica carries at its target."""
+
+    requests_per_second_per_replica: float | None = Field(
+        None,
+        description="Requests per second one replica finishes at concurrencyPerReplica (concurrency ÷ the "
+        "mean end-to-end latency measured there): the unit variants are compared in.",
+    )
+
+
+class VariantStatus(APIModel):
+    """What one hardware variant measured, runs and costs."""
+
+    capacity: VariantCapacityStatus | None = Field(None, description="This variant's capacity profile.")
+    profile: FreeForm | None = Field(
+        None, description="Where this variant's profiling stands: reason and message (Profiled sums them up)."
+    )
+    replicas: int | None = Field(None, description="Replicas the planner set (its Deployment's spec.replicas).")
+    ready_replicas: int | None = Field(None, description="Of them, Ready.")
+    weight: float | None = Field(
+        None,
+        description="In-flight requests one replica carries at its target: the router weighs this variant's "
+        "replicas by it.",
+    )
+    cost_per_hour: float | None = Field(None, description="What its running replicas cost per hour now.")
+    available: bool | None = Field(None, description="False while left out of the mix (see reason).")
+    reason: str | None = Field(None, description="Why it is unavailable, or what it is waiting for.")
+
+
+class CostStatus(APIModel):
+    """What the service costs (spec.variants[].costPerHour of the replicas running)."""
+
+    per_hour: float | None = Field(None, description="Cost per hour of the replicas running now.")
+    per_1k_good_requests: float | None = Field(
+        None,
+        description="Cost spent over the window per 1000 requests that met every spec.slo bound (needs "
+        "spec.slo, and replicas that judge requests: plimsoll's).",
+    )
+    good_requests: float | None = Field(None, description="Good requests in the window.")
+    spent: float | None = Field(None, description="Cost spent over the window.")
+    window_seconds: float | None = Field(None, description="The window (the last hour, or since tracking began).")
+    time: str | None = Field(None, description="When it was computed (RFC 3339).")
 
 
 class LLMServiceStatus(APIModel):
@@ -234,6 +283,20 @@ class LLMServiceStatus(APIModel):
     kv_cache: KVCacheStatus | None = Field(None, description="Prefix-cache hit rates per KV tier.")
     disaggregation: DisaggregationStatus | None = Field(
         None, description="Prefill and decode pools: which layout runs and why, each pool's profile and scaling."
+    )
+    variants: dict[str, VariantStatus] | None = Field(
+        None, description="Per hardware variant (spec.variants): capacity, replicas, router weight, cost."
+    )
+    mix: FreeForm | None = Field(
+        None,
+        description="The replica planner's last variant mix: demand, each variant's capacity and cost, the "
+        "chosen mix, the runner-up and why not, and what is being carried out.",
+    )
+    cost: CostStatus | None = Field(None, description="Cost per hour now and per 1000 good requests.")
+    standby: FreeForm | None = Field(
+        None,
+        description="Replicas parked asleep (autoscaling.standby): replicas wanted, level, parked and asleep now, "
+        "their pods, the host memory they hold (memoryBytes) and the last wake's seconds to Ready.",
     )
 
 

@@ -9,6 +9,8 @@ or a changed SLO), feeds the replicas' judged-request counters to an
 
 - ``plimsoll_operator_slo_attainment_ratio{namespace,llmservice,window="1m"|"1h"}``
 - ``plimsoll_operator_replica_seconds_per_1k_good_requests{namespace,llmservice}`` (1 h)
+- with ``spec.variants`` (prices per replica): ``plimsoll_operator_cost_per_hour`` and
+  ``plimsoll_operator_cost_per_1k_good_requests`` (1 h), with the same labels
 
 It returns the 1-minute attainment, which ``SLOAtRisk`` reads.
 
@@ -35,6 +37,7 @@ from plimsoll.operator.scaling.attainment import (
     objectives_seconds,
 )
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.observations import CostWindow
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -49,6 +52,16 @@ COST_PER_1K_GOOD = Gauge(
     "Replica-seconds spent (ready or starting) per 1000 requests that met the SLO, over the last hour.",
     ["namespace", "llmservice"],
 )
+COST_PER_HOUR = Gauge(
+    "plimsoll_operator_cost_per_hour",
+    "What the replicas holding a node cost per hour now (spec.variants[].costPerHour).",
+    ["namespace", "llmservice"],
+)
+MONEY_PER_1K_GOOD = Gauge(
+    "plimsoll_operator_cost_per_1k_good_requests",
+    "Cost spent per 1000 requests that met the SLO, over the last hour (spec.variants[].costPerHour).",
+    ["namespace", "llmservice"],
+)
 
 
 @dataclass
@@ -61,8 +74,9 @@ def forget_attainment(namespace: str, name: str) -> None:
     for window in WINDOWS_S:
         with contextlib.suppress(KeyError):
             SLO_ATTAINMENT.remove(namespace, name, window)
-    with contextlib.suppress(KeyError):
-        COST_PER_1K_GOOD.remove(namespace, name)
+    for gauge in (COST_PER_1K_GOOD, COST_PER_HOUR, MONEY_PER_1K_GOOD):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
 
 
 async def track_attainment(
@@ -74,6 +88,8 @@ async def track_attainment(
     replicas: int,
     now: float,
     logger: Log,
+    cost_per_hour: float | None = None,
+    shed: dict[str, float] | None = None,
 ) -> float | None:
     """One tick (see the module docstring); the 1-minute attainment, or None when there is none."""
     slo = svc.spec.slo
@@ -81,6 +97,8 @@ async def track_attainment(
     if not wanted:
         state.tracker = None
         forget_attainment(svc.namespace, svc.name)
+        if cost_per_hour is not None:
+            COST_PER_HOUR.labels(svc.namespace, svc.name).set(cost_per_hour)
         return None
     body = {"ttftP95Ms": slo.ttft_p95_ms, "tpotP50Ms": slo.tpot_p50_ms, "e2eP95Ms": slo.e2e_p95_ms}
     for name, sample in samples.items():
@@ -93,7 +111,7 @@ async def track_attainment(
         state.tracker = AttainmentTracker(objectives=wanted)
         forget_attainment(svc.namespace, svc.name)
     tracker = state.tracker
-    tracker.observe(now, samples, replicas)
+    tracker.observe(now, samples, replicas, cost_per_hour=cost_per_hour, shed=shed)
     for window, seconds in WINDOWS_S.items():
         ratio = tracker.attainment(seconds)
         if ratio is not None:
@@ -101,4 +119,26 @@ async def track_attainment(
     cost = tracker.replica_seconds_per_1k_good(WINDOWS_S[COST_WINDOW])
     if cost is not None:
         COST_PER_1K_GOOD.labels(svc.namespace, svc.name).set(cost)
+    if cost_per_hour is not None:
+        COST_PER_HOUR.labels(svc.namespace, svc.name).set(cost_per_hour)
+        spending = cost_window(state, cost_per_hour)
+        if spending.spent is not None and spending.good_requests:
+            MONEY_PER_1K_GOOD.labels(svc.namespace, svc.name).set(
+                spending.spent / (spending.good_requests / 1000)
+            )
     return tracker.attainment(WINDOWS_S["1m"])
+
+
+def cost_window(state: AttainmentState, cost_per_hour: float) -> CostWindow:
+    """What the replicas cost now and over the cost window, and the good requests in it."""
+    tracker = state.tracker
+    if tracker is None:
+        return CostWindow(cost_per_hour, None, None, None)
+    spent = tracker.spent(WINDOWS_S[COST_WINDOW])
+    counted = tracker.counted(WINDOWS_S[COST_WINDOW])
+    return CostWindow(
+        cost_per_hour,
+        None if spent is None else spent[0],
+        None if counted is None else counted[0],
+        None if spent is None else spent[1],
+    )

@@ -108,11 +108,13 @@ class DriftState:
 
 
 async def after_write(
-    kube: Kube, svc: LLMService, update: DriftUpdate, before: str | None, post: PostEvent, logger: Log
-) -> None:
+    kube: Kube, svc: LLMService, update: DriftUpdate, before: str | None, post: PostEvent, logger: Log,
+    variant: str | None = None,
+) -> None:  # fmt: skip
     """Once the condition is written: the Events, and with reprofile Auto the annotation the profiler acts on.
 
     ``before`` is ProfileDrift's status in the copy the write started from (None: it was not written).
+    ``variant``: the hardware variant that drifted, named in the annotation so only it is measured again.
     """
     if update.cleared:
         post("Normal", "ProfileDriftCleared", update.verdict.message)
@@ -132,5 +134,6 @@ async def after_write(
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         await kube.merge_patch(
             API_VERSION, KIND, svc.namespace, svc.name,
-            {"metadata": {"annotations": {REPROFILE_ANNOTATION: f"ProfileDrift {stamp}"}}},
+            {"metadata": {"annotations": {REPROFILE_ANNOTATION: f"ProfileDrift {stamp}"
+                                          + (f" variant={variant}" if variant else "")}}},
         )  # fmt: skip

@@ -21,7 +21,7 @@ from typing import Any, cast
 import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.api.status import ConditionStatus
+from plimsoll.operator.api.status import ConditionStatus, ConditionUpdate
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import apply_owned, delete_owned
 from plimsoll.operator.handlers.status_writer import set_conditions
@@ -65,7 +65,7 @@ async def _set_limited(
     kube: Kube, svc: LLMService, status: ConditionStatus, reason: str, message: str
 ) -> bool:
     """Set ScalingLimited on the freshest copy of the object (resourceVersion precondition)."""
-    update = (("ScalingLimited", status, reason, message),)
+    update: tuple[ConditionUpdate, ...] = (("ScalingLimited", status, reason, message),)
     changed: bool = await set_conditions(kube, svc.namespace, svc.name, update, svc.metadata.generation)
     return changed
 

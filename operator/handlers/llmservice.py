@@ -24,6 +24,7 @@ from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.handlers.adapters import sync_adapters
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.reconcile import parse, reconcile, write_status
+from plimsoll.operator.handlers.variant_workloads import replicas_for_status
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, MANAGED_BY
 from plimsoll.operator.resources.settings import BuildSettings
 
@@ -44,6 +45,7 @@ def settings_from_env() -> BuildSettings:
     overrides: dict[str, Any] = {}
     for env, field in (
         ("PLIMSOLL_IMAGE", "plimsoll_image"),
+        ("PLIMSOLL_CUDA_IMAGE", "plimsoll_cuda_image"),
         ("PLIMSOLL_VLLM_IMAGE", "vllm_image"),
         ("PLIMSOLL_SGLANG_IMAGE", "sglang_image"),
         ("PLIMSOLL_TERMINATION_GRACE_SECONDS", "termination_grace_period_seconds"),
@@ -150,10 +152,11 @@ async def _on_child(event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger) 
         component = (meta.get("labels") or {}).get(COMPONENT_LABEL)
         if component == "router":
             # The router's readiness is part of Ready, but replicas/readyReplicas are the replicas'.
-            replicas = await memo.kube.get("apps/v1", "Deployment", svc.namespace, svc.name)
+            replicas = await replicas_for_status(memo.kube, svc)
             await write_status(memo.kube, owner, svc, replicas)
         elif component == "replica":
-            await write_status(memo.kube, owner, svc, obj)
+            # One variant's Deployment is a part: status adds up every variant's.
+            await write_status(memo.kube, owner, svc, await replicas_for_status(memo.kube, svc) if svc.spec.variants else obj)
             # A replica that just turned Ready gets its adapters now, not at the next resync.
             await sync_adapters(memo.kube, owner, svc, logger)
 

@@ -17,7 +17,7 @@ What it is not: garbage collection (ownerReferences do that), nor the builders.
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeAlias, cast
+from typing import Any, Final, TypeAlias, cast
 
 import kopf
 
@@ -26,7 +26,7 @@ from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status, with_conditions
 
-OWNERSHIP_CONDITION = "OwnershipConflict"
+OWNERSHIP_CONDITION: Final = "OwnershipConflict"
 NOT_OWNED_REASON = "ObjectNotOwned"
 
 log = logging.getLogger("plimsoll.operator.ownership")

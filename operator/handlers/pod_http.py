@@ -4,7 +4,8 @@ What it is: the calls, each with its timeout and what a failure means —
 :func:`scrape` (a replica's ``/metrics``, parsed), :func:`hold` (the router's
 ``GET /hold``), :func:`answers_ready` (``GET /ready``), :func:`mark_for_removal`
 and :func:`unmark` (``POST`` / ``DELETE /drain``), :func:`put_slo`
-(``PUT /slo``). Callers pass a :class:`ReplicaClient` (one per LLMService
+(``PUT /slo``), :func:`sleep` and :func:`wake_up` (sleep mode, a parked standby
+replica). Callers pass a :class:`ReplicaClient` (one per LLMService
 tick): every answer byte-capped, the LLMService's admin key on control calls.
 
 What it is not: a decision about which pod to call (``scaling/planner.py`` and
@@ -22,6 +23,8 @@ from plimsoll.operator.scaling.metrics import MetricsError, PodSample, parse_scr
 from plimsoll.operator.scaling.observations import RouterDemand
 
 TIMEOUT_S = 2.0
+# A level-2 wake reads the weights again; a level-1 sleep copies them to host memory.
+SLEEP_TIMEOUT_S = 60.0
 
 
 def _why(error: Exception) -> str:
@@ -41,8 +44,11 @@ async def hold(http: ReplicaClient, urls: list[str]) -> RouterDemand | None:
     for url in urls:
         try:
             demand: dict[str, Any] = await http.get_json(url, limit=SMALL_LIMIT_BYTES, timeout=TIMEOUT_S)
+            shed = demand.get("shedSloTotal")
             return RouterDemand(
-                held=int(demand.get("held") or 0), oldest_held_s=demand.get("oldestHeldSeconds")
+                held=int(demand.get("held") or 0),
+                oldest_held_s=demand.get("oldestHeldSeconds"),
+                shed_slo_total=float(shed) if isinstance(shed, int | float) else None,
             )
         except (httpx.HTTPError, ValueError):
             continue
@@ -72,6 +78,24 @@ async def unmark(http: ReplicaClient, base_url: str) -> bool:
     except httpx.HTTPError:
         return False
     return True
+
+
+async def sleep(http: ReplicaClient, base_url: str, level: int) -> str | None:
+    """``POST /sleep?level=``: None once the replica sleeps, else why not yet (busy, loading, unreachable)."""
+    try:
+        response = await http.post(f"{base_url}/sleep?level={level}", timeout=SLEEP_TIMEOUT_S)
+    except httpx.HTTPError as error:
+        return _why(error)
+    return None if response.status_code == 200 else f"{response.status_code}: {response.text[:200]}"
+
+
+async def wake_up(http: ReplicaClient, base_url: str) -> bool:
+    """``POST /wake_up``; True once the replica answered that it is awake."""
+    try:
+        response = await http.post(f"{base_url}/wake_up", timeout=SLEEP_TIMEOUT_S)
+    except httpx.HTTPError:
+        return False
+    return bool(response.status_code == 200)
 
 
 async def put_slo(http: ReplicaClient, base_url: str, objectives: dict[str, Any]) -> None:

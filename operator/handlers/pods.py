@@ -3,8 +3,9 @@
 What it is: :func:`list_pods` (the replicas by the service's selector) and the
 readings of a pod object the handlers share — Ready (what a Service's
 endpoints use), counted for scaling (not being deleted, not finished, as the
-HPA counts them), marked for removal (the ``plimsoll.dev/draining`` label), and
-the URL of one of its engine's paths on the port named ``http``.
+HPA counts them), marked for removal (the ``plimsoll.dev/draining`` label),
+unschedulable (no node fits it), parked in standby (the ``plimsoll.dev/standby`` label),
+and the URL of one of its engine's paths on the port named ``http``.
 
 What it is not: an HTTP client (``pod_http.py`` calls the pods) or a cache.
 """
@@ -16,7 +17,8 @@ from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.pools import prefill_selector
 from plimsoll.operator.resources.settings import ENGINE_PORT
-from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL
+from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL, STANDBY_LABEL
+from plimsoll.pods import pod_is_ready as pod_is_ready  # the shared reading; handlers import it from here
 
 
 async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
@@ -34,12 +36,6 @@ async def list_prefill_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]
     return pods
 
 
-def pod_is_ready(pod: dict[str, Any]) -> bool:
-    """The pod's Ready condition is True (what a Service's endpoints use)."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def counts_for_scaling(pod: dict[str, Any]) -> bool:
     """Pods being deleted or finished are ignored entirely, as the HPA ignores them."""
     phase = (pod.get("status") or {}).get("phase")
@@ -49,6 +45,23 @@ def counts_for_scaling(pod: dict[str, Any]) -> bool:
 def is_marked_for_removal(pod: dict[str, Any]) -> bool:
     """The pod carries the draining label the two-phase scale-down puts on it."""
     return (pod["metadata"].get("labels") or {}).get(DRAINING_LABEL) == "true"
+
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message while no node fits the pod (PodScheduled False, reason Unschedulable)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ):
+            return str(c.get("message") or "no node fits it")
+    return None
+
+
+def is_parked(pod: dict[str, Any]) -> bool:
+    """The pod carries the standby label: parked asleep beside the active replicas."""
+    return (pod["metadata"].get("labels") or {}).get(STANDBY_LABEL) == "true"
 
 
 def pod_url(pod: dict[str, Any], path: str) -> str | None:

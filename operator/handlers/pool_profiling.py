@@ -27,7 +27,6 @@ from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.profiling import (
     RECORDED_ANNOTATION,
-    _engine_image,
     _job_state,
     _view,
     current_replica_ip,
@@ -35,6 +34,7 @@ from plimsoll.operator.handlers.profiling import (
     patch_profile_status,
 )
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
+from plimsoll.operator.resources.engine import engine_image
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.pool_view import ROLE_LABEL, Role
 from plimsoll.operator.resources.pools import prefill_selector, profile_view
@@ -150,7 +150,7 @@ async def _step(
 ) -> tuple[Plan, dict[str, Any] | ConditionUpdate | None, str]:  # fmt: skip
     """One pool's profiling step: (the plan, what a recorded Job gave, the pool's current spec hash)."""
     view = profile_view(svc, role)
-    current = spec_profile_hash(view.spec, _engine_image(view, settings))
+    current = spec_profile_hash(view.spec, engine_image(view, settings))
     stored = (((body.get("status") or {}).get("disaggregation") or {}).get(role) or {}).get("profile") or {}
     mine = {n: j for n, j in jobs.items() if (j["metadata"].get("labels") or {}).get(ROLE_LABEL) == role}
     pod_ip = current_replica_ip(svc, settings, await _pool_pods(kube, svc, role), role)

@@ -51,6 +51,7 @@ from plimsoll.operator.handlers.ownership import (
     owned_by,
 )
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
+from plimsoll.operator.handlers.variant_status import record_variant_profile
 from plimsoll.operator.resources.engine import engine_container, engine_image
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
 from plimsoll.operator.resources.pool_view import Role
@@ -64,9 +65,11 @@ from plimsoll.operator.resources.profile_job import (
     build_report_configmap,
 )
 from plimsoll.operator.resources.settings import BuildSettings
+from plimsoll.operator.resources.variants import label_variant
 from plimsoll.operator.scaling.inputs import spec_profile_hash
 from plimsoll.operator.scaling.profile import CapacityProfile, profile_conditions, read_profile
 from plimsoll.operator.scaling.profile_plan import REPROFILE_ANNOTATION, JobState, JobView, Plan, decide
+from plimsoll.pods import pod_is_ready
 
 RECORDED_ANNOTATION = "plimsoll.dev/profile-recorded"
 PROFILE_INTERVAL_S = float(os.environ.get("PLIMSOLL_PROFILE_INTERVAL_SECONDS", "5"))
@@ -117,9 +120,7 @@ def current_replica_ip(
     want, _ = engine_container(svc, settings, role)
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         status = pod.get("status") or {}
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
+        ready = pod_is_ready(pod)
         engine: dict[str, Any] = next(
             (c for c in pod["spec"].get("containers", []) if c.get("name") == want["name"]), {}
         )
@@ -127,10 +128,6 @@ def current_replica_ip(
         if ready and current and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
             return str(status["podIP"])
     return None
-
-
-def _engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    return str(svc.spec.engine.image or engine_image(svc, settings))
 
 
 # --- writing -----------------------------------------------------------------------------
@@ -141,8 +138,15 @@ async def patch_profile_status(
     svc: LLMService,
     conditions: tuple[ConditionUpdate, ...],
     capacity: dict[str, Any] | None = None,
+    variant: str | None = None,
 ) -> bool:
-    """Set only our conditions (and capacity) on the freshest copy; True when something changed."""
+    """Set only our conditions (and capacity) on the freshest copy; True when something changed.
+
+    For one hardware variant (``variant``) the capacity and the Profiled verdict go to
+    ``status.variants.<variant>``; ``variant_profiling.py`` sums the conditions up.
+    """
+    if variant is not None:
+        return await record_variant_profile(kube, svc, variant, conditions, capacity)
     fields = {"capacity": capacity} if capacity is not None else None
     changed: bool = await set_conditions(
         kube, svc.namespace, svc.name, conditions, svc.metadata.generation, fields=fields
@@ -158,9 +162,12 @@ async def start_job(
     spec_hash: str,
     pod_ip: str,
     why: str,
+    variant: str | None = None,
 ) -> str:
-    """Create the RBAC, a fresh report ConfigMap and the Job; returns the Job name."""
+    """Create the RBAC, a fresh report ConfigMap and the Job (of one hardware variant); returns the Job name."""
     job = build_profile_job(svc, pod_ip, settings, spec_hash)
+    if variant is not None:
+        label_variant(job, variant)
     name: str = job["metadata"]["name"]
     for obj in build_profiler_rbac(svc, name):  # ServiceAccount, Role, RoleBinding
         await apply_owned(kube, body, obj)  # OwnershipConflict, nothing touched, when a name is taken
@@ -188,8 +195,14 @@ async def start_job(
     return name
 
 
-async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str, Any], logger: Log) -> None:
-    """Turn a finished Job into status.capacity + Profiled=True, or Profiled=False + a Warning."""
+async def record_job(
+    kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str, Any], logger: Log, variant: str | None = None
+) -> None:
+    """Turn a finished Job into status.capacity + Profiled=True, or Profiled=False + a Warning.
+
+    For a hardware variant (``svc`` as that variant sees it) into ``status.variants.<variant>``,
+    with the request rate one replica carries at its target, the unit variants are compared in.
+    """
     ns, name = svc.namespace, job["metadata"]["name"]
     spec_hash = job["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     result: CapacityProfile | tuple[str, str]
@@ -221,6 +234,8 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
             "disturbedLevels": list(result.disturbed) or None,
             "measured": measured,
         }
+        if variant is not None:
+            capacity["requestsPerSecondPerReplica"] = result.requests_per_second()
         conditions, warning = profile_conditions(result, name, spec_hash)
         message = conditions[0][3] + (
             f"; {measured['requests']} requests over {measured['seconds']:g} s in {len(measured['levels'])} levels"
@@ -234,15 +249,21 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
             warning = f"{warning}; {shared}" if warning else shared
         conditions = ((*conditions[0][:3], message), *conditions[1:])
         await patch_profile_status(
-            kube, svc, conditions, capacity={k: v for k, v in capacity.items() if v is not None}
+            kube,
+            svc,
+            conditions,
+            capacity={k: v for k, v in capacity.items() if v is not None},
+            variant=variant,
         )
+        if variant is not None:
+            message = f"variant {variant}: {message}"
         kopf.info(body, reason="Profiled", message=message[:MAX_MESSAGE])
         if warning is not None:
             kopf.warn(body, reason="ProfileDisturbed", message=warning[:MAX_MESSAGE])
         logger.info("profiled: %s", message)
     else:
         reason, message = result
-        await patch_profile_status(kube, svc, (("Profiled", "False", reason, message),))
+        await patch_profile_status(kube, svc, (("Profiled", "False", reason, message),), variant=variant)
         kopf.warn(body, reason="ProfileFailed", message=f"{reason}: {message}"[:MAX_MESSAGE])
         logger.warning("profile failed: %s: %s", reason, message)
     await kube.merge_patch(
@@ -296,7 +317,13 @@ async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, log
         from plimsoll.operator.handlers.pool_profiling import profile_pools
 
         return await profile_pools(kube, body, svc, settings, logger)
-    current_hash = spec_profile_hash(svc.spec, _engine_image(svc, settings))
+    if svc.spec.variants:
+        # One profile per hardware variant; imported here, as that module builds on this one.
+        from plimsoll.operator.handlers.variant_profiling import profile_variants
+
+        await profile_variants(kube, body, svc, settings, logger)
+        return Plan()
+    current_hash = spec_profile_hash(svc.spec, engine_image(svc, settings))
     capacity_hash = ((body.get("status") or {}).get("capacity") or {}).get("specHash")
     jobs = await list_profile_jobs(kube, svc)
     pods = await kube.list_objects("v1", "Pod", svc.namespace, label_selector=selector_string(svc))

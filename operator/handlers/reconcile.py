@@ -33,11 +33,16 @@ from plimsoll.operator.handlers.ownership import (
     has_conflict,
     report_conflicts,
 )
-from plimsoll.operator.handlers.replica_planning import kopf_events, size_new_service
+from plimsoll.operator.handlers.replica_planning import (
+    kopf_events,
+    size_new_service,
+    start_variant_deployments,
+)
 from plimsoll.operator.handlers.replica_workload import replica_workload
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.spans import llmservice_span
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
+from plimsoll.operator.handlers.variant_workloads import remove_variant_workloads, variant_workloads
 from plimsoll.operator.resources.credentials import admin_secret_name
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.inference_pool import (
@@ -60,6 +65,7 @@ from plimsoll.operator.resources.pools import build_prefill_deployment, prefill_
 from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
 from plimsoll.operator.resources.service import build_service
 from plimsoll.operator.resources.settings import BuildSettings
+from plimsoll.operator.resources.variants import combine_deployments
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,20 @@ async def _reconcile(
         logger.warning("%s; left untouched", conflict)
         conflicts.append(conflict.label)
     children = [replicas, build_service(svc), build_pdb(svc)]
+    variant_objs: list[dict[str, Any]] = []
+    if svc.spec.variants:
+        # One Deployment per hardware variant in place of the one above (variant_workloads.py). One that
+        # does not exist yet is created by the replica planner's handler with its first count; all are
+        # then applied here without a count.
+        work = await variant_workloads(kube, svc, settings, logger)
+        await start_variant_deployments(kube, body, svc, work.missing, logger)
+        for removed in work.removed:
+            kopf.info(_as_body(body), reason="Deleted", message=f"deleted {removed}")
+        variant_objs = work.objs
+        children = [*variant_objs, *children[1:]]
+    elif (body.get("status") or {}).get("variants"):
+        for removed in await remove_variant_workloads(kube, svc, logger):
+            kopf.info(_as_body(body), reason="Deleted", message=f"deleted {removed} (spec.variants is empty)")
     policies = network_policies(svc, settings)
     children.extend(policies)
     # networkPolicy.enabled false: remove what it made. (A `<name>-kv` policy left after the operator's
@@ -248,6 +268,7 @@ async def _reconcile(
     updated: list[str] = []
     deployment: dict[str, Any] | None = None
     prefill: dict[str, Any] | None = None
+    variant_stored: list[dict[str, Any]] = []
     try:
         for child in children:
             try:
@@ -275,6 +296,8 @@ async def _reconcile(
                 deployment = stored
             elif child is prefill_pool:
                 prefill = stored
+            elif any(child is v for v in variant_objs):
+                variant_stored.append(stored)
     finally:
         # Said even when a later child fails: a retry finds these in place and would not say it.
         if created:
@@ -295,6 +318,8 @@ async def _reconcile(
         # Ready=False naming the objects; the replicas' status is not ours to read from another's Deployment.
         await report_conflicts(kube, body, conflicts)
         return Outcome(tuple(created), tuple(updated), False)
+    if variant_objs:
+        deployment = combine_deployments(variant_stored)
     ready = await write_status(kube, body, svc, deployment, prefill)
     if has_conflict(body):  # clear it once the objects are gone or renamed (no read otherwise)
         await report_conflicts(kube, body, [])

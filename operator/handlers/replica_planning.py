@@ -20,7 +20,10 @@ every ``autoscaling.intervalSeconds`` its :class:`ReplicaLoop`:
 
 :func:`size_new_service` is the planner's first rule on its own, for
 reconcile to run before it builds the Deployment of a service without
-``spec.replicas``. The planner and the drift and attainment trackers live in
+``spec.replicas``; :func:`start_variant_deployments` likewise creates a new
+hardware variant's Deployment with the planner's first count. With
+``spec.variants`` a tick also reads each variant Deployment's count and what the
+replicas cost (for ``status.cost``). The planner and the drift and attainment trackers live in
 the daemon's frame, so they go when the LLMService goes (kopf stops its daemon).
 
 What it is not: any decision (``operator/scaling/planner.py``), any HTTP call
@@ -47,35 +50,48 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import GROUP, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers import pod_http
-from plimsoll.operator.handlers.attainment import AttainmentState, forget_attainment, track_attainment
+from plimsoll.operator.handlers.attainment import (
+    AttainmentState,
+    cost_window,
+    forget_attainment,
+    track_attainment,
+)
 from plimsoll.operator.handlers.drift import DriftState, DriftUpdate, after_write
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.pods import (
     counts_for_scaling,
     is_marked_for_removal,
+    is_parked,
     list_pods,
     list_prefill_pods,
     metrics_url,
     pod_is_ready,
     pod_url,
+    unschedulable,
 )
 from plimsoll.operator.handlers.replica_client import ReplicaClient
-from plimsoll.operator.handlers.replica_writer import write_replicas
+from plimsoll.operator.handlers.replica_writer import create_variant_deployment, write_replicas
 from plimsoll.operator.handlers.spans import llmservice_span
 from plimsoll.operator.handlers.status_writer import StatusWrite, update_status, with_conditions
+from plimsoll.operator.handlers.variant_drift import VariantDrift
 from plimsoll.operator.resources.engine import ENGINE_CONTAINER
 from plimsoll.operator.resources.labels import selector_labels
+from plimsoll.operator.resources.variants import VARIANT_LABEL, variants_selector
 from plimsoll.operator.scaling.observations import Observations, PodObservation, RouterDemand
 from plimsoll.operator.scaling.planner import ReplicaPlanner, needs_router_demand
 from plimsoll.operator.scaling.replica_plan import (
     DELETION_COST_ANNOTATION,
     DRAINING_DELETION_COST,
     DRAINING_LABEL,
+    STANDBY_LABEL,
     Drain,
+    Park,
     Plan,
+    Wake,
 )
 from plimsoll.operator.scaling.scale_up_timeline import PHASES
 from plimsoll.operator.scaling.timestamps import parse_time
+from plimsoll.operator.scaling.variant_state import billed_cost_per_hour, variant_pods
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
 # (type, reason, message) -> an Event on the LLMService.
@@ -116,6 +132,7 @@ class ReplicaLoop:
     logger: Log
     planner: ReplicaPlanner = field(default_factory=lambda: ReplicaPlanner(ENGINE_CONTAINER))
     drift: DriftState = field(default_factory=DriftState)
+    variant_drift: VariantDrift = field(default_factory=VariantDrift)
     attainment: AttainmentState = field(default_factory=AttainmentState)
 
     async def tick(self, body: Mapping[str, Any], now: float | None = None) -> Plan | None:
@@ -134,16 +151,19 @@ class ReplicaLoop:
                 trace.get_current_span().set_attributes(plan.decision.span_attributes())
             if not await self.act(svc, body, plan, pods):
                 return plan
-            drift = None
+            drift, drifted = None, None
             try:
-                drift = self.drift.check(svc, status, observations.ready_samples(), plan.time)
+                if svc.spec.variants:
+                    drift, drifted = self.variant_drift.check(svc, status, observations, plan.time)
+                else:
+                    drift = self.drift.check(svc, status, observations.ready_samples(), plan.time)
             except Exception as error:  # the drift check may not stop scaling
                 self.logger.warning("profile drift check failed: %s", error)
             written = await self.write_status(svc, plan, drift)
             if drift is not None and written is not None:
                 before = written.condition_before("ProfileDrift")
                 await after_write(self.kube, svc, drift, str((before or {}).get("status", "Unknown")), self.post,
-                                  self.logger)  # fmt: skip
+                                  self.logger, variant=drifted)  # fmt: skip
         return plan
 
     async def observe(
@@ -159,14 +179,25 @@ class ReplicaLoop:
         samples = {p.name: p.sample for p in seen if p.ready and not p.terminating and p.sample is not None}
         base_urls = {p["metadata"]["name"]: url for p in pods if (url := pod_url(p, ""))}
         counted = sum(1 for p in seen if not p.terminating)
+        variant_replicas: dict[str, int] = {}
+        cost_per_hour = None
+        if svc.spec.variants:
+            variant_replicas = await self._variant_replicas(svc)
+            views = variant_pods(Observations(pods=tuple(seen)), [v.name for v in svc.spec.variants])
+            cost_per_hour = billed_cost_per_hour(list(svc.spec.variants), views)
         try:
+            shed = {"router": router.shed_slo_total} if router is not None and router.shed_slo_total else None
             attainment = await track_attainment(
-                client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger
-            )
+                client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger,
+                cost_per_hour=cost_per_hour, shed=shed,
+            )  # fmt: skip
         except Exception as error:  # SLO bookkeeping may not stop scaling
             attainment = None
             self.logger.warning("SLO attainment failed: %s", error)
         meta = body.get("metadata") or {}
+        cost = None
+        if cost_per_hour is not None:
+            cost = cost_window(self.attainment, cost_per_hour)
         return Observations(
             pods=tuple(seen),
             pod_objects=tuple(pods),
@@ -175,7 +206,22 @@ class ReplicaLoop:
             generation=svc.metadata.generation,
             created_at=parse_time(meta.get("creationTimestamp")),
             prefill_pods=tuple(prefill_seen),
+            variant_replicas=variant_replicas,
+            cost=cost,
         )
+
+    async def _variant_replicas(self, svc: LLMService) -> dict[str, int]:
+        """Each variant Deployment's spec.replicas (a variant without one yet is left out)."""
+        wanted = {v.name for v in svc.spec.variants}
+        found = await self.kube.list_objects(
+            "apps/v1", "Deployment", svc.namespace, label_selector=variants_selector(svc)
+        )
+        counts: dict[str, int] = {}
+        for deployment in found:
+            name = (deployment["metadata"].get("labels") or {}).get(VARIANT_LABEL)
+            if isinstance(name, str) and name in wanted and not deployment["metadata"].get("deletionTimestamp"):
+                counts[name] = int((deployment.get("spec") or {}).get("replicas", 0) or 0)
+        return counts
 
     async def _router_demand(self, svc: LLMService) -> RouterDemand | None:
         selector = ",".join(f"{k}={v}" for k, v in sorted(selector_labels(svc, "router").items()))
@@ -225,7 +271,9 @@ class ReplicaLoop:
         name = pod["metadata"]["name"]
         base = pod_url(pod, "")
         try:
-            if isinstance(action, Drain):
+            if isinstance(action, Park | Wake):
+                await self._keep_standby(svc, pod, action, base)
+            elif isinstance(action, Drain):
                 annotations = pod["metadata"].get("annotations") or {}
                 if (
                     not is_marked_for_removal(pod)
@@ -240,6 +288,33 @@ class ReplicaLoop:
         except ApiException as error:
             if error.status != 404:
                 raise  # a pod already gone needs nothing
+
+    async def _keep_standby(self, svc: LLMService, pod: dict[str, Any], action: Park | Wake, base: str | None) -> None:
+        """Parked: the standby label (the router sends it nothing), lowest deletion cost, asleep once idle.
+        Woken: awake first, unmarked, then the label off (the router sends it requests from then on)."""
+        name = pod["metadata"]["name"]
+        labels = pod["metadata"].get("labels") or {}
+        client = await self.client(svc)
+        if isinstance(action, Park):
+            if labels.get(STANDBY_LABEL) != "true" or labels.get(DRAINING_LABEL) is not None:
+                await self._label_standby(svc, name, on=True)
+            if base is not None:
+                # Asked every tick: an asleep replica answers at once, a loading or busy one says why not yet.
+                why = await pod_http.sleep(client, base, action.level)
+                if why is not None:
+                    self.logger.debug("pod %s not asleep yet (again next tick): %s", name, why)
+            return
+        if base is None or not await pod_http.wake_up(client, base):
+            return  # not awake yet: the plan wakes it again next tick
+        await pod_http.unmark(client, base)
+        await self._label_standby(svc, name, on=False)
+
+    async def _label_standby(self, svc: LLMService, pod: str, on: bool) -> None:
+        patch = {"metadata": {
+            "labels": {STANDBY_LABEL: "true" if on else None, DRAINING_LABEL: None},
+            "annotations": {DELETION_COST_ANNOTATION: DRAINING_DELETION_COST if on else None},
+        }}  # fmt: skip
+        await self.kube.merge_patch("v1", "Pod", svc.namespace, pod, patch)
 
     async def _mark(self, svc: LLMService, pod: str, on: bool) -> None:
         """The router label and the ReplicaSet deletion cost (on), or neither (off)."""
@@ -286,16 +361,22 @@ async def observe_pods(http: ReplicaClient, pods: list[dict[str, Any]]) -> list[
     """One observation per pod that counts for scaling or carries the removal mark (None for the rest)."""
 
     async def one(pod: dict[str, Any]) -> PodObservation | None:
-        counted, marked = counts_for_scaling(pod), is_marked_for_removal(pod)
+        counted, marked, parked = counts_for_scaling(pod), is_marked_for_removal(pod), is_parked(pod)
         if not counted and not marked:
             return None
         name, ready = pod["metadata"]["name"], pod_is_ready(pod)
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
         url = metrics_url(pod)
-        if url is None or not ((ready and counted) or marked):
-            return PodObservation(name, ready, None, draining=marked, terminating=not counted)
+        seen: dict[str, Any] = dict(
+            draining=marked, terminating=not counted, standby=parked, created_at=created,
+            variant=(pod["metadata"].get("labels") or {}).get(VARIANT_LABEL), unschedulable=unschedulable(pod),
+        )  # fmt: skip
+        # Parked pods are scraped too (asleep they are not Ready): whether they sleep, what they hold.
+        if url is None or not ((ready and counted) or marked or (parked and counted)):
+            return PodObservation(name, ready, None, **seen)
         result = await pod_http.scrape(http, url)
         sample, error = (None, result) if isinstance(result, str) else (result, None)
-        return PodObservation(name, ready, sample, error, draining=marked, terminating=not counted)
+        return PodObservation(name, ready, sample, error, **seen)
 
     return list(await asyncio.gather(*(one(p) for p in pods)))
 
@@ -336,6 +417,25 @@ async def size_new_service(
     if count is None:
         return svc
     return svc.model_copy(update={"spec": svc.spec.model_copy(update={"replicas": count.desired})})
+
+
+async def start_variant_deployments(
+    kube: Kube, body: Mapping[str, Any], svc: LLMService, missing: list[dict[str, Any]], logger: Log
+) -> None:
+    """Create the variant Deployments reconcile found missing, each with the planner's first count."""
+    if not missing:
+        return
+    counts = ReplicaPlanner.variant_start_counts(svc.spec, dict(body.get("status") or {}))
+    for deployment in missing:
+        variant = deployment["spec"]["template"]["metadata"]["labels"][VARIANT_LABEL]
+        kopf.adopt(deployment, owner=cast(kopf.Body, body))
+        try:
+            await create_variant_deployment(kube, deployment, counts[variant])
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            continue  # created meanwhile (a second reconcile): its count is already someone's
+        logger.info("created Deployment %s with %d replicas", deployment["metadata"]["name"], counts[variant])
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)

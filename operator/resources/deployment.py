@@ -104,14 +104,19 @@ def replica_pod_template(
 
 
 def build_deployment(svc: LLMService, settings: BuildSettings, replicas: int | None = None) -> dict[str, Any]:
-    """The Deployment for ``svc``; ``replicas`` overrides the spec's count (the autoscaler's decision)."""
+    """The Deployment for ``svc``; ``replicas`` overrides the spec's count (the autoscaler's decision).
+
+    With ``autoscaling.standby`` it also runs the parked replicas (asleep beside the active ones; the
+    planner parks and wakes them, ``operator/scaling/standby.py``).
+    """
     spec = svc.spec
+    parked = spec.autoscaling.standby.replicas if spec.autoscaling.standby is not None else 0
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": svc.name, "namespace": svc.namespace, "labels": common_labels(svc)},
         "spec": {
-            "replicas": spec.desired_replicas() if replicas is None else replicas,
+            "replicas": (spec.desired_replicas() if replicas is None else replicas) + parked,
             "selector": {"matchLabels": selector_labels(svc)},
             # Never drop below the current capacity during a rollout; the surge pod
             # needs free GPUs, which is the usual price of zero-downtime updates.

@@ -32,6 +32,8 @@ from plimsoll.operator.resources.pool_view import Role, pool_view
 from plimsoll.operator.resources.quantity import to_bytes
 from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, BuildSettings
 
+# vLLM answers POST /sleep, POST /wake_up and GET /is_sleeping only with this set.
+VLLM_SLEEP_ENDPOINTS_ENV = {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}
 # The engine container's name in every replica pod (the scale-up timeline reads its startedAt).
 ENGINE_CONTAINER = "engine"
 # The plimsoll image's HOME is /home/plimsoll (Dockerfile); compiled kernels and library caches go to
@@ -85,6 +87,23 @@ def _has_flag(args: list[str], *names: str) -> bool:
     return any(a in names or a.split("=", 1)[0] in names for a in args)
 
 
+def _flag_value(args: list[str], name: str) -> str | None:
+    """The value of ``--flag V`` or ``--flag=V`` in ``engine.args`` (None when absent)."""
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def on_gpu(svc: LLMService) -> bool:
+    """Replicas that serve from their GPUs: GPUs requested, and no ``--device`` other than CUDA in
+    ``engine.args`` (a simulated GPU node in a test cluster runs ``--device cpu``)."""
+    device = _flag_value(svc.spec.engine.args, "--device")
+    return svc.spec.resources.gpu.count > 0 and (device is None or device.startswith("cuda"))
+
+
 def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
     """The tuning flags both engines spell the same way, except the KV budget's name."""
     engine = svc.spec.engine
@@ -97,6 +116,8 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.kv_cache_memory is not None:
         args += [kv_cache_flag, str(to_bytes(engine.kv_cache_memory))]
+    if on_gpu(svc) and not _has_flag(engine.args, "--gpu-memory-utilization"):
+        args += ["--gpu-memory-utilization", f"{engine.gpu_memory_utilization:g}"]
     if engine.block_size is not None:
         args += ["--block-size", str(engine.block_size)]
     if engine.prefix_caching is not None:
@@ -168,6 +189,14 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
         args += ["--metrics-compat", "vllm"]
     if svc.spec.engine.profiling:
         args.append("--enable-profiling")
+    if svc.spec.slo.admission == "Predicted":
+        args.append("--slo-admission")  # its TTFT objective arrives with PUT /slo (handlers/attainment.py)
+    if svc.spec.autoscaling.standby is not None:
+        args.append("--enable-sleep-mode")
+    if svc.spec.resources.gpu.count > 0 and not _has_flag(svc.spec.engine.args, "--device"):
+        # Not --device auto: an image without CUDA then fails at start in one line instead of
+        # serving from the CPU while it holds a GPU.
+        args += ["--device", "cuda"]
     return args + _engine_flags(svc, "--kv-cache-memory")
 
 
@@ -180,7 +209,8 @@ def _vllm_args(svc: LLMService, model_arg: str | None) -> list[str]:
         # vLLM's multi-node layout: tensor parallel inside a node, pipeline stages across nodes, on Ray.
         args = [*args[:-1], "--pipeline-parallel-size", str(nodes), "--distributed-executor-backend", "ray",
                 args[-1]]  # fmt: skip
-    return [*args, svc.served_name, *_engine_flags(svc, "--kv-cache-memory-bytes")]
+    sleep = ["--enable-sleep-mode"] if svc.spec.autoscaling.standby is not None else []
+    return [*args, svc.served_name, *sleep, *_engine_flags(svc, "--kv-cache-memory-bytes")]
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -213,9 +243,11 @@ def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
 
 
 def engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    """The image ``svc``'s replicas run: ``engine.image``, else the operator's default for the kind."""
+    """The image ``svc``'s replicas run: ``engine.image``, else the operator's default for the kind
+    (for plimsoll, its CUDA build on GPU replicas and its CPU build otherwise)."""
+    gpu = svc.spec.resources.gpu.count > 0
     default = {
-        "plimsoll": settings.plimsoll_image,
+        "plimsoll": settings.plimsoll_cuda_image if gpu else settings.plimsoll_image,
         "vllm": settings.vllm_image,
         "sglang": settings.sglang_image,
     }
@@ -238,6 +270,8 @@ def engine_container(
         env.append({"name": "HOME", "value": "/tmp"})
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
+    if spec.engine.kind == "vllm" and spec.autoscaling.standby is not None:
+        env.append(VLLM_SLEEP_ENDPOINTS_ENV)  # vLLM serves /sleep and /wake_up only in its dev mode
     image = engine_image(svc, settings)
     command: list[str] | None
     if spec.engine.kind == "plimsoll":

@@ -57,41 +57,27 @@ def _relabel_llmservice() -> list[dict[str, Any]]:
 
 def build_pod_monitor(svc: LLMService, interval: str = "15s") -> dict[str, Any]:
     """A PodMonitor scraping every replica's /metrics (per pod, as the autoscaler sees them)."""
-    return {
-        "apiVersion": MONITORING_GROUP_VERSION,
-        "kind": "PodMonitor",
-        "metadata": {"name": svc.name, "namespace": svc.namespace, "labels": common_labels(svc)},
-        "spec": {
-            "selector": {"matchLabels": selector_labels(svc)},
-            "podMetricsEndpoints": [
-                {
-                    "port": "http",
-                    "path": "/metrics",
-                    "interval": interval,
-                    "relabelings": _relabel_llmservice(),
-                }
-            ],
-        },
-    }
+    return _monitor(svc, "PodMonitor", "podMetricsEndpoints", interval)
 
 
 def build_service_monitor(svc: LLMService, interval: str = "15s") -> dict[str, Any]:
     """A ServiceMonitor for clusters that only select ServiceMonitors."""
+    return _monitor(svc, "ServiceMonitor", "endpoints", interval)
+
+
+def _monitor(svc: LLMService, kind: str, endpoints_field: str, interval: str) -> dict[str, Any]:
+    """The Prometheus operator's monitor of ``kind``: the replicas' port ``http`` at /metrics."""
+    endpoint = {
+        "port": "http",
+        "path": "/metrics",
+        "interval": interval,
+        "relabelings": _relabel_llmservice(),
+    }
     return {
         "apiVersion": MONITORING_GROUP_VERSION,
-        "kind": "ServiceMonitor",
+        "kind": kind,
         "metadata": {"name": svc.name, "namespace": svc.namespace, "labels": common_labels(svc)},
-        "spec": {
-            "selector": {"matchLabels": selector_labels(svc)},
-            "endpoints": [
-                {
-                    "port": "http",
-                    "path": "/metrics",
-                    "interval": interval,
-                    "relabelings": _relabel_llmservice(),
-                }
-            ],
-        },
+        "spec": {"selector": {"matchLabels": selector_labels(svc)}, endpoints_field: [endpoint]},
     }
 
 
@@ -124,8 +110,8 @@ def in_flight_basis(svc: LLMService, capacity: CapacityStatus | None) -> InFligh
         if isinstance(concurrency, int | float) and not isinstance(concurrency, bool) and concurrency > 0:
             knees.append((float(concurrency), kind))
     if knees:
-        value, kind = min(knees)
-        return InFlightBasis(value, f"the measured {kind} knee ({_num(value)} concurrent requests)")
+        knee_value, kind = min(knees)
+        return InFlightBasis(knee_value, f"the measured {kind} knee ({_num(knee_value)} concurrent requests)")
     if capacity.concurrency_per_replica is not None:
         value = capacity.concurrency_per_replica
         return InFlightBasis(float(value), f"the profiled concurrency per replica ({value})")

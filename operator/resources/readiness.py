@@ -102,6 +102,9 @@ def build_status(
     """
     generation = svc.metadata.generation
     desired = svc.spec.desired_replicas()
+    if svc.spec.variants:
+        # The variants' Deployments added up (resources/variants.py): the planner sets each count.
+        desired = int(((deployment or {}).get("spec") or {}).get("replicas", 0) or 0)
     dep_status: dict[str, Any] = (deployment or {}).get("status", {}) or {}
     dep_generation = (deployment or {}).get("metadata", {}).get("generation")
     observed = dep_status.get("observedGeneration")

@@ -61,6 +61,9 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
         args += ["--release-concurrency", str(concurrency)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
+    if svc.spec.slo.admission == "Predicted" and svc.spec.slo.ttft_p95_ms is not None:
+        # Requests every replica would answer past the objective are refused at once (router/slo_routing.py).
+        args += ["--slo-ttft-ms", f"{svc.spec.slo.ttft_p95_ms:g}"]
     placement = model_placement(svc)
     # precise-prefix: the replicas' KV events on the pod IPs, and the model's tokenizer (same image; a
     # pvc:// model is mounted read-only as in the replicas).

@@ -22,6 +22,7 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.labels import common_labels
+from plimsoll.pods import pod_is_ready
 
 PROFILE_ANNOTATION = "plimsoll.dev/profile"
 PROFILE_KIND_ANNOTATION = "plimsoll.dev/profile-kind"
@@ -77,9 +78,7 @@ def ready_replica(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first (by name) Ready, not deleting serving pod with an IP."""
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         status = pod.get("status") or {}
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
+        ready = pod_is_ready(pod)
         if ready and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
             return pod
     return None

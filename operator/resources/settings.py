@@ -21,7 +21,13 @@ class BuildSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     plimsoll_image: str = Field(
-        f"ghcr.io/plimsoll/plimsoll:{__version__}", description="Image for engine.kind plimsoll."
+        f"ghcr.io/plimsoll/plimsoll:{__version__}",
+        description="Image for engine.kind plimsoll on CPU replicas (resources.gpu.count 0), and for the "
+        "operator's own Jobs and the router.",
+    )
+    plimsoll_cuda_image: str = Field(
+        f"ghcr.io/plimsoll/plimsoll:{__version__}-cuda",
+        description="Image for engine.kind plimsoll on GPU replicas: the CUDA build of the same release.",
     )
     vllm_image: str = Field("vllm/vllm-openai:v0.32.0", description="Image for engine.kind vllm.")
     sglang_image: str = Field("lmsysorg/sglang:latest", description="Image for engine.kind sglang.")

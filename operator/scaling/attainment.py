@@ -12,7 +12,9 @@ set. The tracker turns counter deltas over a window into
 
 - :meth:`attainment` — good ÷ judged over the last ``window`` seconds (1 min, 1 h;
   since the tracker started while that is shorter);
-- :meth:`replica_seconds_per_1k_good` — ∫ replicas dt ÷ (good ÷ 1000) over the same window.
+- :meth:`replica_seconds_per_1k_good` — ∫ replicas dt ÷ (good ÷ 1000) over the same window;
+- :meth:`spent` — ∫ cost per hour dt over the window, when each tick was told what the
+  replicas cost (``spec.variants[].costPerHour``): ``status.cost``'s cost per 1000 good requests.
 
 What it is not: an estimate from latency histograms (a request's TTFT and
 TPOT are binned apart, so "both within bounds" cannot be read back from
@@ -56,6 +58,7 @@ class _Tick:
     time: float
     counts: dict[str, tuple[float, float]]  # pod -> (good, judged), cumulative
     replicas: int
+    cost_per_hour: float | None = None
 
 
 @dataclass
@@ -65,13 +68,24 @@ class AttainmentTracker:
     objectives: dict[str, float]  # what the replicas were told; a change starts afresh
     ticks: deque[_Tick] = field(default_factory=deque)
 
-    def observe(self, now: float, samples: Mapping[str, PodSample], replicas: int) -> None:
+    def observe(
+        self,
+        now: float,
+        samples: Mapping[str, PodSample],
+        replicas: int,
+        cost_per_hour: float | None = None,
+        shed: Mapping[str, float] | None = None,
+    ) -> None:
+        """One tick; ``shed`` are cumulative counts of requests refused before any replica judged them
+        (the router's predicted-TTFT refusals, by router), each one judged and not good."""
         counts = {
             name: (s.slo_good, s.slo_good + s.slo_bad)
             for name, s in samples.items()
             if s.slo_good is not None and s.slo_bad is not None and s.slo_objectives == self.objectives
         }
-        self.ticks.append(_Tick(now, counts, replicas))
+        for name, total in (shed or {}).items():
+            counts[f"shed:{name}"] = (0.0, total)
+        self.ticks.append(_Tick(now, counts, replicas, cost_per_hour))
         horizon = now - max(WINDOWS_S.values())
         while len(self.ticks) >= 2 and self.ticks[1].time <= horizon:
             self.ticks.popleft()
@@ -121,6 +135,17 @@ class AttainmentTracker:
         for a, b in itertools.pairwise(inside):
             total += a.replicas * (b.time - a.time)
         return total
+
+    def spent(self, window_s: float) -> tuple[float, float] | None:
+        """(∫ cost per hour dt, the seconds it covers) over the window; None without an interval or a cost."""
+        base = self._base(window_s)
+        if base is None:
+            return None
+        inside = [t for t in self.ticks if t.time >= base.time]
+        if any(t.cost_per_hour is None for t in inside[:-1]):
+            return None
+        total = sum((a.cost_per_hour or 0.0) * (b.time - a.time) for a, b in itertools.pairwise(inside))
+        return total / 3600.0, inside[-1].time - inside[0].time
 
     def replica_seconds_per_1k_good(self, window_s: float) -> float | None:
         counted = self.counted(window_s)

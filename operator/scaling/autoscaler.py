@@ -40,7 +40,7 @@ when no other rule (starting size, zero, a drain) owns the tick.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -205,7 +205,15 @@ class Autoscaler:
         """(time, raw recommendation) pairs still inside a stabilisation window."""
         return tuple(self._history)
 
-    def decide(self, now: float, current_replicas: int, pods: Sequence[PodObservation]) -> Decision:
+    def decide(
+        self,
+        now: float,
+        current_replicas: int,
+        pods: Sequence[PodObservation],
+        floor: tuple[int, str] | None = None,
+    ) -> Decision:
+        """The verdict for this tick; ``floor`` is another rule's (replicas, formula) the recommendation
+        is raised to before stabilisation (the predicted-TTFT rule, ``token_signal.py``)."""
         cfg = self.config
         if self._history and now < self._history[-1][0]:
             raise ValueError(
@@ -221,7 +229,7 @@ class Autoscaler:
         errors = tuple(f"{p.name}: {p.error}" for p in pods if p.error)
         in_flight = sum(s.in_flight for s in with_metrics.values() if s is not None)
         waiting = sum(s.waiting for s in with_metrics.values() if s is not None)
-        base = dict(
+        base: dict[str, Any] = dict(
             time=now,
             current_replicas=current_replicas,
             target=cfg.target_per_replica,
@@ -269,6 +277,10 @@ class Autoscaler:
         if rising is not None:
             recommendation, trend_formula = rising
             formula = f"{formula}; {trend_formula}"
+        raised = floor is not None and floor[0] > max(recommendation, current_replicas)
+        if floor is not None and raised:
+            recommendation = floor[0]
+            formula = f"{formula}; {floor[1]}"
 
         # 3. Stabilisation over the windows (the current raw recommendation included).
         self._history.append((now, recommendation))
@@ -295,6 +307,8 @@ class Autoscaler:
                     "waiting for the load to persist"
                 ),
             )
+        elif recommendation > current_replicas and raised:
+            reason, message = "PredictedTTFTAboveSLO", "predicted TTFT above the SLO: the queue needs more replicas"
         elif recommendation > current_replicas and rising is not None:
             reason, message = (
                 "InFlightRising",
@@ -416,7 +430,7 @@ class Autoscaler:
     def _calculate(
         self,
         current: int,
-        with_metrics: dict[str, PodSample | None],
+        with_metrics: Mapping[str, PodSample | None],
         unready: tuple[str, ...],
         missing: tuple[str, ...],
     ) -> tuple[int, Fraction, str, str]:

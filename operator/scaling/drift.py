@@ -258,10 +258,10 @@ class DriftTracker:
     def verdict(self, now: float) -> DriftVerdict:
         """ProfileDrift for the replicas as seen at ``now`` (the last :meth:`observe`)."""
         if self.version_change is not None:
-            pod, was, now = self.version_change
+            pod, was, running = self.version_change
             return DriftVerdict(
                 "True", "EngineVersionChanged",
-                f"pod {pod} reports engine version {now}; the profile was measured on {was}",
+                f"pod {pod} reports engine version {running}; the profile was measured on {was}",
                 version_change=self.version_change,
             )  # fmt: skip
         if not self.curve:

@@ -3,7 +3,9 @@
 What it is: :func:`parse_scrape`, from Prometheus text exposition to a
 :class:`PodSample` — running and waiting requests, KV-cache usage, and the TTFT
 and TPOT histograms, the start-up phases, the SLO counters and the requests
-its shutdown cut — for either engine family in :mod:`plimsoll.metric_names`
+its shutdown cut, the token-aware load (backlog and predicted TTFT in seconds,
+prompt tokens waiting, decode tokens remaining, measured rates) and sleep state
+— for either engine family in :mod:`plimsoll.metric_names`
 (``plimsoll_*`` or ``vllm:*``). Parsing, histograms and ``histogram_quantile``
 are :mod:`plimsoll.prometheus`'s, shared with bench and the router.
 
@@ -13,11 +15,18 @@ What it is not: it does not fetch anything. The handler scrapes; this reads text
 from dataclasses import dataclass, field
 
 from plimsoll.metric_names import (
+    BACKLOG_SECONDS,
     BUILD_INFO,
+    DECODE_STEP_SECONDS,
+    DECODE_TOKENS_REMAINING,
     ENGINE_FAMILIES,
+    ENGINE_SLEEP_LEVEL,
     KV_CACHE_BYTES_PER_TOKEN,
     KV_TIER_HITS,
+    PREDICTED_TTFT_SECONDS,
     PREFILL_BACKLOG_TOKENS,
+    PREFILL_TOKENS_PER_SECOND,
+    PROMPT_TOKENS_WAITING,
     REQUESTS_CUT_BY_SHUTDOWN,
     SLO_OBJECTIVE_SECONDS,
     SLO_REQUESTS,
@@ -63,6 +72,16 @@ class PodSample:
     # signal; None for engines that do not export it.
     prefill_backlog_tokens: float | None = None
     kv_bytes_per_token: float | None = None  # plimsoll_kv_cache_bytes_per_token
+    # Token-aware load (plimsoll.ttft_prediction), None where the engine does not export it (vLLM, an
+    # older plimsoll, a replica that has not measured its rates yet).
+    prompt_tokens_waiting: float | None = None
+    decode_tokens_remaining: float | None = None
+    backlog_s: float | None = None  # a request arriving now waits this long before its prefill starts
+    predicted_ttft_s: float | None = None  # for a request of the replica's recent mean prompt length
+    prefill_tokens_per_s: float | None = None
+    decode_step_s: float | None = None
+    sleep_level: int = 0  # sleep mode: 0 awake, 1 or 2 asleep
+    resident_bytes: float | None = None  # process_resident_memory_bytes: what a parked replica holds
 
     @property
     def in_flight(self) -> float:
@@ -97,6 +116,14 @@ READ = frozenset(
         REQUESTS_CUT_BY_SHUTDOWN,
         PREFILL_BACKLOG_TOKENS,
         KV_CACHE_BYTES_PER_TOKEN,
+        PROMPT_TOKENS_WAITING,
+        DECODE_TOKENS_REMAINING,
+        BACKLOG_SECONDS,
+        PREDICTED_TTFT_SECONDS,
+        PREFILL_TOKENS_PER_SECOND,
+        DECODE_STEP_SECONDS,
+        ENGINE_SLEEP_LEVEL,
+        "process_resident_memory_bytes",
     }
 )
 
@@ -146,7 +173,21 @@ def parse_scrape(text: str) -> PodSample:
         tier_hits=_tier_hits(scrape),
         prefill_backlog_tokens=scrape.sum(PREFILL_BACKLOG_TOKENS),
         kv_bytes_per_token=scrape.sum(KV_CACHE_BYTES_PER_TOKEN),
+        prompt_tokens_waiting=scrape.sum(PROMPT_TOKENS_WAITING),
+        decode_tokens_remaining=scrape.sum(DECODE_TOKENS_REMAINING),
+        backlog_s=_max(scrape, BACKLOG_SECONDS),
+        predicted_ttft_s=_max(scrape, PREDICTED_TTFT_SECONDS),
+        prefill_tokens_per_s=_max(scrape, PREFILL_TOKENS_PER_SECOND),
+        decode_step_s=_max(scrape, DECODE_STEP_SECONDS),
+        sleep_level=int(_max(scrape, ENGINE_SLEEP_LEVEL) or 0),
+        resident_bytes=scrape.sum("process_resident_memory_bytes"),
     )
+
+
+def _max(scrape: Scrape, name: str) -> float | None:
+    # One series per engine behind the pod: the slowest one decides what a request may wait.
+    values = scrape.values(name)
+    return max(values) if values else None
 
 
 def _tier_hits(scrape: Scrape) -> dict[str, float]:

@@ -22,9 +22,21 @@ The rules, in the order a tick applies them (the first that owns the tick ends i
 5. **To zero**: with ``scaling.min: 0`` and no sign of work for
    ``scaling.idleSeconds``, the last replicas are drained (rule 4), then 0.
 6. **The HPA formula** (``autoscaler.py``: stabilisation windows, rate policy,
-   queue fast path, trend): a scale-up is written at once and followed to the
-   new pod's first answer (``scale_up_timeline.py``); a scale-down starts a drain.
-   ``SLOAtRisk`` comes from the replicas' histograms and attainment (``slo.py``).
+   queue fast path, trend), raised to what the **predicted TTFT** against
+   ``spec.slo.ttftP95Ms`` asks (``token_signal.py``: the replicas' backlog in
+   seconds, starting replicas credited by their expected Ready): a scale-up is
+   written at once and followed to the new pod's first answer
+   (``scale_up_timeline.py``); a scale-down starts a drain. ``SLOAtRisk`` comes
+   from the replicas' histograms and attainment (``slo.py``).
+
+With ``autoscaling.standby`` the rules above see only the active pods, and a last
+rule (``standby.py``) wakes parked replicas when the count asks for more active
+ones than there are, and parks the surplus (the pods the Deployment starts to keep
+the pool full, the replicas a scale-down drained) asleep.
+
+With ``spec.variants`` the tick is :class:`~plimsoll.operator.scaling.variant_planner.VariantPlanner`'s
+instead (rules 2–6 per hardware variant: the cheapest mix that carries the demand,
+a count per variant pool), then ``SLOAtRisk`` as above.
 
 On a split service (``spec.disaggregation``, ``pools.py``) the rules above run for the decode
 pool (the service's replicas) on its decode load instead of in-flight, and the prefill pool
@@ -77,8 +89,11 @@ from plimsoll.operator.scaling.scale_to_zero import floored
 from plimsoll.operator.scaling.scale_up_timeline import ScaleUpTimeline
 from plimsoll.operator.scaling.sizing import NoTargetError
 from plimsoll.operator.scaling.slo import check_slo
+from plimsoll.operator.scaling.standby import Standby
 from plimsoll.operator.scaling.starting_size import plan_start
 from plimsoll.operator.scaling.timestamps import rfc3339_seconds
+from plimsoll.operator.scaling.token_signal import TokenSignal, predicted_ttft_recommendation
+from plimsoll.operator.scaling.variant_planner import VariantPlanner, start_counts
 
 # Unchanged replicas and conditions: refresh status.autoscaler at most this often.
 STATUS_MIN_INTERVAL_S = 15.0
@@ -86,6 +101,9 @@ STATUS_MIN_INTERVAL_S = 15.0
 SLO_WINDOW_S = 60.0
 # A scale-up whose new pod has not answered after this long is written as it stands (complete: false).
 TIMELINE_GIVE_UP_S = 900.0
+# What the predicted-TTFT rule expects a new replica to take before anything was measured, and a wake.
+DEFAULT_COLD_START_S = 30.0
+DEFAULT_WAKE_S = 2.0
 
 # ScalingLimited=False (reason, message) when the decision touched a bound that is not a problem.
 _WITHIN_RANGE = ("DesiredWithinRange", "desired {desired} within bounds")
@@ -100,7 +118,9 @@ _NOT_COMPARED = ("time", "lastScaleUp")
 def needs_router_demand(spec: LLMServiceSpec) -> bool:
     """Whether a tick asks the router's ``/hold``: only a service that can be, or is, at zero."""
     at_zero_allowed = spec.scaling is not None and spec.scaling.min == 0
-    return bool(spec.router_in_front() and (at_zero_allowed or spec.desired_replicas() == 0))
+    # With predicted admission the router's refusals count in the SLO attainment: asked every tick.
+    admission = spec.slo.admission == "Predicted"
+    return bool(spec.router_in_front() and (at_zero_allowed or admission or spec.desired_replicas() == 0))
 
 
 def condition_states(conditions: list[dict[str, Any]] | None) -> dict[str, str]:
@@ -160,6 +180,14 @@ class ReplicaPlanner:
         self.phases: ScalePhases | None = None
         self.prefill_scaler: Autoscaler | None = None  # a split service's prefill pool: its own HPA history
         self.split_written = -math.inf  # when status.disaggregation was last written
+        self.variants: VariantPlanner | None = None  # spec.variants: the mix's state
+        self.standby: Standby | None = None
+        self._parked_seen: tuple[PodObservation, ...] = ()
+
+    @staticmethod
+    def variant_start_counts(spec: LLMServiceSpec, status: dict[str, Any]) -> dict[str, int]:
+        """The first count of each variant's Deployment (reconcile creates them with it)."""
+        return start_counts(spec, status)
 
     @staticmethod
     def plan_start(now: float, spec: LLMServiceSpec, status: dict[str, Any]) -> Plan | None:
@@ -180,11 +208,19 @@ class ReplicaPlanner:
             self.forget()
             _start_size(draft, spec, status)
             return draft.build(draft.must_write)
-        self._rules(draft, observations, spec, status)
-        if spec.disaggregation is not None:
-            self._split(draft, observations, spec, status)
+        # Parked standby pods serve nothing: every rule but the standby one sees the active pods only.
+        active = observations.active()
+        self._parked_seen = observations.parked
+        if spec.variants:
+            self._variant_rules(draft, active, spec, status)
+        else:
+            self.variants = None
+            self._rules(draft, active, spec, status)
+            if spec.disaggregation is not None:  # refused together with spec.variants
+                self._split(draft, active, spec, status)
         if self.phases is not None:
-            self.phases.unmark_strays(draft, observations)
+            self.phases.unmark_strays(draft, active)
+        self._standby(draft, observations, spec, status)
         for count in draft.replicas:
             if count.pool == DEFAULT_POOL:  # the prefill pool's count is its own scaler's
                 self._saw(count.current, count.desired)
@@ -222,6 +258,7 @@ class ReplicaPlanner:
         if self.phases is None:
             self.phases = ScalePhases.from_status(status, obs, spec, now)
         phases = self.phases
+        phases.park_removed = spec.autoscaling.standby is not None
         samples = obs.ready_samples()
         phases.book(draft, obs)
         self._follow_timeline(draft, obs, samples)
@@ -248,6 +285,22 @@ class ReplicaPlanner:
             return
         self._autoscale(draft, obs, spec, status, current, samples)
 
+    def _variant_rules(
+        self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]
+    ) -> None:
+        """Hardware variants: the mix (``variant_planner.py``), then SLOAtRisk from the same scrapes."""
+        if self.variants is None:
+            self.variants = VariantPlanner()
+        self.variants.plan(draft, obs, spec, status)
+        slo = self._check_slo(draft.now, spec, obs.ready_samples(), obs.attainment)
+        if slo is not None:
+            state: ConditionStatus = "True" if slo[0] == "True" else "False" if slo[0] == "False" else "Unknown"
+            condition: ConditionUpdate = ("SLOAtRisk", state, slo[1], slo[2])
+            stored = condition_states(status.get("conditions"))
+            if draft.must_write or stored.get("SLOAtRisk") != state:
+                draft.conditions.append(condition)
+                draft.must_write = True
+
     def _autoscale(
         self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any], current: int,
         samples: dict[str, PodSample],
@@ -256,7 +309,11 @@ class ReplicaPlanner:
         assert self.scaler is not None and self.phases is not None
         now = draft.now
         pods = decode_load(spec, status, obs.counted) if spec.disaggregation is not None else obs.counted
-        decision = draft.decision = self.scaler.decide(now, current, pods)
+        # The predicted-TTFT rule reads the replicas' prompt backlog; on a split service prompts wait in
+        # the prefill pool, which scales on that backlog itself (_prefill), so the decode pool goes without.
+        signal = self._token_signal(now, obs, spec, status, current) if spec.disaggregation is None else None
+        floor = (signal.recommendation, signal.formula) if signal and signal.recommendation is not None else None
+        decision = draft.decision = self.scaler.decide(now, current, pods, floor)
         self._saw(current, decision.desired_replicas)
         if decision.metric is not None and decision.metric > decision.target:
             self.crossed_at = now if self.crossed_at is None else self.crossed_at
@@ -285,6 +342,8 @@ class ReplicaPlanner:
             draft.event("Warning", "ScalingLimited", decision.event_message())
 
         block = decision.to_status()
+        if signal is not None:
+            block["tokenAware"] = signal.to_status()
         conditions = decision_conditions(decision, slo)
         # At once when replicas or a condition's status change; otherwise at most every
         # STATUS_MIN_INTERVAL_S, so a noisy load does not turn into a status write per tick.
@@ -340,6 +399,44 @@ class ReplicaPlanner:
             self.prefill_scaler = Autoscaler(config)
         decision = self.prefill_scaler.decide(now, current, prefill_backlog(pods, rate))
         return decision, pool_autoscaler_status(decision.to_status(), prefill_signal(rate, source))
+    def _token_signal(
+        self, now: float, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any], current: int
+    ) -> TokenSignal | None:
+        """The predicted-TTFT rule (``token_signal.py``) when ``spec.slo.ttftP95Ms`` is set and it is on."""
+        slo_ms = spec.slo.ttft_p95_ms
+        if slo_ms is None or not spec.autoscaling.token_aware:
+            return None
+        cold = _expected_cold_start(status)
+        parked_asleep = any(p.sample is not None and p.sample.sleep_level > 0 for p in self._parked_seen)
+        wake = self.standby.last_wake_s if self.standby is not None and self.standby.last_wake_s else DEFAULT_WAKE_S
+        return predicted_ttft_recommendation(
+            now, current, obs.counted, slo_ms / 1000.0, cold, min(wake, cold) if parked_asleep else cold
+        )
+
+    def _standby(self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]) -> None:
+        """The standby rule (``standby.py``) against the count this tick leaves, and ``status.standby``."""
+        config = spec.autoscaling.standby
+        if config is None:
+            self.standby = None
+            if status.get("standby") is not None:
+                draft.fields["standby"] = None
+            return
+        if self.standby is None:
+            self.standby = Standby.from_status(status.get("standby"))
+        # The service's own pool: a split service's prefill count is not the replicas standby sits beside.
+        counts = [c for c in draft.replicas if c.pool != PREFILL_POOL]
+        count = counts[-1].desired if counts else spec.desired_replicas()
+        held: frozenset[str] = frozenset()
+        if self.phases is not None:
+            held = frozenset(self.phases.drain.pods if self.phases.drain is not None else ()) | frozenset(
+                self.phases.removed
+            )
+        self.standby.plan(draft, obs, count, config.replicas, config.level, held)
+        block = self.standby.to_status(obs, config.replicas, config.level)
+        if status.get("standby") != block:
+            draft.fields["standby"] = block
+            if (status.get("standby") or {}).get("parked") != block["parked"]:
+                draft.must_write = True
 
     def _check_slo(
         self, now: float, spec: LLMServiceSpec, samples: dict[str, PodSample], attainment: float | None
@@ -404,6 +501,8 @@ def _same_split(stored: dict[str, Any], fresh: dict[str, Any]) -> bool:
 
 def _start_size(draft: PlanDraft, spec: LLMServiceSpec, status: dict[str, Any]) -> bool:
     """Rule 1 into ``draft``; True when the spec has no count and ``expectedLoad`` (or a seed) applies."""
+    if spec.variants:
+        return False  # each variant's Deployment starts at its own count (variant_planner.start_counts)
     start = plan_start(spec, _profiled(status))
     if start is None:
         return False
@@ -418,6 +517,16 @@ def _start_size(draft: PlanDraft, spec: LLMServiceSpec, status: dict[str, Any]) 
             None, start.replicas, start.reason, start.formula or start.message, only_if_unchanged=True
         )
     return True
+
+
+def _expected_cold_start(status: dict[str, Any]) -> float:
+    """Seconds a new replica is expected to take to be Ready: the measured cold starts' p95, else the last
+    scale-up's decision-to-Ready, else a default."""
+    p95 = (status.get("coldStart") or {}).get("p95Seconds")
+    if p95:
+        return float(p95)
+    last = ((status.get("autoscaler") or {}).get("lastScaleUp") or {}).get("decisionToReadySeconds")
+    return float(last) if last else DEFAULT_COLD_START_S
 
 
 def _no_target(now: float, why: str) -> dict[str, Any]:

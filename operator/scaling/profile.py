@@ -252,6 +252,12 @@ class CapacityProfile:
                 return (e0 + (e1 - e0) * (concurrency - c0) / (c1 - c0)) / 1000
         return points[-1][1] / 1000
 
+    def requests_per_second(self) -> float | None:
+        """Requests one replica finishes per second at its recommended concurrency (Little's law:
+        concurrency ÷ the mean end-to-end latency there); None without latencies."""
+        latency = self.mean_latency_s(self.concurrency_per_replica)
+        return None if not latency else round(self.concurrency_per_replica / latency, 6)
+
     def curve(self) -> list[dict[str, Any]]:
         """For ``status.capacity.curve``: what one replica did at each level (the drift check's reference)."""
         return [

@@ -6,7 +6,8 @@ one pool, :data:`DEFAULT_POOL` (``spec.replicas``), and later pools (prefill and
 decode, hardware variants) are more entries of the same shape. :class:`Drain`
 and :class:`Undrain` are what the handler keeps true of a pod (marked for
 removal, or not), stated again every tick so a restarted replica or a hand-made
-``DELETE /drain`` is put back. :class:`StatusUpdate` is the one status write of
+``DELETE /drain`` is put back; :class:`Park` and :class:`Wake` likewise for a pod
+in warm standby (``standby.py``). :class:`StatusUpdate` is the one status write of
 the tick (None: nothing worth writing), :class:`PlanEvent` an Event to post.
 Waking from zero is a :class:`ReplicaCount` from 0 (reason ``ScaledFromZero``):
 the router releases its held requests by itself once a replica is Ready.
@@ -26,11 +27,25 @@ from plimsoll.operator.scaling.autoscaler import Decision
 
 # The pool ``spec.replicas`` counts.
 DEFAULT_POOL = "default"
+# A hardware variant's pool (spec.variants): its Deployment's count.
+VARIANT_POOL_PREFIX = "variant/"
+# A replica parked asleep beside the active ones (autoscaling.standby): the router sends it nothing.
+STANDBY_LABEL = "plimsoll.dev/standby"
 # How a Drain shows on the pod: the router sends a pod with this label nothing new, and the
 # ReplicaSet controller removes pods with the lowest deletion cost first (every other pod's is 0).
 DRAINING_LABEL = "plimsoll.dev/draining"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 DRAINING_DELETION_COST = "-1000"
+
+
+def variant_pool(variant: str) -> str:
+    """The pool name of one hardware variant's replicas."""
+    return f"{VARIANT_POOL_PREFIX}{variant}"
+
+
+def pool_variant(pool: str) -> str | None:
+    """The variant a pool counts (None for the default pool)."""
+    return pool.removeprefix(VARIANT_POOL_PREFIX) if pool.startswith(VARIANT_POOL_PREFIX) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +81,24 @@ class Undrain:
     reason: str
 
 
-PodAction = Drain | Undrain
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Keep ``pod`` parked in standby: label ``plimsoll.dev/standby``, asleep at ``level`` once idle."""
+
+    pod: str
+    level: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Wake ``pod`` from standby: ``POST /wake_up``, unmark it for removal, then the label off."""
+
+    pod: str
+    reason: str
+
+
+PodAction = Drain | Undrain | Park | Wake
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +142,12 @@ class Plan:
     def drained(self) -> tuple[str, ...]:
         return tuple(a.pod for a in self.actions if isinstance(a, Drain))
 
+    def parked(self) -> tuple[str, ...]:
+        return tuple(a.pod for a in self.actions if isinstance(a, Park))
+
+    def woken(self) -> tuple[str, ...]:
+        return tuple(a.pod for a in self.actions if isinstance(a, Wake))
+
     def undrained(self) -> tuple[str, ...]:
         return tuple(a.pod for a in self.actions if isinstance(a, Undrain))
 
@@ -137,11 +175,22 @@ class PlanDraft:
         self.replicas.append(ReplicaCount(pool, current, desired, reason, formula, only_if_unchanged))
         self.must_write = True
 
+    def pool_count(self, pool: str, current: int | None, desired: int, reason: str, formula: str) -> None:
+        """A named pool's count (a hardware variant's: :func:`variant_pool`)."""
+        self.replicas.append(ReplicaCount(pool, current, desired, reason, formula))
+        self.must_write = True
+
     def drain(self, pod: str, reason: str) -> None:
         self.actions[pod] = Drain(pod, reason)
 
     def undrain(self, pod: str, reason: str) -> None:
         self.actions[pod] = Undrain(pod, reason)
+
+    def park(self, pod: str, level: int, reason: str) -> None:
+        self.actions[pod] = Park(pod, level, reason)
+
+    def wake(self, pod: str, reason: str) -> None:
+        self.actions[pod] = Wake(pod, reason)
 
     def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
         self.events.append(PlanEvent(type_, reason, message))

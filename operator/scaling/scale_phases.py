@@ -52,6 +52,9 @@ class ScalePhases:
     removed: dict[str, float] = field(default_factory=dict)  # pod -> when its count went down
     note: dict[str, Any] = field(default_factory=dict)  # how the last drain went, for status.scaleDown
     zero_reported: bool = False
+    # With autoscaling.standby the replicas a drain emptied are parked (standby.py), not left marked for
+    # the ReplicaSet to delete: the Deployment then shrinks by deleting parked pods.
+    park_removed: bool = False
 
     @classmethod
     def from_status(
@@ -183,11 +186,12 @@ class ScalePhases:
         reason = "ScaledToZero" if plan.to_replicas == 0 else "ScaledDown"
         formula = f"{plan.from_replicas} − {len(plan.pods)} drained = {plan.to_replicas}"
         draft.count(plan.from_replicas, plan.to_replicas, reason, formula)
-        message = f"{plan.from_replicas} → {plan.to_replicas}: {step.message}; removing exactly those pods"
+        fate = "parking exactly those pods in standby" if self.park_removed else "removing exactly those pods"
+        message = f"{plan.from_replicas} → {plan.to_replicas}: {step.message}; {fate}"
         draft.event("Normal" if step.reason == "Drained" else "Warning", reason, message)
         for name in plan.pods:
             self.tally.watch(name)
-        for name in live:
+        for name in live if not self.park_removed else ():
             self.removed[name] = draft.now
             draft.drain(name, _REMOVED)
         self.note = {"reason": step.reason, "message": message, "lastPods": list(plan.pods)}

@@ -20,9 +20,9 @@ What it is not: fp8, static (calibrated) scales, or int8 arithmetic: readers deq
 the query's dtype (the Triton kernels fold the K scale into the scores and the V scale into
 the probabilities, in registers).
 
-``quantize``/``dequantize`` keep the older row-packed form (each row's ``D`` values followed by
-its scale's 4 bytes), which ``kernels/cpu_kernels.decode_attention`` still reads; no engine
-cache uses it, and ``attention/sdpa.py`` does not hand an int8 cache to that kernel.
+Readers: ``reference.py`` and ``sdpa.py`` (gather and dequantise), the Triton kernels, and the
+CPU decode-attention kernel (``kernels/csrc/attention.h``, ``Cache<int8_t>``), which reads values
+and scales where they lie.
 """
 
 import torch
@@ -121,20 +121,6 @@ def quantize_cache(cache: torch.Tensor) -> torch.Tensor:
 def dequantize_cache(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An int8 cache in the block layout → ``[num_blocks, block_size, Hkv, D]`` of ``dtype``."""
     return (values(cache).float() * scales(cache)[..., None]).to(dtype)
-
-
-def quantize(rows: torch.Tensor) -> torch.Tensor:
-    """Row-packed form: ``[..., D]`` float → ``[..., D + 4]`` int8, the rounded values, then the
-    scale's bytes (what ``cpu_kernels.decode_attention`` reads; see the module docstring)."""
-    q, s = quantize_rows(rows)
-    return torch.cat([q, s[..., None].view(torch.int8)], dim=-1)
-
-
-def dequantize(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Row-packed form: ``[..., D + 4]`` int8 → ``[..., D]`` of ``dtype``."""
-    d = packed.shape[-1] - SCALE_BYTES
-    scale = packed[..., d:].contiguous().view(torch.float32)  # [..., 1]
-    return (packed[..., :d].float() * scale).to(dtype)
 
 
 def scale_error_bound(rows: torch.Tensor) -> torch.Tensor:

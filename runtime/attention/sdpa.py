@@ -12,8 +12,10 @@ never copied per query head. ``store_kv`` writes through a flat view of the cach
 with one ``index_copy_``. An int8 cache (``kv_int8``) is quantised as it is stored and
 dequantised as it is gathered (through ``kv_int8``'s block layout).
 
-Float32 prefill and mixed steps on CPU go to ``cpu_kernels.paged_attention`` where it is
-built (head_dim 64 or 128): the per-sequence SDPA calls below are what it falls back to.
+Decode steps with a float32 query on CPU go to ``cpu_kernels.decode_attention`` where it is
+built (float32, bfloat16 or int8 cache); float32 prefill and mixed steps over a float cache to
+``cpu_kernels.paged_attention`` (head_dim 64 or 128): the SDPA calls below are what they fall
+back to.
 
 What it is not: a kernel, or the oracle. ``attention/reference.py`` stays the
 reference the Triton kernels and this module are tested against.
@@ -66,9 +68,9 @@ def decode_attention(
     context_lens: torch.Tensor,  # [B]
     scale: float,
 ) -> torch.Tensor:  # [B, H, D]
-    """Float32 on CPU goes to the compiled kernel (``cpu_kernels``) when it is built; not an int8
-    cache, whose block layout (``kv_int8``) that kernel does not read."""
-    if cpu_kernels.supports_attention(query, k_cache, v_cache) and not kv_int8.is_int8(k_cache):
+    """A float32 query on CPU goes to the compiled kernel (``cpu_kernels``) when it is built, over a
+    float32, bfloat16 or int8 cache (the kernel reads ``kv_int8``'s block layout in place)."""
+    if cpu_kernels.supports_attention(query, k_cache, v_cache):
         return cpu_kernels.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
     return sdpa_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
 
@@ -157,8 +159,8 @@ def paged_attention(
     is_decode = q_lens == 1
     if bool(is_decode.all()):
         return decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
-    # Prefill and mixed steps in one call (not an int8 cache: the kernel reads no block layout).
-    if cpu_kernels.supports_paged_attention(query, k_cache, v_cache) and not kv_int8.is_int8(k_cache):
+    # Prefill and mixed steps in one call (float32 and bfloat16 caches; an int8 one goes to SDPA).
+    if cpu_kernels.supports_paged_attention(query, k_cache, v_cache):
         return cpu_kernels.paged_attention(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         )

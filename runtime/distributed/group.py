@@ -55,7 +55,7 @@ class TensorParallelGroup:
 
     def _timed(self, tensor: torch.Tensor, run: Any) -> Any:
         if tensor.is_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]  # torch.cuda.Event.__init__ is unannotated (torch 2.15)
             start.record()
             result = run()
             end.record()

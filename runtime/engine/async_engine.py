@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from plimsoll.runtime.engine.config import EngineConfig
@@ -23,6 +23,7 @@ from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.step_profiler import StepProfiler
+from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ class AsyncEngine:
         ] = {}
         self._stopping = False
         self._error: BaseException | None = None
+        # Requests handed to the engine thread but not yet in its scheduler: (prompt, max new tokens)
+        # each, counted by the queue the admission predictor sees.
+        self._posted: dict[str, tuple[int, int]] = {}
+        self._posted_lock = threading.Lock()  # written by the event loop and the engine thread
         self.is_ready = False
         # Called from the engine thread when the loop dies; the server uses it to drain and exit 1.
         self.on_dead: Callable[[BaseException], None] | None = None
@@ -81,7 +86,7 @@ class AsyncEngine:
         def run() -> None:
             try:
                 engine = LLMEngine(self.config, self.observer)
-                engine.warmup()
+                engine.warmup(defer_rest=True)  # the rest runs once Ready, while the loop idles
             except BaseException as exc:  # start() raises it
                 loop.call_soon_threadsafe(settle, None, exc)
                 return
@@ -145,6 +150,18 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self._engine().stats()  # reads plain ints; a slightly stale view is fine
 
+    def queue_snapshot(self) -> QueueSnapshot:
+        """The engine's queue after its last step, plus what was handed to it since (admission reads it)."""
+        if self.engine is None:
+            return QueueSnapshot()
+        with self._posted_lock:
+            posted = tuple(self._posted.values())
+        return self.engine.queue.plus(posted)
+
+    def service_rates(self) -> ServiceRates | None:
+        """This replica's measured prefill rate and decode step (None until warm-up measured them)."""
+        return self.engine.rate_meter.rates() if self.engine is not None else None
+
     # -- LoRA adapters -----------------------------------------------------------------
 
     def list_loras(self) -> list[LoRARequest]:
@@ -188,7 +205,7 @@ class AsyncEngine:
         priority: int = 0,
         fairness_id: str | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of one request already validated by the caller (the HTTP edge), under the
         adapter ``lora_name`` if given.
 
@@ -203,6 +220,11 @@ class AsyncEngine:
         ids = list(prompt_token_ids)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        limit = self.max_model_len - len(ids)
+        wanted = params.max_tokens if params.max_tokens is not None else limit
+        with self._posted_lock:
+            for i in range(params.n):
+                self._posted[f"{request_id}#{i}"] = (len(ids), max(1, min(wanted, limit)))
         self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, cache_salt))
         finished = False
         try:
@@ -229,6 +251,21 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
+
+    @property
+    def sleep_level(self) -> int:
+        """0 awake, else the level it sleeps at (engine/sleep_mode.py)."""
+        return self.engine.sleep_level if self.engine is not None else 0
+
+    async def sleep(self, level: int) -> int:
+        """Sleep at ``level`` on the engine thread; the bytes freed. ``SleepModeError`` when it cannot."""
+        freed: int = await self._call(lambda e: e.sleep(level))
+        return freed
+
+    async def wake_up(self) -> float:
+        """Wake on the engine thread; the seconds it took."""
+        took: float = await self._call(lambda e: e.wake_up())
+        return took
 
     async def begin_profile(self) -> None:
         """Start a torch profile of the engine loop (on its thread); ProfileBusyError if one runs."""
@@ -277,6 +314,11 @@ class AsyncEngine:
         engine = self._engine()
         try:
             while True:
+                if engine.deferred_warmup and not engine.sleep_level:
+                    with self._cond:
+                        idle = not self._commands and not engine.has_unfinished_requests()
+                    if idle:
+                        engine.run_deferred_warmup()
                 with self._cond:
                     while not self._commands and not engine.has_unfinished_requests() and not self._stopping:
                         self._cond.wait()
@@ -286,6 +328,9 @@ class AsyncEngine:
                 for kind, payload in commands:
                     if kind == "add":
                         request_id, ids, params, arrival, lora_name, priority, fairness_id, salt = payload
+                        with self._posted_lock:
+                            for i in range(params.n):
+                                self._posted.pop(f"{request_id}#{i}", None)
                         try:
                             engine.add_request(
                                 request_id, ids, params, arrival, ids, lora_name,
@@ -301,6 +346,8 @@ class AsyncEngine:
                         out = engine.abort_request(payload)
                         if out is not None:
                             self._deliver(out, payload)
+                if commands:
+                    engine.publish_queue()
                 if engine.has_unfinished_requests():
                     with self.step_profiler.span():
                         outs = engine.step()

@@ -6,13 +6,14 @@ with it. The server validates every request before calling ``generate``; an engi
 behind this interface trusts what it gets. What it is not: an implementation.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineStats, RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
 
 
 class EngineClient(Protocol):
@@ -40,6 +41,17 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def queue_snapshot(self) -> QueueSnapshot: ...
+
+    def service_rates(self) -> ServiceRates | None: ...
+
+    @property
+    def sleep_level(self) -> int: ...
+
+    async def sleep(self, level: int) -> int: ...  # the bytes freed
+
+    async def wake_up(self) -> float: ...  # the seconds it took
+
     def generate(
         self,
         prompt_token_ids: list[int],
@@ -50,7 +62,7 @@ class EngineClient(Protocol):
         priority: int = 0,
         fairness_id: str | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]: ...
+    ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def list_loras(self) -> list[LoRARequest]: ...
 

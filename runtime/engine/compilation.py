@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,9 @@ class CompiledForward:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self._compiled = torch.compile(model.forward_opaque, fullgraph=True, dynamic=None)
+        self._compiled: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.compile(
+            model.forward_opaque, fullgraph=True, dynamic=None
+        )
         self._kinds_seen: set[bool] = set()  # one-token steps (True) and longer ones (False)
         self.compile_seconds = 0.0
         self.graphs = 0

@@ -11,12 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Re-exported: callers that build an EngineConfig by hand parse sizes the same way.
 from plimsoll.byte_size import parse_bytes
+from plimsoll.kv_memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from plimsoll.runtime.engine.compilation_config import CompilationConfig
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 from plimsoll.runtime.kv.events import KVEventsConfig
 from plimsoll.runtime.kv.transfer_config import KVTransferConfig
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
+DEFAULT_CPU_KV_CACHE_MEMORY = 1024**3  # on a CPU the cache size is explicit; this when none is given
 
 
 class LoRAModule(BaseModel):
@@ -56,7 +58,18 @@ class EngineConfig(BaseModel):
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
     max_model_len: int | None = Field(None, ge=2)
-    kv_cache_memory: int = Field(1024**3, description="bytes for the paged KV cache (all layers, K and V)")
+    kv_cache_memory: int | None = Field(
+        None,
+        description="bytes for the paged KV cache (all layers, K and V; vLLM's --kv-cache-memory-bytes). "
+        "None: on CUDA, sized from the device by gpu_memory_utilization; on CPU, 1 GiB",
+    )
+    gpu_memory_utilization: float = Field(
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+        gt=0.0,
+        le=1.0,
+        description="vLLM's --gpu-memory-utilization: the share of the device this engine may hold; the KV "
+        "cache gets what the weights, the largest step and the CUDA graphs leave (when kv_cache_memory is None)",
+    )
     block_size: int = Field(16, ge=1, le=1024)
     enable_prefix_caching: bool = True
     attention_backend: Literal["torch", "triton"] = "torch"
@@ -135,6 +148,20 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"quantization={self.quantization!r} with tensor_parallel_size={self.tensor_parallel_size} is "
                 "not supported yet; drop one of them"
+            )
+        return self
+
+    enable_sleep_mode: bool = Field(
+        False,
+        description="answer POST /sleep?level=1|2 and POST /wake_up (vLLM's --enable-sleep-mode): level 1 frees "
+        "the KV cache and moves the weights to host memory, level 2 drops them too",
+    )
+
+    @model_validator(mode="after")
+    def _check_sleep_mode(self) -> "EngineConfig":
+        if self.enable_sleep_mode and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "enable_sleep_mode with tensor_parallel_size > 1 is not supported yet; drop one of them"
             )
         return self
 
@@ -253,10 +280,17 @@ class EngineConfig(BaseModel):
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
-    def _parse_kv_cache_memory(cls, value: object) -> int:
+    def _parse_kv_cache_memory(cls, value: object) -> int | None:
+        if value is None:
+            return None
         if isinstance(value, str | int | float):
             return parse_bytes(value)
         raise ValueError(f"kv_cache_memory must be bytes or a size like '2GiB', got {value!r}")
+
+    @property
+    def sizes_kv_from_device(self) -> bool:
+        """No explicit cache size on an accelerator: measure the device (``kv_sizing.py``)."""
+        return self.kv_cache_memory is None and not self.device.startswith("cpu")
 
     @property
     def torch_dtype(self) -> "torch.dtype":  # type: ignore[name-defined]  # noqa: F821

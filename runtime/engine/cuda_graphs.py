@@ -223,7 +223,7 @@ class DecodeGraphs:
         # Only the columns this step's tables use: the kernels read no block past a context's end.
         self.block_tables[:n, :width].copy_(self._host_tables[:n, :width], non_blocking=pinned)
         if pinned:
-            self._copied = torch.cuda.Event()
+            self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call,unused-ignore]  # torch.cuda.Event.__init__ is unannotated (torch 2.15)
             self._copied.record()
         self.replays += 1
         if self.capture:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def _ms(fn: Callable[[], Any], iters: int = 20) -> float:
     fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call,unused-ignore]  # torch.cuda.Event.__init__ is unannotated (torch 2.15)
     start.record()
     for _ in range(iters):
         fn()

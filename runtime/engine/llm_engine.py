@@ -8,6 +8,7 @@ every step. What it is not: threads or asyncio (see ``async_engine.py``), HTTP,
 or assembling outputs (``output_processor.py``).
 """
 
+import gc
 import logging
 import random
 import time
@@ -15,11 +16,18 @@ from typing import Any
 
 import torch
 
+from plimsoll.kv_memory import KVCacheBudget, kv_cache_line
+from plimsoll.runtime.engine import kv_sizing, sleep_mode
 from plimsoll.runtime.engine.compilation import cache_counters, use_cache_dir
-from plimsoll.runtime.engine.config import DEFAULT_MAX_MODEL_LEN_CAP, EngineConfig
+from plimsoll.runtime.engine.config import (
+    DEFAULT_CPU_KV_CACHE_MEMORY,
+    DEFAULT_MAX_MODEL_LEN_CAP,
+    EngineConfig,
+)
 from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
+from plimsoll.runtime.engine.kv_sizing import CudaMemory, DeviceMemory
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
 from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token
 from plimsoll.runtime.engine.output_processor import make_request_output
@@ -28,24 +36,46 @@ from plimsoll.runtime.engine.request import Request, RequestGroup
 from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
+from plimsoll.runtime.engine.service_rates import ServiceRateMeter
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
-from plimsoll.runtime.kv.connector import build_connector
+from plimsoll.runtime.kv.connector import KVConnector, build_connector
 from plimsoll.runtime.kv.remote_prefill import RemoteDecode, RemoteSource
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
+from plimsoll.ttft_prediction import QueueSnapshot
 
 log = logging.getLogger(__name__)
 
 
+def select_device(device: str) -> torch.device:
+    """The engine's device; ``cuda:N`` also becomes this thread's current CUDA device, since Triton
+    launches and CUDA graph capture use the current device's stream, not the tensors' device."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev)
+    return dev
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig, observer: EngineObserver | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        observer: EngineObserver | None = None,
+        device_memory: DeviceMemory | None = None,
+    ) -> None:
+        """``device_memory`` replaces the device's own memory figures (``kv_sizing.py``): tests pass
+        a fake card to size the cache by ``gpu_memory_utilization`` on a CPU."""
         self.config = config
         self.observer = observer
-        self.device = torch.device(config.device)
+        self.device = select_device(config.device)
+        # Sizing from the device: no explicit cache size, on CUDA (or with figures given).
+        self.device_memory = device_memory if config.kv_cache_memory is None else None  # bytes given: kept
+        if device_memory is None and config.sizes_kv_from_device and self.device.type == "cuda":
+            self.device_memory = CudaMemory(self.device)
         # Tensor parallelism: this process is rank 0; the executor spawns and drives the others.
         self.executor: TensorParallelExecutor | None = None
         if config.tensor_parallel_size > 1:
@@ -63,6 +93,13 @@ class LLMEngine:
             keep_freed_memory()  # a step's multi-MiB activations reuse the last step's pages (kernels/host_memory.py)
         if self.device.type == "cpu":  # the process's build of the kernels, before any model uses them
             cpu_kernels.select(config.cpu_kernels, config.cpu_kernel_parallel)
+        memory = self.device_memory
+        if memory is None and config.kv_cache_memory is None and not self.device.type == "cpu":
+            raise ValueError(
+                f"the KV cache cannot be sized from {self.device.type} memory figures; set kv_cache_memory "
+                "(--kv-cache-memory-bytes)"
+            )
+        baseline = kv_sizing.start(memory, config.gpu_memory_utilization) if memory is not None else None
         tp_group = self.executor.group if self.executor is not None else None
         loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization, tp_group)
         STARTUP.mark("weights_loaded")
@@ -75,25 +112,35 @@ class LLMEngine:
             loaded.hf_config, config.torch_dtype, config.kv_cache_dtype, config.tensor_parallel_size
         )
         self.kv_bytes_per_token = per_token
-        self.num_blocks = config.kv_cache_memory // (per_token * bs)
-        if self.num_blocks < 1:
-            raise ValueError(
-                f"kv_cache_memory={config.kv_cache_memory} bytes holds no block: one block of {bs} tokens "
-                f"needs {per_token * bs} bytes ({per_token} per token); raise kv_cache_memory"
+        self.kv_budget: KVCacheBudget | None = None  # set when sized from the device
+        weights = memory.memory_reserved() - baseline.reserved if memory is not None and baseline else 0
+        if memory is not None and baseline is not None and self.executor is not None:
+            # Tensor parallelism: the ranks cannot rerun a profiling step, so the activations are
+            # estimated as `plimsoll plan` does and the weights are this rank's, measured.
+            self.kv_budget = kv_sizing.estimated_budget(
+                config, loaded.hf_config, memory.mem_get_info()[1], weights, per_token
             )
-        self.max_model_len = self._max_model_len(loaded.max_position_embeddings, self.num_blocks * bs)
-        kv = KVCacheManager(self.num_blocks, bs)
+            self.num_blocks = self.kv_budget.num_blocks
+            kv_tokens: int | None = self.num_blocks * bs
+        elif memory is not None:
+            # A provisional cache for the profiling run; the real one replaces it (_size_from_device).
+            largest = min(config.max_num_batched_tokens, loaded.max_position_embeddings - 1)
+            self.num_blocks, kv_tokens = kv_sizing.profile_blocks(largest, bs), None
+        else:
+            kv_bytes = config.kv_cache_memory if config.kv_cache_memory is not None else DEFAULT_CPU_KV_CACHE_MEMORY
+            self.num_blocks, kv_tokens = kv_bytes // (per_token * bs), kv_bytes // (per_token * bs) * bs
+            if self.num_blocks < 1:
+                raise ValueError(
+                    f"kv_cache_memory={kv_bytes} bytes holds no block: one block of {bs} tokens "
+                    f"needs {per_token * bs} bytes ({per_token} per token); raise kv_cache_memory"
+                )
+        self.max_model_len = self._max_model_len(loaded.max_position_embeddings, kv_tokens)
+        if self.kv_budget is not None and (problem := self.kv_budget.too_small(self.max_model_len)):
+            raise ValueError(problem)
         self.lora: LoRAManager | None = None
         if config.enable_lora:
             self.lora = LoRAManager(config.max_loras, config.max_cpu_loras or config.max_loras, self.read_lora)
-        self.scheduler = Scheduler(
-            kv,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            self.max_model_len,
-            config.scheduling_policy,
-            self.lora,
-        )
+        self.scheduler = self._scheduler()
         self.runner = ModelRunner(
             loaded.model,
             self.num_blocks,
@@ -112,19 +159,10 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.start_workers(self.num_blocks)
             self.runner.plan_sink = self.executor.broadcast_plan
-        # KV tiers and events (runtime/kv/): the cache manager reports to the connector; requests
-        # whose blocks may be on disk or in the shared tier wait in ``prefetching`` until fetched.
-        self.kv_connector = build_connector(
-            config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len, kv=kv
-        )
-        if self.kv_connector is not None:
-            kv.connector = self.kv_connector
-            kv.pool.on_evicted = self.kv_connector.on_evicted
-            kv.pool.on_cleared = self.kv_connector.on_cleared
+        self.kv_connector: KVConnector | None = None  # _attach_kv_connector(), on the cache serving uses
         self.prefetching: dict[str, list[Request]] = {}
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
-        STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
         if self.device.type == "cuda" and (config.quantization == "int8" or config.kv_cache_dtype == "int8"):
             from plimsoll.runtime.engine import int8_speed
 
@@ -132,14 +170,27 @@ class LLMEngine:
             self.int8_speed = int8_speed.check(
                 loaded.model, config.quantization, config.kv_cache_dtype, config.attention_backend, config.max_num_seqs
             )
-        self._capture_cuda_graphs()
-        self.sampler = Sampler(self.tokenizer)
+        self.sampler = Sampler(self.tokenizer, seed=config.seed)
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
             self.speculator = Speculator(config.speculative_config, self)
         self.rng = random.Random(config.seed)
+        # The TTFT predictor's inputs (plimsoll.ttft_prediction): this replica's measured rates and its
+        # queue, published after every step for the server thread to read.
+        self.rate_meter = ServiceRateMeter(config.max_num_seqs)
+        self._unmetered: tuple[float, int, int] | None = None  # the last step, timed when the next starts
+        self.queue = QueueSnapshot()
+        self.deferred_warmup = False  # the largest step and the primitives, still to run (warmup())
+        self.sleep_state = sleep_mode.SleepState()
         self.groups: dict[str, RequestGroup] = {}
         self.seq_to_group: dict[str, RequestGroup] = {}
+        if memory is not None and baseline is not None and self.executor is None:
+            self._size_from_device(memory, baseline, weights, per_token)
+        else:
+            self._capture_cuda_graphs()
+        STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now (and the graphs)
+        self._attach_kv_connector(loaded)
+        log.info(self.kv_cache_line())
         log.info(
             "engine ready: %s, %d KV blocks x %d tokens (%d bytes/token%s), max_model_len %d",
             self.model_path,
@@ -150,10 +201,89 @@ class LLMEngine:
             self.max_model_len,
         )
 
-    def _capture_cuda_graphs(self) -> None:
+    def _scheduler(self) -> Scheduler:
+        c = self.config
+        kv = KVCacheManager(self.num_blocks, c.block_size)
+        return Scheduler(kv, c.max_num_seqs, c.max_num_batched_tokens, self.max_model_len, c.scheduling_policy, self.lora)
+
+    def _attach_kv_connector(self, loaded: Any) -> None:
+        """KV tiers and events (runtime/kv/): the cache manager reports to the connector; requests
+        whose blocks may be on disk or in the shared tier wait in ``prefetching`` until fetched.
+        Attached to the cache serving uses, after any sizing from the device replaced it."""
+        self.kv_connector = build_connector(
+            self.config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len,
+            kv=self.scheduler.kv,
+        )
+        if self.kv_connector is not None:
+            kv = self.scheduler.kv
+            kv.connector = self.kv_connector
+            kv.pool.on_evicted = self.kv_connector.on_evicted
+            kv.pool.on_cleared = self.kv_connector.on_cleared
+
+    def _draft_bytes_per_token(self) -> int:
+        draft = getattr(self.speculator, "draft", None)
+        return int(draft.bytes_per_token) if draft is not None else 0
+
+    def _size_from_device(self, memory: DeviceMemory, baseline: kv_sizing.Baseline, weights: int, per_token: int) -> None:
+        """Run what serving will run — the largest step, the largest sampled batch, the CUDA graphs —
+        over the provisional cache; size the real cache from the device's figures; swap it in."""
+        memory.empty_cache()  # what start-up checks freed (int8_speed) is not this profile's peak
+        memory.reset_peak_memory_stats()
+        self._run_largest_step()
+        kv_sizing.profile_sampler(
+            self.sampler, self.config.max_logit_rows, int(self.hf_config.vocab_size), self.device
+        )
+        self._capture_cuda_graphs()
+        draft = getattr(self.speculator, "draft", None)
+        provisional = self.runner.kv_cache_bytes() + (draft.runner.kv_cache_bytes() if draft is not None else 0)
+        budget = kv_sizing.measure(
+            memory,
+            baseline,
+            self.config.gpu_memory_utilization,
+            weights,
+            provisional,
+            per_token + self._draft_bytes_per_token(),
+            self.config.block_size,
+        )
+        # As with an explicit size, a cache that cannot hold one sequence of max_model_len is refused.
+        problem = budget.too_small(self.max_model_len)
+        if problem is not None:
+            raise ValueError(problem)
+        self.kv_budget = budget
+        self.runner.decode_graphs = None  # they point into the provisional cache
+        self.runner.verify_graphs = None
+        self.runner.allocate_kv_cache(0)
+        if draft is not None:
+            draft.resize(0)
+        gc.collect()  # the graphs' memory pool goes only with the last reference to them
+        memory.empty_cache()
+        self.num_blocks = budget.num_blocks
+        self.runner.allocate_kv_cache(self.num_blocks)
+        if draft is not None:
+            draft.resize(self.num_blocks)
+        self.scheduler = self._scheduler()
+        if self.speculator is not None:
+            self.speculator.max_model_len = self.max_model_len
+        self._capture_cuda_graphs(compile_forward=False)
+
+    def kv_cache_line(self) -> str:
+        """The start-up line (as vLLM's): KV bytes and where they came from, tokens, blocks, concurrency."""
+        bs = self.config.block_size
+        if self.kv_budget is not None:
+            source = self.kv_budget.how()
+            kv_bytes = self.kv_budget.kv_bytes
+        elif self.config.kv_cache_memory is not None:
+            source, kv_bytes = "kv_cache_memory", self.config.kv_cache_memory
+        else:
+            source, kv_bytes = "the CPU default; set --kv-cache-memory-bytes", DEFAULT_CPU_KV_CACHE_MEMORY
+        return str(kv_cache_line(kv_bytes, self.num_blocks, bs, self.max_model_len, source))
+
+    def _capture_cuda_graphs(self, compile_forward: bool = True) -> None:
         """Compile the forward (``--compilation-config`` mode 3, the default on CUDA:
         engine/compilation.py), then, on CUDA with the Triton backend, capture the graphs that
-        uniform decode and verify steps replay (cuda_graphs.py)."""
+        uniform decode and verify steps replay (cuda_graphs.py). ``compile_forward=False``
+        recaptures the graphs only (the compiled forward takes the KV cache as an argument, so a
+        resized cache keeps it)."""
         config = self.config
         compilation = config.compilation_config
         if compilation.cache_dir is not None:
@@ -167,7 +297,7 @@ class LLMEngine:
         mode = compilation.resolved_mode(self.device.type)
         if mode == 3 and self.executor is not None:
             log.info("the forward runs eagerly: tensor parallelism is not compiled")
-        elif mode == 3:
+        elif mode == 3 and compile_forward:
             # CUDA-graph capture compiles each graph as it warms up; otherwise compile now.
             self.runner.enable_compile(warm_up=graphs_off is not None)
         if graphs_off is not None:
@@ -204,26 +334,31 @@ class LLMEngine:
         if connector is not None:
             connector.close()
 
-    def _max_model_len(self, model_max: int, kv_tokens: int) -> int:
+    def _max_model_len(self, model_max: int, kv_tokens: int | None) -> int:
+        """The longest sequence served; ``kv_tokens`` None: the cache is not sized yet (it is then
+        checked against this length once it is)."""
         cfg = self.hf_config
         window = getattr(cfg, "sliding_window", None)
         if getattr(cfg, "use_sliding_window", True) is False:
             window = None
         asked = self.config.max_model_len
-        limits = {"the model's max_position_embeddings": model_max, "the KV cache": kv_tokens}
+        limits = {"the model's max_position_embeddings": model_max}
+        if kv_tokens is not None:
+            limits["the KV cache"] = kv_tokens
         if window:
             limits["the model's sliding_window (not implemented)"] = int(window)
         if asked is None:
             # Like vLLM: a KV budget that cannot hold one sequence of the default length is
             # refused at start, not silently turned into a tiny max_model_len.
             default = int(min(DEFAULT_MAX_MODEL_LEN_CAP, *(v for k, v in limits.items() if k != "the KV cache")))
-            if kv_tokens < default:
+            if kv_tokens is not None and kv_tokens < default:
                 bs = self.config.block_size
-                per_token = self.config.kv_cache_memory // max(kv_tokens, 1) if kv_tokens else 0
+                kv_bytes = self.config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
+                per_token = kv_bytes // max(kv_tokens, 1) if kv_tokens else 0
                 need = -(-default // bs) * bs
                 raise ValueError(
                     f"the KV cache holds {kv_tokens} tokens ({self.num_blocks} blocks of {bs}, "
-                    f"kv_cache_memory={self.config.kv_cache_memory} bytes), less than one sequence of "
+                    f"kv_cache_memory={kv_bytes} bytes), less than one sequence of "
                     f"max_model_len {default} ({need} tokens"
                     + (f", about {need * per_token} bytes" if per_token else "")
                     + "); raise kv_cache_memory, or set max_model_len explicitly "
@@ -281,7 +416,9 @@ class LLMEngine:
             return prompt, list(self.tokenizer(prompt).input_ids)
         vocab = int(self.hf_config.vocab_size)
         if not prompt or any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
-            raise ValueError(f"a token-id prompt must be a non-empty list of ints in [0, {vocab})")
+            raise ValueError(
+                f"a token-id prompt must be a non-empty list of ints in [0, {vocab}), this model's vocabulary"
+            )
         return None, list(prompt)
 
     def add_request(
@@ -306,7 +443,12 @@ class LLMEngine:
         ``cache_salt`` (vLLM's per-request field; the server folds the tenant into it) starts the
         prefix-cache hash chain: requests with different salts never share a cached block.
         """
-        params.validate()
+        vocab = int(self.hf_config.vocab_size)
+        params.validate(vocab)  # every id a request carries indexes the logits on the device
+        if self.sleep_state.level:
+            raise sleep_mode.SleepModeError(
+                f"the engine is asleep (level {self.sleep_state.level}); POST /wake_up first"
+            )
         lora = self._lora_manager().get(lora_name) if lora_name is not None else None
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use; use a unique id")
@@ -316,6 +458,8 @@ class LLMEngine:
             text, ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("the prompt is empty; send at least one token")
+        if prompt_token_ids is not None and not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt_token_ids must be ints in [0, {vocab}), this model's vocabulary")
         if len(ids) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}, which must "
@@ -339,13 +483,8 @@ class LLMEngine:
                 seq_id, request_id, i, ids, params, self.eos_token_ids, arrival,
                 cache_salt=salt, priority=priority, fairness_id=fairness_id,
             )
-            seq.lora = lora
+            seq.lora = lora  # a seeded sequence's generator is made on the logits' device when it first samples
             seq.kv_transfer = transfer
-            seq.generator = torch.Generator(device="cpu")
-            if params.seed is not None:
-                seq.generator.manual_seed((params.seed + i * 1_000_003) % 2**64)
-            else:
-                seq.generator.manual_seed(self.rng.getrandbits(63))
             seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, ids, params.stop, params.skip_special_tokens
             )
@@ -464,9 +603,44 @@ class LLMEngine:
             outputs.append(out)
             if g.finished:
                 self._retire(g, out)
+        elapsed = time.monotonic() - t0
+        self._meter_step(t0, elapsed, sched)
+        self.publish_queue()
         if self.observer is not None:
-            self.observer.on_step(self._step_stats(sched, time.monotonic() - t0))
+            self.observer.on_step(self._step_stats(sched, elapsed))
         return outputs
+
+    def _meter_step(self, t0: float, elapsed: float, sched: Any) -> None:
+        """Feed the rate meter the cadence steps really run at: from one step's start to the next while
+        work remains (the loop's own costs between steps included), else the step's own time."""
+        last, self._unmetered = self._unmetered, None
+        if last is not None:
+            start, prefill, decode = last
+            self.rate_meter.observe(prefill, decode, t0 - start)
+        if sched.is_empty:
+            return
+        if self.has_unfinished_requests():
+            self._unmetered = (t0, sched.num_prefill_tokens, sched.num_decode_tokens)
+        else:
+            self.rate_meter.observe(sched.num_prefill_tokens, sched.num_decode_tokens, elapsed)
+
+    def publish_queue(self) -> None:
+        """Snapshot the queue for readers on other threads (the server's admission and metrics)."""
+        limit = self.max_model_len
+
+        def remaining(r: Request) -> int:
+            cap = limit - r.num_tokens
+            wanted = r.params.max_tokens - r.num_output_tokens if r.params.max_tokens is not None else cap
+            return max(1, min(wanted, cap))
+
+        sched = self.scheduler
+        running = list(sched.running)
+        waiting = [r for r in list(sched.waiting) if not r.is_finished]
+        waiting += [s for seqs in list(self.prefetching.values()) for s in seqs]
+        self.queue = QueueSnapshot(
+            running=tuple((max(0, r.num_tokens - 1 - r.num_computed_tokens), remaining(r)) for r in running),
+            waiting=tuple((max(1, r.num_tokens - r.num_computed_tokens), remaining(r)) for r in waiting),
+        )
 
     def _load_lora_slots(self, sched: Any) -> None:
         """Copy this step's newly slotted adapters to the device. An adapter whose files went bad
@@ -544,6 +718,7 @@ class LLMEngine:
         for s in g.seqs:
             self.seq_to_group.pop(s.request_id, None)
             s.generator = None  # the engine keeps nothing per finished request
+            self.sampler.release(s.request_id)
         if self.observer is not None:
             self.observer.on_request_finished(out)
 
@@ -589,6 +764,8 @@ class LLMEngine:
             enable_prefix_caching=self.config.enable_prefix_caching,
             prefill_backlog_tokens=self._prefill_backlog(),
             kv_bytes_per_token=self.kv_bytes_per_token,
+            kv_cache_memory_bytes=self.runner.kv_cache_bytes(),
+            gpu_memory_utilization=self.config.gpu_memory_utilization if self.kv_budget is not None else None,
             **self._lora_stats(),
         )
 
@@ -607,30 +784,43 @@ class LLMEngine:
             "waiting_lora_adapters": self.lora.names_in(list(self.scheduler.waiting)),
         }
 
-    def warmup(self) -> None:
-        """One tiny request through every stage, so the first real request pays no first-call costs."""
-        self.add_request(
-            "__warmup__", [int(self.tokenizer.bos_token_id or 0)], SamplingParams(max_tokens=2, temperature=0)
-        )
-        while self.has_unfinished_requests():
-            self.step()
-        # Then the largest step this engine can take (as vLLM's profile run does), so the heap
-        # reaches the size serving needs now (kernels/host_memory.py keeps it) rather than
-        # growing with the first long prompts. Its blocks go back to the pool at once.
-        largest = min(
-            self.config.max_num_batched_tokens,
-            self.max_model_len - 1,
-            (self.num_blocks - 1) * self.config.block_size,
-        )
-        if largest > 1:
-            vocab = int(self.hf_config.vocab_size)
+    def warmup(self, defer_rest: bool = False) -> None:
+        """Warm up: what the first requests need now; with ``defer_rest``, the rest after Ready.
+
+        First one tiny request through every stage, so the first real request pays no first-call
+        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the
+        CPU matmul primitives of every step shape: they bound memory growth, not the first
+        answer, so a server runs them once it is Ready, while its engine is idle.
+        """
+        self.warmup_first_request()
+        STARTUP.mark("warmup_done")
+        self.deferred_warmup = True
+        if not defer_rest:
+            self.run_deferred_warmup()
+
+    def warmup_first_request(self) -> None:
+        """One tiny request through every stage (not traffic: no metrics; its decode step seeds the rates)."""
+        observer, self.observer = self.observer, None
+        try:
             self.add_request(
-                "__warmup_largest__",
-                [(7 * i) % vocab for i in range(largest)],
-                SamplingParams(max_tokens=1, temperature=0),
+                "__warmup__",
+                [int(self.tokenizer.bos_token_id or 0)],
+                SamplingParams(max_tokens=2, temperature=0),
             )
             while self.has_unfinished_requests():
                 self.step()
+        finally:
+            self.observer = observer
+
+    def run_deferred_warmup(self) -> None:
+        """The rest of the warm-up: the largest step and the matmul primitives (see :meth:`warmup`)."""
+        if not self.deferred_warmup:
+            return
+        self.deferred_warmup = False
+        # The largest step this engine can take (as vLLM's profile run does), so the heap reaches
+        # the size serving needs now (kernels/host_memory.py keeps it) rather than growing with the
+        # first long prompts; it also measures the prefill rate. Its blocks go back at once.
+        self._run_largest_step()
         # oneDNN's matmul primitives for every padded row count a step can have, built now rather
         # than as request shapes first appear (each costs ~1 MiB: models/dense.py).
         primed = self.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_logit_rows)
@@ -638,7 +828,49 @@ class LLMEngine:
         if draft is not None:  # a draft model proposes one row per sequence at a time
             primed += draft.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_num_seqs)
         log.debug("warm-up primed %d matmul shapes", primed)
-        STARTUP.mark("warmup_done")
+
+    def _run_largest_step(self) -> None:
+        """One prefill of the most tokens a step can hold, not counted as traffic (its blocks go
+        back to the pool at once): the warm-up's, and the profile that sizes the KV cache."""
+        largest = min(
+            self.config.max_num_batched_tokens,
+            self.max_model_len - 1,
+            (self.num_blocks - 1) * self.config.block_size,
+        )
+        if largest > 1:
+            vocab = int(self.hf_config.vocab_size)
+            observer, self.observer = self.observer, None
+            try:
+                self.add_request(
+                    "__warmup_largest__",
+                    [(7 * i) % vocab for i in range(largest)],
+                    SamplingParams(max_tokens=1, temperature=0),
+                )
+                while self.has_unfinished_requests():
+                    self.step()
+            finally:
+                self.observer = observer
+
+    # -- sleep mode (--enable-sleep-mode; engine/sleep_mode.py) ---------------------------
+
+    @property
+    def sleep_level(self) -> int:
+        return self.sleep_state.level
+
+    def sleep(self, level: int) -> int:
+        """Free the KV cache (and move or drop the weights); returns the bytes freed."""
+        return sleep_mode.sleep(self, level).freed_bytes
+
+    def wake_up(self) -> float:
+        """Back from sleep; returns the seconds waking took."""
+        return sleep_mode.wake_up(self)
+
+    def recapture_cuda_graphs(self) -> None:
+        """Capture the decode (and verify) graphs again: the tensors they read have moved."""
+        if self.runner.decode_graphs is None:
+            return
+        self.runner.decode_graphs = self.runner.verify_graphs = None
+        self._capture_cuda_graphs()
 
     def generate(
         self,

@@ -30,7 +30,7 @@ from plimsoll.runtime.engine.cuda_graphs import DecodeGraphs
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
 from plimsoll.runtime.models.cpu_plan import CUDA_GRAPH, MODULE_LAYERS, CPUOptions, CPUPlan
-from plimsoll.runtime.models.llama import LlamaForCausalLM
+from plimsoll.runtime.models.llama import Attention, LlamaForCausalLM
 from plimsoll.runtime.models.lora import LoRASlots, LoRAWeights
 from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
 
@@ -123,7 +123,7 @@ class StepInputs:
         dev = self._buffer(self._device, name, tensor, self.device)[:n].view(tensor.shape)
         dev.copy_(host, non_blocking=self.pinned)
         if self.pinned:
-            self._copied = torch.cuda.Event()
+            self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call,unused-ignore]  # torch.cuda.Event.__init__ is unannotated (torch 2.15)
             self._copied.record()
         return dev
 
@@ -148,6 +148,8 @@ class ModelRunner:
         self.store_kv, self.paged_attention = get_backend(attention_backend)
         cfg = model.config
         attn = model.model.layers[0].self_attn  # this rank's heads (all of them without TP)
+        if not isinstance(attn, Attention):
+            raise TypeError(f"the model's layers must use llama.Attention, found {type(attn).__name__}")
         if kv_cache_dtype not in kv_int8.KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(kv_int8.KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}"
@@ -155,15 +157,11 @@ class ModelRunner:
         if kv_cache_dtype == "int8":
             kv_int8.check_head_dim(attn.head_dim)
         row = kv_int8.packed_dim(attn.head_dim) if kv_cache_dtype == "int8" else attn.head_dim
-        shape = (num_blocks, block_size, attn.num_kv_heads, row)
-        cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-                torch.zeros(shape, dtype=cache_dtype, device=device),
-            )
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        self._block_shape = (block_size, attn.num_kv_heads, row)
+        self._cache_dtype = torch.int8 if kv_cache_dtype == "int8" else dtype
+        self._num_layers = cfg.num_hidden_layers
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.allocate_kv_cache(num_blocks)
         self.inputs = StepInputs(device)
         # The forward steps run: the model itself, or its torch.compile (enable_compile()).
         self.forward: Callable[..., torch.Tensor] = model
@@ -225,6 +223,19 @@ class ModelRunner:
         self.decode_graphs = graphs(1)
         if num_speculative_tokens > 0:
             self.verify_graphs = graphs(1 + num_speculative_tokens)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """(Re)allocate the KV cache with ``num_blocks`` blocks; the old tensors are dropped first, so
+        sizing from the device can swap its provisional cache for the real one (0: drop only)."""
+        self.kv_caches = []
+        shape = (num_blocks, *self._block_shape)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
+                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
+            )
+            for _ in range(self._num_layers)
+        ]
 
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache tensors hold, all layers, K and V."""

@@ -105,6 +105,8 @@ class EngineStats:
     # Prompt tokens admitted and not yet computed, waiting and running requests together.
     prefill_backlog_tokens: int = 0
     kv_bytes_per_token: int = 0  # all layers, K and V, on this rank
+    kv_cache_memory_bytes: int = 0  # the KV cache's bytes (all layers, K and V, this rank)
+    gpu_memory_utilization: float | None = None  # set when the cache was sized from the device
     # --enable-lora: slots, and the adapters of running / waiting requests (GIE's lora_requests_info)
     max_loras: int = 0
     running_lora_adapters: list[str] = field(default_factory=list)

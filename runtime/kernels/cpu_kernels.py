@@ -288,7 +288,7 @@ def int8_linear(
 def decode_attention(
     query: torch.Tensor,  # [B, H, D], one query per sequence
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] float32 or bfloat16, or [.., D + 4] int8
-    v_cache: torch.Tensor,
+    v_cache: torch.Tensor,  # (int8: each block its values, then its scales; attention/kv_int8.py)
     block_tables: torch.Tensor,  # [B, max_blocks]
     context_lens: torch.Tensor,  # [B]
     scale: float,
@@ -302,6 +302,8 @@ def decode_attention(
     int8 = k_cache.dtype == torch.int8
     if row != (head_dim + 4 if int8 else head_dim):
         raise ValueError(f"the cache's rows hold {row} elements for a head_dim of {head_dim}")
+    if int8 and head_dim % 4:  # the block's float32 scales start right after its values
+        raise ValueError(f"an int8 cache needs head_dim divisible by 4, got {head_dim}")
     if query.dtype == torch.bfloat16:  # the kernel reads a float32 query and writes float32
         if out is not None:
             raise ValueError("a bfloat16 query's attention is returned, not written into out")

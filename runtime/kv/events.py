@@ -127,7 +127,8 @@ def encode_batch(batch: EventBatch) -> bytes:
     body: list[Any] = [batch.ts, [e.encode() for e in batch.events]]
     if batch.data_parallel_rank is not None:
         body.append(batch.data_parallel_rank)
-    return msgpack.packb(body, use_bin_type=True)
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
 
 
 def _as_int_hash(value: Any) -> int:
@@ -200,7 +201,7 @@ class ZmqEventPublisher:
         import zmq
 
         self.config = config
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
@@ -228,7 +229,7 @@ class ZmqEventPublisher:
     def bound_endpoint(self) -> str:
         import zmq
 
-        return str(self._pub.getsockopt(zmq.LAST_ENDPOINT).decode())
+        return self._pub.get_string(zmq.LAST_ENDPOINT)
 
     def publish(self, events: list[KVEvent]) -> None:
         if not events:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from plimsoll.runtime.kv.transfer import BlockRejected, pack_block, unpack_block
 
@@ -154,7 +155,8 @@ class SharedTier:
             if blob is None:
                 break
             try:
-                out.append(unpack_block(address, blob, self.payload_bytes))
+                # decode_responses is off, so redis-py hands values back as bytes (it types them bytes | str).
+                out.append(unpack_block(address, cast(bytes, blob), self.payload_bytes))
             except BlockRejected as exc:
                 rejected += 1
                 log.warning("shared KV tier: block %s rejected (%s); recomputing", address.hex()[32:48], exc)

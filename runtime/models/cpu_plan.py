@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import dense
@@ -179,6 +180,8 @@ class CPUPlan:
     def _steps(self) -> list[str]:
         fused, glued = self.fused, self.glued
         layers = f"layer by layer ({self._module_matmuls()})"
+        if self.kv_cache_dtype == "int8":  # both store and read float caches (fused_decode._plain_cpu_step)
+            return [f"every step: {layers}; no fused decode step or glued layers (an int8 KV cache)"]
         out = []
         assert fused is not None  # a CPU plan always builds it: it holds the packed weights
         if fused.max_rows:
@@ -213,11 +216,26 @@ class CPUPlan:
             return f"small-batch matmul kernel up to {self.matmul_rows} rows, {big} above"
         return f"{big} matmuls"
 
+    def decode_attention_kernel(self) -> bool:
+        """Whether decode attention runs on the C++ kernel: asks ``cpu_kernels.supports_attention``,
+        which ``sdpa.decode_attention`` asks each step, about this model's query and cache."""
+        if self.device.type != "cpu" or self.kernels is None:
+            return False
+        attn = self.model.model.layers[0].self_attn
+        query = torch.empty((1, attn.num_heads, attn.head_dim), dtype=self.dtype)
+        if self.kv_cache_dtype == "int8":
+            cache = torch.empty(
+                (1, 1, attn.num_kv_heads, kv_int8.packed_dim(attn.head_dim)), dtype=torch.int8
+            )
+        else:
+            cache = torch.empty((1, 1, attn.num_kv_heads, attn.head_dim), dtype=self.dtype)
+        return bool(cpu_kernels.supports_attention(query, cache, cache))
+
     def _attention(self) -> str:
         attn = self.model.model.layers[0].self_attn
-        decode = "C++ paged decode-attention kernel"
+        decode = "C++ paged decode-attention kernel" if self.decode_attention_kernel() else "torch SDPA"
         if self.kv_cache_dtype == "int8":
-            return f"attention: {decode} (int8 cache), torch SDPA for prefill"
+            return f"attention: {decode} over the int8 cache's blocks, torch SDPA for prefill"
         if attn.head_dim in (64, 128):
             return f"attention: {decode}, C++ ragged kernel for prefill"
         return f"attention: {decode}, torch SDPA for prefill (head_dim {attn.head_dim})"

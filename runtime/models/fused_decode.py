@@ -188,7 +188,9 @@ class FusedDecode:
         layers = self.model.model.layers
 
         def weight(proj: Any) -> torch.Tensor:
-            return proj.qweight if self.int8 else proj.weight
+            # ``proj`` is an Int8Linear (int8 projections) or an nn.Linear: read by attribute.
+            tensor: torch.Tensor = proj.qweight if self.int8 else proj.weight
+            return tensor
 
         key = (
             weight(layers[0].self_attn.qkv_proj).data_ptr(),

@@ -135,7 +135,7 @@ class Attention(nn.Module):
                 n, self.num_heads + self.num_kv_heads, self.head_dim
             )
         # RoPE on q and k heads together: one set of ops per layer instead of two.
-        q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = torch.split(apply_rope(qk, cos, sin), [self.num_heads, self.num_kv_heads], dim=1)
         out = attend(q, k, v, self.layer_index, self.scale)  # [N, H, D]; stores this step's K/V first
         result: torch.Tensor = self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
         return result

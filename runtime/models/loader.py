@@ -8,7 +8,7 @@ errors. What it is not: a downloader; nothing here talks to a hub.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -108,7 +108,8 @@ def realign_weights(net: torch.nn.Module) -> int:
     """
     fresh: dict[int, torch.Tensor] = {}  # id of a tensor -> its copy: a weight shared by two modules stays shared
     for module in net.modules():
-        for table in (module._parameters, module._buffers):
+        # Parameters are copied as Parameters (below), so both tables take what ``fresh`` holds.
+        for table in (cast(dict[str, torch.Tensor | None], module._parameters), module._buffers):
             for name, t in table.items():
                 if t is None or t.device.type != "cpu":
                     continue
@@ -126,6 +127,18 @@ def realign_weights(net: torch.nn.Module) -> int:
                     )
                 table[name] = fresh[id(t)]
     return len(fresh)
+
+
+def share_tied_int8_head(net: torch.nn.Module) -> None:
+    """Point a tied int8 head back at the embedding's int8 matrix, scales and offsets.
+
+    ``quantize_model`` gives both modules the same tensors, but ``Module.to(device)`` copies every
+    module's buffers separately, so on a GPU a tied head would hold a second copy of the
+    vocabulary matrix.
+    """
+    head, embed = net.lm_head, net.model.embed_tokens  # type: ignore[union-attr]
+    for name in ("qweight", "scales", "offsets"):
+        head._buffers[name] = embed._buffers[name]  # type: ignore[union-attr]
 
 
 def load_model(
@@ -152,7 +165,7 @@ def load_model(
     # With tensor parallelism each rank reads only its share of each tensor, and the model is
     # sharded while still on the meta device (models/tensor_parallel.py).
     presharded = gguf_file is None and tensor_parallel is not None and tensor_parallel.world_size > 1
-    if presharded:
+    if presharded and tensor_parallel is not None:
         from plimsoll.runtime.models.tensor_parallel import read_rank_state
 
         state = read_rank_state(directory, hf_config, tensor_parallel)
@@ -190,14 +203,20 @@ def load_model(
         from plimsoll.runtime.models.tensor_parallel import shard_model
 
         shard_model(net, tensor_parallel)
+    tied = bool(net.tie_word_embeddings)
     if quantization is not None:
         from plimsoll.runtime.models.quant import quantize_model
 
         # Before the cast, from the checkpoint's own values (a bf16 cast would hide a
         # dequantised checkpoint's grid); the int8 modules keep their scales float32.
         quantize_model(net, quantization, dtype)
+    inv_freq = net.model.rotary_emb.inv_freq  # float32, as RotaryEmbedding computed it
     net = net.to(device=device, dtype=dtype).eval()
-    net.model.rotary_emb.inv_freq = net.model.rotary_emb.inv_freq.float()
+    # The cast took the RoPE frequencies to the model dtype too; casting back would not restore
+    # the lost bits (~2^-9 of each frequency in bf16, a phase error growing with position).
+    net.model.rotary_emb.inv_freq = inv_freq.to(device)
+    if quantization is not None and tied:
+        share_tied_int8_head(net)
     realign_weights(net)
     return LoadedModel(
         model=net,

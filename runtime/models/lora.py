@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from plimsoll.runtime.models.dense import Linear
+
 if TYPE_CHECKING:
     from plimsoll.runtime.models.llama import LlamaForCausalLM
 
@@ -200,7 +202,7 @@ class LoRASlots:
                 self.lora_a[(layer_idx, proj)] = torch.zeros(max_loras * len(parts) * max_rank, in_features, **kw)
                 self.lora_b[(layer_idx, proj)] = [torch.zeros(max_loras * max_rank, rows, **kw) for rows in parts]
                 module = layer.get_submodule(proj)
-                if not hasattr(module, "lora"):
+                if not isinstance(module, Linear):  # the projections that carry a ``lora`` hook
                     raise ValueError(f"{type(module).__name__} cannot carry LoRA (quantised weights?)")
                 module.lora = _SlotView(self, layer_idx, proj)
 
@@ -233,7 +235,7 @@ class LoRASlots:
         device = targets[0].device
         if device.type == "cuda":
             staged = staged.pin_memory().to(device, non_blocking=True)
-        parts = staged.split([p.numel() for p in pieces])
+        parts = torch.split(staged, [p.numel() for p in pieces])
         torch._foreach_copy_(targets, [v.view(p.shape) for v, p in zip(parts, pieces, strict=True)])
 
     def delta(self, layer: int, proj: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

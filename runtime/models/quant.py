@@ -323,10 +323,10 @@ def quantize_model(net: nn.Module, method: str, dtype: torch.dtype) -> nn.Module
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, Int8Linear.from_linear(child))
-    decoder = net.model  # type: ignore[attr-defined]
-    q, s, z = quantize_rows(decoder.embed_tokens.weight)
+    decoder = net.get_submodule("model")
+    q, s, z = quantize_rows(decoder.get_parameter("embed_tokens.weight"))
     decoder.embed_tokens = Int8Embedding(q, s, z, dtype)
-    if net.tie_word_embeddings:  # type: ignore[attr-defined]
+    if net.tie_word_embeddings:
         net.lm_head = Int8Linear(q, s, z, None)  # the same int8 storage serves both
         net.tie_word_embeddings = False  # type: ignore[assignment]
     return net

@@ -178,7 +178,7 @@ class Fp8Linear(nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> Fp8Linear:
         # net.to(dtype=bf16) must move the FP8 weight and the float32 scales, not cast them.
         kept = {"weight": self.weight, "weight_scale": self.weight_scale}
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call,unused-ignore]  # torch 2.15 leaves Module._apply unannotated
         device = self._buffers["weight"].device  # type: ignore[union-attr]
         for name, t in kept.items():
             self._buffers[name] = t.to(device=device)
@@ -205,7 +205,7 @@ def check_shapes(net: nn.Module) -> None:
 
 def _projections(net: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     found = []
-    for layer in net.model.layers:  # type: ignore[attr-defined, union-attr]
+    for layer in net.model.layers:  # type: ignore[union-attr]
         for parent in (layer.self_attn, layer.mlp):
             for name in FP8_PROJECTIONS:
                 child = getattr(parent, name, None)

@@ -91,7 +91,7 @@ def _shard_attention(attn: Attention, config: Any, group: TensorParallelGroup) -
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
 
     def rows(t: torch.Tensor) -> torch.Tensor:  # [q | k | v] -> this rank's [q | k | v]
-        q, k, v = t.split([q_size, kv_size, kv_size])
+        q, k, v = torch.split(t, [q_size, kv_size, kv_size])
         return torch.cat(tuple(x[part_rows(p, config, rank, tp)] for x, p in ((q, "q"), (k, "k"), (v, "v"))))
 
     qkv = attn.qkv_proj
@@ -169,7 +169,7 @@ def shard_model(net: LlamaForCausalLM, group: TensorParallelGroup) -> LlamaForCa
     vocab = int(config.vocab_size)
     embed_rows, first = _vocab_rows(decoder.embed_tokens.weight.data, group)
     embedding = VocabParallelEmbedding(embed_rows, first, group)
-    decoder.embed_tokens = embedding  # same forward contract as nn.Embedding
+    decoder.add_module("embed_tokens", embedding)  # same forward contract as nn.Embedding
     if net.tie_word_embeddings:
         head = Linear(embed_rows.shape[1], embed_rows.shape[0], bias=False, device="meta")
         head.weight = embedding.weight  # tied: the same shard serves both
@@ -223,21 +223,26 @@ def read_rank_state(directory: Any, config: Any, group: TensorParallelGroup) -> 
 
 
 def _read_share(reader: Any, name: str, config: Any, rank: int, tp: int) -> torch.Tensor | None:
-    view = reader.get_slice(name)
+    view = reader.get_slice(name)  # safetensors' slice: indexing reads just those rows or columns
     module, _, kind = name.rpartition(".")
+    share: torch.Tensor | None
     projection = module.rpartition(".")[2]
     if projection in _HF_PARTS:
         part, by_columns = _HF_PARTS[projection]
         rows = part_rows(part, config, rank, tp)
         if kind == "bias" and by_columns:
-            return view[:] if rank == 0 else None  # added once, after the all-reduce
-        return view[:, rows] if by_columns and kind == "weight" else view[rows]
+            share = view[:] if rank == 0 else None  # added once, after the all-reduce
+        else:
+            share = view[:, rows] if by_columns and kind == "weight" else view[rows]
+        return share
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         vocab = view.get_shape()[0]
         per_rank = tp_split.vocab_per_rank(vocab, tp)
         first = rank * per_rank
-        part = view[first : min(vocab, first + per_rank)]
-        if part.shape[0] < per_rank:
-            part = torch.cat((part, part.new_zeros(per_rank - part.shape[0], part.shape[1])))
-        return part
-    return view[:]
+        vocab_rows: torch.Tensor = view[first : min(vocab, first + per_rank)]
+        if vocab_rows.shape[0] < per_rank:
+            padding = vocab_rows.new_zeros(per_rank - vocab_rows.shape[0], vocab_rows.shape[1])
+            vocab_rows = torch.cat((vocab_rows, padding))
+        return vocab_rows
+    share = view[:]
+    return share

@@ -45,12 +45,14 @@ from plimsoll.runtime.serving.requests import (
     tenant_of,
     until_disconnect,
 )
+from plimsoll.runtime.serving.slo_admission import check_predicted_ttft
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
     engine = ctx.engine
-    check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    for field, ids in req.token_id_fields().items():
+        check_token_ids(ids, engine.vocab_size, field)
     check_transfer_request(req.kv_transfer_params, 1, req.stream)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     timeout = ctx.settings.tokenize_timeout
@@ -76,6 +78,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     priority = priority_of(raw, req.priority, ctx.settings)
     tenant = tenant_of(raw, req.user)
     held = (len(prompt_ids) + max_tokens) * req.n
+    check_predicted_ttft(ctx, raw, [len(prompt_ids)], req.num_seqs)
     adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
     stream = ctx.outputs(
         prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), priority=priority, fairness_id=tenant,

@@ -41,6 +41,7 @@ from plimsoll.runtime.serving.requests import (
     tenant_of,
     until_disconnect,
 )
+from plimsoll.runtime.serving.slo_admission import check_predicted_ttft
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -48,7 +49,8 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     engine = ctx.engine
     tokenizer = engine.tokenizer
     prompts = req.prompts()
-    check_token_ids(list(req.stop_token_ids or []), engine.vocab_size, "stop_token_ids")
+    for field, ids in req.token_id_fields().items():
+        check_token_ids(ids, engine.vocab_size, field)
     check_transfer_request(req.kv_transfer_params, len(prompts), req.stream)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     prompt_ids = await off_loop(
@@ -70,6 +72,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     tenant = tenant_of(raw, req.user)
     salt = cache_salt_of(raw, req.cache_salt, ctx.settings)
     held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
+    check_predicted_ttft(ctx, raw, [len(ids) for ids in prompt_ids], req.num_seqs)
     adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
     streams = [
         ctx.outputs(

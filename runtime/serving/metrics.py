@@ -38,8 +38,27 @@ from plimsoll import metric_names as mn
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.models.cpu_plan import STEP_PATHS
 
+# vLLM's cache_config_info labels (CacheConfig fields); gpu_memory_utilization is "" when the
+# cache size was given in bytes.
+CACHE_CONFIG_LABELS = (
+    "block_size",
+    "num_gpu_blocks",
+    "enable_prefix_caching",
+    "cache_dtype",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+)
+
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
+REJECTION_REASONS = (
+    "queue_full",
+    "draining",
+    "invalid_request",
+    "timeout",
+    "tenant_limit",
+    "slo_ttft",
+    "asleep",
+)
 # Why an admitted request failed server-side: its own fault in the engine, or the engine dead.
 ERROR_REASONS = ("engine_error", "engine_dead")
 
@@ -136,7 +155,7 @@ class ServerMetrics:
         self.cache_config = gauge(
             mn.CACHE_CONFIG_INFO,
             "KV-cache configuration; value 1 (vllm:cache_config_info).",
-            ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+            CACHE_CONFIG_LABELS,
         )
         # prometheus_client appends _info: plimsoll_build_info{version} 1 (the operator's drift check reads it).
         Info(
@@ -235,7 +254,7 @@ class ServerMetrics:
                 gauge(
                     "vllm:cache_config_info",
                     "KV-cache configuration; value 1 (= plimsoll_cache_config_info).",
-                    ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"),
+                    CACHE_CONFIG_LABELS,
                 ),
             )
         elif metrics_compat is not None:
@@ -281,6 +300,28 @@ class ServerMetrics:
         self.slo_objective = gauge(
             mn.SLO_OBJECTIVE_SECONDS, "Per-request bounds in force (PUT /slo), seconds.", ("objective",)
         )
+        # Token-aware load (plimsoll.ttft_prediction): the queue, the measured rates, the prediction.
+        self.prompt_tokens_waiting = gauge(
+            mn.PROMPT_TOKENS_WAITING,
+            "Prompt tokens not yet prefilled (waiting requests and unfinished prefills).",
+        )
+        self.decode_tokens_remaining = gauge(
+            mn.DECODE_TOKENS_REMAINING, "Tokens the running sequences may still generate (max_tokens left)."
+        )
+        self.prefill_rate = gauge(
+            mn.PREFILL_TOKENS_PER_SECOND, "Measured prefill rate, prompt tokens per second."
+        )
+        self.decode_step = gauge(mn.DECODE_STEP_SECONDS, "Measured decode step time, seconds.")
+        self.backlog = gauge(
+            mn.BACKLOG_SECONDS,
+            "Seconds a request arriving now would wait before its prefill starts (predicted).",
+        )
+        self.predicted_ttft = gauge(
+            mn.PREDICTED_TTFT_SECONDS,
+            "TTFT predicted for a request of the recent mean prompt length arriving now, seconds.",
+        )
+        self.sleep_level = gauge(mn.ENGINE_SLEEP_LEVEL, "0 awake; 1 or 2: asleep at that level (sleep mode).")
+        self.mean_prompt_tokens = 0.0  # EWMA over finished requests: the prompt the prediction is for
         # objective ("ttft", "tpot", "e2e") -> seconds; empty: nothing is judged.
         self.slo: dict[str, float] = {}
         # The engine's warm-up request is not client traffic; the server switches
@@ -365,6 +406,11 @@ class ServerMetrics:
         self.request_success.labels(m, reason if reason in FINISHED_REASONS else "error").inc()
         cls = priority_label(rm.priority)
         self.priority_requests.labels(m, cls).inc()
+        if rm.num_prompt_tokens:
+            mean = self.mean_prompt_tokens
+            self.mean_prompt_tokens = (
+                rm.num_prompt_tokens if not mean else mean + 0.1 * (rm.num_prompt_tokens - mean)
+            )
         self.prompt_tokens.labels(m).inc(rm.num_prompt_tokens)
         self.generation_tokens.labels(m).inc(rm.num_generation_tokens)
         if getattr(rm, "lora_name", None) is not None:
@@ -401,6 +447,27 @@ class ServerMetrics:
         assert reason in REJECTION_REASONS, reason
         self.rejections.labels(self.model_name, reason).inc()
 
+    def judge_shed(self) -> None:
+        """A request refused because it would miss its SLO counts against the SLO (when one is set)."""
+        if self.slo:
+            self.slo_requests.labels(self.model_name, "bad").inc()
+
+    def refresh_load(self, queue: Any, rates: Any, sleep_level: int = 0) -> None:
+        """The token-aware gauges from the engine's queue snapshot and measured rates (None: not yet)."""
+        from plimsoll.ttft_prediction import predict_ttft
+
+        m = self.model_name
+        self.sleep_level.labels(m).set(sleep_level)
+        self.prompt_tokens_waiting.labels(m).set(queue.waiting_prompt_tokens)
+        self.decode_tokens_remaining.labels(m).set(queue.decode_tokens_remaining)
+        if rates is None:
+            return
+        self.prefill_rate.labels(m).set(rates.prefill_tokens_per_s)
+        self.decode_step.labels(m).set(rates.decode_step_s)
+        prediction = predict_ttft(queue, rates, round(self.mean_prompt_tokens))
+        self.backlog.labels(m).set(prediction.backlog_s)
+        self.predicted_ttft.labels(m).set(prediction.ttft_s)
+
     def cut_by_shutdown_add(self, count: int) -> None:
         """Count requests the shutdown ends because the drain deadline passed (the operator reads it)."""
         self.cut_by_shutdown.labels(self.model_name).inc(count)
@@ -420,9 +487,24 @@ class ServerMetrics:
             self._kv_tiers.connector = connector
 
     def set_cache_config(
-        self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str
+        self,
+        *,
+        block_size: int,
+        num_blocks: int,
+        enable_prefix_caching: bool,
+        cache_dtype: str,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int = 0,
     ) -> None:
-        labels = (self.model_name, str(block_size), str(num_blocks), str(enable_prefix_caching), cache_dtype)
+        labels = (
+            self.model_name,
+            str(block_size),
+            str(num_blocks),
+            str(enable_prefix_caching),
+            cache_dtype,
+            "" if gpu_memory_utilization is None else f"{gpu_memory_utilization:g}",  # "": an explicit size
+            str(kv_cache_memory_bytes),
+        )
         self.cache_config.labels(*labels).set(1)
         if self.compat is not None:
             self.compat[3].labels(*labels).set(1)

@@ -56,6 +56,9 @@ OPERATION_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/load_lora_adapter"): (404, 503),
     ("post", "/v1/unload_lora_adapter"): (404, 503),
     ("post", "/debug/profile"): (400, 404, 409, 500, 501, 503),
+    # Sleep mode: 400 without --enable-sleep-mode or for a bad level, 409 with requests in flight.
+    ("post", "/sleep"): (400, 409, 503),
+    ("post", "/wake_up"): (400,),
 }
 _PROBE_503 = {
     ("get", "/health"): {

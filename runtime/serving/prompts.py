@@ -40,7 +40,7 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise bad_request(
-            f"Token ids {bad[:5]} are outside this model's vocabulary (0..{vocab_size - 1}); "
+            f"{param}: token ids {bad[:5]} are outside this model's vocabulary (0..{vocab_size - 1}); "
             "send ids in that range.",
             param,
         )

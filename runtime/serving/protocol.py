@@ -4,12 +4,14 @@ What it is: pydantic models for ``/v1/completions`` and ``/v1/chat/completions``
 (requests, non-streaming responses, SSE chunks), ``/v1/models`` and the error
 body, plus the vLLM extensions plimsoll accepts (``ignore_eos``, ``min_tokens``,
 ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
-``skip_special_tokens``). Ranges are checked here, so a bad value is a 400 that
-names the field; :meth:`to_sampling_params` turns a valid request into the
-engine's :class:`SamplingParams`.
+``skip_special_tokens``, ``allowed_token_ids``) and OpenAI's ``logit_bias``. Ranges
+are checked here, so a bad value is a 400 that names the field; they come from
+``sampling_params.LIMITS``, the table the engine's own check reads, so both agree.
+:meth:`to_sampling_params` turns a valid request into the engine's :class:`SamplingParams`.
 
 What it is not: the serving logic (``serving_*.py``) or the engine's own checks.
-Unknown fields are ignored, as OpenAI and vLLM do.
+Unknown fields are ignored, as OpenAI and vLLM do; every sampling field the two
+endpoints document is either served or refused with a 400, never dropped.
 """
 
 from __future__ import annotations
@@ -19,19 +21,37 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.engine.sampling_params import (
+    LIMITS,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    MAX_STOP,
+    MIN_TEMPERATURE,
+    SamplingParams,
+)
 
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs and OpenAI's top_logprobs limit
-MAX_N = 16  # choices per request; each one is a sequence in the batch
 MAX_PROMPTS = 64  # prompts in one completions request
-MAX_STOP = 16  # stop strings, and stop token ids
 MAX_STOP_CHARS = 256  # per stop string: the detokenizer scans for every stop at every token
-# vLLM's _SAMPLING_EPS: below it a temperature only overflows the logits, so it means greedy.
-MIN_TEMPERATURE = 1e-5
-MIN_TOP_P = 1e-6  # below it top_p keeps only the top token, like greedy; tiny floats only underflow
-MIN_REPETITION_PENALTY = 0.01  # dividing logits by a near-zero penalty overflows them to inf
 MIN_SLO_MS = 1e-3  # PUT /slo bounds: a microsecond; anything smaller rounds to 0 s
 
+
+INTEGER_FIELDS = ("n", "top_k", "min_tokens", "max_tokens", "logprobs", "seed", "token_id")
+
+
+def bounds(name: str) -> dict[str, Any]:
+    """pydantic's range arguments for ``LIMITS[name]`` (the engine checks the same range)."""
+    ge, le, gt, lt = LIMITS[name]
+    extra = {} if name in INTEGER_FIELDS else {"allow_inf_nan": False}
+    return {"ge": ge, "le": le, "gt": gt, "lt": lt, **extra}
+
+
+def limited(name: str, default: Any = None) -> Any:
+    """A pydantic Field with the range ``LIMITS[name]``."""
+    return Field(default, **bounds(name))
+
+
+TokenId = Annotated[StrictInt, Field(**bounds("token_id"))]  # StrictInt: `true` is not token id 1
 StopField = Annotated[str | list[str] | None, Field(default=None, description="Up to 16 stop strings.")]
 
 
@@ -48,23 +68,28 @@ class _SamplingFields(_Request):
     """Fields the two endpoints share, with OpenAI's ranges and vLLM's extensions."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, ge=MIN_TOP_P, le=1.0, allow_inf_nan=False)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    n: int = limited("n", 1)
+    temperature: float | None = limited("temperature")
+    top_p: float | None = limited("top_p")
+    presence_penalty: float | None = limited("presence_penalty")
+    frequency_penalty: float | None = limited("frequency_penalty")
+    seed: int | None = limited("seed")
     stop: StopField
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM extensions
-    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
-    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=2.0, allow_inf_nan=False)
-    min_tokens: int = Field(0, ge=0, le=2**31 - 1)
+    top_k: int | None = limited("top_k")
+    min_p: float | None = limited("min_p")
+    repetition_penalty: float | None = limited("repetition_penalty")
+    min_tokens: int = limited("min_tokens", 0)
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(None, max_length=MAX_STOP)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP)
+    # OpenAI: token id (as a JSON object key, so a string) -> bias added to its logit; -100 bans it.
+    logit_bias: dict[str, Annotated[float, Field(**bounds("logit_bias"))]] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS
+    )
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)
     skip_special_tokens: bool = True
     # vLLM: lower runs first under --scheduling-policy priority; ignored by the other policies.
     priority: int = Field(0, ge=-(2**31), lt=2**31)
@@ -88,8 +113,24 @@ class _SamplingFields(_Request):
             raise ValueError(f"each stop string may have at most {MAX_STOP_CHARS} characters")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+        return v
+
     def stop_list(self) -> list[str]:
         return list(self.stop or [])
+
+    def token_id_fields(self) -> dict[str, list[int]]:
+        """Every token id the client sent, by field (the server checks them against the vocabulary)."""
+        return {
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "logit_bias": [int(k) for k in self.logit_bias or {}],
+            "allowed_token_ids": list(self.allowed_token_ids or []),
+        }
 
     def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         return SamplingParams(
@@ -110,6 +151,8 @@ class _SamplingFields(_Request):
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             kv_transfer_params=self.kv_transfer_params,
+            logit_bias={int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None,
+            allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids else None,
         )
 
     @property
@@ -136,7 +179,6 @@ def _temperature(value: float | None) -> float:
     return 0.0 if value < MIN_TEMPERATURE else value  # as vLLM: a vanishing temperature is greedy
 
 
-TokenId = Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]  # StrictInt: `true` is not token id 1
 PromptField = (
     Annotated[str, Field(min_length=1)]
     | Annotated[list[str], Field(max_length=MAX_PROMPTS)]
@@ -149,8 +191,8 @@ class CompletionRequest(_SamplingFields, _PromptTruncation):
     """``POST /v1/completions``."""
 
     prompt: PromptField
-    max_tokens: int | None = Field(16, ge=1, le=2**31 - 1)
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: int | None = limited("max_tokens", 16)
+    logprobs: int | None = limited("logprobs")
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)
@@ -214,10 +256,10 @@ class ChatCompletionRequest(_SamplingFields, _PromptTruncation):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
-    max_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
+    max_tokens: int | None = limited("max_tokens")
+    max_completion_tokens: int | None = limited("max_tokens")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = limited("logprobs")
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ import anyio
 from starlette.requests import Request
 
 from plimsoll.objectives import FAIRNESS_HEADER, OBJECTIVE_HEADER, objective_priority
+from plimsoll.overload import OVERLOAD_HEADER, REPLICA
 from plimsoll.runtime.engine.async_engine import StreamCutError
 from plimsoll.runtime.engine.client import EngineClient
 from plimsoll.runtime.engine.outputs import RequestOutput
@@ -79,6 +80,8 @@ class ServingContext:
     # Marked by the operator for a scale-down (POST /drain): /ready fails so no new work is routed
     # here, but requests are still admitted, so one already on its way is not refused.
     marked_for_removal: bool = False
+    # Asleep (sleep mode), or going to sleep: /ready answers 503 and requests are refused.
+    sleeping: bool = False
     num_in_flight: int = 0
     num_seqs_in_flight: int = 0
     drain_deadline_passed: bool = False
@@ -103,6 +106,13 @@ class ServingContext:
                 503,
                 "The server is shutting down and accepts no new requests; retry against another replica.",
                 headers={"Retry-After": str(self.settings.retry_after_s)},
+            )
+        if self.sleeping:  # went to sleep while this request was being tokenised
+            self.metrics.reject("asleep")
+            raise APIError(
+                503,
+                "This replica went to sleep (sleep mode); retry on another replica.",
+                headers={"Retry-After": str(self.settings.retry_after_s), OVERLOAD_HEADER: REPLICA},
             )
         limit = self.settings.max_waiting
         if limit is not None:
@@ -347,7 +357,7 @@ def _loop_deadline(deadline: float | None) -> float | None:
     return loop.time() + (deadline - time.monotonic())
 
 
-async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:
     """Interleave several async iterators as their items arrive, tagged with their index.
 
     Used for a completions request with several prompts. The first exception

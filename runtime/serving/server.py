@@ -49,6 +49,7 @@ from plimsoll.runtime.serving.protocol import (
 )
 from plimsoll.runtime.serving.requests import ServingContext
 from plimsoll.runtime.serving.settings import ServerSettings
+from plimsoll.runtime.serving.sleep_routes import add_sleep_routes, asleep_error
 from plimsoll.runtime.serving.template_pool import TemplatePool
 from plimsoll.tracing import TraceMiddleware
 
@@ -150,6 +151,8 @@ def build_app(
                 num_blocks=s.num_blocks,
                 enable_prefix_caching=s.enable_prefix_caching,
                 cache_dtype=str(getattr(getattr(engine, "config", None), "dtype", "auto")),
+                gpu_memory_utilization=getattr(s, "gpu_memory_utilization", None),
+                kv_cache_memory_bytes=getattr(s, "kv_cache_memory_bytes", 0),
             )
             metrics.refresh(s)
             metrics.attach_kv_tiers(getattr(getattr(engine, "engine", None), "kv_connector", None))
@@ -206,6 +209,9 @@ def build_app(
                 "The model is still loading; retry when /ready answers 200.",
                 headers={"Retry-After": str(settings.retry_after_s)},
             )
+        if ctx.sleeping:
+            metrics.reject("asleep")
+            raise asleep_error(ctx)
         if model is not None and model != settings.served_model_name:
             adapters = [lora.lora_name for lora in engine.list_loras()]
             if model not in adapters:
@@ -230,6 +236,8 @@ def build_app(
             return JSONResponse({"ready": False, "reason": reason, "startup": startup}, status_code=503)
         if ctx.marked_for_removal:
             return JSONResponse({"ready": False, "reason": "marked for removal"}, status_code=503)
+        if ctx.sleeping:
+            return JSONResponse({"ready": False, "reason": "asleep"}, status_code=503)
         return JSONResponse({"ready": True, "startup": startup})
 
     @app.post("/drain")
@@ -261,6 +269,7 @@ def build_app(
     async def prometheus_metrics() -> Response:
         if engine.is_ready:
             metrics.refresh(engine.stats())
+            metrics.refresh_load(engine.queue_snapshot(), engine.service_rates(), engine.sleep_level)
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 
@@ -269,8 +278,8 @@ def build_app(
         # An adapter's `root` is its path (vLLM's field) only for the admin key's holder (the operator
         # compares it with spec.adapters); everyone else sees names: where weights live on the
         # replica is nobody's business who holds only the inference key.
-        admin = bool(settings.admin_api_key) and bearer_matches(
-            raw.headers.get("authorization"), settings.admin_api_key
+        admin = bool(
+            settings.admin_api_key and bearer_matches(raw.headers.get("authorization"), settings.admin_api_key)
         )
         card = ModelCard(
             id=settings.served_model_name,
@@ -309,6 +318,7 @@ def build_app(
         response: Response = await create_chat_completion(ctx, body, raw)
         return response
 
+    add_sleep_routes(app, ctx)
     profile_dir = Path(settings.profile_dir) if settings.profile_dir else None
     add_profile_route(app, engine, settings.enable_profiling, profile_dir)
     install_openapi(app)  # every response documented, not only the 200s

@@ -67,6 +67,11 @@ class ServerSettings(BaseModel):
         "priorities come only from an x-gateway-inference-objective the server knows",
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
+    slo_admission: bool = Field(
+        False,
+        description="refuse (429) a request whose predicted TTFT exceeds the TTFT objective set by PUT /slo "
+        "when it carries no x-slo-ttft-ms of its own (a request's header is honoured either way)",
+    )
     inference_objectives: dict[str, int] = Field(
         default_factory=dict,
         description="x-gateway-inference-objective name -> vLLM priority (lower first), "

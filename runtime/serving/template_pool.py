@@ -49,7 +49,12 @@ async def _recv(conn: Connection) -> Any:
     loop = asyncio.get_running_loop()
     readable = loop.create_future()
     fd = conn.fileno()
-    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+
+    def arrived() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(fd, arrived)
     try:
         await readable
     finally:

@@ -41,7 +41,8 @@ def render(job: Job) -> tuple[str, Any]:
     template, context, max_chars = job
     messages = context.pop("messages")
     try:
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=template, **context)
+        # transformers annotates the return as str; it returns (rendered, generation_indices).
+        rendered, _ = render_jinja_template(conversations=[messages], chat_template=template, **context)  # type: ignore[str-unpack]
     except MemoryError:
         return "too_long", -1
     except Exception as exc:  # jinja raises TemplateError and plain exceptions alike

@@ -27,9 +27,11 @@ async def test_a_larger_step_cost_slows_every_step_from_the_switch_on() -> None:
         for _ in range(3):
             assert (await http.post("/v1/completions", json=body)).status_code == 200
         after = await _tpot_sum_and_count(http)
-        # A sleep never ends early: each token after the switch took at least 5 × the step.
+        # Token times are deadlines: a first token a loaded host delivered late is caught up by
+        # shorter sleeps after it, so TPOT may undercut 5 × the step by that lateness spread over
+        # the request's 5 decode tokens; half of it is still far above the unswitched step.
         mean_tpot = (after[0] - before[0]) / (after[1] - before[1])
-        assert mean_tpot >= 5 * STEP_S
+        assert mean_tpot >= 2.5 * STEP_S
         refused = await http.put("/sim/step-cost", json={"scale": 0})
         assert refused.status_code == 400
         assert refused.json()["error"]["message"].startswith('"scale" must be a positive number')

@@ -41,6 +41,17 @@ def mistral_params() -> int:
     return layers * sum(per_layer.values()) + vocab * hidden + vocab * hidden + hidden
 
 
+def activations(hidden: int, inter: int, q_dim: int, kv_dim: int, vocab: int, tokens: int = 2048, rows: int = 64) -> int:
+    """The engine's activation estimate (kv_memory.activation_bytes_estimate), bf16, written out:
+    one layer of a full step, then the sampler's 8 float32 copies and a penalty table per row."""
+    return tokens * (2 * hidden + q_dim + 2 * kv_dim + q_dim + 3 * inter) * 2 + rows * vocab * (4 * 8 + 5)
+
+
+def kv_tokens(usable: float, weights: int, acts: int, per_token: int, block: int = 16) -> int:
+    budget = int(usable) - weights - acts - 256 * 2**20  # less what CUDA libraries hold outside torch
+    return budget // (per_token * block) * block  # whole blocks
+
+
 def test_7b_gqa_on_an_80gb_gpu() -> None:
     plan = run_json("--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--context-length", "4096")
     params = mistral_params()
@@ -50,10 +61,12 @@ def test_7b_gqa_on_an_80gb_gpu() -> None:
     kv_per_token = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads, head dim 128, bf16
     assert kv_per_token == 128 * 1024
     assert plan["KV bytes per token"] == kv_per_token
-    budget = 80 * 2**30 * 0.9 - weights
-    assert plan["KV tokens that fit"] == math.floor(budget / kv_per_token)
-    assert plan["sequences at full context"] == math.floor(budget / kv_per_token) // 4096
-    assert plan["sequences at full context"] == 117
+    acts = activations(4096, 14336, 4096, 1024, 32000)
+    assert plan["activations"] == acts
+    tokens = kv_tokens(80 * 2**30 * 0.9, weights, acts, kv_per_token)
+    assert plan["KV tokens that fit"] == tokens
+    assert plan["sequences at full context"] == tokens // 4096
+    assert plan["sequences at full context"] == 115
 
 
 def test_qwen_bias_and_gqa_and_dtype() -> None:
@@ -95,7 +108,7 @@ def test_table_output_shows_the_arithmetic() -> None:
                            env={"COLUMNS": "200"})  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "2 × 32 layers × 8 KV heads × 128 head dim × 2 B (bf16) = 131,072 B" in result.output
-    assert "floor(479,323 / 4,096 tokens) = 117 per replica" in result.output
+    assert "floor(474,768 / 4,096 tokens) = 115 per replica" in result.output
 
 
 @pytest.mark.parametrize(
@@ -218,18 +231,19 @@ def test_tensor_parallel_figures_are_per_gpu() -> None:
     per_gpu += 2 * (vocab // 2) * hidden + hidden
     assert two["weight bytes"] == per_gpu * 2  # bf16
     assert two["KV bytes per token"] == one["KV bytes per token"] / 2 == 2 * 32 * 4 * 128 * 2
-    assert two["KV tokens that fit"] == math.floor((24 * 2**30 * 0.9 - per_gpu * 2) / (2 * 32 * 4 * 128 * 2))
+    acts = activations(4096, 14336 // 2, 4096 // 2, 1024 // 2, 32000)
+    assert two["KV tokens that fit"] == kv_tokens(24 * 2**30 * 0.9, per_gpu * 2, acts, 2 * 32 * 4 * 128 * 2)
     assert two["tensor parallel"] == 2
     assert one["GPUs needed"] == two["GPUs needed"] == 1  # 13.5 GiB of bf16 weights fit one 24 GiB GPU
 
 
 def test_gpus_needed_and_the_fix_when_the_weights_do_not_fit() -> None:
-    # 13.5 GiB of weights on 8 GiB GPUs: two GPUs hold 6.7 GiB each, leaving 0.5 GiB, room for 4,096 tokens
-    # of 64 KiB; the error names that split.
-    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "8GiB"])
+    # 13.5 GiB of weights on 10 GiB GPUs: two GPUs hold 6.7 GiB each, leaving 1.8 GiB after activations
+    # and CUDA's own, room for 4,096 tokens of 64 KiB; the error names that split.
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "10GiB"])
     assert result.exit_code == 2
     assert "do not fit" in result.output and "--gpus-per-replica 2" in result.output
-    fits = run_json("--model-config", str(MISTRAL), "--gpu-memory", "8GiB", "-tp", "2")
+    fits = run_json("--model-config", str(MISTRAL), "--gpu-memory", "10GiB", "-tp", "2")
     assert fits["GPUs needed"] == 2 and fits["KV tokens that fit"] > 4096
 
 

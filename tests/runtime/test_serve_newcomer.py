@@ -51,6 +51,9 @@ def test_vllm_flags_are_understood_and_bad_ones_say_what_works() -> None:
         "plimsoll serve: --gpu-memory-utilization needs --device cuda; on CPU size the cache with "
         "--kv-cache-memory-bytes (or --kv-cache-memory 2GiB)"
     )
+    if not __import__("torch").cuda.is_available():  # the CPU image on a GPU node reads the same
+        assert one_line(["--device", "cuda"]).startswith("plimsoll serve: --device cuda: torch ")
+        assert "sees no CUDA device; run the CUDA image" in one_line(["--device", "cuda:1"])
     assert (
         one_line(["a", "--model", "b"])
         == "plimsoll serve: two models given ('a' and --model 'b'); pass one of them"
@@ -98,3 +101,22 @@ def test_positional_model_serves_and_names_its_kernels_once(tmp_path: Path) -> N
     kernel_lines = [ln for ln in log.splitlines() if "kernels:" in ln]
     assert len(kernel_lines) == 1, log
     assert "no C++ compiler" not in log.replace(kernel_lines[0], "")
+
+
+def test_an_image_that_cannot_build_tritons_launcher_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("triton")
+    import subprocess
+
+    import triton.runtime.build
+
+    from plimsoll.runtime.serve_args import ServeArgError, check_triton_toolchain
+
+    check_triton_toolchain()  # this machine has a compiler and Python's headers
+
+    def no_headers(*_: object, **__: object) -> None:
+        raise subprocess.CalledProcessError(1, ["gcc"], "fatal error: Python.h: No such file or directory")
+
+    monkeypatch.setattr(triton.runtime.build, "compile_module_from_src", no_headers)
+    with pytest.raises(ServeArgError) as err:
+        check_triton_toolchain()
+    assert "python3-dev" in str(err.value) and "\n" not in str(err.value)

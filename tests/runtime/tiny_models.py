@@ -8,7 +8,7 @@ Imported by the runtime tests (``from tiny_models import ...``) and their confte
 from pathlib import Path
 from typing import Any
 
-from plimsoll.runtime.testing import TINY_SHAPE, byte_level_tokenizer
+from plimsoll.runtime.testing import TINY_SHAPE, byte_level_tokenizer, save_random_model
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -44,12 +44,5 @@ def tiny_config(arch: str) -> Any:
 
 
 def build_tiny_model(arch: str, directory: Path) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    cfg = tiny_config(arch)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    model.save_pretrained(str(directory))
-    byte_tokenizer().save_pretrained(str(directory))
+    save_random_model(directory, tiny_config(arch), chat_template=False, attn_implementation="eager")
     return directory

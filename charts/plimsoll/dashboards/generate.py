@@ -33,6 +33,9 @@ RATE = "$__rate_interval"
 # The operator's per-LLMService series (operator/handlers/attainment.py).
 ATTAINMENT = "plimsoll_operator_slo_attainment_ratio"
 COST_PER_1K = "plimsoll_operator_replica_seconds_per_1k_good_requests"
+# With spec.variants (each variant's costPerHour): money, in the currency the prices are in.
+COST_PER_HOUR = "plimsoll_operator_cost_per_hour"
+MONEY_PER_1K = "plimsoll_operator_cost_per_1k_good_requests"
 
 
 def either(query: Callable[[str], str], plimsoll: str, vllm: str) -> str:
@@ -241,15 +244,18 @@ def slo_panel() -> dict[str, Any]:
         "SLO attainment and cost",
         "Share of finished requests that met every spec.slo bound (each applied per request, as "
         "bench does) over the last minute and hour, and replica-seconds spent per 1000 such "
-        "requests over the hour (right). Written by the operator's built-in autoscaler; SLOAtRisk "
-        "turns True when the 1-minute figure falls below 99%.",
+        "requests over the hour (right); with spec.variants also what the replicas cost per hour "
+        "now and per 1000 good requests over the hour (their costPerHour; right). Written by the "
+        "operator's built-in autoscaler; SLOAtRisk turns True when the 1-minute figure falls below 99%.",
         "percentunit",
         [
             (f'{ATTAINMENT}{{{SEL}, window="1m"}}', "{{llmservice}} attainment 1m"),
             (f'{ATTAINMENT}{{{SEL}, window="1h"}}', "{{llmservice}} attainment 1h"),
             (f"{COST_PER_1K}{{{SEL}}}", "{{llmservice}} replica-s per 1k good"),
+            (f"{COST_PER_HOUR}{{{SEL}}}", "{{llmservice}} cost per hour"),
+            (f"{MONEY_PER_1K}{{{SEL}}}", "{{llmservice}} cost per 1k good"),
         ],
-        overrides=[right_axis(".*per 1k good", "s")],
+        overrides=[right_axis(".*replica-s per 1k good", "s"), right_axis(".*cost per .*", "none")],
         maximum=1,
     )
 

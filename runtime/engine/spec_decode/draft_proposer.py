@@ -6,8 +6,9 @@ as the target's, at the draft's bytes per token) and a per-sequence shadow
 on the tokens the target accepted since last time (one ragged forward, which
 also yields the first proposal), then runs k - 1 one-token forwards. Proposals
 are the draft's argmax for greedy requests, else draws from its distribution
-under the request's temperature/top-k/top-p/min-p, kept as ``q`` for the
-rejection sampler. Draft KV is trusted only up to the target's accepted tokens:
+under the request's temperature/top-k/top-p/min-p, kept on the device as ``q`` for
+the rejection sampler; each forward's proposals for the whole batch come to the
+host in one transfer (the next forward's inputs are built there). Draft KV is trusted only up to the target's accepted tokens:
 the positions written from proposals are recomputed next time, so rejected
 proposals never leak into later steps.
 
@@ -22,6 +23,8 @@ import torch
 
 from plimsoll.runtime.engine.model_runner import ModelRunner, kv_bytes_per_token
 from plimsoll.runtime.engine.request import Request
+from plimsoll.runtime.engine.sampler import fetch
+from plimsoll.runtime.engine.sampling_tensors import Randomness, RowParams, device_index, sample_from
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
 from plimsoll.runtime.models.loader import load_model
 
@@ -52,7 +55,7 @@ class DraftProposer:
         dtype: torch.dtype,
         device: torch.device,
         attention_backend: str,
-        probs_fn: object,
+        randomness: Randomness,
     ) -> None:
         loaded = load_model(model, dtype, device)
         target_vocab = int(target_hf_config.vocab_size)  # type: ignore[attr-defined]
@@ -69,7 +72,13 @@ class DraftProposer:
         )
         self.free_blocks = list(range(num_target_blocks - 1, -1, -1))
         self.seqs: dict[str, DraftSeq] = {}
-        self.probs_fn = probs_fn  # (request, logits [V]) -> probs [V]: the request's sampling transform
+        self.randomness = randomness  # the sampler's: a seeded request draws from its own generator
+
+    def resize(self, num_blocks: int) -> None:
+        """A new, empty draft cache of ``num_blocks`` blocks (when the target's cache is resized at start)."""
+        self.runner.allocate_kv_cache(num_blocks)
+        self.free_blocks = list(range(num_blocks - 1, -1, -1))
+        self.seqs.clear()
 
     def release_except(self, alive: Collection[str]) -> None:
         """Free the shadows of sequences no longer running (finished, aborted, preempted)."""
@@ -84,11 +93,22 @@ class DraftProposer:
             seq.block_ids.append(self.free_blocks.pop())
         return True
 
-    def _pick(self, req: Request, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        if req.params.is_greedy:
-            return int(logits.argmax()), None
-        probs: torch.Tensor = self.probs_fn(req, logits)  # type: ignore[operator]
-        return int(torch.multinomial(probs, 1, generator=req.generator)), probs
+    def _pick(
+        self, reqs: list[Request], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The batch's proposals on the device (``[A]``) and, per sampled row, the ``q`` it drew from."""
+        token_ids = logits.argmax(dim=-1)
+        sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
+        qs: list[torch.Tensor | None] = [None] * len(reqs)
+        if sampled:
+            index = device_index(sampled, logits.device)
+            rows = [reqs[i] for i in sampled]
+            probs = RowParams.build(rows, logits.device, logits.shape[1]).probs(logits[index])
+            drawn = sample_from(probs, self.randomness.uniforms(rows, 1, logits.device)[:, 0])
+            token_ids = token_ids.index_copy(0, index, drawn)
+            for j, i in enumerate(sampled):
+                qs[i] = probs[j]
+        return token_ids, qs
 
     @torch.inference_mode()
     def propose(self, reqs: list[Request], limits: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
@@ -109,10 +129,13 @@ class DraftProposer:
                 num_new = seq.num_tokens - seq.num_computed_tokens
                 seq.num_computed_tokens = seq.num_tokens  # booked, as the scheduler does
                 scheduled.append((seq, num_new))
+            # A DraftSeq has the fields the runner reads of a Request (ids, computed tokens, blocks).
             _, logits = self.runner.execute(SchedulerOutput(scheduled=scheduled))  # type: ignore[arg-type]
+            token_ids, qs = self._pick([reqs[i] for i, _ in active], logits)
+            tokens = [int(t) for t in fetch([token_ids])]
             still = []
             for row, (i, seq) in enumerate(active):
-                token, probs = self._pick(reqs[i], logits[row])
+                token, probs = tokens[row], qs[row]
                 results[i][0].append(token)
                 if probs is not None:
                     results[i][1].append(probs)

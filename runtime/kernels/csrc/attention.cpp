@@ -4,8 +4,8 @@
 // attention/reference.paged_attention's contract: one query per sequence against its context
 // read straight from the paged KV cache (no gather copy). Work is split by sequence; each reads
 // its K rows once to score every query head (GQA: query head h reads KV head h / (H / Hkv)) and
-// its V rows once to sum them (float32 or bfloat16 with head_dim 64 or 128: unrolled, each row in
-// registers for its group of heads, the next block prefetched). And plimsoll_paged_attention_
+// its V rows once to sum them (head_dim 64 or 128: unrolled, each row in registers for its group
+// of heads, the next block prefetched; an int8 row's scale folded into its score or weight). And plimsoll_paged_attention_
 // {f32,bf16}, the ragged contract (prefill, later chunks, prefix-cache hits and decode rows in
 // one call), below.
 // What it is not: the fused decode step's attention (decode_step.cpp calls attend() itself).
@@ -138,8 +138,9 @@ extern "C" int plimsoll_paged_decode_attention_bf16(
                                 block_size, max_blocks, scale, num_threads);
 }
 
-// The same over an int8 cache (--kv-cache-dtype int8): rows of head_dim int8 values and
-// their float32 scale; head_dim is the values' count, not the row's.
+// The same over an int8 cache (--kv-cache-dtype int8) in attention/kv_int8.py's block layout:
+// each block holds its [block_size, Hkv, head_dim] int8 values, then their [block_size, Hkv]
+// float32 scales; head_dim is the values' count, not the cache's last dimension (head_dim + 4).
 extern "C" int plimsoll_paged_decode_attention_kv_int8(
     const float* q, const int8_t* k_cache, const int8_t* v_cache, const int32_t* block_tables,
     const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,

@@ -9,7 +9,8 @@
 //
 // Layouts (row-major, contiguous):
 //   q            [B, H, D]
-//   k/v_cache    [num_blocks, block_size, Hkv, D] float32, or [.., Hkv, D + 4] int8 (kv_int8.py)
+//   k/v_cache    [num_blocks, block_size, Hkv, D] float32 or bfloat16, or [.., Hkv, D + 4] int8 whose
+//                blocks hold their values then their scales (kv_int8.py; Cache<int8_t> in simd.h)
 //   block_tables [B, max_blocks] int32 (entries past a context are never read)
 //   context_lens [B] int32
 //   out          [B, H, D]
@@ -37,16 +38,18 @@ struct Args {
   float scale;
 };
 
-// Calls visit(t, row) for tokens t = 0 .. ctx-1 of one sequence, in order, where row
-// points at that token's [Hkv, row_len] slice of the cache: blocks are walked through the
-// block table, each one read front to back.
+// Calls visit(t, row, scales) for tokens t = 0 .. ctx-1 of one sequence, in order, where row
+// points at that token's [Hkv, D] values in the cache and scales at its Hkv scales (int8; null
+// otherwise): blocks are walked through the block table, each one read front to back.
 template <typename T, typename Visit>
-void for_each_token(const T* cache, const int32_t* table, int64_t ctx, int64_t bs, int64_t token_stride,
+void for_each_token(const T* cache, const int32_t* table, int64_t ctx, int64_t bs, int64_t kv_heads, int64_t d,
                     Visit visit) {
+  const int64_t block_elems = Cache<T>::block_elems(bs, kv_heads, d), token_stride = kv_heads * d;
   for (int64_t start = 0; start < ctx; start += bs) {
-    const T* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
+    const T* block = cache + static_cast<int64_t>(table[start / bs]) * block_elems;
+    const float* sc = Cache<T>::scales(block, bs, kv_heads, d);
     const int64_t n = std::min(bs, ctx - start);
-    for (int64_t o = 0; o < n; ++o) visit(start + o, block + o * token_stride);
+    for (int64_t o = 0; o < n; ++o) visit(start + o, block + o * token_stride, sc ? sc + o * kv_heads : nullptr);
   }
 }
 
@@ -76,32 +79,30 @@ void attend_seq(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
   const int64_t heads = a.num_heads;
   const int64_t group = heads / a.num_kv_heads;
   const int64_t d_len = a.head_dim;
-  const int64_t row_len = Cache<T>::row_len(d_len);
   const int64_t ctx = a.context_lens[seq];
   const int64_t bs = a.block_size;
   const int32_t* table = a.block_tables + seq * a.max_blocks;
   const float* q = a.q + seq * heads * d_len;  // [H, D]
   float* out = a.out + seq * heads * d_len;    // [H, D]
-  const int64_t token_stride = a.num_kv_heads * row_len;
   scores.resize(static_cast<size_t>(heads * ctx));
   float* s = scores.data();  // [H, ctx]
 
-  for_each_token(a.k_cache, table, ctx, bs, token_stride, [&](int64_t t, const T* row) {
+  for_each_token(a.k_cache, table, ctx, bs, a.num_kv_heads, d_len, [&](int64_t t, const T* row, const float* sc) {
     for (int64_t h = 0; h < heads; ++h) {
-      const T* k = row + (h / group) * row_len;
+      const T* k = row + (h / group) * d_len;
       const float* qh = q + h * d_len;
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
       for (int64_t d = 0; d < d_len; ++d) dot += qh[d] * static_cast<float>(k[d]);
-      s[h * ctx + t] = dot * Cache<T>::scale(k, d_len) * a.scale;
+      s[h * ctx + t] = dot * row_scale<T>(sc, h / group) * a.scale;
     }
   });
   for (int64_t h = 0; h < heads; ++h) softmax(s + h * ctx, ctx);
   std::fill(out, out + heads * d_len, 0.f);
-  for_each_token(a.v_cache, table, ctx, bs, token_stride, [&](int64_t t, const T* row) {
+  for_each_token(a.v_cache, table, ctx, bs, a.num_kv_heads, d_len, [&](int64_t t, const T* row, const float* sc) {
     for (int64_t h = 0; h < heads; ++h) {
-      const T* v = row + (h / group) * row_len;
-      const float w = s[h * ctx + t] * Cache<T>::scale(v, d_len);
+      const T* v = row + (h / group) * d_len;
+      const float w = s[h * ctx + t] * row_scale<T>(sc, h / group);
       float* oh = out + h * d_len;
 #pragma omp simd
       for (int64_t d = 0; d < d_len; ++d) oh[d] += w * static_cast<float>(v[d]);
@@ -109,27 +110,30 @@ void attend_seq(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
   });
 }
 
-// Queries rows 0 .. rows - 1 of one sequence over its float32 (or bfloat16) cache, head_dim NV x 16: query i
-// sits at position first + i and sees tokens 0 .. first + i (causal; a decode row is rows = 1,
+// Queries rows 0 .. rows - 1 of one sequence over its float32, bfloat16 or int8 cache, head_dim NV x 16:
+// query i sits at position first + i and sees tokens 0 .. first + i (causal; a decode row is rows = 1,
 // first = ctx - 1). q and out are [rows, H, D]. Each token's K and V row of a KV head is
 // loaded into registers once for every query row and head that reads it, the loops over D
 // are unrolled, and the next block's row at the same offset is prefetched (blocks lie
-// anywhere in the cache, so the hardware prefetcher stops at each block's end).
+// anywhere in the cache, so the hardware prefetcher stops at each block's end). An int8 row's
+// scale multiplies its score (K) or its weight (V), so the rows are converted, never dequantised.
 template <int64_t NV, typename T = float>
 void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, const T* k_cache,
                      const T* v_cache, const int32_t* table, int64_t heads, int64_t kv_heads, int64_t bs,
                      float scale, std::vector<float>& scores) {
   constexpr int64_t D = NV * kLanes;
   const int64_t group = heads / kv_heads, token_stride = kv_heads * D;
+  const int64_t block_elems = Cache<T>::block_elems(bs, kv_heads, D);
   const int64_t span = first + rows;  // tokens the last row sees
   scores.resize(static_cast<size_t>(rows * heads * span));
   float* s = scores.data();  // [rows, H, span]
   const int64_t lines = (token_stride * static_cast<int64_t>(sizeof(T)) + 63) / 64;
   auto walk = [&](const T* cache, auto&& visit) {
     for (int64_t start = 0; start < span; start += bs) {
-      const T* block = cache + static_cast<int64_t>(table[start / bs]) * bs * token_stride;
+      const T* block = cache + static_cast<int64_t>(table[start / bs]) * block_elems;
+      const float* sc = Cache<T>::scales(block, bs, kv_heads, D);
       const bool more = start + bs < span;
-      const T* next = more ? cache + static_cast<int64_t>(table[start / bs + 1]) * bs * token_stride : block;
+      const T* next = more ? cache + static_cast<int64_t>(table[start / bs + 1]) * block_elems : block;
       const int64_t n = std::min(bs, span - start);
       for (int64_t o = 0; o < n; ++o) {
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -139,20 +143,22 @@ void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, co
         }
 #endif
         const int64_t t = start + o;
-        visit(t, std::max<int64_t>(0, t - first), block + o * token_stride);  // rows i >= t - first see t
+        // rows i >= t - first see t
+        visit(t, std::max<int64_t>(0, t - first), block + o * token_stride, sc ? sc + o * kv_heads : nullptr);
       }
     }
   };
-  walk(k_cache, [&](int64_t t, int64_t i0, const T* row) {
+  walk(k_cache, [&](int64_t t, int64_t i0, const T* row, const float* sc) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       F16 k[NV];
       for (int64_t j = 0; j < NV; ++j) k[j] = load_row(row + g * D + j * kLanes);
+      const float row_scaled = scale * row_scale<T>(sc, g);
       for (int64_t i = i0; i < rows; ++i) {
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
           const float* qh = q + (i * heads + h) * D;
           F16 acc = zero16();
           for (int64_t j = 0; j < NV; ++j) acc = fma16(load_f32(qh + j * kLanes), k[j], acc);
-          s[(i * heads + h) * span + t] = sum16(acc) * scale;
+          s[(i * heads + h) * span + t] = sum16(acc) * row_scaled;
         }
       }
     }
@@ -161,13 +167,14 @@ void attend_rows_f32(const float* q, float* out, int64_t rows, int64_t first, co
     for (int64_t h = 0; h < heads; ++h) softmax(s + (i * heads + h) * span, first + i + 1);
   }
   std::fill(out, out + rows * heads * D, 0.f);
-  walk(v_cache, [&](int64_t t, int64_t i0, const T* row) {
+  walk(v_cache, [&](int64_t t, int64_t i0, const T* row, const float* sc) {
     for (int64_t g = 0; g < kv_heads; ++g) {
       F16 v[NV];
       for (int64_t j = 0; j < NV; ++j) v[j] = load_row(row + g * D + j * kLanes);
+      const float v_scale = row_scale<T>(sc, g);
       for (int64_t i = i0; i < rows; ++i) {
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          const F16 w = set16(s[(i * heads + h) * span + t]);
+          const F16 w = set16(s[(i * heads + h) * span + t] * v_scale);
           float* oh = out + (i * heads + h) * D;
           for (int64_t j = 0; j < NV; ++j) store16(oh + j * kLanes, fma16(w, v[j], load_f32(oh + j * kLanes)));
         }
@@ -210,6 +217,7 @@ void attend_tile_f32(const float* q, float* out, int64_t rows, int64_t first, co
                      float scale, std::vector<float>& scores) {
   constexpr int64_t D = NV * kLanes;
   constexpr int64_t kPairs = 24 / NV;  // (row, head) pairs whose V sums stay in registers together
+  static_assert(!Cache<T>::kScaled, "the tile kernel reads float32 or bfloat16 rows (no int8 block scales)");
   const int64_t group = heads / kv_heads, token_stride = kv_heads * D;
   const int64_t span = first + rows;
   const int64_t padded = (span + 15) / 16 * 16;
@@ -301,7 +309,7 @@ void attend_seq_f32(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
 
 template <typename T>
 void attend(const Args<T>& a, int64_t seq, std::vector<float>& scores) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Bf16>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, Bf16> || std::is_same_v<T, int8_t>) {
     if (a.head_dim == 64) return attend_seq_f32<4, T>(a, seq, scores);
     if (a.head_dim == 128) return attend_seq_f32<8, T>(a, seq, scores);
   }

@@ -2,7 +2,7 @@
 //
 // What it is: 16 float lanes (`F16`: one AVX-512 register, two AVX2 ones, or a plain array in
 // the plain build) and their loads, stores and multiply-adds; the elements a cache holds
-// (float32, int8 rows with their scale, bfloat16) and their widening and rounding; exp on whole
+// (float32, int8 blocks of values then scales, bfloat16) and their widening and rounding; exp on whole
 // vectors. Which of these is compiled is the build variant's: the same source is built for
 // AVX-512, AVX2 and plain x86-64 (setup.py; cpu_variants.py names the flags).
 // What it is not: a kernel; the kernels are in attention, matmul, glue and decode_step.
@@ -102,26 +102,34 @@ inline F16 set16(float x) {
 inline void store16(float* p, F16 a) { std::memcpy(p, a.v, sizeof(a.v)); }
 #endif
 
-// The element a cache holds: float32 rows of D values, or int8 rows of D values followed
-// by their float32 scale (attention/kv_int8.py: a row is D + 4 bytes).
+// How a paged cache of T lays out one block of block_size tokens x Hkv heads x D values.
+// float32 and bfloat16: the values only, row-major. int8 (attention/kv_int8.py's block
+// layout): the block's int8 values first, row-major [bs, Hkv, D] (each row D bytes after the
+// previous one), then its float32 scales [bs, Hkv], one per (token, KV head).
 template <typename T>
-struct Cache;
-
-template <>
-struct Cache<float> {
-  static int64_t row_len(int64_t d) { return d; }
-  static float scale(const float*, int64_t) { return 1.f; }
+struct Cache {
+  static constexpr bool kScaled = false;
+  static int64_t block_elems(int64_t bs, int64_t kv_heads, int64_t d) { return bs * kv_heads * d; }
+  static const float* scales(const T*, int64_t, int64_t, int64_t) { return nullptr; }
 };
 
 template <>
 struct Cache<int8_t> {
-  static int64_t row_len(int64_t d) { return d + 4; }
-  static float scale(const int8_t* row, int64_t d) {
-    float s;
-    std::memcpy(&s, row + d, sizeof s);
-    return s;
+  static constexpr bool kScaled = true;
+  static int64_t block_elems(int64_t bs, int64_t kv_heads, int64_t d) { return bs * kv_heads * (d + 4); }
+  // The block's scales, after its bs * Hkv * D values (4-byte aligned: D is a multiple of 4).
+  static const float* scales(const int8_t* block, int64_t bs, int64_t kv_heads, int64_t d) {
+    return reinterpret_cast<const float*>(block + bs * kv_heads * d);
   }
 };
+
+// Token o's scale for KV head g within a block's scales (1 for a cache without scales; the
+// compiler drops the multiply there).
+template <typename T>
+inline float row_scale(const float* block_scales, int64_t i) {  // i = o * Hkv + g
+  if constexpr (Cache<T>::kScaled) return block_scales[i];
+  return 1.f;
+}
 
 // A bfloat16 value (the cache of a --dtype bfloat16 engine): float32's upper 16 bits.
 struct Bf16 {
@@ -134,11 +142,6 @@ struct Bf16 {
   }
 };
 
-template <>
-struct Cache<Bf16> {
-  static int64_t row_len(int64_t d) { return d; }
-  static float scale(const Bf16*, int64_t) { return 1.f; }
-};
 
 
 // exp(x) for 16 (AVX-512) or 8 (AVX2) floats: 2^n * p(r) with n = round(x log2 e), r = x - n ln 2
@@ -190,8 +193,10 @@ inline void exp_store(float* p, float mx, float& sum) {
 }
 #endif
 
-// 16 cache values as float32 lanes: float32 as they are, bfloat16 widened (its bits shifted up).
+// 16 cache values as float32 lanes: float32 as they are, int8 converted (its scale applied by the
+// caller), bfloat16 widened (its bits shifted up).
 inline F16 load_row(const float* p) { return load_f32(p); }
+inline F16 load_row(const int8_t* p) { return load_i8(p); }
 inline F16 load_row(const Bf16* p) {
 #if defined(__AVX512F__)
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));

@@ -40,6 +40,10 @@ def test_a_split_service_gets_the_documented_defaults() -> None:
             "disaggregation.prefill.replicas (9) must lie within",
         ),
         ({"disaggregation": {"linkBandwidth": "fast"}}, "String should match pattern"),
+        (
+            {"variants": [{"name": "h100", "costPerHour": 4.0, "maxReplicas": 2}]},
+            "disaggregation needs one hardware variant",
+        ),
     ],
 )
 def test_invalid_split_specs_say_what_is_wrong(patch: dict[str, Any], fragment: str) -> None:

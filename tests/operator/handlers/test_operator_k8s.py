@@ -235,8 +235,14 @@ def test_deleting_the_llmservice_removes_every_child(devcluster: Any, llms_names
 
 def test_scale_subresource(devcluster: Any, llms_namespace: str) -> None:
     ns, name = llms_namespace, "scaled"
-    apply(devcluster, ns, llmservice(name, resources={"gpu": {"count": 1}}))
+    apply(devcluster, ns, llmservice(name, resources={"gpu": {"count": 1}}, engine={"gpuMemoryUtilization": 0.85}))
     ready(devcluster, ns, name)
+    # A GPU replica: the CUDA image, --device cuda and the CRD's share of the GPU in the pod's args.
+    engine = get_json(devcluster, "deployment", name, "-n", ns)["spec"]["template"]["spec"]["containers"][0]
+    assert engine["image"].endswith("-cuda"), engine["image"]
+    args = engine["args"]
+    assert args[args.index("--device") + 1] == "cuda"
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.85"
     devcluster.kubectl("scale", "llms", name, "-n", ns, "--replicas=3")
     assert get_json(devcluster, "llms", name, "-n", ns)["spec"]["replicas"] == 3
 

@@ -24,7 +24,10 @@ from plimsoll.operator.resources.settings import BuildSettings
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"
 SETTINGS = BuildSettings(
-    plimsoll_image="plimsoll:test", vllm_image="vllm/vllm-openai:v0.32.0", sglang_image="lmsysorg/sglang:test"
+    plimsoll_image="plimsoll:test",
+    plimsoll_cuda_image="plimsoll:test-cuda",
+    vllm_image="vllm/vllm-openai:v0.32.0",
+    sglang_image="lmsysorg/sglang:test",
 )
 
 
@@ -175,3 +178,48 @@ def test_quantity_to_bytes(quantity: int | str, expected: int) -> None:
 def test_quantity_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="not a memory quantity"):
         to_bytes("eight gigs")
+
+
+def engine_of(body: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = build_deployment(LLMService.from_body(body), SETTINGS)["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    return container
+
+
+def test_gpu_replicas_get_the_cuda_image_device_and_memory_share_cpu_replicas_neither() -> None:
+    body = yaml.safe_load(CASES["embedded"].read_text())
+    gpu = engine_of(body)
+    assert gpu["image"] == "plimsoll:test-cuda"
+    assert gpu["args"][gpu["args"].index("--device") + 1] == "cuda"
+    assert gpu["args"][gpu["args"].index("--gpu-memory-utilization") + 1] == "0.9"  # the CRD's default
+    body["spec"]["engine"] = {"gpuMemoryUtilization": 0.75}
+    assert "0.75" in engine_of(body)["args"]  # the CRD field reaches the pod's args
+    body["spec"]["engine"] = {"args": ["--device", "cuda:1", "--gpu-memory-utilization=0.5"]}
+    args = engine_of(body)["args"]
+    assert args.count("--device") == 1 and "--gpu-memory-utilization" not in args  # the user's win
+    body["spec"]["engine"] = {"args": ["--device", "cpu"]}  # a simulated GPU node: served from the CPU
+    args = engine_of(body)["args"]
+    assert args.count("--device") == 1 and "--gpu-memory-utilization" not in args
+    body["spec"]["resources"] = {"gpu": {"count": 0}, "cpu": "4", "memory": "8Gi"}
+    body["spec"]["engine"] = {}
+    cpu = engine_of(body)
+    assert cpu["image"] == "plimsoll:test"
+    assert "--device" not in cpu["args"] and "--gpu-memory-utilization" not in cpu["args"]
+
+
+def test_the_crd_carries_gpu_memory_utilization_with_vllms_default() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "llmservices.plimsoll.dev.yaml").read_text())
+    engine = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "engine"
+    ]
+    field = engine["properties"]["gpuMemoryUtilization"]
+    assert field["default"] == 0.9 and field["maximum"] == 1.0
+    assert field["minimum"] == 0.0 and field["exclusiveMinimum"] is True
+    with pytest.raises(ValueError):
+        LLMService.from_body(
+            {
+                **yaml.safe_load(CASES["embedded"].read_text()),
+                "spec": {"engine": {"gpuMemoryUtilization": 1.5}},
+            }
+        )

@@ -9,6 +9,7 @@ import yaml
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.external_autoscaler import (
     adapter_rule,
+    backlog_adapter_rule,
     build_hpa,
     build_scaled_object,
     in_flight_metric_name,
@@ -140,3 +141,27 @@ def test_hpa_example_is_a_valid_llmservice_and_starts_sized() -> None:
     assert plan is not None and plan.replicas == 3  # ceil(20 / 8), as the example's comment says
     hpa = build_hpa(svc, 8)
     assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "8"
+
+
+def test_with_a_ttft_slo_both_also_scale_on_the_replicas_backlog_in_seconds() -> None:
+    slo = {"ttftP95Ms": 500}
+    hpa = build_hpa(service(slo=slo), 6)
+    assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == [
+        "plimsoll_requests_in_flight",
+        "plimsoll_backlog_seconds",
+    ]
+    assert hpa["spec"]["metrics"][1]["pods"]["target"] == {"type": "AverageValue", "averageValue": "500m"}
+    rule = backlog_adapter_rule()
+    assert rule["name"] == {"matches": "^plimsoll_backlog_seconds$", "as": "plimsoll_backlog_seconds"}
+    keda = service(slo=slo, autoscaling={"mode": "keda", "prometheusAddress": "http://prometheus:9090"})
+    _, backlog = build_scaled_object(keda, 6)["spec"]["triggers"]
+    assert (
+        backlog["metadata"]["query"] == 'sum(plimsoll_backlog_seconds{namespace="team-a",llmservice="chat"})'
+    )
+    assert backlog["metadata"]["threshold"] == "0.5" and backlog["metricType"] == "AverageValue"
+    # vLLM exports no backlog; tokenAware false turns the signal off; no SLO, nothing to hold it against.
+    assert len(build_hpa(service("vllm", slo=slo), 6)["spec"]["metrics"]) == 1
+    off = service(slo=slo, autoscaling={"mode": "hpa", "tokenAware": False})
+    assert len(build_hpa(off, 6)["spec"]["metrics"]) == 1
+    assert len(build_hpa(service(), 6)["spec"]["metrics"]) == 1  # the preset's objective: not the user's
+    assert len(build_hpa(service(slo={"preset": "none"}), 6)["spec"]["metrics"]) == 1

@@ -227,7 +227,13 @@ def test_dashboard_toggle_namespace_and_labels() -> None:
 
 
 def test_operator_series_on_the_dashboard_are_the_ones_the_operator_exports() -> None:
-    from plimsoll.operator.handlers.attainment import COST_PER_1K_GOOD, SLO_ATTAINMENT
+    from plimsoll.operator.handlers.attainment import (
+        COST_PER_1K_GOOD,
+        COST_PER_HOUR,
+        MONEY_PER_1K_GOOD,
+        SLO_ATTAINMENT,
+    )
 
     drawn = {n for n in referenced_names() if n.startswith("plimsoll_operator_")}
-    assert drawn == {SLO_ATTAINMENT._name, COST_PER_1K_GOOD._name}
+    gauges = (SLO_ATTAINMENT, COST_PER_1K_GOOD, COST_PER_HOUR, MONEY_PER_1K_GOOD)
+    assert drawn == {g._name for g in gauges}

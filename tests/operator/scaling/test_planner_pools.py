@@ -163,3 +163,24 @@ def test_an_unchanged_split_is_not_rewritten_and_keeps_what_other_writers_put_th
     again = svc.tick(20.0, [pod("d0", 2)], prefill_pods=(prefill_pod("p0", 100),))
     assert again.status is None or "disaggregation" not in again.status.fields
     assert svc.status["disaggregation"]["prefill"]["profile"]["promptTokensPerSecond"] == PREFILL_RATE
+
+
+def test_standby_parks_beside_the_decode_pool_whatever_the_prefill_count() -> None:
+    # The decode Deployment runs its one replica plus one parked: the prefill pool going 1 -> 3 in the
+    # same tick is not a count of decode replicas to keep awake.
+    svc = Service(split_spec(autoscaling={"standby": {"replicas": 1}}), status=profiled())
+    new = pod("n1", ready=False, sample=None)
+    plan = svc.tick(0.0, [pod("d0", 0), new], prefill_pods=(prefill_pod("p0", 1500),))
+    (count,) = plan.changes()
+    assert (count.pool, count.desired) == (PREFILL_POOL, 3)
+    assert set(plan.parked()) == {"n1"} and not plan.woken()
+
+
+def test_the_predicted_ttft_rule_is_left_to_the_prefill_pool() -> None:
+    # Prompts wait in the prefill pool, which scales on that backlog; the decode pool's formula takes no
+    # predicted-TTFT floor from its replicas' (empty) prompt queue.
+    svc = Service(split_spec(slo={"ttftP95Ms": 500}), status=profiled())
+    busy = dataclasses.replace(sample(), backlog_s=5.0, predicted_ttft_s=5.0)
+    plan = svc.tick(0.0, [pod("d0", sample=busy)], prefill_pods=(prefill_pod("p0", 1500),))
+    assert [c.pool for c in plan.changes()] == [PREFILL_POOL]
+    assert "tokenAware" not in svc.status["autoscaler"]

@@ -181,3 +181,13 @@ def test_counts_over_a_window_survive_restarts_and_price_replica_seconds() -> No
     stale = PodSample("plimsoll", 0, 0, 0, None, None, slo_good=1000, slo_bad=0, slo_objectives={"ttft": 9.0})
     tracker.observe(90.0, {"a": sample(18, 2), "c": stale}, replicas=3)
     assert tracker.counted(30.0) == (0.0, 0.0)
+
+
+def test_requests_the_router_refused_count_as_misses() -> None:
+    tracker = AttainmentTracker(objectives={"ttft": 0.5})
+    judged = PodSample("plimsoll", 0, 0, 0, None, None, slo_good=0, slo_bad=0, slo_objectives={"ttft": 0.5})
+    tracker.observe(0.0, {"a": judged}, replicas=1, shed={"router": 0})
+    served = PodSample("plimsoll", 0, 0, 0, None, None, slo_good=90, slo_bad=0, slo_objectives={"ttft": 0.5})
+    # 90 met their bound on the replica; the router refused 10 that every replica would have missed.
+    tracker.observe(10.0, {"a": served}, replicas=1, shed={"router": 10})
+    assert tracker.counted(60.0) == (90.0, 100.0) and tracker.attainment(60.0) == 0.9

@@ -1,4 +1,5 @@
-"""``--kv-cache-dtype int8``: the row layout, every reader of an int8 cache against the oracle,
+"""``--kv-cache-dtype int8``: the block layout, every reader of an int8 cache against the oracle (the
+CPU decode kernel on several block sizes, GQA and partly filled last blocks whose unused slots hold NaN),
 the error against a float32 cache within a bound derived from the rounding, the engine end to
 end, and the KV bytes the engine allocates against `plimsoll plan`'s arithmetic.
 
@@ -91,19 +92,89 @@ def test_int8_cache_readers_equal_the_oracle_and_stay_within_the_bound_of_fp32(c
     print(f"{case}: int8 vs fp32 KV max abs error {float(err.max()):.2e}, bound {float(bound.min()):.2e}")
 
 
+# context lengths (decode rows), (query heads, KV heads), head_dim, block size: every context's last
+# block is partly filled except where noted; head_dim 64 and 128 take the unrolled path, 36 the
+# generic one.
+KERNEL_CASES = {
+    "block size 1, GQA 3": ([37, 5, 1, 90], (9, 3), 64, 1),
+    "block size 4, GQA 3": ([37, 5, 16, 1, 90, 64], (6, 2), 64, 4),
+    "block size 16, SmolLM2 heads": ([160, 171, 3, 17, 224, 96, 128], (9, 3), 64, 16),
+    "block size 32, head_dim 128, GQA 4": ([33, 1, 70, 64], (8, 2), 128, 32),
+    "block size 5, MHA": ([21, 7, 33], (4, 4), 64, 5),
+    "block size 8, one KV head, head_dim 36": ([19, 8, 1], (4, 1), 36, 8),
+}
+
+
+def poison_unused_slots(cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor) -> None:
+    """Every slot past a context's end in its last block, and every block no table names: values
+    127, scales NaN, so a kernel that reads one returns NaN."""
+    values, scales = kv_int8.values(cache), kv_int8.scales(cache)
+    used = torch.zeros(cache.shape[:2], dtype=torch.bool)
+    block_size = cache.shape[1]
+    for b, ctx in enumerate(lens.tolist()):
+        for t in range(ctx):
+            used[int(tables[b, t // block_size]), t % block_size] = True
+    values[~used] = 127
+    scales[~used] = float("nan")
+
+
 @pytest.mark.skipif(cpu_kernels.library() is None, reason="no C++ compiler: the kernel cannot be built here")
-def test_compiled_decode_kernel_is_not_handed_the_block_layout() -> None:
-    # The CPU decode kernel reads the row-packed form (kv_int8.quantize); the engine's int8 caches
-    # use the block layout, so the torch backend's decode keeps them away from it and gathers.
-    args = make_batch([37, 5, 16, 1, 90], [1, 1, 1, 1, 1], head_dim=64)
+@pytest.mark.parametrize("case", sorted(KERNEL_CASES))
+def test_compiled_decode_kernel_reads_the_block_layout(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx, heads, head_dim, block_size = KERNEL_CASES[case]
+    args = make_batch(
+        ctx,
+        [1] * len(ctx),
+        num_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=head_dim,
+        block_size=block_size,
+    )
     query, k_cache, v_cache, tables, cu, lens, scale = args
     kq, vq = int8_caches(k_cache, v_cache)
+    poison_unused_slots(kq, tables, lens)
+    poison_unused_slots(vq, tables, lens)
     oracle = attention_torch.paged_attention(query, kq, vq, tables, cu, lens, scale)
-    via_torch_backend = attention_sdpa.decode_attention(query, kq, vq, tables, lens, scale)
-    assert torch.allclose(via_torch_backend, oracle, atol=2e-5)
-    packed_k, packed_v = kv_int8.quantize(k_cache), kv_int8.quantize(v_cache)  # the same values, row-packed
-    got = cpu_kernels.decode_attention(query, packed_k, packed_v, tables, lens, scale)
-    assert torch.allclose(got, oracle, atol=2e-5), float((got - oracle).abs().max())
+    assert bool(torch.isfinite(oracle).all())
+    assert cpu_kernels.supports_attention(query, kq, vq)
+    got = cpu_kernels.decode_attention(query, kq, vq, tables, lens, scale)
+    print(
+        f"{case}: C++ int8-KV decode vs oracle on the same cache, max abs error {float((got - oracle).abs().max()):.2e}"
+    )
+    torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5)
+    # Against the float32 cache it was quantised from: within the rounding's bound.
+    err = (got - attention_torch.paged_attention(*args)).abs()
+    assert bool((err <= error_bound(args, *int8_caches(k_cache, v_cache))).all())
+    # The torch backend's decode hands the int8 cache to the kernel, and its SDPA fallback agrees.
+    calls: list[int] = []
+    real = cpu_kernels.decode_attention
+    monkeypatch.setattr(cpu_kernels, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.testing.assert_close(
+        attention_sdpa.paged_attention(*args[:1], kq, vq, *args[3:]), got, rtol=0, atol=0
+    )
+    assert calls == [1]
+    clean_k, clean_v = int8_caches(k_cache, v_cache)  # SDPA gathers whole blocks (0 x NaN is NaN)
+    fallback = attention_sdpa.sdpa_decode_attention(query, clean_k, clean_v, tables, lens, scale)
+    torch.testing.assert_close(fallback, oracle, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="no C++ compiler: the kernel cannot be built here")
+def test_compiled_decode_kernel_refuses_an_int8_head_dim_off_the_layout() -> None:
+    query = torch.randn((1, 2, 6))
+    cache = torch.zeros((2, 4, 1, 10), dtype=torch.int8)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        cpu_kernels.decode_attention(
+            query, cache, cache, torch.zeros((1, 1), dtype=torch.int32), torch.tensor([3]), 1.0
+        )
+    with pytest.raises(ValueError, match="rows hold 10 elements for a head_dim of 8"):
+        cpu_kernels.decode_attention(
+            torch.randn((1, 2, 8)),
+            cache,
+            cache,
+            torch.zeros((1, 1), dtype=torch.int32),
+            torch.tensor([3]),
+            1.0,
+        )
 
 
 def test_store_kv_quantises_into_an_int8_cache_like_the_oracle() -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from plimsoll.runtime.engine.outputs import RequestOutput, StepStats
-from plimsoll.runtime.engine.sampler import apply_penalties, filter_logits
+from plimsoll.runtime.engine.sampler_reference import apply_penalties, filter_logits
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 
 

@@ -18,6 +18,7 @@ from attention_batches import make_batch
 from kernel_builds import RUNNABLE, needs_kernels
 from torch.nn import functional as F
 
+from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention import reference as attention_torch
 from plimsoll.runtime.attention import sdpa as attention_sdpa
 from plimsoll.runtime.kernels import cpu_kernels, cpu_library, cpu_variants
@@ -165,9 +166,7 @@ def test_ragged_kernel_takes_only_what_it_can_and_rejects_bad_lengths() -> None:
     assert not cpu_kernels.supports_paged_attention(query.double(), kc.double(), vc.double())
     odd = make_batch([9, 4], [9, 1], head_dim=80)
     assert cpu_kernels.supports_attention(*odd[:3]) and not cpu_kernels.supports_paged_attention(*odd[:3])
-    from plimsoll.runtime.attention import kv_int8
-
-    int8_cache = kv_int8.quantize(kc)
+    int8_cache = kv_int8.quantize_cache(kc)
     assert not cpu_kernels.supports_paged_attention(query, int8_cache, int8_cache)
     with pytest.raises(ValueError, match=r"queries at most its context"):
         cpu_kernels.paged_attention(query, kc, vc, tables, cu, torch.tensor([8, 4]), scale)  # 9 queries, 8 tokens
@@ -193,6 +192,10 @@ def test_kernel_equals_oracle_on_each_instruction_set(selected_build: str) -> No
     kb, vb = kc.bfloat16(), vc.bfloat16()
     expected = attention_torch.paged_attention(query, kb.float(), vb.float(), *args[3:])
     torch.testing.assert_close(cpu_kernels.decode_attention(query, kb, vb, tables, lens, scale), expected, rtol=1e-5, atol=1e-5)
+    # An int8 cache in the same build (its int8 widening without AVX-512), in kv_int8's block layout.
+    kq, vq = kv_int8.quantize_cache(kc), kv_int8.quantize_cache(vc)
+    expected = attention_torch.paged_attention(query, kq, vq, *args[3:])
+    torch.testing.assert_close(cpu_kernels.decode_attention(query, kq, vq, tables, lens, scale), expected, rtol=1e-5, atol=1e-5)
     # The ragged kernel in the same build: its tiles of several rows without the AVX-512 path.
     ctx, q_lens, heads, head_dim, block_size = RAGGED_CASES["SmolLM2 shape: prefills, decodes, a later chunk"]
     args = make_batch(ctx, q_lens, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size)

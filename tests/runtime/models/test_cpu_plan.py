@@ -148,3 +148,88 @@ def test_a_plan_steps_aside_while_the_process_runs_another_build() -> None:
         rtol=1e-4,
         atol=1e-4,
     )
+
+
+def test_an_int8_kv_plan_names_the_decode_kernel_only_where_it_serves() -> None:
+    line = CPUPlan(tiny(), kv_cache_dtype="int8").describe()
+    print(line)
+    assert (
+        "attention: C++ paged decode-attention kernel over the int8 cache's blocks, torch SDPA for prefill"
+        in line
+    )
+    assert (
+        "every step: layer by layer" in line
+        and "no fused decode step or glued layers (an int8 KV cache)" in line
+    )
+    # A bfloat16 query over an int8 cache is SDPA's (the kernel takes float32 queries there).
+    line = CPUPlan(tiny(torch.bfloat16), kv_cache_dtype="int8").describe()
+    assert "attention: torch SDPA over the int8 cache's blocks" in line
+
+
+def test_int8_kv_decode_runs_on_the_kernel_with_the_fallbacks_logits(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two engines over the same int8 cache layout: one with the kernel, one with decode attention
+    # forced to SDPA; each step's logits agree (prefill is SDPA's in both), and only the first
+    # engine's decode steps call the kernel, once per layer, on the module path.
+    from prometheus_client import CollectorRegistry
+
+    from plimsoll import metric_names as mn
+    from plimsoll.runtime.engine.config import EngineConfig
+    from plimsoll.runtime.engine.llm_engine import LLMEngine
+    from plimsoll.runtime.engine.sampling_params import SamplingParams
+    from plimsoll.runtime.serving.metrics import ServerMetrics
+
+    real_decode, real_supports = cpu_kernels.decode_attention, cpu_kernels.supports_attention
+    calls: list[torch.dtype] = []
+    monkeypatch.setattr(
+        cpu_kernels,
+        "decode_attention",
+        lambda q, k, *a, **kw: calls.append(k.dtype) or real_decode(q, k, *a, **kw),
+    )
+    runs: dict[bool, list[torch.Tensor]] = {}
+    for kernel in (True, False):
+        monkeypatch.setattr(cpu_kernels, "supports_attention", real_supports if kernel else lambda *a: False)
+        metrics = ServerMetrics("tiny", registry=CollectorRegistry())
+        engine = LLMEngine(
+            EngineConfig(
+                model=str(tiny_model_dir("llama")), kv_cache_dtype="int8", kv_cache_memory=4 << 20,
+                max_model_len=128, block_size=16,
+            ),
+            observer=metrics,
+        )  # fmt: skip
+        assert engine.runner.kv_caches[0][0].dtype == torch.int8
+        assert engine.runner.cpu_plan.decode_attention_kernel() is kernel
+        logits: list[torch.Tensor] = []
+        execute = engine.runner.execute
+
+        def recorded(sched: Any, execute: Any = execute, logits: list[torch.Tensor] = logits) -> Any:
+            reqs, out = execute(sched)
+            logits.append(out.clone())
+            return reqs, out
+
+        monkeypatch.setattr(engine.runner, "execute", recorded)
+        metrics.start_counting()
+        # Two sequences, one 21-token context ending mid-block and one 7-token one.
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        engine.add_request("a", list(range(3, 24)), params)
+        engine.add_request("b", [5, 9, 13, 2, 7, 7, 1], params)
+        while engine.has_unfinished_requests():
+            engine.step()
+        runs[kernel] = logits
+        layers = engine.hf_config.num_hidden_layers
+        if kernel:  # 5 decode steps after the prefill, each layer's attention on the kernel
+            assert calls == [torch.int8] * 5 * layers
+            calls.clear()
+        else:
+            assert calls == []
+        path = metrics.registry.get_sample_value(
+            mn.ENGINE_STEPS, {"model_name": "tiny", "path": "module_layers"}
+        )
+        assert path == 6.0
+    assert len(runs[True]) == len(runs[False]) == 6
+    for step, (a, b) in enumerate(zip(runs[True], runs[False], strict=True)):
+        print(f"step {step}: max |logits kernel - SDPA| {float((a - b).abs().max()):.2e}")
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        if not torch.equal(a.argmax(-1), b.argmax(-1)):
+            break  # a near-tie picked another token: the contexts differ from here on

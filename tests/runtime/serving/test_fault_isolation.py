@@ -28,6 +28,9 @@ class PoisonedSampler:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
     def __call__(self, reqs: list[Any], logits: Any) -> Any:
         if any(r.params.seed == POISON_SEED for r in reqs):
             raise FloatingPointError("injected: probabilities are NaN")

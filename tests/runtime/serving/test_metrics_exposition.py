@@ -27,6 +27,8 @@ ALLOWED_LABELS = {
     "num_gpu_blocks",
     "enable_prefix_caching",
     "cache_dtype",
+    "gpu_memory_utilization",  # cache_config_info: the configured share ("" for an explicit size)
+    "kv_cache_memory_bytes",  # cache_config_info: the KV cache's bytes
     "priority",  # the request's integer class, clamped to -16..16 (never a tenant id)
     "position",  # spec_decode accepted tokens per draft position (0..k-1)
     "version",  # plimsoll_build_info: the engine's version

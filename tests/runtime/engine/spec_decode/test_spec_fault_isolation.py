@@ -19,17 +19,24 @@ VERIFY_POISON, SAMPLER_POISON = 666, 667
 def sampled_params(count: int) -> list[Any]:
     from plimsoll.runtime import SamplingParams
 
-    return [SamplingParams(temperature=0.8, seed=1000 + i, max_tokens=24, ignore_eos=True) for i in range(count)]
+    return [
+        SamplingParams(temperature=0.8, seed=1000 + i, max_tokens=24, ignore_eos=True) for i in range(count)
+    ]
 
 
 class PoisonedSampler:
+    """The engine's sampler, except that sampling a batch holding the SAMPLER_POISON seed raises."""
+
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    def __call__(self, reqs: list[Any], logits: Any) -> Any:
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def sample_device(self, reqs: list[Any], logits: Any) -> Any:
         if any(r.params.seed == SAMPLER_POISON for r in reqs):
             raise FloatingPointError("injected: probabilities are NaN")
-        return self.inner(reqs, logits)
+        return self.inner.sample_device(reqs, logits)
 
 
 def test_a_fault_while_verifying_or_sampling_one_request_fails_only_that_request(tiny_model_dir: Any) -> None:
@@ -45,11 +52,11 @@ def test_a_fault_while_verifying_or_sampling_one_request_fails_only_that_request
     verified: list[int] = []
     real_verify = Speculator._verify
 
-    def poisoned_verify(self: Speculator, req: Any, rows: Any, proposals: list[int]) -> list[int]:
-        verified.append(req.params.seed)
-        if req.params.seed == VERIFY_POISON:
+    def poisoned_verify(self: Speculator, reqs: list[Any], *args: Any) -> Any:
+        verified.extend(r.params.seed for r in reqs)
+        if any(r.params.seed == VERIFY_POISON for r in reqs):
             raise RuntimeError("injected: rejection sampler failed")
-        return real_verify(self, req, rows, proposals)
+        return real_verify(self, reqs, *args)
 
     speculator._verify = poisoned_verify.__get__(speculator)  # type: ignore[method-assign]
     engine.sampler = PoisonedSampler(engine.sampler)  # type: ignore[assignment]

@@ -13,22 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from plimsoll.runtime.engine.spec_decode.rejection_sampler import verify_sampled
+from plimsoll.runtime.engine.sampler_reference import chi_square_p
+from plimsoll.runtime.engine.spec_decode.rejection_sampler import rejection_sample
 
 P_MIN = 1e-4
-
-
-def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's test of observed ``counts`` against ``probs`` (cells with p == 0 must be empty)."""
-    n = float(counts.sum())
-    support = probs > 0
-    assert int(counts[~support].sum()) == 0, "a token the target gives probability 0 was emitted"
-    expected = probs[support].double() * n
-    stat = float(((counts[support].double() - expected) ** 2 / expected).sum())
-    dof = int(support.sum()) - 1
-    return float(
-        torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0))
-    )
 
 
 @pytest.mark.parametrize("kind", ["point_mass", "draft_distribution"])
@@ -39,31 +27,58 @@ def test_rejection_sampler_emits_the_target_distribution(kind: str) -> None:
         [[0.05, 0.3, 0.0, 0.25, 0.1, 0.3], [0.2, 0.2, 0.2, 0.1, 0.1, 0.2], [0.5, 0.1, 0.1, 0.1, 0.1, 0.1]]
     )
     q = torch.tensor([[0.4, 0.1, 0.3, 0.1, 0.1, 0.0], [0.1, 0.5, 0.1, 0.1, 0.1, 0.1]])
-    first = torch.zeros(vocab)
-    second = torch.zeros(vocab)  # the token after an accepted first proposal
-    num_accepted = 0
-    for _ in range(trials):
-        if kind == "point_mass":
-            proposals, draft = [3, 1], None  # an n-gram guess
-        else:
-            proposals = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(2)]
-            draft = q
-        out = verify_sampled(p, proposals, draft, gen)
-        first[out[0]] += 1
-        if out[0] == proposals[0] and len(out) > 1:
-            num_accepted += 1
-            second[out[1]] += 1
+    # Every trial is one row of a single batch: the rows are decided together.
+    if kind == "point_mass":
+        proposals, draft = torch.tensor([[3, 1]]).repeat(trials, 1), None  # an n-gram guess
+    else:
+        proposals = torch.stack(
+            [torch.multinomial(q[j], trials, replacement=True, generator=gen) for j in range(2)], 1
+        )
+        draft = q.expand(trials, 2, vocab)
+    accepted, next_token = rejection_sample(
+        p.expand(trials, 3, vocab),
+        p.argmax(-1).expand(trials, 3),
+        proposals,
+        torch.full((trials,), 2),
+        draft,
+        torch.rand(trials, 3, generator=gen),
+        torch.zeros(trials, dtype=torch.bool),
+    )
+    first_tokens = torch.where(accepted >= 1, proposals[:, 0], next_token)
+    after_first = accepted >= 1  # the token after an accepted first proposal
+    second_tokens = torch.where(accepted >= 2, proposals[:, 1], next_token)[after_first]
+    first = torch.bincount(first_tokens, minlength=vocab).float()
+    second = torch.bincount(second_tokens, minlength=vocab).float()
     print(f"{kind}: first-token p={chi_square_p(first, p[0]):.3f}, second p={chi_square_p(second, p[1]):.3f}")
     assert chi_square_p(first, p[0]) > P_MIN
     assert chi_square_p(second, p[1]) > P_MIN
-    assert 0 < num_accepted < trials  # both branches ran
+    assert 0 < int(after_first.sum()) < trials  # both branches ran
+    third = torch.bincount(next_token[accepted == 2], minlength=vocab).float()  # the bonus token
+    assert chi_square_p(third, p[2]) > P_MIN
+
+
+def test_greedy_rows_keep_the_longest_argmax_prefix() -> None:
+    target = torch.tensor([[4, 2, 7], [4, 2, 7], [4, 2, 7]])  # [R, K + 1] argmax
+    proposals = torch.tensor([[4, 2], [4, 9], [1, 2]])
+    probs = torch.full((3, 3, 10), 0.1)
+    accepted, next_token = rejection_sample(
+        probs,
+        target,
+        proposals,
+        torch.tensor([2, 2, 2]),
+        None,
+        torch.rand(3, 3),
+        torch.ones(3, dtype=torch.bool),
+    )
+    assert accepted.tolist() == [2, 1, 0]
+    assert next_token.tolist() == [7, 2, 4]
 
 
 def exact_first_two(model_dir: str, prompt: list[int], top_k: int) -> dict[tuple[int, int], float]:
     """P(t1, t2) under temperature 1 and top-k, from transformers' float32 logits."""
     from transformers import AutoModelForCausalLM
 
-    from plimsoll.runtime.engine.sampler import filter_logits
+    from plimsoll.runtime.engine.sampler_reference import filter_logits
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
 

@@ -1,0 +1,165 @@
+"""Predicted time to first token on one replica, from its queue and its measured service rates.
+
+What it is: the one model of a continuous-batching replica that every part uses to
+say how long a new request would wait for its first token — the replica's own
+admission (``x-slo-ttft-ms``), the router's choice between replicas, the simulator's
+admission, and the backlog in seconds each replica exports for the autoscaler.
+
+The model, as the engine schedules (``runtime/engine/scheduler.py``):
+
+* ``max_num_seqs`` slots; a running sequence keeps its slot until it has produced its
+  remaining tokens, one per decode step of ``decode_step_s`` (the step time at the
+  current batch);
+* waiting sequences take slots in arrival order (FCFS) as they free;
+* prompts are prefilled one after another at ``prefill_tokens_per_s`` (prefill is
+  compute-bound: two prompts in one step take as long as both in turn), the prompt
+  tokens running sequences still have to compute first;
+* a request's first token comes with the step that finishes its prefill, one decode
+  step after the prefill work.
+
+So ``ttft = max(slot free, prefill lane free) + prompt / prefill rate + decode step``;
+the first term is the **backlog**: how long a request arriving now waits before its
+own prefill starts. :func:`predict_ttft` walks the queue with a heap of slot release
+times (exact for the simulator's service curve, ``bench/simulator.py``; tested
+against its measured TTFT in ``tests/bench/test_ttft_prediction_sim.py``).
+
+What it is not: a measurement. The rates come from the replica's own steps
+(``runtime/engine/service_rates.py``); KV-cache pressure (a waiting request that fits
+no blocks) is not modelled, which is why the autoscaler also reads KV headroom.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+# The request header that carries a request's own TTFT bound (llm-d's name), in milliseconds.
+SLO_TTFT_HEADER = "x-slo-ttft-ms"
+# Where a prediction is reported back on a response (the bench and the tests read it).
+PREDICTED_TTFT_HEADER = "x-plimsoll-predicted-ttft-ms"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRates:
+    """What one replica does per second: its measured prefill rate and decode step time."""
+
+    prefill_tokens_per_s: float
+    decode_step_s: float
+    max_num_seqs: int
+
+    def __post_init__(self) -> None:
+        if not (self.prefill_tokens_per_s > 0 and self.decode_step_s > 0 and self.max_num_seqs >= 1):
+            raise ValueError(
+                f"service rates need a positive prefill rate, decode step and slot count, got "
+                f"{self.prefill_tokens_per_s} tok/s, {self.decode_step_s} s, {self.max_num_seqs} slots"
+            )
+
+    def prefill_s(self, tokens: int) -> float:
+        return max(0, tokens) / self.prefill_tokens_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """A replica's queue at one instant, in tokens: per sequence, (prompt tokens still to
+    prefill, tokens it may still generate — ``max_tokens`` minus generated, within
+    ``max_model_len``); ``running`` in the order the engine runs them, ``waiting`` in
+    admission order.
+    """
+
+    running: tuple[tuple[int, int], ...] = ()
+    waiting: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens not yet computed: the waiting prompts and the running ones' unfinished prefill."""
+        return sum(p for p, _ in self.running) + sum(p for p, _ in self.waiting)
+
+    @property
+    def decode_tokens_remaining(self) -> int:
+        """Decode demand: tokens the running sequences may still generate."""
+        return sum(r for _, r in self.running)
+
+    def plus(self, waiting: tuple[tuple[int, int], ...]) -> QueueSnapshot:
+        """This snapshot with more sequences waiting behind it (admitted, not yet in the engine)."""
+        if not waiting:
+            return self
+        return QueueSnapshot(self.running, self.waiting + waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class TTFTPrediction:
+    """A predicted TTFT and its parts (seconds): wait for a slot and the prefill lane, own prefill, one step."""
+
+    backlog_s: float
+    prefill_s: float
+    step_s: float
+    ahead: int  # sequences ahead of this one in the queue
+
+    @property
+    def ttft_s(self) -> float:
+        return self.backlog_s + self.prefill_s + self.step_s
+
+    def formula(self) -> str:
+        return (
+            f"backlog {self.backlog_s:.3f} s ({self.ahead} ahead) + prefill {self.prefill_s:.3f} s "
+            f"+ step {self.step_s:.3f} s = {self.ttft_s:.3f} s"
+        )
+
+    def retry_after_s(self, bound_s: float) -> int:
+        """Whole seconds after which the queue has drained enough for ``bound_s`` (at least 1).
+
+        The backlog shrinks in real time while nothing joins it, so the excess over the bound
+        is how long to wait; rounded up, as ``Retry-After`` takes whole seconds.
+        """
+        return max(1, math.ceil(self.ttft_s - bound_s))
+
+
+def predict_ttft(
+    queue: QueueSnapshot, rates: ServiceRates, prompt_tokens: int, num_seqs: int = 1
+) -> TTFTPrediction:
+    """The TTFT of a request of ``prompt_tokens`` (``num_seqs`` sequences) arriving now; see the module docstring.
+
+    With ``num_seqs`` > 1 (``n``, or several prompts) the last sequence's first token is what
+    the request waits for.
+    """
+    step = rates.decode_step_s
+    lane = 0.0
+    slots = []
+    for prompt, remaining in queue.running:
+        if prompt > 0:  # a chunked prefill under way: its slot frees after its prefill and its decode
+            lane += rates.prefill_s(prompt)
+            slots.append(lane + remaining * step)
+        else:
+            slots.append(remaining * step)
+    slots += [0.0] * max(0, rates.max_num_seqs - len(slots))
+    heapq.heapify(slots)
+    for prompt, out in queue.waiting:
+        start = max(heapq.heappop(slots), lane)
+        lane = start + rates.prefill_s(prompt)
+        heapq.heappush(slots, lane + max(1, out) * step)
+    start = 0.0
+    for _ in range(max(1, num_seqs)):
+        start = max(heapq.heappop(slots), lane)
+        lane = start + rates.prefill_s(prompt_tokens)
+        heapq.heappush(slots, math.inf)  # its sibling holds the slot past the first token
+    own = rates.prefill_s(prompt_tokens)
+    return TTFTPrediction(backlog_s=lane - own, prefill_s=own, step_s=step, ahead=len(queue.waiting))
+
+
+def backlog_seconds(queue: QueueSnapshot, rates: ServiceRates) -> float:
+    """How long a request arriving now would wait before its prefill starts (0 when a slot is free now)."""
+    return predict_ttft(queue, rates, 0).backlog_s
+
+
+def parse_ttft_bound(value: str | None) -> float | None:
+    """Seconds from an ``x-slo-ttft-ms`` header value; None when absent. Raises ValueError on nonsense."""
+    if value is None or not value.strip():
+        return None
+    try:
+        ms = float(value)
+    except ValueError:
+        raise ValueError(f"{SLO_TTFT_HEADER} must be a number of milliseconds, got {value!r}") from None
+    if not math.isfinite(ms) or ms <= 0:
+        raise ValueError(f"{SLO_TTFT_HEADER} must be a positive number of milliseconds, got {value!r}")
+    return ms / 1000.0

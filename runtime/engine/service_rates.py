@@ -1,0 +1,74 @@
+"""This replica's service rates, measured from its own steps: prefill tokens per second, decode step time.
+
+What it is: :class:`ServiceRateMeter`, fed every engine step (warm-up included, so
+the rates are known before the first request) with the step's prefill tokens, its
+decode rows and its wall time. A step with no prefill measures the decode step; a
+step with prefill (of at least a few tokens) measures the prefill rate from what the
+step took beyond a decode step: the same split the predictor makes, ``ttft = backlog +
+prompt / prefill rate + one decode step``.
+Both are exponentially weighted, so they follow the host (a shared CPU slows down and
+speeds up) without jumping on one slow step. :meth:`ServiceRateMeter.rates` is what
+the TTFT predictor (``plimsoll.ttft_prediction``) needs.
+
+Why measured here rather than passed from the capacity profile: the profile measured
+a replica once, on whatever host ran its Job; the rates that decide whether a request
+waiting now will meet its bound are this replica's, now. The profile's own figures
+stay what the operator sizes with; the replica exports both the raw queue (prompt
+tokens waiting, decode tokens remaining) and the rates, so a reader that prefers the
+profile's rate can divide by it.
+
+What it is not: a profiler, or thread-safe beyond what a reader of two floats needs
+(the engine thread writes, the server reads a consistent :class:`ServiceRates`).
+"""
+
+from __future__ import annotations
+
+from plimsoll.ttft_prediction import ServiceRates
+
+# Weight of a new observation. Decode steps are many and alike; prefill steps fewer and more varied.
+DECODE_ALPHA = 0.2
+PREFILL_ALPHA = 0.1
+# A prefill step shorter than this beyond the decode step is noise, not a rate.
+MIN_PREFILL_S = 1e-4
+# Fewer prompt tokens than this in a step say more about the step's fixed cost than about the rate.
+MIN_PREFILL_TOKENS = 8
+
+
+class ServiceRateMeter:
+    """EWMA of the decode step (seconds) and of prefill cost (seconds per token)."""
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.decode_step_s: float | None = None
+        self.prefill_s_per_token: float | None = None
+        self._rates: ServiceRates | None = None
+
+    def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
+        """One engine step: prompt tokens computed, decode tokens computed, wall seconds."""
+        if step_s <= 0:
+            return
+        if prefill_tokens <= 0:
+            if decode_tokens > 0:
+                self.decode_step_s = _ewma(self.decode_step_s, step_s, DECODE_ALPHA)
+        elif prefill_tokens >= MIN_PREFILL_TOKENS and self.decode_step_s is not None:
+            # A step costs about one decode step whatever it carries (the predictor adds that step
+            # to every TTFT); what the prompt tokens add beyond it is the prefill's.
+            prefill = step_s - self.decode_step_s
+            if prefill >= MIN_PREFILL_S:
+                self.prefill_s_per_token = _ewma(
+                    self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA
+                )
+        if self.decode_step_s is not None and self.prefill_s_per_token is not None:
+            self._rates = ServiceRates(
+                prefill_tokens_per_s=1.0 / self.prefill_s_per_token,
+                decode_step_s=self.decode_step_s,
+                max_num_seqs=self.max_num_seqs,
+            )
+
+    def rates(self) -> ServiceRates | None:
+        """The rates measured so far; None until both a decode step and a prefill have been seen."""
+        return self._rates
+
+
+def _ewma(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else old + alpha * (new - old)

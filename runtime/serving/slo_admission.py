@@ -1,0 +1,71 @@
+"""SLO-aware admission: refuse now, with ``Retry-After``, what would miss its TTFT bound in the queue.
+
+What it is: :func:`check_predicted_ttft`, called by the completion routes once a
+request is tokenised and before it is admitted. The request's bound is its
+``x-slo-ttft-ms`` header (llm-d's), or, with ``--slo-admission``, the TTFT objective
+the operator set (``PUT /slo``). The replica predicts the request's TTFT from its
+queue and its measured rates (``plimsoll.ttft_prediction``); a request predicted to
+miss gets 429 at once, ``Retry-After`` = the seconds until the queue has drained
+enough, and ``x-plimsoll-overload: replica`` (another replica may meet it: the
+router tries one). Each refusal counts in ``plimsoll_admission_rejections_total
+{reason="slo_ttft"}`` and, when objectives are set, as a bad request in
+``plimsoll_slo_requests_total`` — the operator's attainment counts what was shed.
+
+What it is not: the prediction (``common/ttft_prediction.py``) or the other
+admission rules (``requests.py``: draining, queue full, tenant caps). A replica that
+has not yet measured its rates admits everything (it cannot say).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from plimsoll.overload import OVERLOAD_HEADER, REPLICA
+from plimsoll.runtime.serving.errors import APIError, bad_request
+from plimsoll.runtime.serving.requests import ServingContext
+from plimsoll.ttft_prediction import (
+    PREDICTED_TTFT_HEADER,
+    SLO_TTFT_HEADER,
+    TTFTPrediction,
+    parse_ttft_bound,
+    predict_ttft,
+)
+
+
+def ttft_bound(ctx: ServingContext, raw: Request) -> float | None:
+    """The request's TTFT bound in seconds: its header, else the objective under ``--slo-admission``."""
+    try:
+        bound = parse_ttft_bound(raw.headers.get(SLO_TTFT_HEADER))
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    if bound is None and ctx.settings.slo_admission:
+        bound = ctx.metrics.slo.get("ttft")
+    return bound
+
+
+def check_predicted_ttft(
+    ctx: ServingContext, raw: Request, prompt_tokens: list[int], num_seqs: int
+) -> TTFTPrediction | None:
+    """Raise 429 when the request's predicted TTFT exceeds its bound; the prediction otherwise (None: none made)."""
+    bound = ttft_bound(ctx, raw)
+    if bound is None:
+        return None
+    rates = ctx.engine.service_rates()
+    if rates is None:
+        return None
+    prediction = predict_ttft(ctx.engine.queue_snapshot(), rates, max(prompt_tokens, default=0), num_seqs)
+    if prediction.ttft_s <= bound:
+        return prediction
+    ctx.metrics.reject("slo_ttft")
+    ctx.metrics.judge_shed()
+    retry = prediction.retry_after_s(bound)
+    raise APIError(
+        429,
+        f"This request would miss its TTFT bound of {bound * 1000:.0f} ms here: predicted "
+        f"{prediction.formula()} ({prediction.ahead} waiting); retry after {retry}s or on another replica.",
+        headers={
+            "Retry-After": str(retry),
+            OVERLOAD_HEADER: REPLICA,
+            PREDICTED_TTFT_HEADER: f"{prediction.ttft_s * 1000:.1f}",
+        },
+    )

@@ -1,0 +1,80 @@
+"""SLO-aware admission on a real server: a request predicted to miss its TTFT bound is refused at once.
+
+The engine steps are slowed to 40 ms (any CPU then has a queue that lasts), one
+sequence at a time, so a second request waits behind the first one's 30 tokens.
+"""
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from server_fixtures import chat_model_dir, metric, scrape, start_server  # noqa: F401
+
+from plimsoll import metric_names as mn
+from plimsoll.overload import OVERLOAD_HEADER
+from plimsoll.runtime.testing import ThreadedServer
+from plimsoll.ttft_prediction import SLO_TTFT_HEADER
+
+BODY = {"prompt": "hello there", "max_tokens": 30, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def slow(chat_model_dir: Path) -> Iterator[ThreadedServer]:  # noqa: F811
+    srv = start_server(chat_model_dir, server={"slo_admission": True}, step_delay=0.04, max_num_seqs=1)
+    yield srv
+    srv.stop()
+
+
+def _busy(url: str) -> threading.Thread:
+    """One long request occupying the only slot (returns once it is running)."""
+    worker = threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=BODY, timeout=120))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while metric(scrape(url), mn.NUM_REQUESTS_RUNNING) < 1:
+        assert time.monotonic() < deadline, "the long request never started"
+        time.sleep(0.05)
+    return worker
+
+
+def test_a_request_that_would_wait_past_its_bound_gets_429_with_retry_after(slow: ThreadedServer) -> None:
+    worker = _busy(slow.url)
+    try:
+        samples = scrape(slow.url)
+        # The queue in tokens and seconds: the running request still has most of its 30 tokens to go.
+        assert metric(samples, mn.DECODE_TOKENS_REMAINING) > 10 and metric(samples, mn.BACKLOG_SECONDS) > 0.3
+        refused = httpx.post(
+            f"{slow.url}/v1/completions", json=BODY, headers={SLO_TTFT_HEADER: "200"}, timeout=60
+        )
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["retry-after"]) >= 1 and refused.headers[OVERLOAD_HEADER] == "replica"
+        assert "would miss its TTFT bound of 200 ms" in refused.json()["error"]["message"]
+        # A bound the queue can meet is admitted, and the request is served.
+        admitted = httpx.post(f"{slow.url}/v1/completions", json={**BODY, "max_tokens": 2},
+                              headers={SLO_TTFT_HEADER: "60000"}, timeout=120)  # fmt: skip
+        assert admitted.status_code == 200, admitted.text
+    finally:
+        worker.join()
+    assert metric(scrape(slow.url), mn.ADMISSION_REJECTIONS, reason="slo_ttft") == 1
+
+
+def test_the_objective_is_the_default_bound_and_a_shed_request_counts_as_bad(slow: ThreadedServer) -> None:
+    assert httpx.put(f"{slow.url}/slo", json={"ttftP95Ms": 150}, timeout=10).status_code == 200
+    before = scrape(slow.url)
+    worker = _busy(slow.url)
+    try:
+        refused = httpx.post(f"{slow.url}/v1/completions", json=BODY, timeout=60)  # no header: the objective
+        assert refused.status_code == 429, refused.text
+    finally:
+        worker.join()
+    after = scrape(slow.url)
+    bad = mn.SLO_REQUESTS.removesuffix("_total") + "_total"
+    assert metric(after, bad, result="bad") - metric(before, bad, result="bad") >= 1
+    httpx.put(f"{slow.url}/slo", json={}, timeout=10)
+
+
+def test_a_bound_that_is_not_a_number_is_a_bad_request(slow: ThreadedServer) -> None:
+    bad = httpx.post(f"{slow.url}/v1/completions", json=BODY, headers={SLO_TTFT_HEADER: "soon"}, timeout=60)
+    assert bad.status_code == 400 and "x-slo-ttft-ms must be a number" in bad.json()["error"]["message"]
