@@ -21,6 +21,7 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput
+from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.step_profiler import StepProfiler
 
@@ -184,12 +185,12 @@ class AsyncEngine:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        continuation: Continuation | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request already validated by the caller (the HTTP edge), under the
         adapter ``lora_name`` if given.
 
-        ``priority`` and ``fairness_id`` are the request's scheduling attributes (see
-        ``LLMEngine.add_request``).
+        ``priority``, ``fairness_id`` and ``continuation`` are as ``LLMEngine.add_request`` takes them.
         """
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
@@ -199,7 +200,7 @@ class AsyncEngine:
         ids = list(prompt_token_ids)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id))
+        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, continuation))
         finished = False
         try:
             while True:
@@ -281,11 +282,11 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, ids, params, arrival, lora_name, priority, fairness_id = payload
+                        request_id, ids, params, arrival, lora_name, priority, fairness_id, cont = payload
                         try:
                             engine.add_request(
                                 request_id, ids, params, arrival, ids, lora_name,
-                                priority=priority, fairness_id=fairness_id,
+                                priority=priority, fairness_id=fairness_id, continuation=cont,
                             )  # fmt: skip
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)

@@ -5,7 +5,9 @@ over output), ``min_tokens`` masking of stop tokens, greedy or temperature
 sampling with top-k, top-p and min-p, and logprobs of the chosen and top tokens
 (from the raw model distribution, like vLLM's default). Every sequence draws from
 its own ``torch.Generator``, so a seeded request samples the same tokens whatever
-else is in the batch; ``sample_each`` keeps one bad row from failing the batch.
+else is in the batch; a seeded one is reseeded each step from its seed and output
+position (``draw_generator``), so a sequence continued on another replica draws what
+it would have drawn uninterrupted. ``sample_each`` keeps one bad row from failing the batch.
 What it is not: stop-string or length handling.
 """
 
@@ -14,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from plimsoll.runtime.engine.outputs import Logprob
-from plimsoll.runtime.engine.request import Request
+from plimsoll.runtime.engine.request import Request, position_seed
 
 
 def apply_penalties(logits: torch.Tensor, req: Request) -> torch.Tensor:  # logits [V], modified in place
@@ -45,6 +47,13 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
         probs = torch.softmax(logits, dim=-1)
         logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
     return logits
+
+
+def draw_generator(req: Request) -> torch.Generator | None:
+    """The generator of this step's draws; a seeded sequence's restarts at its output position."""
+    if req.params.seed is not None and req.generator is not None:
+        req.generator.manual_seed(position_seed(req.params.seed, req.index, req.num_output_tokens))
+    return req.generator
 
 
 def is_plain_greedy(req: Request) -> bool:
@@ -121,7 +130,7 @@ class Sampler:
             else:
                 x = filter_logits(x / p.temperature, p.top_k, p.top_p, p.min_p)
                 probs = torch.softmax(x, dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=req.generator))
+                token = int(torch.multinomial(probs, 1, generator=draw_generator(req)))
             results.append((token, self._logprobs(raw, token, p.logprobs)))
         return results
 

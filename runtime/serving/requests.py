@@ -2,7 +2,8 @@
 
 What it is: :class:`ServingContext` holds the engine, the server settings, the
 metrics and the drain state; :meth:`ServingContext.admit` refuses work the replica
-cannot take (draining -> 503, waiting queue full -> 429 with ``Retry-After``);
+cannot take (draining -> 503, waiting queue full -> 429, both with ``Retry-After`` and
+``x-plimsoll-overload: replica``, so a router sends the request to another replica);
 :meth:`ServingContext.outputs` iterates the engine's outputs for one prompt with
 the request timeout, and aborts the request (freeing its KV blocks) whenever the
 consumer stops early: client disconnect, timeout, error. Every request that
@@ -28,9 +29,11 @@ import anyio
 from starlette.requests import Request
 
 from plimsoll.objectives import FAIRNESS_HEADER, OBJECTIVE_HEADER, objective_priority
+from plimsoll.overload import OVERLOAD_HEADER, REPLICA
 from plimsoll.runtime.engine.async_engine import StreamCutError
 from plimsoll.runtime.engine.client import EngineClient
 from plimsoll.runtime.engine.outputs import RequestOutput
+from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -100,7 +103,7 @@ class ServingContext:
             raise APIError(
                 503,
                 "The server is shutting down and accepts no new requests; retry against another replica.",
-                headers={"Retry-After": str(self.settings.retry_after_s)},
+                headers=self._replica_overload(),
             )
         limit = self.settings.max_waiting
         if limit is not None:
@@ -118,7 +121,7 @@ class ServingContext:
                     f"The replica is full ({self.num_seqs_in_flight} sequences in flight, this request "
                     f"adds {num_seqs}, room for {capacity} = --max-num-seqs + --max-waiting {limit}); "
                     f"retry after {self.settings.retry_after_s}s or send to another replica.",
-                    headers={"Retry-After": str(self.settings.retry_after_s)},
+                    headers=self._replica_overload(),
                 )
         cap = self.settings.max_tenant_inflight_tokens
         if cap is not None and tenant is not None:
@@ -140,6 +143,10 @@ class ServingContext:
             adm.tenant, adm.num_tokens = tenant, num_tokens
             self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + num_tokens
         return adm
+
+    def _replica_overload(self) -> dict[str, str]:
+        """Headers of a refusal that another replica may not share: a router retries it there at once."""
+        return {"Retry-After": str(self.settings.retry_after_s), OVERLOAD_HEADER: REPLICA}
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight; False if ``timeout`` passed first."""
@@ -171,6 +178,7 @@ class ServingContext:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        continuation: Continuation | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one prompt; aborts the request if iteration stops early.
 
@@ -181,8 +189,9 @@ class ServingContext:
         started = time.monotonic()
         deadline = started + self.settings.request_timeout if self.settings.request_timeout else None
         gen = self.engine.generate(
-            prompt_ids, params, request_id, lora_name, priority=priority, fairness_id=fairness_id
-        )
+            prompt_ids, params, request_id, lora_name, priority=priority, fairness_id=fairness_id,
+            continuation=continuation,
+        )  # fmt: skip
         last: RequestOutput | None = None
         last_emit = started
         status = "ok"

@@ -23,7 +23,7 @@ import torch
 
 from plimsoll.runtime.engine.outputs import Logprob
 from plimsoll.runtime.engine.request import Request, RequestStatus
-from plimsoll.runtime.engine.sampler import Sampler, filter_logits, sample_each
+from plimsoll.runtime.engine.sampler import Sampler, draw_generator, filter_logits, sample_each
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 from plimsoll.runtime.engine.spec_decode.draft_proposer import DraftProposer
 from plimsoll.runtime.engine.spec_decode.ngram_proposer import NgramProposer
@@ -132,7 +132,7 @@ class Speculator:
         if req.params.is_greedy:
             return verify_greedy(rows.argmax(dim=-1).tolist(), proposals)
         q = self.proposal_probs.pop(req.request_id, None)
-        return verify_sampled(target_probs(req, rows), proposals, q, req.generator)
+        return verify_sampled(target_probs(req, rows), proposals, q, draw_generator(req))
 
     # -- after the tokens are appended: roll back, then propose ----------------------------
 
