@@ -14,6 +14,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+# Readiness probes in a row that got no answer at all (refused, reset, timed out) before a
+# replica counts as lost: the streams still open on it then move to another replica.
+LOST_AFTER_PROBES = 2
+
 
 @dataclass(slots=True)
 class Replica:
@@ -41,19 +45,31 @@ class Replica:
     # sit in its GPU slots, so a request for one costs no adapter swap.
     adapters: frozenset[str] | None = None
     active_adapters: frozenset[str] = frozenset()
+    # Readiness probes in a row that got no answer (see LOST_AFTER_PROBES), and what to call
+    # when the replica is lost (each open stream on it registers one).
+    probe_failures: int = 0
+    lost_listeners: set[Callable[[], None]] = field(default_factory=set)
 
     @property
     def is_ready(self) -> bool:
         return self.discovered_ready and self.reachable and not self.draining
 
     @property
-    def load(self) -> float:
-        """Work queued at this replica: the router's own in-flight plus the replica's waiting queue.
+    def is_lost(self) -> bool:
+        return self.probe_failures >= LOST_AFTER_PROBES
 
-        In-flight already covers what the replica is running for this router; the
-        scraped waiting queue adds work other routers or clients put there.
+    @property
+    def load(self) -> float:
+        """Work at this replica: what it reports running and waiting, or this router's own in-flight
+        when that is higher (requests sent since the last scrape).
+
+        The replica's own numbers count every router's requests, so routers in front of the
+        same replicas see the same loads and make the same bounded-load decisions without
+        sharing anything; before the first scrape only the router's own count is known.
         """
-        return self.inflight + (self.waiting or 0.0)
+        if self.running is None and self.waiting is None:
+            return float(self.inflight)
+        return max(float(self.inflight), (self.running or 0.0) + (self.waiting or 0.0))
 
 
 @dataclass
@@ -122,6 +138,16 @@ class ReplicaSet:
         replica = self.replicas.get(url)
         if replica is not None:
             replica.reachable = False
+
+    def record_probe(self, replica: Replica, answered: bool) -> None:
+        """Count probes that got no answer; at ``LOST_AFTER_PROBES`` tell the replica's open streams."""
+        if answered:
+            replica.probe_failures = 0
+            return
+        replica.probe_failures += 1
+        if replica.probe_failures == LOST_AFTER_PROBES:
+            for listener in list(replica.lost_listeners):
+                listener()
 
     def record_scrape(self, url: str, *, waiting: float | None, running: float | None, engine: str | None) -> None:
         replica = self.replicas.get(url)

@@ -54,6 +54,16 @@ def route(
         help="NAME=PRIORITY (repeatable): held requests whose x-gateway-inference-objective header names NAME "
         "are released as that InferenceObjective's spec.priority says (higher first); headers are forwarded.",
     ),
+    migration_limit: int = typer.Option(
+        3, help="Times one request may move to another replica when its replica fails mid-stream "
+        "(carried on from the last token the client got); 0 turns in-flight migration off.",
+    ),
+    shutdown_delay: float = typer.Option(
+        5.0, help="After SIGTERM, seconds to keep serving with /ready 503 before closing the listener."
+    ),
+    drain_timeout: float = typer.Option(
+        120.0, help="After the listener closes, seconds open streams get to finish before they are cut."
+    ),
     log_level: str = typer.Option("info", help="Log level."),
     otlp_traces_endpoint: str | None = typer.Option(
         None, envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -67,6 +77,7 @@ def route(
     from plimsoll.objectives import parse_objectives
     from plimsoll.router.app import build_app
     from plimsoll.router.config import LaneConfig, RouterConfig
+    from plimsoll.router.lifecycle import DrainingRouter
 
     try:
         objectives = parse_objectives(inference_objective)
@@ -86,7 +97,8 @@ def route(
             virtual_nodes=virtual_nodes, lanes=lanes, scrape_interval_s=scrape_interval,
             metrics_engine=metrics_engine, hold_queue=hold_queue, hold_timeout_s=hold_timeout,
             release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
-            inference_objectives=objectives,
+            inference_objectives=objectives, migration_limit=migration_limit,
+            shutdown_delay_s=shutdown_delay, drain_timeout_s=drain_timeout,
         )
     except ValidationError as exc:
         for error in exc.errors():
@@ -98,4 +110,10 @@ def route(
         from plimsoll.tracing import configure_tracing
 
         configure_tracing("plimsoll-route", otlp_traces_endpoint)
-    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level=log_level.lower())
+    app = build_app(config)
+    server = DrainingRouter(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level.lower(),
+                       timeout_graceful_shutdown=int(config.drain_timeout_s)),
+        app.state.router, shutdown_delay_s=config.shutdown_delay_s,
+    )  # fmt: skip
+    server.run()

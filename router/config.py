@@ -86,6 +86,13 @@ class RouterConfig(BaseModel):
     # x-gateway-inference-objective name -> vLLM priority (lower first), from
     # --inference-objective NAME=PRIORITY; held requests are released in that order.
     inference_objectives: dict[str, int] = Field(default_factory=dict)
+    # In-flight migration (router/migration.py): how many times one request may move to another
+    # replica after its replica failed; 0 turns it off (a cut stream ends with an error event).
+    migration_limit: int = Field(default=3, ge=0)
+    # SIGTERM (router/lifecycle.py): /ready 503 and keep serving for shutdown_delay_s, then stop
+    # accepting and let open streams finish for up to drain_timeout_s.
+    shutdown_delay_s: float = Field(default=5.0, ge=0)
+    drain_timeout_s: float = Field(default=120.0, gt=0)
 
     @field_validator("backends")
     @classmethod

@@ -98,7 +98,10 @@ class Scraper:
             if replica.reachable:
                 log.warning("replica %s unreachable: %s", replica.url, exc)
             replica.reachable = False
+            self._replica_set.record_probe(replica, answered=False)
             return
+        # An answer, even a 503 (draining, warming up): the process is there and its streams go on.
+        self._replica_set.record_probe(replica, answered=True)
         try:
             response = await self._client.get(f"{replica.url}/metrics", timeout=self._timeout)
             response.raise_for_status()
