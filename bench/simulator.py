@@ -42,6 +42,7 @@ import httpx
 
 from plimsoll import metric_names as mn
 from plimsoll.bench.sim_adapters import AdapterError, SimAdapters, adapter_problem, parse_lora_module
+from plimsoll.overload import OVERLOAD_HEADER, REPLICA
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +277,8 @@ def build_app(curve: ServiceCurve) -> Any:
 
     def error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
         body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-        headers = {"Retry-After": "1"} if status == 429 else None
+        # A full queue is this replica's alone, as a plimsoll replica says: a router tries another one.
+        headers = {"Retry-After": "1", OVERLOAD_HEADER: REPLICA} if status == 429 else None
         return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/health")
