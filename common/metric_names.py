@@ -146,3 +146,28 @@ def detect_family(metric_names: set[str]) -> EngineMetricNames | None:
         if family.running in metric_names or family.waiting in metric_names:
             return family
     return None
+
+# KV tiers beyond the engine's cache (runtime/kv/), label ``medium`` = CPU | DISK | SHARED.
+# vLLM's names: vllm:external_prefix_cache_{queries,hits} (tokens found by a KV connector) and
+# vllm:kv_offload_{load,store}_{bytes,time} (transfers between the primary cache and a tier).
+EXTERNAL_PREFIX_CACHE_QUERIES = "plimsoll_external_prefix_cache_queries_total"
+EXTERNAL_PREFIX_CACHE_HITS = "plimsoll_external_prefix_cache_hits_total"
+KV_TIER_QUERIES = "plimsoll_kv_tier_queries_total"  # tokens looked up in one tier
+KV_TIER_HITS = "plimsoll_kv_tier_hits_total"  # tokens served from one tier instead of recomputed
+KV_OFFLOAD_LOAD_BYTES = "plimsoll_kv_offload_load_bytes_total"
+KV_OFFLOAD_LOAD_TIME = "plimsoll_kv_offload_load_time_seconds_total"
+KV_OFFLOAD_STORE_BYTES = "plimsoll_kv_offload_store_bytes_total"
+KV_OFFLOAD_STORE_TIME = "plimsoll_kv_offload_store_time_seconds_total"
+KV_OFFLOAD_STORES_SKIPPED = "plimsoll_kv_offload_stores_skipped_total"  # below the reuse threshold
+KV_OFFLOAD_STORES_DROPPED = "plimsoll_kv_offload_stores_dropped_total"  # the store queue was full
+KV_TIER_BLOCKS = "plimsoll_kv_tier_blocks"  # gauge: blocks held (host, disk)
+KV_TIER_CAPACITY_BLOCKS = "plimsoll_kv_tier_capacity_blocks"
+KV_SHARED_REJECTED_BLOCKS = "plimsoll_kv_shared_rejected_blocks_total"  # failed their check: never served
+KV_SHARED_ERRORS = "plimsoll_kv_shared_errors_total"  # calls that failed (timeout, refused)
+KV_SHARED_SKIPPED = "plimsoll_kv_shared_skipped_total"  # calls not made: the circuit was open
+KV_SHARED_CIRCUIT_OPEN = "plimsoll_kv_shared_circuit_open"  # gauge 1/0
+KV_SHARED_READ_LATENCY = "plimsoll_kv_shared_read_latency_seconds"
+KV_PREFETCH_WAIT = "plimsoll_kv_prefetch_wait_seconds"  # request held while its blocks were fetched
+KV_EVENTS_PUBLISHED = "plimsoll_kv_events_published_total"  # batches
+KV_EVENTS_DROPPED = "plimsoll_kv_events_dropped_total"
+KV_TIER_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -78,9 +78,9 @@ def run_operator(
         raise typer.Exit(code=2)
     import kopf
 
-    # Importing registers the handlers: reconcile (llmservice), the built-in autoscaler daemon
+    # Importing registers the handlers: reconcile (llmservice), the replica-planning daemon
     # and the capacity-profiling timer.
-    from plimsoll.operator.handlers import autoscaling, llmservice, profiling, runtime_profile  # noqa: F401
+    from plimsoll.operator.handlers import llmservice, profiling, replica_planning, runtime_profile  # noqa: F401
 
     if metrics_bind_address is not None:
         from prometheus_client import Info, start_http_server

@@ -20,10 +20,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from plimsoll.router.backends import ReplicaSet
-from plimsoll.router.config import RouterConfig
+from plimsoll.router.config import Policy, RouterConfig
 from plimsoll.router.hold import ColdStarts, HoldQueue
+from plimsoll.router.kv_events import KVEventSubscriber, events_endpoint
+from plimsoll.router.kv_index import KVBlockIndex
 from plimsoll.router.metrics import RouterMetrics
 from plimsoll.router.policy import Router
+from plimsoll.router.prompt_tokens import PromptTokens, load_tokenizer
 from plimsoll.router.proxy import Proxy
 from plimsoll.router.scrape import Scraper
 from plimsoll.tracing import TraceMiddleware
@@ -37,8 +40,16 @@ class RouterState:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.replica_set = ReplicaSet.static(config.backends)
-        self.router = Router(config, self.replica_set)
         self.metrics = RouterMetrics()
+        self.kv_events: KVEventSubscriber | None = None
+        self.prompt_tokens: PromptTokens | None = None
+        kv = None
+        if config.policy is Policy.PRECISE_PREFIX:
+            index = KVBlockIndex(max_replicas=config.kv_index_max_replicas)
+            self.kv_events = KVEventSubscriber(index, stale_after_s=config.kv_events_stale_after_s,
+                                               topic=config.kv_events_topic, metrics=self.metrics)  # fmt: skip
+            kv = (index, self.kv_events)
+        self.router = Router(config, self.replica_set, kv)
         self.client: httpx.AsyncClient | None = None
         self.scraper: Scraper | None = None
         self.proxy: Proxy | None = None
@@ -56,6 +67,18 @@ class RouterState:
                 record_cold_starts=config.llmservice is None,
             )
             self.replica_set.on_ready.append(self.hold.pump)
+
+    def sync_kv_feeds(self) -> None:
+        """Subscribe to the KV events of every replica in the set, and only those."""
+        if self.kv_events is None:
+            return
+        config = self.config
+        current = set(self.replica_set.replicas)
+        for url in list(self.kv_events.feeds):
+            if url not in current:
+                self.kv_events.unwatch(url)
+        for url in current:
+            self.kv_events.watch(url, config.kv_events_endpoints.get(url) or events_endpoint(url, config.kv_events_port))
 
     def take_status(self, status: dict[str, object]) -> None:
         """The LLMService's status, polled by discovery: the operator's measured cold starts."""
@@ -85,6 +108,14 @@ def build_app(config: RouterConfig) -> Starlette:
             state.scraper = Scraper(state.replica_set, client, state.metrics, interval_s=config.scrape_interval_s,
                                     timeout_s=config.scrape_timeout_s, engine=config.metrics_engine)
             state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client, hold=state.hold)
+            if state.kv_events is not None:
+                assert config.kv_tokenizer is not None
+                tokenizer = await asyncio.to_thread(load_tokenizer, config.kv_tokenizer)
+                state.prompt_tokens = PromptTokens(tokenizer)
+                state.proxy.prompt_tokens = state.prompt_tokens
+                state.proxy.kv_events = state.kv_events
+                state.replica_set.on_change.append(state.sync_kv_feeds)
+                state.sync_kv_feeds()
             # One probe before serving, so /ready is truthful from the first request.
             await state.scraper.scrape_all()
             tasks = [asyncio.create_task(state.scraper.run(), name="router-scrape")]
@@ -99,6 +130,8 @@ def build_app(config: RouterConfig) -> Starlette:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                if state.kv_events is not None:
+                    state.kv_events.close()
 
     async def proxied(request: Request) -> Response:
         assert state.proxy is not None, "the lifespan starts the proxy before serving"
@@ -125,6 +158,8 @@ def build_app(config: RouterConfig) -> Starlette:
 
     async def metrics(_: Request) -> Response:
         state.metrics.observe_replicas(state.replica_set)
+        if state.kv_events is not None:
+            state.metrics.observe_kv(state.kv_events)
         if state.hold is not None:
             state.metrics.held.set(state.hold.held)
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

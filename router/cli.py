@@ -9,6 +9,13 @@ import typer
 from plimsoll.router.config import Policy
 
 
+def _pair(text: str) -> tuple[str, str]:
+    url, sep, endpoint = text.partition("=")
+    if not sep or not endpoint.startswith("tcp://"):
+        raise typer.BadParameter(f"{text!r}: give BACKEND_URL=tcp://HOST:PORT", param_hint="--kv-events-endpoint")
+    return url.rstrip("/"), endpoint
+
+
 def route(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8080, help="Port to listen on."),
@@ -64,6 +71,22 @@ def route(
     drain_timeout: float = typer.Option(
         120.0, help="After the listener closes, seconds open streams get to finish before they are cut."
     ),
+    kv_events_port: int = typer.Option(
+        5557, help="--policy precise-prefix: port of each replica's KV event publisher (its --kv-events-config)."
+    ),
+    kv_events_endpoint: list[str] = typer.Option(
+        [], "--kv-events-endpoint",
+        help="BACKEND_URL=tcp://HOST:PORT (repeatable): a replica's KV event endpoint, instead of its host and "
+        "--kv-events-port.",
+    ),
+    kv_events_stale_after: float = typer.Option(
+        5.0, help="A replica sent work that publishes no KV events for this long is stale: fall back to prefix affinity."
+    ),
+    kv_tokenizer: str | None = typer.Option(
+        None, help="--policy precise-prefix: the replicas' model (directory, .gguf or smollm2-135m) whose tokenizer "
+        "hashes prompts into the engine's KV block hashes."
+    ),
+    kv_block_size: int = typer.Option(16, help="The replicas' KV block size until their events say it."),
     log_level: str = typer.Option("info", help="Log level."),
     otlp_traces_endpoint: str | None = typer.Option(
         None, envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -99,6 +122,11 @@ def route(
             release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
             inference_objectives=objectives, migration_limit=migration_limit,
             shutdown_delay_s=shutdown_delay, drain_timeout_s=drain_timeout,
+            kv_events_port=kv_events_port,
+            kv_events_endpoints=dict(_pair(e) for e in kv_events_endpoint),
+            kv_events_stale_after_s=kv_events_stale_after,
+            kv_tokenizer=kv_tokenizer,
+            kv_block_size=kv_block_size,
         )
     except ValidationError as exc:
         for error in exc.errors():

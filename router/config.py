@@ -19,6 +19,10 @@ class Policy(enum.StrEnum):
     LEAST_INFLIGHT = "least-in-flight"
     PREFIX_AFFINITY = "prefix-affinity"
     ROUND_ROBIN = "round-robin"
+    # The longest run of the prompt's KV blocks each replica holds, from their KV events
+    # (router/kv_index.py), within the bounded load of prefix affinity; prefix affinity
+    # whenever a candidate's events are stale or the prompt cannot be hashed.
+    PRECISE_PREFIX = "precise-prefix"
 
 
 class LaneConfig(BaseModel):
@@ -94,6 +98,17 @@ class RouterConfig(BaseModel):
     shutdown_delay_s: float = Field(default=5.0, ge=0)
     drain_timeout_s: float = Field(default=120.0, gt=0)
 
+    # Precise prefix routing: the replicas' KV events (vLLM's --kv-events-config ZMQ publisher) on
+    # `kv_events_port` of each replica's host, or the endpoint given per backend URL; the engine's
+    # tokenizer to hash prompts with (`kv_tokenizer`), and the block size until events tell it.
+    kv_events_port: int = Field(default=5557, gt=0, le=65535)
+    kv_events_endpoints: dict[str, str] = Field(default_factory=dict)
+    kv_events_topic: str = ""
+    kv_events_stale_after_s: float = Field(default=5.0, gt=0)
+    kv_tokenizer: str | None = None
+    kv_block_size: int = Field(default=16, gt=0)
+    kv_index_max_replicas: int = Field(default=256, gt=0)
+
     @field_validator("backends")
     @classmethod
     def _check_backends(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -115,6 +130,15 @@ class RouterConfig(BaseModel):
         if value is not None and value not in ("plimsoll", "vllm"):
             raise ValueError(f"metrics engine {value!r} is unknown; use 'plimsoll' or 'vllm' (or omit to detect)")
         return value
+
+    @model_validator(mode="after")
+    def _precise_needs_tokenizer(self) -> RouterConfig:
+        if self.policy is Policy.PRECISE_PREFIX and not self.kv_tokenizer:
+            raise ValueError(
+                "--policy precise-prefix hashes prompts with the engine's tokenizer; pass --kv-tokenizer MODEL "
+                "(the replicas' model directory, .gguf file, or smollm2-135m)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> RouterConfig:

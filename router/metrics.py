@@ -10,7 +10,8 @@ What it is not: the replicas' metrics; those are scraped by the operator.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -33,6 +34,12 @@ TIME_TO_FIRST_BYTE = PREFIX + "time_to_first_byte_seconds"
 HELD_REQUESTS = PREFIX + "held_requests"
 HOLD_DURATION = PREFIX + "hold_duration_seconds"
 MIGRATIONS = PREFIX + "migrations"  # exported as ..._total
+KV_INDEX_BLOCKS = PREFIX + "kv_index_blocks"
+KV_INDEX_REPLICAS = PREFIX + "kv_index_replicas"
+KV_EVENT_LAG = PREFIX + "kv_event_lag_seconds"
+KV_EVENT_ISSUES = PREFIX + "kv_event_issues"
+KV_EVENTS_STALE = PREFIX + "kv_events_stale"
+KV_EVENT_BATCHES = PREFIX + "kv_event_batches"
 
 
 class RouterMetrics:
@@ -68,6 +75,18 @@ class RouterMetrics:
                                   ["outcome"], registry=r)
         for outcome in OUTCOMES:
             self.migrations.labels(outcome)
+        # Precise prefix routing (--policy precise-prefix): the KV index and the event feeds behind it.
+        self.kv_index_blocks = Gauge(KV_INDEX_BLOCKS, "Distinct KV block hashes in the router's index.", registry=r)
+        self.kv_index_replicas = Gauge(KV_INDEX_REPLICAS, "Replicas with entries in the KV index.", registry=r)
+        self.kv_event_lag = Histogram(KV_EVENT_LAG, "Publish-to-apply delay of a KV event batch (replica clock "
+                                      "to router clock).", buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                                      0.5, 1.0, 2.5, 5.0), registry=r)  # fmt: skip
+        self.kv_event_issues = Counter(KV_EVENT_ISSUES, "KV event feed problems by kind (resyncs after a sequence "
+                                       "gap or a restart, malformed batches).", ["kind"], registry=r)  # fmt: skip
+        self.kv_events_stale = Gauge(KV_EVENTS_STALE, "1 while a replica's KV events are stale (routing falls "
+                                     "back to the approximate prefix policy).", ["replica"], registry=r)  # fmt: skip
+        self.kv_event_batches = Gauge(KV_EVENT_BATCHES, "KV event batches applied per replica.", ["replica"],
+                                      registry=r)  # fmt: skip
         self._known: set[str] = set()
 
     def observe_replicas(self, replica_set: ReplicaSet) -> None:
@@ -76,11 +95,22 @@ class RouterMetrics:
         for gone in self._known - current:
             for gauge in (self.inflight, self.waiting, self.ready):
                 gauge.remove(gone)
+            for gauge in (self.kv_events_stale, self.kv_event_batches):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(gone)
         self._known = current
         for url, replica in replica_set.replicas.items():
             self.inflight.labels(url).set(replica.inflight)
             self.waiting.labels(url).set(replica.waiting or 0.0)
             self.ready.labels(url).set(1.0 if replica.is_ready else 0.0)
+
+    def observe_kv(self, subscriber: Any) -> None:
+        """Refresh the KV index gauges (--policy precise-prefix)."""
+        self.kv_index_blocks.set(len(subscriber.index))
+        self.kv_index_replicas.set(len(subscriber.index.slot_of))
+        for url, feed in subscriber.feeds.items():
+            self.kv_events_stale.labels(url).set(1.0 if feed.stale else 0.0)
+            self.kv_event_batches.labels(url).set(feed.batches)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,10 +19,14 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.config import LaneConfig, Policy, RouterConfig
+
+if TYPE_CHECKING:
+    from plimsoll.router.kv_events import KVEventSubscriber
+    from plimsoll.router.kv_index import KVBlockIndex
 
 
 class NoReadyReplica(Exception):
@@ -40,6 +44,8 @@ class RequestFeatures:
     prefix_key: str
     estimated_tokens: int
     model: str = ""
+    # The prompt's KV block hashes (vLLM's integer form), for --policy precise-prefix only.
+    block_hashes: tuple[int, ...] | None = None
 
     @classmethod
     def from_body(cls, body: Any, *, prefix_chars: int, chars_per_token: float = 4.0) -> RequestFeatures:
@@ -196,10 +202,63 @@ class PrefixAffinity:
         return Decision(decision.replica, "prefix_overflow")
 
 
+class PrecisePrefix:
+    """The replica holding the longest tier-weighted run of the prompt's KV blocks, within bounded load.
+
+    Scores come from the replicas' KV events (``kv_index.py``): each candidate's longest run of
+    the prompt's blocks held in its primary cache, host or disk tier, or the shared tier, each
+    block weighted by its tier. Among candidates under the bounded-load cap of prefix affinity
+    (``ceil(load_factor × (total load + 1) / candidates)``) the best score wins, ties to the
+    least loaded. Prefix affinity decides instead when the prompt could not be hashed, when no
+    candidate holds any of it (a cold prefix still lands where its next turn will look), and
+    when any candidate's events are stale (``kv_events.py`` logs it; the reason says it).
+    """
+
+    name = "precise_prefix"
+
+    def __init__(self, replica_set: ReplicaSet, index: KVBlockIndex, events: KVEventSubscriber,
+                 virtual_nodes: int, load_factor: float) -> None:  # fmt: skip
+        self.index = index
+        self.events = events
+        self._load_factor = load_factor
+        self._fallback = PrefixAffinity(replica_set, virtual_nodes, load_factor)
+
+    def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
+        decision = self._pick(candidates, features)
+        self.events.note_routed(decision.replica.url)
+        return decision
+
+    def _fallback_pick(self, candidates: Sequence[Replica], features: RequestFeatures, reason: str) -> Decision:
+        return Decision(self._fallback.pick(candidates, features).replica, reason)
+
+    def _pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
+        if not features.block_hashes:
+            return self._fallback_pick(candidates, features, "precise_unhashed")
+        if not all(self.events.is_fresh(r.url) for r in candidates):
+            return self._fallback_pick(candidates, features, "precise_fallback_stale")
+        scores = self.index.score([r.url for r in candidates], features.block_hashes)
+        total = sum(r.load for r in candidates)
+        cap = math.ceil(self._load_factor * (total + 1) / len(candidates))
+        eligible = [r for r in candidates if r.load + 1 <= cap] or list(candidates)
+
+        def value(r: Replica) -> float:
+            s = scores.get(r.url)
+            return s.weighted if s is not None else 0.0
+
+        best = max(eligible, key=lambda r: (value(r), -r.load))
+        if value(best) <= 0.0:
+            return self._fallback_pick(candidates, features, "precise_cold")
+        overall = max(candidates, key=value)
+        return Decision(best, "precise_hit" if value(best) >= value(overall) else "precise_overflow")
+
+
 class Router:
     """Lanes, saturation and the chosen picker, applied in that order to the replica set."""
 
-    def __init__(self, config: RouterConfig, replica_set: ReplicaSet) -> None:
+    def __init__(
+        self, config: RouterConfig, replica_set: ReplicaSet,
+        kv: tuple[KVBlockIndex, KVEventSubscriber] | None = None,
+    ) -> None:  # fmt: skip
         self.replica_set = replica_set
         self.max_inflight = config.max_inflight_per_replica
         self.lanes: LaneConfig | None = config.lanes
@@ -210,6 +269,9 @@ class Router:
             self.picker = RoundRobin()
         elif config.policy is Policy.LEAST_INFLIGHT:
             self.picker = LeastInflight()
+        elif config.policy is Policy.PRECISE_PREFIX:
+            assert kv is not None, "precise prefix routing needs the KV index and its event subscriber"
+            self.picker = PrecisePrefix(replica_set, kv[0], kv[1], config.virtual_nodes, config.load_factor)
         else:
             self.picker = PrefixAffinity(replica_set, config.virtual_nodes, config.load_factor)
 

@@ -24,6 +24,8 @@ or, mid-stream, one error event (vLLM's convention) and no ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -101,14 +103,22 @@ class Proxy:
         self._metrics = metrics
         self._client = client
         self._chars_per_token = config.lanes.chars_per_token if config.lanes else 4.0
+        # --policy precise-prefix: the prompt's block hashes, computed off the event loop.
+        self.prompt_tokens: Any = None
+        self.kv_events: Any = None
 
     async def forward(self, request: Request) -> Response:
         arrival = time.monotonic()
         endpoint = request.url.path
         body = await request.body()
+        parsed = _parse_json(body)
         features = RequestFeatures.from_body(
-            _parse_json(body), prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token
+            parsed, prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token
         )
+        if self.prompt_tokens is not None and endpoint != "/v1/models":
+            block_size = self.kv_events.block_size or self._config.kv_block_size
+            hashes = await asyncio.to_thread(self.prompt_tokens.block_hashes, parsed, block_size)
+            features = dataclasses.replace(features, block_hashes=hashes)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
         if request.client is not None:
             headers.append(("x-forwarded-for", request.client.host))

@@ -192,6 +192,37 @@ def serve(
         "--kv-cache-dtype",
         help="KV cache storage: auto (the model dtype) or int8 (a float32 scale per token and KV head).",
     ),
+    kv_offloading_backend: str | None = typer.Option(
+        None, "--kv-offloading-backend",
+        help="native: keep blocks evicted from the KV cache in host memory and load them back on a prefix "
+        "hit (vLLM's flag; --kv-offloading-size alone implies it).",
+    ),
+    kv_offloading_size: float | None = typer.Option(
+        None, "--kv-offloading-size", help="GiB of host memory for evicted KV blocks (vLLM's flag)."
+    ),
+    kv_offloading_store_threshold: int = typer.Option(
+        0, "--kv-offloading-store-threshold",
+        help="Offload a block only after lookups asked for it this many times (vLLM's store_threshold; 0: all).",
+    ),
+    kv_offloading_disk_path: str | None = typer.Option(
+        None, "--kv-offloading-disk-path", help="Directory of a disk tier below the host tier (emptied at start)."
+    ),
+    kv_offloading_disk_size: float | None = typer.Option(
+        None, "--kv-offloading-disk-size", help="GiB of the disk tier."
+    ),
+    kv_shared_url: str | None = typer.Option(
+        None, "--kv-shared-url",
+        help="redis://HOST:PORT of a Valkey or Redis server shared by the replicas: blocks computed on one "
+        "replica are hits on the others.",
+    ),
+    kv_shared_timeout: float = typer.Option(
+        0.25, "--kv-shared-timeout", help="Seconds one shared-tier call may take before the request recomputes."
+    ),
+    kv_events_config: str | None = typer.Option(
+        None, "--kv-events-config",
+        help='vLLM\'s KV events JSON: \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557"}\' (BlockStored/BlockRemoved/AllBlocksCleared, msgpack).',
+    ),
     speculative_config: str | None = typer.Option(
         None,
         "--speculative-config",
@@ -338,6 +369,14 @@ def serve(
             max_lora_rank=max_lora_rank,
             max_cpu_loras=max_cpu_loras,
             kv_cache_dtype=kv_cache_dtype,
+            kv_offloading_backend=kv_offloading_backend,
+            kv_offloading_size=kv_offloading_size,
+            kv_offloading_store_threshold=kv_offloading_store_threshold,
+            kv_offloading_disk_path=kv_offloading_disk_path,
+            kv_offloading_disk_size=kv_offloading_disk_size,
+            kv_shared_url=kv_shared_url,
+            kv_shared_timeout_s=kv_shared_timeout,
+            kv_events_config=kv_events_config,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,

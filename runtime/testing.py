@@ -400,3 +400,67 @@ class ServerProcess:
     ) -> None:
         self.stop()
         self._log.close()
+
+
+class KeyValueServer:
+    """A real Valkey (or Redis) server process on 127.0.0.1 and a free port, for the shared KV tier.
+
+    ``valkey-server`` is preferred, ``redis-server`` taken when Valkey is not installed (``.ci/run``
+    installs one of them). Nothing is persisted (no RDB, no AOF); ``maxmemory`` with
+    ``allkeys-lru`` bounds it as the operator's Deployment does. ``kill()`` stops it at once
+    (SIGKILL) to test a dead server; ``url`` is ``redis://127.0.0.1:PORT/0``.
+    """
+
+    def __init__(self, maxmemory: str = "256mb", port: int | None = None) -> None:
+        import shutil
+
+        binary = shutil.which("valkey-server") or shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("no valkey-server or redis-server on PATH; install one (apt-get install redis-server)")
+        self.binary = binary
+        self.port = port if port is not None else free_port()
+        self.maxmemory = maxmemory
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> KeyValueServer:
+        self.proc = subprocess.Popen(
+            [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
+             "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.binary} exited with code {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"{self.binary} did not answer PING on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> KeyValueServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

@@ -19,7 +19,7 @@ EngineKind = Literal["plimsoll", "vllm"]
 CapacityMode = Literal["Profile", "Manual"]
 Reprofile = Literal["Auto", "OnAnnotation"]
 AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
-RouterPolicy = Literal["least-in-flight", "prefix-affinity"]
+RouterPolicy = Literal["least-in-flight", "prefix-affinity", "precise-prefix"]
 RouterMode = Literal["plimsoll", "inferencePool"]
 # Volume names the builders use themselves; a user volume may not take one.
 RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp")
@@ -458,6 +458,35 @@ class EndpointPickerRef(APIModel):
     )
 
 
+class KVOffloadSpec(APIModel):
+    """A host-memory tier for KV blocks evicted from each replica's cache (vLLM's --kv-offloading-size)."""
+
+    size: Quantity = Field(description="Host memory per replica for evicted KV blocks, e.g. 4Gi.")
+
+
+class KVSharedSpec(APIModel):
+    """A KV tier shared by the replicas: a Valkey server the operator deploys, or an existing endpoint."""
+
+    endpoint: str | None = Field(
+        None, pattern=r"^rediss?://", description="redis://HOST:PORT of an existing Valkey/Redis server; unset: "
+        "the operator deploys one (a Deployment and Service owned by this LLMService)."
+    )
+    size: Quantity = Field("1Gi", description="The deployed server's maxmemory (LRU beyond it), e.g. 8Gi.")
+    image: str = Field("valkey/valkey:8.1", description="Image of the deployed server.")
+    timeout_seconds: float = Field(0.25, gt=0, description="--kv-shared-timeout of each replica.")
+
+
+class KVCacheSpec(APIModel):
+    """KV cache beyond one replica's memory: offload, a tier shared by the replicas, KV events."""
+
+    offload: KVOffloadSpec | None = Field(None, description="Host-memory offload tier per replica.")
+    shared: KVSharedSpec | None = Field(None, description="A KV tier shared by the replicas.")
+    events: bool | None = Field(
+        None, description="Publish vLLM's KV events (--kv-events-config) on port 5557; unset: on with "
+        "router.policy precise-prefix, which subscribes to them."
+    )
+
+
 class RouterSpec(APIModel):
     """What sits in front of the replicas: plimsoll's router, or a Gateway API InferencePool."""
 
@@ -592,6 +621,10 @@ class LLMServiceSpec(APIModel):
     observability: ObservabilitySpec = Field(
         default_factory=lambda: ObservabilitySpec.model_validate({}), description="Traces."
     )
+    kv_cache: KVCacheSpec = Field(
+        default_factory=lambda: KVCacheSpec.model_validate({}),
+        description="KV cache beyond one replica: offload tier, shared tier, KV events.",
+    )
     pod_annotations: dict[str, str] = Field(
         default_factory=dict, description="Extra annotations on every replica pod (e.g. for a service mesh)."
     )
@@ -700,6 +733,19 @@ class LLMServiceSpec(APIModel):
     def lora_enabled(self) -> bool:
         """--enable-lora: asked for, or implied by declared adapters."""
         return bool(self.engine.enable_lora) or (self.engine.enable_lora is None and bool(self.adapters))
+
+    @model_validator(mode="after")
+    def _check_precise_prefix(self) -> "LLMServiceSpec":
+        if self.router.policy == "precise-prefix":
+            scheme = self.model.uri.split("://", 1)[0]
+            if scheme == "hf":
+                raise ValueError(
+                    "router.policy precise-prefix hashes prompts with the model's tokenizer in the router pod; "
+                    "serve the model from embedded://, file:// or pvc:// (hf:// downloads only into replica pods)"
+                )
+            if self.kv_cache.events is False:
+                raise ValueError("router.policy precise-prefix reads the replicas' KV events; drop kvCache.events: false")
+        return self
 
     def router_in_front(self) -> bool:
         """The router runs when asked for, and always with scaling.min 0: it holds requests at zero."""

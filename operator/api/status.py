@@ -139,6 +139,17 @@ class AdapterStatus(APIModel):
     )
 
 
+class KVCacheStatus(APIModel):
+    """Prefix-cache hit rates over the Ready replicas since they started (spec.kvCache)."""
+
+    queried_tokens: float = Field(description="Prompt tokens looked up in the prefix cache, all replicas.")
+    primary_hit_rate: float = Field(description="Share of them found in the replicas' own KV caches.")
+    tier_hit_rates: dict[str, float] = Field(
+        default_factory=dict, description="Share found in each KV tier (CPU, DISK, SHARED) instead of recomputed."
+    )
+    hit_rate: float = Field(description="Share not recomputed: primary plus every tier.")
+
+
 class LLMServiceStatus(APIModel):
     """Observed state of an LLMService."""
 
@@ -168,6 +179,7 @@ class LLMServiceStatus(APIModel):
     scale_down: FreeForm | None = Field(
         None, description="The two-phase scale-down: pods being drained, why it ended, requestsCutTotal."
     )
+    kv_cache: KVCacheStatus | None = Field(None, description="Prefix-cache hit rates per KV tier.")
 
 
 def set_condition(

@@ -22,8 +22,8 @@ import httpx
 import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.handlers.autoscaling import counts_for_scaling, list_pods, metrics_url, pod_is_ready
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.pods import counts_for_scaling, list_pods, metrics_url, pod_is_ready
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status, with_conditions
 from plimsoll.operator.resources.adapters import (
     PodAdapters,

@@ -1,6 +1,6 @@
 """Live SLO attainment and cost per LLMService, on the operator's metrics endpoint.
 
-What it is: :func:`track_attainment`, called every built-in autoscaler tick.
+What it is: :func:`track_attainment`, called every replica-planning tick.
 It tells each ready plimsoll replica the service's ``spec.slo`` when the
 bounds the replica exports differ (``PUT /slo``: a new or restarted replica,
 or a changed SLO), feeds the replicas' judged-request counters to an
@@ -25,6 +25,7 @@ import httpx
 from prometheus_client import Gauge
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.pod_http import put_slo
 from plimsoll.operator.scaling.attainment import (
     COST_WINDOW,
     WINDOWS_S,
@@ -35,7 +36,6 @@ from plimsoll.operator.scaling.attainment import (
 from plimsoll.operator.scaling.metrics import PodSample
 
 Log = logging.Logger | logging.LoggerAdapter[Any]
-PUT_TIMEOUT_S = 2.0
 
 SLO_ATTAINMENT = Gauge(
     "plimsoll_operator_slo_attainment_ratio",
@@ -55,12 +55,13 @@ class AttainmentState:
     tracker: AttainmentTracker | None = None
 
 
-def _forget(svc: LLMService) -> None:
+def forget_attainment(namespace: str, name: str) -> None:
+    """Drop one service's attainment and cost series."""
     for window in WINDOWS_S:
         with contextlib.suppress(KeyError):
-            SLO_ATTAINMENT.remove(svc.namespace, svc.name, window)
+            SLO_ATTAINMENT.remove(namespace, name, window)
     with contextlib.suppress(KeyError):
-        COST_PER_1K_GOOD.remove(svc.namespace, svc.name)
+        COST_PER_1K_GOOD.remove(namespace, name)
 
 
 async def track_attainment(
@@ -78,19 +79,18 @@ async def track_attainment(
     wanted = objectives_seconds(slo.ttft_p95_ms, slo.tpot_p50_ms, slo.e2e_p95_ms)
     if not wanted:
         state.tracker = None
-        _forget(svc)
+        forget_attainment(svc.namespace, svc.name)
         return None
     body = {"ttftP95Ms": slo.ttft_p95_ms, "tpotP50Ms": slo.tpot_p50_ms, "e2eP95Ms": slo.e2e_p95_ms}
     for name, sample in samples.items():
         if needs_objectives(sample, wanted) and name in base_urls:
             try:
-                response = await http.put(f"{base_urls[name]}/slo", json=body, timeout=PUT_TIMEOUT_S)
-                response.raise_for_status()
+                await put_slo(http, base_urls[name], body)
             except httpx.HTTPError as error:
                 logger.info("could not set the SLO on pod %s (its requests are not judged): %s", name, error)
     if state.tracker is None or state.tracker.objectives != wanted:
         state.tracker = AttainmentTracker(objectives=wanted)
-        _forget(svc)
+        forget_attainment(svc.namespace, svc.name)
     tracker = state.tracker
     tracker.observe(now, samples, replicas)
     for window, seconds in WINDOWS_S.items():

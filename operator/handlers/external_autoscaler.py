@@ -12,7 +12,7 @@ its scale subresource: they write ``spec.replicas`` and reconcile only follows
 it, so the operator and the external autoscaler never fight over the count.
 
 What it is not: the builders (pure, in ``resources``) or the built-in loop
-(``handlers/autoscaling.py``, idle in these modes).
+(``handlers/replica_planning.py``, idle in these modes).
 """
 
 import logging

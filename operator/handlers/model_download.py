@@ -13,8 +13,8 @@ import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
-from plimsoll.operator.handlers.autoscaling import list_pods
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.pods import list_pods
 from plimsoll.operator.handlers.status_writer import set_conditions
 from plimsoll.operator.resources.model_fetch import fetch_condition
 

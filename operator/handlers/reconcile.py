@@ -19,9 +19,9 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.adapters import sync_adapters
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.inference_pool import remove_unused_inference_pool
-from plimsoll.operator.handlers.initial_sizing import apply_start_size
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
+from plimsoll.operator.handlers.replica_planning import kopf_events, size_new_service
 from plimsoll.operator.handlers.replica_workload import replica_workload
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.spans import llmservice_span
@@ -33,6 +33,7 @@ from plimsoll.operator.resources.inference_pool import (
     build_inference_pool,
     uses_inference_pool,
 )
+from plimsoll.operator.resources.kv_cache import kv_children
 from plimsoll.operator.resources.leader_worker_set import LWS_GROUP_VERSION
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
@@ -164,7 +165,7 @@ async def _reconcile(
         await reject_invalid(kube, body, error)
         raise
     # No spec.replicas yet: size from expectedLoad (or seed it for an HPA) before the Deployment is built.
-    svc = await apply_start_size(kube, body, svc, logger)
+    svc = await size_new_service(kube, body, svc, kopf_events(body), logger)
 
     workload = await replica_workload(kube, svc, settings, logger)
     if workload.removed:
@@ -184,6 +185,7 @@ async def _reconcile(
         # Thresholds follow status.capacity, so a new profile updates the rule on the next pass.
         children.append(build_prometheus_rule(svc, (body.get("status") or {}).get("capacity")))
     children.extend(router_children(svc, settings))
+    children.extend(kv_children(svc))  # the shared KV tier's Valkey, when spec.kvCache.shared deploys one
     if uses_inference_pool(svc):
         if await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
             children.append(build_inference_pool(svc))

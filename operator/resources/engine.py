@@ -12,6 +12,7 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.resources.adapters import VLLM_RUNTIME_LORA_ENV, adapter_placement, lora_flags
+from plimsoll.operator.resources.kv_cache import kv_engine_flags
 from plimsoll.operator.resources.model_fetch import (
     MODEL_CACHE_MOUNT,
     MODEL_CACHE_VOLUME,
@@ -90,6 +91,7 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
         # vLLM names the FCFS continuous batcher "fcfs"; the API rejects static for vLLM.
         vllm_fcfs = engine.kind == "vllm" and engine.scheduling_policy == "continuous"
         args += ["--scheduling-policy", "fcfs" if vllm_fcfs else engine.scheduling_policy]
+    args += kv_engine_flags(svc)  # offload tier, shared tier, KV events (resources/kv_cache.py)
     tp = svc.spec.tensor_parallel_size()
     if tp > 1 and not _has_flag(engine.args, "--tensor-parallel-size", "-tp"):
         args += ["--tensor-parallel-size", str(tp)]

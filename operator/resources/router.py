@@ -13,6 +13,8 @@ from typing import Any
 from plimsoll.operator.api.base import GROUP, PLURAL
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.deployment import RUN_AS_USER
+from plimsoll.operator.resources.engine import model_placement
+from plimsoll.operator.resources.kv_cache import kv_router_flags
 from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
@@ -52,6 +54,13 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
         args += ["--release-concurrency", str(concurrency)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
+    placement = model_placement(svc)
+    # precise-prefix: the replicas' KV events on the pod IPs, and the model's tokenizer (same image; a
+    # pvc:// model is mounted read-only as in the replicas).
+    args += kv_router_flags(svc, placement.model_arg or "smollm2-135m")
+    precise = svc.spec.router.policy == "precise-prefix"
+    volumes = [{"name": "tmp", "emptyDir": {}}] + (placement.volumes if precise else [])
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}] + (placement.mounts if precise else [])
     container = {
         "name": "router",
         "image": settings.plimsoll_image,
@@ -62,14 +71,16 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
         # while one starts. Without, it is Ready only once a replica is, and an empty router takes no traffic.
         "readinessProbe": _probe("/ready", period=5, failures=3),
         "livenessProbe": _probe("/health", period=10, failures=3),
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        # precise-prefix holds a tokenizer and the KV index (~130 bytes per distinct block hash).
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi" if precise else "128Mi"},
+                      "limits": {"memory": "2Gi" if precise else "512Mi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
             "readOnlyRootFilesystem": True,
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": mounts,
     }
     return {
         "apiVersion": "apps/v1",
@@ -97,7 +108,7 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": volumes,
                 },
             },
         },

@@ -34,13 +34,14 @@ it for a per-pod metric (here in-flight = running + waiting):
    idling at min is the normal quiet state and a rate limit passes within one
    period, so neither deserves a Warning (the HPA's own ScalingLimited is noisier).
 
-What it is not: it does not scrape, patch or write status (the handler does).
+What it is not: it does not scrape, patch or write status (the handler does),
+and it is one part of the replica planner (``planner.py``), which calls it only
+when no other rule (starting size, zero, a drain) owns the tick.
 """
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
@@ -48,6 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.observations import PodObservation
+from plimsoll.operator.scaling.timestamps import rfc3339_seconds
 
 
 class AutoscalerConfig(BaseModel):
@@ -88,16 +91,6 @@ class AutoscalerConfig(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
-class PodObservation:
-    """What the handler saw of one pod: readiness and its parsed scrape (None when unreadable)."""
-
-    name: str
-    ready: bool
-    sample: PodSample | None
-    error: str | None = None  # why the scrape could not be read, for the trace
-
-
-@dataclass(frozen=True, slots=True)
 class Decision:
     """One autoscaler verdict with everything needed to explain it."""
 
@@ -131,7 +124,7 @@ class Decision:
     def to_status(self) -> dict[str, Any]:
         """The ``status.autoscaler`` block (``AutoscalerStatus``: inputs, formula, decision, time)."""
         return {
-            "time": datetime.fromtimestamp(self.time, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "time": rfc3339_seconds(self.time),
             "formula": self.formula,
             "inputs": {
                 "targetInFlightPerReplica": self.target,
@@ -157,6 +150,27 @@ class Decision:
                 "limitedReason": self.limited_reason,
             },
         }
+
+    def span_attributes(self) -> dict[str, Any]:
+        """The verdict as trace span attributes (no pod names: they are unbounded)."""
+        attributes: dict[str, Any] = {
+            "plimsoll.autoscaler.current_replicas": self.current_replicas,
+            "plimsoll.autoscaler.desired_replicas": self.desired_replicas,
+            "plimsoll.autoscaler.changed": self.changed,
+            "plimsoll.autoscaler.reason": self.reason,
+            "plimsoll.autoscaler.formula": self.formula,
+            "plimsoll.autoscaler.target": self.target,
+            "plimsoll.autoscaler.target_source": self.target_source,
+            "plimsoll.autoscaler.in_flight": self.in_flight,
+            "plimsoll.autoscaler.waiting": self.waiting,
+            "plimsoll.autoscaler.ready_pods": len(self.ready_pods),
+            "plimsoll.autoscaler.scaling_limited": self.scaling_limited,
+        }
+        if self.metric is not None:
+            attributes["plimsoll.autoscaler.metric"] = self.metric
+        if self.limited_reason is not None:
+            attributes["plimsoll.autoscaler.limited_reason"] = self.limited_reason
+        return attributes
 
     def event_message(self) -> str:
         """One line for a Kubernetes Event."""
@@ -282,9 +296,12 @@ class Autoscaler:
                 ),
             )
         elif recommendation > current_replicas and rising is not None:
-            reason, message = "InFlightRising", (
-                f"in-flight rising; projected {fmt(cfg.trend_lookahead_s)} s ahead it needs more replicas "
-                "than its level does"
+            reason, message = (
+                "InFlightRising",
+                (
+                    f"in-flight rising; projected {fmt(cfg.trend_lookahead_s)} s ahead it needs more replicas "
+                    "than its level does"
+                ),
             )
         elif recommendation > current_replicas:
             reason, message = "MetricAboveTarget", "in-flight per pod above target"

@@ -13,14 +13,11 @@ What it is not: a reader of pods or a clock (the handler passes times in).
 
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
+from plimsoll.operator.scaling.timestamps import rfc3339
+
 KEPT = 20
-
-
-def _rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def p95(samples: list[float]) -> float | None:
@@ -52,8 +49,8 @@ class ColdStartClock:
         seconds = max(0.0, now - self.needed_at)
         self.samples = [*self.samples, round(seconds, 3)][-KEPT:]
         self.last = {
-            "decidedAt": _rfc3339(self.needed_at),
-            "readyAt": _rfc3339(now),
+            "decidedAt": rfc3339(self.needed_at),
+            "readyAt": rfc3339(now),
             "seconds": round(seconds, 3),
             "heldBeforeDecisionSeconds": self.held_for_s,
         }
@@ -64,6 +61,6 @@ class ColdStartClock:
         return {
             "samplesSeconds": list(self.samples),
             "p95Seconds": p95(self.samples),
-            "inProgressSince": None if self.needed_at is None else _rfc3339(self.needed_at),
+            "inProgressSince": None if self.needed_at is None else rfc3339(self.needed_at),
             "last": self.last,
         }

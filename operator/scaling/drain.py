@@ -10,24 +10,23 @@ them nothing new; ``POST /drain``, so their readiness drops; and a low
 deletes exactly them). :class:`DrainPlan` then waits, tick by tick, until each
 has nothing in flight or ``scaling.drainSeconds`` has passed; phase two lowers
 the count. :func:`overloaded` says when the load came back so much that the
-drain should be called off. :class:`CutTally` sums, over removed pods, the
-replicas' own ``plimsoll_requests_cut_by_shutdown_total`` as last seen.
+drain should be called off. A drain in progress is written to
+``status.scaleDown`` and read back from it (:meth:`DrainPlan.from_status`), so an
+operator restart goes on with it instead of leaving its pods marked.
+:class:`CutTally` sums, over removed pods, the replicas' own
+``plimsoll_requests_cut_by_shutdown_total`` as last seen.
 
 What it is not: I/O (the handler patches pods and scrapes them) or the choice
-of how many replicas to run (the autoscaler's).
+of how many replicas to run (the autoscaler's); the planner (``planner.py``)
+strings these steps together.
 """
 
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from plimsoll.metric_names import REQUESTS_CUT_BY_SHUTDOWN
-from plimsoll.prometheus import ExpositionError, parse
-
-DRAINING_LABEL = "plimsoll.dev/draining"
-DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
-# Below the default cost (0) of every other pod, so the ReplicaSet controller takes these first.
-DRAINING_DELETION_COST = "-1000"
+from plimsoll.operator.scaling.timestamps import parse_time, rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +96,28 @@ class DrainPlan:
             "fromReplicas": self.from_replicas,
             "toReplicas": self.to_replicas,
             "drainSeconds": self.drain_seconds,
+            "startedAt": rfc3339(self.started),
             "message": None if step is None else step.message,
         }
+
+    @classmethod
+    def from_status(cls, block: Mapping[str, Any] | None, now: float) -> "DrainPlan | None":
+        """The drain ``status.scaleDown`` says is in progress (None when none is); no start time: ``now``."""
+        block = block or {}
+        pods = block.get("pods")
+        if block.get("phase") != "Draining" or not pods:
+            return None
+        try:
+            return cls(
+                pods=tuple(str(p) for p in pods),
+                from_replicas=int(block["fromReplicas"]),
+                to_replicas=int(block["toReplicas"]),
+                started=parse_time(block.get("startedAt")) or now,
+                drain_seconds=float(block["drainSeconds"]),
+                purpose=str(block.get("purpose") or "ScaleDown"),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None  # written by hand or by an older operator: start over rather than guess
 
 
 def overloaded(in_flight_of_kept: Iterable[float], target: float, tolerance: float) -> bool:
@@ -107,14 +126,6 @@ def overloaded(in_flight_of_kept: Iterable[float], target: float, tolerance: flo
     if not values:
         return False
     return sum(values) / len(values) > target * (1 + tolerance)
-
-
-def cut_by_shutdown(text: str) -> float | None:
-    """The replica's own count of requests its shutdown ended; None for an engine without the series (vLLM)."""
-    try:
-        return parse(text).sum(REQUESTS_CUT_BY_SHUTDOWN)
-    except ExpositionError:
-        return None
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Profile drift: does each replica still behave like the curve its profile measured?
 
 What it is: :class:`DriftTracker`, fed one scrape per ready replica every
-autoscaler tick. Every tick it compares what each replica did over the last
+replica-planning tick. Every tick it compares what each replica did over the last
 *slice* (``window / SLICES`` seconds, with at least ``min_requests`` finished
 requests) with the profile's curve at the in-flight level it held (the mean of
 the running + waiting gauges over the slice, interpolated between the sweep's
@@ -20,8 +20,9 @@ dominated by its tail) never raises it. :meth:`DriftTracker.verdict` turns that
 into the ``ProfileDrift`` condition with the numbers in its message.
 
 What it is not: the loop that scrapes, writes the condition and posts the
-Event (``operator/handlers/autoscaling.py``), or the re-profile itself (the
-profiler starts a Job when the ``plimsoll.dev/reprofile`` annotation is set).
+Event (``operator/handlers/drift.py``, run by the replica-planning tick), or
+the re-profile itself (the profiler starts a Job when the
+``plimsoll.dev/reprofile`` annotation is set).
 Comparing over the whole window rather than each tick makes "differs for a
 window" a statement about the window's aggregate: short spikes inside an
 otherwise matching window do not raise it. No I/O.

@@ -2,7 +2,8 @@
 
 What it is: :func:`parse_scrape`, from Prometheus text exposition to a
 :class:`PodSample` — running and waiting requests, KV-cache usage, and the TTFT
-and TPOT histograms — for either engine family in :mod:`plimsoll.metric_names`
+and TPOT histograms, the start-up phases, the SLO counters and the requests
+its shutdown cut — for either engine family in :mod:`plimsoll.metric_names`
 (``plimsoll_*`` or ``vllm:*``). Parsing, histograms and ``histogram_quantile``
 are :mod:`plimsoll.prometheus`'s, shared with bench and the router.
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from plimsoll.metric_names import (
     BUILD_INFO,
     ENGINE_FAMILIES,
+    KV_TIER_HITS,
+    REQUESTS_CUT_BY_SHUTDOWN,
     SLO_OBJECTIVE_SECONDS,
     SLO_REQUESTS,
     STARTUP_PHASE_SECONDS,
@@ -48,6 +51,12 @@ class PodSample:
     slo_good: float | None = None
     slo_bad: float | None = None
     slo_objectives: dict[str, float] = field(default_factory=dict)
+    # Requests the replica's own shutdown ended (plimsoll_requests_cut_by_shutdown_total); None for vLLM.
+    requests_cut: float | None = None
+    # Prefix cache (tokens, cumulative): looked up, found in the replica's own cache, found per KV tier.
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    tier_hits: dict[str, float] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> float:
@@ -55,9 +64,38 @@ class PodSample:
         return self.running + self.waiting
 
 
+# Every series parse_scrape reads, in either family; the rest of a replica's exposition is skipped unparsed.
+READ = frozenset(
+    {
+        name
+        for f in ENGINE_FAMILIES.values()
+        for name in (
+            f.running,
+            f.waiting,
+            f.kv_usage,
+            f.ttft,
+            f.tpot,
+            f.generation_tokens,
+            f.request_success,
+            f.prefix_queries,
+            f.prefix_hits,
+        )
+    }
+    | {
+        BUILD_INFO,
+        KV_TIER_HITS,
+        STARTUP_PHASE_SECONDS,
+        "process_start_time_seconds",
+        SLO_REQUESTS,
+        SLO_OBJECTIVE_SECONDS,
+        REQUESTS_CUT_BY_SHUTDOWN,
+    }
+)
+
+
 def parse_scrape(text: str) -> PodSample:
     """Read a replica's exposition text; raise :class:`MetricsError` when it is not engine metrics."""
-    scrape = parse(text)
+    scrape = parse(text, only=READ)
     engine = detect_family(scrape.names())
     if engine is None:
         expected = ", ".join(f"{f.running} ({key})" for key, f in ENGINE_FAMILIES.items())
@@ -94,7 +132,19 @@ def parse_scrape(text: str) -> PodSample:
             for labels, value in scrape.samples.get(SLO_OBJECTIVE_SECONDS, [])
             if "objective" in labels
         },
+        requests_cut=scrape.sum(REQUESTS_CUT_BY_SHUTDOWN),
+        prefix_queries=scrape.sum(engine.prefix_queries),
+        prefix_hits=scrape.sum(engine.prefix_hits),
+        tier_hits=_tier_hits(scrape),
     )
+
+
+def _tier_hits(scrape: Scrape) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in scrape.samples.get(KV_TIER_HITS, []):
+        medium = labels.get("medium", "")
+        out[medium] = out.get(medium, 0.0) + value
+    return out
 
 
 def _labelled_sum(scrape: Scrape, name: str, label: str, value: str) -> float | None:
@@ -115,7 +165,9 @@ def _startup(scrape: Scrape) -> dict[str, float]:
 
 def _engine_version(scrape: Scrape) -> str | None:
     # An Info metric is exposed as <name>_info{version="..."} 1; several engines in a pod share one.
-    versions = sorted({labels["version"] for labels, _ in scrape.samples.get(BUILD_INFO, []) if "version" in labels})
+    versions = sorted(
+        {labels["version"] for labels, _ in scrape.samples.get(BUILD_INFO, []) if "version" in labels}
+    )
     return ",".join(versions) or None
 
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.timestamps import parse_time, rfc3339
 
 PHASES = (
     "metricCrossedTarget",
@@ -70,17 +70,6 @@ _WORDS = {
     "ready": "Ready",
     "firstRequestAnswered": "first request answered",
 }
-
-
-def parse_time(value: str | None) -> float | None:
-    """RFC 3339 (``2026-01-02T03:04:05Z``, fractions allowed) -> Unix seconds."""
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
 def _condition_time(pod: Mapping[str, Any], type_: str) -> float | None:

@@ -19,7 +19,8 @@ Once ``spec.replicas`` holds a number it belongs to whoever writes it next (the
 built-in autoscaler, an HPA, KEDA or the user) and this rule returns None, so
 initial sizing never overrides a later decision.
 
-What it is not: the arithmetic (``sizing.py``) or the I/O (``handlers/initial_sizing.py``).
+What it is not: the arithmetic (``sizing.py``) or the I/O (``handlers/replica_planning.py``); the
+replica planner (``planner.py``) applies it as its first rule.
 """
 
 from dataclasses import dataclass, field

@@ -7,7 +7,7 @@ per-request logic (``kv_cache_manager.py``) or the tensors themselves (``model_r
 """
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -30,6 +30,10 @@ class BlockPool:
         # O(1) removal from the middle when a cached free block is hit again.
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self.cached: dict[bytes, KVCacheBlock] = {}
+        # Called with (block id, hash) just before a cached block is reused for other contents
+        # (the KV tiers copy it out; KV events announce it gone); and when the cache is reset.
+        self.on_evicted: Callable[[int, bytes], None] | None = None
+        self.on_cleared: Callable[[], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,6 +61,8 @@ class BlockPool:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
+                if self.on_evicted is not None:
+                    self.on_evicted(block.block_id, block.block_hash)
             block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -80,15 +86,22 @@ class BlockPool:
                 if block.block_hash is None:
                     self.free_queue.move_to_end(block.block_id, last=False)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
-        """Register a full block under its chained hash (first writer wins on duplicates)."""
+    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> bool:
+        """Register a full block under its chained hash (first writer wins on duplicates).
+
+        True when this call registered it (not already cached, no other block under the hash).
+        """
         if block.block_hash is not None:
-            return
+            return False
         if block_hash not in self.cached:
             self.cached[block_hash] = block
             block.block_hash = block_hash
+            return True
+        return False
 
     def reset_prefix_cache(self) -> None:
         for block in self.blocks:
             if block.ref_cnt == 0:
                 self._evict(block)
+        if self.on_cleared is not None:
+            self.on_cleared()

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from plimsoll.byte_size import parse_bytes
 from plimsoll.runtime.engine.compilation_config import CompilationConfig
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
+from plimsoll.runtime.kv.events import KVEventsConfig
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
 
@@ -140,6 +141,59 @@ class EngineConfig(BaseModel):
         names = [m.name for m in self.lora_modules]
         if len(set(names)) != len(names) or self.display_name in names:
             raise ValueError(f"LoRA module names must be unique and differ from the base model's: {names}")
+        return self
+
+    # KV tiers (runtime/kv/): vLLM's offloading flags, the tier shared by replicas, KV events.
+    kv_offloading_backend: Literal["native"] | None = Field(
+        None, description="vLLM's --kv-offloading-backend: 'native' keeps evicted blocks in host memory"
+    )
+    kv_offloading_size: float | None = Field(
+        None, gt=0, description="vLLM's --kv-offloading-size: GiB of host memory for evicted KV blocks"
+    )
+    kv_offloading_store_threshold: int = Field(
+        0, ge=0, description="store an evicted block only once lookups asked for it this often (vLLM's "
+        "store_threshold; below 2: every evicted block)",
+    )
+    kv_offloading_disk_path: str | None = Field(None, description="directory of a disk tier below the host tier")
+    kv_offloading_disk_size: float | None = Field(None, gt=0, description="GiB of the disk tier")
+    kv_shared_url: str | None = Field(
+        None, description="redis://HOST:PORT[/DB] of a Valkey or Redis server the replicas share KV blocks through"
+    )
+    kv_shared_timeout_s: float = Field(
+        0.25, gt=0, description="socket timeout of one shared-tier call (no retry; then the request recomputes)"
+    )
+    kv_events_config: KVEventsConfig | None = Field(None, description="vLLM's --kv-events-config")
+
+    @field_validator("kv_events_config", mode="before")
+    @classmethod
+    def _parse_kv_events_config(cls, value: object) -> object:
+        return KVEventsConfig.parse(value)
+
+    @model_validator(mode="after")
+    def _check_kv_tiers(self) -> "EngineConfig":
+        if self.kv_offloading_size is not None and self.kv_offloading_backend is None:
+            self.kv_offloading_backend = "native"
+        if self.kv_offloading_backend is not None and self.kv_offloading_size is None:
+            raise ValueError("--kv-offloading-backend needs --kv-offloading-size GiB (e.g. --kv-offloading-size 4)")
+        if self.kv_offloading_disk_path is not None and (
+            self.kv_offloading_disk_size is None or self.kv_offloading_size is None
+        ):
+            raise ValueError(
+                "a disk tier (--kv-offloading-disk-path) needs --kv-offloading-disk-size GiB and a host tier "
+                "(--kv-offloading-size GiB) above it"
+            )
+        tiers = self.kv_offloading_size is not None or self.kv_shared_url is not None
+        if tiers and not self.enable_prefix_caching:
+            raise ValueError("KV offloading and the shared KV tier need prefix caching; drop --no-enable-prefix-caching")
+        if tiers and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "KV offloading and the shared KV tier are not supported with tensor_parallel_size > 1 yet; "
+                "drop one of them"
+            )
+        if self.kv_shared_url is not None and not self.kv_shared_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"--kv-shared-url {self.kv_shared_url!r} is not a redis:// URL; pass redis://HOST:PORT (Valkey or Redis)"
+            )
         return self
 
     @field_validator("speculative_config", mode="before")

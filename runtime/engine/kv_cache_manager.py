@@ -4,8 +4,13 @@ What it is: the only place that decides which blocks a request owns. What it is
 not: a scheduler (it never chooses whom to preempt; it only says "no room").
 """
 
+from typing import TYPE_CHECKING
+
 from plimsoll.runtime.engine.block_pool import BlockPool, KVCacheBlock
 from plimsoll.runtime.engine.request import Request
+
+if TYPE_CHECKING:
+    from plimsoll.runtime.kv.connector import KVConnector
 
 
 def cdiv(a: int, b: int) -> int:
@@ -13,10 +18,18 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, connector: "KVConnector | None" = None) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        # KV tiers and events (runtime/kv/connector.py): evictions are offered to the host tier,
+        # a primary miss may continue in it, registrations and evictions become KV events.
+        self.connector = connector
+        self._tier_blocks: dict[str, int] = {}  # request id -> blocks matched in the tiers, until allocated
+        self.last_tier_tokens = 0  # of the last get_computed_blocks (the scheduler counts them apart)
+        if connector is not None:
+            self.pool.on_evicted = connector.on_evicted
+            self.pool.on_cleared = connector.on_cleared
 
     @property
     def num_free_blocks(self) -> int:
@@ -40,7 +53,13 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        return hits, len(hits) * self.block_size
+        num_tier = 0
+        if self.connector is not None:
+            # The run goes on in the host tier (blocks loaded back instead of recomputed).
+            num_tier = self.connector.match(req, len(hits), max_blocks)
+            self._tier_blocks[req.request_id] = num_tier
+        self.last_tier_tokens = num_tier * self.block_size
+        return hits, (len(hits) + num_tier) * self.block_size
 
     def allocate_slots(
         self, req: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
@@ -52,7 +71,8 @@ class KVCacheManager:
         """
         hits = new_computed_blocks or []
         blocks = self.req_blocks.setdefault(req.request_id, [])
-        num_computed = req.num_computed_tokens + len(hits) * self.block_size
+        num_tier = self._tier_blocks.pop(req.request_id, 0) if new_computed_blocks is not None else 0
+        num_computed = req.num_computed_tokens + (len(hits) + num_tier) * self.block_size
         num_required = cdiv(num_computed + num_new_tokens, self.block_size)
         num_new_blocks = num_required - len(blocks) - len(hits)
         # Hits that are free right now leave the free queue when touched.
@@ -60,16 +80,23 @@ class KVCacheManager:
         if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
             if not blocks:
                 del self.req_blocks[req.request_id]
+            if num_tier and self.connector is not None:
+                self.connector.release(req)
             return False
         self.pool.touch(hits)
         blocks.extend(hits)
         if num_new_blocks > 0:
             blocks.extend(self.pool.get_new_blocks(num_new_blocks))
+        loaded = range(len(hits), len(hits) + num_tier)
+        if num_tier and self.connector is not None:
+            self.connector.take_match(req, [blocks[i].block_id for i in loaded])
         req.block_ids = [b.block_id for b in blocks]
-        self._cache_full_blocks(req, blocks, num_computed + num_new_tokens)
+        self._cache_full_blocks(req, blocks, num_computed + num_new_tokens, loaded)
         return True
 
-    def _cache_full_blocks(self, req: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+    def _cache_full_blocks(
+        self, req: Request, blocks: list[KVCacheBlock], num_tokens: int, loaded: range = range(0)
+    ) -> None:
         # Registering before the forward pass is safe: each layer stores all of a
         # step's KV before any attention reads it, so a same-step hit sees it.
         if req.cache_salt is None:
@@ -77,7 +104,8 @@ class KVCacheManager:
         req.update_block_hashes(self.block_size)
         num_full = min(num_tokens // self.block_size, len(req.block_hashes))
         for i in range(num_full):
-            self.pool.cache_block(blocks[i], req.block_hashes[i])
+            if self.pool.cache_block(blocks[i], req.block_hashes[i]) and self.connector is not None:
+                self.connector.on_cached(req, i, blocks[i].block_id, loaded=i in loaded)
 
     def free(self, req: Request) -> None:
         """Release the request's blocks, tail first, so shared heads stay cached longest."""

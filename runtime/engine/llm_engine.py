@@ -32,6 +32,7 @@ from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
+from plimsoll.runtime.kv.connector import build_connector
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 
@@ -100,6 +101,14 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.start_workers(self.num_blocks)
             self.runner.plan_sink = self.executor.broadcast_plan
+        # KV tiers and events (runtime/kv/): the cache manager reports to the connector; requests
+        # whose blocks may be on disk or in the shared tier wait in ``prefetching`` until fetched.
+        self.kv_connector = build_connector(config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len)
+        if self.kv_connector is not None:
+            kv.connector = self.kv_connector
+            kv.pool.on_evicted = self.kv_connector.on_evicted
+            kv.pool.on_cleared = self.kv_connector.on_cleared
+        self.prefetching: dict[str, list[Request]] = {}
         for module in config.lora_modules:
             self.add_lora(module.name, module.path)
         STARTUP.mark("kv_cache_allocated")  # the runner holds the KV tensors now
@@ -175,9 +184,12 @@ class LLMEngine:
         }
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (a no-op without tensor parallelism)."""
+        """Stop the tensor-parallel workers and the KV tiers' threads, if any."""
         if self.executor is not None:
             self.executor.close()
+        connector = getattr(self, "kv_connector", None)
+        if connector is not None:
+            connector.close()
 
     def _max_model_len(self, model_max: int, kv_tokens: int) -> int:
         cfg = self.hf_config
@@ -331,9 +343,29 @@ class LLMEngine:
             seqs.append(seq)
         group = RequestGroup(request_id, text, ids, seqs, arrival)
         for seq in seqs:
-            self.scheduler.add_request(seq)
             self.seq_to_group[seq.request_id] = group
         self.groups[request_id] = group
+        if self._start_prefetch(seqs[0]):
+            self.prefetching[request_id] = seqs  # scheduled once its blocks are fetched (or not found)
+            return
+        for seq in seqs:
+            self.scheduler.add_request(seq)
+
+    def _start_prefetch(self, seq: Request) -> bool:
+        connector = self.kv_connector
+        if connector is None or not connector.wants_prefetch() or seq.cache_salt is None:
+            return False
+        seq.update_block_hashes(self.config.block_size)
+        pool = self.scheduler.kv.pool
+        return connector.start_prefetch(seq, lambda h: pool.get_cached_block(h) is not None)
+
+    def _admit_prefetched(self) -> None:
+        """Hand requests whose prefetch finished to the scheduler, in arrival order."""
+        assert self.kv_connector is not None
+        for request_id in list(self.prefetching):
+            if self.kv_connector.prefetch_ready(request_id):
+                for seq in self.prefetching.pop(request_id):
+                    self.scheduler.add_request(seq)
 
     def _check_continuation(self, cont: Continuation, ids: list[int], params: SamplingParams) -> None:
         """A continuation must leave room to generate, for one sequence, in this vocabulary."""
@@ -358,6 +390,9 @@ class LLMEngine:
         group = self.groups.get(request_id)
         if group is None:
             return None
+        if self.prefetching.pop(request_id, None) is not None:
+            assert self.kv_connector is not None
+            self.kv_connector.cancel_prefetch(request_id)
         for seq in group.seqs:
             if not seq.is_finished:
                 self.scheduler.abort(seq.request_id)
@@ -371,13 +406,23 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         t0 = time.monotonic()
+        connector = self.kv_connector
+        if self.prefetching:
+            self._admit_prefetched()
         sched = self.scheduler.schedule()
         touched: dict[str, RequestGroup] = {}
         if sched.lora_loads:
             self._load_lora_slots(sched)
+        if connector is not None:
+            # Evicted blocks leave before anything overwrites them; tier hits arrive before they are read.
+            connector.before_forward(self.runner.kv_caches)
+        if sched.is_empty and self.prefetching and connector is not None:
+            connector.wait_prefetch(0.01)  # only fetches are outstanding: wait for one, do not spin
         if not sched.is_empty:
             prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_new_output_tokens == 0]
             reqs, logits = self.runner.execute(sched)  # a failure here is the engine's: it propagates
+            if connector is not None:
+                connector.after_forward(self.runner.kv_caches)
             sampled = self._sample(reqs, logits)
             now = time.monotonic()
             for r, n in prompt_chunks:
@@ -398,6 +443,8 @@ class LLMEngine:
                     self._fail_group(group, req, exc)
             if self.speculator is not None:
                 self.speculator.after_step(reqs, self.scheduler.running)
+        if connector is not None and sched.is_empty:
+            connector.flush_events()
         outputs = []
         for g in touched.values():
             out = self._make_output(g)

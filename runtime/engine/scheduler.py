@@ -142,7 +142,8 @@ class Scheduler:
                 if self.lora is not None:
                     self.lora.acquire(req)
                 out.prefix_cache_queries += req.num_tokens
-                out.prefix_cache_hits += num_hit
+                # Tokens found in the KV tiers count apart (vLLM's external prefix cache hits).
+                out.prefix_cache_hits += num_hit - self.kv.last_tier_tokens
                 req.num_computed_tokens = num_hit
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_hit

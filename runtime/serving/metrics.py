@@ -221,6 +221,8 @@ class ServerMetrics:
             )
         elif metrics_compat is not None:
             raise ValueError(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
+        # The KV tiers' series (runtime/kv/), read from the engine's connector once it runs.
+        self.attach_kv_tiers(None)
         # --enable-lora (GIE's model-server protocol): one series, value = when it was set, labels =
         # the adapters of running and waiting requests (comma-joined) and the slot count.
         lora_info_labels = ("running_lora_adapters", "waiting_lora_adapters", "max_lora")
@@ -382,6 +384,16 @@ class ServerMetrics:
     def request_error(self, reason: str) -> None:
         assert reason in ERROR_REASONS, reason
         self.request_errors.labels(self.model_name, reason).inc()
+
+    def attach_kv_tiers(self, connector: Any) -> None:
+        """Read the KV tiers' series (runtime/kv/) from the engine's connector from now on."""
+        if getattr(self, "_kv_tiers", None) is None:
+            from plimsoll.runtime.serving.kv_metrics import KVTierCollector
+
+            self._kv_tiers = KVTierCollector(None, self.model_name)
+            self.registry.register(self._kv_tiers)
+        if connector is not None:
+            self._kv_tiers.connector = connector
 
     def set_cache_config(
         self, *, block_size: int, num_blocks: int, enable_prefix_caching: bool, cache_dtype: str

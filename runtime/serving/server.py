@@ -172,6 +172,7 @@ def build_app(
                 cache_dtype=str(getattr(getattr(engine, "config", None), "dtype", "auto")),
             )
             metrics.refresh(s)
+            metrics.attach_kv_tiers(getattr(getattr(engine, "engine", None), "kv_connector", None))
             metrics.start_counting()
             STARTUP.mark("ready")
             if on_ready is not None:

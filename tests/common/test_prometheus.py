@@ -99,3 +99,19 @@ def test_merge_refuses_different_buckets() -> None:
 def test_malformed_text_says_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ExpositionError, match=message):
         parse(text).histogram("h")
+
+
+def test_only_the_families_asked_for_are_parsed_and_read_the_same() -> None:
+    text = (
+        '# HELP a_total x\n# TYPE a_total counter\na_total{m="1"} 2.0\na_created{m="1"} 1.0\n'
+        '# TYPE h histogram\nh_bucket{le="1.0"} 1.0\nh_bucket{le="+Inf"} 2.0\nh_count 2.0\nh_sum 3.0\n'
+        '# TYPE skipped gauge\nskipped{x="1"} 5.0\n'
+        '# TYPE i_info gauge\ni_info{version="1.2"} 1.0\n'
+    )
+    full, part = parse(text), parse(text, only=["a_total", "h", "i_info"])
+    assert part.names() == full.names() - {"skipped"}
+    assert all(part.samples[n] == full.samples[n] for n in part.names())
+    assert part.histogram("h") == full.histogram("h")
+    # A line that is no sample at all is still the parser's to refuse, filtered or not.
+    with pytest.raises(ExpositionError, match="not Prometheus text"):
+        parse("<html>hello</html>\n", only=["a_total"])

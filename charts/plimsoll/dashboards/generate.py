@@ -328,6 +328,28 @@ def variables() -> list[dict[str, Any]]:
     ]
 
 
+def kv_tiers_panel() -> dict[str, Any]:
+    queries = either(rate_sum(), PLIMSOLL.prefix_queries, VLLM.prefix_queries)
+    return panel(
+        7,  # beside SLO attainment; the per-priority panels repeat below
+        "Prefix-cache hit rate per KV tier",
+        "Share of prompt tokens served from the replicas' own KV caches (primary) and from each KV "
+        "tier (host CPU, disk, the shared Valkey/Redis tier) instead of recomputed (spec.kvCache; "
+        "status.kvCache holds the same since start). Right: bytes/s moved between the primary cache "
+        "and the tiers, and shared-tier blocks rejected by their check.",
+        "percentunit",
+        [
+            (f"({either(rate_sum(), PLIMSOLL.prefix_hits, VLLM.prefix_hits)}) / ({queries})", "primary"),
+            (f"{rate_sum('medium')(mn.KV_TIER_HITS)} / scalar({queries})", "{{medium}}"),
+            (rate_sum("medium")(mn.KV_OFFLOAD_LOAD_BYTES), "{{medium}} loaded B/s"),
+            (rate_sum("medium")(mn.KV_OFFLOAD_STORE_BYTES), "{{medium}} stored B/s"),
+            (rate_sum()(mn.KV_SHARED_REJECTED_BLOCKS), "shared blocks rejected/s"),
+        ],
+        overrides=[right_axis("loaded B/s|stored B/s", "Bps"), right_axis("rejected/s", "short")],
+        maximum=1,
+    )
+
+
 def dashboard() -> dict[str, Any]:
     return {
         "uid": UID,
@@ -350,7 +372,8 @@ def dashboard() -> dict[str, Any]:
             kv_panel(),
             errors_panel(),
             slo_panel(),
-            priority_panel(),
+            kv_tiers_panel(),
+            priority_panel(),  # last: Grafana repeats it per priority class
         ],
     }
 

@@ -161,6 +161,11 @@ def test_a_replica_that_slows_down_drifts_is_reprofiled_and_matches_again(
     manifest["metadata"]["annotations"] = {
         PROFILE_ARGS_ANNOTATION: "--max-client-lag-ms 1000 --min-concurrency-ratio 0.8 --warmup-requests 1"
     }
+    # kwok makes the pod Ready before the simulator below listens on its IP; a replica that is Ready
+    # in a cluster answers. So the service starts at a Manual capacity and asks for the profile
+    # once its engine is up (the profile Job makes one attempt).
+    profiled = manifest["spec"]["capacity"]
+    manifest["spec"]["capacity"] = {"mode": "Manual", "concurrencyPerReplica": CLIENTS}
     apply(devcluster, ns, manifest)
 
     def pod_ip() -> str | None:
@@ -172,6 +177,10 @@ def test_a_replica_that_slows_down_drifts_is_reprofiled_and_matches_again(
     sim = spawn_simulator(CURVE, host=ip, port=8000)
     engines.append(sim)
     sim.wait_ready(timeout_s=60)
+    devcluster.kubectl("patch", "llms", NAME, "-n", ns, "--type=merge", "-p",
+                       json.dumps({"spec": {"capacity": {**profiled, "concurrencyPerReplica": None}}}))  # fmt: skip
+    wait_for(lambda: (condition(_obj(devcluster, ns), "Profiled") or {}).get("reason") not in (None, "ManualCapacity"),
+             60, "the operator to take up Profile mode")  # fmt: skip
 
     first = wait_for(lambda: _capacity(devcluster, ns), 180, "the first profile (Profiled=True)", interval=1)
     print(f"\nfirst profile: {json.dumps(first)}")
@@ -189,7 +198,9 @@ def test_a_replica_that_slows_down_drifts_is_reprofiled_and_matches_again(
 
         httpx.put(f"{sim.url}/sim/step-cost", json={"scale": 4.0}, timeout=5).raise_for_status()
         drifted = wait_for(
-            lambda: traffic.running() and _drift(devcluster, ns, "True"), 90, "ProfileDrift=True after the slow-down"
+            lambda: traffic.running() and _drift(devcluster, ns, "True"),
+            90,
+            "ProfileDrift=True after the slow-down",
         )
         traffic.stop()  # the new sweep measures the replica alone
         print(f"drifted: {drifted['message']}")
@@ -202,7 +213,10 @@ def test_a_replica_that_slows_down_drifts_is_reprofiled_and_matches_again(
             lambda: [e for e in _events(devcluster, ns) if e.get("reason") == "ProfileDrift"],
             30, "a Warning Event ProfileDrift",
         )  # fmt: skip
-        assert warnings[0]["type"] == "Warning" and "re-profiling (capacity.reprofile Auto)" in warnings[0]["message"]
+        assert (
+            warnings[0]["type"] == "Warning"
+            and "re-profiling (capacity.reprofile Auto)" in warnings[0]["message"]
+        )
 
         # reprofile Auto: a second profile Job measures the slowed replica and becomes the profile.
         second = wait_for(
@@ -212,7 +226,9 @@ def test_a_replica_that_slows_down_drifts_is_reprofiled_and_matches_again(
         print(f"second profile: {json.dumps(second)}")
         started = [e["message"] for e in _events(devcluster, ns) if e.get("reason") == "ProfilingStarted"]
         # Listed in no particular order; one Job for the first profile, one the drift asked for.
-        assert len(started) == 2 and sum(f"(annotation {REPROFILE_ANNOTATION})" in m for m in started) == 1, started
+        assert len(started) == 2 and sum(f"(annotation {REPROFILE_ANNOTATION})" in m for m in started) == 1, (
+            started
+        )
         assert len(_profile_jobs(devcluster, ns)) == 1, "the re-profile replaces the recorded Job"
         assert REPROFILE_ANNOTATION not in (_obj(devcluster, ns)["metadata"].get("annotations") or {})
         assert _tokens_per_s_at(second, CLIENTS) < _tokens_per_s_at(first, CLIENTS) / 2

@@ -1,7 +1,7 @@
 """The operator's spans carry its decision: an autoscaler verdict as attributes, errors marked.
 
 The real OpenTelemetry SDK (an in-memory exporter) records what ``llmservice_span`` and
-``decision_attributes`` produce for a real ``Autoscaler.decide`` verdict, so the values
+``Decision.span_attributes`` produce for a real ``Autoscaler.decide`` verdict, so the values
 are ones OTLP accepts (no None, no objects). The end-to-end path (operator process ->
 OTLP receiver) is ``test_operator_traces_k8s.py``.
 """
@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from plimsoll.cli import app
 from plimsoll.operator.handlers import spans
-from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
+from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.observations import PodObservation
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def test_an_autoscaler_decision_is_recorded_on_its_span(exported: InMemorySpanEx
     scaler = Autoscaler(AutoscalerConfig.model_validate({"target_per_replica": 4, "min_replicas": 1, "max_replicas": 3}))
     decision = scaler.decide(1000.0, 1, [busy("p0", 12)])
     with spans.llmservice_span("autoscale", "team-a", "chat") as span:
-        span.set_attributes(spans.decision_attributes(decision))
+        span.set_attributes(decision.span_attributes())
     (recorded,) = exported.get_finished_spans()
     attrs = dict(recorded.attributes or {})
     print(recorded.name, attrs)

@@ -8,87 +8,17 @@ total load it controls, so the operator scrapes pods exactly as in a cluster.
 Windows are shortened in the spec so the whole timeline takes about a minute.
 """
 
-import threading
 import time
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from engines_k8s import SimulatedEngines
 from llms_k8s import apply, condition, get_json, llmservice, wait_for
-from prometheus_client import CollectorRegistry, Gauge
-from prometheus_client.exposition import MetricsHandler
-
-from plimsoll import metric_names as names
-from plimsoll.operator.resources.settings import ENGINE_PORT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(420)]
 
 TARGET = 4  # capacity.concurrencyPerReplica
 SCALE_DOWN_WINDOW_S = 12
-
-
-class SimulatedEngines:
-    """Serves engine gauges on every ready pod's IP; `total` in-flight requests are shared evenly."""
-
-    def __init__(self, cluster: Any, namespace: str, name: str, running_cap: int = TARGET) -> None:
-        self.cluster, self.namespace, self.name = cluster, namespace, name
-        self.running_cap = running_cap
-        self.total = 0.0
-        self._servers: dict[str, tuple[ThreadingHTTPServer, Gauge, Gauge]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> "SimulatedEngines":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        for server, _, _ in self._servers.values():
-            server.shutdown()
-            server.server_close()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sync()
-            self._stop.wait(0.5)
-
-    def sync(self) -> None:
-        listing = get_json(
-            self.cluster, "pods", "-n", self.namespace, "-l", f"plimsoll.dev/llmservice={self.name}"
-        )
-        ips = set()
-        # Pods the two-phase scale-down is draining get no new work (as behind the router): their share is 0.
-        draining = set()
-        for pod in (listing or {}).get("items", []):
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in pod.get("status", {}).get("conditions") or []
-            )
-            ip = pod.get("status", {}).get("podIP")
-            if ready and ip and not pod["metadata"].get("deletionTimestamp"):
-                ips.add(ip)
-                if (pod["metadata"].get("labels") or {}).get("plimsoll.dev/draining") == "true":
-                    draining.add(ip)
-        for ip in set(self._servers) - ips:
-            server, _, _ = self._servers.pop(ip)
-            server.shutdown()
-            server.server_close()
-        for ip in ips - set(self._servers):
-            registry = CollectorRegistry()
-            running = Gauge(names.NUM_REQUESTS_RUNNING, "running", registry=registry)
-            waiting = Gauge(names.NUM_REQUESTS_WAITING, "waiting", registry=registry)
-            server = ThreadingHTTPServer((ip, ENGINE_PORT), MetricsHandler.factory(registry))
-            threading.Thread(target=server.serve_forever, daemon=True).start()
-            self._servers[ip] = (server, running, waiting)
-        serving = [ip for ip in self._servers if ip not in draining]
-        if serving:
-            share = self.total / len(serving)
-            for ip, (_, running, waiting) in self._servers.items():
-                mine = share if ip in serving else 0.0
-                running.set(min(mine, self.running_cap))
-                waiting.set(max(mine - self.running_cap, 0.0))
 
 
 def _events(cluster: Any, ns: str, name: str) -> list[dict[str, Any]]:

@@ -105,7 +105,7 @@ def test_committed_json_is_what_the_generator_writes() -> None:
 def test_six_panels_a_priority_class_panel_and_the_filter_variables() -> None:
     board = dashboard()
     assert [p["title"] for p in board["panels"]] == [
-        *SIX_PANELS, "SLO attainment and cost", "Priority class $priority",
+        *SIX_PANELS, "SLO attainment and cost", "Prefix-cache hit rate per KV tier", "Priority class $priority",
     ]  # fmt: skip
     assert board["panels"][-1]["repeat"] == "priority"  # Grafana draws one per priority class
     for p in board["panels"]:

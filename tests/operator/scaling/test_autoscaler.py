@@ -12,8 +12,9 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision, PodObservation
+from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.observations import PodObservation
 
 STEP_S = 5.0
 

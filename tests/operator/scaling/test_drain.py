@@ -4,15 +4,8 @@ import math
 
 from plimsoll.operator.scaling.autoscaler import AutoscalerConfig
 from plimsoll.operator.scaling.cold_start import ColdStartClock, p95
-from plimsoll.operator.scaling.drain import (
-    CutTally,
-    DrainPlan,
-    PodLoad,
-    choose_victims,
-    cut_by_shutdown,
-    overloaded,
-)
-from plimsoll.operator.scaling.metrics import Histogram, PodSample
+from plimsoll.operator.scaling.drain import CutTally, DrainPlan, PodLoad, choose_victims, overloaded
+from plimsoll.operator.scaling.metrics import Histogram, PodSample, parse_scrape
 from plimsoll.operator.scaling.scale_to_zero import IdleClock, floored, wake_replicas
 
 
@@ -42,6 +35,17 @@ def test_drain_ends_when_empty_or_at_the_deadline() -> None:
     assert plan.to_status(late)["phase"] == "DrainTimeout"
 
 
+def test_a_drain_in_progress_is_read_back_from_status() -> None:
+    plan = DrainPlan(
+        ("a", "b"), from_replicas=3, to_replicas=1, started=100.5, drain_seconds=120, purpose="ScaleDown"
+    )
+    again = DrainPlan.from_status(plan.to_status(), now=500.0)
+    assert again == plan
+    assert DrainPlan.from_status({**plan.to_status(), "startedAt": None}, now=500.0).started == 500.0  # type: ignore[union-attr]
+    assert DrainPlan.from_status(plan.to_status(plan.step(101.0, {})), now=500.0) is None  # it ended
+    assert DrainPlan.from_status({"phase": "Draining", "pods": ["a"]}, now=500.0) is None  # half a block
+
+
 def test_the_drain_is_called_off_only_when_the_kept_replicas_are_overloaded() -> None:
     assert not overloaded([2.0], target=2, tolerance=0.1)
     assert overloaded([3.0, 2.0], target=2, tolerance=0.1)
@@ -49,12 +53,16 @@ def test_the_drain_is_called_off_only_when_the_kept_replicas_are_overloaded() ->
 
 
 def test_cut_counter_is_read_and_summed_once_per_removed_pod() -> None:
+    gauges = (
+        "# TYPE plimsoll_num_requests_running gauge\nplimsoll_num_requests_running 0\n"
+        "# TYPE plimsoll_num_requests_waiting gauge\nplimsoll_num_requests_waiting 0\n"
+    )
     text = (
         "# HELP plimsoll_requests_cut_by_shutdown_total x\n# TYPE plimsoll_requests_cut_by_shutdown_total counter\n"
         'plimsoll_requests_cut_by_shutdown_total{model_name="m"} 2.0\n'
     )
-    assert cut_by_shutdown(text) == 2.0
-    assert cut_by_shutdown("# TYPE other gauge\nother 1\n") is None
+    assert parse_scrape(gauges + text).requests_cut == 2.0
+    assert parse_scrape(gauges).requests_cut is None  # an engine without the series (vLLM)
     tally = CutTally()
     tally.watch("a")
     tally.watch("b")
@@ -94,7 +102,9 @@ def test_cold_starts_are_measured_from_need_to_ready() -> None:
     clock.needed(101.0)  # the first need counts
     assert not clock.seen_ready(120.0, ready=0)
     assert clock.seen_ready(130.5, ready=1)
-    assert clock.samples == [30.5] and clock.last is not None and clock.last["heldBeforeDecisionSeconds"] == 0.4
+    assert (
+        clock.samples == [30.5] and clock.last is not None and clock.last["heldBeforeDecisionSeconds"] == 0.4
+    )
     status = clock.to_status()
     assert status["p95Seconds"] == 30.5 and status["inProgressSince"] is None
     assert ColdStartClock.from_status(status).samples == [30.5]

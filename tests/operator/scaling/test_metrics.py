@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 from plimsoll import metric_names as names
-from plimsoll.operator.scaling.metrics import MetricsError, parse_scrape
+from plimsoll.operator.scaling.metrics import READ, MetricsError, parse_scrape
 
 
 def plimsoll_scrape(running: int, waiting: int, kv: float, ttfts: list[float]) -> str:
@@ -69,3 +69,37 @@ def test_vllm_scrape_sums_label_sets() -> None:
 def test_unreadable_scrapes_say_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(MetricsError, match=message):
         parse_scrape(text)
+
+
+def test_reading_only_the_series_used_gives_what_the_whole_exposition_says() -> None:
+    """The runtime's full /metrics (every family filled) read as the planner reads it, and read whole."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import Counter as ClientCounter
+    from prometheus_client import Histogram as ClientHistogram
+
+    from plimsoll import metric_names as mn
+    from plimsoll.prometheus import parse
+    from plimsoll.runtime.serving.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m", CollectorRegistry())
+    for i, family in enumerate(vars(metrics).values()):
+        if isinstance(family, ClientHistogram) and family._labelnames == ("model_name",):
+            for v in (0.01, 0.2, 3.0)[: 1 + i % 3]:
+                family.labels("m").observe(v)
+        elif isinstance(family, ClientCounter) and family._labelnames == ("model_name",):
+            family.labels("m").inc(i + 1)
+    metrics.running.labels("m").set(3)
+    metrics.waiting.labels("m").set(2)
+    text = metrics.exposition()[0].decode()
+    sample, whole = parse_scrape(text), parse(text)
+    assert len(text.splitlines()) > 3 * len(parse(text, only=READ).sums())  # most of it is skipped
+    assert (sample.running, sample.waiting) == (
+        whole.sum(mn.NUM_REQUESTS_RUNNING),
+        whole.sum(mn.NUM_REQUESTS_WAITING),
+    )
+    assert sample.ttft == whole.histogram(mn.TIME_TO_FIRST_TOKEN) and sample.ttft is not None
+    assert sample.tpot == whole.histogram(mn.TIME_PER_OUTPUT_TOKEN) and sample.tpot is not None
+    assert sample.generation_tokens == whole.sum(mn.GENERATION_TOKENS) is not None
+    assert sample.requests_finished == whole.sum(mn.REQUEST_SUCCESS)
+    assert sample.requests_cut == whole.sum(mn.REQUESTS_CUT_BY_SHUTDOWN) is not None
+    assert sample.engine_version == whole.samples[mn.BUILD_INFO][0][0]["version"]

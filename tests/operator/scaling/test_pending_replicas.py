@@ -9,8 +9,9 @@ already counts such pods (unready as 0 load on a scale-up), so the fast path
 waits until every replica serves.
 """
 
-from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
+from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.observations import PodObservation
 
 
 def pod(name: str, running: float, waiting: float) -> PodObservation:

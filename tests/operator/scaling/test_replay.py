@@ -2,8 +2,8 @@
 
 Replicas are the bench simulator (real HTTP, SSE, the runtime's /metrics names;
 batch cap 4, 20 ms per token), served in this event loop. The autoscaler loop is
-the handler's: scrape each ready replica with ``observe``, decide with the pure
-``Autoscaler``; a new replica becomes ready ``STARTUP_S`` after it is asked for,
+the handler's: scrape each ready replica with ``observe_pods``, plan with the
+``ReplicaPlanner``; a new replica becomes ready ``STARTUP_S`` after it is asked for,
 standing in for model loading. Clients are closed-loop and pick the replica with
 the fewest outstanding requests. Both replays run at once on the same clock.
 
@@ -22,8 +22,10 @@ import httpx
 import pytest
 
 from plimsoll.bench.simulator import ServiceCurve, serving_simulator
-from plimsoll.operator.handlers.autoscaling import observe
-from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
+from plimsoll.operator.api.spec import LLMServiceSpec
+from plimsoll.operator.handlers.replica_planning import observe_pods
+from plimsoll.operator.scaling.observations import Observations
+from plimsoll.operator.scaling.planner import ReplicaPlanner
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -87,17 +89,24 @@ async def _client(
 
 async def _autoscaler(replay: Replay, http: httpx.AsyncClient, stack: contextlib.AsyncExitStack,
                       done: asyncio.Event, t0: float) -> None:  # fmt: skip
-    scaler = Autoscaler(AutoscalerConfig(target_per_replica=TARGET, min_replicas=1, max_replicas=6,
-                                         scale_up_window_s=2, scale_down_window_s=600))  # fmt: skip
+    planner = ReplicaPlanner()
+    spec = LLMServiceSpec.model_validate({
+        "model": {"uri": "embedded://smollm2-135m"}, "scaling": {"min": 1, "max": 6},
+        "capacity": {"mode": "Manual", "concurrencyPerReplica": TARGET},
+        "autoscaling": {"scaleUpStabilizationSeconds": 2, "scaleDownStabilizationSeconds": 600},
+    })  # fmt: skip
     while not done.is_set():
         now = time.monotonic()
         pods = [r.pod(f"r{i}", now) for i, r in enumerate(replay.replicas)]
-        d = scaler.decide(now - t0, len(replay.replicas), await observe(http, pods))
-        for _ in range(len(replay.replicas), d.desired_replicas):
+        seen = tuple(o for o in await observe_pods(http, pods) if o is not None)
+        current = spec.model_copy(update={"replicas": len(replay.replicas)})
+        count = planner.plan(now - t0, Observations(pods=seen), current, {}).count()
+        desired = count.desired if count is not None else len(replay.replicas)
+        for _ in range(len(replay.replicas), desired):
             url = await stack.enter_async_context(serving_simulator(CURVE))
             replay.replicas.append(Replica(url, ready_at=time.monotonic() + STARTUP_S))
-        if d.changed:
-            replay.scaled.append((now - t0, d.desired_replicas))
+        if count is not None:
+            replay.scaled.append((now - t0, desired))
         await asyncio.sleep(1.0)
 
 

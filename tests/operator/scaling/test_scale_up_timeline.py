@@ -2,9 +2,14 @@
 
 from typing import Any
 
-from plimsoll.operator.scaling.autoscaler_loop import LoopState, same_decision
+from planner_cases import Service, spec
+from planner_cases import pod as busy
+
 from plimsoll.operator.scaling.metrics import PodSample, parse_scrape
-from plimsoll.operator.scaling.scale_up_timeline import PHASES, ScaleUpTimeline, parse_time, rfc3339
+from plimsoll.operator.scaling.observations import PodObservation
+from plimsoll.operator.scaling.planner import ReplicaPlanner, same_decision
+from plimsoll.operator.scaling.scale_up_timeline import PHASES, ScaleUpTimeline
+from plimsoll.operator.scaling.timestamps import parse_time, rfc3339
 
 T0 = parse_time("2026-12-02T01:00:00Z") or 0.0
 
@@ -106,12 +111,31 @@ def test_the_scrape_gives_absolute_engine_phase_times() -> None:
     assert parsed.startup == {"weights_loaded": 1004.75} and parsed.requests_finished == 2.0
 
 
-def test_the_loop_notes_the_crossing_once_and_ignores_last_scale_up_when_comparing() -> None:
-    state = LoopState()
-    state.saw_metric(10.0, 5.0, 4.0)
-    state.saw_metric(15.0, 6.0, 4.0)
-    assert state.crossed_at == 10.0
-    state.saw_metric(20.0, 3.0, 4.0)
-    assert state.crossed_at is None
+def test_the_planner_notes_the_crossing_once_and_ignores_last_scale_up_when_comparing() -> None:
+    svc = Service(spec(replicas=2, autoscaling={"scaleUpStabilizationSeconds": 600}))
+    svc.tick(10.0, [busy("a", 5), busy("b", 5)])  # above 4 per replica: crossed, but held by the window
+    svc.tick(15.0, [busy("a", 6), busy("b", 6)])
+    assert svc.planner.crossed_at == 10.0
+    svc.tick(20.0, [busy("a", 3), busy("b", 3)])
+    assert svc.planner.crossed_at is None
     decision = {"time": "t1", "formula": "f"}
     assert same_decision({"time": "t0", "formula": "f", "lastScaleUp": {"pod": "x"}}, decision)
+
+
+def test_a_scale_up_is_followed_to_the_first_answer_and_written_once() -> None:
+    svc = Service(spec(replicas=1), planner=ReplicaPlanner("engine"))
+    old = pod("svc-a", created=T0 - 600, scheduled=T0 - 600, started=T0 - 599, ready=T0 - 590)
+    loaded = PodSample(engine="plimsoll", running=8.0, waiting=0.0, kv_usage=0.0, ttft=None, tpot=None,
+                       requests_finished=1.0, startup=ENGINE)  # fmt: skip
+    plan = svc.tick(T0, [PodObservation("svc-a", True, loaded)], pod_objects=(old,))
+    assert plan.count() is not None and plan.count().desired == 2  # type: ignore[union-attr]
+    new = pod("svc-b", created=T0 + 1, scheduled=T0 + 1, started=T0 + 3, ready=T0 + 15)
+    answered = sample(answered=3.0, startup=ENGINE)
+    observed = [PodObservation("svc-a", True, loaded), PodObservation("svc-b", True, answered)]
+    plan = svc.tick(T0 + 21, observed, pod_objects=(old, new))
+    assert plan.status is not None and "lastScaleUp" in plan.status.fields["autoscaler"]
+    assert set(plan.scale_up_phases) == set(PHASES) - {"metricCrossedTarget"}
+    assert [e.reason for e in plan.events if e.reason == "ScaleUpTimeline"] == ["ScaleUpTimeline"]
+    assert svc.status["autoscaler"]["lastScaleUp"]["complete"] is True
+    again = svc.tick(T0 + 22, observed, pod_objects=(old, new))
+    assert not again.scale_up_phases and not [e for e in again.events if e.reason == "ScaleUpTimeline"]

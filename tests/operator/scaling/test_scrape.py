@@ -1,4 +1,4 @@
-"""The autoscaler handler's scrape path over real HTTP on 127.0.0.1, without a cluster.
+"""The replica-planning handler's scrape path over real HTTP on 127.0.0.1, without a cluster.
 
 Pods are the dicts the API server returns; their ``podIP`` and ``http`` port
 point at real Prometheus exposition servers (prometheus_client) on loopback.
@@ -16,9 +16,10 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import MetricsHandler
 
 from plimsoll import metric_names as names
-from plimsoll.operator.handlers.autoscaling import metrics_url, observe
+from plimsoll.operator.handlers.pods import metrics_url
+from plimsoll.operator.handlers.replica_planning import observe_pods
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
-from plimsoll.operator.scaling.autoscaler_loop import status_patch
+from plimsoll.operator.scaling.planner import decision_conditions
 
 
 def serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, int]:
@@ -58,6 +59,9 @@ def pod(name: str, port: int, ready: bool = True, **extra: Any) -> dict[str, Any
     }
 
 
+MARKED = {"labels": {"plimsoll.dev/draining": "true"}}
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,10 +87,24 @@ async def test_observe_scrapes_ready_pods_and_explains_failures(servers: dict[st
         pod("gone", closed_port()),
         pod("deleting", servers["a"], metadata={"deletionTimestamp": "2026-01-01T00:00:00Z"}),
         pod("failed", servers["a"], phase="Failed"),
+        pod(
+            "leaving",
+            servers["b"],
+            ready=False,
+            metadata=MARKED | {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+        ),
+        pod("drained", servers["b"], ready=False, metadata=MARKED),
     ]
     async with httpx.AsyncClient() as http:
-        seen = {o.name: o for o in await observe(http, pods)}
-    assert set(seen) == {"a", "b", "starting", "html", "gone"}  # deleted and failed pods do not count
+        observed = await observe_pods(http, pods)
+    seen = {o.name: o for o in observed if o is not None}
+    # Deleted and failed pods do not count; marked ones are scraped whether Ready or not (a drain
+    # waits for them to empty, and reads what their shutdown cut until they are gone).
+    assert set(seen) == {"a", "b", "starting", "html", "gone", "leaving", "drained"}
+    assert seen["leaving"].terminating and seen["leaving"].draining and seen["leaving"].sample is not None
+    assert not seen["drained"].terminating and seen["drained"].sample is not None
+    assert not any(o.terminating for n, o in seen.items() if n != "leaving")
+    seen = {n: o for n, o in seen.items() if n not in ("leaving", "drained")}
     assert seen["a"].sample is not None and seen["a"].sample.in_flight == 13
     assert seen["b"].sample is not None and seen["b"].sample.in_flight == 14
     assert not seen["starting"].ready and seen["starting"].sample is None
@@ -107,9 +125,8 @@ async def test_observe_scrapes_ready_pods_and_explains_failures(servers: dict[st
     )
     # Scale-up: silent and unready pods count as idle: (13 + 14 + 0 + 0 + 0) over 5 pods.
     assert d.formula == "ceil(5 × 5.4 / 6) = 5"
-    patch = status_patch({"conditions": []}, d, 3, ("Unknown", "NotEnoughTraffic", "quiet"))
-    assert patch["autoscaler"]["formula"] == d.formula
-    kinds = {c["type"]: (c["status"], c["reason"]) for c in patch["conditions"]}
+    assert d.to_status()["formula"] == d.formula
+    kinds = {c[0]: (c[1], c[2]) for c in decision_conditions(d, ("Unknown", "NotEnoughTraffic", "quiet"))}
     assert kinds == {
         "ScalingLimited": ("False", "DesiredWithinRange"),
         "SLOAtRisk": ("Unknown", "NotEnoughTraffic"),

@@ -145,7 +145,11 @@ def test_attainment_matches_the_load_generators_records(slow_server: ThreadedSer
     client_share = sum(meets_slo(r, SLO(ttft_p95_ms=bound_ms)) for r in records) / len(records)
     print(f"bound {bound_ms:.0f} ms: operator {ratio}, server's log lines {server_share:.3f}, "
           f"client's records {client_share:.3f} (a lower bound)")  # fmt: skip
-    assert client_share > 0 and server_share < 1, ("the bound should split the requests", client_share, server_share)
+    assert client_share > 0 and server_share < 1, (
+        "the bound should split the requests",
+        client_share,
+        server_share,
+    )
     # The same requests judged by the same clock (the log rounds to the microsecond).
     assert ratio is not None and abs(ratio - server_share) <= 1 / len(records) + 1e-9, (ratio, server_share)
     assert all(s <= c + 1e-5 for s, c in zip(server_ttfts, client_ttfts, strict=True))

@@ -1,7 +1,8 @@
 """The autoscaler's trend term: scale up for where in-flight is going, explained in the decision."""
 
-from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, PodObservation
+from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from plimsoll.operator.scaling.metrics import PodSample
+from plimsoll.operator.scaling.observations import PodObservation
 
 
 def pods(per_pod: float) -> list[PodObservation]:

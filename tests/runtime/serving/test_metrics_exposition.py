@@ -32,6 +32,7 @@ ALLOWED_LABELS = {
     "phase",  # plimsoll_startup_phase_seconds: one of five start-up phases
     "result",  # plimsoll_slo_requests_total: good or bad
     "objective",  # plimsoll_slo_objective_seconds: ttft, tpot or e2e
+    "medium",  # plimsoll_kv_tier_*, plimsoll_kv_offload_*: CPU, DISK or SHARED
 }
 # prometheus_client's standard collectors (process_*, python_gc_*, python_info) carry
 # their own fixed labels; they are not plimsoll series and are checked apart.

@@ -1,0 +1,64 @@
+"""What the replica planner is told each tick: the pods as the handler saw them, the router's queue.
+
+What it is: :class:`PodObservation` (one pod: Ready or not, its parsed scrape or
+why there is none, whether it carries the draining mark, whether it is on its
+way out) and :class:`Observations` (every pod of the service, the pod objects
+for the scale-up timeline, the router's held requests, the last minute's SLO
+attainment, the object's generation and creation time). New signals (tokens,
+per-pool pods) are new fields here, read by the planner.
+
+What it is not: a reader of the cluster. ``operator/handlers/replica_planning.py``
+lists the pods, scrapes them and asks the router; nothing here does I/O.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from plimsoll.operator.scaling.metrics import PodSample
+
+
+@dataclass(frozen=True, slots=True)
+class PodObservation:
+    """What the handler saw of one pod: readiness and its parsed scrape (None when unreadable)."""
+
+    name: str
+    ready: bool
+    sample: PodSample | None
+    error: str | None = None  # why the scrape could not be read, for the trace
+    draining: bool = False  # carries the plimsoll.dev/draining label (marked for removal)
+    terminating: bool = False  # being deleted, or Failed/Succeeded: no longer counted for scaling
+
+
+@dataclass(frozen=True, slots=True)
+class RouterDemand:
+    """The router's ``GET /hold``: requests held while no replica is Ready, and the oldest one's wait."""
+
+    held: int
+    oldest_held_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    """One tick's evidence for one LLMService."""
+
+    pods: tuple[PodObservation, ...] = ()
+    # The pod objects as listed (the scale-up timeline reads their timestamps).
+    pod_objects: tuple[Mapping[str, Any], ...] = ()
+    router: RouterDemand | None = None  # None: no router asked (or none answered)
+    attainment: float | None = None  # the last minute's share of requests within every SLO bound
+    generation: int | None = None  # metadata.generation, for the conditions' observedGeneration
+    created_at: float | None = None  # metadata.creationTimestamp: the first cold start counts from it
+
+    @property
+    def counted(self) -> tuple[PodObservation, ...]:
+        """The pods the HPA formula counts: not being deleted, not finished."""
+        return tuple(p for p in self.pods if not p.terminating)
+
+    def ready_samples(self) -> dict[str, PodSample]:
+        """Scrapes of the counted Ready pods, by pod name."""
+        return {p.name: p.sample for p in self.counted if p.ready and p.sample is not None}
+
+    @property
+    def held(self) -> int:
+        return self.router.held if self.router is not None else 0
