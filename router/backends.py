@@ -1,15 +1,18 @@
 """The replica set: which replicas exist, which are ready, and how loaded each is.
 
 What it is: plain state shared by the proxy (which counts its own in-flight
-requests), the scraper (which fills in each replica's waiting/running queue) and
-discovery (which adds and removes replicas). What it is not: a policy; picking a
-replica is :mod:`plimsoll.router.policy`'s job, and nothing here does I/O.
+requests), the scraper (which fills in each replica's waiting/running queue and
+readiness) and discovery (which adds and removes replicas), and a wait for a ready
+replica. What it is not: a policy; picking a replica is
+:mod:`plimsoll.router.policy`'s job, and nothing here does I/O.
 
 Everything runs on one asyncio loop, so no locks are needed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -129,6 +132,26 @@ class ReplicaSet:
     def ready_changed(self) -> None:
         for callback in self.on_ready:
             callback()
+
+    async def wait_ready(self, exclude: set[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a ready replica not in ``exclude``; True once there is one.
+
+        Readiness is re-read whenever it may have changed (every scrape, every discovery event).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not any(r.url not in exclude for r in self.ready()):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            changed = asyncio.Event()
+            self.on_ready.append(changed.set)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), remaining)
+            finally:
+                self.on_ready.remove(changed.set)
+        return True
 
     def remove(self, url: str) -> None:
         if self.replicas.pop(url, None) is not None:

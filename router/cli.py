@@ -65,6 +65,9 @@ def route(
         3, help="Times one request may move to another replica when its replica fails mid-stream "
         "(carried on from the last token the client got); 0 turns in-flight migration off.",
     ),
+    migration_wait: float = typer.Option(
+        30.0, help="Seconds a request whose replica failed waits for another ready replica before it fails too."
+    ),
     shutdown_delay: float = typer.Option(
         5.0, help="After SIGTERM, seconds to keep serving with /ready 503 before closing the listener."
     ),
@@ -120,7 +123,7 @@ def route(
             virtual_nodes=virtual_nodes, lanes=lanes, scrape_interval_s=scrape_interval,
             metrics_engine=metrics_engine, hold_queue=hold_queue, hold_timeout_s=hold_timeout,
             release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
-            inference_objectives=objectives, migration_limit=migration_limit,
+            inference_objectives=objectives, migration_limit=migration_limit, migration_wait_s=migration_wait,
             shutdown_delay_s=shutdown_delay, drain_timeout_s=drain_timeout,
             kv_events_port=kv_events_port,
             kv_events_endpoints=dict(_pair(e) for e in kv_events_endpoint),

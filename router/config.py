@@ -93,6 +93,8 @@ class RouterConfig(BaseModel):
     # In-flight migration (router/migration.py): how many times one request may move to another
     # replica after its replica failed; 0 turns it off (a cut stream ends with an error event).
     migration_limit: int = Field(default=3, ge=0)
+    # How long a request whose replica failed waits for another ready replica before it fails too.
+    migration_wait_s: float = Field(default=30.0, ge=0)
     # SIGTERM (router/lifecycle.py): /ready 503 and keep serving for shutdown_delay_s, then stop
     # accepting and let open streams finish for up to drain_timeout_s.
     shutdown_delay_s: float = Field(default=5.0, ge=0)

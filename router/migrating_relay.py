@@ -17,6 +17,7 @@ reading of events (``migration.py``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 class MigratingRelay:
     def __init__(
         self, proxy: Proxy, ledger: StreamLedger, first: Leg, features: RequestFeatures,
-        headers: list[tuple[str, str]], target: str, endpoint: str, arrival: float, tried: set[str], held: bool,
+        headers: list[tuple[str, str]], target: str, endpoint: str, arrival: float, held: bool,
     ) -> None:  # fmt: skip
         self.proxy = proxy
         self.ledger = ledger
@@ -49,7 +50,10 @@ class MigratingRelay:
         self.target = target
         self.endpoint = endpoint
         self.arrival = arrival
-        self.tried = tried
+        # Replicas this stream may not go back to: they failed it with an error event or refused
+        # the continuation. One that broke off is marked unreachable instead, and is a candidate
+        # again once its probe answers (a restarted pod).
+        self.refused: set[str] = set()
         self.held = held
         self._released = False
 
@@ -114,7 +118,8 @@ class MigratingRelay:
         log.warning("replica %s failed mid-stream (%s) after %d tokens", url, failure, len(ledger.token_ids))
         if failure.transport:
             proxy._replica_set.mark_unreachable(url)
-        self.tried.add(url)
+        else:
+            self.refused.add(url)
         await self._drop(leg)
         if ledger.finished:
             proxy._metrics.migrations.labels(migration.COMPLETED).inc()
@@ -134,17 +139,31 @@ class MigratingRelay:
         return None
 
     async def _carry_on(self) -> Leg | bytes:
-        """The stream's next leg on another replica, or the error event that ends the stream."""
-        proxy, ledger = self.proxy, self.ledger
-        # A continuation needs a plimsoll replica: a vLLM one would start the output over.
-        vllm = {r.url for r in proxy._replica_set.replicas.values() if r.engine == "vllm"}
+        """The stream's next leg on another replica, or the error event that ends the stream.
+
+        With no replica ready (the others restarting too) it waits up to ``--migration-wait``.
+        """
+        proxy, ledger, config = self.proxy, self.ledger, self.proxy._config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.migration_wait_s
         while True:
+            # A continuation needs a plimsoll replica: a vLLM one would start the output over.
+            exclude = self.refused | {
+                r.url for r in proxy._replica_set.replicas.values() if r.engine == "vllm"
+            }
+            remaining = deadline - loop.time()
             try:
-                decision = proxy._pick(self.features, self.tried | vllm)
-            except (AllSaturated, NoReadyReplica):
+                decision = proxy._pick(self.features, exclude)
+            except (AllSaturated, NoReadyReplica) as none:
+                if remaining > 0 and isinstance(none, NoReadyReplica):
+                    if await proxy._replica_set.wait_ready(exclude, remaining):
+                        continue
+                elif remaining > 0:  # all saturated: their loads change with the next scrape
+                    await asyncio.sleep(min(remaining, config.scrape_interval_s))
+                    continue
                 proxy._metrics.migrations.labels(migration.NO_REPLICA).inc()
                 return error_event(f"no other replica could carry this stream on after {len(ledger.token_ids)} "
-                                   f"tokens (failed or refused: {', '.join(sorted(self.tried))})")  # fmt: skip
+                                   f"tokens within --migration-wait {config.migration_wait_s:g} s")  # fmt: skip
             replica = decision.replica
             proxy._begin(replica)
             upstream_request = proxy._client.build_request(
@@ -157,7 +176,6 @@ class MigratingRelay:
                 proxy._replica_set.mark_unreachable(replica.url)
                 proxy._metrics.upstream_errors.labels(replica.url, "connect").inc()
                 log.warning("replica %s could not take a migrated stream (%s)", replica.url, exc)
-                self.tried.add(replica.url)
                 continue
             except BaseException:
                 proxy._end(replica)
@@ -175,7 +193,7 @@ class MigratingRelay:
             finally:
                 await upstream.aclose()
                 proxy._end(replica)
-            self.tried.add(replica.url)
+            self.refused.add(replica.url)
             if refused_for_itself(upstream):
                 proxy._metrics.retries.labels(replica.url).inc()
                 continue

@@ -197,12 +197,17 @@ class Proxy:
                     body = ledger.first_body()  # asks the replica for the token ids a continuation needs
         resends = 0
         refused_retry_after: list[str] = []  # Retry-After of each replica that refused for itself
+        # Set once a replica failed the request: from then on, with no replica ready, wait for one.
+        resend_deadline: float | None = None
         while True:
             try:
                 decision = self._pick(features, tried)
             except AllSaturated:
                 return self._reject_saturated(endpoint, arrival)
             except NoReadyReplica:
+                remaining = resend_deadline - time.monotonic() if resend_deadline is not None else 0.0
+                if remaining > 0 and await self._replica_set.wait_ready(tried, remaining):
+                    continue
                 if refused_retry_after:
                     return self._reject_overloaded(endpoint, arrival, refused_retry_after)
                 return self._reject_unavailable(endpoint, arrival, tried)
@@ -226,11 +231,12 @@ class Proxy:
                 # The request reached the replica and it failed before answering: it may have
                 # started, so it is sent again only where that is safe and allowed.
                 self._end(replica)
-                self._replica_set.mark_unreachable(replica.url)
+                self._replica_set.mark_unreachable(replica.url)  # a candidate again once its probe answers
                 self._metrics.upstream_errors.labels(replica.url, "read").inc()
-                tried.add(replica.url)
                 if resendable and resends < limit:
                     resends += 1
+                    if resend_deadline is None:
+                        resend_deadline = time.monotonic() + self._config.migration_wait_s
                     self._metrics.migrations.labels(migration.MIGRATED).inc()
                     log.warning("replica %s failed before answering (%s); sending the request to another "
                                 "replica (%d of --migration-limit %d)", replica.url, exc, resends, limit)
@@ -253,7 +259,7 @@ class Proxy:
                 continue
             if ledger is not None and upstream.status_code == 200 and is_event_stream(upstream):
                 relay = MigratingRelay(self, ledger, Leg(upstream, replica), features, headers, target,
-                                       endpoint, arrival, tried, held)  # fmt: skip
+                                       endpoint, arrival, held)  # fmt: skip
                 return _RelayResponse(relay.content(), relay.release, status_code=200, headers={
                     **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS},
                     REPLICA_HEADER: replica.url,

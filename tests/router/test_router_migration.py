@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ import httpx
 import pytest
 from router_harness import eventually, run_router
 
+from plimsoll.prometheus import parse
 from plimsoll.runtime.testing import ServerProcess, free_port, write_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -227,6 +229,22 @@ async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) 
     return ok, "" if ok else f"status {stream.status}, last events {stream.events[-2:]}"
 
 
+def router_metric(router_url: str, name: str, **labels: str) -> float:
+    """One sample of a router process's /metrics (0 when absent)."""
+    samples = parse(httpx.get(router_url + "/metrics", timeout=5).text).samples.get(name, [])
+    return sum(value for have, value in samples if all(have.get(k) == v for k, v in labels.items()))
+
+
+def ready_replicas(router_url: str) -> int:
+    """How many replicas the router counts ready and reachable (its plimsoll_router_replica_ready)."""
+    text = httpx.get(router_url + "/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) == 1.0
+        for line in text.splitlines()
+        if line.startswith("plimsoll_router_replica_ready{")
+    )
+
+
 async def affinity(client: httpx.AsyncClient, url: str, prompts: list[str]) -> dict[str, str]:
     """Which replica each prompt is sent to (one token each, one at a time)."""
     homes = {}
@@ -245,9 +263,14 @@ async def test_a_router_killed_under_load_fails_no_client_that_retries_once(
     alive = [r.url for r in replicas if r.proc is not None and r.proc.poll() is None]
     assert len(alive) >= 2
     prompts = [f"conversation {i:02d} opens with its own system prompt" for i in range(24)]
-    args = ("--policy", "prefix-affinity", "--prefix-chars", "16")
+    # A load factor of the replica count keeps bounded load from ever moving a prompt, so the
+    # decisions compared depend on the replica set alone: two routers scrape the replicas' loads
+    # at different moments, and a request just finished can still count in one router's view.
+    args = ("--policy", "prefix-affinity", "--prefix-chars", "16", "--load-factor", str(len(alive)))
     with router_process(alive, *args) as first, router_process(alive, *args) as second:
         async with httpx.AsyncClient(timeout=120) as client:
+            for router in (first, second):  # /ready answers once one replica is; compare over all of them
+                await eventually(lambda r=router: ready_replicas(r.url) == len(alive), "every replica ready")
             before = await affinity(client, first.url, prompts)
             assert await affinity(client, second.url, prompts) == before  # same set, same decisions
             assert len(set(before.values())) == len(alive)
@@ -305,3 +328,32 @@ async def test_sigterm_drains_a_router_without_failing_a_request(replicas: list[
         code = await asyncio.to_thread(router.proc.wait, 60)
     assert all(s.events[-1][1] == "[DONE]" and s.tokens == 200 for s in streams)
     assert code == 0, router.log()
+
+
+async def test_a_stream_waits_for_a_replica_to_answer_again(replicas: list[ServerProcess]) -> None:
+    """With no other replica, a stream whose replica stops answering waits (--migration-wait)
+    and is carried on there once its probes answer again, as with a restarted pod."""
+    alive = [r for r in replicas if r.proc is not None and r.proc.poll() is None]
+    home, reference = alive[0], alive[1]
+    path, body = request(200, token_ids=True)
+    (want,) = await uninterrupted(reference.url, [(path, body)])
+    stream = Stream(path, body)
+    assert home.proc is not None
+    with router_process([home.url], "--migration-wait", "120") as router:
+        async with httpx.AsyncClient(timeout=120) as client:
+            task = asyncio.create_task(stream.run(client, router.url))
+            await eventually(lambda: stream.tokens >= 4, "the stream under way")
+            os.kill(home.proc.pid, signal.SIGSTOP)
+            try:
+                # Two probes unanswered: the router counts the replica lost and ends its leg of the stream.
+                await eventually(lambda: router_metric(router.url, "plimsoll_router_upstream_errors_total",
+                                                       replica=home.url, kind="stream_broken") == 1,
+                                 "the stream's replica found lost", timeout=60)  # fmt: skip
+                assert ready_replicas(router.url) == 0 and not task.done()
+            finally:
+                os.kill(home.proc.pid, signal.SIGCONT)
+            await task
+        assert router_metric(router.url, "plimsoll_router_migrations_total", outcome="migrated") == 1
+    assert stream.status == 200 and stream.events[-1][1] == "[DONE]", stream.events[-3:]
+    assert stream.token_ids() == want.token_ids()
+    assert stream.chunks()[-1]["usage"]["completion_tokens"] == MAX_TOKENS
