@@ -21,7 +21,15 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from plimsoll.bench.config import SLO, BenchConfig, BenchInputError, LengthSpec, parse_levels, parse_models
+from plimsoll.bench.config import (
+    SLO,
+    BenchConfig,
+    BenchInputError,
+    LengthSpec,
+    parse_duration,
+    parse_levels,
+    parse_models,
+)
 from plimsoll.bench.progress import Live, plan_line
 
 app = typer.Typer(no_args_is_help=True, help="Load-test a server and find its saturation knees.")
@@ -53,6 +61,14 @@ REQUESTS = typer.Option(
     show_default=False,
 )
 DURATION = typer.Option(None, "--duration-per-level", help="Measured seconds per level (after warm-up)")
+MIN_DURATION = typer.Option(
+    None,
+    "--min-duration-per-level",
+    min=0.0,
+    help="Floor under the request count: a level also runs at least this many measured seconds "
+    "(more requests, same concurrency), so a fast server is not measured in one or two waves",
+    show_default=False,
+)
 WARMUP = typer.Option(
     None, "--warmup-requests", help="Completions excluded as warm-up (default: one per client)"
 )
@@ -77,7 +93,11 @@ MAX_LAG = typer.Option(50.0, "--max-client-lag-ms", help="Gate: client event-loo
 
 
 # Flag names that differ from the BenchConfig field they fill.
-_FLAG_TO_FIELD = {"duration_per_level": "duration_per_level_s", "request_timeout": "request_timeout_s"}
+_FLAG_TO_FIELD = {
+    "duration_per_level": "duration_per_level_s",
+    "min_duration_per_level": "min_duration_per_level_s",
+    "request_timeout": "request_timeout_s",
+}
 _SLO_FLAGS = {
     "slo_ttft_p95_ms": "ttft_p95_ms",
     "slo_tpot_p50_ms": "tpot_p50_ms",
@@ -237,6 +257,7 @@ def sweep(
     levels: str = typer.Option("1,2,4,8,12,16,24,32,48,64", "--levels", help="Concurrency levels"),
     requests_per_level: int | None = REQUESTS,
     duration_per_level: float | None = DURATION,
+    min_duration_per_level: float | None = MIN_DURATION,
     warmup_requests: int | None = WARMUP,
     repeats: int = REPEATS,
     slo_ttft_p95_ms: float | None = SLO_TTFT,
@@ -431,7 +452,12 @@ def soak(
     api_key: str | None = API_KEY,
     endpoint: str = ENDPOINT,
     concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight"),
-    duration: float = typer.Option(600.0, "--duration", help="Total seconds"),
+    duration: str = typer.Option(
+        "30m",
+        "--duration",
+        help="How long: seconds, or with a unit (45m, 1h). Slow leaks need the 30-60 minutes load tests "
+        "are advised to soak for",
+    ),
     window: float = typer.Option(60.0, "--window", help="Seconds per recorded window"),
     input_tokens: str = INPUT,
     output_tokens: str = OUTPUT_TOKENS,
@@ -443,13 +469,68 @@ def soak(
     min_concurrency_ratio: float = MIN_CONC,
     output: Path | None = OUTPUT,
 ) -> None:
-    """Steady load for a long time: latency and server KV/memory per window, upward drift flagged."""
+    """Steady load for a long time: latency, KV, memory, fds and connections per window; rises flagged."""
     from plimsoll.bench.scenarios import run_soak
 
+    try:
+        seconds = parse_duration(duration)
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
     cfg = make_config(locals(), levels=(concurrency,), duration_per_level_s=window, warmup_requests=0)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
-        return dict(await run_soak(session, concurrency, duration, window, live.start))
+        return dict(await run_soak(session, concurrency, seconds, window, live.start))
+
+    execute(cfg, body, output)
+
+
+@app.command("spec-ab")
+def spec_ab(
+    url: str = URL,
+    speculative_url: str = typer.Option(
+        ...,
+        "--speculative-url",
+        help="The same model served with --speculative-config (the candidate); --url is the baseline without",
+    ),
+    model: str | None = MODEL,
+    api_key: str | None = API_KEY,
+    endpoint: str = ENDPOINT,
+    concurrency: int = typer.Option(8, "--concurrency", "-c", help="Clients in flight on each server"),
+    duration: str = typer.Option(
+        "30m", "--duration", help="Time on each server: seconds, or 30m, 1h (an A/B decides over ~30 minutes)"
+    ),
+    window: float = typer.Option(
+        60.0, "--window", help="Seconds per window; the arms alternate window by window"
+    ),
+    input_tokens: str = INPUT,
+    output_tokens: str = OUTPUT_TOKENS,
+    request_timeout: float = TIMEOUT,
+    ignore_eos: bool = IGNORE_EOS,
+    seed: int = SEED,
+    max_client_lag_ms: float = MAX_LAG,
+    max_error_rate: float = MAX_ERRORS,
+    min_concurrency_ratio: float = MIN_CONC,
+    output: Path | None = OUTPUT,
+) -> None:
+    """A/B a speculative-decoding config: gain, acceptance rate, keep if > 30% faster."""
+    from plimsoll.bench.session import BenchSession
+    from plimsoll.bench.spec_ab import run_spec_ab
+
+    try:
+        seconds = parse_duration(duration)
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    cfg = make_config(locals(), levels=(concurrency,), duration_per_level_s=window, warmup_requests=0)
+    candidate_cfg = cfg.model_copy(update={"url": speculative_url.rstrip("/")})
+
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        candidate = await BenchSession.open(candidate_cfg)
+        try:
+            return dict(await run_spec_ab(session, candidate, concurrency, seconds, window, live.start))
+        finally:
+            await candidate.aclose()
 
     execute(cfg, body, output)
 
@@ -473,7 +554,9 @@ def simulate(
     host: str = typer.Option("127.0.0.1", "--host"),
     enable_lora: bool = typer.Option(False, "--enable-lora", help="Serve vLLM's LoRA adapter API"),
     lora_modules: list[str] = typer.Option(
-        [], "--lora-modules", help="An adapter as name=path (a directory with adapter_config.json); repeatable"
+        [],
+        "--lora-modules",
+        help="An adapter as name=path (a directory with adapter_config.json); repeatable",
     ),
     max_loras: int = typer.Option(4, "--max-loras", min=1, help="The lora_requests_info max_lora label"),
 ) -> None:
@@ -520,12 +603,28 @@ def diagnose(
         help="A `plimsoll bench baseline` (or sweep) report of this server: decode is slow at "
         "2× its c=1 TPOT",
     ),
+    dcgm_url: str | None = typer.Option(
+        None,
+        "--dcgm-url",
+        help="Base URL of the NVIDIA DCGM-exporter on the replica's node (e.g. http://NODE:9400): GPU "
+        "utilisation, memory, temperature, power and clocks join the verdict",
+    ),
+    dcgm_pod: str | None = typer.Option(
+        None, "--dcgm-pod", help="Only the GPUs the exporter maps to this pod (its `pod` label)"
+    ),
+    gpu: str | None = typer.Option(None, "--gpu", help="Only these GPU indices, e.g. 0,1 (the `gpu` label)"),
+    nvml: bool = typer.Option(
+        False,
+        "--nvml",
+        help="Read this host's GPUs through NVML instead of an exporter (run on the replica's host or pod; "
+        "needs nvidia-ml-py)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON"),
 ) -> None:
     """Read a server's /metrics over a window and name the layer that limits it."""
     import httpx
 
-    from plimsoll.bench.diagnose import Thresholds, analyse, observe, render
+    from plimsoll.bench.diagnose import Thresholds, analyse, observe, observe_nvml, render
 
     th = Thresholds()
     try:
@@ -542,20 +641,40 @@ def diagnose(
         markup=False,
         highlight=False,
     )
+    if dcgm_url and nvml:
+        err.print("error: pass --dcgm-url or --nvml, not both", markup=False)
+        raise typer.Exit(2)
+    gpus = tuple(g.strip() for g in (gpu or "").split(",") if g.strip())
     bar = _window_progress(window)
+
+    async def watch() -> tuple[list[Any], list[Any] | None]:
+        server = observe(url.rstrip("/"), window, interval, headers, bar)
+        if dcgm_url:
+            return await asyncio.gather(server, observe(dcgm_url.rstrip("/"), window, interval))  # type: ignore[return-value]
+        if nvml:
+            return await asyncio.gather(server, observe_nvml(window, interval))  # type: ignore[return-value]
+        return await server, None
+
     try:
-        samples = asyncio.run(observe(url.rstrip("/"), window, interval, headers, bar))
+        samples, gpu_samples = asyncio.run(watch())
     except (httpx.HTTPError, ValueError) as exc:
+        where = f"{dcgm_url}/metrics or {url}/metrics" if dcgm_url else f"{url}/metrics"
         err.print(
-            f"error: cannot read {url}/metrics ({type(exc).__name__}: {exc}); check --url and that the "
-            "server exposes Prometheus metrics",
+            f"error: cannot read {where} ({type(exc).__name__}: {exc}); check --url (and --dcgm-url) and that "
+            "they expose Prometheus metrics",
             markup=False,
         )
         raise typer.Exit(1) from exc
     finally:
         if bar is not None:
             bar(-1.0)  # stop the bar
-    result = analyse(samples, th)
+    if nvml and not gpu_samples:
+        err.print(
+            "error: --nvml found no NVML or no GPU here (pip install nvidia-ml-py on a GPU host)",
+            markup=False,
+        )
+        raise typer.Exit(2)
+    result = analyse(samples, th, gpu_samples, (dcgm_pod, gpus))
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
     else:

@@ -132,6 +132,9 @@ class BenchConfig(BaseModel):
     levels: tuple[int, ...] = DEFAULT_LEVELS
     requests_per_level: int | None = Field(default=None, ge=1)
     duration_per_level_s: float | None = Field(default=None, gt=0)
+    # A floor under request mode: a level ends at its request count *and* after this many seconds,
+    # so a fast server is measured for minutes, not one or two synchronised waves.
+    min_duration_per_level_s: float | None = Field(default=None, ge=0)
     warmup_requests: int | None = Field(default=None, ge=0)
     repeats: int = Field(default=1, ge=1)
     request_timeout_s: float = Field(default=120.0, gt=0)
@@ -171,6 +174,11 @@ class BenchConfig(BaseModel):
             raise ValueError("--shared-prefix-fraction needs --shared-prefix-tokens > 0")
         if self.models and self.model is not None:
             raise ValueError("give --model (one model) or --models (a mix), not both")
+        if self.min_duration_per_level_s and self.duration_per_level_s is not None:
+            raise ValueError(
+                "--min-duration-per-level is a floor under the request count; with --duration-per-level "
+                "the duration already decides, so pass one of them"
+            )
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"--models names a model twice: {','.join(self.models)}")
         return self
@@ -194,6 +202,21 @@ def parse_models(text: str | None) -> tuple[str, ...]:
     if len(models) < 2:
         raise BenchInputError(f"--models {text!r} needs two or more comma-separated model names (one is --model)")
     return models
+
+
+def parse_duration(text: str) -> float:
+    """``600``, ``600s``, ``45m`` or ``1h`` in seconds, with a clear error."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    value = text.strip().lower()
+    scale = units.get(value[-1:])
+    number = value[:-1] if scale is not None else value
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError as exc:
+        raise BenchInputError(f"cannot read duration {text!r}: use seconds or 45m, 1h") from exc
+    if seconds <= 0:
+        raise BenchInputError(f"duration {text!r} must be positive")
+    return seconds
 
 
 def parse_levels(text: str) -> tuple[int, ...]:

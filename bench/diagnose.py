@@ -3,9 +3,13 @@
 What it is: the seed articles' four steps applied to a server's own ``/metrics``
 (plimsoll or vLLM names) over a window. TTFT is split into queue time and prefill
 time from the histograms' deltas; decode speed comes from TPOT (mean and p90/p50
-spread); capacity from KV-cache usage, preemptions and allocation failures. Each
-layer that shows strain becomes a :class:`Finding` with its evidence and what to
-change; the verdict is the root cause (KV capacity outranks the queue it causes).
+spread); capacity from KV-cache usage, preemptions and allocation failures; a stalled
+engine from scrapes where nothing runs (the batch falls to zero) while requests wait.
+With the GPUs' own series (DCGM-exporter, or NVML on the replica's host;
+``accelerator.py``) it also tells a GPU the CPU starves, a throttled GPU and full
+device memory apart. Each layer that shows strain becomes a :class:`Finding` with its
+evidence and what to change; the verdict is the root cause (KV capacity outranks the
+queue it causes; a stall, throttling or a starving host outrank the slow decode they cause).
 What it is not: a load generator — run load (``plimsoll bench run``) while it watches.
 """
 
@@ -20,9 +24,12 @@ from typing import Any
 import httpx
 
 from plimsoll import metric_names as mn
+from plimsoll.bench import accelerator
 from plimsoll.bench.scrape import Snapshot, counter_delta, family_of, fetch, gauge_summary, histogram_delta
 
-LAYERS = ("queueing", "prefill", "decode", "kv_capacity")
+LAYERS = ("queueing", "prefill", "decode", "kv_capacity", "stall", "host", "throttling", "gpu_memory")
+# Root causes first: each explains the strain the layers after it show.
+ROOT_ORDER = ("kv_capacity", "stall", "throttling", "host", "gpu_memory")
 
 # Advice names only flags the server in front of us has: plimsoll serve's own, or vLLM's.
 ADVICE = {
@@ -44,6 +51,11 @@ ADVICE = {
     "decode_uneven": [
         "uneven TPOT usually means prefill interference: a smaller --max-num-batched-tokens keeps prompt "
         "chunks from stalling decode steps",
+    ],
+    "stall": [
+        "the engine schedules nothing while requests wait: a KV allocation that can never succeed (a "
+        "prompt bigger than the whole cache; raise the KV memory or lower --max-model-len), or an engine "
+        "loop that stopped (check /health and the server log)",
     ],
     "kv_capacity": [
         "the KV cache is full: give it more memory (--kv-cache-memory-bytes, or --gpu-memory-utilization on a "
@@ -72,7 +84,9 @@ PROFILE_TIP = (
 PLIMSOLL_EXTRA = {
     "decode_slow": [PROFILE_TIP],
     "decode_uneven": [PROFILE_TIP],
-    "kv_capacity": ["an int8 KV cache (--kv-cache-dtype int8) fits about twice the tokens of bf16, four times fp32"],
+    "kv_capacity": [
+        "an int8 KV cache (--kv-cache-dtype int8) fits about twice the tokens of bf16, four times fp32"
+    ],
 }
 
 
@@ -123,8 +137,17 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e3:.0f} ms"
 
 
-def analyse(samples: list[Snapshot], th: Thresholds = Thresholds()) -> Diagnosis:
-    """Diagnose from scrapes taken over a window (first and last bound the deltas)."""
+def analyse(
+    samples: list[Snapshot],
+    th: Thresholds = Thresholds(),
+    gpu_samples: list[Snapshot] | None = None,
+    gpu_filter: tuple[str | None, tuple[str, ...]] = (None, ()),
+) -> Diagnosis:
+    """Diagnose from scrapes taken over a window (first and last bound the deltas).
+
+    ``gpu_samples`` are scrapes of DCGM-exporter (or NVML readings in its names) over the
+    same window; ``gpu_filter`` narrows them to a pod and/or GPU indices.
+    """
     if len(samples) < 2:
         raise ValueError("diagnose needs at least two scrapes of /metrics")
     first, last = samples[0], samples[-1]
@@ -165,12 +188,27 @@ def analyse(samples: list[Snapshot], th: Thresholds = Thresholds()) -> Diagnosis
             "(e.g. `plimsoll bench run`) while diagnosing",
         )
     findings = [
-        f for f in (_kv(judged, th), _queue(judged, th), _prefill(judged, th), _decode(judged, th)) if f
+        f
+        for f in (
+            _kv(judged, th),
+            _stall(samples, fam),
+            _queue(judged, th),
+            _prefill(judged, th),
+            _decode(judged, th),
+        )
+        if f
     ]
+    if gpu_samples:
+        gpus = accelerator.gpu_series(gpu_samples, *gpu_filter)
+        obs.update(accelerator.observed(gpus))
+        findings += [
+            Finding(a.layer, a.score, a.evidence, a.advice)
+            for a in accelerator.judge(gpus, obs["running_mean"] or 0.0, obs["waiting_mean"] or 0.0)
+        ]
     findings.sort(key=lambda f: f.score, reverse=True)
-    # KV exhaustion is the root cause of the queue and preemptions it creates.
-    kv_first = [f for f in findings if f.layer == "kv_capacity"]
-    ordered = kv_first + [f for f in findings if f.layer != "kv_capacity"]
+    # Root causes before the strain they cause (KV exhaustion before its queue and preemptions).
+    ordered = [f for layer in ROOT_ORDER for f in findings if f.layer == layer]
+    ordered += [f for f in findings if f.layer not in ROOT_ORDER]
     if not ordered:
         return Diagnosis(
             "none", family, window, obs, [], "no layer is strained: the server has headroom at this load"
@@ -187,11 +225,29 @@ def _kv(o: dict[str, Any], th: Thresholds) -> Finding | None:
     if pre > 0:
         evidence.append(f"{pre:.0f} preemptions in the window (requests evicted and recomputed)")
     if alloc > 0:
-        evidence.append(f"{alloc:.0f} KV block allocation failures")
+        evidence.append(
+            f"{alloc:.0f} KV block allocation failures (a request asked for blocks the cache did not have)"
+        )
     if not evidence:
         return None
     score = 1.0 + max(0.0, kv_max - th.kv_high) * 10 + (1.0 if pre else 0.0) + (1.0 if alloc else 0.0)
     return Finding("kv_capacity", score, evidence, advice("kv_capacity", family_of_obs(o)))
+
+
+def _stall(samples: list[Snapshot], fam: Any) -> Finding | None:
+    """Scrapes where the batch is empty (nothing running) while requests wait: the engine is stuck."""
+    stalled = [s for s in samples if (s.get(fam.running) or 0.0) == 0.0 and (s.get(fam.waiting) or 0.0) > 0.0]
+    if len(stalled) < 2:  # one scrape can fall between a finished batch and the next
+        return None
+    share = len(stalled) / len(samples)
+    waiting = max(s.get(fam.waiting) or 0.0 for s in stalled)
+    return Finding(
+        "stall",
+        2.0 + share,
+        [f"the batch fell to zero in {len(stalled)} of {len(samples)} scrapes ({share:.0%}) while up to "
+         f"{waiting:.0f} requests waited"],
+        ADVICE["stall"],
+    )  # fmt: skip
 
 
 def _queue(o: dict[str, Any], th: Thresholds) -> Finding | None:
@@ -274,6 +330,23 @@ async def observe(
             if time.monotonic() >= deadline and len(samples) >= 2:
                 return samples
             await asyncio.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+
+
+async def observe_nvml(window_s: float, interval_s: float = 1.0) -> list[Snapshot]:
+    """This host's GPUs through NVML every ``interval_s`` for ``window_s`` (in DCGM-exporter's names);
+    empty when NVML or a GPU is missing."""
+    from plimsoll.bench.scrape import parse_metrics
+
+    samples: list[Snapshot] = []
+    deadline = time.monotonic() + window_s
+    while True:
+        text = await asyncio.to_thread(accelerator.nvml_exposition)
+        if text is None:
+            return []
+        samples.append(parse_metrics(text))
+        if time.monotonic() >= deadline and len(samples) >= 2:
+            return samples
+        await asyncio.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
 
 
 def render(d: Diagnosis) -> list[str]:

@@ -4,8 +4,9 @@ What it is: coroutines that drive an :class:`OpenAIClient` and return a
 :class:`LevelRun` (every record, the measurement window, event-loop lag samples,
 the server scrape summary). Closed loop: ``c`` workers, each sending its next
 request when the previous one ends; the first ``warmup`` completions are excluded
-and the window closes at the N-th measured send (request mode) or after a
-duration, while every worker is still busy, so the window is at full concurrency.
+and the window closes at the N-th measured send (request mode; with a duration
+floor, at the first send after both the count and the floor are reached) or after
+a duration, while every worker is still busy, so the window is at full concurrency.
 Open loop: requests start at scheduled offsets (constant, Poisson, gamma bursts)
 regardless of completions; lateness is recorded as send lag. What it is not:
 statistics (stats.py) or knees (knees.py).
@@ -91,6 +92,7 @@ async def run_concurrency(
     """Closed loop at ``concurrency`` clients with no think time."""
     target = cfg.measured_requests(concurrency)
     duration = cfg.duration_per_level_s
+    floor = cfg.min_duration_per_level_s or None  # request mode: the count and at least this long
     warmup = cfg.warmup_for(concurrency)
     records: list[RequestRecord] = []
     origin = time.perf_counter()
@@ -115,7 +117,13 @@ async def run_concurrency(
                 return True
             state["end"] = max(start + duration, state["full"] or start)
             return False
-        return target is None or state["issued"] < target
+        if target is None or state["issued"] < target:
+            return True
+        if floor is not None and now < start + floor:
+            return True  # the count is reached, the floor is not: keep the level at full concurrency
+        if state["end"] is None:
+            state["end"] = now
+        return False
 
     async def worker() -> None:
         scheduled = time.perf_counter()
@@ -127,7 +135,7 @@ async def run_concurrency(
                 state["issued"] += 1
                 if state["issued"] == concurrency:
                     state["full"] = time.perf_counter()
-                if target is not None and state["issued"] == target and duration is None:
+                if target is not None and state["issued"] == target and duration is None and floor is None:
                     state["end"] = time.perf_counter()
             await client.send(workload.next(), rec)
             state["done"] += 1

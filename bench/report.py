@@ -63,6 +63,7 @@ def build_report(
             "levels": list(cfg.levels),
             "requests_per_level": cfg.requests_per_level,
             "duration_per_level_s": cfg.duration_per_level_s,
+            "min_duration_per_level_s": cfg.min_duration_per_level_s,
             "warmup_requests": cfg.warmup_requests,
             "repeats": cfg.repeats,
         },
@@ -220,7 +221,12 @@ def summary_table(report: dict[str, Any]) -> Table:
 
 def knee_lines(report: dict[str, Any]) -> list[str]:
     thr, lat, rec = report["knees"]["throughput"], report["knees"]["latency"], report["recommendation"]
-    lines = _single_level_lines(report) if report["kind"] == "run" else _knee_lines(thr, lat, rec)
+    if report["kind"] == "spec_ab":
+        lines = _spec_ab_lines(report["scenario"])
+    elif report["kind"] == "run":
+        lines = _single_level_lines(report)
+    else:
+        lines = _knee_lines(thr, lat, rec)
     note = (lat.get("confidence") or {}).get("note")
     if report["kind"] != "run" and note:
         lines.append(f"confidence: {lat['confidence']['rating']} — {note}")
@@ -236,6 +242,28 @@ def knee_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"level {label} invalid: {'; '.join(lv['invalid_reasons'])}")
     lines.extend(f"warning: {w}" for w in report["warnings"])
     return lines
+
+
+def _spec_ab_lines(ab: dict[str, Any]) -> list[str]:
+    """`bench spec-ab`: the decision first, then the figures it rests on."""
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:+.0%}"
+
+    rate = ab.get("acceptance_rate")
+    accepted = (
+        "n/a"
+        if rate is None
+        else f"{rate:.0%} ({ab['accepted_tokens']:.0f} of {ab['draft_tokens']:.0f} drafts)"
+    )
+    base, spec = ab["arms"]["baseline"], ab["arms"]["speculative"]
+    return [
+        f"speculative config: {ab['recommendation'].upper()} — {ab['why']}",
+        f"gain: TPOT p50 {pct(ab['gain']['tpot_p50'])}, E2E p50 {pct(ab['gain']['e2e_p50'])}, output tokens/s "
+        f"{pct(ab['gain']['output_tokens_per_s'])}; acceptance rate {accepted}",
+        f"baseline {ab['baseline_url']}: {base['requests']} requests in {base['windows']} windows; speculative "
+        f"{ab['speculative_url']}: {spec['requests']} requests (rows alternate baseline, speculative)",
+    ]
 
 
 def _single_level_lines(report: dict[str, Any]) -> list[str]:

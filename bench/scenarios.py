@@ -2,8 +2,10 @@
 
 What it is: open-loop rate levels; the single-request baseline with its
 TPOT-stability check; a burst on steady load with the recovery time; a soak that
-records latency and the server's KV/memory gauges per window and flags upward
-drift. Mixed input lengths and random ``max_tokens`` are the length
+records latency and the server's KV usage, resident memory, open file descriptors and
+HTTP connections per window and flags any monotone upward trend (a least-squares slope
+significant at 95 % that Kendall's test calls monotone, ``trend.py``) as well as a
+first-to-last-third rise. Mixed input lengths and random ``max_tokens`` are the length
 distributions of the config (``--input-tokens choice:64,512,2048``,
 ``--output-tokens uniform:16:256``) and work with every recipe.
 What it is not: knee finding — only `sweep` yields knees.
@@ -17,10 +19,25 @@ from typing import Any, cast
 from plimsoll.bench.loadgen import Arrival, arrival_offsets
 from plimsoll.bench.session import BenchSession, LevelStart
 from plimsoll.bench.stats import summarize_level, tpot_variation
+from plimsoll.bench.trend import fit_trend, is_upward
 
 TPOT_STABILITY_LIMIT = 0.20  # coefficient of variation of per-request TPOT
 RECOVERY_FACTOR = 1.5  # TTFT within this factor of the pre-burst median counts as recovered
 DRIFT_LIMIT = 0.20  # last third vs first third of a soak
+# The smallest rise over a soak that a significant trend must also reach to be flagged: memory
+# that grows 2 % an hour is a leak; latency that grows 5 % is worth a look.
+TREND_MIN_RISE = {
+    "ttft_p95": 0.05,
+    "tpot_p50": 0.05,
+    "e2e_p95": 0.05,
+    "kv_usage_mean": 0.05,
+    "resident_memory_mean": 0.02,
+    "open_fds_mean": 0.05,
+    "http_connections_mean": 0.05,
+}
+# The first window warms caches, pools and allocators; a trend is fitted from the second on
+# (when at least this many windows remain).
+TREND_SKIP_FIRST_FROM = 5
 
 
 async def rate_levels(
@@ -128,9 +145,13 @@ def _drift(values: list[float | None]) -> float | None:
 def _no_drift_data(name: str, windows: int) -> str:
     """Why a drift check could not run, and what would let it."""
     if windows < 3:
-        fix = f"only {windows} window(s); raise --duration or lower --window for at least 3"
+        fix = f"only {windows} window(s); raise --duration or lower --window for at least 3 (4 for a trend)"
     elif name == "resident_memory_mean":
         fix = "the server exposes no process_resident_memory_bytes on /metrics"
+    elif name == "open_fds_mean":
+        fix = "the server exposes no process_open_fds on /metrics"
+    elif name == "http_connections_mean":
+        fix = "the server exposes no plimsoll_http_connections on /metrics (vLLM has none)"
     elif name == "kv_usage_mean":
         fix = "the server exposes no KV-cache usage gauge on /metrics (or it stayed at 0)"
     else:
@@ -158,18 +179,38 @@ async def run_soak(
     def server(name: str) -> list[float | None]:
         return [(lv["server"] or {}).get(name, {}) and lv["server"][name]["mean"] for lv in levels]
 
-    drift = {
-        "ttft_p95": _drift(series("ttft", "p95")),
-        "tpot_p50": _drift(series("tpot", "p50")),
-        "e2e_p95": _drift(series("e2e", "p95")),
-        "kv_usage_mean": _drift(server("kv_usage")),
-        "resident_memory_mean": _drift(server("resident_memory_bytes")),
+    series_by_name = {
+        "ttft_p95": series("ttft", "p95"),
+        "tpot_p50": series("tpot", "p50"),
+        "e2e_p95": series("e2e", "p95"),
+        "kv_usage_mean": server("kv_usage"),
+        "resident_memory_mean": server("resident_memory_bytes"),
+        "open_fds_mean": server("open_fds"),
+        "http_connections_mean": server("http_connections"),
     }
-    flagged = sorted(k for k, v in drift.items() if v is not None and v > DRIFT_LIMIT)
-    unchecked = sorted(k for k, v in drift.items() if v is None)
+    drift = {name: _drift(values) for name, values in series_by_name.items()}
+    times = [(i + 0.5) * window_s for i in range(windows)]
+    skip = 1 if windows >= TREND_SKIP_FIRST_FROM else 0
+    trend: dict[str, dict[str, Any] | None] = {}
+    rising = []
+    for name, values in series_by_name.items():
+        fit = fit_trend(times[skip:], values[skip:])
+        trend[name] = None if fit is None else {**fit.as_dict(), "min_rise": TREND_MIN_RISE[name]}
+        if is_upward(fit, TREND_MIN_RISE[name]):
+            rising.append(name)
+            assert fit is not None
+            lo, hi = fit.slope_ci95
+            session.warnings.append(
+                f"upward trend: {name} rises {fit.rise:.1%} over the soak, slope {fit.slope_per_s * 3600:.4g}/h "
+                f"(95% CI {lo * 3600:.4g} to {hi * 3600:.4g}/h, p={fit.p_value:.2g}; Kendall tau "
+                f"{fit.kendall_tau:.2f}, p={fit.kendall_p:.2g})"
+            )
+    drifting = sorted(k for k, v in drift.items() if v is not None and v > DRIFT_LIMIT)
+    flagged = sorted(set(drifting) | set(rising))
+    unchecked = sorted(k for k in series_by_name if drift[k] is None and trend[k] is None)
     for name in unchecked:
         session.warnings.append(_no_drift_data(name, windows))
-    for name in flagged:
+    for name in drifting:
         session.warnings.append(
             f"upward drift: {name} rose {drift[name]:.0%} from the first to the last third"
         )
@@ -178,6 +219,9 @@ async def run_soak(
         "window_s": window_s,
         "drift": drift,
         "drift_limit": DRIFT_LIMIT,
+        "trend": trend,
+        "trend_from_window": skip,
+        "rising": sorted(rising),
         "drifting": flagged,
         "unchecked": unchecked,
     }

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from plimsoll.metric_names import BATCH_SIZE, STEP_TOKENS, EngineMetricNames, detect_family
+from plimsoll.metric_names import BATCH_SIZE, HTTP_CONNECTIONS, STEP_TOKENS, EngineMetricNames, detect_family
 from plimsoll.prometheus import Histogram, Scrape, parse
 
 
@@ -170,4 +170,6 @@ def summarize_server(samples: list[Snapshot]) -> dict[str, Any] | None:
         "kv_usage": gauge_summary(samples, fam.kv_usage),
         "preemptions": counter_delta(first, last, fam.preemptions),
         "resident_memory_bytes": gauge_summary(samples, "process_resident_memory_bytes"),
+        "open_fds": gauge_summary(samples, "process_open_fds"),
+        "http_connections": gauge_summary(samples, HTTP_CONNECTIONS),
     }

@@ -65,6 +65,12 @@ class ServiceCurve:
     enable_lora: bool = False  # vLLM's --enable-lora: the adapter endpoints and gauge exist
     lora_modules: tuple[str, ...] = ()  # name=path adapters registered at start
     max_loras: int = 4  # the gauge's max_lora label
+    # The simulator process's own process_* series (resident memory, open fds), as plimsoll serve has.
+    process_metrics: bool = False
+    # Injected leaks, per finished request (a soak must flag them): file descriptors kept open,
+    # bytes kept alive. Either turns the process_* series on.
+    leak_fds_per_request: int = 0
+    leak_bytes_per_request: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # JSON gives a list
@@ -74,6 +80,8 @@ class ServiceCurve:
             name, path = parse_lora_module(entry)
             if (problem := adapter_problem(path)) is not None:
                 raise ValueError(f"--lora-modules {name}: {problem}")
+        if self.leak_fds_per_request < 0 or self.leak_bytes_per_request < 0:
+            raise ValueError("leak_fds_per_request and leak_bytes_per_request must be >= 0")
         if self.engine not in mn.ENGINE_FAMILIES:
             raise ValueError(f"engine must be one of {sorted(mn.ENGINE_FAMILIES)}, got {self.engine!r}")
         if self.batch_cap < 1:
@@ -130,6 +138,11 @@ class SimEngine:
         # PUT /sim/step-cost multiplies every step's time: a replica whose speed changes mid-run.
         self.step_scale = 1.0
         reg = self.registry = CollectorRegistry()
+        if curve.process_metrics or curve.leak_fds_per_request or curve.leak_bytes_per_request:
+            from prometheus_client import ProcessCollector
+
+            ProcessCollector(registry=reg)
+        self.leaked: list[Any] = []  # what the injected leaks hold on to
         self.adapters: SimAdapters | None = None
         if curve.enable_lora:
             self.adapters = SimAdapters(curve.model, curve.lora_modules, curve.max_loras, curve.engine)
@@ -163,6 +176,12 @@ class SimEngine:
             mn.ADMISSION_REJECTIONS if curve.engine == "plimsoll" else "sim_admission_rejections",
             "Rejected requests.",
         )
+
+    def _leak(self) -> None:
+        for _ in range(self.curve.leak_fds_per_request):
+            self.leaked.append(open(os.devnull, "rb"))  # noqa: SIM115 (kept open on purpose)
+        if self.curve.leak_bytes_per_request:
+            self.leaked.append(bytearray(os.urandom(self.curve.leak_bytes_per_request)))  # touched: resident
 
     def admit(self) -> str | None:
         """Why a new request is refused now (429/500), or None to accept it."""
@@ -224,6 +243,7 @@ class SimEngine:
             if max_tokens > 1:
                 self.tpot.observe((end - first) / (max_tokens - 1))
             self.success.labels("length").inc()
+            self._leak()
         finally:
             self.kv_tokens -= held
             self.running -= 1

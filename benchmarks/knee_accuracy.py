@@ -1,4 +1,4 @@
-"""Where `plimsoll bench sweep` puts the knees of simulated replicas with known batch caps (issue 14).
+"""Where `plimsoll bench sweep` puts the knees of simulated replicas with known batch caps.
 
 Sweeps a simulator (its own process) per batch cap over the default levels up to
 two past the cap, on a quiet host and again with CPU-burning processes beside it,

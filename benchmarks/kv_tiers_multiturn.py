@@ -184,7 +184,8 @@ async def measure(name: str, policy: str, serve_extra: list[str], args: argparse
             ]
         replicas.append(ServerProcess(["--model", args.model, "--served-model-name", "m", "--kv-cache-memory",
                                        str(args.kv_bytes), "--max-model-len", str(args.max_model_len),
-                                       "--max-num-seqs", "4", "--drain-timeout", "2", *extra],
+                                       "--max-num-seqs", "4", "--drain-timeout", "2",
+                                       "--enable-prompt-tokens-details", *extra],
                                       port=p, startup_timeout=600))  # fmt: skip
     with ThreadPoolExecutor(3) as pool:
         list(pool.map(lambda s: s.start(), replicas))

@@ -8,7 +8,7 @@ step, through
 - ``panels``: ``cpu_kernels.packed_linear`` over weights packed once by ``pack_f32`` (what the
   fused decode step, the glued layers and the output head run by default);
 - ``rows``: ``cpu_kernels.small_batch_linear`` over the plain ``[N, K]`` weights (the fused
-  step's matmul before the panels; up to ``SMALL_BATCH_MAX_ROWS`` rows);
+  step's matmul before the panels; up to ``RowLimits.small_matmul`` rows);
 - ``onednn``: oneDNN's matmul over its own prepacked layout, rows padded to the engine's bucket
   (the glued layers' matmul before the panels),
 
@@ -26,6 +26,7 @@ import torch
 
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import dense, fused_decode
+from plimsoll.runtime.models.cpu_plan import RowLimits
 
 SMOLLM2 = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
@@ -83,7 +84,7 @@ def measure(
                 fused_decode._onednn_matmul(padded[w.shape[1]], w, m, 0)  # the glued layers' call
 
     paths: dict[str, Callable[[], None]] = {"panels": run_panels}
-    if m <= cpu_kernels.SMALL_BATCH_MAX_ROWS:
+    if m <= RowLimits().small_matmul:
         paths["rows"] = run_rows
     if onednn is not None and m <= dense.ONEDNN_CHUNK_ROWS:
         paths["onednn"] = run_onednn

@@ -64,7 +64,7 @@ def main() -> None:
     ):
         cluster.kubectl("create", "namespace", "plimsoll-system")
         cluster.helm(
-            "install", "plimsoll", str(CHART), "-n", "plimsoll-system",
+            "install", "plimsoll", str(CHART), "-n", "plimsoll-system", "--set", "rbac.scope=cluster",
             "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false", "--wait", "--timeout", "120s",
         )  # fmt: skip
         token = cluster.kubectl("create", "token", "plimsoll", "-n", "plimsoll-system").stdout.strip()

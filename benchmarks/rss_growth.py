@@ -1,4 +1,4 @@
-"""RSS growth of the engine over many mixed requests (issue #15: at most 50 MiB over 2,000).
+"""RSS growth of the engine over many mixed requests (the limit: at most 50 MiB over 2,000).
 
 What it is: the offline engine on the embedded SmolLM2 (or ``--model``), fed waves of requests
 with random prompt lengths (8-256 tokens), output lengths (1-48), greedy or sampled, some with
@@ -78,7 +78,7 @@ def main() -> None:
             f"{time.perf_counter() - t0:.0f} s",
             flush=True,
         )
-    print(f"RSS growth over {done} mixed requests: {rss_mib() - start:+.1f} MiB (limit in issue #15: 50 MiB)")
+    print(f"RSS growth over {done} mixed requests: {rss_mib() - start:+.1f} MiB (limit: 50 MiB)")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ replicas that are `plimsoll serve` on a tiny random model (local processes bound
 to their pod IPs) behind `plimsoll route`:
 
 * ``--rounds`` cold starts: the service idles to zero (``idleSeconds`` 8), then
-  8 concurrent requests (half streaming) go to the router pod. Each round prints
+  8 concurrent requests (half streaming) go to the router pod. Each cold start prints
   the phases as first seen by polling kubectl every 0.25 s: decision (first
   request sent → ``spec.replicas`` 1), pod start (→ a container running),
   engine start-up (→ the pod Ready) and release (→ the first byte of an answer),
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
-sys.path.insert(0, str(ROOT / "tests" / "operator"))  # the scenario drivers the k8s test uses
+sys.path.insert(0, str(ROOT / "tests" / "operator" / "handlers"))  # the scenario drivers the k8s test uses
 
 from llms_k8s import apply  # noqa: E402
 from test_scale_to_zero_k8s import (  # noqa: E402
@@ -57,7 +57,7 @@ def cold_starts(cluster: Cluster, ns: str, model: Path, rounds: int) -> list[dic
     apply(cluster, ns, zero_manifest(name, model, hold_queue=8))
     results = []
     for r in range(rounds):
-        wait_until(lambda: _at_zero(cluster, ns, name), IDLE_S + 300, f"round {r + 1}: scale to zero")
+        wait_until(lambda: _at_zero(cluster, ns, name), IDLE_S + 300, f"cold start {r + 1}: scale to zero")
         ip = wait_until(lambda: router_ip(cluster, ns, name), 120, "a ready router pod")
         wait_until(lambda ip=ip: hold_state(ip)["coldStartMeasured"], 60, "the router to read a cold start")
         run = ZeroRun()
@@ -71,7 +71,7 @@ def cold_starts(cluster: Cluster, ns: str, model: Path, rounds: int) -> list[dic
         ok = sum(o.status == 200 and o.complete for o in run.held)
         results.append(row)
         print(
-            f"round {r + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in row.items())
+            f"cold start {r + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in row.items())
             + f"; {ok}/8 answered 200; operator: {run.cold_last}",
             flush=True,
         )  # fmt: skip
@@ -100,7 +100,7 @@ def main() -> None:
         rows = cold_starts(cluster, "bench", model, args.rounds)
         cluster.kubectl("delete", "llms", "zero", "-n", "bench", "--wait=true")
         drain = play_drain(cluster, "bench", "drain3", model, clients=args.clients)
-    print(f"\ncold start from 0 replicas, {len(rows)} round(s), median seconds:")
+    print(f"\ncold start from 0 replicas, {len(rows)} cold start(s), median seconds:")
     for phase in ("decision", "pod start", "engine start-up", "release", "total"):
         print(f"  {phase:16} {statistics.median(r[phase] for r in rows):6.1f}")
     load = drain.load

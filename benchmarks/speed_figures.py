@@ -1,4 +1,4 @@
-"""Issue #15's figures on this host: default vs int8 weights vs n-gram speculation, against the
+"""Decode speed on this host: default vs int8 weights vs n-gram speculation, against the
 memory-bandwidth floor measured in the same run.
 
 For each mode: TPOT at c=1 (one request, 64 tokens, ``ignore_eos``), output tok/s at

@@ -24,7 +24,8 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.kernels import cpu_kernels
-from plimsoll.runtime.models import dense, fused_decode
+from plimsoll.runtime.models import dense
+from plimsoll.runtime.models.cpu_plan import CPUOptions, CPUPlan
 
 Switch = Callable[[bool], None]
 
@@ -34,7 +35,10 @@ def _onednn(on: bool) -> None:
 
 
 def _small_batch(on: bool) -> None:
-    cpu_kernels.SMALL_BATCH_MAX_ROWS = 4 if on else 0
+    plan = PLAN[0]
+    for module in plan.model.modules():
+        if isinstance(module, dense.Linear):
+            module.kernel_rows = plan.options.rows.small_matmul if on else 0
 
 
 def _attention(on: bool) -> None:
@@ -42,11 +46,13 @@ def _attention(on: bool) -> None:
 
 
 def _fused(on: bool) -> None:
-    fused_decode.ENABLED = on
+    fused = PLAN[0].fused
+    assert fused is not None
+    fused.max_rows = FUSED_ROWS[0] if on else 0
 
 
 def _glued(on: bool) -> None:
-    fused_decode.GLUED_ENABLED = on
+    PLAN[0].glued = GLUED[0] if on else None
 
 
 def _pool(on: bool) -> None:
@@ -62,24 +68,23 @@ def _threads(on: bool) -> None:
     torch.set_num_threads(DEFAULT_THREADS if on else 1)
 
 
-# --compare packed: the model's (fused step, glued layers) pair for each variant, built once.
-_PAIRS: dict[bool, tuple[Any, Any]] = {}
+# The engine's CPU plan (models/cpu_plan.py), and what the switches above put back into it.
+PLAN: list[CPUPlan] = []
+FUSED_ROWS: list[int] = []
+GLUED: list[Any] = []
+# --compare packed: the model's plan for each variant, built once.
+_PLANS: dict[bool, CPUPlan] = {}
 
 
 def _packed(on: bool) -> None:
-    model, (fused, glued) = _PAIRS[on][0], _PAIRS[on][1]
-    model._fused, model._glued = fused, glued
+    _PLANS[on].model.cpu_plan = _PLANS[on]
 
 
-def build_packed_pairs(model: Any) -> None:
+def build_packed_plans(model: Any) -> None:
     """Off: the fused step on plain rows and the glued layers on oneDNN over its prepacked weights
     (the default before column panels); on: both on the panels, and the head too."""
-    fused_decode.PACKED_ENABLED = False
-    plain = fused_decode.FusedDecode(model)
-    fused_decode.PACKED_ENABLED = True
-    _PAIRS[False] = (model, (plain, fused_decode.GluedLayers(plain)))
-    panels = fused_decode.FusedDecode(model)
-    _PAIRS[True] = (model, (panels, fused_decode.GluedLayers(panels)))
+    _PLANS[False] = CPUPlan(model, CPUOptions(packed_weights=False))
+    _PLANS[True] = CPUPlan(model, CPUOptions())
 
 
 DEFAULT_THREADS = torch.get_num_threads()
@@ -132,18 +137,14 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", help="the engine's --dtype (bfloat16: the bf16 glue and kernels)")
     ap.add_argument(
         "--fused-max-rows", type=int, default=0,
-        help="with --compare fused: the most decode rows the fused step takes (0: fused_decode.MAX_ROWS)",
+        help="with --compare fused: the most decode rows the fused step takes (0: the plan's)",
     )  # fmt: skip
     args = ap.parse_args()
-    if args.fused_max_rows:
-        fused_decode.MAX_ROWS = args.fused_max_rows
     if args.threads:
         torch.set_num_threads(args.threads)
     switch, off, on = COMPARISONS[args.compare]
     if args.compare != "onednn" and cpu_kernels.library() is None:
-        raise SystemExit(
-            "the CPU kernels could not be built here (see the warning above); nothing to compare"
-        )
+        raise SystemExit(f"the CPU kernels are not available here: {cpu_kernels.unavailable_reason()}")
     if args.compare == "pool":
         per_call_overhead()
     engine = LLMEngine(
@@ -156,8 +157,12 @@ def main() -> None:
         )
     )
     engine.warmup()
+    plan = engine.runner.cpu_plan
+    PLAN.append(plan)
+    FUSED_ROWS.append(args.fused_max_rows or (plan.fused.max_rows if plan.fused is not None else 0))
+    GLUED.append(plan.glued)
     if args.compare == "packed":
-        build_packed_pairs(engine.runner.model)
+        build_packed_plans(engine.runner.model)
     vocab = int(engine.hf_config.vocab_size)
     rng = random.Random(0)
     print(

@@ -26,7 +26,6 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.kernels import cpu_kernels
-from plimsoll.runtime.models import fused_decode
 
 PHASES: dict[str, list[float]] = defaultdict(list)
 
@@ -62,15 +61,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.baseline:
-        fused_decode.ENABLED = False
-        cpu_kernels.set_pool_enabled(False)
     engine = LLMEngine(
         EngineConfig(
             model=args.model, kv_cache_memory="1GiB", max_num_seqs=max(args.levels), enable_prefix_caching=False,
             quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype,
+            cpu_fused_decode=not args.baseline,
         )
     )  # fmt: skip
+    if args.baseline:
+        cpu_kernels.set_pool_enabled(False)
     engine.warmup()
     runner, model = engine.runner, engine.runner.model
     engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)  # type: ignore[method-assign]

@@ -14,7 +14,7 @@ from plimsoll.bench.cli import app as bench_app
 from plimsoll.bench.cli import diagnose
 from plimsoll.demo import demo
 from plimsoll.devcluster.cli import app as dev_app
-from plimsoll.help_format import hide_flag_types
+from plimsoll.help_format import hide_flag_types, keep_option_names_whole
 from plimsoll.model_fetch import fetch_command
 from plimsoll.operator.cli import run_operator
 from plimsoll.plan import plan
@@ -23,6 +23,7 @@ from plimsoll.router.cli import route
 from plimsoll.runtime.cli import serve
 
 hide_flag_types()
+keep_option_names_whole()
 app = typer.Typer(
     name="plimsoll",
     help="Serve LLMs on Kubernetes below their saturation line.",
@@ -39,7 +40,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     """Serve LLMs on Kubernetes below their saturation line."""
 
@@ -61,7 +64,7 @@ app.command("demo", help="Bring up everything locally and show an LLMService ser
 
 
 def main() -> None:
-    from plimsoll.runtime.serve_args import expand_lora_modules
+    from plimsoll.runtime.serve_args import expand_multi_value_flags
 
-    sys.argv[1:] = expand_lora_modules(sys.argv[1:])  # vLLM's multi-value --lora-modules
+    sys.argv[1:] = expand_multi_value_flags(sys.argv[1:])  # vLLM's --lora-modules a=p b=q
     app()

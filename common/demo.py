@@ -171,6 +171,8 @@ def install_chart(console: Console, cluster: Cluster, timeout: float) -> None:
             # The pod runner runs any pod whose image contains "plimsoll": the chart's default
             # image does, and replicas inherit it through PLIMSOLL_IMAGE.
             "--set", "image.repository=ghcr.io/plimsoll/plimsoll",
+            # The demo's LLMService lives in its own namespace: one ClusterRole (the chart's default is namespaced).
+            "--set", "rbac.scope=cluster",
             "--set", "operator.resyncSeconds=10",
             "--set", "operator.replicaPreStopSleepSeconds=1",
             "--set", "operator.replicaTerminationGraceSeconds=10",
@@ -215,6 +217,7 @@ def service_manifest(model_uri: str, profile: bool) -> dict[str, Any]:
                     "outputTokens": 8,
                     "concurrency": [1, 2, 4, 8],
                     "requestsPerLevel": 8,
+                    "minSecondsPerLevel": 0,
                 }
             },
         }

@@ -44,8 +44,13 @@ KV_CACHE_ALLOCATION_FAILURES = "plimsoll_kv_cache_allocation_failures_total"
 # --enable-lora: finished requests per adapter (label lora_name), adapter loads into a device slot.
 LORA_REQUESTS = "plimsoll_lora_requests_total"
 LORA_SWAPS = "plimsoll_lora_swaps_total"
+# Engine steps that ran the model, by what ran it (label path: fused_decode, glued_layers,
+# module_layers, cuda_graph; runtime/models/cpu_plan.py).
+ENGINE_STEPS = "plimsoll_engine_steps_total"
 BATCH_SIZE = "plimsoll_batch_size"
 STEP_TOKENS = "plimsoll_step_tokens"
+# Open HTTP connections to the server (uvicorn's own count): a soak watches it for leaks.
+HTTP_CONNECTIONS = "plimsoll_http_connections"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
 # Requests still in flight when the drain deadline after SIGTERM passed (cut off by the shutdown).
 REQUESTS_CUT_BY_SHUTDOWN = "plimsoll_requests_cut_by_shutdown_total"
@@ -137,7 +142,30 @@ VLLM = EngineMetricNames(
     request_success="vllm:request_success_total",
 )
 
-ENGINE_FAMILIES: dict[str, EngineMetricNames] = {"plimsoll": PLIMSOLL, "vllm": VLLM}
+# SGLang's names (python/sglang/srt/metrics/collector.py; the server needs --enable-metrics).
+# SGLang reports per-token latency as inter-token latency and has no prefill/decode-time
+# histograms, prefix-cache token counters or finished-request counter by reason: those
+# fields name series SGLang does not export, so readers find them absent.
+SGLANG = EngineMetricNames(
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+    kv_usage="sglang:token_usage",
+    ttft="sglang:time_to_first_token_seconds",
+    tpot="sglang:inter_token_latency_seconds",
+    itl="sglang:inter_token_latency_seconds",
+    e2e="sglang:e2e_request_latency_seconds",
+    queue_time="sglang:queue_time_seconds",
+    prefill_time="sglang:prefill_time_seconds",
+    decode_time="sglang:decode_time_seconds",
+    preemptions="sglang:num_retracted_requests_total",
+    prefix_queries="sglang:prefix_cache_queries_total",
+    prefix_hits="sglang:prefix_cache_hits_total",
+    prompt_tokens="sglang:prompt_tokens_total",
+    generation_tokens="sglang:generation_tokens_total",
+    request_success="sglang:num_requests_total",
+)
+
+ENGINE_FAMILIES: dict[str, EngineMetricNames] = {"plimsoll": PLIMSOLL, "vllm": VLLM, "sglang": SGLANG}
 
 
 def detect_family(metric_names: set[str]) -> EngineMetricNames | None:

@@ -22,7 +22,9 @@ turns into a condition (``operator/resources/model_fetch.py`` maps the codes bac
 Transient failures (connection errors, 5xx, 429) are retried here with exponential
 back-off before the process gives up; after that the kubelet's restart back-off
 takes over, so nothing loops hot. A directory already fetched at the same commit is
-reused without downloading (a PVC cache survives restarts).
+reused without downloading (a PVC cache survives restarts), once every file's content
+matches the hub's hash (LFS SHA-256 for weights, the git blob id for small files); a
+file that does not is downloaded again, and a download that does not match fails.
 
 What it is not: a loader (the engines read the directory) or a general hub client;
 nothing here runs in the engine process.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -191,11 +194,39 @@ def _read_marker(local_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _cached(local_dir: Path, commit: str, files: list[str], sizes: dict[str, int]) -> bool:
+@dataclass(frozen=True)
+class Expected:
+    """What the hub says one file is: its size, its LFS SHA-256 (weights) and its git blob id."""
+
+    size: int
+    sha256: str | None
+    blob_id: str
+
+    @classmethod
+    def of(cls, entry: Any) -> Expected:
+        lfs = getattr(entry, "lfs", None)
+        return cls(int(entry.size), getattr(lfs, "sha256", None) if lfs is not None else None, str(entry.blob_id))
+
+
+def matches(path: Path, expected: Expected) -> bool:
+    """Whether the file on disk is the hub's, by content hash, not size alone: a cache volume
+    written by someone else (or a torn download) must not be served as the model."""
+    if not path.is_file() or path.stat().st_size != expected.size:
+        return False
+    with path.open("rb") as f:
+        if expected.sha256 is not None:
+            return hashlib.file_digest(f, "sha256").hexdigest() == expected.sha256
+        blob = hashlib.sha1(b"blob %d\0" % expected.size)  # git's object id of a blob
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            blob.update(chunk)
+    return blob.hexdigest() == expected.blob_id
+
+
+def _cached(local_dir: Path, commit: str, files: list[str], expected: dict[str, Expected]) -> bool:
     marker = _read_marker(local_dir)
     if marker.get("commit") != commit or sorted(marker.get("files", [])) != files:
         return False
-    return all((local_dir / f).is_file() and (local_dir / f).stat().st_size == sizes[f] for f in files)
+    return all(matches(local_dir / f, expected[f]) for f in files)
 
 
 def _free_bytes(local_dir: Path) -> int:
@@ -228,21 +259,23 @@ def fetch(
             info = api.repo_info(ref.repo_id, revision=ref.revision)
             commit = str(info.sha)
             tree = api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
-            sizes = {f.path: int(f.size) for f in tree if isinstance(f, RepoFile)}
+            expected = {f.path: Expected.of(f) for f in tree if isinstance(f, RepoFile)}
+            sizes = {path: e.size for path, e in expected.items()}
             files = select_files(sizes)
             total = sum(sizes[f] for f in files)
             log.info(
                 "%s@%s is commit %s: %d files, %s (skipped %d other-format weight files)",
                 ref.repo_id, ref.revision, commit[:12], len(files), _size(total), len(sizes) - len(files),
             )  # fmt: skip
-            if _cached(local_dir, commit, files, sizes):
-                log.info("already in %s at commit %s; nothing to download", local_dir, commit[:12])
+            if _cached(local_dir, commit, files, expected):
+                log.info("already in %s at commit %s (hashes checked); nothing to download", local_dir, commit[:12])
                 return commit
-            missing = sum(
-                sizes[f]
-                for f in files
-                if not ((local_dir / f).is_file() and (local_dir / f).stat().st_size == sizes[f])
-            )
+            stale = [f for f in files if (local_dir / f).exists() and not matches(local_dir / f, expected[f])]
+            for f in stale:
+                # Not the hub's bytes: removed, so the download below writes the real file.
+                log.warning("%s in the cache does not match the hub's hash; downloading it again", f)
+                (local_dir / f).unlink()
+            missing = sum(sizes[f] for f in files if not (local_dir / f).is_file())
             free = _free_bytes(local_dir)
             if missing > free:
                 raise FetchError(
@@ -261,6 +294,13 @@ def fetch(
                 tqdm_class=_log_progress_class(progress_seconds),
                 max_workers=4,
             )
+            wrong = [f for f in files if not matches(local_dir / f, expected[f])]
+            if wrong:
+                raise FetchError(
+                    "DownloadFailed",
+                    f"{ref.repo_id}@{commit[:12]}: {', '.join(wrong[:5])} do not match the hub's hashes after "
+                    "download (a proxy or mirror altered them?)",
+                )
             (local_dir / MARKER).write_text(
                 json.dumps({"repo": ref.repo_id, "revision": ref.revision, "commit": commit, "files": files})
             )

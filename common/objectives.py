@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# Every header of the Gateway API Inference Extension starts so; the router drops clients' copies.
+GATEWAY_HEADER_PREFIX = "x-gateway-inference-"
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 # vLLM accepts a 32-bit signed priority; so do we, on both sides of the sign flip.

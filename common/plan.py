@@ -191,15 +191,31 @@ def kv_bytes_per_token_per_gpu(d: ModelDims, tp: int, kv_dtype: str) -> float:
     return 2 * d.layers * kv_heads * d.head_dim * dtype_bytes(kv_dtype)
 
 
+def _draft_split(draft: ModelDims, tp: int) -> int:
+    """The draft's ranks: the target's split where its heads allow it, else one (replicated)."""
+    return tp if tp_split.split_error(draft.heads, draft.kv_heads, draft.intermediate, tp) is None else 1
+
+
 def gpus_needed(
-    d: ModelDims, gpu_memory: int, dtype: str, kv_dtype: str, memory_fraction: float, context_length: int
+    d: ModelDims,
+    gpu_memory: int,
+    dtype: str,
+    kv_dtype: str,
+    memory_fraction: float,
+    context_length: int,
+    draft: ModelDims | None = None,
 ) -> int | None:
     """The smallest tensor-parallel size (up to 64) whose weights per GPU leave room for one full sequence."""
     for tp in range(1, 65):
         if tp_split.split_error(d.heads, d.kv_heads, d.intermediate, tp) is not None:
             continue
         room = gpu_memory * memory_fraction - weight_bytes_per_gpu(d, tp, dtype)
-        if room >= kv_bytes_per_token_per_gpu(d, tp, kv_dtype) * context_length:
+        per_token = kv_bytes_per_token_per_gpu(d, tp, kv_dtype)
+        if draft is not None:
+            dtp = _draft_split(draft, tp)
+            room -= weight_bytes_per_gpu(draft, dtp, dtype)
+            per_token += kv_bytes_per_token_per_gpu(draft, dtp, kv_dtype)
+        if room >= per_token * context_length:
             return tp
     return None
 
@@ -231,8 +247,13 @@ def make_plan(
     target_concurrency: float | None = None,
     target_rps: float | None = None,
     latency_s: float | None = None,
+    draft: ModelDims | None = None,
 ) -> list[Step]:
-    """Every step of the plan, in order; raises :class:`PlanError` on inputs that cannot work."""
+    """Every step of the plan, in order; raises :class:`PlanError` on inputs that cannot work.
+
+    ``draft`` is a speculative-decoding draft model served beside the target: its weights
+    share each GPU, and every token also sits in the draft's own KV cache.
+    """
     if not 0 < memory_fraction <= 1:
         raise PlanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     if context_length < 1 or gpus_per_replica < 1:
@@ -242,7 +263,9 @@ def make_plan(
     w_bytes, kv_bytes = dtype_bytes(dtype), dtype_bytes(kv_name)
     split = tp_split.split_error(dims.heads, dims.kv_heads, dims.intermediate, tp)
     if split is not None:
-        raise PlanError(f"--gpus-per-replica {tp}: {split.replace('tensor_parallel_size', 'tensor parallel size')}")
+        raise PlanError(
+            f"--gpus-per-replica {tp}: {split.replace('tensor_parallel_size', 'tensor parallel size')}"
+        )
     steps: list[Step] = []
     params = parameter_count(dims)
     steps.append(Step("parameters", params, _param_how(dims)))
@@ -274,6 +297,23 @@ def make_plan(
     else:
         how = f"{params / 1e9:.2f} B × {w_bytes:g} B ({dtype}) = {fmt_bytes(weights)}"
     steps.append(Step("weight bytes", weights, how))
+    if draft is not None:
+        dtp = _draft_split(draft, tp)
+        draft_weights = weight_bytes_per_gpu(draft, dtp, dtype)
+        where = (
+            ""
+            if dtp == tp
+            else f", not split ({tp} ranks would split its {draft.kv_heads} KV heads unevenly)"
+        )
+        steps.append(
+            Step(
+                "draft weight bytes",
+                draft_weights,
+                f"draft model {parameter_count(draft) / 1e9:.2f} B × {w_bytes:g} B ({dtype}){where} "
+                f"= {fmt_bytes(draft_weights)}{' per GPU' if tp > 1 else ''}",
+            )
+        )
+        weights += draft_weights
     usable = gpu_memory * memory_fraction
     per_gpu = " per GPU" if tp > 1 else ""
     steps.append(
@@ -283,7 +323,7 @@ def make_plan(
             f"{fmt_bytes(gpu_memory)} × 1 GPU × {memory_fraction:g} = {fmt_bytes(usable)}{per_gpu}",
         )
     )
-    needed = gpus_needed(dims, gpu_memory, dtype, kv_name, memory_fraction, context_length)
+    needed = gpus_needed(dims, gpu_memory, dtype, kv_name, memory_fraction, context_length, draft)
     steps.append(
         Step(
             "GPUs needed",
@@ -292,9 +332,13 @@ def make_plan(
             f"{context_length:,}-token sequence",
         )
     )
-    kv_budget = usable - weights
+    kv_budget = usable - weights  # with a draft model, both models' weights
     if kv_budget <= 0:
-        fix = f"at least {needed} GPUs per replica (--gpus-per-replica {needed})" if needed else "more GPUs per replica"
+        fix = (
+            f"at least {needed} GPUs per replica (--gpus-per-replica {needed})"
+            if needed
+            else "more GPUs per replica"
+        )
         raise PlanError(
             f"the weights ({fmt_bytes(weights)}{per_gpu}) do not fit in {fmt_bytes(usable)}; use {fix}, "
             "a smaller --dtype, or a larger --memory-fraction"
@@ -317,6 +361,15 @@ def make_plan(
             f"2 × {dims.layers} layers × {kv_heads} KV heads{per_gpu} × ({dims.head_dim} int8 + a 4 B scale) "
             f"= {per_token:,.0f} B{per_gpu}"
         )
+    if draft is not None:
+        dtp = _draft_split(draft, tp)
+        draft_token = kv_bytes_per_token_per_gpu(draft, dtp, kv_name)
+        how += (
+            f" + the draft's 2 × {draft.layers} layers × {tp_split.kv_heads_per_rank(draft.kv_heads, dtp)} KV heads × "
+            f"{draft.head_dim} head dim × {kv_bytes:g} B = {per_token + draft_token:,.0f} B{per_gpu} (each token sits "
+            "in both caches)"
+        )
+        per_token += draft_token
     steps.append(Step("KV bytes per token", per_token, how))
     tokens = math.floor(kv_budget / per_token)
     steps.append(Step("KV tokens that fit", tokens, f"{kv_budget:,.0f} B / {per_token:,.0f} B = {tokens:,}"))
@@ -475,6 +528,12 @@ def plan(
     headroom: Annotated[
         float | None, typer.Option(help="Share of the knee to load each replica to (0-1].")
     ] = None,
+    draft_model_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="A speculative-decoding draft model's config.json: its weights and KV cache share each GPU."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Plan capacity offline: what fits on one GPU replica, and how many replicas a load needs."""
@@ -512,6 +571,7 @@ def plan(
             target_concurrency=target_concurrency,
             target_rps=target_rps,
             latency_s=latency_s,
+            draft=read_model_config(draft_model_config) if draft_model_config is not None else None,
         )
     except PlanError as err:
         typer.echo(f"plimsoll plan: {err}", err=True)

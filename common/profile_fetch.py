@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -23,10 +24,14 @@ from pathlib import Path
 import httpx
 import typer
 
+from plimsoll.auth import ADMIN_API_KEY_ENV
+
 KINDS = ("torch", "py-spy")
 SUFFIX = {"torch": ".json", "py-spy": ".svg"}
 # Beyond the profile itself: the export of a large trace and the transfer.
 EXPORT_ALLOWANCE_S = 120.0
+# A 300 s torch trace of a busy engine is tens of MiB; far above that is not a profile.
+MAX_PROFILE_BYTES = 256 * 1024 * 1024
 
 
 class ProfileError(RuntimeError):
@@ -50,38 +55,50 @@ class Profile:
         return f"profile-{time.strftime('%Y%m%dT%H%M%S')}-{self.kind}{SUFFIX[self.kind]}"
 
 
-def _reason(response: httpx.Response) -> str:
+def _reason(status: int, body: bytes) -> str:
     try:
-        return str(response.json()["error"]["message"])
+        return str(json.loads(body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return response.text[:300] or response.reason_phrase
+        return body[:300].decode(errors="replace") or f"HTTP {status}"
 
 
 async def take_profile(
     url: str,
     seconds: float,
     kind: str = "torch",
-    api_key: str | None = None,
+    admin_key: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    max_bytes: int = MAX_PROFILE_BYTES,
 ) -> Profile:
-    """Ask the replica at ``url`` for a ``kind`` profile of ``seconds``; ProfileError when it says no."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    """Ask the replica at ``url`` for a ``kind`` profile of ``seconds``; ProfileError when it says no.
+
+    ``/debug/profile`` is a control endpoint: ``admin_key`` is the replica's ``--admin-api-key``.
+    The answer is read as it streams in and refused past ``max_bytes``, so a replica cannot make
+    the caller (the operator, shared by every LLMService) hold an unbounded body.
+    """
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     timeout = httpx.Timeout(seconds + EXPORT_ALLOWANCE_S, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, transport=transport) as client:
         try:
-            response = await client.post(
-                f"{url.rstrip('/')}/debug/profile", params={"seconds": f"{seconds:g}", "kind": kind},
+            async with client.stream(
+                "POST", f"{url.rstrip('/')}/debug/profile", params={"seconds": f"{seconds:g}", "kind": kind},
                 headers=headers,
-            )  # fmt: skip
+            ) as response:  # fmt: skip
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > max_bytes:
+                        raise ProfileError(
+                            f"{url} sent a profile larger than {max_bytes} bytes; take a shorter one"
+                        )
         except httpx.HTTPError as error:
             raise ProfileError(f"could not reach {url}: {error!r}") from error
     if response.status_code != 200:
         raise ProfileError(
-            f"{url} answered {response.status_code}: {_reason(response)}", response.status_code
+            f"{url} answered {response.status_code}: {_reason(response.status_code, bytes(body))}",
+            response.status_code,
         )
-    return Profile(
-        kind=kind, data=response.content, server_path=response.headers.get("x-plimsoll-profile-path")
-    )
+    return Profile(kind=kind, data=bytes(body), server_path=response.headers.get("x-plimsoll-profile-path"))
 
 
 def _countdown(seconds: float, done: asyncio.Event, show: Callable[[str], None]) -> asyncio.Task[None]:
@@ -106,8 +123,10 @@ def profile_command(
     kind: str = typer.Option(
         "torch", "--kind", help="torch (Chrome trace of the engine loop) or py-spy (flame graph SVG)."
     ),
-    api_key: str | None = typer.Option(
-        None, "--api-key", envvar="PLIMSOLL_API_KEY", help="The server's --api-key, if it has one."
+    admin_key: str | None = typer.Option(
+        None, "--admin-api-key", envvar=ADMIN_API_KEY_ENV,
+        help="The server's --admin-api-key (/debug/profile is a control endpoint); not needed on the "
+        "server's own machine when it has none.",
     ),
 ) -> None:
     """Take a profile of a running `plimsoll serve --enable-profiling` and save it."""
@@ -126,7 +145,7 @@ def profile_command(
         done = asyncio.Event()
         ticker = _countdown(seconds, done, show)
         try:
-            return await take_profile(url, seconds, kind, api_key)
+            return await take_profile(url, seconds, kind, admin_key)
         finally:
             done.set()
             await ticker

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -99,10 +100,13 @@ class Cluster:
         nodes: Sequence[SimulatedNode] = DEFAULT_NODES,
         pod_runner: bool = False,
         start_timeout: float = 180.0,
+        image_entrypoints: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.state_dir = (state_dir or paths.default_state_dir()).resolve()
         self.nodes = tuple(nodes)
         self.pod_runner = pod_runner
+        # Image name part -> local command for its entrypoint (the pod runner's --image-entrypoint).
+        self.image_entrypoints = {k: list(v) for k, v in (image_entrypoints or {}).items()}
         self.start_timeout = start_timeout
         self.kubeconfig = self.state_dir / "admin.kubeconfig"
         self.pki = PKIFiles(self.state_dir / "pki")
@@ -481,6 +485,11 @@ class Cluster:
             "--state-dir",
             str(self.state_dir / "pods"),
             *[arg for n in self.nodes for arg in ("--node", n.name)],
+            *[
+                arg
+                for part, command in self.image_entrypoints.items()
+                for arg in ("--image-entrypoint", f"{part}={shlex.join(command)}")
+            ],
         ]
 
     def _pod_runner_env(self) -> dict[str, str]:

@@ -22,6 +22,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from plimsoll import model_cache
+
 K8S_VERSION = "1.37.2"
 ETCD_VERSION = "3.6.14"
 KWOK_VERSION = "0.8.0"
@@ -41,12 +43,8 @@ def default_state_dir() -> Path:
 
 
 def model_cache_dir() -> Path:
-    """The local model cache the pod runner maps model volumes to.
-
-    Same rule as the runtime's ``plimsoll.runtime.models.embedded.cache_dir`` (not imported,
-    to keep the control plane free of the runtime's dependencies).
-    """
-    return Path(os.environ.get("PLIMSOLL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll" / "models")
+    """The local model cache the pod runner maps model volumes to: the runtime's (``plimsoll.model_cache``)."""
+    return model_cache.model_cache_dir()
 
 
 @functools.cache

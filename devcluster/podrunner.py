@@ -20,6 +20,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import shlex
 import signal
 from pathlib import Path
 from typing import Any
@@ -167,12 +168,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dir", type=Path, required=True, help="logs, scratch dirs and PID records")
     parser.add_argument("--node", action="append", required=True, help="a simulated node whose pods to run")
     parser.add_argument("--model-cache", type=Path, default=None, help="local dir for model volumes")
+    parser.add_argument(
+        "--image-entrypoint",
+        action="append",
+        default=[],
+        metavar="PART=COMMAND",
+        help="run containers of images whose name holds PART with COMMAND as their entrypoint",
+    )
     args = parser.parse_args(argv)
+    entrypoints = []
+    for item in args.image_entrypoint:
+        part, sep, command = item.partition("=")
+        if not sep or not part or not command.strip():
+            parser.error(
+                f"--image-entrypoint {item!r}: write PART=COMMAND, e.g. vllm='/venv/bin/python -m ...'"
+            )
+        entrypoints.append((part, tuple(shlex.split(command))))
     config = RunnerConfig(
         kubeconfig=args.kubeconfig.resolve(),
         state_dir=args.state_dir.resolve(),
         nodes=frozenset(args.node),
         model_cache=(args.model_cache or paths.model_cache_dir()).resolve(),
+        entrypoints=tuple(entrypoints),
     )
     config.state_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -9,7 +9,10 @@ How a container is mapped onto this machine (the differences from a kubelet):
 * ``command`` + ``args`` run directly, with ``$(VAR)`` expanded from the
   container's env as a kubelet does. ``plimsoll`` becomes this installation's
   ``plimsoll`` script and ``python``/``python3`` this interpreter; an empty
-  ``command`` on a plimsoll image means the image's entrypoint, ``plimsoll``.
+  ``command`` on a plimsoll image means the image's entrypoint, ``plimsoll``, and on
+  another image the entrypoint the runner was given for it (``--image-entrypoint
+  vllm='/venv/bin/python -m vllm.entrypoints.openai.api_server'``: an upstream engine
+  installed in its own venv stands in for its image).
 * Wildcard binds become the pod IP: an argument ``0.0.0.0`` or ``::``, or one
   ending in ``=0.0.0.0`` or holding ``0.0.0.0:<port>``, is rewritten to the pod's
   loopback IP, so ``plimsoll serve --host 0.0.0.0 --port 8000`` listens on
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,17 +120,31 @@ def _executable(name: str) -> str:
 
 
 def container_argv(
-    container: Mapping[str, Any], env: Mapping[str, str], pod_ip: str, mounts: Mapping[str, Path]
+    container: Mapping[str, Any],
+    env: Mapping[str, str],
+    pod_ip: str,
+    mounts: Mapping[str, Path],
+    entrypoints: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
-    """The local command line for a container (see the module docstring for the rewrites)."""
+    """The local command line for a container (see the module docstring for the rewrites).
+
+    ``entrypoints`` maps a part of an image name (``vllm``) to the local command that
+    stands in for that image's entrypoint.
+    """
     command = list(container.get("command") or [])
+    image = container.get("image") or ""
     if not command:
-        if "plimsoll" not in (container.get("image") or ""):
+        local = next((list(cmd) for part, cmd in (entrypoints or {}).items() if part in image), None)
+        if local is not None:
+            command = local
+        elif "plimsoll" in image:
+            command = ["plimsoll"]
+        else:
             raise ValueError(
-                f"container {container.get('name')!r} has no command and its image {container.get('image')!r} "
-                "is not a plimsoll image, so its entrypoint is unknown here; set `command`"
+                f"container {container.get('name')!r} has no command and its image {image!r} "
+                "is not a plimsoll image, so its entrypoint is unknown here; set `command`, or start the "
+                "pod runner with --image-entrypoint PART=COMMAND for that image"
             )
-        command = ["plimsoll"]
     argv = [expand_refs(a, env) for a in [*command, *(container.get("args") or [])]]
     argv = [_map_paths(_bind_to_pod_ip(a, pod_ip), mounts) for a in argv]
     argv[0] = _executable(argv[0])

@@ -57,6 +57,8 @@ class RunnerConfig:
     state_dir: Path
     nodes: frozenset[str]
     model_cache: Path
+    # image name part -> the local command standing in for that image's entrypoint
+    entrypoints: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def log_dir(self) -> Path:
@@ -144,7 +146,7 @@ class PodWorker:
                 local.mkdir(parents=True, exist_ok=True)
             pod_env = await self._container_env(spec)
             env = {**base_env, **podspec.map_env_paths(pod_env, mounts)}
-            argv = podspec.container_argv(spec, pod_env, self.pod_ip, mounts)
+            argv = podspec.container_argv(spec, pod_env, self.pod_ip, mounts, dict(self.config.entrypoints))
             pre_stop = ((spec.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
             out[spec["name"]] = ContainerPlan(
                 argv=argv,

@@ -138,7 +138,7 @@ def chart_operator(cluster: Any, chart: Path, workdir: Path, **extra_env: str) -
     """
     cluster.kubectl("create", "namespace", "plimsoll-system")
     cluster.helm(
-        "install", "plimsoll", str(chart), "-n", "plimsoll-system",
+        "install", "plimsoll", str(chart), "-n", "plimsoll-system", "--set", "rbac.scope=cluster",
         "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false", "--wait", "--timeout", "120s",
     )  # fmt: skip
     token = cluster.kubectl("create", "token", "plimsoll", "-n", "plimsoll-system").stdout.strip()

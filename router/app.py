@@ -106,7 +106,8 @@ def build_app(config: RouterConfig) -> Starlette:
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             state.client = client
             state.scraper = Scraper(state.replica_set, client, state.metrics, interval_s=config.scrape_interval_s,
-                                    timeout_s=config.scrape_timeout_s, engine=config.metrics_engine)
+                                    timeout_s=config.scrape_timeout_s, engine=config.metrics_engine,
+                                    api_key=config.api_key)
             state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client, hold=state.hold)
             if state.kv_events is not None:
                 assert config.kv_tokenizer is not None
@@ -142,13 +143,15 @@ def build_app(config: RouterConfig) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def ready(_: Request) -> Response:
-        ready_urls = [r.url for r in state.replica_set.ready()]
-        body = {"ready": bool(ready_urls), "ready_replicas": ready_urls,
-                "replicas": sorted(state.replica_set.replicas), "holding": state.hold is not None}
+        # Counts, not addresses: /ready is open to anyone who reaches the router, and the pods'
+        # addresses are not theirs to learn (the NetworkPolicy keeps them out of the pods anyway).
+        num_ready = len(state.replica_set.ready())
+        body = {"ready": bool(num_ready), "ready_replicas": num_ready,
+                "replicas": len(state.replica_set.replicas), "holding": state.hold is not None}
         if state.draining:
             return JSONResponse({**body, "ready": False, "draining": True}, status_code=503)
         # A router that holds requests serves even at zero replicas: that is when it is needed most.
-        return JSONResponse(body, status_code=200 if ready_urls or state.hold is not None else 503)
+        return JSONResponse(body, status_code=200 if num_ready or state.hold is not None else 503)
 
     async def hold(_: Request) -> Response:
         """What the operator polls each tick to scale from zero: held requests and the cold-start basis."""

@@ -3,10 +3,34 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import typer
 
+from plimsoll.auth import API_KEY_ENV
 from plimsoll.router.config import Policy
+
+
+def read_tenant_keys(folder: Path) -> dict[str, str]:
+    """``{key: tenant}`` from a directory of ``<tenant>`` files holding keys (a Secret mounted as a volume).
+
+    Dot-files (the kubelet's ``..data`` links) are skipped; ValueError for an empty key or
+    one key given to two tenants.
+    """
+    if not folder.is_dir():
+        raise ValueError(f"--tenant-keys-dir {folder} is not a directory; mount the tenants' Secret there")
+    keys: dict[str, str] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        key = path.read_text().strip()
+        if not key:
+            raise ValueError(f"--tenant-keys-dir: the key file of tenant {path.name!r} is empty")
+        if key in keys:
+            raise ValueError(f"--tenant-keys-dir: tenants {keys[key]!r} and {path.name!r} have the same key")
+        keys[key] = path.name
+    return keys
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -59,7 +83,27 @@ def route(
     inference_objective: list[str] = typer.Option(
         [], "--inference-objective",
         help="NAME=PRIORITY (repeatable): held requests whose x-gateway-inference-objective header names NAME "
-        "are released as that InferenceObjective's spec.priority says (higher first); headers are forwarded.",
+        "are released as that InferenceObjective's spec.priority says (higher first); with --trust-gateway-headers.",
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar=API_KEY_ENV,
+        help="Require `Authorization: Bearer KEY` on /v1/* and send it to the replicas (their --api-key); "
+        f"from ${API_KEY_ENV} keeps it out of the process's arguments.",
+        show_default=False,
+    ),
+    tenant_keys_dir: Path | None = typer.Option(
+        None, "--tenant-keys-dir",
+        help="A directory of files named after tenants, each holding that tenant's API key (a mounted Secret); "
+        "a client using one is that tenant: the router sets x-gateway-inference-fairness-id, which caps its "
+        "tokens in flight and salts its prefix cache on the replicas.",
+    ),
+    max_request_bytes: int = typer.Option(
+        8 * 1024 * 1024, "--max-request-bytes", min=1024, help="Largest request body; larger ones get 413."
+    ),
+    trust_gateway_headers: bool = typer.Option(
+        False, "--trust-gateway-headers",
+        help="Forward clients' x-gateway-inference-* headers (only behind a gateway that sets them itself); "
+        "by default they are dropped, so a client cannot pick its tenant or objective.",
     ),
     migration_limit: int = typer.Option(
         3, help="Times one request may move to another replica when its replica fails mid-stream "
@@ -107,6 +151,7 @@ def route(
 
     try:
         objectives = parse_objectives(inference_objective)
+        tenant_keys = read_tenant_keys(tenant_keys_dir) if tenant_keys_dir is not None else {}
     except ValueError as exc:
         typer.echo(f"plimsoll route: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -125,6 +170,8 @@ def route(
             release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
             inference_objectives=objectives, migration_limit=migration_limit, migration_wait_s=migration_wait,
             shutdown_delay_s=shutdown_delay, drain_timeout_s=drain_timeout,
+            api_key=api_key, tenant_keys=tenant_keys,
+            max_request_bytes=max_request_bytes, trust_gateway_headers=trust_gateway_headers,
             kv_events_port=kv_events_port,
             kv_events_endpoints=dict(_pair(e) for e in kv_events_endpoint),
             kv_events_stale_after_s=kv_events_stale_after,
@@ -136,6 +183,7 @@ def route(
             where = ".".join(str(p) for p in error["loc"]) or "options"
             typer.echo(f"plimsoll route: {where}: {error['msg']}", err=True)
         raise typer.Exit(code=2) from None
+    os.environ.pop(API_KEY_ENV, None)  # read once; nothing the router starts needs it
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if otlp_traces_endpoint:
         from plimsoll.tracing import configure_tracing

@@ -99,6 +99,19 @@ class RouterConfig(BaseModel):
     # accepting and let open streams finish for up to drain_timeout_s.
     shutdown_delay_s: float = Field(default=5.0, ge=0)
     drain_timeout_s: float = Field(default=120.0, gt=0)
+    # Clients authenticate with `Authorization: Bearer KEY` on /v1/* when either is set:
+    # `api_key` (the replicas' own key, also sent to them) or a tenant key (key -> tenant name),
+    # after which the router sets x-gateway-inference-fairness-id to that tenant.
+    api_key: str | None = Field(default=None, repr=False)
+    tenant_keys: dict[str, str] = Field(default_factory=dict, repr=False)
+    # Largest request body the router reads; larger ones get 413 without being read.
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # x-gateway-inference-* headers from clients are dropped unless a gateway in front sets them.
+    trust_gateway_headers: bool = False
+
+    @property
+    def authenticates(self) -> bool:
+        return self.api_key is not None or bool(self.tenant_keys)
 
     # Precise prefix routing: the replicas' KV events (vLLM's --kv-events-config ZMQ publisher) on
     # `kv_events_port` of each replica's host, or the endpoint given per backend URL; the engine's

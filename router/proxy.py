@@ -37,7 +37,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from plimsoll.objectives import OBJECTIVE_HEADER, objective_priority
+from plimsoll.auth import bearer_matches
+from plimsoll.objectives import FAIRNESS_HEADER, GATEWAY_HEADER_PREFIX, OBJECTIVE_HEADER, objective_priority
 from plimsoll.overload import OVERLOAD_HEADER, SERVICE
 from plimsoll.router import migration
 from plimsoll.router.backends import Replica, ReplicaSet
@@ -110,7 +111,14 @@ class Proxy:
     async def forward(self, request: Request) -> Response:
         arrival = time.monotonic()
         endpoint = request.url.path
-        body = await request.body()
+        # Who is asking is settled before a byte of the body is read, and before the request can
+        # be held (an anonymous request never wakes replicas up when the router authenticates).
+        identity = authenticate(self._config, request.headers.get("authorization"))
+        if isinstance(identity, Response):
+            return self._finish(identity, endpoint, arrival, reason="unauthenticated")
+        body = await read_capped_body(request, self._config.max_request_bytes)
+        if isinstance(body, Response):
+            return self._finish(body, endpoint, arrival, reason="too_large")
         parsed = _parse_json(body)
         features = RequestFeatures.from_body(
             parsed, prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token
@@ -119,17 +127,15 @@ class Proxy:
             block_size = self.kv_events.block_size or self._config.kv_block_size
             hashes = await asyncio.to_thread(self.prompt_tokens.block_hashes, parsed, block_size)
             features = dataclasses.replace(features, block_hashes=hashes)
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
-        if request.client is not None:
-            headers.append(("x-forwarded-for", request.client.host))
+        headers = upstream_headers(self._config, request, identity)
         target = endpoint + (f"?{request.url.query}" if request.url.query else "")
         tried: set[str] = set()
         # Released from the hold queue: the release slot is given back when the response ends.
         held = False
-        if self._hold is not None and self._hold.should_hold():
-            priority = hold_priority(
-                request.headers.get(OBJECTIVE_HEADER), body, self._config.inference_objectives
-            )
+        # Only generation is held: a GET (/v1/models) at zero replicas is answered 503 at once, so
+        # it never counts as demand that starts a GPU replica.
+        if self._hold is not None and request.method == "POST" and self._hold.should_hold():
+            priority = hold_priority(dict(headers).get(OBJECTIVE_HEADER), body, self._config.inference_objectives)
             refused = await self._wait_in_hold(endpoint, arrival, priority)
             if refused is not None:
                 return refused
@@ -379,6 +385,69 @@ class Proxy:
         self._metrics.rejections.labels(reason).inc()
         self._metrics.duration.labels(endpoint, str(response.status_code)).observe(time.monotonic() - arrival)
         return response
+
+
+class Identity:
+    """An authenticated client: its tenant (from a tenant key), or None (the service key, or auth off)."""
+
+    __slots__ = ("tenant",)
+
+    def __init__(self, tenant: str | None) -> None:
+        self.tenant = tenant
+
+
+def authenticate(config: RouterConfig, header: str | None) -> Identity | Response:
+    """The client's identity from ``Authorization``, or the 401 to send; everyone passes with auth off."""
+    if not config.authenticates:
+        return Identity(None)
+    if config.api_key is not None and bearer_matches(header, config.api_key):
+        return Identity(None)
+    for key, tenant in config.tenant_keys.items():  # every key compared, in constant time each
+        if bearer_matches(header, key):
+            return Identity(tenant)
+    what = "missing" if not header else "wrong"
+    return error_response(401, f"The API key is {what}; send the header `Authorization: Bearer <key>`.",
+                          "AuthenticationError")  # fmt: skip
+
+
+async def read_capped_body(request: Request, limit: int) -> bytes | Response:
+    """The body, or a 413 once it passes ``limit`` bytes (a declared length over it is refused unread)."""
+    declared = request.headers.get("content-length", "")
+    too_large = error_response(
+        413, f"The request body is larger than this router accepts ({limit} bytes, --max-request-bytes); "
+        "send a smaller request.", "RequestTooLargeError",
+    )  # fmt: skip
+    if declared.isdigit() and int(declared) > limit:
+        return too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return too_large
+    return bytes(body)
+
+
+def upstream_headers(config: RouterConfig, request: Request, identity: Identity) -> list[tuple[str, str]]:
+    """The headers sent to the replica: the client's, less hop-by-hop ones, with the router's own
+    credential and gateway headers in place of anything the client claimed."""
+    headers = []
+    for name, value in request.headers.items():
+        lower = name.lower()
+        if lower in _HOP_HEADERS:
+            continue
+        if lower.startswith(GATEWAY_HEADER_PREFIX) and not config.trust_gateway_headers:
+            continue  # a client does not pick its own tenant or objective
+        if lower == "authorization" and config.authenticates:
+            continue  # the client's key (a tenant key) is the router's to check, not the replica's
+        headers.append((name, value))
+    if config.authenticates and config.api_key is not None:
+        headers.append(("authorization", f"Bearer {config.api_key}"))
+    if identity.tenant is not None:
+        headers = [(k, v) for k, v in headers if k.lower() != FAIRNESS_HEADER]
+        headers.append((FAIRNESS_HEADER, identity.tenant))
+    if request.client is not None:
+        headers.append(("x-forwarded-for", request.client.host))
+    return headers
 
 
 def hold_priority(objective: str | None, body: bytes, objectives: dict[str, int]) -> int:

@@ -6,7 +6,8 @@ and reads its waiting and running queues from ``/metrics`` in either the
 plimsoll or the vLLM spelling (:mod:`plimsoll.metric_names`). A replica that
 exports ``lora_requests_info`` (LoRA on) is also asked ``/v1/models`` for the
 adapters it serves; the gauge's labels say which are active. What it is not:
-a metrics store; only the latest values are kept, on the replica itself.
+a metrics store; only the latest values are kept, on the replica itself. Every
+answer is read with a byte cap (``plimsoll.bounded_http``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 
 import httpx
 
+from plimsoll.bounded_http import METRICS_LIMIT_BYTES, MODELS_LIMIT_BYTES, SMALL_LIMIT_BYTES, fetch_capped
 from plimsoll.metric_names import ENGINE_FAMILIES, LORA_REQUESTS_INFO_NAMES, EngineMetricNames, detect_family
 from plimsoll.prometheus import Scrape, parse
 from plimsoll.router.backends import Replica, ReplicaSet
@@ -70,8 +72,11 @@ class Scraper:
         interval_s: float,
         timeout_s: float,
         engine: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         self._replica_set = replica_set
+        # /v1/models is behind the replicas' key when they have one.
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = client
         self._metrics = metrics
         self._interval_s = interval_s
@@ -103,7 +108,8 @@ class Scraper:
         # An answer, even a 503 (draining, warming up): the process is there and its streams go on.
         self._replica_set.record_probe(replica, answered=True)
         try:
-            response = await self._client.get(f"{replica.url}/metrics", timeout=self._timeout)
+            response = await fetch_capped(self._client, "GET", f"{replica.url}/metrics", METRICS_LIMIT_BYTES,
+                                          timeout=self._timeout)  # fmt: skip
             response.raise_for_status()
             scrape = parse(response.text)
             waiting, running, engine = parse_queue(scrape, self._engine)
@@ -116,7 +122,8 @@ class Scraper:
         adapters: frozenset[str] | None = None
         if active is not None:
             try:
-                models = await self._client.get(f"{replica.url}/v1/models", timeout=self._timeout)
+                models = await fetch_capped(self._client, "GET", f"{replica.url}/v1/models", MODELS_LIMIT_BYTES,
+                                            headers=self._auth, timeout=self._timeout)  # fmt: skip
                 models.raise_for_status()
                 adapters = served_adapters(models.json()) | active
             except (httpx.HTTPError, ValueError) as exc:
@@ -126,9 +133,13 @@ class Scraper:
 
     async def _probe(self, url: str) -> bool:
         if url not in self._health_only:
-            response = await self._client.get(f"{url}/ready", timeout=self._timeout)
+            response: httpx.Response = await fetch_capped(
+                self._client, "GET", f"{url}/ready", SMALL_LIMIT_BYTES, timeout=self._timeout
+            )
             if response.status_code != 404:
                 return response.status_code == 200
             self._health_only.add(url)
-        response = await self._client.get(f"{url}/health", timeout=self._timeout)
-        return response.status_code == 200
+        health: httpx.Response = await fetch_capped(
+            self._client, "GET", f"{url}/health", SMALL_LIMIT_BYTES, timeout=self._timeout
+        )
+        return health.status_code == 200

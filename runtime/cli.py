@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 
 import typer
 
+from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.serving.settings import ServerSettings
@@ -60,8 +62,11 @@ def serve(
         help="HF-format model directory, a .gguf file, or 'smollm2-135m' (embedded; the default).",
         show_default=False,
     ),
-    served_model_name: str | None = typer.Option(
-        None, "--served-model-name", help="Name clients send as `model` (default: --model)."
+    served_model_name: list[str] | None = typer.Option(
+        None,
+        "--served-model-name",
+        help="Name clients send as `model` (default: --model).",
+        show_default=False,
     ),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
@@ -106,6 +111,18 @@ def serve(
         min=2,
         help="Longest prompt + completion (default: the model's, capped at 4096).",
     ),
+    max_new_tokens_flag: int | None = typer.Option(
+        None,
+        "--max-new-tokens",
+        min=1,
+        help="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it); default: the rest of the context.",
+    ),
+    override_generation_config: str | None = typer.Option(
+        None,
+        "--override-generation-config",
+        help="vLLM's form of --max-new-tokens: '{\"max_new_tokens\": 512}' (its only key read here).",
+    ),
     max_waiting: int | None = typer.Option(
         None,
         "--max-waiting",
@@ -116,7 +133,14 @@ def serve(
         None, "--request-timeout", min=0.001, help="Seconds after which a request is aborted (default: none)."
     ),
     api_key: str | None = typer.Option(
-        None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Require `Authorization: Bearer KEY` on /v1/*."
+        None, "--api-key", envvar=API_KEY_ENV, help="Require `Authorization: Bearer KEY` on /v1/* "
+        f"(or ${API_KEY_ENV}, which keeps the key out of the process's arguments)."
+    ),
+    admin_api_key: str | None = typer.Option(
+        None, "--admin-api-key", envvar=ADMIN_API_KEY_ENV,
+        help="Require `Authorization: Bearer KEY` on the control endpoints (/drain, PUT /slo, LoRA load/unload, "
+        f"/debug/*); without it they answer loopback clients only (or ${ADMIN_API_KEY_ENV}).",
+        show_default=False,
     ),
     dtype: str = typer.Option(
         "auto",
@@ -164,6 +188,24 @@ def serve(
         help="Prompt + max_tokens one tenant (x-gateway-inference-fairness-id, else `user`) may have in "
         "flight; beyond it new requests get 429 (default: unlimited).",
     ),
+    enable_prompt_tokens_details: bool = typer.Option(
+        _server_default("enable_prompt_tokens_details"),
+        "--enable-prompt-tokens-details",
+        help="Report usage.prompt_tokens_details.cached_tokens (vLLM's flag). Off by default: the count "
+        "tells a client whether a prompt with its salt was cached.",
+    ),
+    tenant_cache_isolation: bool = typer.Option(
+        _server_default("tenant_cache_isolation"),
+        "--tenant-cache-isolation/--no-tenant-cache-isolation",
+        help="Salt the prefix cache with the tenant (x-gateway-inference-fairness-id, set by the router or "
+        "gateway), so tenants never share cached blocks.",
+    ),
+    min_client_priority: int = typer.Option(
+        _server_default("min_client_priority"),
+        "--min-client-priority",
+        help="The body's `priority` is raised to at least this (vLLM: lower runs first), so clients can lower "
+        "their own priority but not jump ahead; x-gateway-inference-objective priorities are not clamped.",
+    ),
     inference_objective: list[str] = typer.Option(
         [],
         "--inference-objective",
@@ -186,6 +228,18 @@ def serve(
         help="int8: weight-only, a scale and offset per 32 inputs of a row; fp8: e4m3 weights with a scale "
         "per output channel and activations scaled per token (compute capability 8.9+); both computed at "
         "load (docs/runtime.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
+    ),
+    cpu_kernels: str = typer.Option(
+        _engine_default("cpu_kernels"),
+        "--cpu-kernels",
+        help="Which build of the C++ CPU kernels to run: auto (the best this CPU runs), avx512, avx2, plain, "
+        "or off (torch's ops alone). Built at install; the start-up line names the one in use.",
+    ),
+    cpu_packed_weights: bool = typer.Option(
+        _engine_default("cpu_packed_weights"),
+        "--cpu-packed-weights/--no-cpu-packed-weights",
+        help="On CPU, keep float32 projections and the head also packed in column panels (faster steps, a "
+        "second copy of those weights in memory).",
     ),
     kv_cache_dtype: str = typer.Option(
         "auto",
@@ -258,6 +312,22 @@ def serve(
     max_lora_rank: int = typer.Option(
         _engine_default("max_lora_rank"), "--max-lora-rank", min=1, help="Largest adapter rank accepted."
     ),
+    allow_runtime_lora_updating: bool = typer.Option(
+        _server_default("allow_runtime_lora_updating"),
+        "--allow-runtime-lora-updating",
+        envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        help="Answer /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING "
+        "is read too); loads are limited to --lora-allowed-roots.",
+    ),
+    lora_allowed_roots: list[str] = typer.Option(
+        [], "--lora-allowed-roots", help="Directory run-time LoRA loads may read from (repeatable)."
+    ),
+    max_registered_loras: int = typer.Option(
+        _server_default("max_registered_loras"),
+        "--max-registered-loras",
+        min=1,
+        help="Adapters registered at once, start-up ones included; a load beyond it gets 400.",
+    ),
     max_cpu_loras: int | None = typer.Option(
         None, "--max-cpu-loras", min=1, help="Adapters kept in host memory, LRU (default: --max-loras)."
     ),
@@ -282,11 +352,11 @@ def serve(
     enable_profiling: bool = typer.Option(
         _server_default("enable_profiling"),
         "--enable-profiling",
-        help="Answer POST /debug/profile?seconds=S&kind=torch|py-spy (behind --api-key when set); "
+        help="Answer POST /debug/profile?seconds=S&kind=torch|py-spy (a control endpoint: --admin-api-key); "
         "fetch one with `plimsoll profile`.",
     ),
     profile_dir: str | None = typer.Option(
-        None, "--profile-dir", help="Where profiles are also written (default: $TMPDIR/plimsoll-profiles)."
+        None, "--profile-dir", help="Where profiles are also written (default: a fresh $TMPDIR/plimsoll-profiles-XXXX, mode 0700)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     metrics_compat: str | None = typer.Option(
@@ -309,12 +379,15 @@ def serve(
         check_model,
         check_port,
         choose_model,
+        environment_malloc_settings,
         gpu_kv_cache_bytes,
         kv_cache_bytes,
+        max_new_tokens,
         parse_lora_module,
         resolve_attention_backend,
         resolve_device,
         resolve_dtype,
+        served_name,
     )
     from plimsoll.runtime.serving.lifecycle import DrainingServer
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -325,6 +398,8 @@ def serve(
     # Mistakes a newcomer makes first fail here, in one line, before the model loads or the port binds.
     try:
         model = choose_model(model_arg, model)
+        served = served_name(served_model_name)
+        new_tokens = max_new_tokens(max_new_tokens_flag, override_generation_config)
         device = resolve_device(device)
         attention_backend = resolve_attention_backend(attention_backend, device)
         dtype = resolve_dtype(dtype, device)
@@ -343,10 +418,14 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    malloc_settings = environment_malloc_settings()  # the process's own malloc rules win (kernels/host_memory.py)
+    # Read once: child processes (chat-template workers, py-spy, tensor-parallel ranks) need neither key.
+    for name in (API_KEY_ENV, ADMIN_API_KEY_ENV):
+        os.environ.pop(name, None)
     try:
         config = EngineConfig(
             model=model,
-            served_model_name=served_model_name,
+            served_model_name=served,
             dtype=dtype,
             device=device,
             max_num_seqs=max_num_seqs,
@@ -377,12 +456,22 @@ def serve(
             kv_shared_url=kv_shared_url,
             kv_shared_timeout_s=kv_shared_timeout,
             kv_events_config=kv_events_config,
+            cpu_kernels=cpu_kernels,
+            cpu_packed_weights=cpu_packed_weights,
+            keep_freed_memory=malloc_settings is None,
         )
         settings = ServerSettings(
             served_model_name=config.display_name,
-            model_root=model,
             api_key=api_key,
+            admin_api_key=admin_api_key,
+            allow_runtime_lora_updating=allow_runtime_lora_updating,
+            lora_allowed_roots=tuple(lora_allowed_roots),
+            max_registered_loras=max_registered_loras,
+            enable_prompt_tokens_details=enable_prompt_tokens_details,
+            tenant_cache_isolation=tenant_cache_isolation,
+            min_client_priority=min_client_priority,
             max_waiting=max_waiting,
+            max_new_tokens=new_tokens,
             request_timeout=request_timeout,
             drain_timeout=drain_timeout,
             max_tenant_inflight_tokens=max_tenant_inflight_tokens,
@@ -399,9 +488,8 @@ def serve(
 
     if metrics_compat not in (None, "vllm"):
         _fail(f"--metrics-compat {metrics_compat!r}: the only compatible family is vllm")
-    from plimsoll.runtime.serve_args import kernel_line
-
-    logging.getLogger("plimsoll.serve").info(kernel_line(device, attention_backend, dtype))
+    if malloc_settings is not None:
+        logging.getLogger("plimsoll.serve").info("malloc thresholds left as they are: %s", malloc_settings)
     if otlp_traces_endpoint:
         from plimsoll.tracing import configure_tracing
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -171,26 +172,13 @@ def gpu_kv_cache_bytes(utilization: float, device: str, model: str) -> int:
     return budget
 
 
-def kernel_line(device: str, attention_backend: str, dtype: str) -> str:
-    """The one start-up line naming the kernels this server runs, and what is slower without them."""
-    if not device.startswith("cpu"):
-        return (
-            f"kernels: {attention_backend} attention on {device}, {dtype}; the CPU C++ kernels are not used"
-        )
-    from plimsoll.runtime.kernels import cpu_kernels
-
-    if dtype != "float32":
-        return (
-            f"kernels: torch on CPU ({dtype}); the C++ decode-attention and small-matmul kernels "
-            "are float32 only, so decode is slower (use --dtype float32)"
-        )
-    why = cpu_kernels.unavailable_reason()
-    if why is None:
-        return "kernels: C++ paged decode attention and small-batch matmuls on CPU, oneDNN for decode matmuls"
-    return (
-        f"kernels: torch only on CPU; the C++ decode kernels are {why}, so decode attention and "
-        "small-batch matmuls are slower"
-    )
+def environment_malloc_settings() -> str | None:
+    """Why this process's malloc is configured by its environment (``MALLOC_*`` or glibc's malloc
+    tunables), so the engine should leave its thresholds alone (``keep_freed_memory``), or ``None``."""
+    names = sorted(k for k in os.environ if k.startswith("MALLOC_"))
+    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        names.append("GLIBC_TUNABLES")
+    return f"malloc is configured by the environment ({', '.join(names)})" if names else None
 
 
 def parse_lora_module(text: str) -> dict[str, str]:
@@ -214,23 +202,91 @@ def parse_lora_module(text: str) -> dict[str, str]:
     return {"name": name, "path": path}
 
 
-def expand_lora_modules(argv: list[str]) -> list[str]:
+def served_name(names: list[str] | None) -> str | None:
+    """``--served-model-name``: vLLM takes several (aliases); plimsoll serves one name."""
+    if names and len(names) > 1:
+        raise ServeArgError(
+            f"--served-model-name {' '.join(names)}: plimsoll serves a model under one name; pass one "
+            "(clients send it as `model`)"
+        )
+    return names[0] if names else None
+
+
+def max_new_tokens(flag: int | None, override_generation_config: str | None) -> int | None:
+    """The server's max_tokens default and limit: ``--max-new-tokens N`` or vLLM's
+    ``--override-generation-config '{"max_new_tokens": N}'`` (its only key plimsoll reads)."""
+    from_json: int | None = None
+    if override_generation_config is not None:
+        try:
+            value = json.loads(override_generation_config)
+        except ValueError as exc:
+            raise ServeArgError(f"--override-generation-config is not valid JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise ServeArgError(
+                "--override-generation-config takes a JSON object, e.g. '{\"max_new_tokens\": 512}'"
+            )
+        extra = sorted(set(value) - {"max_new_tokens"})
+        if extra:
+            raise ServeArgError(
+                f"--override-generation-config: plimsoll reads only max_new_tokens, not {', '.join(extra)}; "
+                "send sampling values with each request"
+            )
+        from_json = value.get("max_new_tokens")
+        if from_json is not None and (
+            not isinstance(from_json, int) or isinstance(from_json, bool) or from_json < 1
+        ):
+            raise ServeArgError(
+                f"--override-generation-config max_new_tokens {from_json!r} must be an integer >= 1"
+            )
+    if flag is not None and from_json is not None and flag != from_json:
+        raise ServeArgError(
+            f"--max-new-tokens {flag} and --override-generation-config max_new_tokens {from_json} disagree; pass one"
+        )
+    return flag if flag is not None else from_json
+
+
+def _is_lora_module(arg: str) -> bool:
+    return "=" in arg or arg.lstrip().startswith("{")
+
+
+def _is_value(arg: str) -> bool:
+    return not arg.startswith("-")
+
+
+# vLLM's flags that take several values after one flag (argparse ``nargs="+"``), each with what
+# counts as one of its values: the positional MODEL after ``--lora-modules a=p`` is not a module.
+MULTI_VALUE_FLAGS = {
+    "--lora-modules": _is_lora_module,
+    "--served-model-name": _is_value,
+}
+
+
+def expand_multi_value_flags(argv: list[str]) -> list[str]:
     """vLLM's ``--lora-modules a=p b=q`` (several values after one flag) as click's repeated form.
 
-    The values after the flag, up to the next option, that read as ``name=path`` or JSON become
-    ``--lora-modules a=p --lora-modules b=q``; anything else (the positional MODEL) is left alone.
+    For each flag in :data:`MULTI_VALUE_FLAGS`, the values after it, up to the next option or
+    the first word that is not one of its values, become ``--flag a=p --flag b=q``, wherever
+    the flag stands (start, middle or end of the line); anything else (the positional MODEL)
+    is left alone. A flag with no value at all stays as it is, so click says it needs one.
+    ``--flag=value`` is click's own form and passes through.
     """
     out: list[str] = []
-    in_modules = False
+    flag: str | None = None  # the multi-value flag whose values are being read
+    taken = 0  # values read after it
     for arg in argv:
-        if arg == "--lora-modules":
-            in_modules = True
+        if arg in MULTI_VALUE_FLAGS:
+            if flag is not None and taken == 0:
+                out.append(flag)
+            flag, taken = arg, 0
             continue
-        if in_modules and not arg.startswith("-") and ("=" in arg or arg.lstrip().startswith("{")):
-            out += ["--lora-modules", arg]
+        if flag is not None and MULTI_VALUE_FLAGS[flag](arg):
+            out += [flag, arg]
+            taken += 1
             continue
-        in_modules = False
+        if flag is not None and taken == 0:
+            out.append(flag)  # no value: click reports it (or takes this word, as it would)
+        flag = None
         out.append(arg)
-    if in_modules:
-        out.append("--lora-modules")  # a flag with no value: click says so
+    if flag is not None and taken == 0:
+        out.append(flag)
     return out

@@ -13,7 +13,6 @@ What it is not: a fake. The model is tiny but real (transformers can load it and
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -222,7 +221,7 @@ class ThreadedServer:
 
         config = EngineConfig(model=self.model, **self.engine_kwargs)
         settings = ServerSettings(
-            served_model_name=config.display_name, model_root=self.model, **self.server_kwargs
+            served_model_name=config.display_name, **self.server_kwargs
         )
         self.metrics = ServerMetrics(settings.served_model_name)
         self.engine = AsyncEngine(config, observer=self.metrics)
@@ -327,7 +326,7 @@ class ServerProcess:
         self.port = port if port is not None else free_port(host)
         self.args = list(args)
         self.startup_timeout = startup_timeout
-        self.env = {**os.environ, **(env or {})}
+        self.env = env  # the server's whole environment; None: this process's
         self.proc: subprocess.Popen[bytes] | None = None
         # Closed in __exit__; the file outlives the process so a failing test can show the log.
         self._log = tempfile.NamedTemporaryFile(prefix="plimsoll-serve-", suffix=".log", delete=False)  # noqa: SIM115

@@ -35,9 +35,11 @@ for tool in mmdebstrap buildah curl; do
 done
 
 if ! buildah inspect --type image "$BASE_TAG" >/dev/null 2>&1; then
-  stamp "base: mmdebstrap bookworm with python3, venv, g++ (about 3 min) -> $BASE_TAG"
+  # No compiler in the base: the Dockerfile's build stage installs g++ (from the same mirror)
+  # to compile the CPU kernels, and the image it ships fails to build if one came along.
+  stamp "base: mmdebstrap bookworm with python3, venv (about 3 min) -> $BASE_TAG"
   mmdebstrap --mode=root --variant=minbase \
-    --include=python3,python3-venv,python3-pip,g++,ca-certificates \
+    --include=python3,python3-venv,python3-pip,ca-certificates \
     bookworm "$WORK/base.tar" "$MIRROR" >"$WORK/mmdebstrap.log" 2>&1 \
     || { tail -20 "$WORK/mmdebstrap.log" >&2; exit 1; }
   ctr=$(buildah from scratch)

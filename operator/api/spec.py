@@ -10,25 +10,37 @@ This module does no I/O and knows nothing about Deployments.
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
-from plimsoll.operator.api.model_uri import ADAPTER_URI_PATTERN, MODEL_URI_PATTERN, parse_model_uri
+from plimsoll.operator.api.model_uri import (
+    ADAPTER_URI_PATTERN,
+    MODEL_URI_PATTERN,
+    parse_adapter_uri,
+    parse_model_uri,
+)
 
-EngineKind = Literal["plimsoll", "vllm"]
+EngineKind = Literal["plimsoll", "vllm", "sglang"]
 CapacityMode = Literal["Profile", "Manual"]
 Reprofile = Literal["Auto", "OnAnnotation"]
 AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
 RouterPolicy = Literal["least-in-flight", "prefix-affinity", "precise-prefix"]
 RouterMode = Literal["plimsoll", "inferencePool"]
 # Volume names the builders use themselves; a user volume may not take one.
-RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp")
+RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp", "home-cache")
 # Adapter claims other than the model's are mounted as volumes named lora-<hash>.
 RESERVED_VOLUME_PREFIX = "lora-"
 # --max-loras when LoRA is on and engine.maxLoras is unset (vLLM's own default, 1, swaps on every mix).
 DEFAULT_MAX_LORAS = 4
+# The admission limits the operator gives plimsoll replicas unless engine.args sets them.
+DEFAULT_MAX_WAITING = 512
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 600
 
 DEFAULT_CONCURRENCY_LEVELS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+# A capacity profile measures each level for at least three minutes and at least 100 requests
+# (bench's max(100, 4 × c)): the low end of the 3–5 minutes a level is advised to run, so p95s are
+# stable and queues have settled. Ten levels then take half an hour; lower it for a first look.
+DEFAULT_MIN_SECONDS_PER_LEVEL = 180
 
 PositiveInt = Annotated[int, Field(ge=1)]
 
@@ -132,7 +144,9 @@ class EngineSpec(APIModel):
     """The inference engine each replica runs and its batching/KV settings."""
 
     kind: EngineKind = Field(
-        "plimsoll", description="plimsoll (this project's runtime) or vllm (upstream image)."
+        "plimsoll",
+        description="plimsoll (this project's runtime), vllm or sglang (their upstream images, with "
+        "the equivalent flags; SGLang runs with --enable-metrics).",
     )
     image: str | None = Field(
         None, description="Container image; defaults to the operator's image for each kind."
@@ -172,6 +186,32 @@ class EngineSpec(APIModel):
     )
     max_lora_rank: PositiveInt | None = Field(
         None, description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset)."
+    )
+    lora_allowed_roots: list[Annotated[str, Field(pattern=r"^/")]] = Field(
+        default_factory=list,
+        description="plimsoll: directories in the image that file:// adapters may be loaded from at run time "
+        "(--lora-allowed-roots; the operator adds its own mount points). Changing it rolls the pods.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        None,
+        description="The API key clients send (`Authorization: Bearer`), from a Secret: the engine reads it "
+        "from its environment (PLIMSOLL_API_KEY or VLLM_API_KEY, never its arguments), the router checks "
+        "clients against it, the profile Job sends it.",
+    )
+    max_waiting: PositiveInt = Field(
+        DEFAULT_MAX_WAITING,
+        description="plimsoll --max-waiting: waiting requests beyond which new ones get 429 (a replica's "
+        "queue is bounded by default).",
+    )
+    request_timeout_seconds: PositiveInt = Field(
+        DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        description="plimsoll --request-timeout: seconds after which a request is aborted with 504.",
+    )
+    max_new_tokens: PositiveInt | None = Field(
+        None,
+        description="max_tokens for requests that send none, and the most any request gets (larger ones are "
+        "lowered to it): plimsoll --max-new-tokens, vLLM --override-generation-config max_new_tokens. "
+        "Unset: a request without max_tokens may fill the rest of the context.",
     )
 
 
@@ -252,14 +292,42 @@ class ScalingSpec(APIModel):
         return self
 
 
+# What spec.slo means when it sets no objective (slo.preset): users grow impatient past a
+# 3 s first token and leave past 5 s, so an interactive service holds TTFT p95 to 3 s.
+SLO_PRESETS: dict[str, dict[str, float]] = {"interactive": {"ttft_p95_ms": 3000.0}, "none": {}}
+SLOPreset = Literal["interactive", "none"]
+
+
 class SLOSpec(APIModel):
     """Latency objectives; profiling and the autoscaler keep replicas inside them."""
 
+    preset: SLOPreset = Field(
+        "interactive",
+        description="Objectives used when none of ttftP95Ms, tpotP50Ms, e2eP95Ms is set: interactive "
+        "(TTFT p95 3000 ms) or none. The operator says in status.slo and an SLODefaulted Event when it "
+        "applies them.",
+    )
     ttft_p95_ms: float | None = Field(None, gt=0, description="95th percentile time to first token, ms.")
     tpot_p50_ms: float | None = Field(None, gt=0, description="Median time per output token, ms.")
     e2e_p95_ms: float | None = Field(
         None, gt=0, alias="e2eP95Ms", description="95th percentile end-to-end latency, ms."
     )
+    _defaulted: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _apply_preset(self) -> "SLOSpec":
+        if self.ttft_p95_ms is None and self.tpot_p50_ms is None and self.e2e_p95_ms is None:
+            bounds = SLO_PRESETS[self.preset]
+            if bounds:
+                for name, value in bounds.items():
+                    setattr(self, name, value)
+                self._defaulted = self.preset
+        return self
+
+    @property
+    def defaulted_from(self) -> str | None:
+        """The preset whose objectives were applied because the spec set none (None: the user's own)."""
+        return self._defaulted
 
 
 class ProfileWorkload(APIModel):
@@ -272,7 +340,18 @@ class ProfileWorkload(APIModel):
         min_length=1,
         description="Closed-loop concurrency levels swept, in increasing order.",
     )
-    requests_per_level: PositiveInt = Field(32, description="Requests measured at each level.")
+    requests_per_level: PositiveInt | None = Field(
+        None,
+        description="Requests measured at each level; unset: bench's own default, max(100, 4 × concurrency) "
+        "(fewer measure one or two synchronised waves at high concurrency).",
+    )
+    min_seconds_per_level: int = Field(
+        DEFAULT_MIN_SECONDS_PER_LEVEL,
+        ge=0,
+        le=1800,
+        description="Floor on each level's measured time: a level runs its requests and at least this long "
+        "(more requests at the same concurrency), so a fast replica is measured for minutes; 0 turns it off.",
+    )
 
 
 class ProfileSpec(APIModel):
@@ -448,6 +527,12 @@ class ExpectedLoadSpec(APIModel):
         return self
 
 
+class LocalObjectReference(APIModel):
+    """A reference by name to an object in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Object name.")
+
+
 class EndpointPickerRef(APIModel):
     """The Gateway API Inference Extension endpoint picker an InferencePool names (v1 shape)."""
 
@@ -538,6 +623,12 @@ class RouterSpec(APIModel):
     endpoint_picker_ref: EndpointPickerRef | None = Field(
         None, description="The endpoint picker the InferencePool names (inferencePool mode)."
     )
+    tenant_keys_secret_ref: LocalObjectReference | None = Field(
+        None,
+        description="A Secret whose keys are tenant names and values their API keys: the router authenticates "
+        "clients with them and sets x-gateway-inference-fairness-id to the tenant (its own token cap and "
+        "prefix-cache salt on the replicas).",
+    )
 
     @model_validator(mode="after")
     def _picker_needs_pool(self) -> "RouterSpec":
@@ -551,10 +642,20 @@ class RouterSpec(APIModel):
         return self
 
 
-class LocalObjectReference(APIModel):
-    """A reference by name to an object in the same namespace."""
+class NetworkPolicySpec(APIModel):
+    """Who may open connections to the replicas (a NetworkPolicy the operator keeps per LLMService)."""
 
-    name: str = Field(min_length=1, max_length=253, description="Object name.")
+    enabled: bool = Field(
+        True,
+        description="Keep a NetworkPolicy that lets only the router, the profile Job, the operator, the "
+        "metrics scraper and ingressFrom reach the replicas' port (and, for multi-node replicas, every port "
+        "only from the same LLMService's pods). Enforced where the cluster's network plugin supports it.",
+    )
+    ingress_from: list[FreeForm] = Field(
+        default_factory=list,
+        description="More NetworkPolicyPeer objects allowed on the serving port: the clients when no router is "
+        "in front (default then: pods of this namespace), a Gateway and its endpoint picker (inferencePool).",
+    )
 
 
 class TracingSpec(APIModel):
@@ -654,6 +755,10 @@ class LLMServiceSpec(APIModel):
         default_factory=list,
         description="Where the engine container mounts them (Kubernetes VolumeMount objects).",
     )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=lambda: NetworkPolicySpec.model_validate({}),
+        description="The replicas' NetworkPolicy (on by default).",
+    )
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="LoRA adapters on the base model: loaded on every Ready replica through the engine's API "
@@ -678,15 +783,17 @@ class LLMServiceSpec(APIModel):
                 raise ValueError(
                     f"volumeMounts entry {mount!r} needs a mountPath and the name of an entry in volumes"
                 )
-        if self.engine.kind == "vllm" and self.engine.scheduling_policy == "static":
+        if self.engine.kind != "plimsoll" and self.engine.scheduling_policy == "static":
             raise ValueError(
-                "engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with vllm"
+                f"engine.schedulingPolicy static exists only in plimsoll; use continuous or priority with "
+                f"{self.engine.kind}"
             )
+        self._check_sglang()
         self._check_parallelism()
-        if self.engine.kind == "vllm" and location.scheme == "embedded":
+        if self.engine.kind != "plimsoll" and location.scheme == "embedded":
             raise ValueError(
-                "engine.kind vllm cannot serve embedded:// models (they live in the plimsoll image); "
-                "use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
+                f"engine.kind {self.engine.kind} cannot serve embedded:// models (they live in the plimsoll "
+                "image); use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
         if (
@@ -705,6 +812,28 @@ class LLMServiceSpec(APIModel):
                 "(the external autoscaler's bounds)"
             )
         return self
+
+    def _check_sglang(self) -> None:
+        """What an SGLang replica cannot be given through these fields (each error says the SGLang way)."""
+        if self.engine.kind != "sglang":
+            return
+        unsupported = [
+            (self.engine.kv_cache_memory is not None, "engine.kvCacheMemory",
+             "SGLang sizes its KV pool as a fraction of memory: engine.args [--mem-fraction-static, '0.8'] "
+             "or [--max-total-tokens, N]"),
+            (self.engine.max_new_tokens is not None, "engine.maxNewTokens",
+             "SGLang has no server-side max_tokens default; clients must send max_tokens"),
+            (bool(self.adapters), "spec.adapters",
+             "adapters load through vLLM's runtime LoRA API; give SGLang engine.args [--lora-paths, name=path]"),
+            (self.resources.nodes > 1, "resources.nodes above 1",
+             "multi-node SGLang replicas are not built; use engine.kind vllm for replicas across nodes"),
+            (self.engine.api_key_secret_ref is not None, "engine.apiKeySecretRef",
+             "SGLang takes its key only as --api-key on its command line, where every reader of the pod "
+             "spec and /proc sees it; put an authenticating gateway or the router (--api-key) in front"),
+        ]  # fmt: skip
+        for bad, field, how in unsupported:
+            if bad:
+                raise ValueError(f"{field} is not available with engine.kind sglang: {how}")
 
     def _check_parallelism(self) -> None:
         gpus, nodes = self.resources.gpu.count, self.resources.nodes
@@ -738,6 +867,17 @@ class LLMServiceSpec(APIModel):
             raise ValueError(f"adapters: each name once; {', '.join(twice)} appear more than once")
         if self.adapters and self.engine.enable_lora is False:
             raise ValueError("adapters need LoRA: remove engine.enableLora false, or the adapters")
+        if self.engine.kind != "plimsoll":
+            return
+        roots = [r.rstrip("/") + "/" for r in self.engine.lora_allowed_roots]
+        for adapter in self.adapters:
+            location = parse_adapter_uri(adapter.uri)
+            path = location.name.rstrip("/") + "/"
+            if location.scheme == "file" and not any(path.startswith(root) for root in roots):
+                raise ValueError(
+                    f"adapters: {adapter.name} ({adapter.uri}) is outside engine.loraAllowedRoots, so the "
+                    "replicas would refuse to load it; add its directory (or a parent) to engine.loraAllowedRoots"
+                )
 
     def lora_enabled(self) -> bool:
         """--enable-lora: asked for, or implied by declared adapters."""

@@ -24,6 +24,7 @@ ConditionType = Literal[
     "SLOAtRisk",
     "ModelReady",
     "AdaptersReady",
+    "OwnershipConflict",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -41,7 +42,8 @@ class Condition(APIModel):
 
     type: ConditionType = Field(
         description="Ready, Progressing, Degraded, Profiled, ProfileStale, ProfileDrift, ScalingLimited, SLOAtRisk, "
-        "ModelReady (an hf:// model's download) or AdaptersReady (spec.adapters loaded on every Ready replica)."
+        "ModelReady (an hf:// model's download), AdaptersReady (spec.adapters loaded on every Ready replica) or "
+        "OwnershipConflict (an object the LLMService would create exists and is someone else's; left untouched)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="CamelCase reason.")
@@ -78,6 +80,27 @@ class CapacityStatus(APIModel):
         description="Per level of the sweep: concurrency, outputTokensPerS, ttftP95Ms, tpotP50Ms "
         "(what the ProfileDrift check compares each replica with).",
     )
+    measured: FreeForm | None = Field(
+        None,
+        description="What the profile measured: levels (each with concurrency, requests, seconds, valid), "
+        "requests and seconds in total, requestsPerLevel and minSecondsPerLevel asked for, and where it "
+        "ran (loadGeneratorNode, replicaNode, sameNode: the load generator shared the replica's machine).",
+    )
+
+
+class SLOStatus(APIModel):
+    """The latency objectives in force, and where they came from."""
+
+    ttft_p95_ms: float | None = Field(None, description="TTFT p95 objective in force, ms.")
+    tpot_p50_ms: float | None = Field(None, description="TPOT p50 objective in force, ms.")
+    e2e_p95_ms: float | None = Field(
+        None, alias="e2eP95Ms", description="End-to-end p95 objective in force, ms."
+    )
+    source: str | None = Field(
+        None,
+        description="spec (the user's own), preset:interactive (applied because spec.slo sets none) or none.",
+    )
+    message: str | None = Field(None, description="What applies, in words.")
 
 
 class AutoscalerStatus(APIModel):
@@ -164,6 +187,7 @@ class LLMServiceStatus(APIModel):
     selector: str | None = Field(None, description="Label selector of the replicas (scale subresource).")
     endpoint: str | None = Field(None, description="In-cluster URL clients use.")
     capacity: CapacityStatus | None = Field(None, description="Per-replica capacity.")
+    slo: SLOStatus | None = Field(None, description="The latency objectives in force and their source.")
     autoscaler: AutoscalerStatus | None = Field(None, description="Last autoscaling decision.")
     sizing: SizingStatus | None = Field(None, description="Starting replica count from expectedLoad.")
     last_profile: LastProfileStatus | None = Field(

@@ -24,6 +24,7 @@ import kopf
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.pods import counts_for_scaling, list_pods, metrics_url, pod_is_ready
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status, with_conditions
 from plimsoll.operator.resources.adapters import (
     PodAdapters,
@@ -55,13 +56,11 @@ def _error_message(response: httpx.Response) -> str:
 
 
 async def sync_pod(
-    http: httpx.AsyncClient, base_url: str, pod: str, desired: dict[str, str], base_model: str, logger: Logger
+    http: ReplicaClient, base_url: str, pod: str, desired: dict[str, str], base_model: str, logger: Logger
 ) -> tuple[PodAdapters, list[str], list[str]]:
     """Bring one replica to ``desired``; returns what it holds after, and the names loaded and unloaded."""
     try:
-        response = await http.get(f"{base_url}/v1/models", timeout=LIST_TIMEOUT_S)
-        response.raise_for_status()
-        held = loaded_adapters(response.json(), base_model)
+        held = loaded_adapters(await http.get_json(f"{base_url}/v1/models", timeout=LIST_TIMEOUT_S), base_model)
     except (httpx.HTTPError, ValueError) as error:
         return PodAdapters(pod=pod, error=f"{type(error).__name__}: {error}"[:300]), [], []
     plan = plan_pod(desired, held)
@@ -115,7 +114,8 @@ async def sync_adapters(kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMSe
     ]
     desired = desired_adapters(svc) if svc.spec.lora_enabled() else {}
     lock = _passes.setdefault((svc.namespace, svc.name), asyncio.Lock())
-    async with lock, httpx.AsyncClient(timeout=LIST_TIMEOUT_S) as http:
+    async with lock, httpx.AsyncClient(timeout=LIST_TIMEOUT_S) as raw:
+        http = await ReplicaClient.for_service(kube, svc, raw)
         results = await asyncio.gather(
             *(sync_pod(http, url, pod, desired, svc.served_name, logger) for pod, url in sorted(ready))
         )

@@ -2,7 +2,7 @@
 
 What it is: :func:`track_attainment`, called every replica-planning tick.
 It tells each ready plimsoll replica the service's ``spec.slo`` when the
-bounds the replica exports differ (``PUT /slo``: a new or restarted replica,
+bounds the replica exports differ (``PUT /slo`` with the admin key: a new or restarted replica,
 or a changed SLO), feeds the replicas' judged-request counters to an
 :class:`AttainmentTracker`, and sets, in the default registry served by
 ``plimsoll operator --metrics-bind-address``:
@@ -26,6 +26,7 @@ from prometheus_client import Gauge
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.pod_http import put_slo
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.scaling.attainment import (
     COST_WINDOW,
     WINDOWS_S,
@@ -65,7 +66,7 @@ def forget_attainment(namespace: str, name: str) -> None:
 
 
 async def track_attainment(
-    http: httpx.AsyncClient,
+    http: ReplicaClient,
     svc: LLMService,
     state: AttainmentState,
     samples: dict[str, PodSample],

@@ -23,6 +23,7 @@ import kopf
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionStatus
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.ownership import apply_owned, delete_owned
 from plimsoll.operator.handlers.status_writer import set_conditions
 from plimsoll.operator.resources.external_autoscaler import (
     KEDA_API_VERSION,
@@ -44,11 +45,6 @@ WAITING_FOR_TARGET = "WaitingForTarget"
 _OUR_REASONS = (KEDA_NOT_INSTALLED, EXTERNAL, WAITING_FOR_TARGET)
 
 
-def _owned_by(obj: dict[str, Any], body: kopf.Body | dict[str, Any]) -> bool:
-    uid = body["metadata"].get("uid")
-    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
-
-
 async def _delete_ours(
     kube: Kube,
     kind: tuple[str, str],
@@ -58,22 +54,11 @@ async def _delete_ours(
 ) -> None:
     """Delete the object of ``kind`` named after the service, if this LLMService owns it."""
     api_version, label = kind
-    existing = await kube.get(api_version, label, svc.namespace, svc.name)
-    if existing is None or not _owned_by(existing, body):
-        return  # never remove an autoscaler someone else made
-    if not await kube.delete(api_version, label, svc.namespace, svc.name):
-        return
+    if not await delete_owned(kube, body, api_version, label, svc.namespace, svc.name):
+        return  # absent, or someone else's: never remove an autoscaler someone else made
     message = f"deleted {label}/{svc.name}: autoscaling.mode is {svc.spec.autoscaling.mode}"
     logger.info(message)
     kopf.info(cast(kopf.Body, body), reason="Deleted", message=message)
-
-
-async def _apply(kube: Kube, obj: dict[str, Any]) -> bool:
-    """Server-side apply; True when the object was created."""
-    meta = obj["metadata"]
-    before = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-    await kube.apply(obj)
-    return before is None
 
 
 async def _set_limited(
@@ -137,8 +122,7 @@ async def ensure_external_autoscaler(
 
     kind = HPA if mode == "hpa" else SCALED_OBJECT
     obj = build_hpa(svc, target.value) if mode == "hpa" else build_scaled_object(svc, target.value)
-    kopf.adopt(obj, owner=owner)
-    if await _apply(kube, obj):
+    if await apply_owned(kube, owner, obj):  # OwnershipConflict (nothing touched) when an HPA of that name is not ours
         message = f"created {kind[1]}/{svc.name} on {target.value:g} in flight per replica ({target.source})"
         logger.info(message)
         kopf.info(owner, reason="Created", message=message)

@@ -11,8 +11,8 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.ownership import delete_owned
 from plimsoll.operator.resources.inference_pool import INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL
-from plimsoll.operator.resources.labels import MANAGED_BY
 
 _KIND = "InferencePool"
 
@@ -23,10 +23,7 @@ async def remove_unused_inference_pool(
     """Delete ``svc``'s InferencePool if the operator made one; True when it did."""
     if not await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
         return False
-    pool = await kube.get(INFERENCE_POOL_GROUP_VERSION, _KIND, svc.namespace, svc.name)
-    labels = ((pool or {}).get("metadata") or {}).get("labels") or {}
-    if pool is None or labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
+    if not await delete_owned(kube, svc, INFERENCE_POOL_GROUP_VERSION, _KIND, svc.namespace, svc.name):
         return False
-    await kube.delete(INFERENCE_POOL_GROUP_VERSION, _KIND, svc.namespace, svc.name)
     logger.info("deleted InferencePool %s: router.mode is %s", svc.name, svc.spec.router.mode)
     return True

@@ -35,6 +35,8 @@ PLURALS = {
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Pod"): "pods",
     ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("batch/v1", "Job"): "jobs",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",

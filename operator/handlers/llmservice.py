@@ -12,6 +12,7 @@ Importing this module registers the handlers with kopf's default registry; the
 CLI (``operator/cli.py``) imports it and runs kopf.
 """
 
+import json
 import logging
 import os
 from typing import Any
@@ -39,16 +40,26 @@ CLUSTERWIDE = True
 
 
 def settings_from_env() -> BuildSettings:
-    """Images and drain timings from the environment the Helm chart sets."""
+    """Images, drain timings and the NetworkPolicy's peers from the environment the Helm chart sets."""
     overrides: dict[str, Any] = {}
     for env, field in (
         ("PLIMSOLL_IMAGE", "plimsoll_image"),
         ("PLIMSOLL_VLLM_IMAGE", "vllm_image"),
+        ("PLIMSOLL_SGLANG_IMAGE", "sglang_image"),
         ("PLIMSOLL_TERMINATION_GRACE_SECONDS", "termination_grace_period_seconds"),
         ("PLIMSOLL_PRESTOP_SLEEP_SECONDS", "pre_stop_sleep_seconds"),
+        ("PLIMSOLL_OPERATOR_NAMESPACE", "operator_namespace"),
     ):
         if os.environ.get(env):
             overrides[field] = os.environ[env]
+    for env, field in (
+        ("PLIMSOLL_OPERATOR_POD_LABELS", "operator_pod_labels"),
+        ("PLIMSOLL_METRICS_SCRAPER_PEERS", "metrics_scraper_peers"),
+    ):
+        if os.environ.get(env):
+            overrides[field] = json.loads(os.environ[env])
+    if "PLIMSOLL_ENGINE_MEMORY_LIMIT" in os.environ:
+        overrides["engine_memory_limit"] = os.environ["PLIMSOLL_ENGINE_MEMORY_LIMIT"] or None
     return BuildSettings.model_validate(overrides)
 
 

@@ -4,8 +4,8 @@ What it is: the calls, each with its timeout and what a failure means —
 :func:`scrape` (a replica's ``/metrics``, parsed), :func:`hold` (the router's
 ``GET /hold``), :func:`answers_ready` (``GET /ready``), :func:`mark_for_removal`
 and :func:`unmark` (``POST`` / ``DELETE /drain``), :func:`put_slo`
-(``PUT /slo``). Callers pass the ``httpx.AsyncClient`` (one per LLMService
-loop), so the client — its limits, its credentials — is chosen in one spot.
+(``PUT /slo``). Callers pass a :class:`ReplicaClient` (one per LLMService
+tick): every answer byte-capped, the LLMService's admin key on control calls.
 
 What it is not: a decision about which pod to call (``scaling/planner.py`` and
 ``replica_planning.py`` decide) or a reader of the API server.
@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from plimsoll.bounded_http import SMALL_LIMIT_BYTES
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.scaling.metrics import MetricsError, PodSample, parse_scrape
 from plimsoll.operator.scaling.observations import RouterDemand
 
@@ -26,24 +28,19 @@ def _why(error: Exception) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-async def scrape(http: httpx.AsyncClient, url: str) -> PodSample | str:
+async def scrape(http: ReplicaClient, url: str) -> PodSample | str:
     """One pod's parsed metrics, or the reason they could not be read."""
     try:
-        response = await http.get(url, timeout=TIMEOUT_S)
-        response.raise_for_status()
-        return parse_scrape(response.text)
+        return parse_scrape(await http.get_text(url, timeout=TIMEOUT_S))
     except (httpx.HTTPError, MetricsError) as error:
         return _why(error)
 
 
-async def hold(http: httpx.AsyncClient, urls: list[str]) -> RouterDemand | None:
+async def hold(http: ReplicaClient, urls: list[str]) -> RouterDemand | None:
     """The first router pod's ``GET /hold`` that answers (held requests, oldest wait); None when none does."""
     for url in urls:
         try:
-            response = await http.get(url, timeout=TIMEOUT_S)
-            if response.status_code != 200:
-                continue
-            demand: dict[str, Any] = response.json()
+            demand: dict[str, Any] = await http.get_json(url, limit=SMALL_LIMIT_BYTES, timeout=TIMEOUT_S)
             return RouterDemand(
                 held=int(demand.get("held") or 0), oldest_held_s=demand.get("oldestHeldSeconds")
             )
@@ -52,22 +49,23 @@ async def hold(http: httpx.AsyncClient, urls: list[str]) -> RouterDemand | None:
     return None
 
 
-async def answers_ready(http: httpx.AsyncClient, base_url: str) -> bool:
+async def answers_ready(http: ReplicaClient, base_url: str) -> bool:
     """``GET /ready`` answers 200: the replica takes new work (a marked one answers 503)."""
     try:
-        return (await http.get(f"{base_url}/ready", timeout=TIMEOUT_S)).status_code == 200
+        response = await http.request("GET", f"{base_url}/ready", SMALL_LIMIT_BYTES, timeout=TIMEOUT_S)
+        return response.status_code == 200
     except httpx.HTTPError:
         return False
 
 
-async def mark_for_removal(http: httpx.AsyncClient, base_url: str) -> None:
+async def mark_for_removal(http: ReplicaClient, base_url: str) -> None:
     """``POST /drain``: the replica's readiness drops, in-flight work finishes (vLLM: 404, ignored)."""
     # Unanswered: the next tick asks /ready again and repeats it.
     with contextlib.suppress(httpx.HTTPError):
         await http.post(f"{base_url}/drain", timeout=TIMEOUT_S)
 
 
-async def unmark(http: httpx.AsyncClient, base_url: str) -> bool:
+async def unmark(http: ReplicaClient, base_url: str) -> bool:
     """``DELETE /drain``; True when the replica answered (any status: vLLM has no /drain)."""
     try:
         await http.delete(f"{base_url}/drain", timeout=TIMEOUT_S)
@@ -76,7 +74,7 @@ async def unmark(http: httpx.AsyncClient, base_url: str) -> bool:
     return True
 
 
-async def put_slo(http: httpx.AsyncClient, base_url: str, objectives: dict[str, Any]) -> None:
+async def put_slo(http: ReplicaClient, base_url: str, objectives: dict[str, Any]) -> None:
     """``PUT /slo``: the bounds the replica judges each request against; raises httpx.HTTPError."""
     response = await http.put(f"{base_url}/slo", json=objectives, timeout=TIMEOUT_S)
     response.raise_for_status()

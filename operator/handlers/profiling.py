@@ -41,8 +41,17 @@ from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.ownership import (
+    OWNERSHIP_CONDITION,
+    OwnershipConflict,
+    apply_owned,
+    conflict_message,
+    delete_owned,
+    existing_owned,
+    owned_by,
+)
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
-from plimsoll.operator.resources.engine import engine_container
+from plimsoll.operator.resources.engine import engine_container, engine_image
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
 from plimsoll.operator.resources.profile_job import (
     PROFILE_COMPONENT,
@@ -93,7 +102,10 @@ def _profile_selector(svc: LLMService) -> str:
 
 async def list_profile_jobs(kube: Kube, svc: LLMService) -> dict[str, dict[str, Any]]:
     jobs = await kube.list_objects("batch/v1", "Job", svc.namespace, label_selector=_profile_selector(svc))
-    return {j["metadata"]["name"]: j for j in jobs if not j["metadata"].get("deletionTimestamp")}
+    # Labels can be copied; only Jobs this LLMService owns are read, recorded or deleted.
+    return {
+        j["metadata"]["name"]: j for j in jobs if not j["metadata"].get("deletionTimestamp") and owned_by(j, svc)
+    }
 
 
 def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict[str, Any]]) -> str | None:
@@ -114,8 +126,7 @@ def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict
 
 
 def _engine_image(svc: LLMService, settings: BuildSettings) -> str:
-    default = settings.plimsoll_image if svc.spec.engine.kind == "plimsoll" else settings.vllm_image
-    return str(svc.spec.engine.image or default)
+    return str(svc.spec.engine.image or engine_image(svc, settings))
 
 
 # --- writing -----------------------------------------------------------------------------
@@ -148,15 +159,23 @@ async def start_job(
     job = build_profile_job(svc, pod_ip, settings, spec_hash)
     name: str = job["metadata"]["name"]
     for obj in build_profiler_rbac(svc, name):  # ServiceAccount, Role, RoleBinding
-        await kube.apply(obj)
+        await apply_owned(kube, body, obj)  # OwnershipConflict, nothing touched, when a name is taken
     # A report left by an earlier attempt for the same spec must not be read as this one's.
-    await kube.delete("v1", "ConfigMap", svc.namespace, name)
-    await kube.create(build_report_configmap(svc, spec_hash))
+    await delete_owned(kube, body, "v1", "ConfigMap", svc.namespace, name)
+    report = build_report_configmap(svc, spec_hash)
+    try:
+        await kube.create(report)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        await existing_owned(kube, body, report)  # someone else's ConfigMap of that name: a conflict
+        raise
     try:
         await kube.create(job)
     except ApiException as error:
         if error.status != 409:
             raise
+        await existing_owned(kube, body, job)
         # Still being deleted (a re-profile of the same spec): try again on the next tick.
         raise kopf.TemporaryError(
             f"Job {name} still exists; starting the new profile shortly", delay=5
@@ -186,6 +205,7 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
 
     if isinstance(result, CapacityProfile):
         measured_at = (job.get("status") or {}).get("completionTime")
+        measured = {**result.measured(), **await _where_it_ran(kube, svc, job)}
         capacity = {
             "knees": result.knees(),
             "curve": result.curve() or None,
@@ -195,9 +215,20 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
             "specHash": spec_hash,
             "verification": result.verification_status(),
             "disturbedLevels": list(result.disturbed) or None,
+            "measured": measured,
         }
         conditions, warning = profile_conditions(result, name, spec_hash)
-        message = conditions[0][3]
+        message = conditions[0][3] + (
+            f"; {measured['requests']} requests over {measured['seconds']:g} s in {len(measured['levels'])} levels"
+        )
+        if measured.get("sameNode"):
+            shared = (
+                f"the load generator ran on the replica's own node {measured['replicaNode']} (no other node "
+                "could take it), so the knees may sit low; re-profile when another node is free"
+            )
+            message += f"; {shared}"
+            warning = f"{warning}; {shared}" if warning else shared
+        conditions = ((*conditions[0][:3], message), *conditions[1:])
         await patch_profile_status(
             kube, svc, conditions, capacity={k: v for k, v in capacity.items() if v is not None}
         )
@@ -213,6 +244,25 @@ async def record_job(kube: Kube, body: kopf.Body, svc: LLMService, job: dict[str
     await kube.merge_patch(
         "batch/v1", "Job", ns, name, {"metadata": {"annotations": {RECORDED_ANNOTATION: "true"}}}
     )
+
+
+async def _where_it_ran(kube: Kube, svc: LLMService, job: dict[str, Any]) -> dict[str, Any]:
+    """The nodes of the Job's pod and of the replica it measured (by the IP in its --url)."""
+    ns = svc.namespace
+    pods = await kube.list_objects("v1", "Pod", ns, label_selector=f"job-name={job['metadata']['name']}")
+    generator = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
+    containers = job["spec"]["template"]["spec"].get("containers") or [{}]
+    args = containers[0].get("args") or []
+    url = args[args.index("--url") + 1] if "--url" in args else ""
+    ip = url.removeprefix("http://").rsplit(":", 1)[0]
+    replicas = await kube.list_objects("v1", "Pod", ns, label_selector=selector_string(svc))
+    replica = next(
+        (p["spec"].get("nodeName") for p in replicas if (p.get("status") or {}).get("podIP") == ip), None
+    )
+    where: dict[str, Any] = {"loadGeneratorNode": generator, "replicaNode": replica}
+    if generator and replica:
+        where["sameNode"] = generator == replica
+    return where
 
 
 async def _failure_detail(kube: Kube, ns: str, job: dict[str, Any]) -> str:
@@ -246,8 +296,8 @@ async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, log
     plan = decide(svc, current_hash, capacity_hash, [_view(j) for j in jobs.values()], pod_ip is not None)
 
     for name in plan.delete:
-        await kube.delete("batch/v1", "Job", svc.namespace, name)
-        logger.info("deleted profile Job %s (obsolete)", name)
+        if await delete_owned(kube, body, "batch/v1", "Job", svc.namespace, name):
+            logger.info("deleted profile Job %s (obsolete)", name)
     conditions = plan.conditions
     if plan.start is not None and pod_ip is not None:
         try:
@@ -256,6 +306,12 @@ async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, log
             conditions = (("Profiled", "False", "InvalidProfileArgs", str(error)),)
             if await patch_profile_status(kube, svc, conditions):
                 kopf.warn(body, reason="ProfileFailed", message=str(error))
+            return plan
+        except OwnershipConflict as conflict:
+            message = conflict_message([conflict.label])
+            conditions = (("Profiled", "False", OWNERSHIP_CONDITION, message),)
+            if await patch_profile_status(kube, svc, conditions):
+                kopf.warn(body, reason=OWNERSHIP_CONDITION, message=message)
             return plan
     if plan.record is not None:
         await record_job(kube, body, svc, jobs[plan.record], logger)

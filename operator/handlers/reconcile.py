@@ -1,5 +1,9 @@
 """The one idempotent reconcile of an LLMService: validate, apply every child, write status.
 
+Children are applied only when absent or owned by this LLMService (``ownership.py``): an
+object of the same name that someone else made is left untouched and reported as
+``OwnershipConflict``, and the other children are still applied.
+
 Create, update, resume, the periodic timer and child-deletion events all call
 :func:`reconcile`; running it twice in a row changes nothing the second time
 (server-side apply of identical objects is a no-op). Every change it makes is
@@ -17,15 +21,24 @@ from pydantic import ValidationError
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.adapters import sync_adapters
+from plimsoll.operator.handlers.credentials import ensure_credentials
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
 from plimsoll.operator.handlers.inference_pool import remove_unused_inference_pool
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
+from plimsoll.operator.handlers.ownership import (
+    OwnershipConflict,
+    delete_owned,
+    existing_owned,
+    has_conflict,
+    report_conflicts,
+)
 from plimsoll.operator.handlers.replica_planning import kopf_events, size_new_service
 from plimsoll.operator.handlers.replica_workload import replica_workload
 from plimsoll.operator.handlers.router_children import current_router, remove_disabled_router, router_children
 from plimsoll.operator.handlers.spans import llmservice_span
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
+from plimsoll.operator.resources.credentials import admin_secret_name
 from plimsoll.operator.resources.disruption import build_pdb
 from plimsoll.operator.resources.inference_pool import (
     INFERENCE_POOL_GROUP_VERSION,
@@ -33,7 +46,7 @@ from plimsoll.operator.resources.inference_pool import (
     build_inference_pool,
     uses_inference_pool,
 )
-from plimsoll.operator.resources.kv_cache import kv_children
+from plimsoll.operator.resources.kv_cache import kv_children, kv_server_name
 from plimsoll.operator.resources.leader_worker_set import LWS_GROUP_VERSION
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
@@ -41,6 +54,7 @@ from plimsoll.operator.resources.monitoring import (
     build_prometheus_rule,
     build_service_monitor,
 )
+from plimsoll.operator.resources.network_policy import NETWORK_POLICY_API_VERSION, network_policies
 from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
 from plimsoll.operator.resources.service import build_service
 from plimsoll.operator.resources.settings import BuildSettings
@@ -100,10 +114,14 @@ async def _apply_child(
     obj: dict[str, Any],
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> tuple[str | None, dict[str, Any]]:
-    """Apply one child; return ("created"|"updated"|None, the object as stored)."""
+    """Apply one child; return ("created"|"updated"|None, the object as stored).
+
+    Raises OwnershipConflict, having changed nothing, when an object of that name exists
+    and is not this LLMService's.
+    """
     kopf.adopt(obj, owner=_as_body(body))
     meta = obj["metadata"]
-    before = await kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+    before = await existing_owned(kube, body, obj)
     label = f"{obj['kind']} {meta['name']}"
     try:
         after = await kube.apply(obj)
@@ -176,7 +194,22 @@ async def _reconcile(
         await reject_unservable(kube, body, workload.unservable or "the replicas cannot be built")
         return Outcome((), (), False)
     replicas = workload.obj
+    conflicts: list[str] = []
+    try:
+        # Before the pods: they read the admin key (and Ray's token) from this Secret.
+        if await ensure_credentials(kube, body, svc):
+            kopf.info(_as_body(body), reason="Created", message=f"created Secret/{admin_secret_name(svc)}")
+    except OwnershipConflict as conflict:
+        logger.warning("%s; left untouched", conflict)
+        conflicts.append(conflict.label)
     children = [replicas, build_service(svc), build_pdb(svc)]
+    policies = network_policies(svc, settings)
+    children.extend(policies)
+    # networkPolicy.enabled false: remove what it made. (A `<name>-kv` policy left after the operator's
+    # Valkey went selects no pod; it goes with the LLMService.)
+    for unused in () if policies else (svc.name, kv_server_name(svc)):
+        if await delete_owned(kube, body, NETWORK_POLICY_API_VERSION, "NetworkPolicy", svc.namespace, unused):
+            kopf.info(_as_body(body), reason="Deleted", message=f"deleted NetworkPolicy/{unused}")
     if await kube.has_resource(MONITORING_GROUP_VERSION, "podmonitors"):
         children.append(build_pod_monitor(svc))
     elif await kube.has_resource(MONITORING_GROUP_VERSION, "servicemonitors"):
@@ -211,6 +244,11 @@ async def _reconcile(
         for child in children:
             try:
                 change, stored = await _apply_child(kube, body, child, logger)
+            except OwnershipConflict as conflict:
+                # Someone else's object of this name: left as it is, reported below, the rest applied.
+                logger.warning("%s; left untouched", conflict)
+                conflicts.append(conflict.label)
+                continue
             except ApiException as error:
                 optional = (MONITORING_GROUP_VERSION, INFERENCE_POOL_GROUP_VERSION, LWS_GROUP_VERSION)
                 if error.status != 404 or child["apiVersion"] not in optional:
@@ -237,9 +275,19 @@ async def _reconcile(
                 reason="Updated",
                 message="brought back in line with the spec: " + ", ".join(updated),
             )
+    try:
+        # After the children: it sets ScalingLimited on the freshest copy, so neither overwrites the other.
+        await ensure_external_autoscaler(kube, body, svc, logger)
+    except OwnershipConflict as conflict:
+        logger.warning("%s; left untouched", conflict)
+        conflicts.append(conflict.label)
+    if conflicts:
+        # Ready=False naming the objects; the replicas' status is not ours to read from another's Deployment.
+        await report_conflicts(kube, body, conflicts)
+        return Outcome(tuple(created), tuple(updated), False)
     ready = await write_status(kube, body, svc, deployment)
-    # After write_status: it sets ScalingLimited on the freshest copy, so neither overwrites the other.
-    await ensure_external_autoscaler(kube, body, svc, logger)
+    if has_conflict(body):  # clear it once the objects are gone or renamed (no read otherwise)
+        await report_conflicts(kube, body, [])
     await report_model_download(kube, body, svc, logger)
     # Adapters are loaded through the replicas' API, not the pod template: a change never rolls the pods.
     await sync_adapters(kube, body, svc, logger)
@@ -262,6 +310,9 @@ async def write_status(
         # Nothing to write: Ready is what the stored status already says.
         ready_now = next(c for c in change(seen)["conditions"] if c["type"] == "Ready")
         return bool(ready_now["status"] == "True")
+    slo_now, slo_before = written.patch.get("slo") or {}, written.before.get("slo") or {}
+    if slo_now.get("source", "").startswith("preset:") and slo_before.get("source") != slo_now["source"]:
+        kopf.info(_as_body(body), reason="SLODefaulted", message=slo_now["message"])
     ready_now = next(c for c in written.patch["conditions"] if c["type"] == "Ready")
     ready_before = written.condition_before("Ready")
     if ready_before is None or ready_before.get("status") != ready_now["status"]:

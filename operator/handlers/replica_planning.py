@@ -58,6 +58,7 @@ from plimsoll.operator.handlers.pods import (
     pod_is_ready,
     pod_url,
 )
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.handlers.replica_writer import write_replicas
 from plimsoll.operator.handlers.spans import llmservice_span
 from plimsoll.operator.handlers.status_writer import StatusWrite, update_status, with_conditions
@@ -147,14 +148,15 @@ class ReplicaLoop:
         self, svc: LLMService, body: Mapping[str, Any], pods: list[dict[str, Any]]
     ) -> Observations:
         """Every counted pod (Ready ones scraped) and every marked one (scraped: a drain watches them)."""
-        seen = [p for p in await observe_pods(self.http, pods) if p is not None]
+        client = await self.client(svc)
+        seen = [p for p in await observe_pods(client, pods) if p is not None]
         router = await self._router_demand(svc) if needs_router_demand(svc.spec) else None
         samples = {p.name: p.sample for p in seen if p.ready and not p.terminating and p.sample is not None}
         base_urls = {p["metadata"]["name"]: url for p in pods if (url := pod_url(p, ""))}
         counted = sum(1 for p in seen if not p.terminating)
         try:
             attainment = await track_attainment(
-                self.http, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger
+                client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger
             )
         except Exception as error:  # SLO bookkeeping may not stop scaling
             attainment = None
@@ -177,7 +179,7 @@ class ReplicaLoop:
             for p in routers
             if not p["metadata"].get("deletionTimestamp") and (url := pod_url(p, "/hold"))
         ]
-        return await pod_http.hold(self.http, urls)
+        return await pod_http.hold(await self.client(svc), urls)
 
     async def act(
         self, svc: LLMService, body: Mapping[str, Any], plan: Plan, pods: list[dict[str, Any]]
@@ -208,6 +210,10 @@ class ReplicaLoop:
             SCALE_UP_PHASE_SECONDS.labels(phase).observe(seconds)
         return True
 
+    async def client(self, svc: LLMService) -> ReplicaClient:
+        """Calls to ``svc``'s pods: byte-capped, with its admin key (read once from its Secret, then cached)."""
+        return await ReplicaClient.for_service(self.kube, svc, self.http)
+
     async def _keep(self, svc: LLMService, pod: dict[str, Any], action: Any) -> None:
         """Make one pod marked (Drain) or unmarked (Undrain), as the plan says it should be now."""
         name = pod["metadata"]["name"]
@@ -221,8 +227,8 @@ class ReplicaLoop:
                 ):
                     await self._mark(svc, name, on=True)
                 if base is not None:
-                    await keep_engine_mark(self.http, base, marked=True)
-            elif base is None or await keep_engine_mark(self.http, base, marked=False):
+                    await keep_engine_mark(await self.client(svc), base, marked=True)
+            elif base is None or await keep_engine_mark(await self.client(svc), base, marked=False):
                 # The label goes once the replica has taken its own mark off (else: again next tick).
                 await self._mark(svc, name, on=False)
         except ApiException as error:
@@ -257,7 +263,7 @@ class ReplicaLoop:
         return await update_status(self.kube, svc.namespace, svc.name, change)
 
 
-async def keep_engine_mark(http: httpx.AsyncClient, base_url: str, marked: bool) -> bool:
+async def keep_engine_mark(http: ReplicaClient, base_url: str, marked: bool) -> bool:
     """The replica's own removal mark as the plan wants it; False when an unmark went unanswered.
 
     Marked: ``POST /drain`` whenever ``/ready`` still answers 200 — asked every tick, so a
@@ -270,7 +276,7 @@ async def keep_engine_mark(http: httpx.AsyncClient, base_url: str, marked: bool)
     return True
 
 
-async def observe_pods(http: httpx.AsyncClient, pods: list[dict[str, Any]]) -> list[PodObservation | None]:
+async def observe_pods(http: ReplicaClient, pods: list[dict[str, Any]]) -> list[PodObservation | None]:
     """One observation per pod that counts for scaling or carries the removal mark (None for the rest)."""
 
     async def one(pod: dict[str, Any]) -> PodObservation | None:

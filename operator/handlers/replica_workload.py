@@ -19,8 +19,8 @@ from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.ownership import delete_owned
 from plimsoll.operator.resources.deployment import build_deployment
-from plimsoll.operator.resources.labels import MANAGED_BY
 from plimsoll.operator.resources.leader_worker_set import (
     LWS_GROUP_VERSION,
     LWS_KIND,
@@ -46,11 +46,7 @@ class Workload:
 
 
 async def _delete_ours(kube: Kube, api_version: str, kind: str, svc: LLMService) -> bool:
-    existing = await kube.get(api_version, kind, svc.namespace, svc.name)
-    labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
-    if existing is None or labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
-        return False
-    return bool(await kube.delete(api_version, kind, svc.namespace, svc.name))
+    return await delete_owned(kube, svc, api_version, kind, svc.namespace, svc.name)
 
 
 async def replica_workload(

@@ -2,7 +2,7 @@
 
 ``spec.router.enabled`` adds a ServiceAccount, Role, RoleBinding, Deployment,
 PodDisruptionBudget and Service (built in ``resources/router.py``) to what reconcile applies; turning it
-off deletes exactly those objects again, with an Event saying so. What it is
+off deletes exactly those objects again (only those this LLMService owns), with an Event saying so. What it is
 not: the applying itself (reconcile's ``_apply_child`` does it for every child)
 or the router's own replica discovery (``plimsoll route`` does that).
 """
@@ -14,6 +14,7 @@ import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.ownership import delete_owned, owned_by
 from plimsoll.operator.resources.router import (
     build_router_deployment,
     build_router_pdb,
@@ -49,13 +50,14 @@ async def remove_disabled_router(
     """
     if svc.spec.router_in_front():
         return ()
-    if await kube.get("apps/v1", "Deployment", svc.namespace, router_name(svc)) is None:
-        return ()
+    router = await kube.get("apps/v1", "Deployment", svc.namespace, router_name(svc))
+    if router is None or not owned_by(router, body):
+        return ()  # an `<name>-router` someone else made is theirs to keep
     removed: list[str] = []
     # Service first so clients stop being sent to a router that is going away.
     for obj in reversed(router_objects(svc, settings)):
         meta = obj["metadata"]
-        if await kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]):
+        if await delete_owned(kube, body, obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]):
             removed.append(f"{obj['kind']}/{meta['name']}")
     if removed:
         logger.info("router disabled: deleted %s", ", ".join(removed))

@@ -18,6 +18,7 @@ What it is not: capacity profiling (``profiling.py``: benchmark Jobs, the
 registers the timer.
 """
 
+import asyncio
 import gzip
 import logging
 import os
@@ -30,7 +31,9 @@ from pydantic import ValidationError
 
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.credentials import admin_key
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.ownership import OwnershipConflict, conflict_message, existing_owned
 from plimsoll.operator.handlers.status_writer import update_status
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.runtime_profile import (
@@ -45,10 +48,9 @@ from plimsoll.operator.resources.runtime_profile import (
     profile_key,
     profile_request,
     ready_replica,
-    replica_api_key,
 )
 from plimsoll.operator.resources.settings import ENGINE_PORT
-from plimsoll.profile_fetch import ProfileError, take_profile
+from plimsoll.profile_fetch import MAX_PROFILE_BYTES, ProfileError, take_profile
 
 INTERVAL_S = float(os.environ.get("PLIMSOLL_RUNTIME_PROFILE_INTERVAL_SECONDS", "2"))
 
@@ -97,27 +99,30 @@ async def profile_replica(kube: Kube, body: kopf.Body, logger: Log) -> dict[str,
         logger.debug("runtime profile requested; waiting for a Ready replica")
         return None
     name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
-    api_key, why_not = replica_api_key(svc)
     base = {"pod": name, "kind": request.kind, "seconds": request.seconds}
-    if why_not:
-        await _refuse(kube, body, svc, why_not, **base)
-        return None
+    admin = await admin_key(kube, svc)  # /debug/profile is a control endpoint
     logger.info("profiling pod %s for %gs (%s)", name, request.seconds, request.kind)
     try:
-        profile = await take_profile(f"http://{ip}:{ENGINE_PORT}", request.seconds, request.kind, api_key)
+        profile = await take_profile(f"http://{ip}:{ENGINE_PORT}", request.seconds, request.kind, admin,
+                                     max_bytes=MAX_PROFILE_BYTES)  # fmt: skip
     except ProfileError as error:
         await _refuse(kube, body, svc, f"pod {name}: {error}", **base)
         return None
-    compressed = gzip.compress(profile.data, 6)
+    # Compressing tens of MiB takes a while: off the event loop every LLMService's handlers share.
+    compressed = await asyncio.to_thread(gzip.compress, profile.data, 6)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     last: dict[str, Any] = {**base, "bytes": len(compressed), "time": _now()}
     if fits_configmap(compressed):
         key = profile_key(request.kind, stamp)
         configmap = build_profile_configmap(svc, key, compressed, name)
         kopf.adopt(configmap, owner=body)
-        # Replaced whole, so the previous profile's key goes with it.
-        if await kube.get("v1", "ConfigMap", svc.namespace, configmap_name(svc)) is not None:
-            await kube.delete("v1", "ConfigMap", svc.namespace, configmap_name(svc))
+        try:
+            # Replaced whole, so the previous profile's key goes with it; never someone else's ConfigMap.
+            if await existing_owned(kube, body, configmap) is not None:
+                await kube.delete("v1", "ConfigMap", svc.namespace, configmap_name(svc))
+        except OwnershipConflict as conflict:
+            await _refuse(kube, body, svc, conflict_message([conflict.label]), **base)
+            return None
         await kube.create(configmap)
         last.update(configMap=configmap_name(svc), key=key, fetch=configmap_fetch_command(svc, key))
         where = f"ConfigMap {configmap_name(svc)} key {key}"

@@ -69,6 +69,13 @@ def adapter_path(svc: LLMService, adapter: AdapterSpec) -> str:
     return f"{root}/{location.path}" if location.path else root
 
 
+def adapter_roots(svc: LLMService) -> list[str]:
+    """The directories run-time loads may read (``--lora-allowed-roots``): every mount point this module
+    and the model use for adapters, whether or not one is declared yet (adding an adapter then changes
+    no flag, so no pod restarts), plus ``engine.loraAllowedRoots`` for file:// adapters in the image."""
+    return sorted({ADAPTER_MOUNT, MODEL_CACHE_MOUNT, MODEL_MOUNT, *svc.spec.engine.lora_allowed_roots})
+
+
 def desired_adapters(svc: LLMService) -> dict[str, str]:
     """Every declared adapter's name → its path in the pod."""
     return {a.name: adapter_path(svc, a) for a in svc.spec.adapters}
@@ -120,7 +127,9 @@ def loaded_adapters(models: dict[str, Any], base_model: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for card in models.get("data") or []:
         if isinstance(card, dict) and card.get("parent") == base_model and card.get("id") != base_model:
-            found[str(card["id"])] = str(card.get("root") or "")
+            root = str(card.get("root") or "")
+            # A replica shows the path only to its admin key's holder; a bare name is "not said".
+            found[str(card["id"])] = root if root.startswith("/") else ""
     return found
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.resources.adapters import adapter_placement, fetch_container_name
-from plimsoll.operator.resources.engine import engine_container
+from plimsoll.operator.resources.engine import HOME_CACHE_VOLUME, engine_container
 from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.model_fetch import build_fetch_container, cache_volume
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
@@ -50,8 +50,10 @@ def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, 
             *adapters.volumes,
             *([cache_volume(svc)] if adapters.needs_cache_volume else []),
             # vLLM and torch use shared memory between workers; the default 64 MiB is too small.
-            {"name": "shm", "emptyDir": {"medium": "Memory"}},
-            {"name": "tmp", "emptyDir": {}},
+            # Both are bounded: a full /tmp evicts this pod, it cannot fill the node's disk or memory.
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size_limit}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
+            *([{"name": HOME_CACHE_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}] if spec.engine.kind == "plimsoll" else []),
             *spec.volumes,
         ],
     }

@@ -1,17 +1,26 @@
 """The engine container of a replica: image, command line, model volume, probes. Pure.
 
-Maps the LLMService spec onto either ``plimsoll serve`` or the upstream
-``vllm/vllm-openai`` image with the equivalent flags, so both engines get the same
-model source, probes and drain behaviour. It does not build the Deployment around
+Maps the LLMService spec onto ``plimsoll serve``, the upstream ``vllm/vllm-openai``
+image or SGLang's (``python3 -m sglang.launch_server``, with ``--enable-metrics`` so
+the autoscaler can read ``sglang:num_running_reqs``/``sglang:num_queue_reqs``), each
+with its own spelling of the same settings, so every engine gets the same model
+source, probes and drain behaviour. It does not build the Deployment around
 the container (``deployment.py``) and never talks to a cluster.
 """
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
-from plimsoll.operator.resources.adapters import VLLM_RUNTIME_LORA_ENV, adapter_placement, lora_flags
+from plimsoll.operator.resources.adapters import (
+    VLLM_RUNTIME_LORA_ENV,
+    adapter_placement,
+    adapter_roots,
+    lora_flags,
+)
+from plimsoll.operator.resources.credentials import engine_credential_env
 from plimsoll.operator.resources.kv_cache import kv_engine_flags
 from plimsoll.operator.resources.model_fetch import (
     MODEL_CACHE_MOUNT,
@@ -24,6 +33,10 @@ from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, Build
 
 # The engine container's name in every replica pod (the scale-up timeline reads its startedAt).
 ENGINE_CONTAINER = "engine"
+# The plimsoll image's HOME is /home/plimsoll (Dockerfile); compiled kernels and library caches go to
+# its .cache, a bounded emptyDir since the root filesystem is read-only.
+HOME_CACHE_VOLUME = "home-cache"
+PLIMSOLL_HOME_CACHE = "/home/plimsoll/.cache"
 
 
 @dataclass
@@ -95,15 +108,60 @@ def _engine_flags(svc: LLMService, kv_cache_flag: str) -> list[str]:
     tp = svc.spec.tensor_parallel_size()
     if tp > 1 and not _has_flag(engine.args, "--tensor-parallel-size", "-tp"):
         args += ["--tensor-parallel-size", str(tp)]
+    if engine.max_new_tokens is not None:
+        if engine.kind == "vllm":
+            args += ["--override-generation-config", json.dumps({"max_new_tokens": engine.max_new_tokens})]
+        else:
+            args += ["--max-new-tokens", str(engine.max_new_tokens)]
     if svc.spec.observability.tracing.otlp_endpoint:
         args += ["--otlp-traces-endpoint", svc.spec.observability.tracing.otlp_endpoint]
     return args + lora_flags(svc) + list(engine.args)
+
+
+# SGLang's spelling of the settings both other engines share (its launch_server flags).
+SGLANG_LAUNCH = ["python3", "-m", "sglang.launch_server"]
+SGLANG_POLICY = {"continuous": ["--schedule-policy", "fcfs"], "priority": ["--enable-priority-scheduling"]}
+
+
+def _sglang_args(svc: LLMService, model_arg: str | None) -> list[str]:
+    # The API refuses sglang + embedded://, kvCacheMemory, maxNewTokens, adapters and multi-node replicas.
+    assert model_arg is not None, "sglang needs a model path or repository"
+    engine = svc.spec.engine
+    args = ["--model-path", model_arg, "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
+            "--served-model-name", svc.served_name, "--enable-metrics"]  # fmt: skip
+    for value, flag in (
+        (engine.max_num_seqs, "--max-running-requests"),
+        (engine.max_num_batched_tokens, "--chunked-prefill-size"),
+        (engine.max_model_len, "--context-length"),
+        (engine.block_size, "--page-size"),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    if engine.prefix_caching is False:
+        args.append("--disable-radix-cache")  # SGLang's prefix cache (RadixAttention) is on by default
+    if engine.scheduling_policy is not None:
+        args += SGLANG_POLICY[engine.scheduling_policy]
+    tp = svc.spec.tensor_parallel_size()
+    if tp > 1 and not _has_flag(engine.args, "--tp-size", "--tensor-parallel-size", "--tp"):
+        args += ["--tp-size", str(tp)]
+    return args + list(engine.args)
 
 
 def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
     args = ["serve", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", svc.served_name]
     if model_arg is not None:
         args += ["--model", model_arg]
+    user = svc.spec.engine.args
+    # A replica's queue and a request's life are bounded by default (engine.args still wins).
+    if not _has_flag(user, "--max-waiting"):
+        args += ["--max-waiting", str(svc.spec.engine.max_waiting)]
+    if not _has_flag(user, "--request-timeout"):
+        args += ["--request-timeout", str(svc.spec.engine.request_timeout_seconds)]
+    if svc.spec.lora_enabled():
+        # spec.adapters are loaded through the API from the volumes the operator mounts, and only from there.
+        args.append("--allow-runtime-lora-updating")
+        for root in adapter_roots(svc):
+            args += ["--lora-allowed-roots", root]
     if svc.spec.router.mode == "inferencePool":
         # A Gateway's endpoint picker reads vLLM's series names (model-server protocol).
         args += ["--metrics-compat", "vllm"]
@@ -142,8 +200,8 @@ def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
     period as 4.5 s between warm-up done and Ready (docs/autoscaling.md). A probe
     is one small GET a second; readiness still needs 15 failures in a row (15 s,
     as before) to take a busy replica out. plimsoll has /ready (weights, KV cache
-    and warm-up done, not draining); vLLM only has /health, which answers once its
-    server is up, so it serves both purposes there.
+    and warm-up done, not draining); vLLM and SGLang only have /health, which answers
+    once their server is up, so it serves both purposes there.
     """
     ready_path = "/ready" if svc.spec.engine.kind == "plimsoll" else "/health"
     return {
@@ -153,20 +211,38 @@ def probes(svc: LLMService) -> dict[str, dict[str, Any]]:
     }
 
 
+def engine_image(svc: LLMService, settings: BuildSettings) -> str:
+    """The image ``svc``'s replicas run: ``engine.image``, else the operator's default for the kind."""
+    default = {
+        "plimsoll": settings.plimsoll_image,
+        "vllm": settings.vllm_image,
+        "sglang": settings.sglang_image,
+    }
+    return svc.spec.engine.image or default[svc.spec.engine.kind]
+
+
 def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str, Any], ModelPlacement]:
     """The engine container and the volumes it needs."""
     spec = svc.spec
     placement = model_placement(svc)
     adapters = adapter_placement(svc)
-    env = [*placement.env]
+    env = [*placement.env, *engine_credential_env(svc)]
+    if spec.engine.kind in ("vllm", "sglang"):
+        # The root filesystem is read-only and vLLM/SGLang, torch and Triton keep caches under HOME
+        # (which the upstream images leave on the root filesystem): HOME on the pod's own /tmp.
+        # The plimsoll image's HOME keeps its .cache on a volume of its own (replica_pod_template).
+        env.append({"name": "HOME", "value": "/tmp"})
     if spec.engine.kind == "vllm" and spec.lora_enabled():
         env.append(VLLM_RUNTIME_LORA_ENV)  # without it vLLM has no /v1/load_lora_adapter
+    image = engine_image(svc, settings)
+    command: list[str] | None
     if spec.engine.kind == "plimsoll":
-        image = spec.engine.image or settings.plimsoll_image
-        command: list[str] | None = ["plimsoll"]
+        command = ["plimsoll"]
         args = _plimsoll_args(svc, placement.model_arg)
+    elif spec.engine.kind == "sglang":
+        command = list(SGLANG_LAUNCH)  # the image's entrypoint is a shell; its server is a module
+        args = _sglang_args(svc, placement.model_arg)
     else:
-        image = spec.engine.image or settings.vllm_image
         command = None  # the upstream image's entrypoint is its OpenAI server
         args = _vllm_args(svc, placement.model_arg)
 
@@ -175,6 +251,11 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
         if value is not None:
             resources["requests"][key] = value
             resources["limits"][key] = value
+    if spec.resources.memory is None and settings.engine_memory_limit:
+        # Never unbounded: a replica that leaks takes its own pod down, not the node's other pods.
+        # The request is set too, small: a limit alone would also be the request (64Gi to schedule).
+        resources["limits"]["memory"] = settings.engine_memory_limit
+        resources["requests"]["memory"] = settings.engine_memory_request
     if spec.resources.gpu.count > 0:
         # Extended resources must have requests == limits; limits alone imply requests.
         resources["limits"][spec.resources.gpu.resource_name] = spec.resources.gpu.count
@@ -192,12 +273,15 @@ def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            # Writable: /tmp and /dev/shm (bounded emptyDirs) and the volumes mounted for the model.
+            "readOnlyRootFilesystem": True,
         },
         "volumeMounts": [
             *placement.mounts,
             *adapters.mounts,
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *([{"name": HOME_CACHE_VOLUME, "mountPath": PLIMSOLL_HOME_CACHE}] if spec.engine.kind == "plimsoll" else []),
             *spec.volume_mounts,
         ],
     }

@@ -11,7 +11,9 @@ the ranks joined by Ray: the leader starts the Ray head and waits until
 ``LWS_GROUP_SIZE`` nodes joined before it serves; each worker joins
 ``$LWS_LEADER_ADDRESS`` (both variables are set by the LWS controller).
 ``RecreateGroupOnPodRestart``: a group that lost a rank is restarted whole,
-never left half-serving.
+never left half-serving. Every node runs Ray with token authentication
+(``RAY_AUTH_MODE=token``, the token from the LLMService's credentials Secret), and
+the NetworkPolicy opens Ray's ports only between the LLMService's own pods.
 What it is not: the choice between this and a Deployment (reconcile checks that
 the LWS API is served), or any support for plimsoll's runtime across nodes (the
 API refuses ``engine.kind plimsoll`` with more than one node).
@@ -22,6 +24,7 @@ import shlex
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.credentials import ray_auth_env
 from plimsoll.operator.resources.deployment import replica_pod_template
 from plimsoll.operator.resources.labels import common_labels
 from plimsoll.operator.resources.settings import BuildSettings
@@ -64,6 +67,8 @@ def build_leader_worker_set(
     engine = leader["spec"]["containers"][0]
     engine["command"] = ["/bin/sh", "-c"]
     engine["args"] = [_leader_script(engine)]
+    # Ray's token authentication: without it any pod that reaches the head can run code on the GPUs.
+    engine["env"] = [*engine.get("env", []), *ray_auth_env(svc)]
 
     worker = copy.deepcopy(leader)
     worker["metadata"] = {"labels": common_labels(svc, WORKER_COMPONENT)}

@@ -19,7 +19,8 @@ from typing import Any
 
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.resources.labels import common_labels
+from plimsoll.operator.resources.credentials import api_key_env
+from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 PROFILE_COMPONENT = "profile"
@@ -28,9 +29,12 @@ SPEC_HASH_ANNOTATION = "plimsoll.dev/spec-hash"
 PROFILE_ARGS_ANNOTATION = "plimsoll.dev/profile-args"
 REPORT_KEY = "report.json"
 WORK_MOUNT = "/profile"
-# A sweep of the default ten levels at 32 requests each, and the verification hold's
-# (at most four) attempts of capacity.verifySeconds, fit well inside this.
+# The least a profile Job may run before Kubernetes stops it; a sweep whose levels and
+# floors add up to more gets three times its floors (see ``profile_deadline_seconds``).
 ACTIVE_DEADLINE_SECONDS = 3600
+# The load generator belongs on another machine than the replica it measures: sharing the
+# node's CPUs and network with it makes the server look slower than it is.
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 # A finished Job stays this long; while a failed one exists the operator does not
 # retry, so this is also the back-off between failed attempts.
 TTL_AFTER_FINISHED_SECONDS = 600
@@ -148,6 +152,15 @@ def sweep_args(svc: LLMService, pod_ip: str, configmap: str) -> list[str]:
     """The `plimsoll bench sweep` command line for ``svc`` against the pod at ``pod_ip``."""
     workload = svc.spec.capacity.profile.workload
     slo = svc.spec.slo
+    # A preset's objectives (applied because the spec sets none) are not the user's promise of
+    # how long requests may wait: the sweep then finds where the replica saturates (server
+    # queueing, floored latency inflation) instead of how far a 3 s TTFT would stretch it.
+    # The preset still drives the autoscaler's attainment and the alerts.
+    measured = {} if slo.defaulted_from else {
+        "--slo-ttft-p95-ms": slo.ttft_p95_ms,
+        "--slo-tpot-p50-ms": slo.tpot_p50_ms,
+        "--slo-e2e-p95-ms": slo.e2e_p95_ms,
+    }
     args = [
         "bench", "sweep",
         "--url", f"http://{pod_ip}:{ENGINE_PORT}",
@@ -155,19 +168,48 @@ def sweep_args(svc: LLMService, pod_ip: str, configmap: str) -> list[str]:
         "--input-tokens", str(workload.input_tokens),
         "--output-tokens", str(workload.output_tokens),
         "--levels", ",".join(str(c) for c in workload.concurrency),
-        "--requests-per-level", str(workload.requests_per_level),
         "--headroom", str(svc.spec.capacity.headroom),
         "--verify-seconds", str(svc.spec.capacity.verify_seconds),
     ]  # fmt: skip
-    for flag, value in (
-        ("--slo-ttft-p95-ms", slo.ttft_p95_ms),
-        ("--slo-tpot-p50-ms", slo.tpot_p50_ms),
-        ("--slo-e2e-p95-ms", slo.e2e_p95_ms),
-    ):
+    if workload.requests_per_level is not None:  # else bench's own max(100, 4 × c)
+        args += ["--requests-per-level", str(workload.requests_per_level)]
+    if workload.min_seconds_per_level > 0:
+        args += ["--min-duration-per-level", str(workload.min_seconds_per_level)]
+    for flag, value in measured.items():
         if value is not None:
             args += [flag, str(value)]
     args += [*extra_profile_args(svc), "--output", f"{WORK_MOUNT}/report.json"]
     return [*args, "--report-configmap", f"{svc.namespace}/{configmap}"]
+
+
+def profile_deadline_seconds(svc: LLMService) -> int:
+    """How long the Job may run: an hour, or three times what its floors alone take (each level's
+    minimum seconds and the hold's at most four attempts), whichever is longer."""
+    workload = svc.spec.capacity.profile.workload
+    floors = len(workload.concurrency) * workload.min_seconds_per_level + 4 * svc.spec.capacity.verify_seconds
+    return max(ACTIVE_DEADLINE_SECONDS, 3 * floors)
+
+
+def load_generator_affinity(svc: LLMService) -> dict[str, Any]:
+    """Keep the Job off the nodes running ``svc``'s replicas (pod anti-affinity by hostname).
+
+    Preferred, not required: on a one-node cluster (kind, minikube, a single GPU box) a
+    required rule would leave the profile Pending forever. The operator records the node
+    each side ran on in ``status.capacity.measured`` and says so when they shared one.
+    """
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": selector_labels(svc)},
+                        "topologyKey": HOSTNAME_TOPOLOGY,
+                    },
+                }
+            ]
+        }
+    }
 
 
 def build_profile_job(
@@ -176,7 +218,7 @@ def build_profile_job(
     settings: BuildSettings,
     spec_hash: str,
     *,
-    active_deadline_seconds: int = ACTIVE_DEADLINE_SECONDS,
+    active_deadline_seconds: int | None = None,
     ttl_seconds_after_finished: int = TTL_AFTER_FINISHED_SECONDS,
 ) -> dict[str, Any]:
     """The Job that measures one replica (``pod_ip``) of ``svc`` for the spec whose hash is ``spec_hash``.
@@ -189,7 +231,10 @@ def build_profile_job(
         "image": settings.plimsoll_image,
         "command": ["plimsoll"],
         "args": sweep_args(svc, pod_ip, name),
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        # The sweep sends the replicas' API key (from its Secret, never in the args); HOME and TMPDIR on
+        # the work volume because the root filesystem is read-only.
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": WORK_MOUNT},
+                {"name": "TMPDIR", "value": WORK_MOUNT}, *api_key_env(svc)],
         # The tail of the log becomes the termination message, which the operator quotes
         # in the Profiled condition when the sweep fails (`kubectl logs` needs no access then).
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -197,7 +242,9 @@ def build_profile_job(
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
         },
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
         "volumeMounts": [{"name": "work", "mountPath": WORK_MOUNT}],
     }
     return {
@@ -207,7 +254,7 @@ def build_profile_job(
         "spec": {
             # One attempt: a failed sweep is reported, and retried only after the back-off.
             "backoffLimit": 0,
-            "activeDeadlineSeconds": active_deadline_seconds,
+            "activeDeadlineSeconds": active_deadline_seconds or profile_deadline_seconds(svc),
             "ttlSecondsAfterFinished": ttl_seconds_after_finished,
             "template": {
                 "metadata": {
@@ -218,6 +265,7 @@ def build_profile_job(
                     "restartPolicy": "Never",
                     "serviceAccountName": profiler_account_name(svc),
                     "enableServiceLinks": False,
+                    "affinity": load_generator_affinity(svc),
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": 1000,
@@ -225,7 +273,7 @@ def build_profile_job(
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
-                    "volumes": [{"name": "work", "emptyDir": {}}],
+                    "volumes": [{"name": "work", "emptyDir": {"sizeLimit": "1Gi"}}],
                 },
             },
         },

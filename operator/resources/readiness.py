@@ -34,6 +34,25 @@ def _router_wait(svc: LLMService, router: dict[str, Any] | None) -> str:
     return ""
 
 
+def slo_status(svc: LLMService) -> dict[str, Any]:
+    """``status.slo``: the objectives in force, and whether a preset supplied them."""
+    slo = svc.spec.slo
+    bounds = {"ttftP95Ms": slo.ttft_p95_ms, "tpotP50Ms": slo.tpot_p50_ms, "e2eP95Ms": slo.e2e_p95_ms}
+    bounds = {k: v for k, v in bounds.items() if v is not None}
+    said = ", ".join(f"{k} {v:g}" for k, v in bounds.items())
+    if slo.defaulted_from is not None:
+        source = f"preset:{slo.defaulted_from}"
+        message = (
+            f"spec.slo sets no objective, so the {slo.defaulted_from} preset applies ({said}): profiles, "
+            "SLO attainment and alerts use it; set spec.slo (or slo.preset: none) to change it"
+        )
+    elif bounds:
+        source, message = "spec", f"spec.slo: {said}"
+    else:
+        source, message = "none", "no latency objective (slo.preset: none)"
+    return {**bounds, "source": source, "message": message}
+
+
 def build_status(
     svc: LLMService,
     deployment: dict[str, Any] | None,
@@ -110,6 +129,7 @@ def build_status(
         "selector": selector_string(svc),
         # With the router on, clients go through it: it balances LLM work, not connections.
         "endpoint": router_endpoint_url(svc) if svc.spec.router_in_front() else endpoint_url(svc),
+        "slo": slo_status(svc),
     }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from plimsoll.operator.api.base import GROUP, PLURAL
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.resources.credentials import api_key_env
 from plimsoll.operator.resources.deployment import RUN_AS_USER
 from plimsoll.operator.resources.engine import model_placement
 from plimsoll.operator.resources.kv_cache import kv_router_flags
@@ -24,6 +25,7 @@ COMPONENT = "router"
 # update, then gives its open streams this long to finish; the grace period covers both.
 SHUTDOWN_DELAY_S = 5
 DRAIN_TIMEOUT_S = 120
+TENANT_KEYS_MOUNT = "/etc/plimsoll/tenant-keys"
 
 
 def router_name(svc: LLMService) -> str:
@@ -77,8 +79,17 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
     # pvc:// model is mounted read-only as in the replicas).
     args += kv_router_flags(svc, placement.model_arg or "smollm2-135m")
     precise = svc.spec.router.policy == "precise-prefix"
-    volumes = [{"name": "tmp", "emptyDir": {}}] + (placement.volumes if precise else [])
-    mounts = [{"name": "tmp", "mountPath": "/tmp"}] + (placement.mounts if precise else [])
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if precise:
+        volumes += placement.volumes
+        mounts += placement.mounts
+    tenants = svc.spec.router.tenant_keys_secret_ref
+    if tenants is not None:
+        # One file per tenant, named after it, holding its key: read by the router only.
+        volumes.append({"name": "tenant-keys", "secret": {"secretName": tenants.name, "defaultMode": 0o440}})
+        mounts.append({"name": "tenant-keys", "mountPath": TENANT_KEYS_MOUNT, "readOnly": True})
+        args += ["--tenant-keys-dir", TENANT_KEYS_MOUNT]
     container = {
         "name": "router",
         "image": settings.plimsoll_image,
@@ -91,7 +102,7 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
         "livenessProbe": _probe("/health", period=10, failures=3),
         # precise-prefix holds a tokenizer and the KV index (~130 bytes per distinct block hash).
         "resources": {"requests": {"cpu": "100m", "memory": "512Mi" if precise else "128Mi"},
-                      "limits": {"memory": "2Gi" if precise else "512Mi"}},
+                      "limits": {"cpu": "2", "memory": "2Gi" if precise else "512Mi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -100,6 +111,9 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
         },
         "volumeMounts": mounts,
     }
+    env = api_key_env(svc)  # clients authenticate with it; the router sends it on to the replicas
+    if env:
+        container["env"] = env
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -16,6 +16,7 @@ benchmark Job of ``profile_job.py``).
 
 import base64
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,25 +85,6 @@ def ready_replica(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def replica_api_key(svc: LLMService) -> tuple[str | None, str | None]:
-    """The replicas' API key as the spec gives it literally, or (None, why it cannot be read)."""
-    args = svc.spec.engine.args
-    for i, arg in enumerate(args):
-        if arg == "--api-key" and i + 1 < len(args):
-            return args[i + 1], None
-        if arg.startswith("--api-key="):
-            return arg.split("=", 1)[1], None
-    for env in svc.spec.engine.env:
-        if env.name == "PLIMSOLL_API_KEY":
-            if env.value is not None:
-                return env.value, None
-            return None, (
-                "the replicas' PLIMSOLL_API_KEY comes from a reference the operator does not read; "
-                "take the profile with `plimsoll profile --url http://POD_IP:8000 --api-key KEY`"
-            )
-    return None, None
-
-
 def configmap_name(svc: LLMService) -> str:
     return f"{svc.name}-runtime-profile"
 
@@ -140,5 +122,7 @@ def configmap_fetch_command(svc: LLMService, key: str) -> str:
 
 
 def pod_fetch_command(svc: LLMService, pod: str, path: str) -> str:
-    name = path.rsplit("/", 1)[-1]
-    return f"kubectl cp {svc.namespace}/{pod}:{path} ./{name} -c engine"
+    """The kubectl command that copies the replica's file; the path comes from the replica, so every
+    word is shell-quoted (a path like ``x; rm -rf ~`` stays one argument when the user pastes it)."""
+    name = path.rsplit("/", 1)[-1] or "profile"
+    return shlex.join(["kubectl", "cp", f"{svc.namespace}/{pod}:{path}", f"./{name}", "-c", "engine"])

@@ -4,6 +4,8 @@ The handlers read them once from the environment (the Helm chart sets them) and
 pass them to every ``build_*`` call, so builders stay pure and testable.
 """
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from plimsoll import __version__
@@ -22,9 +24,28 @@ class BuildSettings(BaseModel):
         f"ghcr.io/plimsoll/plimsoll:{__version__}", description="Image for engine.kind plimsoll."
     )
     vllm_image: str = Field("vllm/vllm-openai:v0.32.0", description="Image for engine.kind vllm.")
+    sglang_image: str = Field("lmsysorg/sglang:latest", description="Image for engine.kind sglang.")
     termination_grace_period_seconds: int = Field(
         120, ge=1, description="Time a replica gets to finish in-flight streams after SIGTERM."
     )
     pre_stop_sleep_seconds: int = Field(
         10, ge=0, description="Pause before SIGTERM so the Service stops routing to the pod first."
+    )
+    engine_memory_limit: str | None = Field(
+        "64Gi", description="Memory limit of an engine container whose spec.resources.memory is unset ('' for none)."
+    )
+    engine_memory_request: str = Field(
+        "1Gi", description="Memory request that goes with engine_memory_limit when spec.resources.memory is unset."
+    )
+    tmp_size_limit: str = Field("8Gi", description="sizeLimit of the replicas' /tmp emptyDir.")
+    shm_size_limit: str = Field("16Gi", description="sizeLimit of the replicas' /dev/shm (memory-backed).")
+    operator_namespace: str | None = Field(
+        None, description="Where the operator's pod runs (the NetworkPolicy lets it reach the replicas)."
+    )
+    operator_pod_labels: dict[str, str] = Field(
+        default_factory=dict, description="The operator pod's labels (the NetworkPolicy's peer for it)."
+    )
+    metrics_scraper_peers: tuple[dict[str, Any], ...] = Field(
+        ({"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},),
+        description="NetworkPolicyPeers that scrape the replicas' /metrics (default: Prometheus pods anywhere).",
     )

@@ -76,6 +76,9 @@ def starting_replicas(spec: LLMServiceSpec, profiled: float | None) -> SizingRes
 def spec_profile_hash(spec: LLMServiceSpec, image: str) -> str:
     """Hash of what a profile measures: model, image, engine (kind, args, batching and KV settings), GPU."""
     engine = spec.engine.model_dump(mode="json", exclude={"image", "kind"})
+    if engine.get("max_new_tokens") is None:
+        # Added later than the rest: unset, it leaves the hash (and so every recorded profile) as it was.
+        engine.pop("max_new_tokens", None)
     gpu = {**spec.resources.gpu.model_dump(mode="json"), "nodeSelector": dict(spec.scheduling.node_selector)}
     digest: str = profile_spec_hash(
         model=spec.model.uri, image=image, engine_kind=spec.engine.kind, engine_args=engine, gpu=gpu

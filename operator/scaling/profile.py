@@ -75,9 +75,15 @@ class _Throughput(_Lenient):
     output_tokens_per_s: float | None = None
 
 
+class _Requests(_Lenient):
+    measured: int | None = None
+
+
 class _Level(_Lenient):
     concurrency: int | None = None  # None for open-loop (rate) levels
     valid: bool = True
+    duration_s: float | None = None
+    requests: _Requests = Field(default_factory=_Requests)
     latency_ms: _LevelLatency = Field(default_factory=_LevelLatency)
     disturbed: _Disturbed | None = None
     throughput: _Throughput = Field(default_factory=_Throughput)
@@ -136,6 +142,23 @@ class CapacityProfile:
     disturbed: tuple[str, ...] = ()
     # The hold at the recommendation (status.capacity.verification), when the Job ran one.
     verification: dict[str, Any] | None = None
+    # (concurrency, measured requests, measured seconds, valid) of every closed-loop level swept.
+    measured_levels: tuple[tuple[int, int | None, float | None, bool], ...] = ()
+
+    def measured(self) -> dict[str, Any]:
+        """For ``status.capacity.measured``: what the sweep measured, level by level and in total."""
+        workload = self.workload or {}
+        levels = [
+            {"concurrency": c, "requests": n, "seconds": None if t is None else round(t, 1), "valid": ok}
+            for c, n, t, ok in self.measured_levels
+        ]
+        return {
+            "levels": levels,
+            "requests": sum(n or 0 for _, n, _, _ in self.measured_levels),
+            "seconds": round(sum(t or 0.0 for _, _, t, _ in self.measured_levels), 1),
+            "requestsPerLevel": workload.get("requests_per_level") or "max(100, 4 × concurrency)",
+            "minSecondsPerLevel": workload.get("min_duration_per_level_s"),
+        }
 
     def verification_status(self) -> dict[str, Any] | None:
         """For ``status.capacity.verification``: verified concurrency, attainment, windows, what was tried."""
@@ -311,6 +334,11 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
             else ()
         ),
         verification=parsed.verification.model_dump() if parsed.verification is not None else None,
+        measured_levels=tuple(
+            (lv.concurrency, lv.requests.measured, lv.duration_s, lv.valid)
+            for lv in sorted(parsed.levels, key=lambda lv: lv.concurrency or 0)
+            if lv.concurrency is not None
+        ),
         levels=tuple(
             LevelPoint(
                 concurrency=lv.concurrency,

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import weakref
 from types import SimpleNamespace
 from typing import Any
@@ -64,7 +63,9 @@ _MAX_KV_SPLITS = 16
 
 def is_interpreting() -> bool:
     """True when Triton kernels will run in the interpreter (CPU tensors)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    import triton  # only where the Triton kernels run
+
+    return bool(triton.knobs.runtime.interpret)
 
 
 @functools.cache

@@ -20,7 +20,6 @@ are never called by the interpreter (it recognises them and reduces with numpy).
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,7 +49,7 @@ def build(interpret: bool) -> SimpleNamespace:
             "or use attention_backend='torch'"
         ) from exc
     triton, tl = _triton, _tl
-    assert (os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")) == interpret
+    assert bool(triton.knobs.runtime.interpret) == interpret
 
     # Combine functions for tl.reduce; module globals because Triton resolves the
     # names a kernel calls in its module's namespace, not in closures. Triton's own

@@ -186,11 +186,14 @@ class AsyncEngine:
         priority: int = 0,
         fairness_id: str | None = None,
         continuation: Continuation | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request already validated by the caller (the HTTP edge), under the
         adapter ``lora_name`` if given.
 
-        ``priority``, ``fairness_id`` and ``continuation`` are as ``LLMEngine.add_request`` takes them.
+        ``priority`` and ``fairness_id`` are the request's scheduling attributes, ``cache_salt``
+        its prefix-cache salt and ``continuation`` the output already produced elsewhere (see
+        ``LLMEngine.add_request``).
         """
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
@@ -200,7 +203,8 @@ class AsyncEngine:
         ids = list(prompt_token_ids)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, continuation))
+        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, cache_salt,
+                           continuation))
         finished = False
         try:
             while True:
@@ -282,11 +286,11 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, ids, params, arrival, lora_name, priority, fairness_id, cont = payload
+                        request_id, ids, params, arrival, lora_name, priority, fairness_id, salt, cont = payload
                         try:
                             engine.add_request(
                                 request_id, ids, params, arrival, ids, lora_name,
-                                priority=priority, fairness_id=fairness_id, continuation=cont,
+                                priority=priority, fairness_id=fairness_id, cache_salt=salt, continuation=cont,
                             )  # fmt: skip
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)

@@ -51,6 +51,7 @@ class EngineClient(Protocol):
         priority: int = 0,
         fairness_id: str | None = None,
         continuation: Continuation | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
 
     def list_loras(self) -> list[LoRARequest]: ...

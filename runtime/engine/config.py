@@ -92,6 +92,32 @@ class EngineConfig(BaseModel):
         None, description="vLLM's --speculative-config: ngram prompt lookup or a draft model"
     )
 
+    # CPU execution (models/cpu_plan.py): chosen once at load and named in one start-up line.
+    cpu_kernels: Literal["auto", "avx512", "avx2", "plain", "off"] = Field(
+        "auto",
+        description="which build of the C++ CPU kernels this process runs: auto (the best this CPU runs), a "
+        "build by name, or off (torch's ops alone); the builds are compiled at install (setup.py)",
+    )
+    cpu_packed_weights: bool = Field(
+        True,
+        description="float32 projections and head packed once in column panels (a second copy of them) for "
+        "the fused decode step, the glued layers and the head; off: one copy, plain rows",
+    )
+    cpu_fused_decode: bool = Field(True, description="every layer of a decode step in one native call")
+    cpu_glued_layers: bool = Field(
+        True, description="steps the fused step leaves as oneDNN or packed matmuls with native glue between"
+    )
+    cpu_kernel_parallel: Literal["auto", "openmp", "pool", "threads"] = Field(
+        "auto",
+        description="how a kernel call splits over threads: auto (torch's OpenMP team where it is libgomp, else "
+        "the kernels' own pool), or one of those; threads (started per call) is for A/B timing only",
+    )
+    keep_freed_memory: bool = Field(
+        True,
+        description="keep a step's freed activation memory in the process (glibc malloc thresholds raised, "
+        "kernels/host_memory.py); off where another allocator or MALLOC_* settings should rule",
+    )
+
     tensor_parallel_size: int = Field(
         1,
         ge=1,

@@ -21,7 +21,7 @@ from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
-from plimsoll.runtime.engine.model_runner import ModelRunner, kv_bytes_per_token
+from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token
 from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
 from plimsoll.runtime.engine.request import Continuation, Request, RequestGroup
@@ -31,6 +31,7 @@ from plimsoll.runtime.engine.scheduler import Scheduler
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
+from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 from plimsoll.runtime.kv.connector import build_connector
 from plimsoll.runtime.models.loader import load_model, read_hf_config
@@ -57,7 +58,10 @@ class LLMEngine:
             raise
 
     def _build(self, config: EngineConfig) -> None:
-        keep_freed_memory()  # a step's multi-MiB activations reuse the last step's pages (kernels/host_memory.py)
+        if config.keep_freed_memory:
+            keep_freed_memory()  # a step's multi-MiB activations reuse the last step's pages (kernels/host_memory.py)
+        if self.device.type == "cpu":  # the process's build of the kernels, before any model uses them
+            cpu_kernels.select(config.cpu_kernels, config.cpu_kernel_parallel)
         tp_group = self.executor.group if self.executor is not None else None
         loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization, tp_group)
         STARTUP.mark("weights_loaded")
@@ -97,7 +101,12 @@ class LLMEngine:
             config.attention_backend,
             lora_slots=(config.max_loras, config.max_lora_rank) if config.enable_lora else None,
             kv_cache_dtype=config.kv_cache_dtype,
+            cpu_options=cpu_options(config),
         )
+        plan = self.runner.cpu_plan
+        # The one line naming what serves this model's steps; a warning where the kernels would run but cannot.
+        log.log(logging.WARNING if plan.kernels_reason and "--cpu-kernels off" not in plan.kernels_reason
+                else logging.INFO, "%s", plan.describe())  # fmt: skip
         if self.executor is not None:
             self.executor.start_workers(self.num_blocks)
             self.runner.plan_sink = self.executor.broadcast_plan
@@ -283,6 +292,7 @@ class LLMEngine:
         priority: int = 0,
         fairness_id: str | None = None,
         continuation: Continuation | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
 
@@ -293,6 +303,8 @@ class LLMEngine:
         ``continuation`` picks the request up after output it already produced elsewhere (see
         ``Continuation``): its tokens are prefilled with the prompt (a prefix-cache hit where the
         blocks are cached) and sampling goes on from the next position.
+        ``cache_salt`` (vLLM's per-request field; the server folds the tenant into it) starts the
+        prefix-cache hash chain: requests with different salts never share a cached block.
         """
         params.validate()
         lora = self._lora_manager().get(lora_name) if lora_name is not None else None
@@ -313,7 +325,7 @@ class LLMEngine:
             self._check_continuation(continuation, ids, params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         if self.config.enable_prefix_caching:
-            salt: str | None = ""
+            salt: str | None = f"salt:{cache_salt}" if cache_salt else ""
         else:
             # Caching off: siblings of one n>1 request still share their prompt blocks.
             salt = f"group:{request_id}:{id(params)}" if params.n > 1 else None
@@ -544,6 +556,7 @@ class LLMEngine:
             prefix_cache_hits=sched.prefix_cache_hits,
             kv_cache_usage=self.scheduler.kv.usage(),
             lora_swaps=len(sched.lora_loads),
+            step_path="" if sched.is_empty else self.runner.last_path,
             step_time_s=step_time,
             **self._spec_stats(sched),
         )

@@ -29,6 +29,7 @@ from plimsoll.runtime.engine.compilation import CompiledForward
 from plimsoll.runtime.engine.cuda_graphs import DecodeGraphs
 from plimsoll.runtime.engine.request import Request
 from plimsoll.runtime.engine.scheduler import SchedulerOutput
+from plimsoll.runtime.models.cpu_plan import CUDA_GRAPH, MODULE_LAYERS, CPUOptions, CPUPlan
 from plimsoll.runtime.models.llama import LlamaForCausalLM
 from plimsoll.runtime.models.lora import LoRASlots, LoRAWeights
 from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
@@ -64,6 +65,15 @@ def kv_bytes_per_token(
     _, _, num_kv_heads, row = kv_cache_shape(hf_config, 1, 1, kv_cache_dtype, tensor_parallel_size)
     element = 1 if kv_cache_dtype == "int8" else torch.empty((), dtype=dtype).element_size()
     return int(2 * hf_config.num_hidden_layers * num_kv_heads * row * element)
+
+
+def cpu_options(config: Any) -> CPUOptions:
+    """The CPU plan's switches from an ``EngineConfig``."""
+    return CPUOptions(
+        fused_decode=config.cpu_fused_decode,
+        glued_layers=config.cpu_glued_layers,
+        packed_weights=config.cpu_packed_weights,
+    )
 
 
 class StepInputs:
@@ -129,6 +139,7 @@ class ModelRunner:
         attention_backend: str = "torch",
         lora_slots: tuple[int, int] | None = None,  # (max_loras, max_lora_rank) with --enable-lora
         kv_cache_dtype: str = "auto",
+        cpu_options: CPUOptions | None = None,  # the engine's cpu_* switches (cpu_options(config))
     ) -> None:
         self.model = model
         self.lora = LoRASlots(model, *lora_slots) if lora_slots is not None else None
@@ -162,6 +173,9 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None  # enable_cuda_graphs(): one token a sequence
         self.verify_graphs: DecodeGraphs | None = None  # and 1 + k tokens (speculative verification)
         self.graph_replays = 0  # steps that replayed a graph
+        # Which code serves each step (after LoRA's slots are attached: they change what fits).
+        self.cpu_plan = CPUPlan(model, cpu_options, device, attention_backend, kv_cache_dtype)
+        self.last_path = self.cpu_plan.last_path  # what served the last step (models/cpu_plan.STEP_PATHS)
 
     def enable_compile(self, warm_up: bool = True) -> CompiledForward:
         """Run the forward through ``torch.compile`` from now on (``engine/compilation.py``); with
@@ -357,6 +371,9 @@ class ModelRunner:
         finally:
             if self.lora is not None:
                 self.lora.row_mask = None
+        # A compiled forward (engine/compilation.py) runs the modules, never the CPU plan's paths.
+        compiled = self.compiled is not None and mask is None
+        self.last_path = MODULE_LAYERS if compiled else self.cpu_plan.last_path
         if logits is None:
             return [], torch.empty(0)
         return reqs, logits.float()
@@ -364,6 +381,7 @@ class ModelRunner:
     def _replay(self, graphs: DecodeGraphs, sched: SchedulerOutput) -> tuple[list[Request], torch.Tensor]:
         hidden, last_rows = graphs.run(sched.scheduled)
         self.graph_replays += 1
+        self.last_path = CUDA_GRAPH
         reqs = [req for (req, _), r in zip(sched.scheduled, last_rows, strict=True) if r >= 0]
         q = graphs.query_len
         rows = [row for r in last_rows if r >= 0 for row in range(r - q + 1, r + 1)]

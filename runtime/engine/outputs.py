@@ -88,6 +88,7 @@ class StepStats:
     spec_num_accepted_tokens: int = 0
     spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     lora_swaps: int = 0  # adapters copied into a device slot this step
+    step_path: str = ""  # what ran the model this step (models/cpu_plan.STEP_PATHS); "" when nothing ran
 
 
 @dataclass(slots=True)

@@ -33,7 +33,8 @@ import torch
 
 from plimsoll.runtime.distributed.group import TensorParallelGroup
 from plimsoll.runtime.engine.config import EngineConfig
-from plimsoll.runtime.engine.model_runner import ModelRunner, StepPlan
+from plimsoll.runtime.engine.model_runner import ModelRunner, StepPlan, cpu_options
+from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -210,9 +211,12 @@ def run_worker(
     from plimsoll.runtime.models.loader import load_model
 
     torch.set_num_threads(threads)
-    keep_freed_memory()  # as rank 0's engine does
     config = EngineConfig(**config_dict)
+    if config.keep_freed_memory:
+        keep_freed_memory()  # as rank 0's engine does
     device = rank_device(config.device, rank)
+    if device.type == "cpu":
+        cpu_kernels.select(config.cpu_kernels, config.cpu_kernel_parallel)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     try:
@@ -224,7 +228,7 @@ def run_worker(
         assert isinstance(num_blocks, int)
         runner = ModelRunner(
             loaded.model, num_blocks, config.block_size, config.torch_dtype, device, config.attention_backend,
-            kv_cache_dtype=config.kv_cache_dtype,
+            kv_cache_dtype=config.kv_cache_dtype, cpu_options=cpu_options(config),
         )  # fmt: skip
         # As rank 0's warm-up does (LLMEngine.warmup): the matmul primitives every step shape needs.
         runner.model.prime_matmuls(config.max_num_batched_tokens, config.max_logit_rows)

@@ -1,255 +1,122 @@
-"""Float32 CPU kernels for decoding, from ``csrc/cpu_kernels.cpp``, built at first use.
+"""The compiled CPU kernels as torch-shaped calls, over the one build this process runs.
 
-What it is: functions with torch-shaped signatures, over one worker pool.
-- ``decode_attention``: the contract of ``sdpa.decode_attention`` (one
-  query per sequence over its paged context). It reads K and V straight from their
-  blocks; the torch path first gathers every context into a padded copy and then
-  reads that copy again, which on a CPU is most of decode attention's time once a
-  batch holds tens of sequences.
-- ``paged_attention``: the whole ragged contract (prefill, later chunks, prefix-cache hits,
-  decode rows), causal, float32 (or bfloat16, row by row) cache with head_dim 64 or 128: tiles of up to 8 queries of one
-  sequence read each K and V row once, where torch's path gathers every context into a copy
-  and runs one SDPA call per prefill.
-- ``bf16_linear``: the same for a few bfloat16 rows against bfloat16 weights (a ``--dtype
-  bfloat16`` engine's decode), widening each 16 weights in registers.
-- ``small_batch_linear``: ``x @ W.T + b`` for a few rows (decode at low
-  concurrency), where a matmul is bound by reading W and torch's libraries stream
-  it at well under the memory bandwidth (``models/dense.py`` picks it).
-- ``int8_linear``: the same for int8 weights with a scale (and an offset) per group of
-  inputs of a row (``--quantization int8``, ``models/quant.py``): about a quarter of the
-  bytes to stream.
-- ``pack_f32`` and ``packed_linear``: a float32 weight packed once into column panels, and
-  ``x @ W.T (+ b)`` over them for any number of rows: outer products in register blocks of up
-  to 8 rows by 48 columns (AVX-512), at 0.75-0.95 of the FMA units' peak from 16 rows on, where
-  oneDNN and the plain-row kernel reach 0.55-0.9 (the glued layers', the fused step's and the
-  output head's matmuls; ``models/fused_decode.py``).
-- ``fused_decode``: every layer of a plain Llama decode step for a few rows in one call
-  (``models/fused_decode.py`` decides when; the module path does the rest), over plain or
-  packed float32 weights or int8 ones.
-- ``add_rms_norm``, ``rope_store``, ``silu_mul``: the ops of a Llama layer between its
-  matmuls, one call each over a step's rows, for steps too large for ``fused_decode``
-  (``models/fused_decode.GluedLayers`` runs the matmuls through oneDNN between them), in
-  float32 or for a bfloat16 model (bf16 matmul operands and cache, float32 residual);
-  ``to_bf16`` rounds attention's float32 output into a bf16 matmul input.
-The kernels split their work as parallel regions on torch's own OpenMP team where torch's
-runtime is GNU libgomp (``-fopenmp``, bound to the copy torch loaded; ``parallel_mode``), so
-oneDNN's matmuls and the kernels between them share one set of workers
-(``PLIMSOLL_KERNEL_PARALLEL=pool`` or ``threads`` chooses otherwise); elsewhere, and in a forked child, over a pool of threads started once per process (not per call; ``pool_threads``,
-``pool_noop``), safe across fork and with several callers.
-``library()`` compiles the source once per source, compiler, flags and CPU into
-``~/.cache/plimsoll/kernels/`` (``PLIMSOLL_KERNEL_CACHE_DIR`` moves it) under a file
-lock, loads it with ctypes (which releases the GIL during each call) and returns
-``None`` when it cannot: no C++ compiler, a failed build, or ``PLIMSOLL_CPU_KERNELS=0``.
-The reason is logged once and the caller keeps the torch path, so a machine without
-a compiler is slower, never broken. The first matmul of the engine's warm-up builds it.
+What it is: functions with torch-shaped signatures over the C calls of ``csrc/``
+(``plimsoll_kernels.h``), each checking its tensors before it hands their addresses over:
+- attention (``csrc/attention.cpp``): ``decode_attention``, the contract of
+  ``sdpa.decode_attention`` (one query per sequence over its paged context, K and V read
+  straight from their blocks, where torch's path first gathers every context into a padded
+  copy), and ``paged_attention``, the whole ragged contract (prefill, later chunks,
+  prefix-cache hits, decode rows; float32 or bfloat16 cache, head_dim 64 or 128) in tiles of
+  up to 8 queries of one sequence.
+- matmuls (``csrc/matmul.cpp``): ``small_batch_linear`` (``x @ W.T + b`` for a few float32
+  rows, where torch's libraries stream W at well under the memory bandwidth),
+  ``bf16_linear`` (the same against bfloat16 weights), ``int8_linear`` (int8 weights with a
+  scale and an offset per group of inputs, ``models/quant.py``), and ``pack_f32`` /
+  ``packed_linear`` (a float32 weight packed once into column panels, then ``x @ W.T`` for any
+  number of rows as outer products in register blocks: 0.75-0.95 of the FMA units' peak from
+  16 rows on, where oneDNN and the plain-row kernel reach 0.55-0.9).
+- the glue between a layer's matmuls (``csrc/glue.cpp``): ``add_rms_norm``, ``rope_store``,
+  ``silu_mul``, ``to_bf16``, float32 or for a bfloat16 model.
+- ``fused_decode`` (``csrc/decode_step.cpp``): every layer of a plain Llama decode step for a
+  few rows in one call, over plain or packed float32 weights or int8 ones.
+Which rows go where is the engine's CPU plan's (``models/cpu_plan.py``), not these functions'.
 
-What it is not: bf16/fp16 arithmetic (bf16 is read and written, computed in float32), or a GPU kernel (those stay in
-``attention/sdpa.py`` and ``attention/triton_backend.py``).
+The build: ``setup.py`` compiles the kernels at install for AVX-512, AVX2 and plain x86-64
+(``cpu_variants.py``); ``select`` makes one of them (or none) the process's kernels and
+``library()`` returns it, loaded by ``cpu_library.py``. The engine selects at load, from
+``--cpu-kernels`` (default ``auto``: the best build this CPU runs); a process that calls a
+kernel before any engine did gets ``auto``. One build serves a whole process: the kernels
+hold process-wide state (their worker pool, how calls split over threads). Where no build
+loads, ``library()`` is ``None``, ``unavailable_reason()`` says why, and every caller keeps
+torch's path: slower, never broken. ctypes releases the GIL during each call.
+The kernels split a call's work as parallel regions on torch's own OpenMP team where torch's
+runtime is GNU libgomp (``cpu_library.py``), so oneDNN's matmuls and the kernels between them
+share one set of workers; elsewhere, and in a forked child, over a pool of threads started
+once per process (``pool_threads``, ``pool_noop``), safe across fork and with several callers.
+
+What it is not: bf16/fp16 arithmetic (bf16 is read and written, computed in float32), a
+compiler (nothing is built at run time), or a GPU kernel (those stay in ``attention/sdpa.py``
+and ``attention/triton_backend.py``).
 """
 
 import ctypes
-import fcntl
-import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from plimsoll.runtime.kernels import cpu_library
+from plimsoll.runtime.kernels.cpu_library import KernelLibrary, KernelsUnavailable
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-pthread")
-PARALLEL_MODES = ("threads", "pool", "openmp")  # the kernel's Mode values, in order
+CHOICES = ("auto", "avx512", "avx2", "plain", "off")  # --cpu-kernels
+PARALLEL_MODES = ("threads", "pool", "openmp")  # the kernels' Mode values, in order
 
 
-def torch_libgomp() -> Path | None:
-    """The GNU OpenMP runtime torch has loaded, when it is loaded as ``libgomp.so.1``: a library
-    built with ``-fopenmp`` then binds to that same copy (the dynamic linker matches its
-    ``libgomp.so.1`` to the one already loaded), so the kernels' parallel regions run on the
-    team oneDNN's matmuls use. ``None`` elsewhere (another runtime, a renamed copy, no
-    ``/proc``): the kernels then split work over threads of their own."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        fields = line.split()
-        if len(fields) >= 6 and os.path.basename(fields[-1]) == "libgomp.so.1":
-            return Path(fields[-1])
-    return None
+@dataclass(frozen=True)
+class Selection:
+    """The process's kernels: the build in use (``None``: none) and, when none, why."""
+
+    choice: str
+    library: KernelLibrary | None
+    reason: str | None
 
 
-def build_flags() -> tuple[str, ...]:
-    """``FLAGS``, plus ``-fopenmp`` where torch's OpenMP runtime is ``libgomp.so.1``
-    (``PLIMSOLL_KERNEL_OPENMP=0`` leaves it out: the kernels' own thread pool only)."""
-    if os.environ.get("PLIMSOLL_KERNEL_OPENMP", "1") != "0" and torch_libgomp() is not None:
-        return (*FLAGS, "-fopenmp")
-    return FLAGS
+_selection: Selection | None = None
 
 
-def _cpu_model() -> str:
-    """The CPU's model and instruction-set flags: ``-march=native`` code must not meet another CPU."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    first: dict[str, str] = {}
-    for line in lines:
-        key = line.split(":", 1)[0].strip()
-        if key in ("model name", "flags"):
-            first.setdefault(key, line)
-    return "\n".join(first.values()) or platform.processor()
+def select(choice: str = "auto", parallel: str = "auto") -> Selection:
+    """Make ``choice`` (one of ``CHOICES``) the process's kernels and ``parallel`` (``auto`` or one
+    of ``PARALLEL_MODES``) how their calls split over threads. ``auto``: the best build this CPU
+    runs and loads; a build named outright is that one or none (the reason kept for the start-up
+    line); ``off``: none."""
+    global _selection
+    if choice not in CHOICES:
+        raise ValueError(f"cpu kernels {choice!r}: choose one of {', '.join(CHOICES)}")
+    lib, reason = None, None
+    if choice == "off":
+        reason = "off (--cpu-kernels off)"
+    else:
+        names = [v.name for v in cpu_library.best_variants()] if choice == "auto" else [choice]
+        reasons = []
+        for name in names:
+            try:
+                lib = cpu_library.load(name)
+                break
+            except KernelsUnavailable as exc:
+                reasons.append(str(exc))
+        if lib is None:
+            reason = "; ".join(reasons) or "no build runs on this CPU"
+    if lib is not None:
+        _set_parallel(lib, parallel)
+    _selection = Selection(choice, lib, reason)
+    return _selection
 
 
-def _cache_dir() -> Path:
-    return Path(
-        os.environ.get("PLIMSOLL_KERNEL_CACHE_DIR") or Path.home() / ".cache" / "plimsoll" / "kernels"
-    )
+def _set_parallel(lib: KernelLibrary, mode: str) -> None:
+    default = PARALLEL_MODES.index("openmp" if lib.openmp else "pool")
+    wanted = default if mode == "auto" else PARALLEL_MODES.index(mode) if mode in PARALLEL_MODES else -1
+    if wanted < 0 or lib.plimsoll_parallel_mode(wanted) < 0:
+        log.warning("CPU kernels: parallel mode %r is not one this process runs (%s); kept %s",
+                    mode, "/".join(PARALLEL_MODES), PARALLEL_MODES[default])  # fmt: skip
+        lib.plimsoll_parallel_mode(default)
 
 
-def build(compiler: str) -> Path:
-    """Compile the kernel (or find it already compiled) and return the library's path."""
-    source = SOURCE.read_bytes()
-    flags = build_flags()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256(
-        b"\0".join(
-            [
-                source,
-                " ".join(flags).encode(),
-                version.encode(),
-                _cpu_model().encode(),
-                platform.machine().encode(),
-            ]
-        )
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_kernels-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.exists():
-            staging = target.with_suffix(f".{os.getpid()}.tmp")
-            result = subprocess.run(
-                [compiler, *flags, str(SOURCE), "-o", str(staging)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if result.returncode != 0:
-                staging.unlink(missing_ok=True)
-                raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-800:]}")
-            staging.rename(target)
-    return target
+def selection() -> Selection:
+    """The process's kernels (``auto`` if nothing selected them yet)."""
+    return _selection if _selection is not None else select()
 
 
-_why_not: list[str] = []
+def library() -> KernelLibrary | None:
+    """The build this process runs, or ``None`` (see ``unavailable_reason``)."""
+    return selection().library
 
 
 def unavailable_reason() -> str | None:
-    """Why :func:`library` returned ``None`` (after it was called), or ``None`` when it loaded."""
-    return None if library() is not None else (_why_not[0] if _why_not else "unavailable")
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled kernels, or ``None`` (reason logged once) when they cannot be had here."""
-    # The reason is kept for `plimsoll serve`'s one start-up line (see unavailable_reason).
-    if os.environ.get("PLIMSOLL_CPU_KERNELS", "1") == "0":
-        _why_not.append("off (PLIMSOLL_CPU_KERNELS=0)")
-        return None
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
-        _why_not.append("not built: no C++ compiler (install g++ or set CXX)")
-        return None
-    try:
-        lib = ctypes.CDLL(str(build(compiler)))
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        _why_not.append(f"not built: {str(exc).splitlines()[0][:200]}")
-        log.debug("CPU kernel build failed: %s", exc)
-        return None
-    lib.plimsoll_paged_decode_attention_f32.restype = ctypes.c_int
-    lib.plimsoll_paged_decode_attention_f32.argtypes = (
-        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
-    )
-    lib.plimsoll_paged_decode_attention_kv_int8.restype = ctypes.c_int
-    lib.plimsoll_paged_decode_attention_kv_int8.argtypes = lib.plimsoll_paged_decode_attention_f32.argtypes
-    lib.plimsoll_paged_decode_attention_bf16.restype = ctypes.c_int
-    lib.plimsoll_paged_decode_attention_bf16.argtypes = lib.plimsoll_paged_decode_attention_f32.argtypes
-    lib.plimsoll_paged_attention_f32.restype = ctypes.c_int
-    lib.plimsoll_paged_attention_f32.argtypes = (
-        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
-    )
-    lib.plimsoll_bf16_linear_f32.restype = ctypes.c_int
-    lib.plimsoll_bf16_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
-    lib.plimsoll_small_batch_linear_f32.restype = ctypes.c_int
-    lib.plimsoll_small_batch_linear_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
-    lib.plimsoll_int8_linear_f32.restype = ctypes.c_int
-    lib.plimsoll_int8_linear_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
-    lib.plimsoll_pool_threads.restype = ctypes.c_int64
-    lib.plimsoll_pool_threads.argtypes = []
-    lib.plimsoll_pool_noop.restype = ctypes.c_int64
-    lib.plimsoll_pool_noop.argtypes = [ctypes.c_int64, ctypes.c_int64]
-    lib.plimsoll_fused_decode_f32.restype = ctypes.c_int
-    lib.plimsoll_fused_decode_f32.argtypes = (
-        [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 10 + [ctypes.c_float] * 2 + [ctypes.c_int64]
-    )
-    lib.plimsoll_fused_decode_int8.restype = ctypes.c_int
-    lib.plimsoll_fused_decode_int8.argtypes = lib.plimsoll_fused_decode_f32.argtypes
-    lib.plimsoll_fused_decode_packed_f32.restype = ctypes.c_int
-    lib.plimsoll_fused_decode_packed_f32.argtypes = lib.plimsoll_fused_decode_f32.argtypes
-    lib.plimsoll_fma_peak.restype = ctypes.c_double
-    lib.plimsoll_fma_peak.argtypes = [ctypes.c_int64] * 2
-    lib.plimsoll_packed_f32_floats.restype = ctypes.c_int64
-    lib.plimsoll_packed_f32_floats.argtypes = [ctypes.c_int64] * 3
-    lib.plimsoll_packed_f32_panel_cols.restype = ctypes.c_int64
-    lib.plimsoll_packed_f32_panel_cols.argtypes = []
-    lib.plimsoll_pack_f32.restype = ctypes.c_int
-    lib.plimsoll_pack_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
-    lib.plimsoll_packed_linear_f32.restype = ctypes.c_int
-    lib.plimsoll_packed_linear_f32.argtypes = (
-        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 7
-    )
-    lib.plimsoll_fused_decode_timing.restype = None
-    lib.plimsoll_fused_decode_timing.argtypes = [ctypes.c_int64, ctypes.c_void_p]
-    lib.plimsoll_pool_enable.restype = None
-    lib.plimsoll_pool_enable.argtypes = [ctypes.c_int64]
-    lib.plimsoll_parallel_mode.restype = ctypes.c_int64
-    lib.plimsoll_parallel_mode.argtypes = [ctypes.c_int64]
-    lib.plimsoll_parallel_mode_get.restype = ctypes.c_int64
-    lib.plimsoll_parallel_mode_get.argtypes = []
-    wanted = os.environ.get("PLIMSOLL_KERNEL_PARALLEL", "")
-    # An explicit choice (A/B timing, or a host where the default misbehaves).
-    if wanted and (wanted not in PARALLEL_MODES or lib.plimsoll_parallel_mode(PARALLEL_MODES.index(wanted)) < 0):
-        log.warning("PLIMSOLL_KERNEL_PARALLEL=%s: not a mode this build runs (%s); kept the default",
-                    wanted, "/".join(PARALLEL_MODES))
-    gomps = {line.split()[-1] for line in _maps_lines() if "libgomp" in os.path.basename(line.split()[-1])}
-    if len(gomps) > 1 and lib.plimsoll_parallel_mode_get() == PARALLEL_MODES.index("openmp"):
-        # Two OpenMP runtimes would be two teams fighting for the cores: the pool instead.
-        log.warning("CPU kernels: two OpenMP runtimes loaded (%s); using the kernels' own threads", sorted(gomps))
-        lib.plimsoll_parallel_mode(PARALLEL_MODES.index("pool"))
-    lib.plimsoll_add_rms_norm_f32.restype = ctypes.c_int
-    lib.plimsoll_add_rms_norm_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int64]
-    lib.plimsoll_rope_store_f32.restype = ctypes.c_int
-    lib.plimsoll_rope_store_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6
-    lib.plimsoll_silu_mul_f32.restype = ctypes.c_int
-    lib.plimsoll_silu_mul_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
-    for glue in ("add_rms_norm", "rope_store", "silu_mul"):
-        f32, bf16 = getattr(lib, f"plimsoll_{glue}_f32"), getattr(lib, f"plimsoll_{glue}_bf16")
-        bf16.restype, bf16.argtypes = f32.restype, f32.argtypes
-    lib.plimsoll_paged_attention_bf16.restype = ctypes.c_int
-    lib.plimsoll_paged_attention_bf16.argtypes = lib.plimsoll_paged_attention_f32.argtypes
-    lib.plimsoll_to_bf16.restype = ctypes.c_int
-    lib.plimsoll_to_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
-    return lib
+    """Why :func:`library` is ``None``, or ``None`` when it is not."""
+    return selection().reason
 
 
 def set_pool_enabled(on: bool) -> None:
@@ -259,18 +126,11 @@ def set_pool_enabled(on: bool) -> None:
         lib.plimsoll_pool_enable(int(on))
 
 
-def _maps_lines() -> list[str]:
-    try:
-        return [line for line in Path("/proc/self/maps").read_text().splitlines() if len(line.split()) >= 6]
-    except OSError:
-        return []
-
-
 def parallel_mode(mode: str | None = None) -> str:
     """How the kernels split a call over threads: ``"openmp"`` (a parallel region on torch's
-    own OpenMP team, the default where the library was built with it), ``"pool"`` (helper
+    own OpenMP team, the default where torch's runtime is libgomp.so.1), ``"pool"`` (helper
     threads of their own) or ``"threads"`` (threads started per call, for A/B timing only).
-    With ``mode``, switch to it first (ValueError where this build cannot); returns the mode
+    With ``mode``, switch to it first (ValueError where this process cannot); returns the mode
     now in force."""
     lib = _library_or_raise()
     if mode is not None and (mode not in PARALLEL_MODES or lib.plimsoll_parallel_mode(PARALLEL_MODES.index(mode)) < 0):
@@ -279,7 +139,7 @@ def parallel_mode(mode: str | None = None) -> str:
 
 
 def available_parallel_modes() -> set[str]:
-    """The modes :func:`parallel_mode` accepts in this build."""
+    """The modes :func:`parallel_mode` accepts in this process."""
     lib = _library_or_raise()
     now = int(lib.plimsoll_parallel_mode_get())
     ok = {m for i, m in enumerate(PARALLEL_MODES) if lib.plimsoll_parallel_mode(i) >= 0}
@@ -324,17 +184,12 @@ def supports_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     )
 
 
-# Up to this many rows the compiled matmul beats oneDNN's (register blocks of 4 W rows x 4 x rows,
-# W prefetched ahead; SmolLM2's projections and head on an AVX-512 host: 0.3-0.7x oneDNN's time
-# at 2-4 rows, 0.5-0.8x at 8-16).
-SMALL_BATCH_MAX_ROWS = 16
-
-
 def supports_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ``small_batch_linear`` should take this matmul (few rows, float32 on CPU, built)."""
+    """Whether ``small_batch_linear`` can take this matmul (float32 rows on CPU, kernels loaded);
+    up to how many rows it should is the CPU plan's (``cpu_plan.RowLimits.small_matmul``)."""
     return (
         x.dim() == 2
-        and 0 < x.shape[0] <= SMALL_BATCH_MAX_ROWS
+        and x.shape[0] > 0
         and _float32_cpu(x, weight, *(() if bias is None else (bias,)))
         and weight.is_contiguous()
         and library() is not None
@@ -546,20 +401,15 @@ def paged_attention(
     return out
 
 
-# Up to this many rows a bfloat16 matmul streams W faster through bf16_linear than through
-# torch's (on an AVX-512 host, 200 MB of SmolLM2-shaped weights: 1 row 13-19 GB/s against torch's
-# 11-15, 2 rows 12-14 against 7-11; at 4 rows neither wins every shape).
-BF16_SMALL_BATCH_MAX_ROWS = 2
-
-
 def supports_bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ``bf16_linear`` should take this matmul: a few rows of bfloat16 ``x`` against a
-    contiguous bfloat16 ``weight`` whose inputs are a multiple of 16, on CPU, kernels built."""
+    """Whether ``bf16_linear`` can take this matmul: rows of bfloat16 ``x`` against a contiguous
+    bfloat16 ``weight`` whose inputs are a multiple of 16, on CPU, kernels loaded (up to how many
+    rows it should: ``cpu_plan.RowLimits.bf16_matmul``)."""
     return (
         x.device.type == weight.device.type == "cpu"
         and x.dtype == weight.dtype == torch.bfloat16
         and x.dim() == 2
-        and 0 < x.shape[0] <= BF16_SMALL_BATCH_MAX_ROWS
+        and x.shape[0] > 0
         and weight.dim() == 2
         and weight.is_contiguous()
         and weight.shape[1] % 16 == 0
@@ -574,7 +424,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     lib = _library_or_raise()
     if not supports_bf16_linear(x, weight, bias):
         raise ValueError(
-            f"bf16_linear takes 1..{BF16_SMALL_BATCH_MAX_ROWS} bfloat16 rows against a contiguous bfloat16 weight "
+            f"bf16_linear takes bfloat16 rows against a contiguous bfloat16 weight "
             f"of a multiple of 16 inputs; got x {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}"
         )
     xf = x.float().contiguous()
@@ -589,22 +439,24 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y.to(torch.bfloat16)
 
 
-def _library_or_raise() -> ctypes.CDLL:
+def _library_or_raise() -> KernelLibrary:
     lib = library()
     if lib is None:
-        raise RuntimeError("the CPU kernels are not available")
+        raise RuntimeError(f"the CPU kernels are not available: {unavailable_reason()}")
     return lib
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A float32 weight ``[n, k]`` packed by ``pack_f32`` (``data``: its panels, 1-D); ``parts``
-    equal row groups packed one after another (a fused gate_up: 2)."""
+    equal row groups packed one after another (a fused gate_up: 2); ``cols``: the panels' width,
+    the build's (48 with AVX-512, 16 otherwise), which only a build of the same width reads."""
 
     data: torch.Tensor
     n: int
     k: int
     parts: int = 1
+    cols: int = 48
 
 
 def pack_f32(weight: torch.Tensor, parts: int = 1) -> PackedWeight:
@@ -622,7 +474,7 @@ def pack_f32(weight: torch.Tensor, parts: int = 1) -> PackedWeight:
     data = torch.empty(floats, dtype=torch.float32)
     if lib.plimsoll_pack_f32(w.data_ptr(), data.data_ptr(), n, k, parts, torch.get_num_threads()) != 0:
         raise ValueError(f"pack_f32 rejected a weight of {tuple(weight.shape)} in {parts} parts")
-    return PackedWeight(data, n, k, parts)
+    return PackedWeight(data, n, k, parts, int(lib.plimsoll_packed_f32_panel_cols()))
 
 
 def packed_linear(
@@ -634,6 +486,11 @@ def packed_linear(
 ) -> torch.Tensor:
     """``x @ W.T + bias`` over a packed weight; returns ``out`` (a new ``[M, N]`` tensor if not given)."""
     lib = _library_or_raise()
+    if lib.plimsoll_packed_f32_panel_cols() != weight.cols:
+        raise ValueError(
+            f"packed_linear: a weight packed in panels of {weight.cols} columns, and the {lib.variant} build reads "
+            f"{lib.plimsoll_packed_f32_panel_cols()}; pack it again with the build in use"
+        )
     m = x.shape[0]
     if x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] != weight.k or x.stride(1) != 1 or m == 0:
         raise ValueError(
@@ -711,7 +568,7 @@ def _rows_fit(rows: int, *tensors: torch.Tensor, dtype: torch.dtype = torch.floa
 GLUE_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
-def _glue(lib: ctypes.CDLL, name: str, dtype: torch.dtype) -> Any:
+def _glue(lib: KernelLibrary, name: str, dtype: torch.dtype) -> Any:
     if dtype not in GLUE_DTYPES:
         raise ValueError(f"{name}: the glue runs float32 or bfloat16, got {dtype}")
     return getattr(lib, f"plimsoll_{name}_{GLUE_DTYPES[dtype]}")

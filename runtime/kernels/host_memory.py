@@ -6,12 +6,13 @@ largest block freed so far) with a fresh ``mmap`` and gives it back on ``free``;
 first touch of such memory is a page fault and a page the kernel zeroes. A prefill step
 of 2,048 tokens allocates and frees hundreds of multi-MiB tensors (matmul outputs of 12
 to 25 MiB, their 256-row chunks), so on CPU a third of its time went to ``aten::copy_``
-into fresh pages (``benchmarks/step_profile.py``; the figures are in docs/runtime.md).
+into fresh pages (``benchmarks/step_profile.py``; the figures are in benchmarks/results/2026-12-03-cpu-larger-steps.md).
 Raising the mmap threshold to glibc's largest (32 MiB) and the trim threshold above the
 largest step's working set keeps those blocks on the heap for the next step, as vLLM's
-CPU images get from preloading TCMalloc. ``PLIMSOLL_KEEP_FREED_MEMORY=0`` turns it off;
-it also stays off where the process runs another allocator's rules (``MALLOC_*`` or
-``GLIBC_TUNABLES`` malloc settings, or an ``LD_PRELOAD``ed allocator).
+CPU images get from preloading TCMalloc. The engine calls it unless its config says not to
+(``EngineConfig.keep_freed_memory``; ``plimsoll serve`` says not to where ``MALLOC_*`` or
+``GLIBC_TUNABLES`` malloc settings are in its environment), and it stays off where another
+allocator (TCMalloc, jemalloc, mimalloc) is loaded into the process.
 
 What it is not: a memory pool or a cap. Resident memory stays near the largest step's
 peak instead of falling back between steps (``benchmarks/rss_growth.py`` checks it does
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +36,18 @@ TRIM_THRESHOLD = 512 * 2**20
 _applied: bool | None = None
 
 
-def _why_not() -> str | None:
-    if os.environ.get("PLIMSOLL_KEEP_FREED_MEMORY", "1") == "0":
-        return "off (PLIMSOLL_KEEP_FREED_MEMORY=0)"
-    if any(k.startswith("MALLOC_") for k in os.environ) or "glibc.malloc" in os.environ.get(
-        "GLIBC_TUNABLES", ""
-    ):
-        return "malloc is configured by the environment"
-    if any(name in os.environ.get("LD_PRELOAD", "") for name in ("tcmalloc", "jemalloc", "mimalloc")):
-        return "another allocator is preloaded"
-    return None
+ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
+
+
+def _why_not(maps: str | None = None) -> str | None:
+    """Why the thresholds must stay as they are (``maps``: ``/proc/self/maps``'s text, read if not given)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    loaded = sorted({name for name in ALLOCATORS if f"lib{name}" in maps})
+    return f"another allocator is loaded ({', '.join(loaded)})" if loaded else None
 
 
 def keep_freed_memory() -> bool:

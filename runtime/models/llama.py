@@ -22,8 +22,8 @@ from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.attention_op import PagedAttend, opaque_attend
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
+from plimsoll.runtime.models.cpu_plan import CPUPlan
 from plimsoll.runtime.models.dense import Linear, linear, prime_onednn
-from plimsoll.runtime.models.fused_decode import FusedDecode, GluedLayers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -60,14 +60,17 @@ class RotaryEmbedding(nn.Module):
                 f"RoPE type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        if rope_type == "default":
-            base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-            self.attention_scaling = 1.0
-        else:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        # Computed on the CPU even inside the loader's meta device: on meta these ops run through
+        # torch's Python refs, which import torch._dynamo (and Triton with it) on a CPU server.
+        with torch.device("cpu"):
+            if rope_type == "default":
+                base = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+                inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+                self.attention_scaling = 1.0
+            else:
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+                inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
@@ -171,7 +174,12 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, arch: str) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Initialised here, not by nn.Embedding: its normal_() on the loader's meta device runs
+        # through torch's Python refs, which import torch._dynamo (and Triton with it) on a CPU.
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, arch, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
@@ -189,8 +197,8 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._fused: FusedDecode | None = None  # built at the first forward (after LoRA, TP, int8)
-        self._glued: GluedLayers | None = None
+        # Set by the engine's model runner at load, after LoRA, TP and int8 (models/cpu_plan.py).
+        self.cpu_plan: CPUPlan | None = None
 
     def forward(
         self,
@@ -203,17 +211,12 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [N, hidden]
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(positions, x.dtype)  # once per step, for every layer
-        if self._fused is None:
-            self._fused = FusedDecode(self)
-            self._glued = GluedLayers(self._fused)
-        # On CPU in float32 (models/fused_decode.py): a few decode rows, every layer in one native
-        # call; larger steps, each layer as oneDNN matmuls with one native call between each two.
-        if self._fused.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention):
-            return self.model.norm(x)  # type: ignore[no-any-return]
-        assert self._glued is not None
-        glued = self._glued.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
-        if glued is not None:
-            return glued
+        # On CPU (models/cpu_plan.py): the fused decode step or the glued layers where they take
+        # the step; every other step runs the layers below.
+        if self.cpu_plan is not None:
+            planned = self.cpu_plan.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
+            if planned is not None:
+                return planned
         return self.run_layers(x, cos, sin, PagedAttend(kv_caches, meta, store_kv, paged_attention))
 
     def forward_opaque(
@@ -237,9 +240,9 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        packed = None if self._fused is None else self._fused.logits(hidden)  # float32 CPU: the packed head
-        if packed is not None:
-            return packed
+        planned = None if self.cpu_plan is None else self.cpu_plan.logits(hidden)  # CPU: the packed head
+        if planned is not None:
+            return planned
         if self.tie_word_embeddings:
             return linear(hidden, self.model.embed_tokens.weight)
         logits: torch.Tensor = self.lm_head(hidden)  # a Linear, or an Int8Linear (models/quant.py)

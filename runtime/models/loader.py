@@ -103,7 +103,7 @@ def realign_weights(net: torch.nn.Module) -> int:
     ``load_file`` gives each its own storage at that alignment, so most weights kept as loaded
     start mid cache line (the embedding, ``o_proj`` and ``down_proj`` of SmolLM2 at offset 40):
     every vector load of such a matrix straddles two lines, and the compiled kernels streamed
-    them 1.35-1.5x slower at 16 rows (docs/runtime.md, session 9). Fused projections are new
+    them 1.35-1.5x slower at 16 rows (measured on the 2-core CI host). Fused projections are new
     tensors (``torch.cat``) and already aligned.
     """
     fresh: dict[int, torch.Tensor] = {}  # id of a tensor -> its copy: a weight shared by two modules stays shared

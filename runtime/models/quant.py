@@ -49,9 +49,9 @@ from plimsoll.runtime.models.dense import linear
 log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8", "fp8")  # fp8: models/quant_fp8.py
-# Above this, dequantise + the dense matmul is as fast on a layer's matrices (docs/runtime.md).
+# Above this, dequantise + the dense matmul is as fast on a layer's matrices (benchmarks/results/2026-12-02-int8-weights.md).
 KERNEL_MAX_ROWS = 64
-# Inputs per scale and offset; 0 = one per output row. 32 matches GGUF's blocks (docs/runtime.md
+# Inputs per scale and offset; 0 = one per output row. 32 matches GGUF's blocks (benchmarks/results/2026-12-02-int8-weights.md
 # compares per row, symmetric groups and asymmetric groups with and without grid recovery).
 GROUP_SIZE = 32
 ASYMMETRIC = True  # a float32 offset per group beside its scale

@@ -22,7 +22,6 @@ CPU has ``cpu_kernels.int8_linear``). On a CPU the kernel runs only in Triton's 
 from __future__ import annotations
 
 import functools
-import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,7 +39,9 @@ _sum_combine: Any = None
 
 
 def is_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    import triton  # only where the Triton kernel runs
+
+    return bool(triton.knobs.runtime.interpret)
 
 
 @functools.cache

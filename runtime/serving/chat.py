@@ -28,6 +28,7 @@ from plimsoll.runtime.serving.prompts import (
     encode_text,
     off_loop,
     resolve_max_tokens,
+    truncate_prompt,
 )
 from plimsoll.runtime.serving.protocol import (
     ChatChoice,
@@ -40,6 +41,7 @@ from plimsoll.runtime.serving.protocol import (
 from plimsoll.runtime.serving.requests import (
     Admission,
     ServingContext,
+    cache_salt_of,
     priority_of,
     tenant_of,
     until_disconnect,
@@ -60,8 +62,15 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         context = client_template_context(engine.tokenizer, req, max_chars)
         text = await ctx.templates.render(template, context, max_chars, timeout)
         prompt_ids = await off_loop(lambda: encode_text(engine.tokenizer, text, max_chars), timeout)
+    prompt_ids = truncate_prompt(
+        prompt_ids, req.truncate_prompt_tokens, req.truncation_side, engine.max_model_len
+    )
     max_tokens = resolve_max_tokens(
-        len(prompt_ids), req.requested_max_tokens(), engine.max_model_len, "messages"
+        len(prompt_ids),
+        req.requested_max_tokens(),
+        engine.max_model_len,
+        "messages",
+        ctx.settings.max_new_tokens,
     )
     params = req.to_sampling_params(max_tokens)
     continuation = continuation_of(
@@ -73,7 +82,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
     stream = ctx.outputs(
         prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), priority=priority, fairness_id=tenant,
-        continuation=continuation,
+        continuation=continuation, cache_salt=cache_salt_of(raw, req.cache_salt, ctx.settings),
     )  # fmt: skip
     if req.stream:
         streaming: Response = SSEResponse(_stream(ctx, req, adm, stream, prompt_ids), on_close=adm.release)
@@ -94,14 +103,16 @@ async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
     return final
 
 
-def _usage(out: RequestOutput) -> UsageInfo:
+def _usage(out: RequestOutput, details: bool) -> UsageInfo:
     prompt = len(out.prompt_token_ids)
     completion = sum(len(c.token_ids) for c in out.outputs)
     return UsageInfo(
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
-        prompt_tokens_details={"cached_tokens": out.metrics.num_cached_tokens},
+        # Off unless --enable-prompt-tokens-details: the count tells a client whether a prompt
+        # was cached, i.e. whether someone with the same salt sent it before.
+        prompt_tokens_details={"cached_tokens": out.metrics.num_cached_tokens} if details else None,
     )
 
 
@@ -129,8 +140,8 @@ def _response(
             )
         )
     return ChatCompletionResponse(
-        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(final),
-        prompt_token_ids=final.prompt_token_ids,
+        id=request_id, model=ctx.model_of(req.model), choices=choices,
+        usage=_usage(final, ctx.settings.enable_prompt_tokens_details), prompt_token_ids=final.prompt_token_ids,
     )  # fmt: skip
 
 
@@ -186,9 +197,9 @@ async def _stream(
                 last = out
                 choices = [c for o in out.outputs if (c := choice(o)) is not None]
                 if choices:
-                    yield chunk(choices, _usage(out) if continuous else None)
+                    yield chunk(choices, _usage(out, ctx.settings.enable_prompt_tokens_details) if continuous else None)
         if req.include_usage and last is not None:
-            yield chunk([], _usage(last))
+            yield chunk([], _usage(last, ctx.settings.enable_prompt_tokens_details))
     except APIError as err:
         yield sse(err.body())
     yield DONE

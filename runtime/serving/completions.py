@@ -24,6 +24,7 @@ from plimsoll.runtime.serving.prompts import (
     encode_prompt,
     off_loop,
     resolve_max_tokens,
+    truncate_prompt,
 )
 from plimsoll.runtime.serving.protocol import (
     CompletionChoice,
@@ -35,6 +36,7 @@ from plimsoll.runtime.serving.protocol import (
 from plimsoll.runtime.serving.requests import (
     Admission,
     ServingContext,
+    cache_salt_of,
     merge,
     priority_of,
     tenant_of,
@@ -53,8 +55,14 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],
         ctx.settings.tokenize_timeout,
     )
+    prompt_ids = [
+        truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, engine.max_model_len)
+        for ids in prompt_ids
+    ]
+    limit = ctx.settings.max_new_tokens
     max_tokens = [
-        resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt") for ids in prompt_ids
+        resolve_max_tokens(len(ids), req.max_tokens, engine.max_model_len, "prompt", limit)
+        for ids in prompt_ids
     ]
     params = [req.to_sampling_params(m) for m in max_tokens]
 
@@ -63,6 +71,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     )
     priority = priority_of(raw, req.priority, ctx.settings)
     tenant = tenant_of(raw, req.user)
+    salt = cache_salt_of(raw, req.cache_salt, ctx.settings)
     held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
     adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
     streams = [
@@ -75,6 +84,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
             priority=priority,
             fairness_id=tenant,
             continuation=continuation,
+            cache_salt=salt,
         )
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
@@ -85,7 +95,13 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         finals = await until_disconnect(raw, lambda: _collect(streams))
     finally:
         adm.release()
-    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts] if req.echo else None
+    texts = None
+    if req.echo:  # the prompt the model saw: after truncate_prompt_tokens, when a request sets it
+        cut = req.truncate_prompt_tokens is not None
+        texts = [
+            p if isinstance(p, str) and not cut else tokenizer.decode(ids)
+            for p, ids in zip(prompts, prompt_ids, strict=True)
+        ]
     response = _response(ctx, req, adm.request_id, finals, texts)
     return JSONResponse(response_body(response, req.return_token_ids))
 
@@ -124,11 +140,11 @@ def _response(
                 )
             )
     return CompletionResponse(
-        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(finals)
+        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(finals, ctx.settings.enable_prompt_tokens_details)
     )
 
 
-def _usage(outputs: list[RequestOutput]) -> UsageInfo:
+def _usage(outputs: list[RequestOutput], details: bool) -> UsageInfo:
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(o.metrics.num_cached_tokens for o in outputs)
@@ -136,7 +152,8 @@ def _usage(outputs: list[RequestOutput]) -> UsageInfo:
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
-        prompt_tokens_details={"cached_tokens": cached},
+        # Off unless --enable-prompt-tokens-details (see chat.py).
+        prompt_tokens_details={"cached_tokens": cached} if details else None,
     )
 
 
@@ -187,10 +204,10 @@ async def _stream(
                 latest[i] = out
                 choices = [c for o in out.outputs if (c := choice(i, out, o)) is not None]
                 if choices:
-                    usage = _usage(list(latest.values())) if _continuous(req) else None
+                    usage = _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details) if _continuous(req) else None
                     yield chunk(choices, usage)
         if req.include_usage:
-            yield chunk([], _usage(list(latest.values())))
+            yield chunk([], _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details))
     except APIError as err:
         yield sse(err.body())
     yield DONE

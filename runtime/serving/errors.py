@@ -25,8 +25,10 @@ log = logging.getLogger("plimsoll.runtime.serving.server")
 ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    409: "ConflictError",
     413: "RequestTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",
@@ -104,6 +106,19 @@ def _describe_validation(errors: Sequence[Any]) -> tuple[str, str | None]:
     return "Invalid request: " + "; ".join(dict.fromkeys(parts)) + ".", first_param
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app serves at the request's path (for a 405's ``Allow``)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "GET"}
+    for route in request.app.router.routes:
+        route_methods = getattr(route, "methods", None)
+        if route_methods and route.matches(scope)[0] != Match.NONE:
+            methods |= set(route_methods)
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Render every error, including FastAPI's and Starlette's own, as OpenAI does."""
 
@@ -121,6 +136,9 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = str(exc.detail) if exc.detail else "HTTP error"
         message = f"{detail}: {request.method} {request.url.path}; the API is described at /docs"
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:
+            # Starlette names only the first route matching the path; list every method the path has.
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
         return APIError(exc.status_code, message, headers=headers).response()
 
     @app.exception_handler(Exception)

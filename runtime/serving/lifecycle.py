@@ -36,6 +36,9 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, ctx: ServingContext) -> None:
         super().__init__(config)
         self.ctx = ctx
+        metrics = getattr(ctx, "metrics", None)
+        if metrics is not None:
+            metrics.watch_connections(lambda: len(self.server_state.connections))
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 

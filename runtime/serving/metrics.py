@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -35,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from plimsoll import __version__
 from plimsoll import metric_names as mn
 from plimsoll.runtime.engine.startup import STARTUP
+from plimsoll.runtime.models.cpu_plan import STEP_PATHS
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 REJECTION_REASONS = ("queue_full", "draining", "invalid_request", "timeout", "tenant_limit")
@@ -120,6 +122,9 @@ class ServerMetrics:
         self.kv_usage = gauge(
             mn.KV_CACHE_USAGE_RATIO, "Fraction of KV-cache blocks in use, 0..1 (vllm:kv_cache_usage_perc)."
         )
+        self.http_connections = gauge(
+            mn.HTTP_CONNECTIONS, "Open HTTP connections to this server (what a soak watches for leaks)."
+        )
         self.cache_config = gauge(
             mn.CACHE_CONFIG_INFO,
             "KV-cache configuration; value 1 (vllm:cache_config_info).",
@@ -170,6 +175,12 @@ class ServerMetrics:
         )
         self.kv_alloc_failures = counter(
             mn.KV_CACHE_ALLOCATION_FAILURES, "Times the scheduler could not get KV blocks for a request."
+        )
+        self.engine_steps = counter(
+            mn.ENGINE_STEPS,
+            "Engine steps that ran the model, by what ran it: fused_decode, glued_layers, module_layers "
+            "or cuda_graph.",
+            ("path",),
         )
         self.batch_size = histogram(
             mn.BATCH_SIZE, "Sequences per engine step.", tuple(float(b) for b in mn.BATCH_SIZE_BUCKETS)
@@ -274,6 +285,8 @@ class ServerMetrics:
             self.rejections.labels(model_name, reason)
         for reason in ERROR_REASONS:
             self.request_errors.labels(model_name, reason)
+        for path in STEP_PATHS:
+            self.engine_steps.labels(model_name, path)
         for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits,
                        self.cut_by_shutdown, self.lora_swaps):
             family.labels(model_name)
@@ -300,6 +313,9 @@ class ServerMetrics:
             return
         self._set_gauges(stats)
         m = self.model_name
+        path = getattr(stats, "step_path", "")
+        if path:
+            self.engine_steps.labels(m, path).inc()
         if stats.batch_size > 0:
             self.batch_size.labels(m).observe(stats.batch_size)
             self.step_tokens.labels(m).observe(stats.num_scheduled_tokens)
@@ -427,6 +443,10 @@ class ServerMetrics:
             running.labels(m).set(stats.num_running)
             waiting.labels(m).set(stats.num_waiting)
             kv_usage.labels(m).set(stats.kv_cache_usage)
+
+    def watch_connections(self, count: Callable[[], int]) -> None:
+        """Report ``count()`` (the HTTP server's open connections) at every scrape."""
+        self.http_connections.labels(self.model_name).set_function(count)
 
     def exposition(self) -> tuple[bytes, str]:
         for phase, seconds in STARTUP.seconds().items():

@@ -12,7 +12,7 @@ from the pod's volume. Without the flag the route answers 404 saying how to turn
 it on. The wait is ``asyncio.sleep`` and the export runs in a worker thread, so
 other requests are served throughout.
 What it is not: the recorder (``engine/step_profiler.py``) or the API-key check
-(``server.py`` guards ``/debug/*`` like ``/v1/*``).
+(``auth.py``: ``/debug/*`` needs the admin key).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import gzip
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -45,7 +46,9 @@ ENGINE_ANSWER_S = 60.0
 
 
 def default_profile_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "plimsoll-profiles"
+    """A fresh directory of this process (mode 0700, unpredictable name): never a fixed /tmp path another
+    local user could have created or pointed elsewhere first."""
+    return Path(tempfile.mkdtemp(prefix="plimsoll-profiles-"))
 
 
 def py_spy_binary() -> str | None:
@@ -57,18 +60,37 @@ def py_spy_binary() -> str | None:
     return str(beside) if beside.exists() else None
 
 
-def allow_child_tracing() -> None:
-    """Let a child process (py-spy) read this one where Yama allows only tracing descendants.
+PR_SET_PTRACER = 0x59616D61
 
-    ``prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)``; a no-op off Linux or without Yama.
-    """
+
+def set_ptracer(pid: int) -> None:
+    """Let exactly ``pid`` (and its children) trace this process where Yama allows only tracing
+    descendants: ``prctl(PR_SET_PTRACER, pid)``; 0 takes the permission back. A no-op off Linux
+    or without Yama. Never ``PR_SET_PTRACER_ANY``: that would let any process of this user read
+    the server's memory (its keys, every prompt) for as long as it runs."""
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)
+        libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0)
     except (OSError, AttributeError):
         log.debug("prctl(PR_SET_PTRACER) unavailable; py-spy needs ptrace permission instead")
+
+
+def checked_profile_dir(folder: Path) -> Path:
+    """``folder``, created 0700 if missing; refused (APIError 500) when it is a symlink, not ours,
+    or open to others, so a profile never lands where another user chose."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise APIError(500, f"the profile directory {folder} is not a plain directory; use --profile-dir")
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise APIError(
+            500,
+            f"the profile directory {folder} belongs to another user or is writable by others; "
+            "use a directory of the server's own (--profile-dir)",
+        )
+    return folder
 
 
 def parse_profile_query(query: Any) -> tuple[float, str]:
@@ -103,7 +125,7 @@ class ProfileStore:
         self.folder = folder
 
     def save(self, kind: str, suffix: str, data: bytes) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        checked_profile_dir(self.folder)
         path = self.folder / f"profile-{time.strftime('%Y%m%dT%H%M%S')}-{kind}{suffix}"
         path.write_bytes(data)
         old = sorted(self.folder.glob("profile-*"), key=lambda p: p.stat().st_mtime)[:-KEEP_FILES]
@@ -143,15 +165,21 @@ async def _py_spy_flamegraph(seconds: float, scratch: Path) -> bytes:
     # event loop wait) are an answer, where without it py-spy finds "no stack counts" and fails.
     cmd = [binary, "record", "--nonblocking", "--idle", "--duration", str(max(1, round(seconds))), "--pid",
            str(os.getpid()), "--format", "flamegraph", "--output", str(out)]  # fmt: skip
+    # A shell that waits for one line, then becomes py-spy (same pid): the pid is known, and allowed
+    # to trace this process, before py-spy attaches.
     proc = await asyncio.create_subprocess_exec(
-        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
+        "/bin/sh", "-c", 'read _ && exec "$0" "$@"', *cmd,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    set_ptracer(proc.pid)
     try:
-        output, _ = await asyncio.wait_for(proc.communicate(), seconds + ENGINE_ANSWER_S)
+        output, _ = await asyncio.wait_for(proc.communicate(b"go\n"), seconds + ENGINE_ANSWER_S)
     except (TimeoutError, asyncio.CancelledError):
         proc.kill()
         await proc.wait()
         raise
+    finally:
+        set_ptracer(0)
     if proc.returncode != 0 or not out.exists():
         tail = output.decode(errors="replace").strip()[-400:]
         raise APIError(
@@ -164,15 +192,14 @@ async def _py_spy_flamegraph(seconds: float, scratch: Path) -> bytes:
 
 def add_profile_route(app: FastAPI, engine: Any, enabled: bool, profile_dir: Path | None = None) -> None:
     """Put ``POST /debug/profile`` on ``app`` (off: a 404 that says how to turn it on)."""
-    store = ProfileStore(profile_dir or default_profile_dir())
+    store = ProfileStore(profile_dir or default_profile_dir()) if enabled else None
     busy = asyncio.Lock()
-    if enabled:
-        allow_child_tracing()
 
     @app.post("/debug/profile")
     async def debug_profile(request: Request) -> Response:
         if not enabled:
             raise APIError(404, "Profiling is off on this server; start it with --enable-profiling.")
+        assert store is not None, "built when profiling is on"
         seconds, kind = parse_profile_query(request.query_params)
         if not engine.is_ready:
             raise APIError(503, "The model is still loading; profile once /ready answers 200.")

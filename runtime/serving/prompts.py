@@ -162,8 +162,39 @@ def encode_chat(tokenizer: Any, request: ChatCompletionRequest, max_chars: int) 
     return encode_text(tokenizer, str(text), max_chars)
 
 
-def resolve_max_tokens(prompt_len: int, requested: int | None, max_model_len: int, prompt_param: str) -> int:
-    """The max_tokens to use, or a 400 that says which of prompt or max_tokens to shrink."""
+def truncate_prompt(ids: list[int], keep: int | None, side: str | None, max_model_len: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the last ``keep`` ids (``side`` left, the default) or the
+    first (right); -1 keeps as many as the context holds beside one completion token."""
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = max_model_len - 1
+    if keep > max_model_len:
+        raise bad_request(
+            f"truncate_prompt_tokens={keep} is longer than this model's maximum context length "
+            f"({max_model_len}); send at most {max_model_len - 1}, or -1 for as many as fit.",
+            "truncate_prompt_tokens",
+        )
+    if keep == 0:
+        raise bad_request(
+            "truncate_prompt_tokens=0 leaves no prompt; send 1 or more.", "truncate_prompt_tokens"
+        )
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[-keep:]
+
+
+def resolve_max_tokens(
+    prompt_len: int, requested: int | None, max_model_len: int, prompt_param: str, limit: int | None = None
+) -> int:
+    """The max_tokens to use, or a 400 that says which of prompt or max_tokens to shrink.
+
+    ``limit`` is the server's ``--max-new-tokens``: what a request without max_tokens gets, and
+    the most any request gets (a larger max_tokens is lowered to it, as vLLM's
+    ``--override-generation-config '{"max_new_tokens": N}'`` does).
+    """
+    if limit is not None:
+        requested = limit if requested is None else min(requested, limit)
     if prompt_len == 0:
         raise bad_request("The prompt is empty; send at least one token.", prompt_param)
     if prompt_len >= max_model_len:

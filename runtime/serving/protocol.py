@@ -30,13 +30,14 @@ MAX_STOP_CHARS = 256  # per stop string: the detokenizer scans for every stop at
 MIN_TEMPERATURE = 1e-5
 MIN_TOP_P = 1e-6  # below it top_p keeps only the top token, like greedy; tiny floats only underflow
 MIN_REPETITION_PENALTY = 0.01  # dividing logits by a near-zero penalty overflows them to inf
+MIN_SLO_MS = 1e-3  # PUT /slo bounds: a microsecond; anything smaller rounds to 0 s
 
 StopField = Annotated[str | list[str] | None, Field(default=None, description="Up to 16 stop strings.")]
 TokenId = Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]  # StrictInt: `true` is not token id 1
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
@@ -84,6 +85,8 @@ class _SamplingFields(_Request):
     # vLLM: token ids beside the text (``token_ids`` per choice, ``prompt_token_ids`` once).
     return_token_ids: bool | None = None
     continuation: ContinuationField | None = None
+    # vLLM: salts the prefix cache, so only requests with the same salt share cached blocks.
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
     def _check_continuation(self) -> None:
         if self.continuation is not None and not self.stream:
@@ -133,6 +136,19 @@ class _SamplingFields(_Request):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class _PromptTruncation(_Request):
+    """vLLM's prompt truncation fields, shared by both endpoints."""
+
+    truncate_prompt_tokens: Literal[-1] | Annotated[int, Field(ge=1, le=2**31 - 1)] | None = Field(
+        None,
+        description="Keep only this many prompt tokens (-1: as many as the context holds beside at "
+        "least one completion token); a longer prompt is cut instead of refused.",
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="left (default) keeps the last N tokens; right keeps the first N."
+    )
+
+
 def _temperature(value: float | None) -> float:
     if value is None:
         return 1.0
@@ -140,14 +156,14 @@ def _temperature(value: float | None) -> float:
 
 
 PromptField = (
-    str
+    Annotated[str, Field(min_length=1)]
     | Annotated[list[str], Field(max_length=MAX_PROMPTS)]
     | list[TokenId]
     | Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS)]
 )
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_SamplingFields, _PromptTruncation):
     """``POST /v1/completions``."""
 
     prompt: PromptField
@@ -215,7 +231,7 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, _PromptTruncation):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
@@ -399,11 +415,11 @@ class ErrorResponse(BaseModel):
 class SLOObjectives(BaseModel):
     """``PUT /slo``: the LLMService's ``spec.slo`` in its own spelling; each bound applies per request."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
-    ttft_p95_ms: float | None = Field(None, gt=0, alias="ttftP95Ms")
-    tpot_p50_ms: float | None = Field(None, gt=0, alias="tpotP50Ms")
-    e2e_p95_ms: float | None = Field(None, gt=0, alias="e2eP95Ms")
+    ttft_p95_ms: float | None = Field(None, ge=MIN_SLO_MS, allow_inf_nan=False, alias="ttftP95Ms")
+    tpot_p50_ms: float | None = Field(None, ge=MIN_SLO_MS, allow_inf_nan=False, alias="tpotP50Ms")
+    e2e_p95_ms: float | None = Field(None, ge=MIN_SLO_MS, allow_inf_nan=False, alias="e2eP95Ms")
 
     def seconds(self) -> dict[str, float | None]:
         def s(ms: float | None) -> float | None:
@@ -414,6 +430,6 @@ class SLOObjectives(BaseModel):
     @classmethod
     def from_seconds(cls, bounds: dict[str, float]) -> SLOObjectives:
         def ms(key: str) -> float | None:
-            return None if key not in bounds else round(bounds[key] * 1000, 6)
+            return None if key not in bounds else float(f"{bounds[key] * 1000:.12g}")
 
         return cls(ttft_p95_ms=ms("ttft"), tpot_p50_ms=ms("tpot"), e2e_p95_ms=ms("e2e"))

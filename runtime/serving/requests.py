@@ -42,6 +42,8 @@ from plimsoll.runtime.serving.settings import ServerSettings
 from plimsoll.runtime.serving.template_pool import TemplatePool
 
 log = logging.getLogger("plimsoll.runtime.requests")
+# The tenant-cap bucket of requests that name no tenant.
+ANONYMOUS_BUCKET = ""
 T = TypeVar("T")
 
 
@@ -124,13 +126,17 @@ class ServingContext:
                     headers=self._replica_overload(),
                 )
         cap = self.settings.max_tenant_inflight_tokens
-        if cap is not None and tenant is not None:
-            held = self.tenant_tokens.get(tenant, 0)
+        # Requests that name no tenant share one bucket under the same cap: leaving the header
+        # out must not be a way around the limit.
+        bucket = tenant if tenant is not None else ANONYMOUS_BUCKET
+        if cap is not None:
+            held = self.tenant_tokens.get(bucket, 0)
             if held + num_tokens > cap:
                 self.metrics.reject("tenant_limit")
+                who = f"Tenant {tenant!r} has" if tenant is not None else "Requests without a tenant (one shared bucket) have"
                 raise APIError(
                     429,
-                    f"Tenant {tenant!r} has {held} tokens in flight and this request needs {num_tokens} more "
+                    f"{who} {held} tokens in flight and this request needs {num_tokens} more "
                     f"(prompt + max_tokens), over --max-tenant-inflight-tokens {cap}; retry after "
                     f"{self.settings.retry_after_s}s or lower max_tokens.",
                     headers={"Retry-After": str(self.settings.retry_after_s)},
@@ -139,9 +145,9 @@ class ServingContext:
         self.num_seqs_in_flight += num_seqs
         self.idle.clear()
         adm = Admission(f"{prefix}-{uuid.uuid4().hex[:16]}", self, num_seqs)
-        if tenant is not None:
-            adm.tenant, adm.num_tokens = tenant, num_tokens
-            self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + num_tokens
+        if cap is not None:
+            adm.tenant, adm.num_tokens = bucket, num_tokens
+            self.tenant_tokens[bucket] = self.tenant_tokens.get(bucket, 0) + num_tokens
         return adm
 
     def _replica_overload(self) -> dict[str, str]:
@@ -179,6 +185,7 @@ class ServingContext:
         priority: int = 0,
         fairness_id: str | None = None,
         continuation: Continuation | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one prompt; aborts the request if iteration stops early.
 
@@ -190,7 +197,7 @@ class ServingContext:
         deadline = started + self.settings.request_timeout if self.settings.request_timeout else None
         gen = self.engine.generate(
             prompt_ids, params, request_id, lora_name, priority=priority, fairness_id=fairness_id,
-            continuation=continuation,
+            continuation=continuation, cache_salt=cache_salt,
         )  # fmt: skip
         last: RequestOutput | None = None
         last_emit = started
@@ -235,10 +242,13 @@ class ServingContext:
                 if out.error is not None:
                     status = "engine_error"
                     self.metrics.request_error("engine_error")
+                    # The exception text stays in the log: it can hold paths, shapes or other
+                    # requests' data, none of which is this client's to read.
+                    log.error("request %s failed in the engine: %s", request_id, out.error)
                     raise APIError(
                         500,
-                        f"Request {request_id} failed in the engine ({out.error}); the engine carries on "
-                        "serving other requests. Retry, and report it if it repeats.",
+                        f"Request {request_id} failed in the engine; the engine carries on serving other "
+                        "requests. Retry, and report it with this request id if it repeats.",
                     )
                 yield out
                 if out.finished:
@@ -256,7 +266,9 @@ class ServingContext:
             status = "error"
             self.metrics.request_error("engine_dead" if self.engine.is_dead else "engine_error")
             log.error("request %s failed in the engine: %r", request_id, exc)
-            raise APIError(500, f"The engine failed on this request: {type(exc).__name__}: {exc}") from exc
+            raise APIError(
+                500, f"The engine failed on request {request_id}; the server log has the cause under this id."
+            ) from exc
         finally:
             finished = last is not None and last.finished
             # Closing the engine's stream aborts the request there if it did not finish.
@@ -302,10 +314,30 @@ def tenant_of(raw: Request, user: str | None) -> str | None:
     return raw.headers.get(FAIRNESS_HEADER) or user or None
 
 
+def cache_salt_of(raw: Request, body_salt: str | None, settings: ServerSettings) -> str | None:
+    """The prefix-cache salt of a request: the trusted tenant header and the body's ``cache_salt``.
+
+    Only the header counts as the tenant here, never OpenAI's ``user``: a client writes
+    ``user`` itself, so salting by it would let one client read another's cache by
+    naming it. The header is the router's (or gateway's) to set; the router overwrites
+    what a client sent. None keeps the engine's shared, unsalted cache.
+    """
+    tenant = raw.headers.get(FAIRNESS_HEADER) if settings.tenant_cache_isolation else None
+    if not tenant and not body_salt:
+        return None
+    # JSON keeps the two parts apart: tenant "a" + salt "b:c" never equals tenant "a:b" + salt "c".
+    return json.dumps([tenant or "", body_salt or ""], separators=(",", ":"))
+
+
 def priority_of(raw: Request, body_priority: int, settings: ServerSettings) -> int:
-    """The request's vLLM priority: its ``x-gateway-inference-objective``'s, else the body's (400 if unknown)."""
+    """The request's vLLM priority: its ``x-gateway-inference-objective``'s (400 if unknown), else the
+    body's, raised to ``--min-client-priority`` so a client cannot put itself ahead of others."""
     try:
-        return objective_priority(raw.headers.get(OBJECTIVE_HEADER), body_priority, settings.inference_objectives)
+        return objective_priority(
+            raw.headers.get(OBJECTIVE_HEADER),
+            max(body_priority, settings.min_client_priority),
+            settings.inference_objectives,
+        )
     except ValueError as exc:
         raise bad_request(str(exc)) from None
 

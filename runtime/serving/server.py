@@ -14,7 +14,6 @@ uvicorn through ``lifecycle.DrainingServer``) or the engine itself.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import importlib.util
 import logging
 import time
@@ -28,12 +27,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plimsoll import __version__
+from plimsoll.auth import bearer_matches
 from plimsoll.runtime.engine.client import EngineClient
 from plimsoll.runtime.engine.startup import STARTUP
+from plimsoll.runtime.serving.auth import AuthMiddleware
 from plimsoll.runtime.serving.chat import create_chat_completion
 from plimsoll.runtime.serving.completions import create_completion
 from plimsoll.runtime.serving.errors import APIError, install_error_handlers
+from plimsoll.runtime.serving.lora_admin import LoRAAdmin
 from plimsoll.runtime.serving.metrics import ServerMetrics
+from plimsoll.runtime.serving.openapi import install_openapi
 from plimsoll.runtime.serving.profiling import add_profile_route
 from plimsoll.runtime.serving.protocol import (
     ChatCompletionRequest,
@@ -52,29 +55,6 @@ from plimsoll.tracing import TraceMiddleware
 log = logging.getLogger("plimsoll.runtime.serving.server")
 
 __all__ = ["ServerSettings", "build_app"]
-
-
-class APIKeyMiddleware:
-    """``Authorization: Bearer KEY`` on ``/v1/*`` and ``/debug/*``; probes and ``/metrics`` stay open.
-
-    A plain ASGI middleware (not ``BaseHTTPMiddleware``) so it runs before the
-    body is parsed and does not get between a streaming response and Starlette's
-    disconnect detection.
-    """
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(("/v1", "/debug")):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                what = "missing" if not given else "wrong"
-                err = APIError(401, f"The API key is {what}; send the header `Authorization: Bearer <key>`.")
-                await err.response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:
@@ -207,14 +187,15 @@ def build_app(
     app = FastAPI(title="plimsoll runtime", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app)
-    if settings.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    # Middleware added later runs earlier. Order on the way in: trace span, authentication,
+    # body limit, app: a request without the right key is refused before its body is read,
+    # and an oversized body before anything parses it.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AuthMiddleware, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
     if importlib.util.find_spec("fastapi.telemetry") is None:
         # FastAPI >= 0.16x opens its own server span (continuing traceparent) when
         # OpenTelemetry is installed; older ones get ours, outermost, covering auth and the response.
         app.add_middleware(TraceMiddleware)
-    # Added last, so it runs first: an oversized body is refused before anything else reads it.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
 
     def check_serving(model: str | None) -> None:
         if state["fatal"] is not None or engine.is_dead:
@@ -284,55 +265,36 @@ def build_app(
         return Response(body, media_type=content_type)
 
     @app.get("/v1/models", response_model=ModelList)
-    async def models() -> ModelList:
+    async def models(raw: Request) -> ModelList:
+        # An adapter's `root` is its path (vLLM's field) only for the admin key's holder (the operator
+        # compares it with spec.adapters); everyone else sees names: where weights live on the
+        # replica is nobody's business who holds only the inference key.
+        admin = bool(settings.admin_api_key) and bearer_matches(
+            raw.headers.get("authorization"), settings.admin_api_key
+        )
         card = ModelCard(
             id=settings.served_model_name,
             created=int(time.time()),
-            root=settings.model_root,
+            root=settings.served_model_name,
             max_model_len=engine.max_model_len if engine.is_ready else None,
         )
         adapters = [
-            ModelCard(id=lora.lora_name, created=card.created, root=lora.lora_path, parent=settings.served_model_name,
-                      max_model_len=card.max_model_len)
+            ModelCard(id=lora.lora_name, created=card.created, root=lora.lora_path if admin else lora.lora_name,
+                      parent=settings.served_model_name, max_model_len=card.max_model_len)
             for lora in engine.list_loras()
         ]
         return ModelList(data=[card, *adapters])
 
-    def check_lora_enabled() -> None:
-        if not engine.config.enable_lora:
-            raise APIError(
-                404,
-                "LoRA adapters are not enabled on this server; start it with --enable-lora to load and unload "
-                "adapters at run time.",
-            )
-        if not engine.is_ready:
-            raise APIError(503, "The model is still loading; retry when /ready answers 200.",
-                           headers={"Retry-After": str(settings.retry_after_s)})
+    lora_admin = LoRAAdmin(engine, settings)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
-        from plimsoll.runtime.models.lora import LoRAAdapterError
-
-        check_lora_enabled()
-        try:
-            await engine.add_lora(body.lora_name, body.lora_path)
-        except LoRAAdapterError as exc:
-            raise APIError(400, f"The lora adapter '{body.lora_name}' was not loaded: {exc}", param="lora_path") from None
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="lora_name") from None
+        await lora_admin.load(body.lora_name, body.lora_path)
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
-        from plimsoll.runtime.engine.lora_manager import LoRAInUseError, LoRANotFoundError
-
-        check_lora_enabled()
-        try:
-            await engine.remove_lora(body.lora_name)
-        except LoRANotFoundError as exc:
-            raise APIError(404, str(exc), param="lora_name") from None
-        except LoRAInUseError as exc:
-            raise APIError(400, str(exc), param="lora_name", headers={"Retry-After": str(settings.retry_after_s)}) from None
+        await lora_admin.unload(body.lora_name)
         return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.", media_type="text/plain")
 
     @app.post("/v1/completions")
@@ -349,4 +311,5 @@ def build_app(
 
     profile_dir = Path(settings.profile_dir) if settings.profile_dir else None
     add_profile_route(app, engine, settings.enable_profiling, profile_dir)
+    install_openapi(app)  # every response documented, not only the 200s
     return app

@@ -12,13 +12,23 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     served_model_name: str = Field(description="the name clients put in `model`")
-    model_root: str | None = Field(None, description="where the weights came from, shown by /v1/models")
     api_key: str | None = Field(None, description="require `Authorization: Bearer KEY` on /v1/*")
+    admin_api_key: str | None = Field(
+        None,
+        description="require `Authorization: Bearer KEY` on control endpoints (/drain, PUT /slo, LoRA "
+        "load/unload, /debug/*); without one they answer loopback clients only",
+    )
     max_waiting: int | None = Field(None, ge=0, description="waiting requests beyond which new ones get 429")
     request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted")
     drain_timeout: float = Field(20.0, ge=0, description="seconds SIGTERM waits for in-flight requests")
     max_tenant_inflight_tokens: int | None = Field(
         None, ge=1, description="prompt + max_tokens one tenant may have in flight before 429"
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="max_tokens for a request that sends none, and the most any request gets (larger "
+        "ones are lowered to it); None: the rest of the context",
     )
     max_request_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="largest request body accepted; larger ones get 413"
@@ -33,7 +43,29 @@ class ServerSettings(BaseModel):
         10.0, gt=0, description="seconds tokenising and template rendering may take before a 400"
     )
     enable_profiling: bool = Field(False, description="answer POST /debug/profile (torch or py-spy profiles)")
-    profile_dir: str | None = Field(None, description="where profiles are also written (default: $TMPDIR/plimsoll-profiles)")
+    profile_dir: str | None = Field(None, description="where profiles are also written (default: a fresh $TMPDIR/plimsoll-profiles-XXXX, mode 0700)")
+    allow_runtime_lora_updating: bool = Field(
+        False, description="answer /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's opt-in)"
+    )
+    lora_allowed_roots: tuple[str, ...] = Field(
+        (), description="directories run-time LoRA loads may read from (resolved, symlinks followed)"
+    )
+    max_registered_loras: int = Field(
+        64, ge=1, description="adapters registered at once (start-up ones included); more loads get 400"
+    )
+    enable_prompt_tokens_details: bool = Field(
+        False, description="report usage.prompt_tokens_details.cached_tokens (vLLM's flag; off by default)"
+    )
+    tenant_cache_isolation: bool = Field(
+        True,
+        description="fold the tenant (x-gateway-inference-fairness-id) into the prefix-cache salt, so "
+        "tenants never share cached blocks",
+    )
+    min_client_priority: int = Field(
+        0,
+        description="lowest vLLM priority (lower runs first) a client may give itself in the body; higher "
+        "priorities come only from an x-gateway-inference-objective the server knows",
+    )
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
     inference_objectives: dict[str, int] = Field(
         default_factory=dict,

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
+from collections.abc import MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
 
 Job = tuple[str, dict[str, Any], int]  # (template, context, max_chars)
+# PLIMSOLL_API_KEY, PLIMSOLL_ADMIN_API_KEY, VLLM_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, *_PASSWORD ...
+_SECRET_NAME = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 
 
 def _cap_memory(extra_bytes: int) -> None:
@@ -48,7 +52,20 @@ def render(job: Job) -> tuple[str, Any]:
     return "ok", text
 
 
+def drop_secrets(environ: MutableMapping[str, str]) -> list[str]:
+    """Remove the credentials a spawned worker inherits (API keys, tokens); return their names.
+
+    A client's template runs here; whatever escapes Jinja's sandbox should find no key
+    in this process's environment (the server's own keys included).
+    """
+    names = [name for name in environ if _SECRET_NAME.search(name)]
+    for name in names:
+        del environ[name]
+    return names
+
+
 def main(conn: Connection, memory_bytes: int) -> None:
+    drop_secrets(os.environ)
     import transformers.utils.chat_template_utils  # noqa: F401  (paid once, before "ready")
 
     _cap_memory(memory_bytes)

@@ -1,4 +1,4 @@
-"""Issue 21 items 7-8: diagnose judges decode against an SLO or the server's own c=1 TPOT, says why in
+"""Diagnose judges decode against an SLO or the server's own c=1 TPOT, says why in
 numbers, shows it is watching, and every piece of advice names a flag `plimsoll serve` has."""
 
 import json

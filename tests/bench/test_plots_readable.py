@@ -1,4 +1,4 @@
-"""Issue 21 item 10: plot ticks read 1, 2, 4; the limit that decided the latency knee is drawn; the knee
+"""Plot ticks read 1, 2, 4; the limit that decided the latency knee is drawn; the knee
 marker sits at the knee, not on the nearest level."""
 
 import math

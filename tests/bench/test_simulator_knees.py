@@ -1,4 +1,4 @@
-"""Must-show 1 (issue 14): knees at the simulated server's real saturation point, on a quiet and a busy host.
+"""Knees at the simulated server's real saturation point, on a quiet and a busy host.
 
 The simulator runs in its own process with 40-50 ms steps, so its step cost
 dominates the client's per-chunk work (at most ~200 chunks/s at these caps) and

@@ -1,4 +1,4 @@
-"""Issue 21 item 1: `bench soak` sees plimsoll's resident memory, and a drift check without data says so."""
+"""`bench soak` sees plimsoll's resident memory, and a drift check without data says so."""
 
 import json
 from pathlib import Path
@@ -58,6 +58,12 @@ def test_soak_against_plimsoll_serve_records_resident_memory(tmp_path: Path) -> 
     assert all(m is not None and m["mean"] > 1e6 for m in memory), memory
     assert report["scenario"]["drift"]["resident_memory_mean"] is not None
     assert "resident_memory_mean" not in report["scenario"]["unchecked"]
+    # Open fds and HTTP connections too (the scrape's own connection is one of them).
+    for lv in report["levels"]:
+        assert lv["server"]["open_fds"]["mean"] > 3 and lv["server"]["http_connections"]["mean"] >= 1, lv[
+            "server"
+        ]
+    assert {"open_fds_mean", "http_connections_mean"}.isdisjoint(report["scenario"]["unchecked"])
 
 
 def test_soak_without_memory_series_says_the_check_has_no_data(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Issue 21 items 3-4: the summary table fits 80 and 120 columns; small samples and empty windows are named."""
+"""The summary table fits 80 and 120 columns; small samples and empty windows are named."""
 
 import io
 import json

@@ -1,4 +1,4 @@
-"""Issue 21 item 2: a sweep says how big it is, shows level n/N with an ETA, and Ctrl-C keeps the finished levels."""
+"""A sweep says how big it is, shows level n/N with an ETA, and Ctrl-C keeps the finished levels."""
 
 import io
 import json

@@ -1,4 +1,4 @@
-"""Must-show 3 (issue 14): the hold after the sweep steps down when the recommendation misses the SLO.
+"""The hold after the sweep steps down when the recommendation misses the SLO.
 
 The simulator's service degrades above four running requests (every step four
 times as long), so a recommendation of 8 misses a TPOT SLO the replica meets at

@@ -1,4 +1,4 @@
-"""Issue 21 item 11: the demo prints the autoscaler's decision as sentences, not a JSON dump."""
+"""The demo prints the autoscaler's decision as sentences, not a JSON dump."""
 
 from plimsoll.demo import autoscaler_lines
 

@@ -190,3 +190,20 @@ def test_disk_full_before_downloading(hub: HubMirror, tmp_path: Path) -> None:
     assert "model.cache.sizeLimit" in term.read_text()
     assert proc.stdout.strip() == "", "nothing written to the volume"
     assert hub.downloads() == []
+
+
+def test_a_tampered_cache_is_caught_by_hash_not_size(hub: HubMirror, repo_dir: Path, tmp_path: Path) -> None:
+    """Same size, other bytes (someone wrote into the cache volume): downloaded again, not served."""
+    out = tmp_path / "cache"
+    commit = fetch(HubRef("org/model", "main"), out)
+    weights = out / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(bytes(b ^ 0xFF for b in original[:64]) + original[64:])
+    config = out / "config.json"
+    config.write_text(config.read_text().replace("llama", "LLAMA"))  # a small non-LFS file, same size
+    before = len(hub.downloads())
+    assert fetch(HubRef("org/model", "main"), out) == commit
+    assert weights.read_bytes() == (repo_dir / "model.safetensors").read_bytes()
+    assert config.read_text() == (repo_dir / "config.json").read_text()
+    again = sorted(p.rsplit("/", 1)[-1] for p in hub.downloads()[before:])
+    assert again == ["config.json", "model.safetensors"]

@@ -1,4 +1,4 @@
-"""Issue 21 item 9: `plan` asks for a unit, notices a report of another model, and says when it ignores latency."""
+"""`plan` asks for a unit, notices a report of another model, and says when it ignores latency."""
 
 import json
 from pathlib import Path

@@ -8,6 +8,7 @@ standing in for it) and checks names, parentage and GenAI attributes.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ def test_one_request_through_router_and_replica_is_one_trace(receiver: Receiver)
     replica = ServerProcess(
         ["--model", str(model), "--served-model-name", "tiny", "--kv-cache-memory", "512KiB",
          "--max-num-batched-tokens", "8", "--otlp-traces-endpoint", receiver.url, "--drain-timeout", "1"],
-        env=FAST_EXPORT, startup_timeout=300,
+        env={**os.environ, **FAST_EXPORT}, startup_timeout=300,
     )
     with replica:
         port = free_port("127.0.0.1")

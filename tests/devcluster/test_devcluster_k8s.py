@@ -1,4 +1,4 @@
-"""Acceptance tests of the local control plane (issue 2): scheduling onto simulated GPU
+"""Acceptance tests of the local control plane: scheduling onto simulated GPU
 nodes, loopback pod IPs, FailedScheduling, garbage collection, CRD subresources."""
 
 import ipaddress

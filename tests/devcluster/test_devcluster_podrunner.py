@@ -1,4 +1,4 @@
-"""The pod runner (issue 7): pods that really run as local processes bound to their pod IP,
+"""The pod runner: pods that really run as local processes bound to their pod IP,
 Ready only when their readiness probe answers, restarted when they exit, stopped when deleted,
 and Job pods that report their exit codes."""
 

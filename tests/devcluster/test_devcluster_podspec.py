@@ -137,3 +137,16 @@ def test_kwok_config_keeps_local_pods_out_of_the_simulated_lifecycle(tmp_path: P
     ]["matchExpressions"]
     assert docs["node-init"]["spec"]["selector"]["matchExpressions"] == []
     assert "plimsoll-local-pod-assign-ip" in docs
+
+
+def test_an_upstream_image_runs_with_the_entrypoint_the_runner_was_given() -> None:
+    vllm = {"name": "engine", "image": "vllm/vllm-openai:v0.32.0", "args": ["--model", "/m", "--host", "0.0.0.0"]}
+    with pytest.raises(ValueError, match="--image-entrypoint"):
+        podspec.container_argv(vllm, {}, "127.1.0.2", {})
+    entry = {"vllm": ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]}
+    assert podspec.container_argv(vllm, {}, "127.1.0.2", {}, entry) == [
+        "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--host", "127.1.0.2",
+    ]  # fmt: skip
+    # A container with its own command keeps it: the entrypoint stands in only for the image's.
+    sglang = {"name": "engine", "image": "lmsysorg/sglang:x", "command": ["python3", "-m", "sglang.launch_server"]}
+    assert podspec.container_argv(sglang, {}, "127.1.0.2", {}, entry)[0] == sys.executable

@@ -28,6 +28,7 @@ def operator_release(devcluster: Any) -> str:
     devcluster.kubectl("create", "namespace", RELEASE_NAMESPACE, check=False)
     devcluster.helm(
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE,
+        "--set", "rbac.scope=cluster",  # every test makes its own namespace (the default is namespaced)
         "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false",
         "--wait", "--timeout", "120s",
     )  # fmt: skip

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +22,7 @@ from plimsoll.prometheus import parse
 from plimsoll.router.app import RouterState, build_app
 from plimsoll.router.config import RouterConfig
 
-__all__ = ["fake_replicas", "free_port", "replica_metric", "run_router"]
+__all__ = ["fake_replicas", "free_port", "replica_metric", "route_process", "run_router"]
 
 # What the router tests' replicas default to: model "fake", 5 ms per token, 8 at once.
 REPLICA_DEFAULTS: dict[str, Any] = {"model": "fake", "step_t0_s": 0.005, "batch_cap": 8}
@@ -91,3 +95,32 @@ async def run_router(**config: Any) -> AsyncIterator[RunningRouter]:
     finally:
         server.should_exit = True
         await task
+
+
+@contextlib.contextmanager
+def route_process(
+    args: Sequence[str], env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`plimsoll route ARGS` as its own process on a free port, yielded once ``/ready`` answers 200;
+    SIGTERM at the end. Yields the router's URL and the process (its output is read after it exits)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from plimsoll.cli import main; main()", "route", "--port", str(port), *args],
+        env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.communicate()[0].decode()
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "plimsoll route never became ready"
+            time.sleep(0.1)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)

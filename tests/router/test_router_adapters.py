@@ -93,7 +93,9 @@ def lora_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Thr
     try:
         for _ in range(3):
             servers.append(
-                ThreadedServer(model, enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=8).start()
+                ThreadedServer(model, enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=8,
+                               server={"allow_runtime_lora_updating": True,
+                                       "lora_allowed_roots": (str(root),)}).start()
             )
         for server, name in zip(servers, paths, strict=False):
             answer = httpx.post(f"{server.url}/v1/load_lora_adapter",

@@ -25,7 +25,8 @@ from plimsoll.runtime.testing import KeyValueServer, ServerProcess, free_port, w
 pytestmark = pytest.mark.slow
 
 SERVE = ("--served-model-name", "tiny", "--kv-cache-memory", "160KiB", "--max-model-len", "256", "--block-size",
-         "16", "--max-num-seqs", "4", "--drain-timeout", "2", "--kv-offloading-size", "0.01")  # fmt: skip
+         "16", "--max-num-seqs", "4", "--drain-timeout", "2", "--kv-offloading-size", "0.01",
+         "--enable-prompt-tokens-details")  # fmt: skip
 
 
 class Replica:

@@ -33,3 +33,17 @@ def triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     """
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _cpu_kernels_back_to_auto() -> Any:
+    """A test that made the process run another build of the CPU kernels, or none (an engine with
+    cpu_kernels="off", ``cpu_kernels.select("avx2")``, a load made to fail) hands the next one the
+    default back."""
+    yield
+    import sys
+
+    cpu_kernels = sys.modules.get("plimsoll.runtime.kernels.cpu_kernels")
+    selected = None if cpu_kernels is None else cpu_kernels._selection
+    if selected is not None and (selected.choice != "auto" or selected.library is None):
+        cpu_kernels.select()

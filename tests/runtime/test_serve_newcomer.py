@@ -1,4 +1,4 @@
-"""Issue 21 items 6, 7, 12: `plimsoll serve` mistakes fail in one line before loading; vLLM spellings work."""
+"""`plimsoll serve` mistakes fail in one line before loading; vLLM spellings work."""
 
 import socket
 from pathlib import Path

@@ -96,4 +96,25 @@ app.kubernetes.io/part-of: plimsoll
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# One Secret per LLMService (<name>-admin-key: the replicas' admin key, Ray's token), created
+# once and read back for the operator's own calls to its replicas. No list or watch: RBAC
+# cannot narrow get to those names, so get is the one read the operator has on Secrets.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# One NetworkPolicy per LLMService: who may reach its replicas.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end -}}
+
+{{/* The namespaces the operator manages: watchNamespaces, else (namespaced RBAC) its own. */}}
+{{- define "plimsoll.watchNamespaces" -}}
+{{- if .Values.watchNamespaces -}}
+{{- toJson .Values.watchNamespaces -}}
+{{- else if eq .Values.rbac.scope "namespaced" -}}
+{{- toJson (list .Release.Namespace) -}}
+{{- else -}}
+[]
+{{- end -}}
 {{- end -}}

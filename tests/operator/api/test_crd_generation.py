@@ -71,7 +71,7 @@ def test_crd_shape() -> None:
         "Age",
     ]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["properties"]["engine"]["properties"]["kind"]["enum"] == ["plimsoll", "vllm"]
+    assert spec["properties"]["engine"]["properties"]["kind"]["enum"] == ["plimsoll", "vllm", "sglang"]
     assert spec["properties"]["resources"]["properties"]["gpu"]["properties"]["count"]["minimum"] == 0
     rules = [v["rule"] for v in spec["properties"]["scaling"]["x-kubernetes-validations"]]
     assert "self.min <= self.max" in rules

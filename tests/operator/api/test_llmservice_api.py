@@ -47,7 +47,7 @@ def test_camel_case_round_trip() -> None:
     [
         ({"scaling": {"min": 3, "max": 2}}, "scaling.min (3) must not exceed scaling.max (2)"),
         ({"resources": {"gpu": {"count": -1}}}, "greater than or equal to 0"),
-        ({"engine": {"kind": "tgi"}}, "'plimsoll' or 'vllm'"),
+        ({"engine": {"kind": "tgi"}}, "'plimsoll', 'vllm' or 'sglang'"),
         ({"model": {"uri": "s3://bucket/model"}}, "String should match pattern"),
         ({"engine": {"kvCacheMemory": "8 gigs"}}, "is not a Kubernetes quantity"),
         ({"capacity": {"mode": "Manual"}}, "Manual needs capacity.concurrencyPerReplica"),

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from plimsoll.bench.simulator import ServiceCurve, serving_simulator
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.adapters import sync_pod
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.resources.adapters import (
     PodAdapters,
     adapters_condition,
@@ -35,6 +36,8 @@ LOG = logging.getLogger("test")
 
 
 def svc(adapters: list[dict[str, str]], model: str = "pvc://weights/llama", **engine: Any) -> LLMService:
+    if engine.get("kind", "plimsoll") == "plimsoll":
+        engine.setdefault("loraAllowedRoots", ["/"])  # the file:// adapters below lie anywhere
     return LLMService.from_body(
         {
             "metadata": {"name": "chat", "namespace": "ns", "generation": 3},
@@ -117,6 +120,13 @@ def test_bad_adapter_lists_are_refused(adapters: list[dict[str, str]], message: 
         svc(adapters)
 
 
+def test_a_file_adapter_outside_the_allowed_roots_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"outside engine\.loraAllowedRoots"):
+        svc([{"name": "a", "uri": "file:///srv/a"}], loraAllowedRoots=["/srv/other"])
+    assert svc([{"name": "a", "uri": "file:///srv/a"}], loraAllowedRoots=["/srv"]).spec.adapters
+    assert svc([{"name": "a", "uri": "file:///srv/a"}], kind="vllm").spec.adapters  # vLLM has no roots
+
+
 def test_enable_lora_false_with_adapters_is_refused() -> None:
     with pytest.raises(ValidationError, match="adapters need LoRA"):
         svc([{"name": "a", "uri": "file:///x"}], enableLora=False)
@@ -161,7 +171,7 @@ async def test_sync_pod_loads_reports_refusals_and_unloads_over_http(tmp_path: P
     curve = ServiceCurve(model="chat", enable_lora=True, lora_modules=(f"stale={make_adapter(tmp_path, 'stale')}",))
     async with serving_simulator(curve) as url, httpx.AsyncClient() as http:
         desired = {"good": good, "broken": str(tmp_path / "missing")}
-        after, loaded, unloaded = await sync_pod(http, url, "chat-1", desired, "chat", LOG)
+        after, loaded, unloaded = await sync_pod(ReplicaClient(http), url, "chat-1", desired, "chat", LOG)
         assert (after.loaded, loaded, unloaded) == (("good",), ["good"], ["stale"])
         ((name, message),) = after.failed
         assert name == "broken" and message.startswith("HTTP 400") and "not a directory" in message
@@ -169,15 +179,15 @@ async def test_sync_pod_loads_reports_refusals_and_unloads_over_http(tmp_path: P
         assert {m["id"]: m.get("parent") for m in listed} == {"chat": None, "good": "chat"}
 
         # Nothing left to do on the next pass except the refused one, which is asked again.
-        again, loaded, unloaded = await sync_pod(http, url, "chat-1", desired, "chat", LOG)
+        again, loaded, unloaded = await sync_pod(ReplicaClient(http), url, "chat-1", desired, "chat", LOG)
         assert (again.loaded, loaded, unloaded, len(again.failed)) == (("good",), [], [], 1)
-        gone, _, unloaded = await sync_pod(http, url, "chat-1", {}, "chat", LOG)
+        gone, _, unloaded = await sync_pod(ReplicaClient(http), url, "chat-1", {}, "chat", LOG)
         assert (gone.loaded, unloaded) == ((), ["good"])
 
 
 async def test_sync_pod_names_an_unreachable_replica() -> None:
     async with httpx.AsyncClient() as http:
-        result, _, _ = await sync_pod(http, "http://127.0.0.1:9", "chat-1", {"a": "/a"}, "chat", LOG)
+        result, _, _ = await sync_pod(ReplicaClient(http), "http://127.0.0.1:9", "chat-1", {"a": "/a"}, "chat", LOG)
     assert result.error is not None and result.loaded == ()
 
 
@@ -190,7 +200,8 @@ async def test_sync_pod_leaves_an_adapter_in_use_on_a_real_engine_and_unloads_it
     model = write_tiny_model(tmp_path / "tiny")
     fr = write_random_lora(model, tmp_path / "fr", r=4, target_modules=("q_proj",), seed=3)
     server = ThreadedServer(
-        model, enable_lora=True, max_lora_rank=8, lora_modules=[{"name": "fr", "path": str(fr)}], step_delay=0.05
+        model, enable_lora=True, max_lora_rank=8, lora_modules=[{"name": "fr", "path": str(fr)}], step_delay=0.05,
+        server={"allow_runtime_lora_updating": True},  # as the operator starts plimsoll replicas with LoRA on
     ).start()
     base = server.ctx.settings.served_model_name
     body = {"model": "fr", "prompt": "hello", "max_tokens": 100, "ignore_eos": True, "stream": True}
@@ -200,11 +211,11 @@ async def test_sync_pod_leaves_an_adapter_in_use_on_a_real_engine_and_unloads_it
                 assert stream.status_code == 200
                 chunks = stream.aiter_text()
                 assert await anext(chunks)  # the request is running under fr (100 steps of >= 50 ms)
-                held, loaded, unloaded = await sync_pod(http, server.url, "chat-1", {}, base, LOG)
+                held, loaded, unloaded = await sync_pod(ReplicaClient(http), server.url, "chat-1", {}, base, LOG)
                 assert (held.loaded, held.failed, held.error, loaded, unloaded) == (("fr",), (), None, [], [])
                 async for _ in chunks:  # let it finish
                     pass
-            after, _, unloaded = await sync_pod(http, server.url, "chat-1", {}, base, LOG)
+            after, _, unloaded = await sync_pod(ReplicaClient(http), server.url, "chat-1", {}, base, LOG)
             assert (after.loaded, unloaded) == ((), ["fr"])
             cards = (await http.get(f"{server.url}/v1/models")).json()["data"]
             assert [c["id"] for c in cards] == [base]

@@ -98,7 +98,8 @@ def test_adapters_load_on_real_replicas_and_unload_live_without_restarting_pods(
     broken = {"name": "broken", "uri": f"file://{tiny_model.parent}/no-such-adapter"}
     manifest = llmservice(
         NAME, model={"uri": f"file://{tiny_model}"}, replicas=REPLICAS, adapters=[sql, fr],
-        engine={"maxNumSeqs": 4, "maxLoras": 2, "maxLoraRank": 8},
+        # file:// adapters are loaded only from directories the spec allows (the replicas' --lora-allowed-roots).
+        engine={"maxNumSeqs": 4, "maxLoras": 2, "maxLoraRank": 8, "loraAllowedRoots": [str(tiny_model.parent)]},
         podAnnotations={},  # real replicas
     )  # fmt: skip
     apply(devcluster, ns, manifest)

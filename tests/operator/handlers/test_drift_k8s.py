@@ -154,6 +154,7 @@ def test_a_replica_that_slows_down_drifts_is_reprofiled_and_matches_again(
                     "outputTokens": 8,
                     "concurrency": [1, 2, 4, 8, 16],
                     "requestsPerLevel": 24,
+                    "minSecondsPerLevel": 0,
                 }
             },
         },

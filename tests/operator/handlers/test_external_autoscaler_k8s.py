@@ -1,4 +1,4 @@
-"""autoscaling.mode hpa / keda on the local control plane (issue 7, must-show 5).
+"""autoscaling.mode hpa / keda on the local control plane.
 
 The API server must accept the HorizontalPodAutoscaler the operator creates; the
 control plane's own HPA controller must write a count through the LLMService

@@ -1,4 +1,4 @@
-"""Issue 21 item 6: `plimsoll operator` with no cluster fails in one line with a hint, not a kopf retry loop."""
+"""`plimsoll operator` with no cluster fails in one line with a hint, not a kopf retry loop."""
 
 import socket
 from pathlib import Path

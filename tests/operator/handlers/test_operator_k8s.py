@@ -86,6 +86,8 @@ def test_example_reconciles_onto_gpu_nodes(devcluster: Any, llms_namespace: str)
     assert (status["replicas"], status["readyReplicas"]) == (1, 1)
     assert status["endpoint"] == f"http://{name}.{ns}.svc:8000/v1"
     assert {c["type"] for c in status["conditions"]} >= {"Ready", "Progressing", "Degraded"}
+    # The example sets no objective: the interactive preset applies, and status and an Event say so.
+    assert status["slo"]["ttftP95Ms"] == 3000 and status["slo"]["source"] == "preset:interactive"
 
     table = devcluster.kubectl("get", "llms", "-n", ns).stdout
     header, row = table.splitlines()[:2]
@@ -94,10 +96,15 @@ def test_example_reconciles_onto_gpu_nodes(devcluster: Any, llms_namespace: str)
     assert devcluster.kubectl("get", "llms", "-A").returncode == 0
     # kopf posts Events from a background queue: they may trail the status they describe.
     wait_for(
-        lambda: {"Created", "AllReplicasReady"} <= {e["reason"] for e in events(devcluster, ns, name)},
+        lambda: (
+            {"Created", "AllReplicasReady", "SLODefaulted"}
+            <= {e["reason"] for e in events(devcluster, ns, name)}
+        ),
         30,
-        "the Created and AllReplicasReady Events",
+        "the Created, AllReplicasReady and SLODefaulted Events",
     )
+    defaulted = [e for e in events(devcluster, ns, name) if e["reason"] == "SLODefaulted"]
+    assert len(defaulted) == 1 and "interactive preset applies (ttftP95Ms 3000)" in defaulted[0]["message"]
 
 
 INVALID = [

@@ -73,6 +73,7 @@ def test_profile_measures_a_real_replica_and_reprofiles_when_engine_args_change(
                     "outputTokens": 8,
                     "concurrency": LEVELS,
                     "requestsPerLevel": 8,
+                    "minSecondsPerLevel": 0,  # the floor would make this sweep minutes long
                 }
             },
         },
@@ -112,6 +113,13 @@ def test_profile_measures_a_real_replica_and_reprofiles_when_engine_args_change(
     assert [lv.concurrency for lv in profile.levels], "the sweep measured no valid level"
     assert json.loads(report)["server"]["model"] == name, "the Job measured another model"
     assert capacity["specHash"].startswith("sha256:") and capacity["measuredAt"]
+    # What was measured, level by level, and where: the Job on the other node than the replica.
+    measured = capacity["measured"]
+    assert [lv["concurrency"] for lv in measured["levels"]] == LEVELS
+    assert all(lv["requests"] >= 8 for lv in measured["levels"]) and measured["requestsPerLevel"] == 8
+    assert measured["requests"] == sum(lv["requests"] for lv in measured["levels"])
+    assert measured["loadGeneratorNode"] and measured["replicaNode"] and measured["sameNode"] is False
+    assert f"{measured['requests']} requests over" in condition(obj, "Profiled")["message"]
     assert condition(obj, "ProfileStale")["status"] == "False"
     reasons = {e.get("reason") for e in _events(devcluster, ns, name)}
     assert {"ProfilingStarted", "Profiled"} <= reasons
@@ -156,7 +164,10 @@ def test_failed_profile_is_reported_without_capacity_and_not_retried(
     ns, name = llms_namespace, "noengine"
     manifest = llmservice(
         name,
-        capacity={"mode": "Profile", "profile": {"workload": {"concurrency": [1, 2], "requestsPerLevel": 2}}},
+        capacity={
+            "mode": "Profile",
+            "profile": {"workload": {"concurrency": [1, 2], "requestsPerLevel": 2, "minSecondsPerLevel": 0}},
+        },
     )
     apply(devcluster, ns, manifest)
 

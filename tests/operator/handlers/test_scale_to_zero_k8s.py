@@ -248,8 +248,8 @@ def play_drain(cluster: Any, ns: str, name: str, model: Path, clients: int = 2) 
     ip = wait_until(lambda: router_ip(cluster, ns, name), 120, "a ready router")
     import httpx
 
-    wait_until(lambda: len(httpx.get(f"http://{ip}:8000/ready", timeout=5, trust_env=False)
-                           .json()["ready_replicas"]) == 3, 60, "the router to see 3 ready replicas")  # fmt: skip
+    wait_until(lambda: httpx.get(f"http://{ip}:8000/ready", timeout=5, trust_env=False)
+               .json()["ready_replicas"] == 3, 60, "the router to see 3 ready replicas")  # fmt: skip
     run.before = sorted(p["metadata"]["name"] for p in pods(cluster, ns, name))
     with StreamLoad(f"http://{ip}:8000", name, clients) as load:
         run.load = load

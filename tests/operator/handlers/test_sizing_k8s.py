@@ -1,4 +1,4 @@
-"""Initial sizing from expectedLoad on the local control plane (issue 7, must-show 2).
+"""Initial sizing from expectedLoad on the local control plane.
 
 The operator runs as a local process with the chart's RBAC; replica pods are
 simulated by kwok (scheduled, given a loopback IP, made Ready). The Deployment

@@ -23,7 +23,9 @@ from plimsoll.operator.resources.settings import BuildSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"
-SETTINGS = BuildSettings(plimsoll_image="plimsoll:test", vllm_image="vllm/vllm-openai:v0.32.0")
+SETTINGS = BuildSettings(
+    plimsoll_image="plimsoll:test", vllm_image="vllm/vllm-openai:v0.32.0", sglang_image="lmsysorg/sglang:test"
+)
 
 
 def _load(path: Path) -> LLMService:
@@ -35,6 +37,7 @@ CASES = {
     "qwen-vllm": ROOT / "examples" / "llmservice-qwen-vllm.yaml",
     "hf-gateway": ROOT / "examples" / "llmservice-hf-gateway.yaml",
     "lora-vllm": ROOT / "examples" / "llmservice-lora.yaml",
+    "qwen-sglang": ROOT / "examples" / "llmservice-qwen-sglang.yaml",
 }
 
 
@@ -70,7 +73,8 @@ def test_plimsoll_engine_flags_and_embedded_model() -> None:
     assert container["command"] == ["plimsoll"]
     assert container["args"][:5] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
     assert "--model" not in container["args"], "embedded:// uses the image's converted copy"
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "64Gi"}  # bounded by default
+    assert container["resources"]["requests"] == {"memory": "1Gi"}  # not 64Gi to schedule
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["startupProbe"]["httpGet"]["path"] == "/health"
@@ -123,7 +127,11 @@ def test_spec_change_changes_pod_template() -> None:
     [
         ("pvc://weights", "/mnt/models", ["persistentVolumeClaim"]),
         ("hf://Qwen/Qwen2.5-0.5B", "/var/cache/plimsoll/models/hf/Qwen/Qwen2.5-0.5B/main", ["emptyDir"]),
-        ("hf://Qwen/Qwen2.5-0.5B@refs/pr/1", "/var/cache/plimsoll/models/hf/Qwen/Qwen2.5-0.5B/refs--pr--1", ["emptyDir"]),
+        (
+            "hf://Qwen/Qwen2.5-0.5B@refs/pr/1",
+            "/var/cache/plimsoll/models/hf/Qwen/Qwen2.5-0.5B/refs--pr--1",
+            ["emptyDir"],
+        ),
         ("file:///opt/models/x", "/opt/models/x", []),
         ("embedded://smollm2-135m", None, []),
     ],

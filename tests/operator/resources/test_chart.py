@@ -46,34 +46,51 @@ def test_schema_refuses_unknown_and_wrong_values() -> None:
     assert wrong.returncode != 0 and "rbac" in wrong.stderr
 
 
-def test_namespaced_scope_needs_namespaces() -> None:
-    proc = helm("template", "x", str(CHART), "--set", "rbac.scope=namespaced", check=False)
-    assert proc.returncode != 0
-    assert "needs watchNamespaces" in proc.stderr
-
-
-def test_default_render_is_cluster_scoped_least_privilege() -> None:
-    docs = render()
-    kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "ServiceAccount"]
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
-    verbs = {
-        (g, r): set(rule["verbs"])
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    return {
+        (g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
     }
+
+
+def _check_least_privilege(role: dict[str, Any]) -> None:
+    verbs = _rules(role)
     assert "*" not in {v for vs in verbs.values() for v in vs}
-    assert not any(r in ("secrets", "pods/exec", "nodes") for _, r in verbs), (
-        "nothing the operator does not use"
-    )
+    assert not any(r in ("pods/exec", "nodes") for _, r in verbs), "nothing the operator does not use"
+    # The credentials Secret per LLMService: created once and read back; never listed, watched or changed.
+    assert verbs[("", "secrets")] == {"get", "create"}
+    assert verbs[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch", "delete"}
     assert verbs[("plimsoll.dev", "llmservices/status")] == {"get", "patch", "update"}
     assert "delete" not in verbs[("plimsoll.dev", "llmservices")], "the operator never deletes what users own"
+
+
+def test_default_render_is_namespaced_to_the_release_namespace() -> None:
+    """No cluster-wide access by default: one Role and RoleBinding, in the release's namespace, which the
+    operator watches alone."""
+    docs = render()
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ConfigMap", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "plimsoll-system"
+    _check_least_privilege(role)
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["plimsoll"] and container["args"][0] == "operator"
+    assert "--namespace=plimsoll-system" in container["args"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "plimsoll"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["PLIMSOLL_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    labels = json.loads(env["PLIMSOLL_OPERATOR_POD_LABELS"]["value"])
+    assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_cluster_scope_is_one_least_privilege_cluster_role() -> None:
+    docs = render("rbac.scope=cluster")
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "ServiceAccount"]
+    _check_least_privilege(next(d for d in docs if d["kind"] == "ClusterRole"))
+    args = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--namespace")], "cluster scope watches every namespace"
 
 
 def test_namespaced_render_has_roles_only_in_watched_namespaces() -> None:

@@ -104,7 +104,7 @@ def test_no_in_flight_alert_without_capacity_and_the_rule_says_why() -> None:
 
 
 def test_slo_alerts_only_for_objectives_the_spec_sets() -> None:
-    without = build_prometheus_rule(service(), MEASURED)
+    without = build_prometheus_rule(service(slo={"preset": "none"}), MEASURED)
     assert not {ALERT_TTFT, ALERT_TPOT} & set(alerts(without))
     assert "spec.slo sets no TTFT p95 objective" in without["metadata"]["annotations"][OMITTED_ANNOTATION]
     rule = alerts(build_prometheus_rule(service(slo={"ttftP95Ms": 800, "tpotP50Ms": 45}), MEASURED))
@@ -116,6 +116,9 @@ def test_slo_alerts_only_for_objectives_the_spec_sets() -> None:
         service({"mode": "Manual", "concurrencyPerReplica": 4}, {"ttftP95Ms": 1, "tpotP50Ms": 1}), None
     )
     assert "annotations" not in full["metadata"], "nothing omitted, nothing to explain"
+    # No objective set: the interactive preset's TTFT p95 of 3 s is alerted on, TPOT is not.
+    preset = alerts(build_prometheus_rule(service(), MEASURED))
+    assert threshold(preset[ALERT_TTFT]["expr"]) == pytest.approx(3.0) and ALERT_TPOT not in preset
 
 
 def test_kv_and_error_thresholds() -> None:

@@ -157,3 +157,51 @@ def test_verify_seconds_reaches_the_sweep_and_zero_skips_the_hold() -> None:
     body["spec"]["capacity"]["verifySeconds"] = -1
     with pytest.raises(ValueError, match=r"verifySeconds|verify_seconds"):
         LLMService.from_body(body)
+
+
+def test_default_profile_uses_bench_request_counts_and_a_duration_floor() -> None:
+    body: dict[str, Any] = {
+        "metadata": {"name": "chat", "namespace": "team-a", "uid": "u-1"},
+        "spec": {"model": {"uri": "hf://org/model"}},
+    }
+    svc = LLMService.from_body(body)
+    job = build_profile_job(svc, "10.0.0.7", SETTINGS, HASH)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--requests-per-level" not in args  # bench's own max(100, 4 × concurrency)
+    assert _flag(args, "--min-duration-per-level") == "180"
+    # Three times ten levels of at least 180 s plus four holds of 60 s.
+    assert job["spec"]["activeDeadlineSeconds"] == 3 * (10 * 180 + 4 * 60)
+    body["spec"]["capacity"] = {"profile": {"workload": {"minSecondsPerLevel": 300}}}
+    long = build_profile_job(LLMService.from_body(body), "10.0.0.7", SETTINGS, HASH)
+    assert long["spec"]["activeDeadlineSeconds"] == 3 * (10 * 300 + 4 * 60)  # three times its floors
+    # Both flags exist on `plimsoll bench sweep` (a rename there would break every profile).
+    from typer.testing import CliRunner
+
+    help_text = CliRunner().invoke(bench_app, ["sweep", "--help"], env={"COLUMNS": "200"}).output
+    assert "--min-duration-per-level" in help_text and "--requests-per-level" in help_text
+
+
+def test_a_zero_floor_passes_no_floor_and_keeps_the_hour_deadline() -> None:
+    svc = _svc()  # requestsPerLevel 6, default floor
+    off = _svc(capacity={"profile": {"workload": {"concurrency": [1, 2], "minSecondsPerLevel": 0}}})
+    args = build_profile_job(off, "10.0.0.7", SETTINGS, HASH)["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--min-duration-per-level" not in args
+    assert build_profile_job(off, "10.0.0.7", SETTINGS, HASH)["spec"]["activeDeadlineSeconds"] == 3600
+    assert build_profile_job(svc, "10.0.0.7", SETTINGS, HASH)["spec"]["activeDeadlineSeconds"] == 3600
+
+
+def test_the_load_generator_prefers_a_node_without_a_replica() -> None:
+    svc = _svc()
+    pod = build_profile_job(svc, "10.0.0.7", SETTINGS, HASH)["spec"]["template"]["spec"]
+    terms = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == [
+        {
+            "weight": 100,
+            "podAffinityTerm": {
+                "labelSelector": {"matchLabels": selector_labels(svc)},
+                "topologyKey": "kubernetes.io/hostname",
+            },
+        }
+    ]

@@ -2,6 +2,7 @@
 
 import base64
 import gzip
+import shlex
 import subprocess
 from typing import Any
 
@@ -18,7 +19,6 @@ from plimsoll.operator.resources.runtime_profile import (
     profile_key,
     profile_request,
     ready_replica,
-    replica_api_key,
 )
 
 
@@ -70,15 +70,6 @@ def test_the_profiled_pod_is_a_ready_one_with_an_ip() -> None:
     assert ready_replica(pods[:3]) is None
 
 
-def test_the_api_key_is_read_from_args_or_a_literal_env() -> None:
-    assert replica_api_key(_svc({}, args=["--api-key", "k1"])) == ("k1", None)
-    assert replica_api_key(_svc({}, args=["--api-key=k2"])) == ("k2", None)
-    assert replica_api_key(_svc({}, env=[{"name": "PLIMSOLL_API_KEY", "value": "k3"}])) == ("k3", None)
-    key, why = replica_api_key(_svc({}, env=[{"name": "PLIMSOLL_API_KEY", "valueFrom": {"secretKeyRef": {}}}]))
-    assert key is None and why is not None and "plimsoll profile" in why
-    assert replica_api_key(_svc({})) == (None, None)
-
-
 def test_a_small_profile_goes_into_a_configmap_that_the_fetch_command_reads(tmp_path: Any) -> None:
     svc = _svc({})
     data = b'{"traceEvents": []}'
@@ -97,3 +88,14 @@ def test_a_small_profile_goes_into_a_configmap_that_the_fetch_command_reads(tmp_
     assert pod_fetch_command(svc, "chat-abc", "/tmp/plimsoll-profiles/p.json.gz") == (
         "kubectl cp ml/chat-abc:/tmp/plimsoll-profiles/p.json.gz ./p.json.gz -c engine"
     )
+
+
+def test_a_replica_supplied_path_stays_one_quoted_word(tmp_path: Any) -> None:
+    """The path comes from the replica's header: pasted into a shell it must not run anything."""
+    svc = _svc({})
+    marker = tmp_path / "pwned"
+    command = pod_fetch_command(svc, "chat-abc", f"/tmp/x; touch {marker}; echo $(id)`id`.gz")
+    words = shlex.split(command)
+    assert words[:2] == ["kubectl", "cp"] and words[2] == f"ml/chat-abc:/tmp/x; touch {marker}; echo $(id)`id`.gz"
+    subprocess.run(command.replace("kubectl", "true", 1), shell=True, check=True)
+    assert not marker.exists()

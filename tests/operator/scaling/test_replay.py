@@ -23,6 +23,7 @@ import pytest
 
 from plimsoll.bench.simulator import ServiceCurve, serving_simulator
 from plimsoll.operator.api.spec import LLMServiceSpec
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.handlers.replica_planning import observe_pods
 from plimsoll.operator.scaling.observations import Observations
 from plimsoll.operator.scaling.planner import ReplicaPlanner
@@ -98,7 +99,7 @@ async def _autoscaler(replay: Replay, http: httpx.AsyncClient, stack: contextlib
     while not done.is_set():
         now = time.monotonic()
         pods = [r.pod(f"r{i}", now) for i, r in enumerate(replay.replicas)]
-        seen = tuple(o for o in await observe_pods(http, pods) if o is not None)
+        seen = tuple(o for o in await observe_pods(ReplicaClient(http), pods) if o is not None)
         current = spec.model_copy(update={"replicas": len(replay.replicas)})
         count = planner.plan(now - t0, Observations(pods=seen), current, {}).count()
         desired = count.desired if count is not None else len(replay.replicas)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from plimsoll.operator.handlers.pod_http import scrape
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.handlers.replica_planning import keep_engine_mark
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.prometheus import histogram_quantile
@@ -31,14 +32,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 async def test_runtime_metrics_parse_into_in_flight_and_latency(server: Any) -> None:
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-        idle = await scrape(http, f"{server.url}/metrics")
+        idle = await scrape(ReplicaClient(http), f"{server.url}/metrics")
         assert isinstance(idle, PodSample), idle
         assert (idle.engine, idle.in_flight) == ("plimsoll", 0)
         served = (await http.get("/v1/models")).json()["data"][0]["id"]
         for _ in range(3):
             r = await http.post("/v1/completions", json={"model": served, "prompt": "hello", "max_tokens": 4})
             assert r.status_code == 200, r.text
-        after = await scrape(http, f"{server.url}/metrics")
+        after = await scrape(ReplicaClient(http), f"{server.url}/metrics")
     assert isinstance(after, PodSample), after
     assert after.in_flight == 0  # all three finished
     assert after.kv_usage is not None and 0 <= after.kv_usage <= 1
@@ -57,16 +58,18 @@ async def test_a_removal_mark_undone_by_hand_is_put_back_and_an_undrain_takes_it
             return (await http.get(f"{server.url}/ready")).status_code
 
         assert await ready() == 200
-        assert await keep_engine_mark(http, server.url, marked=True)
+        assert await keep_engine_mark(ReplicaClient(http), server.url, marked=True)
         assert await ready() == 503
         await http.delete(f"{server.url}/drain")  # someone takes the mark off by hand
         assert await ready() == 200
-        assert await keep_engine_mark(http, server.url, marked=True)  # the next tick's Drain
+        assert await keep_engine_mark(ReplicaClient(http), server.url, marked=True)  # the next tick's Drain
         assert await ready() == 503
-        assert await keep_engine_mark(http, server.url, marked=True)  # already marked: stays so
+        assert await keep_engine_mark(
+            ReplicaClient(http), server.url, marked=True
+        )  # already marked: stays so
         assert await ready() == 503
-        assert await keep_engine_mark(http, server.url, marked=False)
+        assert await keep_engine_mark(ReplicaClient(http), server.url, marked=False)
         assert await ready() == 200
     async with httpx.AsyncClient(timeout=1) as http:
         # A replica that does not answer keeps its label: the unmark is tried again next tick.
-        assert not await keep_engine_mark(http, "http://127.0.0.1:9", marked=False)
+        assert not await keep_engine_mark(ReplicaClient(http), "http://127.0.0.1:9", marked=False)

@@ -17,6 +17,7 @@ from prometheus_client.exposition import MetricsHandler
 
 from plimsoll import metric_names as names
 from plimsoll.operator.handlers.pods import metrics_url
+from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.handlers.replica_planning import observe_pods
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from plimsoll.operator.scaling.planner import decision_conditions
@@ -96,7 +97,7 @@ async def test_observe_scrapes_ready_pods_and_explains_failures(servers: dict[st
         pod("drained", servers["b"], ready=False, metadata=MARKED),
     ]
     async with httpx.AsyncClient() as http:
-        observed = await observe_pods(http, pods)
+        observed = await observe_pods(ReplicaClient(http), pods)
     seen = {o.name: o for o in observed if o is not None}
     # Deleted and failed pods do not count; marked ones are scraped whether Ready or not (a drain
     # waits for them to empty, and reads what their shutdown cut until they are gone).

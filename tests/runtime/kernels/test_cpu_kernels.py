@@ -4,31 +4,52 @@ Decode attention and the ragged (prefill and mixed) kernel against the einsum or
 shuffled non-contiguous block tables padded with -1, contexts that end mid-block and
 exactly on a block edge, one sequence and many. The small-batch matmul against
 ``F.linear`` (with and without bias, shapes too small to split, non-contiguous
-input) and the dispatch of ``models.dense.linear``. The fallback when the kernels
-are switched off or cannot be built; the kernels' own checks of bad input.
+input) and the dispatch of ``models.dense.linear``. The other builds this CPU runs (AVX2,
+plain) on the same cases where their code differs. The fallback when the kernels are switched
+off or a build cannot load; the kernels' own checks of bad input.
 """
 
-import shutil
-import subprocess
-from pathlib import Path
+import platform
+from collections.abc import Iterator
 
 import pytest
 import torch
 from attention_batches import make_batch
+from kernel_builds import RUNNABLE, needs_kernels
 from torch.nn import functional as F
 
 from plimsoll.runtime.attention import reference as attention_torch
 from plimsoll.runtime.attention import sdpa as attention_sdpa
-from plimsoll.runtime.kernels import cpu_kernels
+from plimsoll.runtime.kernels import cpu_kernels, cpu_library, cpu_variants
 from plimsoll.runtime.models import dense
+from plimsoll.runtime.models.cpu_plan import RowLimits
 
-COMPILER = shutil.which("c++") or shutil.which("g++")
-pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler to build the kernels")
+pytestmark = needs_kernels
+ROWS = RowLimits()
 
 
-def test_kernels_build_where_a_compiler_exists() -> None:
-    # A compiler is here (else the module is skipped), so a fallback would hide a broken build.
-    assert cpu_kernels.library() is not None
+def test_the_best_build_this_cpu_runs_is_loaded() -> None:
+    # A build is installed (else the module is skipped), so a fallback would hide a broken one.
+    selected = cpu_kernels.select()
+    assert selected.library is not None, selected.reason
+    assert selected.library.variant == RUNNABLE[0]
+    # The same choice as torch's own CPU dispatch makes from cpuid (AVX512 / AVX2 / DEFAULT).
+    if cpu_variants.is_x86(platform.machine()):
+        torch_choice = {"AVX512": "avx512", "AVX2": "avx2"}.get(torch.backends.cpu.get_cpu_capability(), "plain")
+        assert cpu_library.best_variants()[0].name == torch_choice
+
+
+@pytest.fixture
+def selected_build(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The process's kernels switched to the build named by the test's parameter, then back."""
+    name = request.param
+    if name not in RUNNABLE:
+        pytest.skip(f"the {name} build is not installed or this CPU cannot run it")
+    try:
+        assert cpu_kernels.select(name).library is not None
+        yield name
+    finally:
+        cpu_kernels.select()
 
 
 DECODE_CASES = {
@@ -154,93 +175,56 @@ def test_ragged_kernel_takes_only_what_it_can_and_rejects_bad_lengths() -> None:
         cpu_kernels.paged_attention(query, kc, vc, tables, cu[:2], lens, scale)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "plain"])
-def test_kernel_equals_oracle_on_each_instruction_set(isa: str, tmp_path: Path) -> None:
-    # -march=native builds one of the softmax's exp paths (AVX-512 here, tested above); build the
-    # AVX2 and plain C++ ones too and run them on the SmolLM2-shaped batch (long contexts: the
-    # exp of scores far below the maximum).
-    import ctypes
-    import platform
-
-    if platform.machine() not in ("x86_64", "AMD64") or (isa == "avx2" and "avx2" not in Path("/proc/cpuinfo").read_text()):
-        pytest.skip(f"needs an x86 CPU with {isa}")
-    flags = {"avx2": ["-mavx2", "-mfma", "-mno-avx512f"], "plain": ["-mno-avx2", "-mno-fma", "-mno-avx512f"]}[isa]
-    lib_path = tmp_path / f"attention-{isa}.so"
-    assert COMPILER is not None
-    subprocess.run([COMPILER, *cpu_kernels.FLAGS, *flags, str(cpu_kernels.SOURCE), "-o", str(lib_path)], check=True)
-    fn = ctypes.CDLL(str(lib_path)).plimsoll_paged_decode_attention_f32
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
+@pytest.mark.parametrize("selected_build", ["avx2", "plain"], indirect=True)
+def test_kernel_equals_oracle_on_each_instruction_set(selected_build: str) -> None:
+    # Each build compiles its own softmax exp, bf16 widening and rounding, ragged tiles and
+    # panels (AVX-512 is the default build here, tested above): run the AVX2 and plain ones on the
+    # SmolLM2-shaped batch (long contexts: the exp of scores far below the maximum).
+    assert cpu_kernels.library().variant == selected_build  # type: ignore[union-attr]
     ctx, heads, head_dim, block_size = DECODE_CASES["SmolLM2 shape"]
     args = make_batch(ctx, [1] * len(ctx), num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size)
     query, kc, vc, tables, _cu, lens, scale = args
     query = query * 8  # sharper softmax: weights from 1 down to exp(-80) and below
     expected = attention_torch.paged_attention(query, *args[1:])
-    tables, lens = tables.to(torch.int32).contiguous(), lens.to(torch.int32).contiguous()
-    out = torch.empty_like(query)
-    rc = fn(query.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-            len(ctx), heads[0], heads[1], head_dim, block_size, tables.shape[1], scale, 2)  # fmt: skip
-    assert rc == 0
-    print(f"{isa}: max abs error vs oracle {(out - expected).abs().max().item():.2e}")
+    out = cpu_kernels.decode_attention(query, kc, vc, tables, lens, scale)
+    print(f"{selected_build}: max abs error vs oracle {(out - expected).abs().max().item():.2e}")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     # A bfloat16 cache in the same build (its widening without AVX-512).
-    bf16 = ctypes.CDLL(str(lib_path)).plimsoll_paged_decode_attention_bf16
-    bf16.argtypes = fn.argtypes
     kb, vb = kc.bfloat16(), vc.bfloat16()
     expected = attention_torch.paged_attention(query, kb.float(), vb.float(), *args[3:])
-    rc = bf16(query.data_ptr(), kb.data_ptr(), vb.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-              len(ctx), heads[0], heads[1], head_dim, block_size, tables.shape[1], scale, 2)  # fmt: skip
-    assert rc == 0
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_kernels.decode_attention(query, kb, vb, tables, lens, scale), expected, rtol=1e-5, atol=1e-5)
     # The ragged kernel in the same build: its tiles of several rows without the AVX-512 path.
-    ragged = ctypes.CDLL(str(lib_path)).plimsoll_paged_attention_f32
-    ragged.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64]
     ctx, q_lens, heads, head_dim, block_size = RAGGED_CASES["SmolLM2 shape: prefills, decodes, a later chunk"]
     args = make_batch(ctx, q_lens, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size)
-    query, kc, vc, tables, cu, lens, scale = args
-    expected = attention_torch.paged_attention(*args)
-    tables, cu, lens = (t.to(torch.int32).contiguous() for t in (tables, cu, lens))
-    out = torch.empty_like(query)
-    rc = ragged(query.data_ptr(), kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), cu.data_ptr(), lens.data_ptr(),
-                out.data_ptr(), len(ctx), heads[0], heads[1], head_dim, block_size, tables.shape[1], scale, 2)  # fmt: skip
-    assert rc == 0
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_kernels.paged_attention(*args), attention_torch.paged_attention(*args), rtol=1e-5, atol=1e-5)
     # SiLU * up, the other exp_vec user, in the same build (gates past exp's range included).
-    silu = ctypes.CDLL(str(lib_path)).plimsoll_silu_mul_f32
-    silu.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
     gate_up = torch.randn(5, 2 * 100) * 30
     act = torch.empty(5, 100)
-    assert silu(gate_up.data_ptr(), act.data_ptr(), 5, 100, 2) == 0
+    cpu_kernels.silu_mul(gate_up, act, 5)
     gate, up = gate_up.split(100, dim=1)
     torch.testing.assert_close(act, F.silu(gate) * up, rtol=1e-5, atol=1e-5)
     # The bf16 glue's rounding without AVX-512 (scalar stores), and its SiLU on the scalar path.
-    lib = ctypes.CDLL(str(lib_path))
-    lib.plimsoll_to_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     x = torch.randn(1000) * 1e3
     x[:3] = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, float("inf")])
     y = torch.empty(1000, dtype=torch.bfloat16)
-    assert lib.plimsoll_to_bf16(x.data_ptr(), y.data_ptr(), 1000, 2) == 0
+    cpu_kernels.to_bf16(x, y)
     assert torch.equal(y.view(torch.int16), x.bfloat16().view(torch.int16))
-    lib.plimsoll_silu_mul_bf16.argtypes = silu.argtypes
     gate_up_b, act_b = gate_up.bfloat16(), torch.empty(5, 100, dtype=torch.bfloat16)
-    assert lib.plimsoll_silu_mul_bf16(gate_up_b.data_ptr(), act_b.data_ptr(), 5, 100, 2) == 0
+    cpu_kernels.silu_mul(gate_up_b, act_b, 5)
     gate, up = gate_up_b.float().split(100, dim=1)
     assert bf16_ulps(act_b, (F.silu(gate) * up).bfloat16()) <= 1
     # The packed matmul's panels of this build (16 columns, 6 or 4 rows a block without AVX-512):
     # two parts with partial panels, 11 rows, a bias, then added to what out held.
-    lib.plimsoll_packed_f32_floats.restype = ctypes.c_int64
-    lib.plimsoll_packed_f32_floats.argtypes = [ctypes.c_int64] * 3
-    lib.plimsoll_pack_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4
-    lib.plimsoll_packed_linear_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 7
     weight, bias, x = torch.randn(58, 23), torch.randn(58), torch.randn(11, 23)
-    packed = torch.empty(lib.plimsoll_packed_f32_floats(58, 23, 2))
-    assert packed.numel() == 2 * 2 * 16 * 23
-    assert lib.plimsoll_pack_f32(weight.data_ptr(), packed.data_ptr(), 58, 23, 2, 2) == 0
+    packed = cpu_kernels.pack_f32(weight, parts=2)
+    assert packed.data.numel() == 2 * 2 * 16 * 23
     out = torch.randn(11, 58)
     want = out + F.linear(x, weight, bias)
-    assert lib.plimsoll_packed_linear_f32(
-        x.data_ptr(), 23, packed.data_ptr(), bias.data_ptr(), out.data_ptr(), 58, 11, 58, 23, 2, 1, 2
-    ) == 0  # fmt: skip
+    cpu_kernels.packed_linear(x, packed, bias, out=out, accumulate=True)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    # And the small-batch matmul's register blocks of this build.
+    x, weight = torch.randn(7, 37), torch.randn(13, 37)
+    torch.testing.assert_close(cpu_kernels.small_batch_linear(x, weight, None), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 def test_kernel_is_used_for_float32_and_not_for_other_dtypes() -> None:
     query, kc, vc, *_ = make_batch([9, 4], [1, 1])
@@ -256,46 +240,30 @@ def test_kernel_rejects_a_context_longer_than_its_block_table() -> None:
         cpu_kernels.decode_attention(query, kc, vc, tables, too_long, scale)
 
 
-def test_switched_off_or_unbuildable_kernel_falls_back_to_torch(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_switched_off_or_unloadable_kernels_fall_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     args = make_batch([37, 5, 16], [1, 1, 1])
     expected = attention_torch.paged_attention(*args)
-    cpu_kernels.library.cache_clear()
     try:
-        monkeypatch.setenv("PLIMSOLL_CPU_KERNELS", "0")
-        assert cpu_kernels.library() is None
+        off = cpu_kernels.select("off")
+        assert off.library is None and cpu_kernels.library() is None and "off" in str(off.reason)
         torch.testing.assert_close(attention_sdpa.paged_attention(*args), expected, rtol=1e-5, atol=1e-5)
-        cpu_kernels.library.cache_clear()
-        monkeypatch.delenv("PLIMSOLL_CPU_KERNELS")
-        monkeypatch.setenv("PLIMSOLL_KERNEL_CACHE_DIR", str(tmp_path))
-        broken = tmp_path / "broken.cpp"
-        broken.write_text("this is not C++\n")
-        monkeypatch.setattr(cpu_kernels, "SOURCE", broken)
-        with pytest.raises(RuntimeError, match="failed"):
-            cpu_kernels.build(cpu_kernels.shutil.which("c++") or "g++")
-        assert cpu_kernels.library() is None  # logged, not raised
+        # A build that cannot load: no kernels, the reason kept for the start-up line, torch's path.
+        missing = cpu_variants.variants_for(platform.machine())[-1].name
+
+        def unloadable(name: str) -> None:
+            raise cpu_library.KernelsUnavailable(f"{name}: not installed here")
+
+        monkeypatch.setattr(cpu_library, "load", unloadable)
+        chosen = cpu_kernels.select(missing)
+        assert chosen.library is None and chosen.reason == f"{missing}: not installed here"
+        assert cpu_kernels.unavailable_reason() == chosen.reason
         torch.testing.assert_close(attention_sdpa.paged_attention(*args), expected, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="choose one of auto, avx512, avx2, plain, off"):
+            cpu_kernels.select("avx1024")
     finally:
-        cpu_kernels.library.cache_clear()
-
-
-def test_build_reuses_the_compiled_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PLIMSOLL_KERNEL_CACHE_DIR", str(tmp_path))
-    compiler = cpu_kernels.shutil.which("c++") or "g++"
-    first = cpu_kernels.build(compiler)
-    stamp = first.stat().st_mtime_ns
-    calls: list[list[str]] = []
-    real_run = subprocess.run
-
-    def spy(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-        calls.append(cmd)
-        return real_run(cmd, **kwargs)  # type: ignore[call-overload, no-any-return]
-
-    monkeypatch.setattr(cpu_kernels.subprocess, "run", spy)
-    assert cpu_kernels.build(compiler) == first
-    assert first.stat().st_mtime_ns == stamp
-    assert all("-o" not in cmd for cmd in calls)  # only `--version`, no second compile
+        monkeypatch.undo()
+        cpu_kernels.select()
+    assert cpu_kernels.library() is not None
 
 
 @pytest.mark.parametrize(
@@ -378,7 +346,7 @@ def test_small_batch_linear_takes_a_non_contiguous_input() -> None:
     torch.testing.assert_close(cpu_kernels.small_batch_linear(x, weight, None), x @ weight.T)
 
 
-def test_dense_linear_uses_the_kernel_for_a_few_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dense_linear_uses_the_kernel_for_the_rows_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     weight, bias = torch.randn(96, 48), torch.randn(96)
     calls: list[int] = []
     real = cpu_kernels.small_batch_linear
@@ -388,12 +356,13 @@ def test_dense_linear_uses_the_kernel_for_a_few_rows_only(monkeypatch: pytest.Mo
         return real(x, w, b)
 
     monkeypatch.setattr(cpu_kernels, "small_batch_linear", spy)
-    for rows in range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 5):
+    for rows in range(1, ROWS.small_matmul + 5):
         x = torch.randn(rows, 48)
-        torch.testing.assert_close(dense.linear(x, weight, bias), F.linear(x, weight, bias))
-        torch.testing.assert_close(dense.linear(x, weight, None), F.linear(x, weight, None))
-    dense.linear(torch.randn(2, 48).double(), weight.double(), None)  # float64 stays with torch
-    assert calls == [r for r in range(1, cpu_kernels.SMALL_BATCH_MAX_ROWS + 1) for _ in (0, 1)]
+        torch.testing.assert_close(dense.linear(x, weight, bias, ROWS.small_matmul), F.linear(x, weight, bias))
+        torch.testing.assert_close(dense.linear(x, weight, None, ROWS.small_matmul), F.linear(x, weight, None))
+        dense.linear(x, weight, None)  # no rows given (a model without a CPU plan): never the kernel
+    dense.linear(torch.randn(2, 48).double(), weight.double(), None, ROWS.small_matmul)  # float64 stays with torch
+    assert calls == [r for r in range(1, ROWS.small_matmul + 1) for _ in (0, 1)]
 
 
 
@@ -417,8 +386,9 @@ def test_dense_linear_sends_a_few_bfloat16_rows_to_the_kernel(monkeypatch: pytes
     monkeypatch.setattr(cpu_kernels, "bf16_linear", lambda x, w, b=None: calls.append(x.shape[0]) or real(x, w, b))
     for rows in range(1, 6):
         x = torch.randn(rows, 48).bfloat16()
-        torch.testing.assert_close(dense.linear(x, weight).float(), F.linear(x, weight).float(), rtol=8e-3, atol=1e-2)
-    assert calls == list(range(1, cpu_kernels.BF16_SMALL_BATCH_MAX_ROWS + 1))
+        got = dense.linear(x, weight, None, ROWS.bf16_matmul)
+        torch.testing.assert_close(got.float(), F.linear(x, weight).float(), rtol=8e-3, atol=1e-2)
+    assert calls == list(range(1, ROWS.bf16_matmul + 1))
     odd = torch.randn(4, 40).bfloat16()  # inputs not a multiple of 16, a float32 x: torch's
     assert not cpu_kernels.supports_bf16_linear(torch.randn(1, 40).bfloat16(), odd, None)
     assert not cpu_kernels.supports_bf16_linear(torch.randn(1, 48), weight, None)
@@ -440,10 +410,10 @@ def test_dense_linear_runs_every_larger_row_count_on_onednn_in_bucketed_chunks(
 
     monkeypatch.setattr(dense, "_mkldnn_linear", spy)
     step, chunk = dense.ONEDNN_ROW_BUCKET, dense.ONEDNN_CHUNK_ROWS
-    for rows in (cpu_kernels.SMALL_BATCH_MAX_ROWS + 1, step, step + 1, 64, 65, chunk - 1, chunk, chunk + 1, 3 * chunk + 7):
+    for rows in (ROWS.small_matmul + 1, step, step + 1, 64, 65, chunk - 1, chunk, chunk + 1, 3 * chunk + 7):
         x = torch.randn(rows, 2 * 48, dtype=torch.float64)[:, ::2]  # non-contiguous
         shapes.clear()
-        got = dense.linear(x.float(), weight.float(), bias.float())
+        got = dense.linear(x.float(), weight.float(), bias.float(), ROWS.small_matmul)
         torch.testing.assert_close(got.double(), F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
         assert got.shape == (rows, 96)
         assert all(n % step == 0 and n <= chunk for n in shapes), (rows, shapes)

@@ -1,8 +1,10 @@
-"""How the compiled kernels split a call over threads (``csrc/cpu_kernels.cpp``, ``pool::parallel``).
+"""How the compiled kernels split a call over threads (``csrc/pool.cpp``, ``pool::parallel``).
 
 Where torch's OpenMP runtime is GNU libgomp loaded as ``libgomp.so.1`` (the pip wheels), the
-library is built with ``-fopenmp`` and binds to that same copy: one runtime in the process,
-and each call a parallel region on the team oneDNN's matmuls use. Otherwise, and in a forked
+kernels get their parallel region from ``libplimsoll_openmp.so``, which binds to that same copy
+(the kernels themselves need no OpenMP runtime): one runtime in the process, and each call a
+parallel region on the team oneDNN's matmuls use. ``select``'s ``parallel`` (the engine's
+``cpu_kernel_parallel``) picks another mode, and names a mode it cannot run. Otherwise, and in a forked
 child, the kernels' own persistent pool. In every mode each task of a call runs exactly once;
 the pool's threads are started once per process, not per call; calls from several Python
 threads at once (several engines in one process) all complete with correct results; a forked
@@ -11,22 +13,19 @@ answer (torch's own OpenMP matmuls hang in such a child: GNU libgomp cannot run 
 """
 
 import os
-import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_builds import needs_kernels
 from torch.nn import functional as F
 
-from plimsoll.runtime.kernels import cpu_kernels
+from plimsoll.runtime.kernels import cpu_kernels, cpu_library, cpu_variants
 
-pytestmark = pytest.mark.skipif(
-    (shutil.which("c++") or shutil.which("g++")) is None, reason="no C++ compiler to build the kernels"
-)
+pytestmark = needs_kernels
 
 
 @pytest.fixture
@@ -38,18 +37,23 @@ def pool_mode() -> Iterator[None]:
         cpu_kernels.parallel_mode(before)
 
 
+def needed_libraries(path: Path) -> str:
+    return subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+
+
 def test_the_kernels_share_torchs_openmp_runtime_where_it_is_libgomp() -> None:
-    gomp = cpu_kernels.torch_libgomp()
+    lib = cpu_kernels.select()
+    assert lib.library is not None, lib.reason
+    assert "libgomp" not in needed_libraries(lib.library.path)  # the kernels need no OpenMP runtime
+    gomp = cpu_library.torch_libgomp()
     if gomp is None:
-        assert "-fopenmp" not in cpu_kernels.build_flags()
-        assert cpu_kernels.parallel_mode() == "pool"
+        assert not lib.library.openmp and cpu_kernels.parallel_mode() == "pool"
+        assert "openmp" not in cpu_kernels.available_parallel_modes()
         return
-    assert "-fopenmp" in cpu_kernels.build_flags()
-    assert cpu_kernels.parallel_mode() == "openmp"  # the default
+    assert lib.library.openmp and cpu_kernels.parallel_mode() == "openmp"  # the default
     assert cpu_kernels.available_parallel_modes() == {"threads", "pool", "openmp"}
-    lib_path = cpu_kernels.library()._name  # type: ignore[union-attr]
-    needed = subprocess.run(["readelf", "-d", lib_path], capture_output=True, text=True).stdout
-    assert "libgomp.so.1" in needed, needed  # bound by soname, so to the copy torch loaded
+    region = needed_libraries(cpu_library.PACKAGE_DIR / cpu_variants.OPENMP_LIBRARY)
+    assert "libgomp.so.1" in region, region  # bound by soname, so to the copy torch loaded
     loaded = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line}
     assert loaded == {str(gomp)}, loaded  # one OpenMP runtime in the process, torch's
     for tasks in (1, 2, 3, 5, 64):
@@ -59,15 +63,17 @@ def test_the_kernels_share_torchs_openmp_runtime_where_it_is_libgomp() -> None:
 
 
 @pytest.mark.parametrize(("wanted", "expected"), [("pool", "pool"), ("threads", "threads"), ("fibers", None)])
-def test_the_environment_chooses_the_mode(wanted: str, expected: str | None) -> None:
-    # A fresh process: the mode is read when the library loads.
-    code = "from plimsoll.runtime.kernels import cpu_kernels as ck; print(ck.parallel_mode())"
-    env = {**os.environ, "PLIMSOLL_KERNEL_PARALLEL": wanted}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    default = "openmp" if cpu_kernels.torch_libgomp() is not None else "pool"
-    assert run.stdout.strip() == (expected or default)
-    if expected is None:  # an unknown mode is named, and the default kept
-        assert "PLIMSOLL_KERNEL_PARALLEL=fibers: not a mode this build runs" in run.stderr
+def test_the_selection_chooses_the_mode(wanted: str, expected: str | None, caplog: pytest.LogCaptureFixture) -> None:
+    default = "openmp" if cpu_library.torch_libgomp() is not None else "pool"
+    try:
+        with caplog.at_level("WARNING", logger=cpu_kernels.__name__):
+            cpu_kernels.select("auto", wanted)
+        assert cpu_kernels.parallel_mode() == (expected or default)
+        if expected is None:  # an unknown mode is named, and the default kept
+            assert any("parallel mode 'fibers'" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        cpu_kernels.select()
+    assert cpu_kernels.parallel_mode() == default
 
 
 def test_results_are_the_same_in_every_mode() -> None:

@@ -4,29 +4,31 @@ On tiny random Llama and Mistral models (llama3 RoPE, GQA, random norm weights),
 float32 projections and with int8 ones (``--quantization int8``: both paths read the same
 int8 weights): the hidden states and the KV written by one decode step agree within fp32 rounding for ragged
 contexts, contexts that end on a block edge and just past one, shuffled block tables,
-batches of 1 to 16. Steps it must not take (prefill or mixed rows, more than 16 rows,
-an int8 cache, Qwen2's biases, Qwen3's q/k norm, the switch off) leave the module path
-in charge. Through the engine: greedy output identical with and without it on mixed
-prompts under prefix-cache hits, preemption and chunked prefill, float32 and int8.
+batches of 1 to 16. Steps it must not take (prefill or mixed rows, more rows than the CPU
+plan's limits, an int8 cache, Qwen2's biases, Qwen3's q/k norm, the switch off) leave the
+module path in charge. Through the engine: greedy output identical with and without it on mixed
+prompts under prefix-cache hits, preemption and chunked prefill, float32 and int8. Each model
+here runs under a CPU plan (``models/cpu_plan.py``) built as the engine's model runner builds
+it, with the plan's switches set per case.
 """
 
 import random
-import shutil
 from typing import Any
 
 import pytest
 import torch
+from kernel_builds import needs_kernels
 from tiny_models import tiny_config
 
 from plimsoll.runtime.attention import sdpa
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.models import dense, fused_decode
+from plimsoll.runtime.models.cpu_plan import CPUOptions, CPUPlan, RowLimits
 from plimsoll.runtime.models.llama import LlamaForCausalLM
 from plimsoll.runtime.models.quant import quantize_model
 
-pytestmark = pytest.mark.skipif(
-    (shutil.which("c++") or shutil.which("g++")) is None, reason="no C++ compiler to build the kernels"
-)
+pytestmark = needs_kernels
+ROWS = RowLimits()
 BLOCK = 4
 NUM_BLOCKS = 40
 REAL_KERNEL = fused_decode.cpu_kernels.fused_decode
@@ -102,19 +104,24 @@ def decode_batch(model: LlamaForCausalLM, contexts: list[int], seed: int) -> tup
     return ids, positions, caches, meta
 
 
+def plan(model: LlamaForCausalLM, fused: bool = True, glued: bool = True, packed: bool = True) -> CPUPlan:
+    """The model's CPU plan with these switches, attached to it (as the engine's model runner does)."""
+    return CPUPlan(model, CPUOptions(fused_decode=fused, glued_layers=glued, packed_weights=packed))
+
+
 def forward(
     model: LlamaForCausalLM,
     batch: tuple[Any, ...],
     fused: bool,
     monkeypatch: pytest.MonkeyPatch,
     glued: bool = False,
+    packed: bool = True,
 ) -> Any:
     """Hidden states, caches after the step, and fused-kernel calls. ``fused`` and ``glued`` both
     off: the module path (the reference)."""
     ids, positions, caches, meta = batch
     caches = [(k.clone(), v.clone()) for k, v in caches]
-    monkeypatch.setattr(fused_decode, "ENABLED", fused)
-    monkeypatch.setattr(fused_decode, "GLUED_ENABLED", glued)
+    plan(model, fused, glued, packed)
     calls = count_kernel_calls(monkeypatch)
     with torch.inference_mode():
         hidden = model(ids, positions, caches, meta, sdpa.store_kv, sdpa.paged_attention)
@@ -136,14 +143,16 @@ CONTEXTS = {
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("case", sorted(CONTEXTS))
 def test_fused_step_equals_the_module_path(arch: str, case: str, weights: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # float32: the projections in column panels (the default); "plain rows": PLIMSOLL_PACKED_WEIGHTS=0.
-    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", weights != "float32 plain rows")
+    # float32: the projections in column panels (the default); "plain rows": --no-cpu-packed-weights.
+    packed = weights != "float32 plain rows"
     model = random_model(arch, "int8" if weights == "int8" else "float32")
     batch = decode_batch(model, CONTEXTS[case], seed=len(case))
-    want, want_caches, _ = forward(model, batch, False, monkeypatch)
-    got, got_caches, calls = forward(model, batch, True, monkeypatch)
-    assert calls == 1, model._fused.reason if model._fused else "not built"
-    assert bool(model._fused.panels) is (weights == "float32")
+    want, want_caches, _ = forward(model, batch, False, monkeypatch, packed=packed)
+    got, got_caches, calls = forward(model, batch, True, monkeypatch, packed=packed)
+    fused = model.cpu_plan.fused
+    assert calls == 1, fused.reason
+    assert bool(fused.panels) is (weights == "float32")
+    assert model.cpu_plan.last_path == "fused_decode"
     err = (got - want).abs().max().item()
     print(f"{arch} {weights} {case}: max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})")
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -167,11 +176,10 @@ def test_fused_step_on_shapes_that_leave_remainders(case: str, packed: bool, mon
     )
     torch.manual_seed(1)
     model = randomised(LlamaForCausalLM(config).eval())
-    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", packed)
     batch = decode_batch(model, CONTEXTS[case], seed=5)
-    want, want_caches, _ = forward(model, batch, False, monkeypatch)
-    got, got_caches, calls = forward(model, batch, True, monkeypatch)
-    assert calls == 1, model._fused.reason if model._fused else "not built"
+    want, want_caches, _ = forward(model, batch, False, monkeypatch, packed=packed)
+    got, got_caches, calls = forward(model, batch, True, monkeypatch, packed=packed)
+    assert calls == 1, model.cpu_plan.fused.reason
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
         torch.testing.assert_close(gk, wk, rtol=1e-5, atol=1e-5)
@@ -180,13 +188,13 @@ def test_fused_step_on_shapes_that_leave_remainders(case: str, packed: bool, mon
 
 @pytest.mark.parametrize("rows", [17, 64, 128])
 def test_fused_step_over_panels_takes_up_to_128_rows(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Over column panels the fused step takes decode steps up to PANEL_MAX_ROWS (its matmuls are
-    # the glued layers' own there): long ragged contexts, several blocks of 8 rows a panel.
+    # Over column panels the fused step takes decode steps up to the plan's fused_panels rows (its
+    # matmuls are the glued layers' own there): long ragged contexts, several blocks of 8 rows a panel.
     model = random_model("llama")
     batch = decode_batch(model, [20 + (37 * i) % 90 for i in range(rows)], seed=rows)
     want, want_caches, _ = forward(model, batch, False, monkeypatch)
     got, got_caches, calls = forward(model, batch, True, monkeypatch)
-    assert calls == 1 and model._fused is not None and model._fused.panels
+    assert calls == 1 and model.cpu_plan.fused.panels
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
         torch.testing.assert_close(gk, wk, rtol=1e-4, atol=5e-5)
@@ -226,7 +234,7 @@ def step_batch(model: LlamaForCausalLM, seqs: list[tuple[int, int]], seed: int) 
 
 GLUED_STEPS = {
     "five decode rows": [(c, 1) for c in (3, 9, 1, 12, 7)],
-    "seventeen decode rows (above MAX_ROWS)": [(1 + (7 * i) % 23, 1) for i in range(17)],
+    "seventeen decode rows (above the plain-row limit)": [(1 + (7 * i) % 23, 1) for i in range(17)],
     "sixty decode rows, long contexts": [(20 + (37 * i) % 90, 1) for i in range(60)],
     "one prefill": [(45, 45)],
     "mixed: decodes, a prefix hit, a later chunk, a first prefill": [
@@ -244,17 +252,16 @@ GLUED_STEPS = {
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("case", sorted(GLUED_STEPS))
 def test_glued_step_equals_the_module_path(arch: str, case: str, weights: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", weights == "panels")
+    packed = weights == "panels"
     model = random_model(arch)
     batch = step_batch(model, GLUED_STEPS[case], seed=len(case))
-    want, want_caches, _ = forward(model, batch, False, monkeypatch)
+    want, want_caches, _ = forward(model, batch, False, monkeypatch, packed=packed)
     glue_calls = count_glued_layers(monkeypatch)
-    got, got_caches, fused_calls = forward(model, batch, False, monkeypatch, glued=True)
+    got, got_caches, fused_calls = forward(model, batch, False, monkeypatch, glued=True, packed=packed)
     chunks = -(-batch[0].shape[0] // dense.ONEDNN_CHUNK_ROWS)
-    assert fused_calls == 0 and len(glue_calls) == len(model.model.layers) * chunks, (
-        model._glued.reason if model._glued else ""
-    )
-    assert model._glued is not None and model._glued.panels is (weights == "panels")
+    glued = model.cpu_plan.glued
+    assert fused_calls == 0 and len(glue_calls) == len(model.model.layers) * chunks, glued.reason
+    assert glued.panels is packed and model.cpu_plan.last_path == "glued_layers"
     err = (got - want).abs().max().item()
     print(
         f"{arch} {case}: {batch[0].shape[0]} rows, max abs error {err:.2e} (hidden max {want.abs().max().item():.1f})"
@@ -281,7 +288,7 @@ def test_glued_step_with_head_dim_64_runs_the_ragged_attention_kernel(case: str,
     monkeypatch.setattr(fused_decode.cpu_kernels, "paged_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     glue_calls = count_glued_layers(monkeypatch)
     got, got_caches, _ = forward(model, batch, False, monkeypatch, glued=True)
-    assert glue_calls and len(calls) == len(model.model.layers), model._glued.reason if model._glued else ""
+    assert glue_calls and len(calls) == len(model.model.layers), model.cpu_plan.glued.reason
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for (gk, gv), (wk, wv) in zip(got_caches, want_caches, strict=True):
         torch.testing.assert_close(gk, wk, rtol=1e-4, atol=5e-5)
@@ -301,13 +308,12 @@ def test_float32_weights_are_packed_in_panels_unless_told_not_to(
 
     from plimsoll.runtime.testing import TINY_SHAPE
 
-    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", packed)
     torch.manual_seed(3)
     model = randomised(LlamaForCausalLM(LlamaConfig(**{**TINY_SHAPE, "tie_word_embeddings": tied})).eval())
     batch = step_batch(model, GLUED_STEPS["prefill above a chunk of 256 rows"], seed=11)
-    want, _, _ = forward(model, batch, False, monkeypatch)
-    got, _, _ = forward(model, batch, False, monkeypatch, glued=True)
-    fused, glued = model._fused, model._glued
+    want, _, _ = forward(model, batch, False, monkeypatch, packed=packed)
+    got, _, _ = forward(model, batch, False, monkeypatch, glued=True, packed=packed)
+    fused, glued = model.cpu_plan.fused, model.cpu_plan.glued
     assert fused is not None and glued is not None and glued.reason is None
     assert glued.panels is packed and not glued.packed and bool(fused.panels) is packed
     qkv, plain_qkv = glued.layers[0][1], model.model.layers[0].self_attn.qkv_proj.weight
@@ -380,7 +386,7 @@ def test_bf16_glued_step_is_as_close_to_float32_as_the_module_path(
     monkeypatch.setattr(fused_decode.cpu_kernels, "paged_attention", lambda *a, **k: ragged.append(1) or real(*a, **k))
     got, got_caches, _ = forward(low, (ids, positions, low_caches, meta), False, monkeypatch, glued=True)
     chunks = -(-ids.shape[0] // dense.ONEDNN_CHUNK_ROWS)
-    assert len(glue_calls) == len(low.model.layers) * chunks, low._glued.reason if low._glued else ""
+    assert len(glue_calls) == len(low.model.layers) * chunks, low.cpu_plan.glued.reason
     # Prefill and mixed steps at head_dim 64: the ragged kernel, or torch's SDPA once the prefills are long.
     kernel = (
         arch == "head_dim 64"
@@ -416,7 +422,8 @@ def test_bf16_glue_stands_aside_without_native_bf16_matmuls(monkeypatch: pytest.
     glue_calls = count_glued_layers(monkeypatch)
     got, _, _ = forward(low, batch, False, monkeypatch, glued=True)
     assert glue_calls == [] and torch.equal(got, want)  # the module path, bit for bit
-    assert low._glued is not None and "no native bfloat16" in str(low._glued.reason)
+    assert "no native bfloat16" in str(low.cpu_plan.glued.reason)
+    assert "layer by layer" in low.cpu_plan.describe()
 
 
 def test_steps_the_glued_layers_leave_to_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -430,22 +437,30 @@ def test_steps_the_glued_layers_leave_to_the_module_path(monkeypatch: pytest.Mon
         got, _, _ = forward(model, batch, False, monkeypatch, glued=True)
         assert torch.equal(got, want)  # bitwise: the very same ops ran
     assert glued == []
-    assert int8_model._glued is not None and "int8" in str(int8_model._glued.reason)
+    assert "int8" in str(int8_model.cpu_plan.glued.reason)
     qwen3 = random_model("qwen3")
     forward(qwen3, step_batch(qwen3, [(30, 30)], seed=3), False, monkeypatch, glued=True)
-    assert qwen3._glued is not None and "q/k norm" in str(qwen3._glued.reason)
+    assert "q/k norm" in str(qwen3.cpu_plan.glued.reason)
 
 
 def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model("llama")
-    most = decode_batch(model, [1 + i % 5 for i in range(fused_decode.PANEL_MAX_ROWS)], seed=1)
-    assert forward(model, most, True, monkeypatch)[2] == 1  # over column panels, up to PANEL_MAX_ROWS
-    too_many = decode_batch(model, [1 + i % 5 for i in range(fused_decode.PANEL_MAX_ROWS + 1)], seed=1)
+    most = decode_batch(model, [1 + i % 5 for i in range(ROWS.fused_panels)], seed=1)
+    assert forward(model, most, True, monkeypatch)[2] == 1  # over column panels, up to fused_panels rows
+    too_many = decode_batch(model, [1 + i % 5 for i in range(ROWS.fused_panels + 1)], seed=1)
     assert forward(model, too_many, True, monkeypatch)[2] == 0  # above: the glued layers
-    monkeypatch.setattr(fused_decode, "PACKED_ENABLED", False)
     plain = random_model("llama")
-    too_many = decode_batch(plain, [1 + i % 5 for i in range(fused_decode.MAX_ROWS + 1)], seed=1)
-    assert forward(plain, too_many, True, monkeypatch)[2] == 0  # plain rows above MAX_ROWS: oneDNN's matmuls win
+    most = decode_batch(plain, [1 + i % 5 for i in range(ROWS.fused_plain)], seed=1)
+    assert forward(plain, most, True, monkeypatch, packed=False)[2] == 1
+    too_many = decode_batch(plain, [1 + i % 5 for i in range(ROWS.fused_plain + 1)], seed=1)
+    assert forward(plain, too_many, True, monkeypatch, packed=False)[2] == 0  # plain rows above: oneDNN's matmuls win
+    # A plan given other limits moves the edge with them.
+    CPUPlan(plain, CPUOptions(packed_weights=False, rows=RowLimits(fused_plain=3)))
+    calls = count_kernel_calls(monkeypatch)
+    four = decode_batch(plain, [4, 5, 6, 7], seed=1)
+    with torch.inference_mode():
+        plain(*four, sdpa.store_kv, sdpa.paged_attention)
+    assert calls == [] and plain.cpu_plan.last_path == "module_layers"  # 4 rows: neither fused nor glued (5)
 
     ids, positions, caches, meta = decode_batch(model, [6, 9], seed=2)
     # A mixed step: the first sequence's last 3 tokens (prefill) and one decode row.
@@ -461,11 +476,11 @@ def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatc
 
     int8 = [(k.to(torch.int8), v.to(torch.int8)) for k, v in caches]
     with torch.inference_mode():
-        assert not model._fused.run(
+        assert not model.cpu_plan.fused.run(
             model.model.embed_tokens(ids), *model.model.rotary_emb(positions, torch.float32), int8, meta,
             sdpa.store_kv, sdpa.paged_attention,
         )  # fmt: skip
-    assert forward(model, (ids, positions, caches, meta), False, monkeypatch)[2] == 0  # PLIMSOLL_FUSED_DECODE=0
+    assert forward(model, (ids, positions, caches, meta), False, monkeypatch)[2] == 0  # cpu_fused_decode=False
 
 
 @pytest.mark.parametrize(("arch", "reason"), [("qwen2", "biases"), ("qwen3", "q/k norm")])
@@ -473,7 +488,7 @@ def test_models_it_does_not_cover_say_why(arch: str, reason: str, monkeypatch: p
     model = random_model(arch)
     batch = decode_batch(model, [5, 9], seed=3)
     assert forward(model, batch, True, monkeypatch)[2] == 0
-    assert model._fused is not None and reason in str(model._fused.reason)
+    assert reason in str(model.cpu_plan.fused.reason) and reason in model.cpu_plan.describe()
 
 
 def mixed_prompts(seed: int, count: int = 12) -> list[list[int]]:
@@ -495,12 +510,11 @@ def test_engine_greedy_identical_with_and_without(
     # The module path; the fused step alone; both (the default). With 8 sequences at a time the
     # glued layers take the mixed and prefill steps (each above the small-batch matmul's 4 rows).
     for mode in ("module", "fused", "fused + glued"):
-        monkeypatch.setattr(fused_decode, "ENABLED", mode != "module")
-        monkeypatch.setattr(fused_decode, "GLUED_ENABLED", mode == "fused + glued")
         # 14 blocks of 16 for 12 sequences of up to ~134 tokens, 8 at a time: preemption is certain.
         llm = LLM(
             model=str(tiny_model_dir("llama")), kv_cache_memory=14 * 16 * 512, max_model_len=224,
             max_num_seqs=8, max_num_batched_tokens=48, enable_prefix_caching=True, quantization=quantization,
+            cpu_fused_decode=mode != "module", cpu_glued_layers=mode == "fused + glued",
         )  # fmt: skip
         calls = count_kernel_calls(monkeypatch)
         glued = count_glued_layers(monkeypatch)
@@ -515,18 +529,17 @@ def test_engine_greedy_identical_with_and_without(
     assert outs["fused + glued"] == outs["module"]
 
 
-def test_without_the_kernels_one_warning_and_the_module_path(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_without_the_kernels_the_plan_says_why_and_runs_the_module_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = "libplimsoll_cpu_avx512.so is not installed (no C++ compiler at install)"
     monkeypatch.setattr(fused_decode.cpu_kernels, "library", lambda: None)
-    monkeypatch.setattr(fused_decode.cpu_kernels, "unavailable_reason", lambda: "not built: no C++ compiler")
-    monkeypatch.setattr(fused_decode, "_warned", False)
-    with caplog.at_level("WARNING", logger=fused_decode.__name__):
-        for _ in range(2):  # two models, one warning
-            model = random_model("llama")
-            assert forward(model, decode_batch(model, [5, 9], seed=3), True, monkeypatch)[2] == 0
-    warnings = [r.getMessage() for r in caplog.records if r.name == fused_decode.__name__]
-    assert len(warnings) == 1 and "no C++ compiler" in warnings[0], warnings
+    monkeypatch.setattr(fused_decode.cpu_kernels, "unavailable_reason", lambda: reason)
+    model = random_model("llama")
+    batch = decode_batch(model, [5, 9], seed=3)
+    want, _, _ = forward(model, batch, False, monkeypatch)
+    got, _, calls = forward(model, batch, True, monkeypatch, glued=True)
+    assert calls == 0 and torch.equal(got, want) and model.cpu_plan.last_path == "module_layers"
+    line = model.cpu_plan.describe()
+    assert line.startswith("kernels: torch only on CPU") and reason in line, line
 
 
 def bf16_generate(
@@ -537,16 +550,15 @@ def bf16_generate(
     from plimsoll.runtime import LLM
     from plimsoll.runtime.kernels import cpu_kernels
 
-    if not kernels:
-        m.setattr(cpu_kernels, "supports_attention", lambda *a: False)
-        m.setattr(cpu_kernels, "supports_bf16_linear", lambda *a: False)
-        m.setattr(fused_decode, "GLUED_ENABLED", False)
     seen: list[str] = []
     real_attention, real_linear = cpu_kernels.decode_attention, cpu_kernels.bf16_linear
     m.setattr(cpu_kernels, "decode_attention", lambda *a, **k: seen.append("attention") or real_attention(*a, **k))
     m.setattr(cpu_kernels, "bf16_linear", lambda *a, **k: seen.append("linear") or real_linear(*a, **k))
     m.setattr(cpu_kernels, "silu_mul", lambda *a: seen.append("glue") or REAL_SILU_MUL(*a))
-    llm = LLM(model="smollm2-135m", dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=8, max_model_len=256)
+    llm = LLM(
+        model="smollm2-135m", dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=8, max_model_len=256,
+        cpu_kernels="auto" if kernels else "off",
+    )  # fmt: skip
     ids = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     ids += [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params)]
     return ids, {name: seen.count(name) for name in ("attention", "linear", "glue")}

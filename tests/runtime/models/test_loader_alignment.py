@@ -2,7 +2,7 @@
 
 safetensors packs tensors 8-byte aligned after its header; kept as loaded, most weights
 start mid cache line and every vector load of them straddles two lines (16-row decode
-steps ran 1.27x slower on an AMD EPYC host, docs/runtime.md).
+steps ran 1.27x slower on an AMD EPYC host, benchmarks/results/2026-12-04-cpu-weights-aligned.md).
 """
 
 from pathlib import Path

@@ -208,10 +208,10 @@ def test_unload_in_flight_is_refused_then_allowed(tiny_model_dir: Any, adapters:
 
 
 def test_lora_module_flags_parse_like_vllm() -> None:
-    from plimsoll.runtime.serve_args import ServeArgError, expand_lora_modules, parse_lora_module
+    from plimsoll.runtime.serve_args import ServeArgError, expand_multi_value_flags, parse_lora_module
 
     argv = ["serve", "/m", "--enable-lora", "--lora-modules", "a=/p", '{"name": "b", "path": "/q"}', "--port", "1"]
-    assert expand_lora_modules(argv) == [
+    assert expand_multi_value_flags(argv) == [
         "serve", "/m", "--enable-lora", "--lora-modules", "a=/p", "--lora-modules", '{"name": "b", "path": "/q"}',
         "--port", "1",
     ]

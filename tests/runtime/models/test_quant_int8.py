@@ -39,40 +39,26 @@ def test_int8_matmul_is_within_the_rounding_bound_of_fp32(group: int, asymmetric
         assert torch.allclose(layer(x), ref, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2", "plain"])
-def test_int8_kernel_paths_match_the_dequantised_matmul(isa: str, tmp_path: Any) -> None:
-    # The kernel has AVX-512, AVX2 and plain C++ paths; -march=native builds one. Build each, on
-    # odd shapes (an odd number of W rows, rows of x past a block of 8).
-    import ctypes
-    import platform
-    import shutil
-    import subprocess
-    from pathlib import Path
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "plain"])
+def test_int8_kernel_paths_match_the_dequantised_matmul(isa: str) -> None:
+    # The kernel has AVX-512, AVX2 and plain C++ paths, one in each installed build: each on odd
+    # shapes (an odd number of W rows, rows of x past a block of 8).
+    from kernel_builds import RUNNABLE
 
-    compiler = shutil.which("c++") or shutil.which("g++")
-    flags = {
-        "native": [],
-        "avx2": ["-mavx2", "-mfma", "-mno-avx512f"],
-        "plain": ["-mno-avx2", "-mno-fma", "-mno-avx512f"],
-    }[isa]
-    x86 = platform.machine() in ("x86_64", "AMD64")
-    if isa == "native":
-        x86 = True  # whatever -march=native is here
-    if compiler is None or not x86 or (isa == "avx2" and "avx2" not in Path("/proc/cpuinfo").read_text()):
-        pytest.skip(f"needs a C++ compiler and an x86 CPU (with {isa})")
-    lib_path = tmp_path / f"int8-{isa}.so"
-    subprocess.run([compiler, *cpu_kernels.FLAGS, *flags, str(cpu_kernels.SOURCE), "-o", str(lib_path)], check=True)
-    fn = ctypes.CDLL(str(lib_path)).plimsoll_int8_linear_f32
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
-    torch.manual_seed(4)
-    for n, k, group, asymmetric in ((300, 576, 32, True), (129, 1536, 0, False), (50, 96, 32, False)):
-        q, s, z = quant.quantize_rows(torch.randn(n, k), group, asymmetric=asymmetric, grid=False)
-        for m in (1, 3, 4, 9, 21):
-            x, bias, out = torch.randn(m, k), torch.randn(n), torch.empty(m, n)
-            zp = None if z is None else z.data_ptr()
-            rc = fn(x.data_ptr(), q.data_ptr(), s.data_ptr(), zp, bias.data_ptr(), out.data_ptr(), m, n, k, k // s.shape[1], 2)
-            assert rc == 0
-            torch.testing.assert_close(out, x @ quant.dequantize(q, s, z, torch.float32).T + bias, atol=2e-4, rtol=1e-5)
+    if isa not in RUNNABLE:
+        pytest.skip(f"the {isa} build is not installed or this CPU cannot run it")
+    try:
+        assert cpu_kernels.select(isa).library is not None
+        torch.manual_seed(4)
+        for n, k, group, asymmetric in ((300, 576, 32, True), (129, 1536, 0, False), (50, 96, 32, False)):
+            q, s, z = quant.quantize_rows(torch.randn(n, k), group, asymmetric=asymmetric, grid=False)
+            for m in (1, 3, 4, 9, 21):
+                x, bias = torch.randn(m, k), torch.randn(n)
+                out = cpu_kernels.int8_linear(x, q, s, bias, z)
+                want = x @ quant.dequantize(q, s, z, torch.float32).T + bias
+                torch.testing.assert_close(out, want, atol=2e-4, rtol=1e-5)
+    finally:
+        cpu_kernels.select()
 
 
 def _dequantised_gguf_like(rows: int, k: int) -> torch.Tensor:

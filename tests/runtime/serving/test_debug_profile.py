@@ -24,6 +24,7 @@ from plimsoll.runtime.testing import ServerProcess, ThreadedServer, write_tiny_m
 pytestmark = pytest.mark.timeout(300)
 
 KEY = "profile-test-key"
+ADMIN_KEY = "profile-admin-key"
 SMALL = ["--max-model-len", "256", "--kv-cache-memory", "4MiB", "--max-num-seqs", "8"]
 
 
@@ -55,6 +56,7 @@ def test_plimsoll_profile_fetches_a_chrome_trace_with_engine_step_spans(
     model_dir: Path, tmp_path: Path
 ) -> None:
     args = ["--model", str(model_dir), "--served-model-name", "tiny", "--enable-profiling", "--api-key", KEY,
+            "--admin-api-key", ADMIN_KEY,
             "--profile-dir", str(tmp_path / "on-pod"), *SMALL]  # fmt: skip
     with ServerProcess(args) as server:
         result: dict[str, Any] = {}
@@ -62,7 +64,7 @@ def test_plimsoll_profile_fetches_a_chrome_trace_with_engine_step_spans(
         def run_cli() -> None:
             result["cli"] = CliRunner().invoke(
                 app, ["profile", "--url", server.url, "--seconds", "6", "-o", str(tmp_path / "out"),
-                      "--api-key", KEY],
+                      "--admin-api-key", ADMIN_KEY],
             )  # fmt: skip
 
         cli = threading.Thread(target=run_cli)
@@ -73,7 +75,7 @@ def test_plimsoll_profile_fetches_a_chrome_trace_with_engine_step_spans(
             assert cli.is_alive(), result["cli"].output
         second = httpx.post(
             f"{server.url}/debug/profile", params={"seconds": 1},
-            headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30,
         )  # fmt: skip
         assert second.status_code == 409, second.text
         assert "already being taken" in second.json()["error"]["message"]
@@ -98,14 +100,14 @@ def test_plimsoll_profile_fetches_a_chrome_trace_with_engine_step_spans(
 @pytest.fixture(scope="module")
 def profiling_server(model_dir: Path) -> Any:
     srv = ThreadedServer(
-        model_dir, server={"enable_profiling": True, "api_key": KEY}, served_model_name="tiny", max_model_len=256,
+        model_dir, server={"enable_profiling": True, "api_key": KEY, "admin_api_key": ADMIN_KEY}, served_model_name="tiny", max_model_len=256,
         kv_cache_memory="4MiB", max_num_seqs=8,
     ).start()  # fmt: skip
     yield srv
     srv.stop()
 
 
-def _profile(url: str, key: str | None = KEY, **params: Any) -> httpx.Response:
+def _profile(url: str, key: str | None = ADMIN_KEY, **params: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.post(f"{url}/debug/profile", params=params, headers=headers, timeout=60)
 
@@ -117,10 +119,11 @@ def test_profiling_is_off_by_default_and_says_how_to_turn_it_on(model_dir: Path)
     assert "--enable-profiling" in response.json()["error"]["message"]
 
 
-def test_the_api_key_guards_the_profile_endpoint(profiling_server: ThreadedServer) -> None:
+def test_the_admin_key_guards_the_profile_endpoint(profiling_server: ThreadedServer) -> None:
     missing = _profile(profiling_server.url, key=None, seconds=1)
     wrong = _profile(profiling_server.url, key="nope", seconds=1)
-    assert (missing.status_code, wrong.status_code) == (401, 401)
+    inference = _profile(profiling_server.url, key=KEY, seconds=1)  # the inference key is not enough
+    assert (missing.status_code, wrong.status_code, inference.status_code) == (401, 401, 401)
     assert "missing" in missing.json()["error"]["message"]
 
 
@@ -171,3 +174,67 @@ def test_py_spy_returns_a_flame_graph_of_the_process(profiling_server: ThreadedS
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("image/svg+xml")
     assert b"<svg" in response.content[:2000]
+
+
+@pytest.mark.skipif(profiling.py_spy_binary() is None, reason="py-spy is not installed (pip install py-spy)")
+def test_py_spy_is_let_in_alone_and_only_while_it_runs(
+    profiling_server: ThreadedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = profiling.set_ptracer
+    monkeypatch.setattr(profiling, "set_ptracer", lambda pid: (calls.append(pid), real(pid)))
+    response = _profile(profiling_server.url, seconds=1, kind="py-spy")
+    assert response.status_code == 200, response.text
+    # One named tracer (py-spy's pid), then the permission taken back; never "any process".
+    assert len(calls) == 2 and calls[0] > 0 and calls[1] == 0, calls
+
+
+def test_profiles_go_to_a_private_directory(tmp_path: Path) -> None:
+    fresh = profiling.default_profile_dir()
+    try:
+        assert fresh.name.startswith("plimsoll-profiles-") and (fresh.stat().st_mode & 0o777) == 0o700
+        assert profiling.default_profile_dir() != fresh  # not a name another user could take first
+    finally:
+        fresh.rmdir()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    for folder in (shared, link):
+        with pytest.raises(profiling.APIError):
+            profiling.ProfileStore(folder).save("torch", ".json.gz", b"x")
+    assert not list(shared.iterdir())
+
+
+async def test_a_profile_larger_than_the_cap_is_refused_without_holding_it() -> None:
+    """What the operator reads from a replica is capped: a server sending 64 MiB is cut at 1 MiB."""
+    import http.server
+    import socketserver
+
+    from plimsoll.profile_fetch import ProfileError, take_profile
+
+    class Flood(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(64 << 20))
+            self.end_headers()
+            total = 0
+            try:
+                while total < 64 << 20:
+                    self.wfile.write(b"x" * (1 << 20))
+                    total += 1 << 20
+            except OSError:
+                pass  # the reader hung up at its cap
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Flood) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(ProfileError, match="larger than 1048576 bytes"):
+                await take_profile(f"http://127.0.0.1:{server.server_address[1]}", 1, max_bytes=1 << 20)
+        finally:
+            server.shutdown()

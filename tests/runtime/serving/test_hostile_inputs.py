@@ -221,7 +221,7 @@ def test_health_answers_fast_while_hostile_requests_are_in_flight(chat_model_dir
             f"hostile responses {dict(sent)}"
         )
         assert set(sent) <= {400, 413, 429}, sent  # 429: every template worker busy (Retry-After)
-        # Issue 13 asks p99 < 100 ms; on a host where plain contention already costs the probes
+        # The target is p99 < 100 ms; on a host where plain contention already costs the probes
         # more, the bound is 3x what that contention costs (a stalled loop costs seconds).
         assert p99 < max(0.1, 3 * base_p99), (p50, p99, latencies[-1], base_p99)
     finally:

@@ -33,10 +33,22 @@ def lora_dirs(chat_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     }
 
 
+ADMIN = {"Authorization": "Bearer admin-key"}
+MAX_REGISTERED = 4
+
+
 @pytest.fixture(scope="module")
-def lora_server(chat_model_dir: Path, lora_dirs: dict[str, Path]) -> Iterator[ThreadedServer]:  # noqa: F811
+def lora_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one directory run-time loads may read from (adapters written by tests go under it)."""
+    return tmp_path_factory.mktemp("allowed-adapters")
+
+
+@pytest.fixture(scope="module")
+def lora_server(chat_model_dir: Path, lora_dirs: dict[str, Path], lora_root: Path) -> Iterator[ThreadedServer]:  # noqa: F811
     srv = start_server(
         chat_model_dir,
+        server={"admin_api_key": "admin-key", "allow_runtime_lora_updating": True,
+                "lora_allowed_roots": (str(lora_root),), "max_registered_loras": MAX_REGISTERED},
         enable_lora=True,
         max_loras=2,
         max_lora_rank=8,
@@ -76,9 +88,13 @@ def test_models_lists_adapters_with_their_parent(client: openai.OpenAI, lora_ser
     cards = {m.id: m for m in client.models.list().data}
     base = lora_server.engine.model_name
     assert set(cards) == {base, *ADAPTERS}
+    admin_view = {m["id"]: m for m in httpx.get(f"{lora_server.url}/v1/models", headers=ADMIN).json()["data"]}
     for name, path in lora_dirs.items():
         assert cards[name].parent == base  # type: ignore[attr-defined]
-        assert cards[name].root == str(path)  # type: ignore[attr-defined]
+        # Paths are the admin key holder's to read (the operator compares them with its spec).
+        assert cards[name].root == name  # type: ignore[attr-defined]
+        assert admin_view[name]["root"] == str(path)
+    assert not any(str(p) in str(cards[base]) for p in lora_dirs.values())
 
 
 def test_concurrent_mix_equals_peft_and_is_counted(
@@ -122,17 +138,22 @@ def test_concurrent_mix_equals_peft_and_is_counted(
 
 
 def test_load_use_unload_at_run_time(client: openai.OpenAI, lora_server: ThreadedServer,
-                                     chat_model_dir: Path, tmp_path: Path) -> None:  # noqa: F811
-    path = write_random_lora(chat_model_dir, tmp_path / "late", 4, ("q_proj", "down_proj"), 8.0, seed=9)
+                                     chat_model_dir: Path, lora_root: Path) -> None:  # noqa: F811
+    path = write_random_lora(chat_model_dir, lora_root / "late", 4, ("q_proj", "down_proj"), 8.0, seed=9)
     url = lora_server.url
-    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": str(path)})
+    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": str(path)}, headers=ADMIN)
     assert r.status_code == 200, r.text
-    again = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": str(path)})
+    full = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "more", "lora_path": str(path)},
+                      headers=ADMIN)  # fmt: skip
+    assert full.status_code == 400, full.text  # three at start + "late" fill --max-registered-loras 4
+    assert f"--max-registered-loras {MAX_REGISTERED}" in full.json()["error"]["message"]
+    again = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": str(path)},
+                       headers=ADMIN)  # fmt: skip
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
     assert "late" in {m.id for m in client.models.list().data}
     out = client.completions.create(model="late", prompt=[5, 6, 7], max_tokens=4, temperature=0)
     assert out.model == "late" and out.usage is not None and out.usage.completion_tokens >= 1
-    r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"})
+    r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, headers=ADMIN)
     assert r.status_code == 200, r.text
     assert "late" not in {m.id for m in client.models.list().data}
     with pytest.raises(openai.NotFoundError) as info:
@@ -140,23 +161,62 @@ def test_load_use_unload_at_run_time(client: openai.OpenAI, lora_server: Threade
     err = info.value.body
     assert isinstance(err, dict) and err["type"] == "NotFoundError" and err["code"] == 404
     assert "late" in err["message"] and "sql" in err["message"]  # names what exists
-    gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"})
+    gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, headers=ADMIN)
     assert gone.status_code == 404 and "cannot be found" in gone.json()["error"]["message"]
 
 
 def test_bad_adapter_dir_is_a_400_and_nothing_changes(client: openai.OpenAI, lora_server: ThreadedServer,
-                                                      lora_dirs: dict[str, Path], tmp_path: Path) -> None:
-    broken = tmp_path / "broken"
+                                                      lora_dirs: dict[str, Path], lora_root: Path) -> None:
+    broken = lora_root / "broken"
     broken.mkdir()
     (broken / "adapter_config.json").write_text((lora_dirs["sql"] / "adapter_config.json").read_text())
     before = {m.id for m in client.models.list().data}
-    r = httpx.post(f"{lora_server.url}/v1/load_lora_adapter", json={"lora_name": "broken", "lora_path": str(broken)})
+    r = httpx.post(f"{lora_server.url}/v1/load_lora_adapter", json={"lora_name": "broken", "lora_path": str(broken)},
+                   headers=ADMIN)  # fmt: skip
     assert r.status_code == 400
     body = r.json()["error"]
     assert body["type"] == "BadRequestError" and "adapter_model.safetensors" in body["message"]
     assert {m.id for m in client.models.list().data} == before
     ok = client.completions.create(model="sql", prompt=[5, 6], max_tokens=3, temperature=0)
     assert ok.model == "sql" and ok.usage is not None and ok.usage.completion_tokens >= 1
+
+
+def test_runtime_loading_needs_the_admin_key(lora_server: ThreadedServer, lora_dirs: dict[str, Path]) -> None:
+    body = {"lora_name": "x", "lora_path": str(lora_dirs["sql"])}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        for endpoint in ("load_lora_adapter", "unload_lora_adapter"):
+            r = httpx.post(f"{lora_server.url}/v1/{endpoint}", json=body, headers=headers)
+            assert r.status_code == 401, r.text
+            assert "admin key" in r.json()["error"]["message"]
+
+
+def test_paths_outside_the_allowed_roots_get_one_answer(lora_server: ThreadedServer, lora_root: Path,
+                                                        lora_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """Existing or not, a directory or not, a symlink out of the root: the same 400, nothing that maps the disk."""
+    (lora_root / "escape").symlink_to(lora_dirs["sql"], target_is_directory=True)  # a real adapter, outside
+    answers = set()
+    for path in ("/etc", "/nonexistent-dir-xyz", "/etc/passwd", str(lora_dirs["sql"]), str(lora_root / "escape"),
+                 "relative/path", str(lora_root / ".." / lora_dirs["sql"].name)):  # fmt: skip
+        r = httpx.post(f"{lora_server.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": path},
+                       headers=ADMIN)  # fmt: skip
+        assert r.status_code == 400, (path, r.text)
+        answers.add(r.json()["error"]["message"])
+    assert len(answers) == 1 and "--lora-allowed-roots" in answers.pop()
+
+
+def test_runtime_updating_is_opt_in() -> None:
+    import types
+
+    from plimsoll.runtime.serving.errors import APIError
+    from plimsoll.runtime.serving.lora_admin import LoRAAdmin
+    from plimsoll.runtime.serving.settings import ServerSettings
+
+    engine: Any = types.SimpleNamespace(config=types.SimpleNamespace(enable_lora=True), is_ready=True)
+    admin = LoRAAdmin(engine, ServerSettings(served_model_name="m"))
+    for call in (admin.load("a", "/x"), admin.unload("a")):
+        with pytest.raises(APIError) as refused:
+            asyncio.run(call)
+        assert refused.value.status == 404 and "--allow-runtime-lora-updating" in refused.value.message
 
 
 def test_lora_endpoints_refused_without_enable_lora(chat_model_dir: Path) -> None:  # noqa: F811

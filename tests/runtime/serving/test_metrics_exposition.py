@@ -19,6 +19,7 @@ ALL_NAMES = [
 ]
 ALLOWED_LABELS = {
     "model_name",
+    "path",  # plimsoll_engine_steps_total: what ran a step, one of four
     "finished_reason",
     "reason",
     "le",

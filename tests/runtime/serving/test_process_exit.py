@@ -10,16 +10,20 @@ starts. Steps sleep 50 ms each, so "a stream is still running" holds on any CPU.
 - SIGTERM with streams that cannot finish inside ``--drain-timeout``: they end with an
   error event and ``[DONE]`` at the deadline, the process exits 0, and its log holds no
   traceback.
+- A CPU server loads no GPU-only module (no Triton in its memory map), and a stop by SIGTERM
+  or Ctrl-C (SIGINT) prints nothing after its last log line (no extension's leak report).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from server_fixtures import chat_model_dir  # noqa: F401  (fixture)
 
 from plimsoll.runtime.testing import ServerProcess
@@ -124,3 +128,25 @@ def test_at_the_drain_deadline_streams_are_cut_cleanly_and_the_log_has_no_traceb
     finished = [json.loads(line[line.index("{"):]) for line in log.splitlines() if '"request_finished"' in line]
     assert [r["status"] for r in finished if r["endpoint"] == "completions"] == ["shutdown", "shutdown"]
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_cpu_server_loads_no_gpu_modules_and_stops_without_a_word_after_its_last_log_line(
+    chat_model_dir: Path,  # noqa: F811
+    stop: signal.Signals,
+) -> None:
+    srv = ServerProcess(args(chat_model_dir, "--device", "cpu"))
+    with srv:
+        assert srv.proc is not None
+        reply = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
+        maps = Path(f"/proc/{srv.proc.pid}/maps").read_text()
+        srv.proc.send_signal(stop)
+        code = srv.wait(timeout=60)
+        log = srv.log()
+    assert reply.status_code == 200
+    assert "libtriton" not in maps and "/triton/" not in maps  # Triton is GPU-only: never imported here
+    assert code == (0 if stop == signal.SIGTERM else 128 + signal.SIGINT), log[-2000:]  # 130: a shell's Ctrl-C
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+    last = log.rstrip().splitlines()[-1]
+    assert "Finished server process" in last, log[-2000:]  # uvicorn's last line, nothing after it
+    assert "nanobind" not in log and "leaked" not in log, log[-3000:]

@@ -60,3 +60,12 @@ def test_lora_flags_exist_and_refuse_mistakes() -> None:
     assert result.exit_code == 2 and "not name=path" in result.output
     result = CliRunner().invoke(app, ["serve", "--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2", "--port", "1"])
     assert result.exit_code == 2 and "max_cpu_loras" in result.output
+
+
+def test_cpu_kernel_flags_exist_and_refuse_a_build_that_is_not_one() -> None:
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    for flag in ("--cpu-kernels", "--cpu-packed-weights", "--no-cpu-packed-weights"):
+        assert flag in result.output, flag
+    result = CliRunner().invoke(app, ["serve", "--cpu-kernels", "avx1024", "--port", "1"])
+    assert result.exit_code == 2, result.output
+    assert "cpu_kernels" in result.output and "'avx512'" in result.output and "'off'" in result.output

@@ -1,0 +1,45 @@
+"""`--help` at 80 columns prints every option name whole, for every command."""
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from plimsoll.cli import app
+
+
+def _commands(
+    group: typer.core.TyperGroup, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], object]]:
+    found = []
+    for name, command in group.commands.items():
+        found.append(((*path, name), command))
+        if hasattr(command, "commands"):
+            found += _commands(command, (*path, name))
+    return found
+
+
+COMMANDS = _commands(typer.main.get_command(app))  # type: ignore[arg-type]
+
+
+def test_every_command_is_covered() -> None:
+    paths = {" ".join(p) for p, _ in COMMANDS}
+    assert {"serve", "bench sweep", "bench soak", "diagnose", "plan", "operator"} <= paths
+
+
+@pytest.mark.parametrize("path,command", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_help_at_80_columns_prints_option_names_whole(path: tuple[str, ...], command: object) -> None:
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not [line for line in lines if "…" in line], result.output
+    names = [
+        o for p in getattr(command, "params", []) for o in (*p.opts, *p.secondary_opts) if o.startswith("-")
+    ]
+    for name in names:
+        assert re.search(rf"(^|[\s,│]){re.escape(name)}($|[\s,│])", result.output, re.M), (
+            name,
+            result.output,
+        )
