@@ -54,6 +54,8 @@ class RouterState:
         self.scraper: Scraper | None = None
         self.proxy: Proxy | None = None
         self.hold: HoldQueue | None = None
+        # SIGTERM (lifecycle.py): /ready answers 503 so no new traffic is sent here; requests still served.
+        self.draining = False
         if config.hold_queue > 0:
             self.hold = HoldQueue(
                 config.hold_queue,
@@ -146,6 +148,8 @@ def build_app(config: RouterConfig) -> Starlette:
         num_ready = len(state.replica_set.ready())
         body = {"ready": bool(num_ready), "ready_replicas": num_ready,
                 "replicas": len(state.replica_set.replicas), "holding": state.hold is not None}
+        if state.draining:
+            return JSONResponse({**body, "ready": False, "draining": True}, status_code=503)
         # A router that holds requests serves even at zero replicas: that is when it is needed most.
         return JSONResponse(body, status_code=200 if num_ready or state.hold is not None else 503)
 
