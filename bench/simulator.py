@@ -375,7 +375,8 @@ def build_app(curve: ServiceCurve) -> Any:
 
     def error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
         body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-        headers = {"Retry-After": "1"} if status == 429 else None
+        # A full queue is this replica's alone, as a plimsoll replica says: a router tries another one.
+        headers = {"Retry-After": "1", OVERLOAD_HEADER: REPLICA} if status == 429 else None
         return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/health")

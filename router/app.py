@@ -64,6 +64,8 @@ class RouterState:
         self.proxy: Proxy | None = None
         self.prefill_decode: PrefillDecode | None = None
         self.hold: HoldQueue | None = None
+        # SIGTERM (lifecycle.py): /ready answers 503 so no new traffic is sent here; requests still served.
+        self.draining = False
         if config.hold_queue > 0:
             self.hold = HoldQueue(
                 config.hold_queue,
@@ -178,6 +180,8 @@ def build_app(config: RouterConfig) -> Starlette:
             num_ready += num_prefill
             body.update(ready=bool(num_ready), ready_prefill_replicas=num_prefill,
                         prefill_replicas=len(state.prefill_set.replicas))
+        if state.draining:
+            return JSONResponse({**body, "ready": False, "draining": True}, status_code=503)
         # A router that holds requests serves even at zero replicas: that is when it is needed most.
         return JSONResponse(body, status_code=200 if num_ready or state.hold is not None else 503)
 

@@ -1,18 +1,25 @@
 """The replica set: which replicas exist, which are ready, and how loaded each is.
 
 What it is: plain state shared by the proxy (which counts its own in-flight
-requests), the scraper (which fills in each replica's waiting/running queue) and
-discovery (which adds and removes replicas). What it is not: a policy; picking a
-replica is :mod:`plimsoll.router.policy`'s job, and nothing here does I/O.
+requests), the scraper (which fills in each replica's waiting/running queue and
+readiness) and discovery (which adds and removes replicas), and a wait for a ready
+replica. What it is not: a policy; picking a replica is
+:mod:`plimsoll.router.policy`'s job, and nothing here does I/O.
 
 Everything runs on one asyncio loop, so no locks are needed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+# Readiness probes in a row that got no answer at all (refused, reset, timed out) before a
+# replica counts as lost: the streams still open on it then move to another replica.
+LOST_AFTER_PROBES = 2
 
 
 @dataclass(slots=True)
@@ -50,10 +57,18 @@ class Replica:
     prefill_tokens_per_s: float | None = None
     decode_step_s: float | None = None
     inflight_at_scrape: int = 0
+    # Readiness probes in a row that got no answer (see LOST_AFTER_PROBES), and what to call
+    # when the replica is lost (each open stream on it registers one).
+    probe_failures: int = 0
+    lost_listeners: set[Callable[[], None]] = field(default_factory=set)
 
     @property
     def is_ready(self) -> bool:
         return self.discovered_ready and self.reachable and not self.draining
+
+    @property
+    def is_lost(self) -> bool:
+        return self.probe_failures >= LOST_AFTER_PROBES
 
     @property
     def relative_load(self) -> float:
@@ -62,12 +77,16 @@ class Replica:
 
     @property
     def load(self) -> float:
-        """Work queued at this replica: the router's own in-flight plus the replica's waiting queue.
+        """Work at this replica: what it reports running and waiting, or this router's own in-flight
+        when that is higher (requests sent since the last scrape).
 
-        In-flight already covers what the replica is running for this router; the
-        scraped waiting queue adds work other routers or clients put there.
+        The replica's own numbers count every router's requests, so routers in front of the
+        same replicas see the same loads and make the same bounded-load decisions without
+        sharing anything; before the first scrape only the router's own count is known.
         """
-        return self.inflight + (self.waiting or 0.0)
+        if self.running is None and self.waiting is None:
+            return float(self.inflight)
+        return max(float(self.inflight), (self.running or 0.0) + (self.waiting or 0.0))
 
 
 @dataclass
@@ -128,6 +147,26 @@ class ReplicaSet:
         for callback in self.on_ready:
             callback()
 
+    async def wait_ready(self, exclude: set[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a ready replica not in ``exclude``; True once there is one.
+
+        Readiness is re-read whenever it may have changed (every scrape, every discovery event).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not any(r.url not in exclude for r in self.ready()):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            changed = asyncio.Event()
+            self.on_ready.append(changed.set)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), remaining)
+            finally:
+                self.on_ready.remove(changed.set)
+        return True
+
     def remove(self, url: str) -> None:
         if self.replicas.pop(url, None) is not None:
             self._notify()
@@ -136,6 +175,16 @@ class ReplicaSet:
         replica = self.replicas.get(url)
         if replica is not None:
             replica.reachable = False
+
+    def record_probe(self, replica: Replica, answered: bool) -> None:
+        """Count probes that got no answer; at ``LOST_AFTER_PROBES`` tell the replica's open streams."""
+        if answered:
+            replica.probe_failures = 0
+            return
+        replica.probe_failures += 1
+        if replica.probe_failures == LOST_AFTER_PROBES:
+            for listener in list(replica.lost_listeners):
+                listener()
 
     def record_scrape(self, url: str, *, waiting: float | None, running: float | None, engine: str | None) -> None:
         replica = self.replicas.get(url)

@@ -123,6 +123,19 @@ def route(
         help="Forward clients' x-gateway-inference-* headers (only behind a gateway that sets them itself); "
         "by default they are dropped, so a client cannot pick its tenant or objective.",
     ),
+    migration_limit: int = typer.Option(
+        3, help="Times one request may move to another replica when its replica fails mid-stream "
+        "(carried on from the last token the client got); 0 turns in-flight migration off.",
+    ),
+    migration_wait: float = typer.Option(
+        30.0, help="Seconds a request whose replica failed waits for another ready replica before it fails too."
+    ),
+    shutdown_delay: float = typer.Option(
+        5.0, help="After SIGTERM, seconds to keep serving with /ready 503 before closing the listener."
+    ),
+    drain_timeout: float = typer.Option(
+        120.0, help="After the listener closes, seconds open streams get to finish before they are cut."
+    ),
     kv_events_port: int = typer.Option(
         5557, help="--policy precise-prefix: port of each replica's KV event publisher (its --kv-events-config)."
     ),
@@ -158,6 +171,7 @@ def route(
     from plimsoll.objectives import parse_objectives
     from plimsoll.router.app import build_app
     from plimsoll.router.config import LaneConfig, RouterConfig
+    from plimsoll.router.lifecycle import DrainingRouter
 
     try:
         objectives = parse_objectives(inference_objective)
@@ -179,7 +193,9 @@ def route(
             metrics_engine=metrics_engine, hold_queue=hold_queue, hold_timeout_s=hold_timeout,
             slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1000,
             release_concurrency=release_concurrency, cold_start_fallback_s=cold_start_fallback,
-            inference_objectives=objectives, api_key=api_key, tenant_keys=tenant_keys,
+            inference_objectives=objectives, migration_limit=migration_limit, migration_wait_s=migration_wait,
+            shutdown_delay_s=shutdown_delay, drain_timeout_s=drain_timeout,
+            api_key=api_key, tenant_keys=tenant_keys,
             max_request_bytes=max_request_bytes, trust_gateway_headers=trust_gateway_headers,
             kv_events_port=kv_events_port,
             kv_events_endpoints=dict(_pair(e) for e in kv_events_endpoint),
@@ -200,4 +216,10 @@ def route(
         from plimsoll.tracing import configure_tracing
 
         configure_tracing("plimsoll-route", otlp_traces_endpoint)
-    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level=log_level.lower())
+    app = build_app(config)
+    server = DrainingRouter(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level.lower(),
+                       timeout_graceful_shutdown=int(config.drain_timeout_s)),
+        app.state.router, shutdown_delay_s=config.shutdown_delay_s,
+    )  # fmt: skip
+    server.run()

@@ -90,6 +90,15 @@ class RouterConfig(BaseModel):
     # x-gateway-inference-objective name -> vLLM priority (lower first), from
     # --inference-objective NAME=PRIORITY; held requests are released in that order.
     inference_objectives: dict[str, int] = Field(default_factory=dict)
+    # In-flight migration (router/migration.py): how many times one request may move to another
+    # replica after its replica failed; 0 turns it off (a cut stream ends with an error event).
+    migration_limit: int = Field(default=3, ge=0)
+    # How long a request whose replica failed waits for another ready replica before it fails too.
+    migration_wait_s: float = Field(default=30.0, ge=0)
+    # SIGTERM (router/lifecycle.py): /ready 503 and keep serving for shutdown_delay_s, then stop
+    # accepting and let open streams finish for up to drain_timeout_s.
+    shutdown_delay_s: float = Field(default=5.0, ge=0)
+    drain_timeout_s: float = Field(default=120.0, gt=0)
     # Clients authenticate with `Authorization: Bearer KEY` on /v1/* when either is set:
     # `api_key` (the replicas' own key, also sent to them) or a tenant key (key -> tenant name),
     # after which the router sets x-gateway-inference-fairness-id to that tenant.

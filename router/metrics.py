@@ -2,8 +2,8 @@
 
 What it is: one registry per router (so tests can run several routers in one
 process) holding per-replica in-flight/waiting/ready gauges, routing decisions
-by policy, reason and lane, retries, upstream errors, 429 rejections and request
-latency. Labels stay low-cardinality: the replica URL (bounded by the replica
+by policy, reason and lane, retries, upstream errors, 429 rejections, request
+latency and in-flight migrations by outcome. Labels stay low-cardinality: the replica URL (bounded by the replica
 count), the endpoint path and the status code; never a prompt or request id.
 What it is not: the replicas' metrics; those are scraped by the operator.
 """
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from plimsoll.metric_names import REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from plimsoll.router.migration import OUTCOMES
 
 if TYPE_CHECKING:
     from plimsoll.router.backends import ReplicaSet
@@ -32,6 +33,7 @@ REQUEST_DURATION = PREFIX + "request_duration_seconds"
 TIME_TO_FIRST_BYTE = PREFIX + "time_to_first_byte_seconds"
 HELD_REQUESTS = PREFIX + "held_requests"
 HOLD_DURATION = PREFIX + "hold_duration_seconds"
+MIGRATIONS = PREFIX + "migrations"  # exported as ..._total
 KV_INDEX_BLOCKS = PREFIX + "kv_index_blocks"
 KV_INDEX_REPLICAS = PREFIX + "kv_index_replicas"
 KV_EVENT_LAG = PREFIX + "kv_event_lag_seconds"
@@ -52,8 +54,9 @@ class RouterMetrics:
                            ["replica"], registry=r)
         self.decisions = Counter(ROUTING_DECISIONS, "Routing decisions by policy, reason and lane.",
                                  ["policy", "reason", "lane"], registry=r)
-        self.retries = Counter(RETRIES, "Requests re-sent to another replica after a connection failure "
-                               "before any byte was sent.", ["replica"], registry=r)
+        self.retries = Counter(RETRIES, "Requests re-sent to another replica before the client got any byte: "
+                               "the connection failed, or the replica refused as overloaded or draining "
+                               "(x-plimsoll-overload: replica).", ["replica"], registry=r)
         self.upstream_errors = Counter(UPSTREAM_ERRORS, "Failures talking to a replica, by kind "
                                        "(connect, read, stream_broken).", ["replica", "kind"], registry=r)
         self.rejections = Counter(REJECTIONS, "Requests the router answered itself, by reason "
@@ -67,6 +70,11 @@ class RouterMetrics:
         self.held = Gauge(HELD_REQUESTS, "Requests held while no replica is Ready (scale from zero).", registry=r)
         self.hold_seconds = Histogram(HOLD_DURATION, "Time a request spent held before a replica took it.",
                                       buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.migrations = Counter(MIGRATIONS, "Started requests whose replica failed, by what became of them "
+                                  "(migrated, completed, limit_reached, no_replica, refused, unsupported).",
+                                  ["outcome"], registry=r)
+        for outcome in OUTCOMES:
+            self.migrations.labels(outcome)
         # Precise prefix routing (--policy precise-prefix): the KV index and the event feeds behind it.
         self.kv_index_blocks = Gauge(KV_INDEX_BLOCKS, "Distinct KV block hashes in the router's index.", registry=r)
         self.kv_index_replicas = Gauge(KV_INDEX_REPLICAS, "Replicas with entries in the KV index.", registry=r)

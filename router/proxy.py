@@ -7,10 +7,19 @@ the client chunk by chunk as they arrive, so a replica's 4xx reaches the client
 unchanged. What it is not: a validator or a transformer of requests; the router
 never parses more of a body than it needs to route it.
 
-Retry rule: a request is re-sent to another replica only when the connection
-could not be made at all (connect refused or timed out), so no byte of it
-reached the first one. Once bytes are sent the replica may have started work,
-and a started stream is never replayed: the client gets the failure.
+Retry rule: a request goes to another replica, without the client seeing anything,
+when the connection could not be made at all (connect refused or timed out), or
+when the replica refused it for reasons of its own: ``x-plimsoll-overload: replica``
+(its queue is full, or it is draining) or a 502/503. When every replica refused so,
+the client gets 429 with ``x-plimsoll-overload: service`` and ``Retry-After``: the
+service, not one replica, is out of room.
+
+Migration rule (``--migration-limit N``, ``migration.py``): a generation request whose
+replica fails after it was sent is carried on by another replica, up to N times. A
+request still waiting for its answer is sent again whole (the client has nothing yet);
+a stream already under way continues from the last token the client received, on the
+same SSE stream with the same ``id``. With N = 0 the client gets the failure: a 502,
+or, mid-stream, one error event (vLLM's convention) and no ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -31,12 +40,23 @@ from starlette.types import Receive, Scope, Send
 from plimsoll.auth import bearer_matches
 from plimsoll.objectives import FAIRNESS_HEADER, GATEWAY_HEADER_PREFIX, OBJECTIVE_HEADER, objective_priority
 from plimsoll.overload import OVERLOAD_HEADER, SERVICE
+from plimsoll.router import migration
 from plimsoll.router.backends import Replica, ReplicaSet
 from plimsoll.router.config import RouterConfig
 from plimsoll.router.hold import HoldFull, HoldQueue, HoldTimeout
 from plimsoll.router.metrics import RouterMetrics
-from plimsoll.router.policy import AllSaturated, NoReadyReplica, RequestFeatures, Router, prompt_tokens
+from plimsoll.router.migrating_relay import MigratingRelay
+from plimsoll.router.migration import ReplicaFailed, StreamLedger
+from plimsoll.router.policy import (
+    AllSaturated,
+    Decision,
+    NoReadyReplica,
+    RequestFeatures,
+    Router,
+    prompt_tokens,
+)
 from plimsoll.router.slo_routing import SLO_TTFT_HEADER, request_bound, slo_exclusions
+from plimsoll.router.upstream import Leg, is_event_stream, refused_for_itself, send_watched
 from plimsoll.tracing import inject_headers, tracer
 
 log = logging.getLogger(__name__)
@@ -158,43 +178,73 @@ class Proxy:
             waited = await self._hold.hold(priority)
         except HoldFull as full:
             response = error_response(429, str(full), "RateLimitError",
-                                      headers={"Retry-After": str(full.retry_after_s)})
+                                      headers={"Retry-After": str(full.retry_after_s), OVERLOAD_HEADER: SERVICE})
             return self._finish(response, endpoint, arrival, reason="hold_full")
         except HoldTimeout as timeout:
             response = error_response(503, str(timeout), "ServiceUnavailableError",
-                                      headers={"Retry-After": str(self._hold.cold_starts.retry_after_s(None))})
+                                      headers={"Retry-After": str(self._hold.cold_starts.retry_after_s(None)),
+                                               OVERLOAD_HEADER: SERVICE})
             return self._finish(response, endpoint, arrival, reason="hold_timeout")
         finally:
             self._metrics.held.set(self._hold.held)
         self._metrics.hold_seconds.observe(waited)
         return None
 
+    def _pick(self, features: RequestFeatures, exclude: set[str]) -> Decision:
+        """The policy's choice among ready replicas not in ``exclude``, traced and counted."""
+        with tracer().start_as_current_span("pick", attributes={"plimsoll.router.policy": self._router.picker.name}) as pick:
+            decision = self._router.choose(features, frozenset(exclude))
+            pick.set_attributes({
+                "plimsoll.router.replica": decision.replica.url,
+                "plimsoll.router.reason": decision.reason,
+                "plimsoll.router.lane": decision.lane,
+            })
+        self._metrics.decisions.labels(self._router.picker.name, decision.reason, decision.lane).inc()
+        return decision
+
     async def _forward(
         self, request: Request, endpoint: str, body: bytes, features: RequestFeatures,
         headers: list[tuple[str, str]], target: str, arrival: float, tried: set[str], held: bool,
     ) -> Response:
+        limit = self._config.migration_limit
+        generation = request.method == "POST" and endpoint in migration.GENERATION_ENDPOINTS
+        # Until the client has a byte, another replica can do a generation request whole.
+        resendable = generation and limit > 0
+        ledger: StreamLedger | None = None
+        # What a failure mid-answer counts as when no ledger carries the stream on.
+        lost_outcome: str | None = None
+        if generation:
+            parsed = _parse_json(body)
+            lost_outcome = migration.UNSUPPORTED
+            if migration.unsupported(endpoint, parsed) is None:
+                lost_outcome = migration.LIMIT_REACHED
+                if limit > 0:
+                    ledger = StreamLedger(endpoint, parsed)
+                    body = ledger.first_body()  # asks the replica for the token ids a continuation needs
+        resends = 0
+        refused_retry_after: list[str] = []  # Retry-After of each replica that refused for itself
+        # Set once a replica failed the request: from then on, with no replica ready, wait for one.
+        resend_deadline: float | None = None
         while True:
             try:
-                with tracer().start_as_current_span("pick", attributes={"plimsoll.router.policy": self._router.picker.name}) as pick:
-                    decision = self._router.choose(features, frozenset(tried))
-                    pick.set_attributes({
-                        "plimsoll.router.replica": decision.replica.url,
-                        "plimsoll.router.reason": decision.reason,
-                        "plimsoll.router.lane": decision.lane,
-                    })
+                decision = self._pick(features, tried)
             except AllSaturated:
                 return self._reject_saturated(endpoint, arrival)
             except NoReadyReplica:
+                remaining = resend_deadline - time.monotonic() if resend_deadline is not None else 0.0
+                if remaining > 0 and await self._replica_set.wait_ready(tried, remaining):
+                    continue
+                if refused_retry_after:
+                    return self._reject_overloaded(endpoint, arrival, refused_retry_after)
                 return self._reject_unavailable(endpoint, arrival, tried)
             replica = decision.replica
             inject_headers(headers)  # the replica's spans join this trace (W3C traceparent)
-            self._metrics.decisions.labels(self._router.picker.name, decision.reason, decision.lane).inc()
             self._begin(replica)
             upstream_request = self._client.build_request(
                 request.method, replica.url + target, content=body, headers=headers
             )
             try:
-                upstream = await self._client.send(upstream_request, stream=True)
+                upstream = await send_watched(self._client, upstream_request, replica)
             except _NOTHING_SENT as exc:
                 self._end(replica)
                 log.warning("connect to %s failed (%s); retrying on another replica", replica.url, exc)
@@ -203,20 +253,46 @@ class Proxy:
                 self._metrics.retries.labels(replica.url).inc()
                 tried.add(replica.url)
                 continue
-            except httpx.HTTPError as exc:
-                # The request (or part of it) reached the replica: it may have started,
-                # so it is not replayed anywhere else.
+            except (httpx.HTTPError, ReplicaFailed) as exc:
+                # The request reached the replica and it failed before answering: it may have
+                # started, so it is sent again only where that is safe and allowed.
                 self._end(replica)
+                self._replica_set.mark_unreachable(replica.url)  # a candidate again once its probe answers
                 self._metrics.upstream_errors.labels(replica.url, "read").inc()
+                if resendable and resends < limit:
+                    resends += 1
+                    if resend_deadline is None:
+                        resend_deadline = time.monotonic() + self._config.migration_wait_s
+                    self._metrics.migrations.labels(migration.MIGRATED).inc()
+                    log.warning("replica %s failed before answering (%s); sending the request to another "
+                                "replica (%d of --migration-limit %d)", replica.url, exc, resends, limit)
+                    continue
+                if generation:
+                    self._metrics.migrations.labels(migration.LIMIT_REACHED).inc()
+                why = f"--migration-limit {limit} reached" if resendable else "not retried because it may have started"
                 return self._finish(
                     error_response(502, f"replica {replica.url} failed after the request was sent "
-                                   f"({type(exc).__name__}); not retried because it may have started",
-                                   "BadGatewayError"),
+                                   f"({type(exc).__name__}); {why}", "BadGatewayError"),
                     endpoint, arrival, reason="upstream_failed",
                 )
+            if refused_for_itself(upstream):
+                # Its queue is full or it is draining: another replica may take it, and nothing was started.
+                refused_retry_after.append(upstream.headers.get("retry-after", ""))
+                await upstream.aclose()
+                self._end(replica)
+                self._metrics.retries.labels(replica.url).inc()
+                tried.add(replica.url)
+                continue
+            if ledger is not None and upstream.status_code == 200 and is_event_stream(upstream):
+                relay = MigratingRelay(self, ledger, Leg(upstream, replica), features, headers, target,
+                                       endpoint, arrival, held)  # fmt: skip
+                return _RelayResponse(relay.content(), relay.release, status_code=200, headers={
+                    **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS},
+                    REPLICA_HEADER: replica.url,
+                })  # fmt: skip
             release = self._releaser(upstream, replica, endpoint, arrival, held)
             return _RelayResponse(
-                self._relay(upstream, replica, endpoint, arrival, release),
+                self._relay(upstream, replica, endpoint, arrival, release, lost_outcome),
                 release,
                 status_code=upstream.status_code,
                 headers={
@@ -249,7 +325,7 @@ class Proxy:
 
     async def _relay(
         self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float,
-        release: Callable[[], Awaitable[None]],
+        release: Callable[[], Awaitable[None]], lost_outcome: str | None = None,
     ) -> AsyncIterator[bytes]:
         first = True
         try:
@@ -262,6 +338,8 @@ class Proxy:
             # The replica broke off mid-answer (died, or reset the connection). The
             # client already has part of it, so the only honest thing is to fail it.
             self._metrics.upstream_errors.labels(replica.url, "stream_broken").inc()
+            if lost_outcome is not None:
+                self._metrics.migrations.labels(lost_outcome).inc()
             self._replica_set.mark_unreachable(replica.url)
             log.warning("replica %s broke off a response to %s: %s", replica.url, endpoint, exc)
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
@@ -311,12 +389,24 @@ class Proxy:
         retry_after = str(self._config.retry_after_seconds)
         response = error_response(
             429,
-            f"every ready replica is saturated (router in-flight + waiting queue >= "
+            f"every ready replica is saturated (running + waiting >= "
             f"{self._config.max_inflight_per_replica} each); retry after {retry_after} s",
             "RateLimitError",
-            headers={"Retry-After": retry_after},
+            headers={"Retry-After": retry_after, OVERLOAD_HEADER: SERVICE},
         )
         return self._finish(response, endpoint, arrival, reason="saturated")
+
+    def _reject_overloaded(self, endpoint: str, arrival: float, retry_after: list[str]) -> Response:
+        """Every replica refused for itself (full or draining): the service is out of room."""
+        seconds = max([int(v) for v in retry_after if v.isdigit()] or [self._config.retry_after_seconds])
+        response = error_response(
+            429,
+            f"every ready replica refused this request as full or draining ({len(retry_after)} asked); "
+            f"retry after {seconds} s",
+            "RateLimitError",
+            headers={"Retry-After": str(seconds), OVERLOAD_HEADER: SERVICE},
+        )
+        return self._finish(response, endpoint, arrival, reason="replicas_full")
 
     def _reject_unavailable(self, endpoint: str, arrival: float, tried: set[str]) -> Response:
         if tried:
@@ -326,7 +416,7 @@ class Proxy:
         response = error_response(
             503, "no ready replica; check the replicas' /ready and the router's /metrics "
             "(plimsoll_router_replica_ready)", "ServiceUnavailableError",
-            headers={"Retry-After": str(self._config.retry_after_seconds)},
+            headers={"Retry-After": str(self._config.retry_after_seconds), OVERLOAD_HEADER: SERVICE},
         )
         return self._finish(response, endpoint, arrival, reason="no_replica")
 

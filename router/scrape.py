@@ -125,7 +125,10 @@ class Scraper:
             if replica.reachable:
                 log.warning("replica %s unreachable: %s", replica.url, exc)
             replica.reachable = False
+            self._replica_set.record_probe(replica, answered=False)
             return
+        # An answer, even a 503 (draining, warming up): the process is there and its streams go on.
+        self._replica_set.record_probe(replica, answered=True)
         try:
             response = await fetch_capped(self._client, "GET", f"{replica.url}/metrics", METRICS_LIMIT_BYTES,
                                           timeout=self._timeout)  # fmt: skip

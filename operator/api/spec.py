@@ -680,6 +680,15 @@ class RouterSpec(APIModel):
         None, ge=1, le=600, description="Longest a request is held; default twice the measured cold-start p95, "
         "at most 600."
     )
+    replicas: int = Field(
+        2, ge=1, le=16, description="Router pods: each discovers the replicas itself and routes alike (no "
+        "shared state), so with two or more, losing one fails no request a client retries once. A "
+        "PodDisruptionBudget keeps all but one up, and the pods prefer different nodes."
+    )
+    migration_limit: int = Field(
+        3, ge=0, le=16, description="--migration-limit: times one request may move to another replica when its "
+        "replica fails mid-generation (a stream carries on from the last token the client got); 0: off."
+    )
     mode: RouterMode = Field(
         "plimsoll",
         description="plimsoll (the router above, when enabled) or inferencePool: an InferencePool "

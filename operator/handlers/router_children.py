@@ -1,7 +1,7 @@
 """The router's children of an LLMService: which to apply, and removing them when it is turned off.
 
-``spec.router.enabled`` adds a ServiceAccount, Role, RoleBinding, Deployment and
-Service (built in ``resources/router.py``) to what reconcile applies; turning it
+``spec.router.enabled`` adds a ServiceAccount, Role, RoleBinding, Deployment,
+PodDisruptionBudget and Service (built in ``resources/router.py``) to what reconcile applies; turning it
 off deletes exactly those objects again (only those this LLMService owns), with an Event saying so. What it is
 not: the applying itself (reconcile's ``_apply_child`` does it for every child)
 or the router's own replica discovery (``plimsoll route`` does that).
@@ -17,6 +17,7 @@ from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import delete_owned, owned_by
 from plimsoll.operator.resources.router import (
     build_router_deployment,
+    build_router_pdb,
     build_router_rbac,
     build_router_service,
     router_name,
@@ -26,7 +27,8 @@ from plimsoll.operator.resources.settings import BuildSettings
 
 def router_objects(svc: LLMService, settings: BuildSettings) -> list[dict[str, Any]]:
     """Every router object, RBAC first so the pod's ServiceAccount exists before the pod."""
-    return [*build_router_rbac(svc), build_router_deployment(svc, settings), build_router_service(svc)]
+    return [*build_router_rbac(svc), build_router_deployment(svc, settings), build_router_pdb(svc),
+            build_router_service(svc)]  # fmt: skip
 
 
 def router_children(svc: LLMService, settings: BuildSettings) -> list[dict[str, Any]]:

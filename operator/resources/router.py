@@ -1,7 +1,8 @@
-"""The router in front of an LLMService's replicas: Deployment, Service, RBAC. Pure.
+"""The router in front of an LLMService's replicas: Deployment, PodDisruptionBudget, Service, RBAC. Pure.
 
 When ``spec.router.enabled``, the operator applies these next to the replicas'
-Deployment: a small CPU-only Deployment running `plimsoll route --llmservice`,
+Deployment: a small CPU-only Deployment of ``spec.router.replicas`` pods (default 2,
+on different nodes where it can, at most one evicted at a time) running `plimsoll route --llmservice`,
 which watches the LLMService's pods (hence the Role to get the LLMService and
 list/watch pods), a ClusterIP Service ``<name>-router`` on the engine port, and
 ``router_endpoint_url`` for ``status.endpoint``. What it is not: the decision to
@@ -20,6 +21,10 @@ from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 COMPONENT = "router"
+# A router pod told to stop (SIGTERM) keeps serving this long with /ready 503 while the endpoints
+# update, then gives its open streams this long to finish; the grace period covers both.
+SHUTDOWN_DELAY_S = 5
+DRAIN_TIMEOUT_S = 120
 TENANT_KEYS_MOUNT = "/etc/plimsoll/tenant-keys"
 
 
@@ -39,14 +44,27 @@ def _verified_concurrency(svc: LLMService) -> int | None:
     return None if target is None else max(1, int(target))
 
 
-def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: int = 1) -> dict[str, Any]:
-    """The router Deployment: `plimsoll route` discovering the replicas from the LLMService's pods."""
+def _apart(svc: LLMService) -> dict[str, Any]:
+    """Router pods preferably on different nodes, so one node's loss leaves another router serving."""
+    term = {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector_labels(svc, COMPONENT)},
+    }
+    preferred = [{"weight": 100, "podAffinityTerm": term}]
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+
+
+def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[str, Any]:
+    """The router Deployment: ``spec.router.replicas`` pods of `plimsoll route`, each discovering the
+    replicas from the LLMService's pods and draining on SIGTERM before it exits."""
     name = router_name(svc)
     args = [
         "route", "--host", "0.0.0.0", "--port", str(ENGINE_PORT),
         "--llmservice", svc.name, "--namespace", svc.namespace,
         "--backend-port", str(ENGINE_PORT), "--policy", svc.spec.router.policy,
         "--hold-queue", str(svc.spec.router.hold_queue),
+        "--migration-limit", str(svc.spec.router.migration_limit),
+        "--shutdown-delay", str(SHUTDOWN_DELAY_S), "--drain-timeout", str(DRAIN_TIMEOUT_S),
     ]  # fmt: skip
     if svc.spec.router.hold_timeout_seconds is not None:
         args += ["--hold-timeout", str(svc.spec.router.hold_timeout_seconds)]
@@ -109,7 +127,9 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": svc.namespace, "labels": common_labels(svc, COMPONENT)},
         "spec": {
-            "replicas": replicas,
+            "replicas": svc.spec.router.replicas,
+            # A rollout starts the new pod before it stops an old one: never fewer routers than asked.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "selector": {"matchLabels": selector_labels(svc, COMPONENT)},
             "template": {
                 "metadata": {
@@ -123,6 +143,8 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
                 "spec": {
                     "serviceAccountName": name,
                     "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": SHUTDOWN_DELAY_S + DRAIN_TIMEOUT_S + 5,
+                    "affinity": _apart(svc),
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": RUN_AS_USER,
@@ -134,6 +156,16 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings, replicas: 
                 },
             },
         },
+    }
+
+
+def build_router_pdb(svc: LLMService) -> dict[str, Any]:
+    """At most one router pod evicted at a time: with two or more, a node drain never leaves none."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": router_name(svc), "namespace": svc.namespace, "labels": common_labels(svc, COMPONENT)},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(svc, COMPONENT)}},
     }
 
 

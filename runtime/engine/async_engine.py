@@ -21,6 +21,7 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput
+from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.step_profiler import StepProfiler
 from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
@@ -204,13 +205,15 @@ class AsyncEngine:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        continuation: Continuation | None = None,
         cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of one request already validated by the caller (the HTTP edge), under the
         adapter ``lora_name`` if given.
 
-        ``priority`` and ``fairness_id`` are the request's scheduling attributes and ``cache_salt``
-        its prefix-cache salt (see ``LLMEngine.add_request``).
+        ``priority`` and ``fairness_id`` are the request's scheduling attributes, ``cache_salt``
+        its prefix-cache salt and ``continuation`` the output already produced elsewhere (see
+        ``LLMEngine.add_request``).
         """
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
@@ -225,7 +228,8 @@ class AsyncEngine:
         with self._posted_lock:
             for i in range(params.n):
                 self._posted[f"{request_id}#{i}"] = (len(ids), max(1, min(wanted, limit)))
-        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, cache_salt))
+        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, cache_salt,
+                           continuation))
         finished = False
         try:
             while True:
@@ -327,14 +331,14 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, ids, params, arrival, lora_name, priority, fairness_id, salt = payload
+                        request_id, ids, params, arrival, lora_name, priority, fairness_id, salt, cont = payload
                         with self._posted_lock:
                             for i in range(params.n):
                                 self._posted.pop(f"{request_id}#{i}", None)
                         try:
                             engine.add_request(
                                 request_id, ids, params, arrival, ids, lora_name,
-                                priority=priority, fairness_id=fairness_id, cache_salt=salt,
+                                priority=priority, fairness_id=fairness_id, cache_salt=salt, continuation=cont,
                             )  # fmt: skip
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)

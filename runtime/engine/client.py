@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineStats, RequestOutput
+from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
 
@@ -61,6 +62,7 @@ class EngineClient(Protocol):
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        continuation: Continuation | None = None,
         cache_salt: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]: ...
 

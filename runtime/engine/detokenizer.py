@@ -43,6 +43,22 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
+    def prime(self, token_ids: tuple[int, ...] | list[int], num_chars: int) -> None:
+        """Replay output already produced elsewhere, of which the client has ``num_chars`` characters.
+
+        Token by token, as if generated here, so offsets and held-back characters are
+        exactly what the first detokenizer had; stop strings are not searched (that
+        output did not stop). The rest of its text goes out with the next delta.
+        """
+        for token_id in token_ids:
+            self.append(token_id)
+        if not 0 <= num_chars <= len(self.text):
+            raise ValueError(
+                f"continuation.num_chars is {num_chars} but its token_ids decode to {len(self.text)} "
+                "characters; send how many characters of their text the client received"
+            )
+        self.num_emitted_chars = num_chars
+
     def find_stop(self, num_new_chars: int) -> str | None:
         """Look for a stop string touching the last ``num_new_chars``; truncate the text before it."""
         if not self.stop or not num_new_chars:

@@ -32,7 +32,7 @@ from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
 from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token
 from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
-from plimsoll.runtime.engine.request import Request, RequestGroup
+from plimsoll.runtime.engine.request import Continuation, Request, RequestGroup
 from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
@@ -432,6 +432,7 @@ class LLMEngine:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        continuation: Continuation | None = None,
         cache_salt: str | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
@@ -440,6 +441,9 @@ class LLMEngine:
         ``lora_name`` runs it under that adapter (``LoRANotFoundError`` if none is loaded by that name).
         ``priority`` (lower first) and ``fairness_id`` (the tenant) are the request's scheduling
         attributes, read by ``--scheduling-policy priority`` only, as vLLM's ``add_request`` takes them.
+        ``continuation`` picks the request up after output it already produced elsewhere (see
+        ``Continuation``): its tokens are prefilled with the prompt (a prefix-cache hit where the
+        blocks are cached) and sampling goes on from the next position.
         ``cache_salt`` (vLLM's per-request field; the server folds the tenant into it) starts the
         prefix-cache hash chain: requests with different salts never share a cached block.
         """
@@ -465,6 +469,8 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}, which must "
                 "also leave room for at least one generated token; shorten the prompt"
             )
+        if continuation is not None:
+            self._check_continuation(continuation, ids, params)
         transfer = self._kv_transfer_of(params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         if self.config.enable_prefix_caching:
@@ -488,6 +494,9 @@ class LLMEngine:
             seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, ids, params.stop, params.skip_special_tokens
             )
+            if continuation is not None:
+                seq.continue_from(continuation.token_ids)
+                seq.detokenizer.prime(continuation.token_ids, continuation.num_chars)
             seqs.append(seq)
         group = RequestGroup(request_id, text, ids, seqs, arrival)
         for seq in seqs:
@@ -535,6 +544,24 @@ class LLMEngine:
                 for seq in self.prefetching.pop(request_id):
                     self.scheduler.add_request(seq)
 
+    def _check_continuation(self, cont: Continuation, ids: list[int], params: SamplingParams) -> None:
+        """A continuation must leave room to generate, for one sequence, in this vocabulary."""
+        vocab = int(self.hf_config.vocab_size)
+        if params.n != 1:
+            raise ValueError(f"a continuation continues one sequence; send n=1, not n={params.n}")
+        if not cont.token_ids or any(not 0 <= t < vocab for t in cont.token_ids):
+            raise ValueError(f"continuation.token_ids must be a non-empty list of ints in [0, {vocab})")
+        if params.max_tokens is not None and len(cont.token_ids) >= params.max_tokens:
+            raise ValueError(
+                f"the continuation already holds {len(cont.token_ids)} tokens and max_tokens is "
+                f"{params.max_tokens}: nothing is left to generate; the request is complete"
+            )
+        if len(ids) + len(cont.token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt ({len(ids)} tokens) and the continuation ({len(cont.token_ids)}) fill "
+                f"max_model_len {self.max_model_len}: nothing is left to generate"
+            )
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort now; its blocks are freed at once. Returns the final output, or None if unknown."""
         group = self.groups.get(request_id)
@@ -571,7 +598,7 @@ class LLMEngine:
         if sched.is_empty and self.prefetching and connector is not None:
             connector.wait_prefetch(0.01)  # only fetches are outstanding: wait for one, do not spin
         if not sched.is_empty:
-            prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_output_tokens == 0]
+            prompt_chunks = [(r, n) for r, n in sched.scheduled if r.num_new_output_tokens == 0]
             reqs, logits = self.runner.execute(sched)  # a failure here is the engine's: it propagates
             if connector is not None:
                 connector.after_forward(self.runner.kv_caches)

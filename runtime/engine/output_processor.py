@@ -47,7 +47,7 @@ def make_request_output(g: RequestGroup) -> RequestOutput:
         last_token_time=max(last) if last else None,
         finished_time=max(finished_times) if g.finished and finished_times else None,
         num_prompt_tokens=len(g.prompt_token_ids),
-        num_generation_tokens=sum(s.num_output_tokens for s in g.seqs),
+        num_generation_tokens=sum(s.num_new_output_tokens for s in g.seqs),
         num_cached_tokens=max(first.num_cached_tokens, 0),
         num_preemptions=sum(s.num_preemptions for s in g.seqs),
         finish_reason=first.finish_reason if g.finished else None,

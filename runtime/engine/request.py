@@ -25,6 +25,35 @@ if TYPE_CHECKING:
 ROOT_HASH = hashlib.sha256(b"plimsoll-prefix-cache-v1").digest()
 
 
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """Output a request already produced elsewhere (another replica, before it failed).
+
+    ``token_ids`` were generated and delivered to the client; ``num_chars`` is how much of
+    their text (Unicode code points) the client has received, which can be less than all
+    of it while a multi-byte character or a possible stop string was held back. The
+    engine carries on from there as if it had generated them itself: they count towards
+    ``max_tokens`` and ``min_tokens``, feed the penalties, are searched for stop strings
+    with what follows, set the position seeded sampling draws for, and are reported in
+    ``usage.completion_tokens``; they are never sent again.
+    """
+
+    token_ids: tuple[int, ...]
+    num_chars: int = 0
+
+
+def position_seed(seed: int, index: int, position: int) -> int:
+    """The 63-bit seed of a seeded sequence's draw for its output token ``position``.
+
+    Sampling randomness that depends only on (request seed, sequence index, output
+    position) lets a sequence continued elsewhere (``Continuation``) draw exactly what
+    it would have drawn uninterrupted; a generator whose state carries over from step
+    to step would need its whole history. Samplers seed one generator per step from it.
+    """
+    packed = struct.pack("<QQQ", seed % 2**64, index % 2**64, position % 2**64)
+    return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little") >> 1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -76,6 +105,7 @@ class Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     generator: "torch.Generator | None" = None
+    generator_position: int = -1  # the output position the generator was last seeded for
     detokenizer: "IncrementalDetokenizer | None" = None
     logprobs: "list[dict[int, Logprob]] | None" = None
     num_emitted_tokens: int = 0  # output tokens already reported to the consumer
@@ -90,6 +120,9 @@ class Request:
     kv_transfer: object = None
     kv_transfer_params: dict[str, object] | None = None
     lora_slot: int = -1  # its device slot while running (lora_manager.py); -1 = none held
+    # Output tokens a continuation brought in (generated elsewhere and already delivered); they
+    # lead ``output_token_ids`` but this engine neither computed them as output nor reports them.
+    num_prior_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
@@ -109,12 +142,24 @@ class Request:
         return len(self.output_token_ids)
 
     @property
+    def num_new_output_tokens(self) -> int:
+        """Output tokens this engine sampled (a continuation's prior tokens excluded)."""
+        return len(self.output_token_ids) - self.num_prior_output_tokens
+
+    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def continue_from(self, token_ids: tuple[int, ...] | list[int]) -> None:
+        """Take a continuation's output tokens as already generated and already reported."""
+        assert not self.output_token_ids and self.num_computed_tokens == 0, "only a fresh sequence continues"
+        self.output_token_ids = list(token_ids)
+        self.all_token_ids = [*self.prompt_token_ids, *token_ids]
+        self.num_prior_output_tokens = self.num_emitted_tokens = len(token_ids)
 
     def update_block_hashes(self, block_size: int) -> None:
         """Extend ``block_hashes`` to cover every full block of known tokens."""

@@ -9,11 +9,12 @@ top-p and min-p and draws (``sampling_tensors.py``); logprobs of the chosen and 
 top-n tokens (one ``topk``) come from the raw model distribution, as vLLM's default.
 Every per-request tensor is built on the logits' device. Nothing reads a value back per
 row: ``fetch`` brings the step's sampled ids and logprobs to the host in one transfer.
-Seeded sequences draw from their own generator on the device, so a seed gives the same
-tokens whatever the batch around it. ``sample_each`` keeps one bad row from failing the
-batch. What it is not: stop-string or length handling, speculative verification
-(``spec_decode/``), or the per-row reference the tests check it against
-(``sampler_reference.py``).
+Seeded sequences draw from their own generator on the device, reseeded for each output
+position, so a seed gives the same tokens whatever the batch around it, and a sequence
+continued on another replica draws what it would have drawn uninterrupted. ``sample_each``
+keeps one bad row from failing the batch. What it is not: stop-string or length handling,
+speculative verification (``spec_decode/``), or the per-row reference the tests check it
+against (``sampler_reference.py``).
 """
 
 from collections.abc import Callable, Sequence

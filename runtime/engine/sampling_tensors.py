@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plimsoll.runtime.engine.request import Request
+from plimsoll.runtime.engine.request import Request, position_seed
 
 SEED_STRIDE = 1_000_003  # sibling i of an n > 1 request draws from seed + i * SEED_STRIDE
 
@@ -159,18 +159,19 @@ class Randomness:
         """Put the seeded sequences' generators back where they were if the block raises, so a
         batch that fails and is then sampled row by row (``sample_each``) draws the same numbers."""
         saved = [
-            (r, r.generator.get_state() if r.generator is not None else None)
+            (r, r.generator.get_state() if r.generator is not None else None, r.generator_position)
             for r in reqs
             if r.params.seed is not None
         ]
         try:
             yield
         except BaseException:
-            for req, state in saved:
+            for req, state, position in saved:
                 if state is None or req.generator is None:
-                    req.generator = None
+                    req.generator, req.generator_position = None, -1
                 else:
                     req.generator.set_state(state)
+                    req.generator_position = position
             raise
 
     def _shared(self, device: torch.device) -> torch.Generator | None:
@@ -182,10 +183,18 @@ class Randomness:
 
     @staticmethod
     def _own(req: Request, device: torch.device) -> torch.Generator:
+        """The sequence's generator, seeded when its output position moves: what a seeded
+        sequence draws depends only on (seed, sibling index, position), so a sequence continued
+        on another replica (``Continuation``) draws exactly what it would have drawn
+        uninterrupted. Draws at one position (a draft's proposals, then their verification)
+        continue one stream: reseeding for each would correlate them."""
         gen: torch.Generator | None = req.generator
+        position = req.num_output_tokens
         if gen is None or gen.device != device:
-            assert req.params.seed is not None
             gen = torch.Generator(device=device)
-            gen.manual_seed((req.params.seed + req.index * SEED_STRIDE) % 2**64)
-            req.generator = gen
+            req.generator, req.generator_position = gen, -1
+        if req.generator_position != position:
+            assert req.params.seed is not None
+            gen.manual_seed(position_seed(req.params.seed, req.index, position))
+            req.generator_position = position
         return gen

@@ -196,7 +196,7 @@ class Scheduler:
         out.scheduled.append((req, num_new))
         # Tokens before the first sampled one are prefill (prompt, or recompute after preemption).
         num_prefill = max(0, min(num_new, req.num_tokens - 1 - req.num_computed_tokens))
-        if req.num_output_tokens == 0:
+        if req.num_new_output_tokens == 0:
             num_prefill = num_new
         out.num_prefill_tokens += num_prefill
         out.num_decode_tokens += num_new - num_prefill

@@ -24,6 +24,7 @@ from plimsoll.runtime.serving.prompts import (
     check_token_ids,
     client_template,
     client_template_context,
+    continuation_of,
     encode_chat,
     encode_text,
     off_loop,
@@ -36,6 +37,7 @@ from plimsoll.runtime.serving.protocol import (
     ChatCompletionResponse,
     ChatResponseMessage,
     UsageInfo,
+    response_body,
 )
 from plimsoll.runtime.serving.requests import (
     Admission,
@@ -75,6 +77,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         ctx.settings.max_new_tokens,
     )
     params = req.to_sampling_params(max_tokens)
+    continuation = continuation_of(
+        req.continuation, engine.vocab_size, len(prompt_ids), max_tokens, engine.max_model_len
+    )
     priority = priority_of(raw, req.priority, ctx.settings)
     tenant = tenant_of(raw, req.user)
     held = (len(prompt_ids) + max_tokens) * req.n
@@ -82,10 +87,10 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
     stream = ctx.outputs(
         prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), priority=priority, fairness_id=tenant,
-        cache_salt=cache_salt_of(raw, req.cache_salt, ctx.settings),
-    )
+        continuation=continuation, cache_salt=cache_salt_of(raw, req.cache_salt, ctx.settings),
+    )  # fmt: skip
     if req.stream:
-        streaming: Response = SSEResponse(_stream(ctx, req, adm, stream), on_close=adm.release)
+        streaming: Response = SSEResponse(_stream(ctx, req, adm, stream, prompt_ids), on_close=adm.release)
         return streaming
     try:
         final = await until_disconnect(raw, lambda: _last(stream))
@@ -93,7 +98,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         adm.release()
     response = _response(ctx, req, adm.request_id, final)
     response.kv_transfer_params = answer_params(final.kv_transfer_params, raw)
-    return JSONResponse(response.model_dump(mode="json"))
+    return JSONResponse(response_body(response, req.return_token_ids))
 
 
 async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
@@ -138,15 +143,21 @@ def _response(
                 logprobs=lp,
                 finish_reason=o.finish_reason,
                 stop_reason=o.stop_reason,
+                token_ids=o.token_ids,
             )
         )
     return ChatCompletionResponse(
-        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(final, ctx.settings.enable_prompt_tokens_details)
-    )
+        id=request_id, model=ctx.model_of(req.model), choices=choices,
+        usage=_usage(final, ctx.settings.enable_prompt_tokens_details), prompt_token_ids=final.prompt_token_ids,
+    )  # fmt: skip
 
 
 async def _stream(
-    ctx: ServingContext, req: ChatCompletionRequest, adm: Admission, stream: AsyncIterator[RequestOutput]
+    ctx: ServingContext,
+    req: ChatCompletionRequest,
+    adm: Admission,
+    stream: AsyncIterator[RequestOutput],
+    prompt_ids: list[int],
 ) -> AsyncIterator[str]:
     chunk = ChunkFrame(adm.request_id, "chat.completion.chunk", ctx.model_of(req.model)).event
     tokenizer = ctx.engine.tokenizer
@@ -162,15 +173,19 @@ async def _stream(
             lp = chat_logprobs(o.delta_token_ids, o.delta_logprobs, _num_top(req), tokenizer).model_dump()
         if finishing:
             finish_sent.add(o.index)
-        return {
+        body = {
             "index": o.index,
             "delta": {"content": o.delta_text},
             "logprobs": lp,
             "finish_reason": o.finish_reason if finishing else None,
             "stop_reason": o.stop_reason if finishing else None,
         }
+        if req.return_token_ids:
+            body["token_ids"] = o.delta_token_ids
+        return body
 
-    for i in range(req.n):
+    # A continuation carries on a stream whose role chunks (and prompt_token_ids) were sent.
+    for i in range(0 if req.continuation else req.n):
         yield chunk(
             [
                 {
@@ -179,7 +194,8 @@ async def _stream(
                     "logprobs": None,
                     "finish_reason": None,
                 }
-            ]
+            ],
+            extra={"prompt_token_ids": prompt_ids} if req.return_token_ids and i == 0 else None,
         )
     last: RequestOutput | None = None
     try:

@@ -21,6 +21,7 @@ from plimsoll.runtime.serving.logprobs import completion_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
     check_token_ids,
+    continuation_of,
     encode_prompt,
     off_loop,
     resolve_max_tokens,
@@ -31,6 +32,7 @@ from plimsoll.runtime.serving.protocol import (
     CompletionRequest,
     CompletionResponse,
     UsageInfo,
+    response_body,
 )
 from plimsoll.runtime.serving.requests import (
     Admission,
@@ -68,6 +70,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     ]
     params = [req.to_sampling_params(m) for m in max_tokens]
 
+    continuation = continuation_of(
+        req.continuation, engine.vocab_size, len(prompt_ids[0]), max_tokens[0], engine.max_model_len
+    )
     priority = priority_of(raw, req.priority, ctx.settings)
     tenant = tenant_of(raw, req.user)
     salt = cache_salt_of(raw, req.cache_salt, ctx.settings)
@@ -83,6 +88,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
             ctx.lora_of(req.model),
             priority=priority,
             fairness_id=tenant,
+            continuation=continuation,
             cache_salt=salt,
         )
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
@@ -103,7 +109,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         ]
     response = _response(ctx, req, adm.request_id, finals, texts)
     response.kv_transfer_params = answer_params(finals[0].kv_transfer_params, raw)
-    return JSONResponse(response.model_dump(mode="json"))
+    return JSONResponse(response_body(response, req.return_token_ids))
 
 
 async def _collect(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
@@ -135,6 +141,8 @@ def _response(
                     logprobs=lp,
                     finish_reason=o.finish_reason,
                     stop_reason=o.stop_reason,
+                    prompt_token_ids=final.prompt_token_ids,
+                    token_ids=o.token_ids,
                 )
             )
     return CompletionResponse(
@@ -162,9 +170,12 @@ async def _stream(
     tokenizer = ctx.engine.tokenizer
     latest: dict[int, RequestOutput] = {}
     finish_sent: set[int] = set()
-    text_offsets: dict[int, int] = {}
+    # A continuation's text offsets go on from the characters the client already has.
+    text_offsets: dict[int, int] = {0: req.continuation.num_chars} if req.continuation else {}
+    # prompt_token_ids go out once per choice; a continuation's stream already sent them.
+    prompt_ids_sent: set[int] = set(range(req.num_seqs)) if req.continuation else set()
 
-    def choice(i: int, o: CompletionOutput) -> dict[str, Any] | None:
+    def choice(i: int, out: RequestOutput, o: CompletionOutput) -> dict[str, Any] | None:
         index = i * req.n + o.index
         finishing = o.finish_reason is not None and index not in finish_sent
         if not o.delta_text and not o.delta_token_ids and not finishing:
@@ -178,20 +189,26 @@ async def _stream(
             text_offsets[index] = start + len(o.delta_text)
         if finishing:
             finish_sent.add(index)
-        return {
+        body = {
             "index": index,
             "text": o.delta_text,
             "logprobs": lp,
             "finish_reason": o.finish_reason if finishing else None,
             "stop_reason": o.stop_reason if finishing else None,
         }
+        if req.return_token_ids:
+            if index not in prompt_ids_sent:
+                prompt_ids_sent.add(index)
+                body["prompt_token_ids"] = out.prompt_token_ids
+            body["token_ids"] = o.delta_token_ids
+        return body
 
     merged = merge(streams)
     try:
         async with contextlib.aclosing(merged):
             async for i, out in merged:
                 latest[i] = out
-                choices = [c for o in out.outputs if (c := choice(i, o)) is not None]
+                choices = [c for o in out.outputs if (c := choice(i, out, o)) is not None]
                 if choices:
                     usage = _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details) if _continuous(req) else None
                     yield chunk(choices, usage)

@@ -10,8 +10,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.serving.errors import bad_request
-from plimsoll.runtime.serving.protocol import ChatCompletionRequest
+from plimsoll.runtime.serving.protocol import ChatCompletionRequest, ContinuationField
 
 T = TypeVar("T")
 
@@ -44,6 +45,24 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
             "send ids in that range.",
             param,
         )
+
+
+def continuation_of(
+    field: ContinuationField | None, vocab_size: int, prompt_len: int, max_tokens: int, max_model_len: int
+) -> Continuation | None:
+    """The engine's ``Continuation`` for a request's ``continuation`` field, or a 400 if it leaves
+    nothing to generate. Whether ``num_chars`` fits the ids' text is the engine's check (it decodes)."""
+    if field is None:
+        return None
+    check_token_ids(field.token_ids, vocab_size, "continuation.token_ids")
+    done = len(field.token_ids)
+    if done >= max_tokens or prompt_len + done >= max_model_len:
+        raise bad_request(
+            f"The continuation holds {done} tokens: with the prompt's {prompt_len} that leaves nothing to "
+            f"generate (max_tokens {max_tokens}, context {max_model_len}); the request is already complete.",
+            "continuation",
+        )
+    return Continuation(tuple(field.token_ids), field.num_chars)
 
 
 def check_prompt_chars(text: str, max_chars: int, param: str) -> None:

@@ -64,6 +64,19 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False
 
 
+class ContinuationField(_Request):
+    """``continuation``: carry on a stream another replica started (the router's in-flight migration).
+
+    ``token_ids`` are the output tokens already generated and delivered; ``num_chars`` how many
+    characters of their text the client has received. The rest of the request is the one first
+    sent, unchanged (``max_tokens`` still counts the whole output). The answer is the rest of the
+    stream: no role chunk, no ``prompt_token_ids``, usage counting the whole request.
+    """
+
+    token_ids: list[TokenId] = Field(min_length=1)
+    num_chars: int = Field(0, ge=0)
+
+
 class _SamplingFields(_Request):
     """Fields the two endpoints share, with OpenAI's ranges and vLLM's extensions."""
 
@@ -96,8 +109,17 @@ class _SamplingFields(_Request):
     # vLLM's prefill/decode disaggregation (--kv-transfer-config): do_remote_decode asks this replica to
     # prefill and hold the blocks; do_remote_prefill with remote_* fields to pull them before decoding.
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM: token ids beside the text (``token_ids`` per choice, ``prompt_token_ids`` once).
+    return_token_ids: bool | None = None
+    continuation: ContinuationField | None = None
     # vLLM: salts the prefix cache, so only requests with the same salt share cached blocks.
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+
+    def _check_continuation(self) -> None:
+        if self.continuation is not None and not self.stream:
+            raise ValueError("continuation carries on a stream; send it with stream=true")
+        if self.continuation is not None and self.n != 1:
+            raise ValueError(f"continuation carries on one sequence; send n=1, not n={self.n}")
 
     @field_validator("stop")
     @classmethod
@@ -219,6 +241,9 @@ class CompletionRequest(_SamplingFields, _PromptTruncation):
             raise ValueError("best_of different from n is not supported; leave best_of out")
         if self.echo and self.stream:
             raise ValueError("echo with stream=true is not supported; set one of them to false")
+        self._check_continuation()
+        if self.continuation is not None and len(self.prompts()) != 1:
+            raise ValueError("continuation carries on one prompt; send a single prompt")
         return self
 
     def prompts(self) -> list[str] | list[list[int]]:
@@ -267,6 +292,7 @@ class ChatCompletionRequest(_SamplingFields, _PromptTruncation):
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true; set logprobs to true")
+        self._check_continuation()
         return self
 
     @property
@@ -310,6 +336,9 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # Only with return_token_ids (``token_id_fields`` leaves them out otherwise), as vLLM.
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -347,6 +376,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # only with return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -357,6 +387,15 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     kv_transfer_params: dict[str, Any] | None = None  # vLLM: what a decode replica needs (do_remote_decode)
+    prompt_token_ids: list[int] | None = None  # only with return_token_ids
+
+
+def response_body(response: BaseModel, return_token_ids: bool | None) -> dict[str, Any]:
+    """A response as JSON, with the token-id fields only when the request asked for them."""
+    if return_token_ids:
+        return response.model_dump(mode="json")
+    exclude: Any = {"prompt_token_ids": True, "choices": {"__all__": {"token_ids", "prompt_token_ids"}}}
+    return response.model_dump(mode="json", exclude=exclude)
 
 
 class DeltaMessage(BaseModel):

@@ -2,7 +2,8 @@
 
 What it is: :class:`ServingContext` holds the engine, the server settings, the
 metrics and the drain state; :meth:`ServingContext.admit` refuses work the replica
-cannot take (draining -> 503, waiting queue full -> 429 with ``Retry-After``);
+cannot take (draining -> 503, waiting queue full -> 429, both with ``Retry-After`` and
+``x-plimsoll-overload: replica``, so a router sends the request to another replica);
 :meth:`ServingContext.outputs` iterates the engine's outputs for one prompt with
 the request timeout, and aborts the request (freeing its KV blocks) whenever the
 consumer stops early: client disconnect, timeout, error. Every request that
@@ -32,6 +33,7 @@ from plimsoll.overload import OVERLOAD_HEADER, REPLICA
 from plimsoll.runtime.engine.async_engine import StreamCutError
 from plimsoll.runtime.engine.client import EngineClient
 from plimsoll.runtime.engine.outputs import RequestOutput
+from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -105,7 +107,7 @@ class ServingContext:
             raise APIError(
                 503,
                 "The server is shutting down and accepts no new requests; retry against another replica.",
-                headers={"Retry-After": str(self.settings.retry_after_s)},
+                headers=self._replica_overload(),
             )
         if self.sleeping:  # went to sleep while this request was being tokenised
             self.metrics.reject("asleep")
@@ -130,7 +132,7 @@ class ServingContext:
                     f"The replica is full ({self.num_seqs_in_flight} sequences in flight, this request "
                     f"adds {num_seqs}, room for {capacity} = --max-num-seqs + --max-waiting {limit}); "
                     f"retry after {self.settings.retry_after_s}s or send to another replica.",
-                    headers={"Retry-After": str(self.settings.retry_after_s)},
+                    headers=self._replica_overload(),
                 )
         cap = self.settings.max_tenant_inflight_tokens
         # Requests that name no tenant share one bucket under the same cap: leaving the header
@@ -156,6 +158,10 @@ class ServingContext:
             adm.tenant, adm.num_tokens = bucket, num_tokens
             self.tenant_tokens[bucket] = self.tenant_tokens.get(bucket, 0) + num_tokens
         return adm
+
+    def _replica_overload(self) -> dict[str, str]:
+        """Headers of a refusal that another replica may not share: a router retries it there at once."""
+        return {"Retry-After": str(self.settings.retry_after_s), OVERLOAD_HEADER: REPLICA}
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight; False if ``timeout`` passed first."""
@@ -187,6 +193,7 @@ class ServingContext:
         *,
         priority: int = 0,
         fairness_id: str | None = None,
+        continuation: Continuation | None = None,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one prompt; aborts the request if iteration stops early.
@@ -199,8 +206,8 @@ class ServingContext:
         deadline = started + self.settings.request_timeout if self.settings.request_timeout else None
         gen = self.engine.generate(
             prompt_ids, params, request_id, lora_name, priority=priority, fairness_id=fairness_id,
-            cache_salt=cache_salt,
-        )
+            continuation=continuation, cache_salt=cache_salt,
+        )  # fmt: skip
         last: RequestOutput | None = None
         last_emit = started
         status = "ok"

@@ -34,13 +34,20 @@ class ChunkFrame:
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def event(self, choices: list[dict[str, Any]], usage: BaseModel | None = None) -> str:
+    def event(
+        self,
+        choices: list[dict[str, Any]],
+        usage: BaseModel | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        """One chunk; ``extra`` adds top-level fields (a chat stream's ``prompt_token_ids``)."""
         body: dict[str, Any] = {
             "id": self.request_id,
             "object": self.object,
             "created": self.created,
             "model": self.model,
             "choices": choices,
+            **(extra or {}),
         }
         if usage is not None:
             body["usage"] = usage.model_dump(mode="json")

@@ -14,6 +14,7 @@ from plimsoll.operator.resources.deployment import build_deployment
 from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.router import (
     build_router_deployment,
+    build_router_pdb,
     build_router_rbac,
     build_router_service,
     router_endpoint_url,
@@ -83,3 +84,26 @@ def test_router_rbac_is_least_privilege() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "chat-router", "namespace": "prod"}]
     deployment = build_router_deployment(service(), SETTINGS)
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "chat-router"
+
+
+def test_routers_are_two_apart_drained_and_migrating_by_default() -> None:
+    svc = service()
+    deployment = build_router_deployment(svc, SETTINGS)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    pod = deployment["spec"]["template"]["spec"]
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert matches(term["podAffinityTerm"]["labelSelector"]["matchLabels"], pod_labels)
+    route = get_command(app).commands["route"]  # type: ignore[attr-defined]
+    params = route.make_context("route", list(pod["containers"][0]["args"][1:])).params
+    assert params["migration_limit"] == 3
+    # The grace period covers the delay with /ready 503 and the drain of open streams.
+    assert pod["terminationGracePeriodSeconds"] > params["shutdown_delay"] + params["drain_timeout"]
+    pdb = build_router_pdb(svc)
+    assert pdb["spec"]["maxUnavailable"] == 1 and matches(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+    one = build_router_deployment(service(replicas=1, migrationLimit=0), SETTINGS)
+    assert one["spec"]["replicas"] == 1
+    assert "--migration-limit" in (args := one["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args[args.index("--migration-limit") + 1] == "0"

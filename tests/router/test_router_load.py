@@ -59,13 +59,16 @@ class Outcome:
 
 @pytest.mark.slow
 async def test_killing_a_replica_fails_only_its_running_streams(fake_replicas) -> None:  # type: ignore[no-untyped-def]
-    """Must-show 3: SIGKILL one replica mid-load; requests not yet on it succeed elsewhere."""
+    """Must-show 3: SIGKILL one replica mid-load; requests not yet on it succeed elsewhere.
+
+    With in-flight migration off (``--migration-limit 0``): what a failure costs without it.
+    """
     replicas = fake_replicas([{"step_t0_s": 0.02}] * 3)
     victim = replicas[0]
     # A long scrape interval: the router must learn of the death from the failures
     # themselves (broken streams, refused connects), not from a lucky probe.
     async with run_router(backends=tuple(r.url for r in replicas), policy="round-robin",
-                          scrape_interval_s=60) as router:
+                          scrape_interval_s=60, migration_limit=0) as router:
         api = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=60)
         outcomes: list[Outcome] = []
         stop_at = time.monotonic() + 3.5

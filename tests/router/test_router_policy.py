@@ -53,6 +53,17 @@ def test_least_inflight_counts_scraped_waiting_queue() -> None:
     assert router.choose(features("")).replica is replicas[3]
 
 
+def test_load_is_the_replicas_own_count_unless_this_router_sent_more_since() -> None:
+    router = make_router(Policy.LEAST_INFLIGHT)
+    replica = router.replica_set.ordered()[0]
+    replica.inflight = 2
+    assert replica.load == 2  # not scraped yet: only what this router sent
+    replica.running, replica.waiting = 3.0, 4.0  # other routers' requests are there too
+    assert replica.load == 7
+    replica.inflight = 9  # a burst since the last scrape
+    assert replica.load == 9
+
+
 def test_least_inflight_spreads_ties() -> None:
     router = make_router(Policy.LEAST_INFLIGHT)
     picks = collections.Counter(router.choose(features("")).replica.url for _ in range(40))
@@ -123,7 +134,7 @@ def test_saturation_and_no_ready_replica() -> None:
     router = make_router(Policy.LEAST_INFLIGHT, max_inflight_per_replica=2)
     for r in router.replica_set.ordered():
         r.inflight = 1
-        r.waiting = 1.0
+        r.running, r.waiting = 1.0, 1.0  # the replica's own count: this router's request and one more
     with pytest.raises(AllSaturated):
         router.choose(features(""))
     with pytest.raises(NoReadyReplica):

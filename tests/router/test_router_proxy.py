@@ -100,6 +100,7 @@ async def test_429_with_retry_after_when_every_replica_is_saturated(fake_replica
         rejected = await client.post(router.url + "/v1/completions", json=body)
         assert rejected.status_code == 429
         assert rejected.headers["retry-after"] == "3"
+        assert rejected.headers["x-plimsoll-overload"] == "service"  # back off: every replica is full
         assert rejected.json()["error"]["type"] == "RateLimitError"
         assert [r.status_code for r in await asyncio.gather(*slow)] == [200, 200]
         assert router.metric("plimsoll_router_rejections_total", reason="saturated") == 1

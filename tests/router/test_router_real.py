@@ -65,10 +65,14 @@ async def test_prefix_affinity_beats_round_robin_on_cache_hits(bench: ModuleType
 
 
 async def test_killing_a_serving_replica_fails_only_its_running_streams(replicas: list[Any]) -> None:
-    """Must-show 3 on real replicas: SIGKILL one mid-load; later requests all succeed on the others."""
+    """Must-show 3 on real replicas: SIGKILL one mid-load; later requests all succeed on the others.
+
+    In-flight migration off (``--migration-limit 0``): the streams on the victim end with an error
+    event, as before migration existed (``test_router_migration.py`` covers it on).
+    """
     victim = replicas[0]
     async with run_router(backends=tuple(s.url for s in replicas), policy="round-robin",
-                          scrape_interval_s=60) as router:
+                          scrape_interval_s=60, migration_limit=0) as router:
         api = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0, timeout=120)
         outcomes: list[dict[str, Any]] = []
         stop_at = time.monotonic() + 6.0

@@ -1,4 +1,4 @@
-"""Which router objects reconcile applies (all five when enabled, RBAC before the pod; none when off),
+"""Which router objects reconcile applies (all six when enabled, RBAC before the pod; none when off),
 and that the chart lets the operator create them."""
 
 import copy
@@ -31,7 +31,9 @@ def _svc(enabled: bool) -> LLMService:
 
 def test_enabled_router_applies_rbac_then_deployment_then_service() -> None:
     objects = router_children(_svc(True), SETTINGS)
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"]
+    assert [o["kind"] for o in objects] == [
+        "ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service"
+    ]  # fmt: skip
     assert {o["metadata"]["name"] for o in objects} == {"chat-router"}
     assert {o["metadata"]["namespace"] for o in objects} == {"prod"}
     pod = objects[3]["spec"]["template"]["spec"]

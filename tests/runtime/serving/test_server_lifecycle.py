@@ -142,6 +142,7 @@ async def test_overload_gets_only_200_or_429_and_the_server_recovers(chat_model_
             for r in responses:
                 if r.status_code == 429:
                     assert int(r.headers["retry-after"]) >= 1
+                    assert r.headers["x-plimsoll-overload"] == "replica"  # a router tries another replica
                     assert r.json()["error"]["type"] == "RateLimitError"
                     assert "--max-waiting" in r.json()["error"]["message"]
                 elif r.headers["content-type"].startswith("text/event-stream"):
