@@ -411,6 +411,50 @@ def spec_ab(
     execute(cfg, body, flags["output"])
 
 
+@app.command("disagg")
+@with_flags(SHAPE, SHARED_PREFIX, LEVEL, SLO_FLAGS, CLIENT, GATES)
+def disagg(
+    flags: dict[str, Any],
+    url: list[str] = typer.Option(
+        ..., "--url", help="A replica started with --kv-transfer-config '{\"kv_role\": \"kv_both\"}' (repeat: "
+        "the replicas at hand)"
+    ),
+    ratios: str = typer.Option("1:1", "--ratios", help="Split layouts to try, PREFILL:DECODE replicas, e.g. 1:1,1:2"),
+    # SERVER's other flags; its --url is one replica, this command's several.
+    model: str | None = SERVER[1].option,
+    api_key: str | None = API_KEY,
+    endpoint: str = SERVER[3].option,
+    levels: str = typer.Option("1,2,4", "--levels", help="Concurrency levels PER REPLICA of each layout"),
+) -> None:
+    """Aggregated vs split prefill/decode on the same replicas: goodput per replica, KV transfer cost, verdict."""
+    from plimsoll.bench.client import BenchError
+    from plimsoll.bench.disagg import compare, summary_lines
+    from plimsoll.disaggregation import parse_ratios
+
+    try:
+        level_list = parse_levels(levels)
+        ratio_list = parse_ratios(ratios)
+    except (BenchInputError, ValueError) as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    cfg = make_config(flags | locals(), url=url[0], levels=level_list)
+    output = flags["output"]
+    say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+    try:
+        report = asyncio.run(compare(cfg, [u.rstrip("/") for u in url], ratio_list, level_list, say))
+    except BenchInputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    except BenchError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(1) from exc
+    for line in summary_lines(report):
+        typer.echo(line)
+    if output is not None:
+        output.write_text(json.dumps(report, indent=2, default=str))
+        err.print(f"wrote {output}", markup=False)
+
+
 @app.command("simulate")
 def simulate(
     port: int = typer.Option(8000, "--port"),

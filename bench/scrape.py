@@ -129,7 +129,7 @@ def load_from_histograms(first: Snapshot, last: Snapshot, fam: EngineMetricNames
     = Σ queue time / elapsed, mean running = Σ (E2E − queue time) / elapsed. Step
     time is the server's mean inter-token latency (one decode step per token);
     batch and tokens per step come from plimsoll's per-step histograms (vLLM has
-    none). Sums, not sampled gauges, so a level of a second is not two samples.
+    none); the prefill rate is prompt tokens over the summed prefill time. Sums, not sampled gauges, so a level of a second is not two samples.
     """
     span = last.t - first.t
     queue = histogram_delta(first, last, fam.queue_time)
@@ -137,6 +137,8 @@ def load_from_histograms(first: Snapshot, last: Snapshot, fam: EngineMetricNames
     itl = histogram_delta(first, last, fam.itl)
     batch = histogram_delta(first, last, BATCH_SIZE)
     step_tokens = histogram_delta(first, last, STEP_TOKENS)
+    prefill = histogram_delta(first, last, fam.prefill_time)
+    prompt_tokens = counter_delta(first, last, fam.prompt_tokens)
     out: dict[str, Any] = {
         "span_s": span,
         "requests_finished": None if e2e is None else e2e.count,
@@ -147,6 +149,10 @@ def load_from_histograms(first: Snapshot, last: Snapshot, fam: EngineMetricNames
         "running_mean": None,
         "batch_mean": None if batch is None else batch.mean,
         "step_tokens_mean": None if step_tokens is None else step_tokens.mean,
+        # Prompt tokens over the time requests spent in prefill (what a prefill/decode split's
+        # prediction reads: plimsoll.disaggregation); prefix-cache hits make it read high.
+        "prefill_tokens_per_s": prompt_tokens / prefill.sum
+        if prefill is not None and prompt_tokens and prefill.sum > 0 else None,
     }
     if span > 0 and queue is not None and e2e is not None and e2e.count > 0:
         out["waiting_mean"] = queue.sum / span

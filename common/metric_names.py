@@ -14,6 +14,10 @@ PREFIX = "plimsoll_"
 NUM_REQUESTS_RUNNING = "plimsoll_num_requests_running"
 NUM_REQUESTS_WAITING = "plimsoll_num_requests_waiting"
 KV_CACHE_USAGE_RATIO = "plimsoll_kv_cache_usage_ratio"
+# Prompt tokens admitted and not yet computed (waiting and running requests): a prefill pool's signal.
+PREFILL_BACKLOG_TOKENS = "plimsoll_prefill_backlog_tokens"
+# Bytes of KV one token takes in this replica's cache (all layers, K and V): what moving a prompt costs.
+KV_CACHE_BYTES_PER_TOKEN = "plimsoll_kv_cache_bytes_per_token"
 CACHE_CONFIG_INFO = "plimsoll_cache_config_info"
 # Info metric: {version} of the running engine (the operator's drift check notices a change).
 BUILD_INFO = "plimsoll_build_info"
@@ -210,3 +214,17 @@ KV_PREFETCH_WAIT = "plimsoll_kv_prefetch_wait_seconds"  # request held while its
 KV_EVENTS_PUBLISHED = "plimsoll_kv_events_published_total"  # batches
 KV_EVENTS_DROPPED = "plimsoll_kv_events_dropped_total"
 KV_TIER_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+# Prefill/decode disaggregation (--kv-transfer-config, runtime/kv/remote_prefill.py). vLLM's NIXL
+# connector exports vllm:nixl_xfer_time_seconds, vllm:nixl_bytes_transferred,
+# vllm:nixl_num_failed_transfers and vllm:nixl_num_kv_expired_reqs for the same things.
+KV_TRANSFER_HOLDS = "plimsoll_kv_transfer_holds_total"  # producer: prefills whose blocks were held for a pull
+KV_TRANSFER_EXPIRED = "plimsoll_kv_transfer_expired_total"  # producer: holds the timeout freed
+KV_TRANSFER_HELD_BLOCKS = "plimsoll_kv_transfer_held_blocks"  # producer gauge: blocks held right now
+KV_TRANSFER_PULLS = "plimsoll_kv_transfer_pulls_total"  # consumer: pulls that brought what they asked for
+KV_TRANSFER_FAILURES = "plimsoll_kv_transfer_failures_total"  # consumer, label reason: prefilled locally
+KV_TRANSFER_BLOCKS = "plimsoll_kv_transfer_blocks_total"  # label direction = sent | received | skipped
+KV_TRANSFER_BYTES = "plimsoll_kv_transfer_bytes_total"  # label direction = sent | received
+KV_TRANSFER_TIME = "plimsoll_kv_transfer_time_seconds"  # consumer: one pull, connect to the last block staged
+KV_TRANSFER_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                            30.0)  # fmt: skip

@@ -629,6 +629,20 @@ def plan(
     headroom: Annotated[
         float | None, typer.Option(help="Share of the knee to load each replica to (0-1].")
     ] = None,
+    link_bandwidth: Annotated[
+        str | None,
+        typer.Option(
+            help="KV link between replicas (e.g. 25GB/s, 400Gbps): with --report, predict prefill/decode "
+            "disaggregation (goodput per replica aggregated and split, and the verdict)."
+        ),
+    ] = None,
+    pd_ratios: Annotated[str, typer.Option(help="Split layouts to predict, PREFILL:DECODE.")] = "1:1,1:2,2:1",
+    pd_input_tokens: Annotated[
+        float | None, typer.Option(help="Prompt tokens per request for the prediction (default: the report's).")
+    ] = None,
+    pd_output_tokens: Annotated[
+        float | None, typer.Option(help="Output tokens per request for the prediction (default: the report's).")
+    ] = None,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=1, help="The engine's --max-num-batched-tokens (its largest step).")
     ] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -645,6 +659,7 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Plan capacity offline: what fits on one GPU replica, and how many replicas a load needs."""
+    split_verdict = None
     try:
         if report is not None and concurrency_per_replica is not None:
             raise PlanError("give --report or --concurrency-per-replica, not both")
@@ -682,13 +697,22 @@ def plan(
             latency_s=latency_s,
             draft=read_model_config(draft_model_config) if draft_model_config is not None else None,
         )
+        if link_bandwidth is not None:
+            if report is None:
+                raise PlanError("--link-bandwidth predicts a split from a profile: give --report (a bench sweep)")
+            kv_name = kv_dtype or dtype
+            split_verdict = _split_prediction(
+                report, kv_bytes_per_token_per_gpu(read_model_config(model_config), 1, kv_name), link_bandwidth,
+                pd_ratios, pd_input_tokens, pd_output_tokens, ttft_p95_ms, tpot_p50_ms,
+            )  # fmt: skip
     except PlanError as err:
         typer.echo(f"plimsoll plan: {err}", err=True)
         raise typer.Exit(code=2) from None
     if as_json:
-        typer.echo(
-            json.dumps({"model_config": str(model_config), "steps": [asdict(s) for s in steps]}, indent=2)
-        )
+        body: dict[str, Any] = {"model_config": str(model_config), "steps": [asdict(s) for s in steps]}
+        if split_verdict is not None:
+            body["disaggregation"] = split_verdict.to_dict()
+        typer.echo(json.dumps(body, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -712,6 +736,46 @@ def plan(
         table.add_row(s.name, str(value), s.how)
     Console().print(table)
     typer.echo(llmservice_resources_line(gpus_per_replica))
+    if split_verdict is not None:
+        for line in split_lines(split_verdict):
+            typer.echo(line)
+
+
+def _split_prediction(
+    report: Path, kv_bytes_per_token: float, link: str, ratios: str, input_tokens: float | None,
+    output_tokens: float | None, ttft_p95_ms: float | None, tpot_p50_ms: float | None,
+) -> Any:  # fmt: skip
+    """The predicted verdict on splitting prefill and decode (``plimsoll.disaggregation``)."""
+    from plimsoll import disaggregation as pd
+
+    try:
+        data = json.loads(report.read_text())
+        profile = pd.profile_from_report(data, kv_bytes_per_token, tpot_p50_ms / 1e3 if tpot_p50_ms else None)
+        first = next(lv for lv in data["levels"] if lv.get("valid"))
+        isl = input_tokens or (first.get("tokens") or {}).get("prompt_mean")
+        osl = output_tokens or (first.get("tokens") or {}).get("output_mean")
+        if not isl or not osl:
+            raise ValueError("the report has no token counts; give --pd-input-tokens and --pd-output-tokens")
+        layouts = pd.predict(
+            profile, float(isl), float(osl), pd.parse_bandwidth(link), pd.parse_ratios(ratios),
+            ttft_slo_s=ttft_p95_ms / 1e3 if ttft_p95_ms else None, tpot_slo_s=tpot_p50_ms / 1e3 if tpot_p50_ms else None,
+        )  # fmt: skip
+        verdict = pd.verdict(layouts)
+    except (OSError, ValueError, KeyError, StopIteration) as exc:
+        raise PlanError(f"cannot predict a prefill/decode split from {report}: {exc}") from None
+    verdict.reasons.insert(
+        0,
+        f"profile: prefill {profile.prefill_tokens_per_s:,.0f} tokens/s, {profile.decode_sequences:g} sequences "
+        f"at TPOT {profile.decode_tpot_s * 1e3:.0f} ms, {kv_bytes_per_token:,.0f} KV bytes per token; "
+        f"{float(isl):.0f} prompt and {float(osl):.0f} output tokens per request; link {link}",
+    )
+    return verdict
+
+
+def split_lines(verdict: Any) -> list[str]:
+    """The predicted verdict as plain lines."""
+    lines = [f"prefill/decode split (predicted, at saturation): run {verdict.runs}"]
+    return lines + [f"  - {reason}" for reason in verdict.reasons]
 
 
 def llmservice_resources_line(gpus_per_replica: int) -> str:

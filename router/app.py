@@ -26,6 +26,7 @@ from plimsoll.router.kv_events import KVEventSubscriber, events_endpoint
 from plimsoll.router.kv_index import KVBlockIndex
 from plimsoll.router.metrics import RouterMetrics
 from plimsoll.router.policy import Router
+from plimsoll.router.prefill_decode import PrefillDecode
 from plimsoll.router.prompt_tokens import PromptTokens, load_tokenizer
 from plimsoll.router.proxy import Proxy
 from plimsoll.router.scrape import Scraper
@@ -39,20 +40,29 @@ class RouterState:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.replica_set = ReplicaSet.static(config.backends)
+        # On a split fleet `replica_set` is the decode pool (where tokens are generated) and
+        # `prefill_set` the prefill pool; otherwise the one pool, and no prefill set.
+        self.replica_set = ReplicaSet.static(config.decode_backends if config.is_split else config.backends)
+        self.prefill_set: ReplicaSet | None = ReplicaSet.static(config.prefill_backends) if config.is_split else None
         self.metrics = RouterMetrics()
         self.kv_events: KVEventSubscriber | None = None
         self.prompt_tokens: PromptTokens | None = None
         kv = None
-        if config.policy is Policy.PRECISE_PREFIX:
+        if config.generation_policy is Policy.PRECISE_PREFIX:
             index = KVBlockIndex(max_replicas=config.kv_index_max_replicas)
             self.kv_events = KVEventSubscriber(index, stale_after_s=config.kv_events_stale_after_s,
                                                topic=config.kv_events_topic, metrics=self.metrics)  # fmt: skip
             kv = (index, self.kv_events)
-        self.router = Router(config, self.replica_set, kv)
+        self.router = Router(config.model_copy(update={"policy": config.generation_policy}), self.replica_set, kv)
+        self.prefill_router: Router | None = None
+        if self.prefill_set is not None:
+            # Prefill goes to the least-loaded replica: its blocks leave with the pull, so affinity buys nothing.
+            prefill_config = config.model_copy(update={"policy": Policy.LEAST_INFLIGHT, "lanes": None})
+            self.prefill_router = Router(prefill_config, self.prefill_set)
         self.client: httpx.AsyncClient | None = None
         self.scraper: Scraper | None = None
         self.proxy: Proxy | None = None
+        self.prefill_decode: PrefillDecode | None = None
         self.hold: HoldQueue | None = None
         # SIGTERM (lifecycle.py): /ready answers 503 so no new traffic is sent here; requests still served.
         self.draining = False
@@ -109,6 +119,14 @@ def build_app(config: RouterConfig) -> Starlette:
                                     timeout_s=config.scrape_timeout_s, engine=config.metrics_engine,
                                     api_key=config.api_key)
             state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client, hold=state.hold)
+            scrapers = [state.scraper]
+            if state.prefill_set is not None:
+                assert state.prefill_router is not None
+                scrapers.append(Scraper(state.prefill_set, client, state.metrics, interval_s=config.scrape_interval_s,
+                                        timeout_s=config.scrape_timeout_s, engine=config.metrics_engine))  # fmt: skip
+                prefill_proxy = Proxy(config, state.prefill_set, state.prefill_router, state.metrics, client)
+                state.prefill_decode = PrefillDecode(state.prefill_set, state.prefill_router, state.proxy,
+                                                     prefill_proxy, state.metrics, client, config.prefill_timeout_s)  # fmt: skip
             if state.kv_events is not None:
                 assert config.kv_tokenizer is not None
                 tokenizer = await asyncio.to_thread(load_tokenizer, config.kv_tokenizer)
@@ -118,13 +136,19 @@ def build_app(config: RouterConfig) -> Starlette:
                 state.replica_set.on_change.append(state.sync_kv_feeds)
                 state.sync_kv_feeds()
             # One probe before serving, so /ready is truthful from the first request.
-            await state.scraper.scrape_all()
-            tasks = [asyncio.create_task(state.scraper.run(), name="router-scrape")]
+            await asyncio.gather(*(s.scrape_all() for s in scrapers))
+            tasks = [asyncio.create_task(s.run(), name="router-scrape") for s in scrapers]
             if config.llmservice is not None:
                 from plimsoll.router.discovery import PodDiscovery
 
-                discovery = PodDiscovery(config, state.replica_set, on_status=state.take_status)
-                tasks.append(asyncio.create_task(discovery.run(), name="router-discovery"))
+                if state.prefill_set is None:
+                    discovery = PodDiscovery(config, state.replica_set, on_status=state.take_status)
+                    tasks.append(asyncio.create_task(discovery.run(), name="router-discovery"))
+                else:  # each pool from its pods' plimsoll.dev/role label
+                    for role, pool, on_status in (("decode", state.replica_set, state.take_status),
+                                                  ("prefill", state.prefill_set, None)):  # fmt: skip
+                        discovery = PodDiscovery(config, pool, on_status=on_status, role=role)
+                        tasks.append(asyncio.create_task(discovery.run(), name=f"router-discovery-{role}"))
             try:
                 yield
             finally:
@@ -136,6 +160,9 @@ def build_app(config: RouterConfig) -> Starlette:
 
     async def proxied(request: Request) -> Response:
         assert state.proxy is not None, "the lifespan starts the proxy before serving"
+        if state.prefill_decode is not None:
+            split: Response = await state.prefill_decode.forward(request)
+            return split
         response: Response = await state.proxy.forward(request)
         return response
 
@@ -148,6 +175,11 @@ def build_app(config: RouterConfig) -> Starlette:
         num_ready = len(state.replica_set.ready())
         body = {"ready": bool(num_ready), "ready_replicas": num_ready,
                 "replicas": len(state.replica_set.replicas), "holding": state.hold is not None}
+        if state.prefill_set is not None:  # a split fleet serves while either pool can (fallbacks)
+            num_prefill = len(state.prefill_set.ready())
+            num_ready += num_prefill
+            body.update(ready=bool(num_ready), ready_prefill_replicas=num_prefill,
+                        prefill_replicas=len(state.prefill_set.replicas))
         if state.draining:
             return JSONResponse({**body, "ready": False, "draining": True}, status_code=503)
         # A router that holds requests serves even at zero replicas: that is when it is needed most.
@@ -163,7 +195,10 @@ def build_app(config: RouterConfig) -> Starlette:
         return JSONResponse({"enabled": True, **state.hold.demand(), **shed})
 
     async def metrics(_: Request) -> Response:
-        state.metrics.observe_replicas(state.replica_set)
+        pools = state.replica_set
+        if state.prefill_set is not None:
+            pools = ReplicaSet(replicas={**state.prefill_set.replicas, **state.replica_set.replicas})
+        state.metrics.observe_replicas(pools)
         if state.kv_events is not None:
             state.metrics.observe_kv(state.kv_events)
         if state.hold is not None:
@@ -183,3 +218,30 @@ def build_app(config: RouterConfig) -> Starlette:
     app.add_middleware(TraceMiddleware)
     app.state.router = state
     return app
+
+
+@contextlib.asynccontextmanager
+async def running_router(config: RouterConfig, host: str = "127.0.0.1") -> AsyncIterator[tuple[str, RouterState]]:
+    """A router serving on ``host`` and a free port inside the caller's event loop: (its URL, its state).
+
+    What `plimsoll bench disagg` routes each layout through, and the router tests' harness.
+    """
+    import uvicorn
+
+    app = build_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=0, log_level="warning", ws="none", lifespan="on", access_log=False)
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(60):
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the router exited before it started")
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{port}", app.state.router
+    finally:
+        server.should_exit = True
+        await task

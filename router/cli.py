@@ -46,6 +46,24 @@ def route(
     backend: list[str] = typer.Option(
         [], "--backend", help="Replica base URL, e.g. http://127.0.0.1:8000 (repeat for each replica)."
     ),
+    prefill: list[str] = typer.Option(
+        [], "--prefill", help="A split fleet's prefill replica URL (repeatable; with --decode): each request is "
+        "prefilled there (max_tokens=1, kv_transfer_params.do_remote_decode) and decoded on a --decode replica."
+    ),
+    decode: list[str] = typer.Option(
+        [], "--decode", help="A split fleet's decode replica URL (repeatable; with --prefill): it pulls the "
+        "prompt's KV blocks from the prefill replica, or prefills locally when that fails."
+    ),
+    decode_policy: Policy = typer.Option(
+        Policy.PREFIX_AFFINITY, help="How to pick a decode replica on a split fleet (load and prefix)."
+    ),
+    prefill_timeout: float = typer.Option(
+        120.0, help="Seconds the prefill hop may take before the decode replica prefills locally instead."
+    ),
+    disaggregated: bool = typer.Option(
+        False, help="With --llmservice: the LLMService runs prefill and decode pools (spec.disaggregation); "
+        "find each by its pods' plimsoll.dev/role label."
+    ),
     llmservice: str | None = typer.Option(None, help="Discover replicas from this LLMService's pods."),
     namespace: str = typer.Option("default", help="Namespace of the LLMService."),
     kubeconfig: str | None = typer.Option(
@@ -184,6 +202,8 @@ def route(
             kv_events_stale_after_s=kv_events_stale_after,
             kv_tokenizer=kv_tokenizer,
             kv_block_size=kv_block_size,
+            prefill_backends=tuple(prefill), decode_backends=tuple(decode), decode_policy=decode_policy,
+            prefill_timeout_s=prefill_timeout, disaggregated=disaggregated,
         )
     except ValidationError as exc:
         for error in exc.errors():

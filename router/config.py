@@ -127,7 +127,26 @@ class RouterConfig(BaseModel):
     kv_block_size: int = Field(default=16, gt=0)
     kv_index_max_replicas: int = Field(default=256, gt=0)
 
-    @field_validator("backends")
+    # Prefill/decode disaggregation (router/prefill_decode.py): a prefill pool and a decode pool, given as
+    # URLs or discovered from the LLMService's pods by their plimsoll.dev/role label (`disaggregated`).
+    # The decode replica is picked by `decode_policy` (load and prefix), the prefill one by least load;
+    # hop 1 may take `prefill_timeout_s` before the decode replica prefills locally instead.
+    prefill_backends: tuple[str, ...] = ()
+    decode_backends: tuple[str, ...] = ()
+    disaggregated: bool = False
+    decode_policy: Policy = Policy.PREFIX_AFFINITY
+    prefill_timeout_s: float = Field(default=120.0, gt=0)
+
+    @property
+    def is_split(self) -> bool:
+        return bool(self.prefill_backends) or self.disaggregated
+
+    @property
+    def generation_policy(self) -> Policy:
+        """The policy of the pool that generates: the decode pool's on a split fleet."""
+        return self.decode_policy if self.is_split else self.policy
+
+    @field_validator("backends", "prefill_backends", "decode_backends")
     @classmethod
     def _check_backends(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         cleaned = []
@@ -151,7 +170,7 @@ class RouterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _precise_needs_tokenizer(self) -> RouterConfig:
-        if self.policy is Policy.PRECISE_PREFIX and not self.kv_tokenizer:
+        if self.generation_policy is Policy.PRECISE_PREFIX and not self.kv_tokenizer:
             raise ValueError(
                 "--policy precise-prefix hashes prompts with the engine's tokenizer; pass --kv-tokenizer MODEL "
                 "(the replicas' model directory, .gguf file, or smollm2-135m)"
@@ -160,9 +179,17 @@ class RouterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> RouterConfig:
-        if bool(self.backends) == bool(self.llmservice):
+        if bool(self.prefill_backends) != bool(self.decode_backends):
             raise ValueError(
-                "give either --backend URL (repeatable) for a static replica list, "
-                "or --llmservice NAME [--namespace NS] to discover replicas from Kubernetes, not both or neither"
+                "a split fleet needs both pools: give --prefill URL and --decode URL (each repeatable)"
+            )
+        if self.disaggregated and not self.llmservice:
+            raise ValueError("--disaggregated finds the pools in an LLMService; give --llmservice NAME too")
+        sources = [bool(self.backends), bool(self.llmservice), bool(self.prefill_backends)]
+        if sum(sources) != 1:
+            raise ValueError(
+                "give either --backend URL (repeatable) for a static replica list, --prefill URL and --decode URL "
+                "for a split fleet, or --llmservice NAME [--namespace NS] to discover replicas from Kubernetes "
+                "(one of them)"
             )
         return self

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # Set by the operator on replicas its scale-down is draining: no new requests go there.
 DRAINING_LABEL = "plimsoll.dev/draining"
+# A split fleet's pool of each replica (prefill or decode), set by the operator (spec.disaggregation).
+ROLE_LABEL = "plimsoll.dev/role"
 # An LLMService's hardware variant a replica belongs to; status.variants.<name>.weight is what one
 # replica of it carries (operator/resources/variants.py), the weight the router gives it.
 VARIANT_LABEL = "plimsoll.dev/variant"
@@ -81,9 +83,11 @@ class PodDiscovery:
         config: RouterConfig,
         replica_set: ReplicaSet,
         on_status: Callable[[dict[str, Any]], None] | None = None,
+        role: str | None = None,
     ) -> None:
         assert config.llmservice is not None
         self._on_status = on_status
+        self._role = role  # only the pods of this pool of a split fleet (their ROLE_LABEL)
         self._config = config
         self._name = config.llmservice
         self._replica_set = replica_set
@@ -145,6 +149,11 @@ class PodDiscovery:
 
     async def _selector(self, custom: Any) -> str:
         from kubernetes_asyncio.client.exceptions import ApiException
+
+        if self._role:
+            # A split service's pools have a selector each (the prefill pool is its own Deployment); both
+            # carry the service's instance label and their role.
+            return f"app.kubernetes.io/instance={self._name},{ROLE_LABEL}={self._role}"
 
         # The router's own pods share the instance label; only replicas are wanted.
         fallback = f"app.kubernetes.io/component=replica,app.kubernetes.io/instance={self._name}"

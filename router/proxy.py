@@ -66,6 +66,7 @@ _HOP_HEADERS = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length", "date", "server",
 })
+HOP_HEADERS = _HOP_HEADERS
 REPLICA_HEADER = "x-plimsoll-replica"
 # Failures that happen before a connection exists: nothing was sent, a retry is safe.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -117,7 +118,12 @@ class Proxy:
         self.prompt_tokens: Any = None
         self.kv_events: Any = None
 
-    async def forward(self, request: Request) -> Response:
+    @property
+    def config(self) -> RouterConfig:
+        return self._config
+
+    async def forward(self, request: Request, body: bytes | None = None) -> Response:
+        """Route ``request`` (with ``body`` in place of its own when given: the prefill/decode path's hops)."""
         arrival = time.monotonic()
         endpoint = request.url.path
         # Who is asking is settled before a byte of the body is read, and before the request can
@@ -125,9 +131,11 @@ class Proxy:
         identity = authenticate(self._config, request.headers.get("authorization"))
         if isinstance(identity, Response):
             return self._finish(identity, endpoint, arrival, reason="unauthenticated")
-        body = await read_capped_body(request, self._config.max_request_bytes)
-        if isinstance(body, Response):
-            return self._finish(body, endpoint, arrival, reason="too_large")
+        if body is None:
+            read = await read_capped_body(request, self._config.max_request_bytes)
+            if isinstance(read, Response):
+                return self._finish(read, endpoint, arrival, reason="too_large")
+            body = read
         parsed = _parse_json(body)
         features = RequestFeatures.from_body(
             parsed, prefix_chars=self._config.prefix_chars, chars_per_token=self._chars_per_token

@@ -278,6 +278,12 @@ def serve(
         help='vLLM\'s KV events JSON: \'{"enable_kv_cache_events": true, "publisher": "zmq", '
         '"endpoint": "tcp://*:5557"}\' (BlockStored/BlockRemoved/AllBlocksCleared, msgpack).',
     ),
+    kv_transfer_config: str | None = typer.Option(
+        None, "--kv-transfer-config",
+        help='vLLM\'s prefill/decode disaggregation JSON: \'{"kv_role": "kv_producer"}\' (prefill, hold the blocks '
+        'for a pull), "kv_consumer" (pull them, then decode) or "kv_both"; kv_connector left out uses the built-in '
+        'TCP transport on kv_port (default 14579; 0 picks one). See docs/runtime.md.',
+    ),
     speculative_config: str | None = typer.Option(
         None,
         "--speculative-config",
@@ -477,6 +483,7 @@ def serve(
             kv_shared_url=kv_shared_url,
             kv_shared_timeout_s=kv_shared_timeout,
             kv_events_config=kv_events_config,
+            kv_transfer_config=kv_transfer_config,
             enable_sleep_mode=enable_sleep_mode,
             cpu_kernels=cpu_kernels,
             cpu_packed_weights=cpu_packed_weights,

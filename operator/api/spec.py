@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
+from plimsoll.operator.api.disaggregation import DisaggregationSpec
 from plimsoll.operator.api.model_uri import (
     ADAPTER_URI_PATTERN,
     MODEL_URI_PATTERN,
@@ -845,6 +846,12 @@ class LLMServiceSpec(APIModel):
         default_factory=lambda: NetworkPolicySpec.model_validate({}),
         description="The replicas' NetworkPolicy (on by default).",
     )
+    disaggregation: DisaggregationSpec | None = Field(
+        None,
+        description="Prefill and decode on separate pools (vLLM's kv_transfer_params protocol): the replicas "
+        "above become the decode pool, disaggregation.prefill a pool of its own, the router sends each request "
+        "through both; status.disaggregation says whether the split pays.",
+    )
     adapters: list[AdapterSpec] = Field(
         default_factory=list,
         description="LoRA adapters on the base model: loaded on every Ready replica through the engine's API "
@@ -904,6 +911,7 @@ class LLMServiceSpec(APIModel):
                 "image); use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
+        self._check_disaggregation()
         self._check_variants()
         if (
             self.replicas is not None
@@ -963,6 +971,27 @@ class LLMServiceSpec(APIModel):
                 f"raise resources.gpu.count to {tp}"
             )
 
+    def _check_disaggregation(self) -> None:
+        if self.disaggregation is None:
+            return
+        why = None
+        if self.engine.kind != "plimsoll":
+            why = "engine.kind plimsoll (its built-in KV transfer; vLLM needs a NIXL setup plimsoll does not make)"
+        elif self.engine.prefix_caching is False:
+            why = "prefix caching (blocks move under their prefix-cache hashes); drop engine.prefixCaching: false"
+        elif self.router.mode != "plimsoll":
+            why = "router.mode plimsoll (its router runs the two hops)"
+        elif self.tensor_parallel_size() > 1 or self.resources.nodes > 1:
+            why = "one GPU (or CPU) per replica for now; drop tensor parallelism and resources.nodes"
+        elif self.lora_enabled():
+            why = "no LoRA adapters (their blocks are salted per replica); drop the adapters or the split"
+        elif self.variants:
+            why = (
+                "one hardware variant (the pools are sized by one profile each, not mixed across variants); "
+                "drop spec.variants or spec.disaggregation"
+            )
+        if why is not None:
+            raise ValueError(f"disaggregation needs {why}")
     def _check_variants(self) -> None:
         if not self.variants:
             return
@@ -1033,8 +1062,9 @@ class LLMServiceSpec(APIModel):
         return self
 
     def router_in_front(self) -> bool:
-        """The router runs when asked for, and always with scaling.min 0: it holds requests at zero."""
-        return self.router.enabled or (
+        """The router runs when asked for, always with scaling.min 0 (it holds requests at zero), and on a
+        split service (it runs the two hops)."""
+        return self.router.enabled or self.disaggregation is not None or (
             self.scaling is not None and self.scaling.min == 0 and self.router.mode == "plimsoll"
         )
 

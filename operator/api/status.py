@@ -180,6 +180,32 @@ class KVCacheStatus(APIModel):
     hit_rate: float = Field(description="Share not recomputed: primary plus every tier.")
 
 
+class PoolStatus(APIModel):
+    """One pool of a split service (spec.disaggregation)."""
+
+    replicas: int | None = Field(None, description="Replicas of the pool that exist.")
+    ready_replicas: int | None = Field(None, description="Replicas of the pool that pass readiness.")
+    profile: FreeForm | None = Field(
+        None, description="The pool's profile: prefill promptTokensPerSecond at the TTFT SLO, decode "
+        "sequencesPerReplica at the TPOT SLO (with the knee, specHash and measuredAt).",
+    )  # fmt: skip
+    autoscaler: FreeForm | None = Field(
+        None, description="The pool's scaling signal, its target, the formula and the decision."
+    )
+
+
+class DisaggregationStatus(APIModel):
+    """What a split service runs, and why (spec.disaggregation)."""
+
+    runs: str = Field(description="split (prefill and decode pools behind the router).")
+    ratio: str | None = Field(None, description="The pools now, as PREFILL P : DECODE D.")
+    reasons: list[str] = Field(default_factory=list, description="Why: the prediction's reasons, or what it lacks.")
+    prediction: FreeForm | None = Field(
+        None, description="From both pools' profiles and spec.disaggregation.linkBandwidth: goodput per replica "
+        "aggregated and split at each ratio, and the verdict (plimsoll.disaggregation).",
+    )  # fmt: skip
+    prefill: PoolStatus | None = Field(None, description="The prefill pool.")
+    decode: PoolStatus | None = Field(None, description="The decode pool (the service's replicas).")
 class VariantCapacityStatus(CapacityStatus):
     """One variant's measured capacity, with the request rate one replica carries at its target."""
 
@@ -255,6 +281,9 @@ class LLMServiceStatus(APIModel):
         None, description="The two-phase scale-down: pods being drained, why it ended, requestsCutTotal."
     )
     kv_cache: KVCacheStatus | None = Field(None, description="Prefix-cache hit rates per KV tier.")
+    disaggregation: DisaggregationStatus | None = Field(
+        None, description="Prefill and decode pools: which layout runs and why, each pool's profile and scaling."
+    )
     variants: dict[str, VariantStatus] | None = Field(
         None, description="Per hardware variant (spec.variants): capacity, replicas, router weight, cost."
     )

@@ -15,6 +15,7 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.resources.labels import selector_string
+from plimsoll.operator.resources.pools import prefill_selector
 from plimsoll.operator.resources.settings import ENGINE_PORT
 from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL, STANDBY_LABEL
 from plimsoll.pods import pod_is_ready as pod_is_ready  # the shared reading; handlers import it from here
@@ -23,6 +24,14 @@ from plimsoll.pods import pod_is_ready as pod_is_ready  # the shared reading; ha
 async def list_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
     pods: list[dict[str, Any]] = await kube.list_objects(
         "v1", "Pod", svc.namespace, label_selector=selector_string(svc)
+    )
+    return pods
+
+
+async def list_prefill_pods(kube: Kube, svc: LLMService) -> list[dict[str, Any]]:
+    """A split service's prefill pool (its own Deployment's pods)."""
+    pods: list[dict[str, Any]] = await kube.list_objects(
+        "v1", "Pod", svc.namespace, label_selector=prefill_selector(svc)
     )
     return pods
 

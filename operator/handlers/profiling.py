@@ -54,6 +54,7 @@ from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
 from plimsoll.operator.handlers.variant_status import record_variant_profile
 from plimsoll.operator.resources.engine import engine_container, engine_image
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
+from plimsoll.operator.resources.pool_view import Role
 from plimsoll.operator.resources.profile_job import (
     PROFILE_COMPONENT,
     REPORT_KEY,
@@ -111,9 +112,12 @@ async def list_profile_jobs(kube: Kube, svc: LLMService) -> dict[str, dict[str, 
     }
 
 
-def current_replica_ip(svc: LLMService, settings: BuildSettings, pods: list[dict[str, Any]]) -> str | None:
-    """The IP of a Ready replica whose engine container is the one the spec asks for now (pure)."""
-    want, _ = engine_container(svc, settings)
+def current_replica_ip(
+    svc: LLMService, settings: BuildSettings, pods: list[dict[str, Any]], role: Role = "decode"
+) -> str | None:
+    """The IP of a Ready replica whose engine container is the one the spec asks for now (pure); on a
+    split service, one of pool ``role``'s."""
+    want, _ = engine_container(svc, settings, role)
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         status = pod.get("status") or {}
         ready = pod_is_ready(pod)
@@ -309,6 +313,10 @@ async def _failure_detail(kube: Kube, ns: str, job: dict[str, Any]) -> str:
 async def profile_step(kube: Kube, body: kopf.Body, settings: BuildSettings, logger: Log) -> Plan:
     """One pass: observe, decide, act. Returns the plan taken (for logs and tests)."""
     svc = LLMService.from_body(body)
+    if svc.spec.disaggregation is not None:
+        from plimsoll.operator.handlers.pool_profiling import profile_pools
+
+        return await profile_pools(kube, body, svc, settings, logger)
     if svc.spec.variants:
         # One profile per hardware variant; imported here, as that module builds on this one.
         from plimsoll.operator.handlers.variant_profiling import profile_variants

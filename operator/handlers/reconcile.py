@@ -52,6 +52,7 @@ from plimsoll.operator.resources.inference_pool import (
     uses_inference_pool,
 )
 from plimsoll.operator.resources.kv_cache import kv_children, kv_server_name
+from plimsoll.operator.resources.labels import MANAGED_BY
 from plimsoll.operator.resources.leader_worker_set import LWS_GROUP_VERSION
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
@@ -60,6 +61,7 @@ from plimsoll.operator.resources.monitoring import (
     build_service_monitor,
 )
 from plimsoll.operator.resources.network_policy import NETWORK_POLICY_API_VERSION, network_policies
+from plimsoll.operator.resources.pools import build_prefill_deployment, prefill_name
 from plimsoll.operator.resources.readiness import build_status, invalid_spec_status
 from plimsoll.operator.resources.service import build_service
 from plimsoll.operator.resources.settings import BuildSettings
@@ -238,6 +240,11 @@ async def _reconcile(
         # Thresholds follow status.capacity, so a new profile updates the rule on the next pass.
         children.append(build_prometheus_rule(svc, (body.get("status") or {}).get("capacity")))
     children.extend(router_children(svc, settings))
+    prefill_pool = build_prefill_deployment(svc, settings) if svc.spec.disaggregation is not None else None
+    if prefill_pool is not None:
+        children.append(prefill_pool)  # the prefill pool of a split service (its decode pool is `replicas`)
+    elif await remove_prefill_pool(kube, svc, logger):
+        kopf.info(_as_body(body), reason="Deleted", message=f"deleted Deployment/{prefill_name(svc)} (no longer split)")
     children.extend(kv_children(svc))  # the shared KV tier's Valkey, when spec.kvCache.shared deploys one
     if uses_inference_pool(svc):
         if await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
@@ -260,6 +267,7 @@ async def _reconcile(
     created: list[str] = []
     updated: list[str] = []
     deployment: dict[str, Any] | None = None
+    prefill: dict[str, Any] | None = None
     variant_stored: list[dict[str, Any]] = []
     try:
         for child in children:
@@ -286,6 +294,8 @@ async def _reconcile(
                 updated.append(label)
             if child is replicas:  # status follows the replicas, not the router's Deployment
                 deployment = stored
+            elif child is prefill_pool:
+                prefill = stored
             elif any(child is v for v in variant_objs):
                 variant_stored.append(stored)
     finally:
@@ -310,7 +320,7 @@ async def _reconcile(
         return Outcome(tuple(created), tuple(updated), False)
     if variant_objs:
         deployment = combine_deployments(variant_stored)
-    ready = await write_status(kube, body, svc, deployment)
+    ready = await write_status(kube, body, svc, deployment, prefill)
     if has_conflict(body):  # clear it once the objects are gone or renamed (no read otherwise)
         await report_conflicts(kube, body, [])
     await report_model_download(kube, body, svc, logger)
@@ -319,14 +329,28 @@ async def _reconcile(
     return Outcome(tuple(created), tuple(updated), ready)
 
 
+async def remove_prefill_pool(
+    kube: Kube, svc: LLMService, logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> bool:
+    """Delete the prefill pool's Deployment of a service no longer split (only one the operator made)."""
+    existing = await kube.get("apps/v1", "Deployment", svc.namespace, prefill_name(svc))
+    labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
+    if existing is None or labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
+        return False
+    await kube.delete("apps/v1", "Deployment", svc.namespace, prefill_name(svc))
+    logger.info("deleted Deployment %s: spec.disaggregation is gone", prefill_name(svc))
+    return True
+
+
 async def write_status(
-    kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, deployment: dict[str, Any] | None
+    kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, deployment: dict[str, Any] | None,
+    prefill: dict[str, Any] | None = None,
 ) -> bool:
     """Patch status from the Deployment when it changed; Event on a Ready transition. Returns Ready."""
     router = await current_router(kube, svc)
 
     def change(status: dict[str, Any]) -> dict[str, Any]:
-        built: dict[str, Any] = build_status(svc, deployment, status, router=router)
+        built: dict[str, Any] = build_status(svc, deployment, status, router=router, prefill=prefill)
         return built
 
     seen = dict(body.get("status", {}) or {})

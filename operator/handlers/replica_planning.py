@@ -63,6 +63,7 @@ from plimsoll.operator.handlers.pods import (
     is_marked_for_removal,
     is_parked,
     list_pods,
+    list_prefill_pods,
     metrics_url,
     pod_is_ready,
     pod_url,
@@ -143,7 +144,8 @@ class ReplicaLoop:
         status = dict(body.get("status") or {})
         with llmservice_span("autoscale", svc.namespace, svc.name):
             pods = await list_pods(self.kube, svc)
-            observations = await self.observe(svc, body, pods)
+            prefill = await list_prefill_pods(self.kube, svc) if svc.spec.disaggregation is not None else []
+            observations = await self.observe(svc, body, pods, prefill)
             plan = self.planner.plan(time.time() if now is None else now, observations, svc.spec, status)
             if plan.decision is not None:
                 trace.get_current_span().set_attributes(plan.decision.span_attributes())
@@ -165,11 +167,14 @@ class ReplicaLoop:
         return plan
 
     async def observe(
-        self, svc: LLMService, body: Mapping[str, Any], pods: list[dict[str, Any]]
+        self, svc: LLMService, body: Mapping[str, Any], pods: list[dict[str, Any]],
+        prefill: list[dict[str, Any]] | None = None,
     ) -> Observations:
-        """Every counted pod (Ready ones scraped) and every marked one (scraped: a drain watches them)."""
+        """Every counted pod (Ready ones scraped) and every marked one (scraped: a drain watches them);
+        ``prefill``: a split service's prefill pool, observed alike."""
         client = await self.client(svc)
         seen = [p for p in await observe_pods(client, pods) if p is not None]
+        prefill_seen = [p for p in await observe_pods(client, prefill or []) if p is not None]
         router = await self._router_demand(svc) if needs_router_demand(svc.spec) else None
         samples = {p.name: p.sample for p in seen if p.ready and not p.terminating and p.sample is not None}
         base_urls = {p["metadata"]["name"]: url for p in pods if (url := pod_url(p, ""))}
@@ -200,6 +205,7 @@ class ReplicaLoop:
             attainment=attainment,
             generation=svc.metadata.generation,
             created_at=parse_time(meta.get("creationTimestamp")),
+            prefill_pods=tuple(prefill_seen),
             variant_replicas=variant_replicas,
             cost=cost,
         )

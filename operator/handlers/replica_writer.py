@@ -23,14 +23,18 @@ from typing import Any
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.resources.variants import variant_deployment_name
+from plimsoll.operator.scaling.pools import PREFILL_POOL
 from plimsoll.operator.scaling.replica_plan import DEFAULT_POOL, VARIANT_POOL_PREFIX, pool_variant
 
 
 def replicas_patch(pool: str, replicas: int) -> dict[str, Any]:
     """The spec fragment that holds ``pool``'s count (of the LLMService, or of a variant's Deployment)."""
+    if pool == PREFILL_POOL:  # a split service's prefill pool (its decode pool is spec.replicas)
+        return {"spec": {"disaggregation": {"prefill": {"replicas": replicas}}}}
     if pool != DEFAULT_POOL and pool_variant(pool) is None:
         raise ValueError(
             f"no replica pool {pool!r} in an LLMService (only {DEFAULT_POOL!r}: spec.replicas, "
+            f"{PREFILL_POOL!r}: spec.disaggregation.prefill.replicas, "
             f"and {VARIANT_POOL_PREFIX}<name> for spec.variants)"
         )
     return {"spec": {"replicas": replicas}}

@@ -14,14 +14,23 @@ from plimsoll.operator.resources.adapters import adapter_placement, fetch_contai
 from plimsoll.operator.resources.engine import HOME_CACHE_VOLUME, engine_container
 from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.model_fetch import build_fetch_container, cache_volume
+from plimsoll.operator.resources.pool_view import ROLE_LABEL, Role, pool_view
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 # Non-root identity shared by the plimsoll image (Dockerfile) and applied to vLLM's.
 RUN_AS_USER = 1000
 
 
-def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, Any]:
-    """The pod template of a serving pod (a Deployment's replica, or a LeaderWorkerSet's leader)."""
+def replica_pod_template(
+    svc: LLMService, settings: BuildSettings, role: Role = "decode", component: str = "replica"
+) -> dict[str, Any]:
+    """The pod template of a serving pod (a Deployment's replica, or a LeaderWorkerSet's leader).
+
+    On a split service (``spec.disaggregation``) the pod is one of pool ``role``'s (``pool_view.py``)
+    and carries its role label; ``component`` is the pool's selector component.
+    """
+    split = svc.spec.disaggregation is not None
+    svc = pool_view(svc, role)
     spec = svc.spec
     container, placement = engine_container(svc, settings)
     adapters = adapter_placement(svc)
@@ -77,9 +86,12 @@ def replica_pod_template(svc: LLMService, settings: BuildSettings) -> dict[str, 
         pod_spec["affinity"] = spec.scheduling.affinity
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    labels = common_labels(svc, component)
+    if split:
+        labels[ROLE_LABEL] = role
     return {
         "metadata": {
-            "labels": common_labels(svc),
+            "labels": labels,
             "annotations": {
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(ENGINE_PORT),

@@ -28,6 +28,7 @@ from plimsoll.operator.resources.model_fetch import (
     cache_volume,
     hf_local_dir,
 )
+from plimsoll.operator.resources.pool_view import Role, pool_view
 from plimsoll.operator.resources.quantity import to_bytes
 from plimsoll.operator.resources.settings import ENGINE_PORT, MODEL_MOUNT, BuildSettings
 
@@ -253,8 +254,11 @@ def engine_image(svc: LLMService, settings: BuildSettings) -> str:
     return svc.spec.engine.image or default[svc.spec.engine.kind]
 
 
-def engine_container(svc: LLMService, settings: BuildSettings) -> tuple[dict[str, Any], ModelPlacement]:
-    """The engine container and the volumes it needs."""
+def engine_container(
+    svc: LLMService, settings: BuildSettings, role: Role = "decode"
+) -> tuple[dict[str, Any], ModelPlacement]:
+    """The engine container and the volumes it needs (of pool ``role`` on a split service)."""
+    svc = pool_view(svc, role)
     spec = svc.spec
     placement = model_placement(svc)
     adapters = adapter_placement(svc)

@@ -13,7 +13,8 @@ LLMService (``spec.networkPolicy.enabled``, on by default) selecting its replica
   service), since the replicas' Service is then the endpoint.
 
 With KV events on (``router.policy: precise-prefix``) the router may also reach the
-replicas' events port. For ``resources.nodes`` > 1 a rule opens every port, but only
+replicas' events port. A split service's prefill pool is selected too, and its ``kvPort`` is open
+to the decode pool (the replicas) only. For ``resources.nodes`` > 1 a rule opens every port, but only
 between this LLMService's own pods (Ray's head, object manager and workers pick their
 ports). The shared KV tier's Valkey, when the operator runs it, gets a policy of its own
 (``<name>-kv``): only this LLMService's replicas may connect to it.
@@ -36,6 +37,7 @@ from plimsoll.operator.resources.kv_cache import (
 )
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, common_labels, selector_labels
 from plimsoll.operator.resources.leader_worker_set import WORKER_COMPONENT
+from plimsoll.operator.resources.pools import PREFILL_COMPONENT
 from plimsoll.operator.resources.profile_job import PROFILE_COMPONENT
 from plimsoll.operator.resources.router import COMPONENT as ROUTER_COMPONENT
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
@@ -53,7 +55,12 @@ def _group_selector(svc: LLMService) -> dict[str, Any]:
     return {
         "matchLabels": {LLMSERVICE_LABEL: svc.name},
         "matchExpressions": [
-            {"key": "app.kubernetes.io/component", "operator": "In", "values": ["replica", WORKER_COMPONENT]}
+            # A split service's prefill pool serves too (spec.disaggregation).
+            {
+                "key": "app.kubernetes.io/component",
+                "operator": "In",
+                "values": ["replica", WORKER_COMPONENT, PREFILL_COMPONENT],
+            },
         ],
     }
 
@@ -90,6 +97,11 @@ def build_network_policy(svc: LLMService, settings: BuildSettings) -> dict[str, 
         ingress.append({"ports": [{"protocol": "TCP", "port": KV_EVENTS_PORT}], "from": [router]})
     if svc.spec.resources.nodes > 1:
         ingress.append({"from": [{"podSelector": _group_selector(svc)}]})
+    if svc.spec.disaggregation is not None:
+        # Prompts' KV blocks leave a prefill replica on kvPort for the decode pool (the replicas) alone.
+        decode = {"podSelector": {"matchLabels": selector_labels(svc)}}
+        port = svc.spec.disaggregation.kv_port
+        ingress.append({"ports": [{"protocol": "TCP", "port": port}], "from": [decode]})
     return {
         "apiVersion": NETWORK_POLICY_API_VERSION,
         "kind": "NetworkPolicy",

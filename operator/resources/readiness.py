@@ -34,6 +34,38 @@ def _router_wait(svc: LLMService, router: dict[str, Any] | None) -> str:
     return ""
 
 
+def _counts(deployment: dict[str, Any] | None) -> dict[str, int]:
+    status = (deployment or {}).get("status") or {}
+    return {"replicas": int(status.get("replicas", 0) or 0), "readyReplicas": int(status.get("readyReplicas", 0) or 0)}
+
+
+def _prefill_wait(svc: LLMService, prefill: dict[str, Any] | None) -> str:
+    """Why a split service's prefill pool keeps it from serving well ("" when it does not)."""
+    d = svc.spec.disaggregation
+    if d is None:
+        return ""
+    desired = d.prefill.desired_replicas()
+    ready = _counts(prefill)["readyReplicas"]
+    if prefill is None:
+        return "the prefill pool's Deployment does not exist yet"
+    return f"prefill pool {ready}/{desired} ready" if ready < desired else ""
+
+
+def _disaggregation_block(
+    svc: LLMService, deployment: dict[str, Any] | None, prefill: dict[str, Any] | None, previous: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``status.disaggregation``'s pool counts, merged into what other writers put there (None clears it)."""
+    if svc.spec.disaggregation is None:
+        return None
+    block = dict(previous.get("disaggregation") or {})
+    p, d = _counts(prefill), _counts(deployment)
+    block["runs"] = "split"
+    block["ratio"] = f"{p['replicas']}P:{d['replicas']}D"
+    block["prefill"] = {**(block.get("prefill") or {}), **p}
+    block["decode"] = {**(block.get("decode") or {}), **d}
+    return block
+
+
 def slo_status(svc: LLMService) -> dict[str, Any]:
     """``status.slo``: the objectives in force, and whether a preset supplied them."""
     slo = svc.spec.slo
@@ -59,12 +91,14 @@ def build_status(
     previous: dict[str, Any],
     now: str | None = None,
     router: dict[str, Any] | None = None,
+    prefill: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status fields this layer owns (other fields, e.g. capacity, are left to their owners).
 
     ``previous`` is the object's current status (camelCase dict); its conditions
     are carried over so the ones other components set survive. ``router`` is the
-    router's Deployment (None when it is disabled or not created yet).
+    router's Deployment (None when it is disabled or not created yet); ``prefill`` the
+    prefill pool's of a split service: Ready waits for it as for the router.
     """
     generation = svc.metadata.generation
     desired = svc.spec.desired_replicas()
@@ -81,7 +115,7 @@ def build_status(
     all_ready = rolled_out and ready >= desired and updated >= desired and current == updated
 
     conditions: list[dict[str, Any]] = list(previous.get("conditions", []) or [])
-    router_wait = _router_wait(svc, router)
+    router_wait = "; ".join(w for w in (_router_wait(svc, router), _prefill_wait(svc, prefill)) if w)
 
     def put(
         conds: list[dict[str, Any]], type_: ConditionType, status: ConditionStatus, reason: str, message: str
@@ -105,8 +139,9 @@ def build_status(
         conditions = put(conditions, "Progressing", "False", "RolloutComplete", "all replicas updated")
     elif all_ready:
         message = f"{ready}/{desired} replicas ready; {router_wait}"
-        conditions = put(conditions, "Ready", "False", "RouterNotReady", message)
-        conditions = put(conditions, "Progressing", "True", "RouterNotReady", message)
+        reason = "RouterNotReady" if _router_wait(svc, router) else "PrefillPoolNotReady"
+        conditions = put(conditions, "Ready", "False", reason, message)
+        conditions = put(conditions, "Progressing", "True", reason, message)
     else:
         reason = "RollingOut" if rolled_out and updated < current else "ReplicasNotReady"
         message = f"{ready}/{desired} replicas ready, {updated} on the current spec"
@@ -124,7 +159,7 @@ def build_status(
     else:
         conditions = put(conditions, "Degraded", "False", "AsExpected", "")
 
-    return {
+    out = {
         "observedGeneration": generation,
         "conditions": conditions,
         "replicas": current,
@@ -134,6 +169,10 @@ def build_status(
         "endpoint": router_endpoint_url(svc) if svc.spec.router_in_front() else endpoint_url(svc),
         "slo": slo_status(svc),
     }
+    split = _disaggregation_block(svc, deployment, prefill, previous)
+    if split is not None or previous.get("disaggregation") is not None:
+        out["disaggregation"] = split  # None clears the block of a service no longer split
+    return out
 
 
 def invalid_spec_status(

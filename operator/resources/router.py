@@ -68,6 +68,11 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
     ]  # fmt: skip
     if svc.spec.router.hold_timeout_seconds is not None:
         args += ["--hold-timeout", str(svc.spec.router.hold_timeout_seconds)]
+    if svc.spec.disaggregation is not None:
+        # Two hops: prefill on the least-loaded prefill replica, decode by load and prefix (router/prefill_decode.py).
+        policy = svc.spec.router.policy
+        decode_policy = policy if policy in ("prefix-affinity", "precise-prefix") else "prefix-affinity"
+        args += ["--disaggregated", "--decode-policy", decode_policy]
     concurrency = _verified_concurrency(svc)
     if concurrency is not None:
         # Held requests reach a fresh replica no faster than it is known to carry.

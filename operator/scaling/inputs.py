@@ -8,8 +8,11 @@ the handlers never re-derive these rules.
 What it is not: a reader of the cluster; the handler passes the spec and status in.
 """
 
+from typing import Any
+
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.scaling.autoscaler import AutoscalerConfig
+from plimsoll.operator.scaling.pools import backlog_target, decode_signal
 from plimsoll.operator.scaling.profile import profile_spec_hash
 from plimsoll.operator.scaling.sizing import (
     ExpectedLoad,
@@ -55,6 +58,40 @@ def autoscaler_config(spec: LLMServiceSpec, profiled: float | None) -> Autoscale
         scale_down_window_s=spec.autoscaling.scale_down_stabilization_seconds,
         trend_lookahead_s=spec.autoscaling.trend.lookahead_seconds,
         trend_window_s=spec.autoscaling.trend.window_seconds,
+    )
+
+
+def decode_autoscaler_config(spec: LLMServiceSpec, status: dict[str, Any]) -> AutoscalerConfig:
+    """A split service's decode pool (its replicas): the decode load per pod against 1.0 (``pools.py``),
+    within ``scaling``'s bounds and windows; raises NoTargetError before the decode pool has a target."""
+    low, high = replica_bounds(spec)
+    return AutoscalerConfig(
+        target_per_replica=1.0,
+        target_source=decode_signal(spec, status),
+        min_replicas=low,
+        max_replicas=max(1, high),
+        tolerance=spec.autoscaling.tolerance,
+        scale_up_window_s=spec.autoscaling.scale_up_stabilization_seconds,
+        scale_down_window_s=spec.autoscaling.scale_down_stabilization_seconds,
+        trend_lookahead_s=spec.autoscaling.trend.lookahead_seconds,
+        trend_window_s=spec.autoscaling.trend.window_seconds,
+    )
+
+
+def prefill_autoscaler_config(spec: LLMServiceSpec) -> AutoscalerConfig:
+    """A split service's prefill pool: seconds of backlog per replica against ``backlog_target``, within
+    ``disaggregation.prefill``'s bounds and the service's windows (no trend: a backlog is already ahead)."""
+    d = spec.disaggregation
+    assert d is not None
+    target, source = backlog_target(spec)
+    return AutoscalerConfig(
+        target_per_replica=target,
+        target_source=source,
+        min_replicas=d.prefill.min,
+        max_replicas=d.prefill.max,
+        tolerance=spec.autoscaling.tolerance,
+        scale_up_window_s=spec.autoscaling.scale_up_stabilization_seconds,
+        scale_down_window_s=spec.autoscaling.scale_down_stabilization_seconds,
     )
 
 

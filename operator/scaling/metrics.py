@@ -21,8 +21,10 @@ from plimsoll.metric_names import (
     DECODE_TOKENS_REMAINING,
     ENGINE_FAMILIES,
     ENGINE_SLEEP_LEVEL,
+    KV_CACHE_BYTES_PER_TOKEN,
     KV_TIER_HITS,
     PREDICTED_TTFT_SECONDS,
+    PREFILL_BACKLOG_TOKENS,
     PREFILL_TOKENS_PER_SECOND,
     PROMPT_TOKENS_WAITING,
     REQUESTS_CUT_BY_SHUTDOWN,
@@ -66,6 +68,10 @@ class PodSample:
     prefix_queries: float | None = None
     prefix_hits: float | None = None
     tier_hits: dict[str, float] = field(default_factory=dict)
+    # Prompt tokens admitted and not yet computed (plimsoll_prefill_backlog_tokens): a prefill pool's
+    # signal; None for engines that do not export it.
+    prefill_backlog_tokens: float | None = None
+    kv_bytes_per_token: float | None = None  # plimsoll_kv_cache_bytes_per_token
     # Token-aware load (plimsoll.ttft_prediction), None where the engine does not export it (vLLM, an
     # older plimsoll, a replica that has not measured its rates yet).
     prompt_tokens_waiting: float | None = None
@@ -108,6 +114,8 @@ READ = frozenset(
         SLO_REQUESTS,
         SLO_OBJECTIVE_SECONDS,
         REQUESTS_CUT_BY_SHUTDOWN,
+        PREFILL_BACKLOG_TOKENS,
+        KV_CACHE_BYTES_PER_TOKEN,
         PROMPT_TOKENS_WAITING,
         DECODE_TOKENS_REMAINING,
         BACKLOG_SECONDS,
@@ -163,6 +171,8 @@ def parse_scrape(text: str) -> PodSample:
         prefix_queries=scrape.sum(engine.prefix_queries),
         prefix_hits=scrape.sum(engine.prefix_hits),
         tier_hits=_tier_hits(scrape),
+        prefill_backlog_tokens=scrape.sum(PREFILL_BACKLOG_TOKENS),
+        kv_bytes_per_token=scrape.sum(KV_CACHE_BYTES_PER_TOKEN),
         prompt_tokens_waiting=scrape.sum(PROMPT_TOKENS_WAITING),
         decode_tokens_remaining=scrape.sum(DECODE_TOKENS_REMAINING),
         backlog_s=_max(scrape, BACKLOG_SECONDS),

@@ -68,6 +68,8 @@ class Observations:
     attainment: float | None = None  # the last minute's share of requests within every SLO bound
     generation: int | None = None  # metadata.generation, for the conditions' observedGeneration
     created_at: float | None = None  # metadata.creationTimestamp: the first cold start counts from it
+    # A split service's prefill pool (spec.disaggregation); ``pods`` are then its decode pool.
+    prefill_pods: tuple[PodObservation, ...] = ()
     # spec.variants: each variant Deployment's spec.replicas, and what the replicas cost.
     variant_replicas: Mapping[str, int] = field(default_factory=dict)
     cost: CostWindow | None = None

@@ -38,6 +38,11 @@ With ``spec.variants`` the tick is :class:`~plimsoll.operator.scaling.variant_pl
 instead (rules 2–6 per hardware variant: the cheapest mix that carries the demand,
 a count per variant pool), then ``SLOAtRisk`` as above.
 
+On a split service (``spec.disaggregation``, ``pools.py``) the rules above run for the decode
+pool (the service's replicas) on its decode load instead of in-flight, and the prefill pool
+gets its own count every tick from its prefill backlog; ``status.disaggregation`` says what runs
+and why (the prediction from both pools' profiles and the link).
+
 After the rules, a pod that carries the removal mark but that no drain holds
 any more is unmarked (:class:`Undrain`). Status is written when something a
 reader acts on changed, else at most every :data:`STATUS_MIN_INTERVAL_S`.
@@ -52,16 +57,32 @@ and writes; import-linter keeps every other handler away from this module and
 its parts. The drain and zero rules' state is ``scale_phases.py``'s.
 """
 
+import math
 from typing import Any
 
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.api.status import ConditionStatus, ConditionUpdate
 from plimsoll.operator.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from plimsoll.operator.scaling.drain import PodLoad, choose_victims
-from plimsoll.operator.scaling.inputs import autoscaler_config
+from plimsoll.operator.scaling.inputs import (
+    autoscaler_config,
+    decode_autoscaler_config,
+    prefill_autoscaler_config,
+)
 from plimsoll.operator.scaling.kv_cache import kv_cache_status
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import Observations, PodObservation
+from plimsoll.operator.scaling.pools import (
+    PREFILL_POOL,
+    decode_load,
+    decode_load_of,
+    pool_autoscaler_status,
+    prefill_backlog,
+    prefill_no_target,
+    prefill_rate,
+    prefill_signal,
+    split_status,
+)
 from plimsoll.operator.scaling.replica_plan import DEFAULT_POOL, Plan, PlanDraft
 from plimsoll.operator.scaling.scale_phases import ScalePhases
 from plimsoll.operator.scaling.scale_to_zero import floored
@@ -157,6 +178,8 @@ class ReplicaPlanner:
         self.timeline: ScaleUpTimeline | None = None
         self.slo_base: tuple[float, dict[str, PodSample]] | None = None
         self.phases: ScalePhases | None = None
+        self.prefill_scaler: Autoscaler | None = None  # a split service's prefill pool: its own HPA history
+        self.split_written = -math.inf  # when status.disaggregation was last written
         self.variants: VariantPlanner | None = None  # spec.variants: the mix's state
         self.standby: Standby | None = None
         self._parked_seen: tuple[PodObservation, ...] = ()
@@ -193,11 +216,13 @@ class ReplicaPlanner:
         else:
             self.variants = None
             self._rules(draft, active, spec, status)
+            if spec.disaggregation is not None:  # refused together with spec.variants
+                self._split(draft, active, spec, status)
         if self.phases is not None:
             self.phases.unmark_strays(draft, active)
         self._standby(draft, observations, spec, status)
         for count in draft.replicas:
-            if count.pool == DEFAULT_POOL:
+            if count.pool == DEFAULT_POOL:  # the prefill pool's count is its own scaler's
                 self._saw(count.current, count.desired)
         write = draft.must_write or bool(draft.fields)
         if write:
@@ -215,7 +240,10 @@ class ReplicaPlanner:
             return
         try:
             # Zero is the idle rule's decision (rule 5), never the HPA formula's.
-            config = floored(autoscaler_config(spec, _profiled(status)))
+            if spec.disaggregation is not None:  # the decode pool, on its decode load
+                config = floored(decode_autoscaler_config(spec, status))
+            else:
+                config = floored(autoscaler_config(spec, _profiled(status)))
         except NoTargetError as error:
             self.scaler = None
             if ((status.get("autoscaler") or {}).get("decision") or {}).get("reason") != "NoTarget":
@@ -243,7 +271,8 @@ class ReplicaPlanner:
         if not any(p.ready for p in obs.counted):
             phases.idle.last_activity = now  # a service still starting is not idle: nobody could have used it
         if phases.drain is not None:
-            phases.drain_step(draft, obs, config, current)
+            load_of = decode_load_of(spec, status) if spec.disaggregation is not None else None
+            phases.drain_step(draft, obs, config, current, load_of)
             return
         if (
             scaling is not None
@@ -279,9 +308,12 @@ class ReplicaPlanner:
         """Rule 6: the HPA formula's decision, acted on (scale up now, or begin a drain), and explained."""
         assert self.scaler is not None and self.phases is not None
         now = draft.now
-        signal = self._token_signal(now, obs, spec, status, current)
+        pods = decode_load(spec, status, obs.counted) if spec.disaggregation is not None else obs.counted
+        # The predicted-TTFT rule reads the replicas' prompt backlog; on a split service prompts wait in
+        # the prefill pool, which scales on that backlog itself (_prefill), so the decode pool goes without.
+        signal = self._token_signal(now, obs, spec, status, current) if spec.disaggregation is None else None
         floor = (signal.recommendation, signal.formula) if signal and signal.recommendation is not None else None
-        decision = draft.decision = self.scaler.decide(now, current, obs.counted, floor)
+        decision = draft.decision = self.scaler.decide(now, current, pods, floor)
         self._saw(current, decision.desired_replicas)
         if decision.metric is not None and decision.metric > decision.target:
             self.crossed_at = now if self.crossed_at is None else self.crossed_at
@@ -325,6 +357,48 @@ class ReplicaPlanner:
                 draft.fields["kvCache"] = kv
             draft.must_write = True
 
+    def _split(self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]) -> None:
+        """The prefill pool's count on its own signal, and ``status.disaggregation`` (``pools.py``)."""
+        assert spec.disaggregation is not None
+        prefill_pods = tuple(p for p in obs.prefill_pods if not p.terminating)
+        decision, block = self._prefill(draft.now, spec, status, prefill_pods)
+        if decision is not None and decision.changed:
+            reason = "ScaledUp" if decision.desired_replicas > decision.current_replicas else "ScaledDown"
+            draft.count(decision.current_replicas, decision.desired_replicas, reason, decision.formula, pool=PREFILL_POOL)
+            draft.event("Normal", f"Prefill{reason}", f"prefill pool {decision.event_message()}")
+        samples = [p.sample for p in (*obs.counted, *prefill_pods) if p.sample is not None]
+        kv_bytes = next((s.kv_bytes_per_token for s in samples if s.kv_bytes_per_token), None)
+        stored = dict(status.get("disaggregation") or {})
+        prefill_count = spec.disaggregation.prefill.desired_replicas()
+        # Only what the planner owns: the status write is a merge patch, so each pool's profile (the
+        # profiling handler's) and counts (reconcile's) stay as their writers left them.
+        fresh: dict[str, Any] = {"runs": "split",
+                                 **split_status(spec, status, prefill_count, spec.desired_replicas(), kv_bytes),
+                                 "prefill": {"autoscaler": block}}  # fmt: skip
+        if draft.decision is not None:
+            fresh["decode"] = {"autoscaler": pool_autoscaler_status(draft.decision.to_status(), "decode load")}
+        changed = any(d is not None and d.changed for d in (decision, draft.decision))
+        if changed or (not _same_split(stored, fresh) and draft.now - self.split_written >= STATUS_MIN_INTERVAL_S):
+            draft.fields["disaggregation"] = fresh
+            self.split_written = draft.now
+            draft.must_write = draft.must_write or changed
+
+    def _prefill(
+        self, now: float, spec: LLMServiceSpec, status: dict[str, Any], pods: tuple[PodObservation, ...]
+    ) -> tuple[Decision | None, dict[str, Any]]:
+        """The prefill pool's HPA decision on its backlog (None before its profile gives a rate), and its block."""
+        assert spec.disaggregation is not None
+        current = spec.disaggregation.prefill.desired_replicas()
+        try:
+            rate, source = prefill_rate(spec, status)
+        except NoTargetError as error:
+            self.prefill_scaler = None
+            return None, prefill_no_target(now, current, error)
+        config = prefill_autoscaler_config(spec)
+        if self.prefill_scaler is None or self.prefill_scaler.config != config:
+            self.prefill_scaler = Autoscaler(config)
+        decision = self.prefill_scaler.decide(now, current, prefill_backlog(pods, rate))
+        return decision, pool_autoscaler_status(decision.to_status(), prefill_signal(rate, source))
     def _token_signal(
         self, now: float, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any], current: int
     ) -> TokenSignal | None:
@@ -349,7 +423,9 @@ class ReplicaPlanner:
             return
         if self.standby is None:
             self.standby = Standby.from_status(status.get("standby"))
-        count = draft.replicas[-1].desired if draft.replicas else spec.desired_replicas()
+        # The service's own pool: a split service's prefill count is not the replicas standby sits beside.
+        counts = [c for c in draft.replicas if c.pool != PREFILL_POOL]
+        count = counts[-1].desired if counts else spec.desired_replicas()
         held: frozenset[str] = frozenset()
         if self.phases is not None:
             held = frozenset(self.phases.drain.pods if self.phases.drain is not None else ()) | frozenset(
@@ -401,6 +477,26 @@ class ReplicaPlanner:
         """No scaler yet, a new target or bounds, or replicas moved by another writer."""
         moved = self.replicas is not None and current not in (self.replicas, self.replaced)
         return self.scaler is None or self.scaler.config != config or moved
+
+
+def _same_split(stored: dict[str, Any], fresh: dict[str, Any]) -> bool:
+    """``stored`` already says what ``fresh`` says, in the keys ``fresh`` holds (a merge patch leaves the
+    others, e.g. each pool's profile), the autoscalers' times aside."""
+    for key, value in fresh.items():
+        old = stored.get(key)
+        if key in ("prefill", "decode") and isinstance(value, dict):
+            before = (old or {}).get("autoscaler") if isinstance(old, dict) else None
+            after = value.get("autoscaler")
+            if not isinstance(before, dict) or not isinstance(after, dict):
+                if before != after:
+                    return False
+            elif {k: v for k, v in before.items() if k not in _NOT_COMPARED} != {
+                k: v for k, v in after.items() if k not in _NOT_COMPARED
+            }:
+                return False
+        elif old != value:
+            return False
+    return True
 
 
 def _start_size(draft: PlanDraft, spec: LLMServiceSpec, status: dict[str, Any]) -> bool:

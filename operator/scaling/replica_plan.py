@@ -168,10 +168,11 @@ class PlanDraft:
     scale_up_phases: dict[str, float] = field(default_factory=dict)
 
     def count(
-        self, current: int | None, desired: int, reason: str, formula: str, *, only_if_unchanged: bool = False
+        self, current: int | None, desired: int, reason: str, formula: str, *, only_if_unchanged: bool = False,
+        pool: str = DEFAULT_POOL,
     ) -> None:
-        """The default pool's count (pools beyond it will name theirs)."""
-        self.replicas.append(ReplicaCount(DEFAULT_POOL, current, desired, reason, formula, only_if_unchanged))
+        """A pool's count (the default pool's unless ``pool`` names another, e.g. a split service's prefill)."""
+        self.replicas.append(ReplicaCount(pool, current, desired, reason, formula, only_if_unchanged))
         self.must_write = True
 
     def pool_count(self, pool: str, current: int | None, desired: int, reason: str, formula: str) -> None:

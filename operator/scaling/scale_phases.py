@@ -21,6 +21,7 @@ What it is not: the arithmetic of each step (``drain.py``, ``scale_to_zero.py``,
 ``cold_start.py``), the rule order (``planner.py``) or any I/O.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.scaling.autoscaler import AutoscalerConfig
 from plimsoll.operator.scaling.cold_start import ColdStartClock
 from plimsoll.operator.scaling.drain import CutTally, DrainPlan, overloaded
+from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import Observations
 from plimsoll.operator.scaling.replica_plan import PlanDraft
 from plimsoll.operator.scaling.scale_to_zero import IdleClock, wake_replicas
@@ -141,8 +143,14 @@ class ScalePhases:
                     f"for in-flight ones) before lowering the count; {why}")  # fmt: skip
         draft.must_write = True
 
-    def drain_step(self, draft: PlanDraft, obs: Observations, config: AutoscalerConfig, current: int) -> None:
-        """Phase two, every tick of a drain: keep marking, lower the count, or call it off."""
+    def drain_step(
+        self, draft: PlanDraft, obs: Observations, config: AutoscalerConfig, current: int,
+        load_of: Callable[[PodSample], float] | None = None,
+    ) -> None:  # fmt: skip
+        """Phase two, every tick of a drain: keep marking, lower the count, or call it off.
+
+        ``load_of``: each kept pod's load in the target's unit (in-flight unless given: a split service's
+        decode load); a drained pod is empty when its in-flight is zero either way."""
         plan = self.drain
         assert plan is not None
         present = {p.name: p for p in obs.pods}
@@ -152,7 +160,7 @@ class ScalePhases:
                 pod = present[name]
                 # Silent and not Ready: nothing is routed to it either, so it holds nothing.
                 loads[name] = pod.sample.in_flight if pod.sample is not None else (None if pod.ready else 0.0)
-        kept = [s.in_flight for n, s in obs.ready_samples().items() if n not in plan.pods]
+        kept = [(load_of or _in_flight)(s) for n, s in obs.ready_samples().items() if n not in plan.pods]
         why = None
         if current != plan.from_replicas:
             why = f"spec.replicas moved to {current} by another writer"
@@ -196,3 +204,7 @@ class ScalePhases:
             stray = pod.draining and not pod.terminating and pod.name not in holding
             if stray and pod.name not in draft.actions:
                 draft.undrain(pod.name, "marked for removal, but no drain holds it")
+
+
+def _in_flight(sample: PodSample) -> float:
+    return float(sample.in_flight)

@@ -92,6 +92,9 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(settle, None, exc)
                 return
             self.engine = engine
+            remote = engine.kv_connector.remote if engine.kv_connector is not None else None
+            if remote is not None:
+                remote.wake = lambda: self._post("kv_releases", None)  # held blocks to free, even when idle
             if engine.executor is not None:
                 engine.executor.on_failure = self._die  # a rank died, maybe while this loop idles
             loop.call_soon_threadsafe(settle, engine, None)
@@ -341,6 +344,8 @@ class AsyncEngine:
                             self._deliver(exc, request_id)
                     elif kind == "call":  # adapters, the profiler: run on this thread between steps
                         self._run_call(engine, *payload)
+                    elif kind == "kv_releases":
+                        engine.apply_kv_releases()
                     else:
                         out = engine.abort_request(payload)
                         if out is not None:

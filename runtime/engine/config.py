@@ -15,6 +15,7 @@ from plimsoll.kv_memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from plimsoll.runtime.engine.compilation_config import CompilationConfig
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 from plimsoll.runtime.kv.events import KVEventsConfig
+from plimsoll.runtime.kv.transfer_config import KVTransferConfig
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
 DEFAULT_CPU_KV_CACHE_MEMORY = 1024**3  # on a CPU the cache size is explicit; this when none is given
@@ -216,11 +217,34 @@ class EngineConfig(BaseModel):
         0.25, gt=0, description="socket timeout of one shared-tier call (no retry; then the request recomputes)"
     )
     kv_events_config: KVEventsConfig | None = Field(None, description="vLLM's --kv-events-config")
+    kv_transfer_config: KVTransferConfig | None = Field(
+        None,
+        description="vLLM's --kv-transfer-config: prefill on one replica, decode on another (runtime/kv/)",
+    )
 
     @field_validator("kv_events_config", mode="before")
     @classmethod
     def _parse_kv_events_config(cls, value: object) -> object:
         return KVEventsConfig.parse(value)
+
+    @field_validator("kv_transfer_config", mode="before")
+    @classmethod
+    def _parse_kv_transfer_config(cls, value: object) -> object:
+        return KVTransferConfig.parse(value)
+
+    @model_validator(mode="after")
+    def _check_kv_transfer(self) -> "EngineConfig":
+        if self.kv_transfer_config is None:
+            return self
+        if not self.enable_prefix_caching:
+            raise ValueError(
+                "--kv-transfer-config moves blocks named by their prefix-cache hashes; drop --no-enable-prefix-caching"
+            )
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                "--kv-transfer-config is not supported with tensor_parallel_size > 1 yet; drop one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_kv_tiers(self) -> "EngineConfig":

@@ -43,6 +43,7 @@ from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.kernels.host_memory import keep_freed_memory
 from plimsoll.runtime.kv.connector import KVConnector, build_connector
+from plimsoll.runtime.kv.remote_prefill import RemoteDecode, RemoteSource
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 from plimsoll.ttft_prediction import QueueSnapshot
@@ -110,6 +111,7 @@ class LLMEngine:
         per_token = kv_bytes_per_token(
             loaded.hf_config, config.torch_dtype, config.kv_cache_dtype, config.tensor_parallel_size
         )
+        self.kv_bytes_per_token = per_token
         self.kv_budget: KVCacheBudget | None = None  # set when sized from the device
         weights = memory.memory_reserved() - baseline.reserved if memory is not None and baseline else 0
         if memory is not None and baseline is not None and self.executor is not None:
@@ -209,7 +211,8 @@ class LLMEngine:
         whose blocks may be on disk or in the shared tier wait in ``prefetching`` until fetched.
         Attached to the cache serving uses, after any sizing from the device replaced it."""
         self.kv_connector = build_connector(
-            self.config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len
+            self.config, self.runner.kv_caches, loaded.model, loaded.hf_config, self.max_model_len,
+            kv=self.scheduler.kv,
         )
         if self.kv_connector is not None:
             kv = self.scheduler.kv
@@ -468,6 +471,7 @@ class LLMEngine:
             )
         if continuation is not None:
             self._check_continuation(continuation, ids, params)
+        transfer = self._kv_transfer_of(params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         if self.config.enable_prefix_caching:
             salt: str | None = f"salt:{cache_salt}" if cache_salt else ""
@@ -486,6 +490,7 @@ class LLMEngine:
                 cache_salt=salt, priority=priority, fairness_id=fairness_id,
             )
             seq.lora = lora  # a seeded sequence's generator is made on the logits' device when it first samples
+            seq.kv_transfer = transfer
             seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, ids, params.stop, params.skip_special_tokens
             )
@@ -503,13 +508,33 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add_request(seq)
 
+    def _kv_transfer_of(self, params: SamplingParams) -> RemoteDecode | RemoteSource | None:
+        """What the request's ``kv_transfer_params`` ask (``ValueError`` if this replica's role forbids it).
+
+        Without ``--kv-transfer-config`` they are ignored, as vLLM does: the request runs here in full.
+        """
+        remote = self.kv_connector.remote if self.kv_connector is not None else None
+        if remote is None or not params.kv_transfer_params:
+            return None
+        return remote.parse(params.kv_transfer_params, params.n)
+
     def _start_prefetch(self, seq: Request) -> bool:
         connector = self.kv_connector
-        if connector is None or not connector.wants_prefetch() or seq.cache_salt is None:
+        if connector is None or seq.cache_salt is None:
+            return False
+        pool = self.scheduler.kv.pool
+        if isinstance(seq.kv_transfer, RemoteSource):
+            # Prefilled on another replica: pull what this one lacks, then schedule it.
+            return bool(connector.start_remote_pull(seq, seq.kv_transfer, lambda h: pool.get_cached_block(h) is not None))
+        if not connector.wants_prefetch():
             return False
         seq.update_block_hashes(self.config.block_size)
-        pool = self.scheduler.kv.pool
         return connector.start_prefetch(seq, lambda h: pool.get_cached_block(h) is not None)
+
+    def apply_kv_releases(self) -> None:
+        """Free blocks a producer held for pulls that are done or expired (engine thread)."""
+        if self.kv_connector is not None and self.kv_connector.remote is not None:
+            self.kv_connector.remote.apply_releases()
 
     def _admit_prefetched(self) -> None:
         """Hand requests whose prefetch finished to the scheduler, in arrival order."""
@@ -559,6 +584,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.monotonic()
         connector = self.kv_connector
+        if connector is not None and connector.remote is not None:
+            connector.remote.apply_releases()
         if self.prefetching:
             self._admit_prefetched()
         sched = self.scheduler.schedule()
@@ -698,6 +725,10 @@ class LLMEngine:
         elif (p.max_tokens is not None and n_out >= p.max_tokens) or req.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is not None:
+            if isinstance(req.kv_transfer, RemoteDecode):
+                # The prefill half of a split: its prompt blocks wait for the decode replica's pull.
+                assert self.kv_connector is not None and self.kv_connector.remote is not None
+                req.kv_transfer_params = self.kv_connector.remote.hold(req)
             self.scheduler.finish(req, reason, stop_reason)
             self.seq_to_group[req.request_id].finished_seqs.add(req.index)
 
@@ -758,10 +789,18 @@ class LLMEngine:
             num_free_blocks=kv.num_free_blocks,
             block_size=self.config.block_size,
             enable_prefix_caching=self.config.enable_prefix_caching,
+            prefill_backlog_tokens=self._prefill_backlog(),
+            kv_bytes_per_token=self.kv_bytes_per_token,
             kv_cache_memory_bytes=self.runner.kv_cache_bytes(),
             gpu_memory_utilization=self.config.gpu_memory_utilization if self.kv_budget is not None else None,
             **self._lora_stats(),
         )
+
+    def _prefill_backlog(self) -> int:
+        """Prompt tokens admitted and not computed yet (read off-thread: copies of the queues)."""
+        queued = [*self.scheduler.waiting, *self.scheduler.running]
+        queued += [s for seqs in list(self.prefetching.values()) for s in seqs]
+        return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in queued)
 
     def _lora_stats(self) -> dict[str, Any]:
         if self.lora is None:

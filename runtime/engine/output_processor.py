@@ -63,4 +63,5 @@ def make_request_output(g: RequestGroup) -> RequestOutput:
         metrics=metrics,
         prompt=g.prompt,
         error=g.error,
+        kv_transfer_params=first.kv_transfer_params,
     )

@@ -64,6 +64,8 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt: str | None = None
     error: str | None = None  # set when this request failed in the engine (the engine itself went on)
+    # Prefill side of a split (do_remote_decode): what the decode replica needs to pull this prompt's blocks.
+    kv_transfer_params: dict[str, object] | None = None
 
 
 @dataclass(slots=True)
@@ -100,6 +102,9 @@ class EngineStats:
     num_free_blocks: int
     block_size: int
     enable_prefix_caching: bool
+    # Prompt tokens admitted and not yet computed, waiting and running requests together.
+    prefill_backlog_tokens: int = 0
+    kv_bytes_per_token: int = 0  # all layers, K and V, on this rank
     kv_cache_memory_bytes: int = 0  # the KV cache's bytes (all layers, K and V, this rank)
     gpu_memory_utilization: float | None = None  # set when the cache was sized from the device
     # --enable-lora: slots, and the adapters of running / waiting requests (GIE's lora_requests_info)

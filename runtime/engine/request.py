@@ -114,6 +114,11 @@ class Request:
     # Proposed next tokens (speculative decoding), verified by the next step; never in all_token_ids.
     spec_token_ids: list[int] = field(default_factory=list)
     lora: "LoRARequest | None" = None  # the adapter this sequence runs under; None = the base model
+    # Prefill/decode disaggregation (runtime/kv/remote_prefill.py): what this request's kv_transfer_params
+    # asked (hold its blocks for a decode replica, or pull them from a prefill replica), and, on the
+    # prefill side, the parameters handed back for the decode replica when it finished.
+    kv_transfer: object = None
+    kv_transfer_params: dict[str, object] | None = None
     lora_slot: int = -1  # its device slot while running (lora_manager.py); -1 = none held
     # Output tokens a continuation brought in (generated elsewhere and already delivered); they
     # lead ``output_token_ids`` but this engine neither computed them as output nor reports them.

@@ -9,7 +9,7 @@ tenant belong to the request (``Request``, ``LLMEngine.add_request``), as in vLL
 """
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs and OpenAI's top_logprobs limit
 MAX_N = 16  # sequences per request; each one is a row in the batch
@@ -85,6 +85,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs; 0 = only the chosen token's
     skip_special_tokens: bool = True
+    # vLLM's per-request KV transfer (prefill/decode disaggregation): do_remote_decode on the prefill
+    # side; do_remote_prefill with the producer's remote_* fields on the decode side (runtime/kv/).
+    kv_transfer_params: dict[str, Any] | None = None
     # Added to the logits of these token ids before sampling (OpenAI's logit_bias; -100 bans).
     logit_bias: dict[int, float] | None = None
     # Sample only among these token ids (vLLM's allowed_token_ids); None: all.
@@ -169,6 +172,8 @@ class SamplingParams:
             and not 0 < len(self.allowed_token_ids) <= MAX_ALLOWED_TOKEN_IDS
         ):
             raise bad("allowed_token_ids", f"None or a list of 1 to {MAX_ALLOWED_TOKEN_IDS} token ids")
+        if self.kv_transfer_params is not None and not isinstance(self.kv_transfer_params, dict):
+            raise bad("kv_transfer_params", "a JSON object or None")
         ids_limit = LIMITS["token_id"]
         top = vocab_size - 1 if vocab_size is not None else None
         for name, ids in self.token_id_fields().items():

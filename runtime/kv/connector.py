@@ -12,7 +12,9 @@ which fills the host tier, the disk tier below it and the shared server, so the 
 waits on them. Requests that may find blocks on disk or in the shared tier are prefetched by
 a second worker before they are scheduled (``start_prefetch``): the blocks land in the host
 tier, and the request is admitted once the fetch is done or failed; a dead shared server
-costs it one timeout.
+costs it one timeout. A decode request whose prompt was prefilled on another replica
+(``--kv-transfer-config``, ``remote_prefill.py``) waits the same way while its blocks are pulled
+from that replica into the host tier (``start_remote_pull``).
 
 Which requests use which tier: every request with a prefix-cache salt uses the host and disk
 tiers; the shared tier and KV events' precise routing cover requests whose hash chain means
@@ -48,7 +50,9 @@ from plimsoll.runtime.kv.shared_tier import SharedTier
 from plimsoll.runtime.kv.transfer import export_blocks, import_blocks, payload_of
 
 if TYPE_CHECKING:
+    from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
     from plimsoll.runtime.engine.request import Request
+    from plimsoll.runtime.kv.remote_prefill import RemotePrefill, RemoteSource
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +92,13 @@ class KVConnector:
         publisher: ZmqEventPublisher | None = None,
         queue_size: int = 64,
         shared_known_size: int = 200_000,
+        offload_evictions: bool = True,
     ) -> None:
         self.identity = identity
+        # False when the host tier is only where pulled blocks are staged (no --kv-offloading-size).
+        self.offload_evictions = offload_evictions
+        # Prefill/decode disaggregation (--kv-transfer-config): set by build_connector.
+        self.remote: RemotePrefill | None = None
         self.block_size = block_size
         self.host = host
         self.shared = shared
@@ -182,7 +191,7 @@ class KVConnector:
     def on_evicted(self, block_id: int, chain_hash: bytes) -> None:
         """A cached primary block is about to be reused: offer its contents to the host tier."""
         self._emit(BlockRemoved([event_hash(chain_hash)], MEDIUM_GPU))
-        if self.host is not None:
+        if self.host is not None and self.offload_evictions:
             self._evicted.append((block_id, self.identity.address(chain_hash)))
 
     def on_cleared(self) -> None:
@@ -321,6 +330,18 @@ class KVConnector:
         self._prefetch_queue.put(lambda: self._prefetch(rest, use_shared, done))
         return True
 
+    def start_remote_pull(
+        self, req: Request, source: RemoteSource, in_primary: Callable[[bytes], bool]
+    ) -> bool:
+        """Pull ``req``'s blocks prefilled on another replica into the host tier; False: schedule it now."""
+        assert self.remote is not None
+        done = threading.Event()
+        if not self.remote.start_pull(req, source, in_primary, lambda: self._fetch_done(done)):
+            return False
+        self._prefetches[req.request_id] = done
+        self._prefetch_started[req.request_id] = time.monotonic()
+        return True
+
     def prefetch_ready(self, request_id: str) -> bool:
         done = self._prefetches.get(request_id)
         if done is None or done.is_set():
@@ -368,9 +389,12 @@ class KVConnector:
                         for a in rest[: len(payloads)]:
                             self._remember_shared(a)
         finally:
-            done.set()
-            with self.prefetch_done:
-                self.prefetch_done.notify_all()
+            self._fetch_done(done)
+
+    def _fetch_done(self, done: threading.Event) -> None:
+        done.set()
+        with self.prefetch_done:
+            self.prefetch_done.notify_all()
 
     def _note_origin(self, address: bytes, medium: str) -> None:
         with self._lock:
@@ -406,6 +430,8 @@ class KVConnector:
                 time.sleep(0.005)
 
     def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         for q in (self._store_queue, self._prefetch_queue):
             q.put(None)
         for t in self._threads:
@@ -418,16 +444,30 @@ class KVConnector:
 
 
 def build_connector(
-    config: Any, kv_caches: KVCaches, model: torch.nn.Module, hf_config: Any, max_model_len: int
+    config: Any,
+    kv_caches: KVCaches,
+    model: torch.nn.Module,
+    hf_config: Any,
+    max_model_len: int,
+    kv: KVCacheManager | None = None,
 ) -> KVConnector | None:
-    """The connector an ``EngineConfig`` asks for (tiers, events), or None when it asks for neither."""
+    """The connector an ``EngineConfig`` asks for (tiers, events, a KV transfer), or None when it asks for none.
+
+    ``kv`` (the engine's cache manager) is needed with ``kv_transfer_config``: a producer holds blocks in it.
+    """
     from plimsoll.runtime.kv.blocks import layout_of, model_fingerprint
     from plimsoll.runtime.kv.host_tier import DiskTier
     from plimsoll.runtime.kv.transfer import block_nbytes, block_shape
 
     events = config.kv_events_config
     wants_events = events is not None and events.enabled
-    if config.kv_offloading_size is None and config.kv_shared_url is None and not wants_events:
+    transfer = config.kv_transfer_config
+    if (
+        config.kv_offloading_size is None
+        and config.kv_shared_url is None
+        and not wants_events
+        and transfer is None
+    ):
         return None
     k = kv_caches[0][0]
     kv_dtype = "int8" if config.kv_cache_dtype == "int8" else config.dtype
@@ -439,8 +479,10 @@ def build_connector(
     shape, nbytes = block_shape(kv_caches), block_nbytes(kv_caches)
     host = None
     size_gib = config.kv_offloading_size
-    if size_gib is None and config.kv_shared_url is not None:
-        # The shared tier stages fetched blocks in host memory: room for four longest prompts.
+    if size_gib is None and (
+        config.kv_shared_url is not None or (transfer is not None and transfer.is_consumer)
+    ):
+        # The shared tier and KV pulls stage fetched blocks in host memory: room for four longest prompts.
         size_gib = 4 * -(-max_model_len // config.block_size) * nbytes / 2**30
     if size_gib is not None:
         disk = None
@@ -462,4 +504,17 @@ def build_connector(
         shared = SharedTier(config.kv_shared_url, nbytes, timeout_s=config.kv_shared_timeout_s)
         log.info("KV shared tier: %s (timeout %.3f s)", config.kv_shared_url, config.kv_shared_timeout_s)
     publisher = ZmqEventPublisher(events) if wants_events else None
-    return KVConnector(identity, config.block_size, host=host, shared=shared, publisher=publisher)
+    connector = KVConnector(
+        identity, config.block_size, host=host, shared=shared, publisher=publisher,
+        offload_evictions=config.kv_offloading_size is not None or config.kv_shared_url is not None,
+    )  # fmt: skip
+    if transfer is not None:
+        from plimsoll.runtime.kv.remote_prefill import RemotePrefill
+
+        assert kv is not None, "a KV transfer needs the engine's cache manager"
+        try:
+            connector.remote = RemotePrefill(transfer, identity, config.block_size, kv_caches, kv, host)
+        except BaseException:
+            connector.close()
+            raise
+    return connector

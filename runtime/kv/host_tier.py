@@ -24,11 +24,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from plimsoll.runtime.kv.transfer import (
     BlockRejected,
-    block_from_payload,
     pack_block,
     payload_of,
     unpack_block,
@@ -210,7 +210,9 @@ class HostTier:
             self._spill(*evicted)
         dest = self.pool[slot]
         if isinstance(block, bytes):
-            dest.copy_(block_from_payload(block, self.block_shape, self.dtype))
+            # A numpy copy: workers call this, and a torch op there would start an OpenMP pool of the
+            # worker's own beside the engine thread's (async_engine.py says what that costs).
+            np.copyto(dest.view(torch.uint8).numpy().reshape(-1), np.frombuffer(block, dtype=np.uint8))
         else:
             dest.copy_(block)
         with self.lock:

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
 from plimsoll.runtime.serving.errors import APIError
+from plimsoll.runtime.serving.kv_transfer import answer_params, check_transfer_request
 from plimsoll.runtime.serving.logprobs import chat_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
@@ -54,6 +55,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     engine = ctx.engine
     for field, ids in req.token_id_fields().items():
         check_token_ids(ids, engine.vocab_size, field)
+    check_transfer_request(req.kv_transfer_params, 1, req.stream)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     timeout = ctx.settings.tokenize_timeout
     template = client_template(req, ctx.settings.allow_client_chat_template)
@@ -94,7 +96,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         final = await until_disconnect(raw, lambda: _last(stream))
     finally:
         adm.release()
-    return JSONResponse(response_body(_response(ctx, req, adm.request_id, final), req.return_token_ids))
+    response = _response(ctx, req, adm.request_id, final)
+    response.kv_transfer_params = answer_params(final.kv_transfer_params, raw)
+    return JSONResponse(response_body(response, req.return_token_ids))
 
 
 async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
 from plimsoll.runtime.serving.errors import APIError
+from plimsoll.runtime.serving.kv_transfer import answer_params, check_transfer_request
 from plimsoll.runtime.serving.logprobs import completion_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
@@ -52,6 +53,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     prompts = req.prompts()
     for field, ids in req.token_id_fields().items():
         check_token_ids(ids, engine.vocab_size, field)
+    check_transfer_request(req.kv_transfer_params, len(prompts), req.stream)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     prompt_ids = await off_loop(
         lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],
@@ -106,6 +108,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
             for p, ids in zip(prompts, prompt_ids, strict=True)
         ]
     response = _response(ctx, req, adm.request_id, finals, texts)
+    response.kv_transfer_params = answer_params(finals[0].kv_transfer_params, raw)
     return JSONResponse(response_body(response, req.return_token_ids))
 
 

@@ -49,9 +49,11 @@ class KVTierCollector(Collector):
         self.model = model_name
         self.read_latency = _Buckets(mn.KV_TIER_LATENCY_BUCKETS)
         self.prefetch_wait = _Buckets(mn.KV_TIER_LATENCY_BUCKETS)
+        self.transfer_time = _Buckets(mn.KV_TRANSFER_TIME_BUCKETS)
 
     def collect(self) -> Iterator[Any]:
         c = self.connector
+        yield from self._transfer(getattr(c, "remote", None))
         labels = ["model_name", "medium"]
         if c is None:
             # No tiers or events on this replica: every family exists (dashboards query them), no samples.
@@ -130,6 +132,52 @@ class KVTierCollector(Collector):
                 mn.KV_EVENTS_PUBLISHED, "KV event batches published (vLLM's ZMQ schema).", pub.published
             )
             yield plain(mn.KV_EVENTS_DROPPED, "KV event batches dropped (publisher queue full).", pub.dropped)
+
+    def _transfer(self, remote: Any) -> Iterator[Any]:
+        """The KV transfer's series (prefill/decode disaggregation); empty families without one."""
+        m = [self.model]
+        holds = CounterMetricFamily(mn.KV_TRANSFER_HOLDS.removesuffix("_total"), "Prefills whose prompt blocks "
+                                    "were held for a decode replica's pull.", labels=["model_name"])  # fmt: skip
+        expired = CounterMetricFamily(mn.KV_TRANSFER_EXPIRED.removesuffix("_total"), "Holds freed after "
+                                      "abort_request_timeout, never pulled (vllm:nixl_num_kv_expired_reqs).",
+                                      labels=["model_name"])  # fmt: skip
+        held = GaugeMetricFamily(
+            mn.KV_TRANSFER_HELD_BLOCKS, "Blocks held for pulls right now.", labels=["model_name"]
+        )
+        pulls = CounterMetricFamily(mn.KV_TRANSFER_PULLS.removesuffix("_total"), "Pulls of a remote prefill's "
+                                    "blocks that brought what they asked for.", labels=["model_name"])  # fmt: skip
+        failures = CounterMetricFamily(mn.KV_TRANSFER_FAILURES.removesuffix("_total"), "Pulls that failed, the "
+                                       "rest prefilled locally (vllm:nixl_num_failed_transfers).",
+                                       labels=["model_name", "reason"])  # fmt: skip
+        blocks = CounterMetricFamily(mn.KV_TRANSFER_BLOCKS.removesuffix("_total"), "Blocks sent, received, and "
+                                     "not pulled because this replica held them.", labels=["model_name", "direction"])  # fmt: skip
+        nbytes = CounterMetricFamily(mn.KV_TRANSFER_BYTES.removesuffix("_total"), "KV payload bytes moved "
+                                     "(vllm:nixl_bytes_transferred).", labels=["model_name", "direction"])  # fmt: skip
+        if remote is None:
+            yield from (holds, expired, held, pulls, failures, blocks, nbytes)
+            yield HistogramMetricFamily(
+                mn.KV_TRANSFER_TIME, "No KV transfer on this replica.", labels=["model_name"]
+            )
+            return
+        k = remote.counters
+        holds.add_metric(m, k.holds)
+        expired.add_metric(m, k.expired)
+        held.add_metric(m, remote.held_blocks)
+        pulls.add_metric(m, k.pulls)
+        for reason, n in sorted(k.failures.items()):
+            failures.add_metric([self.model, reason], n)
+        for direction, n in (
+            ("sent", k.blocks_sent),
+            ("received", k.blocks_received),
+            ("skipped", k.blocks_skipped),
+        ):
+            blocks.add_metric([self.model, direction], n)
+        for direction, n in (("sent", k.bytes_sent), ("received", k.bytes_received)):
+            nbytes.add_metric([self.model, direction], n)
+        yield from (holds, expired, held, pulls, failures, blocks, nbytes)
+        self.transfer_time.add(k.pull_seconds)
+        yield self.transfer_time.family(mn.KV_TRANSFER_TIME, "One pull of a remote prefill's blocks, connect to the "
+                                        "last block staged (vllm:nixl_xfer_time_seconds).", ["model_name"], m)  # fmt: skip
 
 
 def _empty_families() -> Iterator[Any]:

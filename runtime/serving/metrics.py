@@ -141,6 +141,14 @@ class ServerMetrics:
         self.kv_usage = gauge(
             mn.KV_CACHE_USAGE_RATIO, "Fraction of KV-cache blocks in use, 0..1 (vllm:kv_cache_usage_perc)."
         )
+        self.kv_bytes_per_token = gauge(
+            mn.KV_CACHE_BYTES_PER_TOKEN, "Bytes of KV cache one token takes (all layers, K and V, this rank)."
+        )
+        self.prefill_backlog = gauge(
+            mn.PREFILL_BACKLOG_TOKENS,
+            "Prompt tokens admitted but not yet computed, over waiting and running requests (what prefill "
+            "still has to do; a prefill pool scales on it).",
+        )
         self.http_connections = gauge(
             mn.HTTP_CONNECTIONS, "Open HTTP connections to this server (what a soak watches for leaks)."
         )
@@ -518,6 +526,8 @@ class ServerMetrics:
 
     def _set_gauges(self, stats: _EngineStats) -> None:
         m = self.model_name
+        self.prefill_backlog.labels(m).set(getattr(stats, "prefill_backlog_tokens", 0))
+        self.kv_bytes_per_token.labels(m).set(getattr(stats, "kv_bytes_per_token", 0))
         families = [(self.running, self.waiting, self.kv_usage)]
         if self.compat is not None:
             families.append(self.compat[:3])

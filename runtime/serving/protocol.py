@@ -106,6 +106,9 @@ class _SamplingFields(_Request):
     skip_special_tokens: bool = True
     # vLLM: lower runs first under --scheduling-policy priority; ignored by the other policies.
     priority: int = Field(0, ge=-(2**31), lt=2**31)
+    # vLLM's prefill/decode disaggregation (--kv-transfer-config): do_remote_decode asks this replica to
+    # prefill and hold the blocks; do_remote_prefill with remote_* fields to pull them before decoding.
+    kv_transfer_params: dict[str, Any] | None = None
     # vLLM: token ids beside the text (``token_ids`` per choice, ``prompt_token_ids`` once).
     return_token_ids: bool | None = None
     continuation: ContinuationField | None = None
@@ -169,6 +172,7 @@ class _SamplingFields(_Request):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            kv_transfer_params=self.kv_transfer_params,
             logit_bias={int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None,
             allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids else None,
         )
@@ -344,6 +348,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM: what a decode replica needs (do_remote_decode)
 
 
 class TopLogprob(BaseModel):
@@ -381,6 +386,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM: what a decode replica needs (do_remote_decode)
     prompt_token_ids: list[int] | None = None  # only with return_token_ids
 
 

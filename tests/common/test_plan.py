@@ -252,3 +252,35 @@ def test_kv_heads_fewer_than_gpus_are_replicated_and_bad_splits_refused() -> Non
     assert sixteen["KV bytes per token"] == 2 * 32 * 1 * 128 * 2  # 8 KV heads on 16 GPUs: one copy each
     result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "-tp", "3"])
     assert result.exit_code == 2 and "does not divide the model's 32 attention heads" in result.output
+
+
+def test_link_bandwidth_predicts_a_prefill_decode_split(tmp_path: Path) -> None:
+    """Mistral 7B (128 KiB of KV per token) from the sweep above, measured with 2000-token prompts: one alone
+    takes TTFT 40 ms."""
+    report = sweep(tmp_path)
+    data = json.loads(report.read_text())
+    for level in data["levels"]:
+        level["tokens"] = {"prompt_mean": 2000.0, "output_mean": 200.0}
+    report.write_text(json.dumps(data))
+    args = ["--model-config", str(MISTRAL), "--gpu-memory", "80GiB", "--report", str(report),
+            "--tpot-p50-ms", "25", "--ttft-p95-ms", "2000"]  # fmt: skip
+    fast = runner.invoke(app, ["plan", *args, "--link-bandwidth", "50GB/s", "--pd-ratios", "1:1,1:2,1:3", "--json"])
+    assert fast.exit_code == 0, fast.output
+    split = json.loads(fast.stdout)["disaggregation"]
+    # Prefill 2000 tokens / 40 ms = 50,000 tokens/s; the TPOT SLO (25 ms) over 20 ms steps leaves an aggregated
+    # replica 20% of its time to prefill: 0.2 / 0.04 s = 5 good req/s. A decode replica: 32 / (200 × 0.02 s) = 8
+    # req/s, so 1P:3D serves min(1 / 0.04, 3 × 8) / 4 = 6 per replica.
+    agg = split["layouts"][0]
+    assert agg["goodput_per_replica_rps"] == pytest.approx(5.0)
+    assert split["choice"] == "split" and split["ratio"] == "1P:3D"
+    assert split["layouts"][3]["goodput_per_replica_rps"] == pytest.approx(6.0)
+    assert split["layouts"][1]["limited_by"] == "the decode pool"
+    assert split["layouts"][3]["transfer_bytes"] == 2000 * 128 * 1024
+    assert "50,000 tokens/s, 32 sequences at TPOT 20 ms" in split["reasons"][0]
+    # Over a 1 Gbit/s link the 262 MB of each prompt take 2.1 s: past the TTFT SLO, no split serves anything.
+    slow = runner.invoke(app, ["plan", *args, "--link-bandwidth", "1Gbit/s"])
+    assert slow.exit_code == 0, slow.output
+    assert "prefill/decode split (predicted, at saturation): run aggregated" in slow.output
+    result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB",
+                                 "--link-bandwidth", "50GB/s"])  # fmt: skip
+    assert result.exit_code == 2 and "give --report" in result.output

@@ -15,11 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from plimsoll.bench.simulator import ServiceCurve, SimulatorProcess, free_port, spawn_simulator
 from plimsoll.prometheus import parse
-from plimsoll.router.app import RouterState, build_app
+from plimsoll.router.app import RouterState, running_router
 from plimsoll.router.config import RouterConfig
 
 __all__ = ["fake_replicas", "free_port", "replica_metric", "route_process", "run_router"]
@@ -76,25 +75,8 @@ async def eventually(predicate: Callable[[], bool], what: str, timeout: float = 
 @contextlib.asynccontextmanager
 async def run_router(**config: Any) -> AsyncIterator[RunningRouter]:
     """A real router (uvicorn, real sockets) inside the test's event loop."""
-    app = build_app(RouterConfig(port=0, **config))
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws="none", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if task.done():
-            task.result()
-            raise RuntimeError("router exited before it started")
-        if time.monotonic() > deadline:
-            raise TimeoutError("router did not start in 30 s")
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield RunningRouter(f"http://127.0.0.1:{port}", app.state.router)
-    finally:
-        server.should_exit = True
-        await task
+    async with running_router(RouterConfig(port=0, **config)) as (url, state):
+        yield RunningRouter(url, state)
 
 
 @contextlib.contextmanager

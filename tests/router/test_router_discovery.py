@@ -29,6 +29,15 @@ def pod(name: str, ip: str | None, ready: bool, component: str = "replica") -> d
     }
 
 
+def test_a_split_services_pool_is_selected_by_its_role_across_both_deployments() -> None:
+    """The prefill pool is its own Deployment (component prefill): a pool's selector is the instance and the role,
+    never the service's status.selector (which is the decode Deployment's alone); nothing is read to build it."""
+    for role in ("prefill", "decode"):
+        discovery = PodDiscovery(RouterConfig(llmservice=INSTANCE), ReplicaSet(), role=role)
+        selector = asyncio.run(discovery._selector(custom=None))
+        assert selector == f"app.kubernetes.io/instance={INSTANCE},plimsoll.dev/role={role}"
+
+
 def test_pod_events_update_the_replica_set_and_the_ring() -> None:
     replica_set = ReplicaSet()
     ring_rebuilds = []

@@ -15,6 +15,12 @@ count and are not patches. ``lint-imports`` holds the other half: only
 import re
 from pathlib import Path
 
+import pytest
+
+from plimsoll.operator.handlers.replica_writer import replicas_patch
+from plimsoll.operator.scaling.pools import PREFILL_POOL
+from plimsoll.operator.scaling.replica_plan import DEFAULT_POOL
+
 ROOT = Path(__file__).resolve().parents[3]
 SOURCES = ("common", "operator", "router", "bench", "devcluster", "runtime")
 WRITER = Path("operator/handlers/replica_writer.py")
@@ -22,6 +28,10 @@ WRITER = Path("operator/handlers/replica_writer.py")
 PATCH_SHAPES = {
     "merge patch of spec.replicas alone": re.compile(
         r"""["']spec["']\s*:\s*\{\s*["']replicas["']\s*:\s*[^,{}]+\}"""
+    ),
+    # A split service's prefill pool: spec.disaggregation.prefill.replicas.
+    "merge patch of a pool's replicas": re.compile(
+        r"""["']prefill["']\s*:\s*\{\s*["']replicas["']\s*:\s*[^,{}]+\}"""
     ),
     "JSON patch of /spec/replicas": re.compile(r"/spec/replicas"),
     "the /scale subresource": re.compile(r"""["'][^"'\n]*/scale["'/]"""),
@@ -42,7 +52,7 @@ def test_only_the_replica_writer_patches_replicas() -> None:
         if shapes:
             found[path.relative_to(ROOT)] = shapes
     assert WRITER in found, "the search no longer finds the writer's own patch: update PATCH_SHAPES"
-    assert found == {WRITER: ["merge patch of spec.replicas alone"]}, found
+    assert found == {WRITER: ["merge patch of spec.replicas alone", "merge patch of a pool's replicas"]}, found
 
 
 IMPORTS_WRITER = re.compile(
@@ -60,6 +70,7 @@ def test_the_shapes_catch_what_they_are_for() -> None:
     """Each pattern matches the writes it names and not a built manifest."""
     written = {
         "merge patch of spec.replicas alone": 'kube.merge_patch(API_VERSION, KIND, ns, name, {"spec": {"replicas": 3}})',
+        "merge patch of a pool's replicas": '{"spec": {"disaggregation": {"prefill": {"replicas": n}}}}',
         "JSON patch of /spec/replicas": '[{"op": "replace", "path": "/spec/replicas", "value": 2}]',
         "the /scale subresource": 'object_path(API_VERSION, KIND, ns, name) + "/scale"',
         "a client's scale call": "api.patch_namespaced_custom_object_scale(group, version, ns, plural, name, body)",
@@ -69,3 +80,10 @@ def test_the_shapes_catch_what_they_are_for() -> None:
         assert PATCH_SHAPES[name].search(line), name
     built = '"spec": {"replicas": spec.desired_replicas(), "selector": {"matchLabels": labels}}'
     assert not any(p.search(built) for p in PATCH_SHAPES.values())
+
+
+def test_the_writer_puts_each_pools_count_where_the_spec_holds_it() -> None:
+    assert replicas_patch(PREFILL_POOL, 3) == {"spec": {"disaggregation": {"prefill": {"replicas": 3}}}}
+    assert replicas_patch(DEFAULT_POOL, 2) == {"spec": {"replicas": 2}}
+    with pytest.raises(ValueError, match="no replica pool 'extra'"):
+        replicas_patch("extra", 1)

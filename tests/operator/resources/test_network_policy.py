@@ -170,3 +170,20 @@ def test_the_router_reaches_kv_events_and_only_the_replicas_reach_the_shared_tie
     assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
     assert rule["from"] == [{"podSelector": replicas["spec"]["podSelector"]}]
     assert network_policies(service(networkPolicy={"enabled": False}), OPERATOR) == []
+
+
+def test_a_split_services_prefill_pool_is_covered_and_its_kv_port_open_to_the_decode_pool_only() -> None:
+    from plimsoll.operator.resources.pools import build_prefill_deployment
+
+    svc = service(router={"enabled": True}, disaggregation={"kvPort": 15000})
+    policy = build_network_policy(svc, OPERATOR)["spec"]
+    prefill = build_prefill_deployment(svc, OPERATOR)["spec"]["template"]["metadata"]["labels"]
+    decode = build_deployment(svc, OPERATOR)["spec"]["template"]["metadata"]["labels"]
+    selector = policy["podSelector"]
+    for labels in (prefill, decode):
+        assert selector["matchLabels"].items() <= labels.items()
+        assert labels["app.kubernetes.io/component"] in selector["matchExpressions"][0]["values"]
+    kv = next(r for r in policy["ingress"] if r["ports"] == [{"protocol": "TCP", "port": 15000}])
+    (peer,) = kv["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= decode.items()
+    assert not peer["podSelector"]["matchLabels"].items() <= prefill.items()

@@ -37,6 +37,19 @@ def pod(name: str, running: float = 0.0, waiting: float = 0.0, **kw: Any) -> Pod
     return PodObservation(name=name, ready=ready, sample=scraped, **kw)
 
 
+def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``patch`` applied to ``target`` as the API server applies a JSON merge patch (RFC 7386)."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def spec(**over: Any) -> LLMServiceSpec:
     """A builtin-autoscaled spec: Manual target 4, 1..3 replicas, 1 replica, short windows."""
     body: dict[str, Any] = {
@@ -85,14 +98,18 @@ class Service:
     def apply(self, plan: Plan) -> None:
         """What the handler does with a plan: counts into the spec, one status write."""
         for count in plan.changes():
-            self.spec = self.spec.model_copy(update={"replicas": count.desired})
+            if count.pool == "prefill":  # a split service's prefill pool: spec.disaggregation.prefill.replicas
+                d = self.spec.disaggregation
+                assert d is not None
+                prefill = d.prefill.model_copy(update={"replicas": count.desired})
+                self.spec = self.spec.model_copy(update={"disaggregation": d.model_copy(update={"prefill": prefill})})
+            else:
+                self.spec = self.spec.model_copy(update={"replicas": count.desired})
         if plan.status is not None:
             self.writes += 1
-            for key, value in plan.status.fields.items():
-                old = self.status.get(key)
-                self.status[key] = (
-                    {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
-                )
+            merged = merge_patch(self.status, plan.status.fields)
+            self.status.clear()
+            self.status.update(merged)
             conditions = list(self.status.get("conditions") or [])
             for type_, state, reason, message in plan.status.conditions:
                 conditions = set_condition(conditions, type_, state, reason, message)

@@ -48,6 +48,20 @@ def test_plimsoll_scrape_gives_in_flight_kv_and_histogram() -> None:
     assert s.tpot is None
 
 
+def test_a_split_pools_signals_are_read_where_exported() -> None:
+    registry = CollectorRegistry()
+    Gauge(names.NUM_REQUESTS_RUNNING, "running", registry=registry).set(1)
+    Gauge(names.NUM_REQUESTS_WAITING, "waiting", registry=registry).set(2)
+    Gauge(names.KV_CACHE_USAGE_RATIO, "kv", registry=registry).set(0.1)
+    Gauge(names.PREFILL_BACKLOG_TOKENS, "backlog", ["model_name"], registry=registry).labels("m").set(1536)
+    Gauge(names.KV_CACHE_BYTES_PER_TOKEN, "bytes", ["model_name"], registry=registry).labels("m").set(4096)
+    s = parse_scrape(generate_latest(registry).decode())
+    assert (s.prefill_backlog_tokens, s.kv_bytes_per_token) == (1536, 4096)
+    # vLLM exports neither: the prefill pool's signal is then missing, not zero.
+    v = parse_scrape(vllm_scrape())
+    assert (v.prefill_backlog_tokens, v.kv_bytes_per_token) == (None, None)
+
+
 def test_vllm_scrape_sums_label_sets() -> None:
     s = parse_scrape(vllm_scrape())
     assert (s.engine, s.running, s.waiting) == ("vllm", 5, 5)

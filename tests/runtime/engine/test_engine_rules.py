@@ -65,6 +65,19 @@ def test_stats(llm: Any) -> None:
     assert s.num_free_blocks == s.num_blocks > 0 and s.kv_cache_usage == 0.0
 
 
+def test_stats_count_the_prefill_backlog_until_computed(llm: Any) -> None:
+    """Prompt tokens admitted and not yet computed (a prefill pool's scaling signal); the KV size of a token."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    engine.add_request("backlog-a", [5] * 20, params)
+    engine.add_request("backlog-b", [6] * 30, params)
+    assert engine.stats().prefill_backlog_tokens == 50
+    assert engine.stats().kv_bytes_per_token > 0
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats().prefill_backlog_tokens == 0
+
+
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
     from transformers import GPT2Config
 

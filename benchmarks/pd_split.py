@@ -1,0 +1,152 @@
+"""Prefill/decode disaggregation against aggregated serving, at equal replica count, on this machine.
+
+Two real `plimsoll serve` replicas started with ``--kv-transfer-config '{"kv_role": "kv_both"}'``
+(each may prefill or decode; KV blocks move between them over the built-in TCP transport), each
+pinned to its own CPU with one thread (``--no-pin`` to let them float), and two workloads:
+
+  long prompt, short output   (--long-input tokens in, --long-output out)
+  short prompt, long output   (--short-input in, --short-output out)
+
+Per workload:
+  1. a profile of one replica (closed-loop c = 1, 2, 4): what ``plimsoll plan`` predicts from, and
+     the unloaded TTFT and TPOT the SLOs are set from (TTFT p95 ≤ --ttft-x × TTFT at c=1,
+     TPOT p50 ≤ --tpot-x × TPOT at c=1), so the SLOs mean the same on a fast or a slow host;
+  2. `plimsoll bench disagg`'s comparison: aggregated on both replicas, then 1P:1D, the same
+     closed-loop levels per replica through the real router: TTFT, TPOT and ITL p50/p95, goodput
+     per replica under the SLO, the KV transfer in ms and MB per request, and the verdict;
+  3. the prediction of ``plimsoll plan --link-bandwidth`` from the profile and the link's measured
+     rate, and whether it agrees with the measured verdict.
+
+    python benchmarks/pd_split.py [--model smollm2-135m] [--levels 1,2] [--requests 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from plimsoll.bench.config import SLO, BenchConfig, LengthSpec
+from plimsoll.bench.disagg import compare, summary_lines
+from plimsoll.bench.session import BenchSession
+from plimsoll.disaggregation import Ratio, parse_ratios, predict, profile_from_report, verdict
+from plimsoll.runtime.testing import ServerProcess
+
+LINK: dict[str, float] = {}  # the KV link's rate, as the first workload's pulls measured it
+
+
+def serve(model: str, cpu: int | None, max_model_len: int, kv_cache: str) -> ServerProcess:
+    both = json.dumps({"kv_role": "kv_both", "kv_ip": "127.0.0.1", "kv_port": 0})
+    prelude = f"import os; os.sched_setaffinity(0, {{{cpu}}})" if cpu is not None else ""
+    env = {"OMP_NUM_THREADS": "1"} if cpu is not None else {}
+    return ServerProcess(["--model", model, "--max-model-len", str(max_model_len), "--kv-cache-memory", kv_cache,
+                          "--max-num-seqs", "16", "--kv-transfer-config", both, "--log-level", "warning"],
+                         startup_timeout=600, env=env, prelude=prelude)  # fmt: skip
+
+
+def config(url: str, isl: int, osl: int, levels: tuple[int, ...], requests: int, slo: SLO, seed: int) -> BenchConfig:
+    return BenchConfig(
+        url=url, input_tokens=LengthSpec(value=isl), output_tokens=LengthSpec(value=osl), levels=levels,
+        requests_per_level=requests, warmup_requests=2, slo=slo, seed=seed, request_timeout_s=600,
+        max_client_lag_ms=1000, min_concurrency_ratio=0.5, max_error_rate=0.05,
+    )  # fmt: skip
+
+
+async def profile(url: str, isl: int, osl: int, requests: int, seed: int) -> dict[str, Any]:
+    """One replica at c = 1, 2, 4: a sweep report's levels (what `plimsoll plan --report` reads)."""
+    session = await BenchSession.open(config(url, isl, osl, (1, 2, 4), requests, SLO(), seed))
+    try:
+        return {"levels": [await session.level(c) for c in (1, 2, 4)]}
+    finally:
+        await session.aclose()
+
+
+def ms(level: dict[str, Any], metric: str, pct: str = "p50") -> float:
+    return float(level["latency_ms"][metric][pct])
+
+
+async def workload(name: str, urls: list[str], args: argparse.Namespace, isl: int, osl: int, seed: int) -> dict[str, Any]:
+    print(f"\n== {name}: {isl} prompt tokens, {osl} output tokens ==", flush=True)
+    t0 = time.monotonic()
+    prof = await profile(urls[0], isl, osl, args.requests, seed)
+    c1 = prof["levels"][0]
+    slo = SLO(ttft_p95_ms=round(args.ttft_x * ms(c1, "ttft"), 1), tpot_p50_ms=round(args.tpot_x * ms(c1, "tpot"), 1))
+    print(f"profile (one replica, c=1,2,4) in {time.monotonic() - t0:.0f} s: " + "; ".join(
+        f"c={lv['concurrency']} TTFT p50 {ms(lv, 'ttft'):.0f} ms TPOT p50 {ms(lv, 'tpot'):.1f} ms"
+        for lv in prof["levels"]))  # fmt: skip
+    print(f"SLO: TTFT p95 <= {slo.ttft_p95_ms:g} ms ({args.ttft_x:g} x c=1), "
+          f"TPOT p50 <= {slo.tpot_p50_ms:g} ms ({args.tpot_x:g} x c=1)", flush=True)  # fmt: skip
+    t0 = time.monotonic()
+    cfg = config(urls[0], isl, osl, args.levels, args.requests, slo, seed + 1)
+    report = await compare(cfg, urls, args.ratios, args.levels, lambda line: print("  " + line, flush=True))
+    print(f"comparison in {time.monotonic() - t0:.0f} s")
+    for line in summary_lines(report):
+        print(line)
+    measured = report["verdict"]
+    split = next(lay for lay in measured["layouts"] if lay["layout"] != "aggregated")
+    # The link as this run measured it: bytes moved over the time the pulls took (kept for a workload
+    # whose prompts are too short to move a block).
+    if split["transfer_s"] and split["transfer_bytes"]:
+        LINK["bytes_per_s"] = split["transfer_bytes"] / split["transfer_s"]
+        LINK["kv_per_token"] = split["transfer_bytes"] / max(1, (isl - 1) // 16 * 16)  # full blocks moved
+    link, kv_per_token = LINK.get("bytes_per_s"), LINK.get("kv_per_token", 0.0)
+    out: dict[str, Any] = {"name": name, "input_tokens": isl, "output_tokens": osl, "slo": slo.model_dump(),
+                           "profile": prof, "measured": report}  # fmt: skip
+    if link:
+        prof_ = profile_from_report(prof, kv_per_token, slo.tpot_p50_ms / 1e3)
+        predicted = verdict(predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3))
+        agrees = predicted.runs == (measured["ratio"] or "aggregated")
+        print(f"predicted (plimsoll plan, link {link / 1e6:.0f} MB/s measured, prefill "
+              f"{prof_.prefill_tokens_per_s:,.0f} tok/s, {prof_.decode_sequences:g} seqs at TPOT "
+              f"{prof_.decode_tpot_s * 1e3:.1f} ms): run {predicted.runs} — "
+              f"{'agrees with' if agrees else 'DIFFERS from'} the measurement")  # fmt: skip
+        for lay in predicted.layouts:
+            print(f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica ({lay.limited_by})")
+        out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees}
+    return out
+
+
+async def main(args: argparse.Namespace) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    pins = [cpus[0], cpus[1 % len(cpus)]] if args.pin else [None, None]
+    replicas = [serve(args.model, cpu, args.max_model_len, args.kv_cache) for cpu in pins]
+    print(f"model {args.model}; 2 replicas (kv_both) pinned to CPUs {pins}; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)  # fmt: skip
+    try:
+        for r in replicas:
+            r.start()
+        urls = [r.url for r in replicas]
+        results = [
+            await workload("long prompt, short output", urls, args, args.long_input, args.long_output, 100),
+            await workload("short prompt, long output", urls, args, args.short_input, args.short_output, 200),
+        ]
+    finally:
+        for r in replicas:
+            r.stop(timeout=30)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+        print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--kv-cache", default="256MiB")
+    p.add_argument("--long-input", type=int, default=640)
+    p.add_argument("--long-output", type=int, default=16)
+    p.add_argument("--short-input", type=int, default=32)
+    p.add_argument("--short-output", type=int, default=96)
+    p.add_argument("--levels", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 2))
+    p.add_argument("--requests", type=int, default=16, help="measured requests per level")
+    p.add_argument("--ratios", type=parse_ratios, default=[Ratio(1, 1)])
+    p.add_argument("--ttft-x", type=float, default=4.0, help="TTFT p95 SLO as a multiple of TTFT at c=1")
+    p.add_argument("--tpot-x", type=float, default=1.5, help="TPOT p50 SLO as a multiple of TPOT at c=1")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--output", default=None, help="write every figure as JSON here")
+    sys.exit(asyncio.run(main(p.parse_args())))

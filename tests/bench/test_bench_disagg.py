@@ -1,0 +1,76 @@
+"""`plimsoll bench disagg` against two real servers that can take either role (``kv_both``).
+
+Shows: both layouts run through the real router (aggregated on both, 1P:1D split), the report
+carries goodput per replica, latency percentiles and, for the split, the KV transfer per request in
+bytes (the prompt's full blocks × this model's KV bytes per block) and milliseconds; the verdict is
+the layout with the higher goodput per replica unless within the margin, with its reasons; a
+replica that cannot take either role is refused before any load, saying how to start it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plimsoll.cli import app
+from plimsoll.disaggregation import MARGIN
+from plimsoll.runtime.testing import ThreadedServer, write_tiny_model
+
+pytestmark = pytest.mark.slow
+ENGINE = {"max_model_len": 256, "kv_cache_memory": "1MiB", "max_num_seqs": 8}
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ThreadedServer]]:
+    # Served under its path: the bench then reads its tokenizer from there (exact prompt lengths).
+    model = write_tiny_model(tmp_path_factory.mktemp("bench-disagg") / "tiny")
+    both = {"kv_role": "kv_both", "kv_ip": "127.0.0.1", "kv_port": 0}
+    servers = [ThreadedServer(model, kv_transfer_config=both, **ENGINE).start() for _ in range(2)]
+    plain = ThreadedServer(model, **ENGINE).start()
+    yield [*servers, plain]
+    for s in (*servers, plain):
+        s.stop()
+
+
+def test_aggregated_and_split_measured_with_a_verdict(replicas: list[ThreadedServer], tmp_path: Path) -> None:
+    out = tmp_path / "disagg.json"
+    args = ["bench", "disagg", "--url", replicas[0].url, "--url", replicas[1].url, "--ratios", "1:1",
+            "--input-tokens", "100", "--output-tokens", "8", "--levels", "1", "--requests-per-level", "12",
+            "--slo-ttft-p95-ms", "5000", "--slo-tpot-p50-ms", "1000", "--max-client-lag-ms", "1000",
+            "--min-concurrency-ratio", "0.5", "-o", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    agg, split = report["verdict"]["layouts"]
+    assert (agg["layout"], agg["replicas"], split["layout"], split["replicas"]) == (
+        "aggregated",
+        2,
+        "1P:1D",
+        2,
+    )
+    assert agg["goodput_per_replica_rps"] > 0 and split["goodput_per_replica_rps"] > 0
+    assert agg["ttft_p95_s"] and split["tpot_p50_s"] and agg["transfer_bytes"] is None
+    # About 100 prompt tokens: 6 full blocks of 16 tokens, each of this model's KV bytes per block.
+    block_bytes = replicas[0].engine.engine.kv_connector.remote.host.block_nbytes
+    assert split["transfer_bytes"] == pytest.approx(6 * block_bytes, rel=0.2) and split["transfer_s"] > 0
+    assert report["layouts"][1]["split_requests"] >= 12
+    # The verdict follows the measurement: split only when its goodput per replica is clearly higher.
+    split_wins = split["goodput_per_replica_rps"] > (1 + MARGIN) * agg["goodput_per_replica_rps"]
+    expected = "1P:1D" if split_wins else None
+    assert report["verdict"]["ratio"] == expected
+    assert f"verdict: run {expected or 'aggregated'}" in result.output
+    assert "KV transfer" in result.output and "good req/s per replica" in result.output
+
+
+def test_a_replica_without_both_roles_is_refused(replicas: list[ThreadedServer]) -> None:
+    args = ["bench", "disagg", "--url", replicas[0].url, "--url", replicas[2].url, "--slo-ttft-p95-ms", "500",
+            "--slo-tpot-p50-ms", "50"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1
+    assert "cannot prefill for another replica" in result.output and "kv_both" in result.output
+    result = CliRunner().invoke(app, ["bench", "disagg", "--url", replicas[0].url, "--ratios", "1:1"])
+    assert result.exit_code == 2 and "--slo-ttft-p95-ms and --slo-tpot-p50-ms" in result.output
