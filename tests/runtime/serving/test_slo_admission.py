@@ -42,9 +42,17 @@ def _busy(url: str) -> threading.Thread:
 def test_a_request_that_would_wait_past_its_bound_gets_429_with_retry_after(slow: ThreadedServer) -> None:
     worker = _busy(slow.url)
     try:
-        samples = scrape(slow.url)
-        # The queue in tokens and seconds: the running request still has most of its 30 tokens to go.
-        assert metric(samples, mn.DECODE_TOKENS_REMAINING) > 10 and metric(samples, mn.BACKLOG_SECONDS) > 0.3
+        # The queue in tokens and seconds: the running request still has most of its 30 tokens to
+        # go. The engine measures its decode step as it runs, so the backlog in seconds reaches
+        # remaining tokens × the slowed step after a few steps, not at the first scrape.
+        deadline = time.monotonic() + 30
+        while True:
+            samples = scrape(slow.url)
+            remaining, backlog = metric(samples, mn.DECODE_TOKENS_REMAINING), metric(samples, mn.BACKLOG_SECONDS)
+            if backlog > 0.3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert remaining > 10 and backlog > 0.3, (remaining, backlog)
         refused = httpx.post(
             f"{slow.url}/v1/completions", json=BODY, headers={SLO_TTFT_HEADER: "200"}, timeout=60
         )
