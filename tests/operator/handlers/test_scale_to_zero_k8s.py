@@ -112,7 +112,8 @@ def zero_manifest(name: str, model: Path, hold_queue: int) -> dict[str, Any]:
         capacity={"mode": "Manual", "concurrencyPerReplica": TARGET},
         autoscaling={"mode": "builtin", "intervalSeconds": 1, "scaleDownStabilizationSeconds": 5},
         # An explicit hold limit: the default (2 × cold-start p95) would tie the test to this CPU's speed.
-        router={"holdQueue": hold_queue, "holdTimeoutSeconds": 500},
+        # One router: the test reads its hold queue and sends through it.
+        router={"replicas": 1, "holdQueue": hold_queue, "holdTimeoutSeconds": 500},
     )
 
 
@@ -241,7 +242,7 @@ def play_drain(cluster: Any, ns: str, name: str, model: Path, clients: int = 2) 
         capacity={"mode": "Manual", "concurrencyPerReplica": TARGET},
         # No scale-down until the load runs on all three (the window is shortened then).
         autoscaling={"mode": "builtin", "intervalSeconds": 1, "scaleDownStabilizationSeconds": 3600},
-        router={"enabled": True},
+        router={"enabled": True, "replicas": 1},  # the load goes through this one router
     )
     apply(cluster, ns, manifest)
     wait_until(lambda: sum(is_ready(p) for p in pods(cluster, ns, name)) == 3, STARTUP_S, "3 ready replicas")
