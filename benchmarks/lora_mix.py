@@ -119,7 +119,7 @@ def main() -> None:
                 engine, loras, args.concurrency, args.requests, args, f"{label.replace(' ', '-')}-{i}"
             )
             print(
-                f"round {i} {label:<24} c={args.concurrency} n={args.requests} in={args.input_tokens} "
+                f"repeat {i} {label:<24} c={args.concurrency} n={args.requests} in={args.input_tokens} "
                 f"out={args.output_tokens}  out_tok/s={r['out_tok_s']:7.1f} (per CPU-s {r['out_tok_cpu_s']:7.1f})  "
                 f"TPOT p50={r['tpot_p50'] * 1000:6.1f}ms  wall={r['wall_s']:.1f}s",
                 flush=True,

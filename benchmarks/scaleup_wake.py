@@ -93,7 +93,7 @@ def main() -> None:
                 same = same and text == reference
         finally:
             server.stop()
-        print(f"round {r + 1}: cold start to first byte {cold[-1]:.2f} s (Ready {ready[-1]:.2f} s); "
+        print(f"repeat {r + 1}: cold start to first byte {cold[-1]:.2f} s (Ready {ready[-1]:.2f} s); "
               f"wake to first byte: level 1 {wake[1][-1]:.3f} s, level 2 {wake[2][-1]:.3f} s", flush=True)  # fmt: skip
 
     def med(xs: list[float]) -> float:
