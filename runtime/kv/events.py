@@ -23,7 +23,6 @@ What it is not: the router's index (``router/kv_index.py``).
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -34,6 +33,8 @@ from typing import Any, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from plimsoll.runtime.kv.json_flag import json_flag
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +69,8 @@ class KVEventsConfig(BaseModel):
     def parse(cls, value: object) -> KVEventsConfig | None:
         if value is None or isinstance(value, KVEventsConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ValueError(
-                    f"--kv-events-config must be a JSON object such as "
-                    f'\'{{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}}\' ({exc})'
-                ) from None
-        return cls.model_validate(value)
+        example = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}'
+        return cls.model_validate(json_flag(value, "--kv-events-config", example))
 
     @property
     def enabled(self) -> bool:

@@ -18,11 +18,12 @@ What it is not: the transport (``transport.py``) or the per-request protocol
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from plimsoll.runtime.kv.json_flag import json_flag
 
 BUILTIN_CONNECTOR = "PlimsollConnector"
 DEFAULT_KV_PORT = 14579  # vLLM's KVTransferConfig.kv_port default
@@ -87,14 +88,7 @@ class KVTransferConfig(BaseModel):
     def parse(cls, value: object) -> KVTransferConfig | None:
         if value is None or isinstance(value, KVTransferConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ValueError(
-                    f'--kv-transfer-config must be a JSON object such as \'{{"kv_role": "kv_both"}}\' ({exc})'
-                ) from None
-        return cls.model_validate(value)
+        return cls.model_validate(json_flag(value, "--kv-transfer-config", '{"kv_role": "kv_both"}'))
 
     @property
     def is_producer(self) -> bool:
