@@ -24,6 +24,9 @@ from plimsoll.bench.trend import fit_trend, is_upward
 TPOT_STABILITY_LIMIT = 0.20  # coefficient of variation of per-request TPOT
 RECOVERY_FACTOR = 1.5  # TTFT within this factor of the pre-burst median counts as recovered
 DRIFT_LIMIT = 0.20  # last third vs first third of a soak
+# Series that are fractions of a whole must also rise by this much of the whole to drift: a
+# near-empty KV cache going from 0.2 % to 0.3 % used is a 50 % rise and no leak at all.
+DRIFT_MIN_ABSOLUTE = {"kv_usage_mean": 0.05}
 # The smallest rise over a soak that a significant trend must also reach to be flagged: memory
 # that grows 2 % an hour is a leak; latency that grows 5 % is worth a look.
 TREND_MIN_RISE = {
@@ -132,14 +135,17 @@ async def run_burst(
     return session.report("burst", [lv], scenario, knees=False)
 
 
-def _drift(values: list[float | None]) -> float | None:
-    """Relative change from the first third to the last third of the windows."""
+def _drift(values: list[float | None], min_absolute: float = 0.0) -> float | None:
+    """Relative change from the first third to the last third of the windows; 0 when the
+    absolute change is under ``min_absolute``."""
     xs = [v for v in values if v is not None]
     if len(xs) < 3:
         return None
     third = max(1, len(xs) // 3)
     head, tail = statistics.fmean(xs[:third]), statistics.fmean(xs[-third:])
-    return (tail - head) / head if head > 0 else None
+    if head <= 0:
+        return None
+    return (tail - head) / head if tail - head >= min_absolute else 0.0
 
 
 def _no_drift_data(name: str, windows: int) -> str:
@@ -188,7 +194,9 @@ async def run_soak(
         "open_fds_mean": server("open_fds"),
         "http_connections_mean": server("http_connections"),
     }
-    drift = {name: _drift(values) for name, values in series_by_name.items()}
+    drift = {
+        name: _drift(values, DRIFT_MIN_ABSOLUTE.get(name, 0.0)) for name, values in series_by_name.items()
+    }
     times = [(i + 0.5) * window_s for i in range(windows)]
     skip = 1 if windows >= TREND_SKIP_FIRST_FROM else 0
     trend: dict[str, dict[str, Any] | None] = {}
@@ -196,7 +204,9 @@ async def run_soak(
     for name, values in series_by_name.items():
         fit = fit_trend(times[skip:], values[skip:])
         trend[name] = None if fit is None else {**fit.as_dict(), "min_rise": TREND_MIN_RISE[name]}
-        if is_upward(fit, TREND_MIN_RISE[name]):
+        span = times[-1] - times[skip]
+        absolute_rise = 0.0 if fit is None else fit.slope_per_s * span
+        if is_upward(fit, TREND_MIN_RISE[name]) and absolute_rise >= DRIFT_MIN_ABSOLUTE.get(name, 0.0):
             rising.append(name)
             assert fit is not None
             lo, hi = fit.slope_ci95

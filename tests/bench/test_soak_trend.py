@@ -68,3 +68,13 @@ def test_a_clean_server_is_not_flagged(tmp_path: Path) -> None:
 def test_the_trend_rule(values: list[float], upward: bool) -> None:
     fit = fit_trend(list(range(len(values))), values)
     assert is_upward(fit, 0.05) is upward, fit
+
+
+def test_a_fraction_must_also_rise_by_a_share_of_the_whole_to_drift() -> None:
+    from plimsoll.bench.scenarios import _drift
+
+    near_empty = [0.002, 0.002, 0.002, 0.003, 0.003, 0.003]  # +50 %, a thousandth of the cache
+    assert _drift(near_empty) == pytest.approx(0.5)
+    assert _drift(near_empty, min_absolute=0.05) == 0.0
+    filling = [0.2, 0.2, 0.2, 0.3, 0.3, 0.3]  # +50 %, a tenth of the cache: a leak's shape
+    assert _drift(filling, min_absolute=0.05) == pytest.approx(0.5)
