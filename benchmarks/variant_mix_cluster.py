@@ -38,18 +38,22 @@ import itertools
 import json
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 import yaml
 from variant_mix import VARIANTS, Measured, profile
 
-from plimsoll.bench.simulator import SimulatorProcess, spawn_simulator
+from plimsoll.bench.simulator import ServiceCurve
+from plimsoll.bench.simulator import build_app as build_simulator
 from plimsoll.devcluster.cluster import Cluster
 from plimsoll.devcluster.nodes import SimulatedNode
 from plimsoll.operator.local import chart_operator
@@ -99,13 +103,21 @@ class Run:
 
 
 class Replicas:
-    """A simulated replica on every Ready pod's IP (its variant's curve); the reclaimed ones stay dead."""
+    """A simulated replica on every Ready pod's IP (its variant's curve); the reclaimed ones stay dead.
+
+    The replicas run in one helper process (this script with ``--serve-replicas``), each a
+    uvicorn server on its pod's IP started within milliseconds of the pod turning Ready (a
+    process per replica would leave it Ready and silent for seconds on a busy host).
+    """
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.running: dict[str, tuple[str, SimulatorProcess]] = {}  # pod name -> (variant, process)
+        self.running: dict[str, tuple[str, str]] = {}  # pod name -> (variant, URL)
         self.dead: set[str] = set()
-        self.curves = {v.name: v.curve for v in VARIANTS}
+        self.curves = {v.name: asdict(v.curve) for v in VARIANTS}
+        self.host = subprocess.Popen(
+            [sys.executable, __file__, "--serve-replicas"], stdin=subprocess.PIPE, text=True
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -116,8 +128,17 @@ class Replicas:
     def __exit__(self, *_: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        for _, process in self.running.values():
-            process.stop()
+        assert self.host.stdin is not None
+        self.host.stdin.close()
+        try:
+            self.host.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.host.kill()
+
+    def _send(self, **command: Any) -> None:
+        assert self.host.stdin is not None
+        self.host.stdin.write(json.dumps(command) + "\n")
+        self.host.stdin.flush()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -141,24 +162,53 @@ class Replicas:
                     status["podIP"],
                 )
         for name in set(self.running) - set(ready):
-            self.running.pop(name)[1].stop()
+            del self.running[name]
+            self._send(op="stop", pod=name)
         for name, (variant, ip) in ready.items():
             if name not in self.running and name not in self.dead and variant in self.curves:
-                self.running[name] = (
-                    variant,
-                    spawn_simulator(self.curves[variant], host=ip, port=ENGINE_PORT),
-                )
+                self.running[name] = (variant, f"http://{ip}:{ENGINE_PORT}")
+                self._send(op="start", pod=name, ip=ip, curve=self.curves[variant])
 
     def reclaim(self, variant: str) -> set[str]:
-        """Kill the variant's replicas (their machines are gone); their URLs."""
+        """Kill the variant's replicas (connections reset: their machines are gone); their URLs."""
         urls = set()
-        for name, (v, process) in list(self.running.items()):
+        for name, (v, url) in list(self.running.items()):
             if v == variant:
                 self.dead.add(name)
-                process.kill()
-                urls.add(process.url)
+                urls.add(url)
                 del self.running[name]
+                self._send(op="kill", pod=name)
         return urls
+
+
+async def serve_replicas() -> None:
+    """The helper process: start, stop or kill simulated replicas as told on stdin (JSON lines)."""
+    servers: dict[str, tuple[uvicorn.Server, asyncio.Task[None]]] = {}
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        command = json.loads(line)
+        pod = command["pod"]
+        if command["op"] == "start":
+            config = uvicorn.Config(
+                build_simulator(ServiceCurve(**command["curve"])), host=command["ip"], port=ENGINE_PORT,
+                log_level="error", access_log=False, lifespan="off",
+            )  # fmt: skip
+            server = uvicorn.Server(config)
+            servers[pod] = (server, asyncio.create_task(server.serve()))
+        elif pod in servers:
+            server, _ = servers.pop(pod)
+            if command["op"] == "kill":
+                for connection in list(server.server_state.connections):
+                    transport = getattr(connection, "transport", None)
+                    if transport is not None:
+                        transport.abort()
+                server.force_exit = True
+            server.should_exit = True
+    for server, _ in servers.values():
+        server.should_exit = True
+    await asyncio.gather(*(task for _, task in servers.values()), return_exceptions=True)
 
 
 def most(name: str, max_replicas: int, args: argparse.Namespace) -> int:
@@ -294,7 +344,9 @@ async def drive(cluster: Cluster, replicas: Replicas, args: argparse.Namespace, 
                     # The spot machines go: what was in flight on them is what the replica loss costs.
                     urls = replicas.reclaim("spot")
                     run.spot_urls = urls
-                    run.in_flight_on_spot = sum(r.inflight for u, r in state.replica_set.replicas.items() if u in urls)
+                    run.in_flight_on_spot = sum(
+                        r.inflight for u, r in state.replica_set.replicas.items() if u in urls
+                    )
                     nodes = [f"spot-{i}" for i in range(SHAPES["spot"][0])]
                     await asyncio.to_thread(cluster.kubectl, "delete", "node", *nodes, "--wait=false")
                     run.reclaimed_at = t
@@ -407,6 +459,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--serve-replicas", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--profiles", help="the profiles variant_mix.py --save-profiles wrote (else sweep here)"
     )
@@ -421,13 +474,20 @@ def main() -> None:
     parser.add_argument("--step-at", type=float, default=2.0, help="minute of the step up")
     parser.add_argument("--reclaim-at", type=float, default=4.0, help="minute the spot nodes are deleted")
     parser.add_argument("--fall-at", type=float, default=6.0, help="minute the load falls back")
-    parser.add_argument("--max-replicas", type=int, default=4, help="cap on each variant's maxReplicas "
-                        "(each replica is a process on this host)")
+    parser.add_argument(
+        "--max-replicas",
+        type=int,
+        default=4,
+        help="cap on each variant's maxReplicas (each replica is a process on this host)",
+    )
     parser.add_argument("--spot-cost", type=float, default=0.4, help="the spot variant's costPerHour")
     parser.add_argument("--max-spot-fraction", type=float, default=0.5)
     parser.add_argument("--ttft-ms", type=float, default=600.0)
     parser.add_argument("--tpot-ms", type=float, default=150.0)
     args = parser.parse_args()
+    if args.serve_replicas:
+        asyncio.run(serve_replicas())
+        return
     saved = json.loads(Path(args.profiles).read_text()) if args.profiles else {}
     measured = {v.name: Measured(**saved[v.name]) if v.name in saved else profile(v, args) for v in VARIANTS}
     for v in VARIANTS:
