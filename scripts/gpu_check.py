@@ -58,31 +58,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from plimsoll.runtime.testing import llama_shape
+
 # Peak HBM bandwidth by device name (vendor data sheets), bytes/s.
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 SXM": 3.35e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
 
-SMOLLM2_SHAPE = dict(  # SmolLM2-135M-Instruct's config
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-)
-LLAMA_1B_SHAPE = dict(
-    vocab_size=32000,
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=4096,
-    rope_theta=500000.0,
-    tie_word_embeddings=False,
-)
+# Real models' shapes: vocab, hidden, intermediate, layers, heads, KV heads, context (config.json);
+# the first is SmolLM2-135M-Instruct's.
+SMOLLM2_SHAPE = llama_shape(49152, 576, 1536, 30, 9, 3, 8192, rope_theta=1e5, tied=True)
+LLAMA_1B_SHAPE = llama_shape(32000, 2048, 8192, 16, 32, 8, 4096, rope_theta=5e5)
 
 RESULTS: dict[str, Any] = {"sections": {}, "mismatches": []}
 T0 = time.monotonic()

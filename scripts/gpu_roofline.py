@@ -67,17 +67,7 @@ PEAK_TENSOR_FLOPS = {
     "L40S": (362e12, 733e12),
     "L4": (121e12, 242e12),
 }
-LLAMA_8B_SHAPE = dict(  # Llama-3.1-8B's config
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=8192,
-    rope_theta=500000.0,
-    tie_word_embeddings=False,
-)
+LLAMA_8B_SHAPE = testing.llama_shape(128256, 4096, 14336, 32, 32, 8, 8192, rope_theta=5e5)  # Llama-3.1-8B
 # --device cpu: the test suite's tiny shape (checks the script, nothing else); the token ids are
 # the config writers' own.
 TINY_SHAPE = {
