@@ -84,27 +84,35 @@ def say(line: str = "") -> None:
 
 def section(name: str, budget_s: float, min_s: float, fn: Callable[[], dict[str, Any]]) -> None:
     """Run one section; record its figures, or why it was skipped or failed."""
-    left = budget_s - (time.monotonic() - T0)
     say(f"\n=== {name} ===")
-    if left < min_s:
-        RESULTS["sections"][name] = {
-            "status": f"skipped: {left:.0f}s of the budget left, needs ~{min_s:.0f}s"
-        }
-        say(f"SKIPPED {name}: {left:.0f}s of the budget left, needs ~{min_s:.0f}s")
-        return
+    RESULTS["sections"][name] = run_timed(name, budget_s - (time.monotonic() - T0), min_s, fn)
+
+
+Measure = Callable[[], dict[str, Any]]  # a section or part: its figures
+
+
+def run_timed(
+    name: str, left_s: float, need_s: float, fn: Measure, tell: Callable[[str], None] = say
+) -> dict[str, Any]:
+    """``fn``'s figures with their status and seconds, or why it was skipped (fewer than ``need_s``
+    of the ``left_s`` seconds of budget left, or ``Skip``) or failed; the next part still runs."""
+    if left_s < need_s:
+        why = f"{left_s:.0f} s of the budget left, needs ~{need_s:.0f} s"
+        tell(f"SKIPPED {name}: {why}")
+        return {"status": f"skipped: {why}"}
     t = time.monotonic()
     try:
         figures = fn()
         figures.setdefault("status", "ok")
     except Skip as exc:
         figures = {"status": f"skipped: {exc}"}
-        say(f"SKIPPED {name}: {exc}")
-    except Exception as exc:  # one broken section must not hide the others' figures
+        tell(f"SKIPPED {name}: {exc}")
+    except Exception as exc:  # one broken part must not hide the others' figures
         figures = {"status": f"failed: {type(exc).__name__}: {exc}"}
-        say(f"FAILED {name}: {type(exc).__name__}: {exc}")
+        tell(f"FAILED {name}: {type(exc).__name__}: {exc}")
         traceback.print_exc()
     figures["seconds"] = round(time.monotonic() - t, 1)
-    RESULTS["sections"][name] = figures
+    return figures
 
 
 class Skip(Exception):

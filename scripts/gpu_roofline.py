@@ -44,7 +44,6 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -97,22 +96,7 @@ class Budget:
 def part(name: str, budget: Budget, need_s: float, fn: Callable[[], dict[str, Any]]) -> None:
     """Run one part; record its figures, or why it was skipped or failed (the next part still runs)."""
     say(f"\n--- {name} ---")
-    if budget.left() < need_s:
-        RESULTS[name] = {
-            "status": f"skipped: {budget.left():.0f} s of the budget left, needs ~{need_s:.0f} s"
-        }
-        say(f"SKIPPED {name}: {RESULTS[name]['status']}")
-        return
-    t = time.monotonic()
-    try:
-        figures = fn()
-        figures.setdefault("status", "ok")
-    except Exception as exc:  # one broken part must not hide the others' figures
-        figures = {"status": f"failed: {type(exc).__name__}: {exc}"}
-        say(f"FAILED {name}: {type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    figures["seconds"] = round(time.monotonic() - t, 1)
-    RESULTS[name] = figures
+    RESULTS[name] = gpu_check.run_timed(name, budget.left(), need_s, fn, say)
 
 
 # --------------------------------------------------------------------------- the card
