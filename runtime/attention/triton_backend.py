@@ -237,6 +237,26 @@ def _kv_operands(
     return kv_int8.values(k_cache), kv_int8.values(v_cache), k_scales, kv_int8.scales(v_cache), strides
 
 
+def _strides(
+    query: torch.Tensor,
+    out: torch.Tensor,
+    k_values: torch.Tensor,
+    v_values: torch.Tensor,
+    s_strides: tuple[int, int, int],
+    block_tables: torch.Tensor,
+) -> tuple[int, ...]:
+    """The strides the decode and prefill kernels take, in their order: query and output (token,
+    head), K and V values (block, slot, head), the scales' (``_kv_operands``), the block table's row."""
+    return (
+        *query.stride()[:2],
+        *out.stride()[:2],
+        *k_values.stride()[:3],
+        *v_values.stride()[:3],
+        *s_strides,
+        block_tables.stride(0),
+    )
+
+
 def _unit_stride(tensor: torch.Tensor) -> torch.Tensor:
     """The kernels index the last axis with stride 1 (other strides are passed in)."""
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
@@ -357,18 +377,7 @@ def decode_attention(
         part_sum,
         scale,
         num_kv_splits,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_values.stride(0),
-        k_values.stride(1),
-        k_values.stride(2),
-        v_values.stride(0),
-        v_values.stride(1),
-        v_values.stride(2),
-        *s_strides,
-        block_tables.stride(0),
+        *_strides(query, out, k_values, v_values, s_strides, block_tables),
         GROUP=group,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
@@ -435,18 +444,7 @@ def prefill_attention(
         cu_seqlens_q,
         context_lens,
         scale,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_values.stride(0),
-        k_values.stride(1),
-        k_values.stride(2),
-        v_values.stride(0),
-        v_values.stride(1),
-        v_values.stride(2),
-        *s_strides,
-        block_tables.stride(0),
+        *_strides(query, out, k_values, v_values, s_strides, block_tables),
         GROUP=num_heads // k_cache.shape[2],
         HEAD_DIM=head_dim,
         PAGE_SIZE=k_cache.shape[1],
