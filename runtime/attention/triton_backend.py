@@ -237,6 +237,25 @@ def _kv_operands(
     return kv_int8.values(k_cache), kv_int8.values(v_cache), k_scales, kv_int8.scales(v_cache), strides
 
 
+def _prepared(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[dict[str, Any], SimpleNamespace, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launch options and kernels for a checked attention call, and its query, block table,
+    query offsets and context lengths with a unit last stride."""
+    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    _check_cache(k_cache, v_cache)
+    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
+    query, block_tables, cu_seqlens_q, context_lens = map(
+        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    )
+    return opts, _kernels(opts["interpret"]), query, block_tables, cu_seqlens_q, context_lens
+
+
 def _strides(
     query: torch.Tensor,
     out: torch.Tensor,
@@ -330,13 +349,9 @@ def decode_attention(
 
     ``num_kv_splits`` overrides the automatic choice (tests use it to cover the merge).
     """
-    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    _check_cache(k_cache, v_cache)
-    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query, block_tables, cu_seqlens_q, context_lens = map(
-        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    opts, kernels, query, block_tables, cu_seqlens_q, context_lens = _prepared(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens
     )
-    kernels = _kernels(opts["interpret"])
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     page_size = k_cache.shape[1]
     if num_kv_splits is None:
@@ -416,13 +431,9 @@ def prefill_attention(
     max_q_len: int | None = None,
 ) -> torch.Tensor:
     """``paged_attention`` for any batch: causal queries over prefix + new tokens."""
-    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    _check_cache(k_cache, v_cache)
-    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query, block_tables, cu_seqlens_q, context_lens = map(
-        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    opts, kernels, query, block_tables, cu_seqlens_q, context_lens = _prepared(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens
     )
-    kernels = _kernels(opts["interpret"])
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     out = torch.empty_like(query)
     if num_tokens == 0:
