@@ -14,15 +14,13 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from plimsoll.devcluster.cluster import Cluster
-from plimsoll.operator.local import chart_operator
+from plimsoll.operator.local import chart_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
@@ -58,12 +56,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for all to be Ready")
     args = parser.parse_args()
 
-    with (
-        tempfile.TemporaryDirectory(prefix="plimsoll-opscale-") as tmp,
-        Cluster(Path(tmp) / "cluster") as cluster,
-        # The operator's default resync period: what reconciling a fleet costs in production.
-        chart_operator(cluster, CHART, Path(tmp), PLIMSOLL_RESYNC_SECONDS="30") as operator,
-    ):
+    # The operator's default resync period: what reconciling a fleet costs in production.
+    with chart_cluster(CHART, "plimsoll-opscale-", PLIMSOLL_RESYNC_SECONDS="30") as (cluster, operator):
         cluster.kubectl("create", "namespace", "fleet")
         idle_rss = operator.rss_bytes()
         cpu0 = operator.cpu_seconds()
