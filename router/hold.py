@@ -103,7 +103,7 @@ class _Waiter:
     priority: int = 0  # the request body's vLLM ``priority``: lower is released first
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class HoldQueue:
     """Bounded FIFO of requests waiting for a ready replica, released at the replicas' pace.
 

@@ -27,7 +27,7 @@ import torch
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class PagedAttend:
     """The eager call: one step's caches, metadata and backend."""
 

@@ -50,7 +50,7 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Scheduler:
     kv: KVCacheManager
     max_num_seqs: int

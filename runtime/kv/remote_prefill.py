@@ -169,7 +169,7 @@ class _Outgoing:
             self.owner._release(self.held.blocks)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class RemotePrefill:
     config: KVTransferConfig
     identity: BlockIdentity
