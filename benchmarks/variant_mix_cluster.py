@@ -105,9 +105,10 @@ class Run:
 class Replicas:
     """A simulated replica on every Ready pod's IP (its variant's curve); the reclaimed ones stay dead.
 
-    The replicas run in one helper process (this script with ``--serve-replicas``), each a
-    uvicorn server on its pod's IP started within milliseconds of the pod turning Ready (a
-    process per replica would leave it Ready and silent for seconds on a busy host).
+    Each variant's replicas run in one helper process (this script with ``--serve-replicas``),
+    each a uvicorn server on its pod's IP started within milliseconds of the pod turning Ready
+    (a process per replica would leave it Ready and silent for seconds on a busy host; one
+    process for all of them would be one core for the whole fleet).
     """
 
     def __init__(self, cluster: Cluster) -> None:
@@ -115,9 +116,12 @@ class Replicas:
         self.running: dict[str, tuple[str, str]] = {}  # pod name -> (variant, URL)
         self.dead: set[str] = set()
         self.curves = {v.name: asdict(v.curve) for v in VARIANTS}
-        self.host = subprocess.Popen(
-            [sys.executable, __file__, "--serve-replicas"], stdin=subprocess.PIPE, text=True
-        )
+        self.hosts = {
+            v.name: subprocess.Popen(
+                [sys.executable, __file__, "--serve-replicas"], stdin=subprocess.PIPE, text=True
+            )
+            for v in VARIANTS
+        }
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -128,17 +132,20 @@ class Replicas:
     def __exit__(self, *_: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        assert self.host.stdin is not None
-        self.host.stdin.close()
-        try:
-            self.host.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.host.kill()
+        for host in self.hosts.values():
+            assert host.stdin is not None
+            host.stdin.close()
+        for host in self.hosts.values():
+            try:
+                host.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                host.kill()
 
-    def _send(self, **command: Any) -> None:
-        assert self.host.stdin is not None
-        self.host.stdin.write(json.dumps(command) + "\n")
-        self.host.stdin.flush()
+    def _send(self, variant: str, **command: Any) -> None:
+        stdin = self.hosts[variant].stdin
+        assert stdin is not None
+        stdin.write(json.dumps(command) + "\n")
+        stdin.flush()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -162,12 +169,12 @@ class Replicas:
                     status["podIP"],
                 )
         for name in set(self.running) - set(ready):
-            del self.running[name]
-            self._send(op="stop", pod=name)
+            variant, _ = self.running.pop(name)
+            self._send(variant, op="stop", pod=name)
         for name, (variant, ip) in ready.items():
             if name not in self.running and name not in self.dead and variant in self.curves:
                 self.running[name] = (variant, f"http://{ip}:{ENGINE_PORT}")
-                self._send(op="start", pod=name, ip=ip, curve=self.curves[variant])
+                self._send(variant, op="start", pod=name, ip=ip, curve=self.curves[variant])
 
     def reclaim(self, variant: str) -> set[str]:
         """Kill the variant's replicas (connections reset: their machines are gone); their URLs."""
@@ -177,7 +184,7 @@ class Replicas:
                 self.dead.add(name)
                 urls.add(url)
                 del self.running[name]
-                self._send(op="kill", pod=name)
+                self._send(v, op="kill", pod=name)
         return urls
 
 
