@@ -58,6 +58,26 @@ class SecretKeyRef(APIModel):
     )
 
 
+class HostPathCache(APIModel):
+    """A directory on the node (Kubernetes HostPathVolumeSource's ``path``): a node-local model cache."""
+
+    path: str = Field(
+        min_length=2,
+        max_length=1024,
+        pattern=r"^/.*[^/]$",
+        description="Absolute directory on the node, e.g. /var/lib/plimsoll/models (created if missing; "
+        "must be writable by the image's user, uid 1000).",
+    )
+
+    @model_validator(mode="after")
+    def _plain_path(self) -> "HostPathCache":
+        if ".." in self.path.split("/"):
+            raise ValueError(
+                f"model.cache.hostPath.path {self.path!r} may not contain '..'; give the directory itself"
+            )
+        return self
+
+
 class ModelCacheSpec(APIModel):
     """The volume an hf:// model is downloaded to before the engine starts."""
 
@@ -65,8 +85,13 @@ class ModelCacheSpec(APIModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!(has(self.claimName) && has(self.sizeLimit))",
-                    "model.cache takes claimName (a PVC) or sizeLimit (an emptyDir), not both",
+                    "[has(self.claimName), has(self.sizeLimit), has(self.hostPath)].filter(x, x).size() <= 1",
+                    "model.cache takes one of claimName (a PVC), sizeLimit (an emptyDir) or hostPath (a node-local "
+                    "directory)",
+                ),
+                cel(
+                    "!(has(self.prefill) && self.prefill) || has(self.hostPath)",
+                    "model.cache.prefill fills a node-local cache: set model.cache.hostPath too",
                 ),
             ]
         }
@@ -76,18 +101,38 @@ class ModelCacheSpec(APIModel):
         None,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="PersistentVolumeClaim holding the cache: downloaded once, kept across restarts "
-        "(ReadWriteMany lets replicas share it).",
+        "(ReadWriteMany lets replicas share it; a local PersistentVolume makes it node-local).",
     )
     size_limit: Quantity | None = Field(
         None,
         description="Size of the per-pod emptyDir cache used when no claim is named, e.g. 40Gi "
         "(each new pod downloads again).",
     )
+    host_path: HostPathCache | None = Field(
+        None,
+        description="A directory on each node that replicas share: a pod that starts where the model is "
+        "already present and verified downloads nothing.",
+    )
+    prefill: bool = Field(
+        False,
+        description="Fill the hostPath cache ahead on every node the replicas may run on (a DaemonSet "
+        "<name>-model-cache), so a replica that starts there, even from zero, finds the weights in place.",
+    )
 
     @model_validator(mode="after")
     def _one_volume(self) -> "ModelCacheSpec":
-        if self.claim_name is not None and self.size_limit is not None:
-            raise ValueError("model.cache takes claimName (a PVC) or sizeLimit (an emptyDir), not both")
+        given = [n for n, v in (("claimName", self.claim_name), ("sizeLimit", self.size_limit),
+                                ("hostPath", self.host_path)) if v is not None]  # fmt: skip
+        if len(given) > 1:
+            raise ValueError(
+                f"model.cache takes one of claimName (a PVC), sizeLimit (an emptyDir) or hostPath (a node-local "
+                f"directory), not {' and '.join(given)}"
+            )
+        if self.prefill and self.host_path is None:
+            raise ValueError(
+                "model.cache.prefill fills a node-local cache ahead: set model.cache.hostPath.path too "
+                "(a claim is filled once by the first replica; an emptyDir lives and dies with its pod)"
+            )
         return self
 
 
@@ -112,7 +157,8 @@ class ModelSpec(APIModel):
     )
     cache: ModelCacheSpec = Field(
         default_factory=lambda: ModelCacheSpec.model_validate({}),
-        description="Where hf:// weights are downloaded (an emptyDir unless claimName is set).",
+        description="Where hf:// weights are downloaded: an emptyDir, a PVC (claimName) or a node-local "
+        "directory (hostPath, optionally filled ahead with prefill).",
     )
 
 
@@ -196,7 +242,8 @@ class EngineSpec(APIModel):
         None, description=f"--max-loras: adapters batched in one step (default {DEFAULT_MAX_LORAS})."
     )
     max_lora_rank: PositiveInt | None = Field(
-        None, description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset)."
+        None,
+        description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset).",
     )
     lora_allowed_roots: list[Annotated[str, Field(pattern=r"^/")]] = Field(
         default_factory=list,
@@ -253,7 +300,8 @@ class ResourcesSpec(APIModel):
     )
 
     gpu: GPUSpec = Field(
-        default_factory=lambda: GPUSpec.model_validate({}), description="GPUs per pod (per node of a replica)."
+        default_factory=lambda: GPUSpec.model_validate({}),
+        description="GPUs per pod (per node of a replica).",
     )
     nodes: int = Field(
         1,
@@ -285,15 +333,21 @@ class ScalingSpec(APIModel):
         }
     )
 
-    min: int = Field(1, ge=0, description="Fewest replicas; 0 scales to zero after idleSeconds (the router holds "
-                     "requests meanwhile).")
+    min: int = Field(
+        1,
+        ge=0,
+        description="Fewest replicas; 0 scales to zero after idleSeconds (the router holds "
+        "requests meanwhile).",
+    )
     max: int = Field(ge=1, description="Most replicas.")
     idle_seconds: int = Field(
         600, ge=1, description="With min 0: seconds without a request before the replicas go to zero."
     )
     drain_seconds: int = Field(
-        120, ge=0, description="Built-in scale-down: the longest a replica chosen for removal is drained "
-        "(no new requests, in-flight ones finish) before the count is lowered."
+        120,
+        ge=0,
+        description="Built-in scale-down: the longest a replica chosen for removal is drained "
+        "(no new requests, in-flight ones finish) before the count is lowered.",
     )
 
     @model_validator(mode="after")
@@ -348,7 +402,9 @@ class SLOSpec(APIModel):
     def _admission_needs_ttft(self) -> "SLOSpec":
         # Before the preset: admission needs a bound the user chose, as the CEL rule says.
         if self.admission == "Predicted" and self.ttft_p95_ms is None:
-            raise ValueError("slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)")
+            raise ValueError(
+                "slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -407,10 +463,12 @@ class DriftSpec(APIModel):
         description="Relative difference from the profile's throughput, TTFT p95 or TPOT p50 that counts as drift.",
     )  # fmt: skip
     window_seconds: PositiveInt = Field(
-        600, description="How long drift must hold: every comparison in this window (each over a fifth of it) must be off."
+        600,
+        description="How long drift must hold: every comparison in this window (each over a fifth of it) must be off.",
     )
     min_requests: PositiveInt = Field(
-        20, description="Finished requests a replica needs in one comparison (a fifth of the window) to be compared."
+        20,
+        description="Finished requests a replica needs in one comparison (a fifth of the window) to be compared.",
     )
 
 
@@ -469,14 +527,18 @@ class TrendSpec(APIModel):
         description="Project in-flight this far ahead along its recent slope and scale up for the "
         "projection (about the time a new replica takes to be Ready); 0 turns the trend off.",
     )  # fmt: skip
-    window_seconds: int = Field(30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over.")
+    window_seconds: int = Field(
+        30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over."
+    )
 
 
 class StandbySpec(APIModel):
     """Replicas parked asleep beside the active ones (vLLM's sleep mode), woken before new ones start."""
 
     replicas: int = Field(
-        ge=1, le=64, description="Replicas kept parked asleep beyond spec.replicas (the Deployment runs both)."
+        ge=1,
+        le=64,
+        description="Replicas kept parked asleep beyond spec.replicas (the Deployment runs both).",
     )
     level: Literal[1, 2] = Field(
         1,
@@ -628,8 +690,10 @@ class KVSharedSpec(APIModel):
     """A KV tier shared by the replicas: a Valkey server the operator deploys, or an existing endpoint."""
 
     endpoint: str | None = Field(
-        None, pattern=r"^rediss?://", description="redis://HOST:PORT of an existing Valkey/Redis server; unset: "
-        "the operator deploys one (a Deployment and Service owned by this LLMService)."
+        None,
+        pattern=r"^rediss?://",
+        description="redis://HOST:PORT of an existing Valkey/Redis server; unset: "
+        "the operator deploys one (a Deployment and Service owned by this LLMService).",
     )
     size: Quantity = Field("1Gi", description="The deployed server's maxmemory (LRU beyond it), e.g. 8Gi.")
     image: str = Field("valkey/valkey:8.1", description="Image of the deployed server.")
@@ -642,8 +706,9 @@ class KVCacheSpec(APIModel):
     offload: KVOffloadSpec | None = Field(None, description="Host-memory offload tier per replica.")
     shared: KVSharedSpec | None = Field(None, description="A KV tier shared by the replicas.")
     events: bool | None = Field(
-        None, description="Publish vLLM's KV events (--kv-events-config) on port 5557; unset: on with "
-        "router.policy precise-prefix, which subscribes to them."
+        None,
+        description="Publish vLLM's KV events (--kv-events-config) on port 5557; unset: on with "
+        "router.policy precise-prefix, which subscribes to them.",
     )
 
 
@@ -673,21 +738,31 @@ class RouterSpec(APIModel):
     )
     policy: RouterPolicy = Field("least-in-flight", description="How the router picks a replica.")
     hold_queue: int = Field(
-        64, ge=0, description="Requests the router holds while no replica is Ready; beyond it, 429 with "
-        "Retry-After from the measured cold starts."
+        64,
+        ge=0,
+        description="Requests the router holds while no replica is Ready; beyond it, 429 with "
+        "Retry-After from the measured cold starts.",
     )
     hold_timeout_seconds: int | None = Field(
-        None, ge=1, le=600, description="Longest a request is held; default twice the measured cold-start p95, "
-        "at most 600."
+        None,
+        ge=1,
+        le=600,
+        description="Longest a request is held; default twice the measured cold-start p95, at most 600.",
     )
     replicas: int = Field(
-        2, ge=1, le=16, description="Router pods: each discovers the replicas itself and routes alike (no "
+        2,
+        ge=1,
+        le=16,
+        description="Router pods: each discovers the replicas itself and routes alike (no "
         "shared state), so with two or more, losing one fails no request a client retries once. A "
-        "PodDisruptionBudget keeps all but one up, and the pods prefer different nodes."
+        "PodDisruptionBudget keeps all but one up, and the pods prefer different nodes.",
     )
     migration_limit: int = Field(
-        3, ge=0, le=16, description="--migration-limit: times one request may move to another replica when its "
-        "replica fails mid-generation (a stream carries on from the last token the client got); 0: off."
+        3,
+        ge=0,
+        le=16,
+        description="--migration-limit: times one request may move to another replica when its "
+        "replica fails mid-generation (a stream carries on from the last token the client got); 0: off.",
     )
     mode: RouterMode = Field(
         "plimsoll",
@@ -911,6 +986,7 @@ class LLMServiceSpec(APIModel):
                 "image); use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
+        self._check_model_cache(location.scheme)
         self._check_disaggregation()
         self._check_variants()
         if (
@@ -992,6 +1068,7 @@ class LLMServiceSpec(APIModel):
             )
         if why is not None:
             raise ValueError(f"disaggregation needs {why}")
+
     def _check_variants(self) -> None:
         if not self.variants:
             return
@@ -1044,6 +1121,23 @@ class LLMServiceSpec(APIModel):
                     "replicas would refuse to load it; add its directory (or a parent) to engine.loraAllowedRoots"
                 )
 
+    def _check_model_cache(self, scheme: str) -> None:
+        """A node-local cache holds what ``plimsoll fetch`` downloads: hf:// models (and hf:// adapters)."""
+        cache = self.model.cache
+        if cache.host_path is None:
+            return
+        if cache.prefill and scheme != "hf":
+            raise ValueError(
+                f"model.cache.prefill downloads an hf:// model onto the nodes ahead; model.uri is {scheme}://, "
+                "which needs no download: drop model.cache.prefill"
+            )
+        hf_adapters = any(parse_adapter_uri(a.uri).scheme == "hf" for a in self.adapters)
+        if scheme != "hf" and not hf_adapters:
+            raise ValueError(
+                f"model.cache.hostPath caches downloads of hf:// models and adapters; model.uri is {scheme}:// "
+                "and no adapter is hf://: drop model.cache, or point model.uri at hf://"
+            )
+
     def lora_enabled(self) -> bool:
         """--enable-lora: asked for, or implied by declared adapters."""
         return bool(self.engine.enable_lora) or (self.engine.enable_lora is None and bool(self.adapters))
@@ -1058,14 +1152,18 @@ class LLMServiceSpec(APIModel):
                     "serve the model from embedded://, file:// or pvc:// (hf:// downloads only into replica pods)"
                 )
             if self.kv_cache.events is False:
-                raise ValueError("router.policy precise-prefix reads the replicas' KV events; drop kvCache.events: false")
+                raise ValueError(
+                    "router.policy precise-prefix reads the replicas' KV events; drop kvCache.events: false"
+                )
         return self
 
     def router_in_front(self) -> bool:
         """The router runs when asked for, always with scaling.min 0 (it holds requests at zero), and on a
         split service (it runs the two hops)."""
-        return self.router.enabled or self.disaggregation is not None or (
-            self.scaling is not None and self.scaling.min == 0 and self.router.mode == "plimsoll"
+        return (
+            self.router.enabled
+            or self.disaggregation is not None
+            or (self.scaling is not None and self.scaling.min == 0 and self.router.mode == "plimsoll")
         )
 
     def desired_replicas(self) -> int:

@@ -53,7 +53,7 @@ def test_cache_volume_is_the_named_claim_or_a_sized_empty_dir() -> None:
     assert {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}} in sized["spec"]["template"]["spec"][
         "volumes"
     ]
-    with pytest.raises(ValidationError, match=r"claimName \(a PVC\) or sizeLimit"):
+    with pytest.raises(ValidationError, match=r"claimName \(a PVC\), sizeLimit \(an emptyDir\) or hostPath"):
         _svc(model={"uri": "hf://o/m", "cache": {"claimName": "w", "sizeLimit": "1Gi"}})
 
 
