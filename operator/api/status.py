@@ -125,6 +125,12 @@ class AutoscalerStatus(APIModel):
         "backlog and predicted TTFT in seconds, the budget the SLO leaves, KV headroom, starting replicas "
         "credited by their expected Ready).",
     )
+    shed: FreeForm | None = Field(
+        None,
+        description="While requests are refused for want of room (routers' saturated, replicas_full, slo_ttft, "
+        "hold_full, hold_timeout; without a router the replicas' queue_full, slo_ttft): refused and finished "
+        "requests per second, by reason, and the replicas they ask for (formula, recommendation).",
+    )
 
 
 class SizingStatus(APIModel):

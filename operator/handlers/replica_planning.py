@@ -90,6 +90,7 @@ from plimsoll.operator.scaling.replica_plan import (
     Wake,
 )
 from plimsoll.operator.scaling.scale_up_timeline import PHASES
+from plimsoll.operator.scaling.shed_demand import attainment_misses
 from plimsoll.operator.scaling.timestamps import parse_time
 from plimsoll.operator.scaling.variant_state import billed_cost_per_hour, variant_pods
 
@@ -167,7 +168,10 @@ class ReplicaLoop:
         return plan
 
     async def observe(
-        self, svc: LLMService, body: Mapping[str, Any], pods: list[dict[str, Any]],
+        self,
+        svc: LLMService,
+        body: Mapping[str, Any],
+        pods: list[dict[str, Any]],
         prefill: list[dict[str, Any]] | None = None,
     ) -> Observations:
         """Every counted pod (Ready ones scraped) and every marked one (scraped: a drain watches them);
@@ -186,7 +190,7 @@ class ReplicaLoop:
             views = variant_pods(Observations(pods=tuple(seen)), [v.name for v in svc.spec.variants])
             cost_per_hour = billed_cost_per_hour(list(svc.spec.variants), views)
         try:
-            shed = {"router": router.shed_slo_total} if router is not None and router.shed_slo_total else None
+            shed = attainment_misses(router, samples) or None
             attainment = await track_attainment(
                 client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger,
                 cost_per_hour=cost_per_hour, shed=shed,
@@ -219,7 +223,11 @@ class ReplicaLoop:
         counts: dict[str, int] = {}
         for deployment in found:
             name = (deployment["metadata"].get("labels") or {}).get(VARIANT_LABEL)
-            if isinstance(name, str) and name in wanted and not deployment["metadata"].get("deletionTimestamp"):
+            if (
+                isinstance(name, str)
+                and name in wanted
+                and not deployment["metadata"].get("deletionTimestamp")
+            ):
                 counts[name] = int((deployment.get("spec") or {}).get("replicas", 0) or 0)
         return counts
 
@@ -289,7 +297,9 @@ class ReplicaLoop:
             if error.status != 404:
                 raise  # a pod already gone needs nothing
 
-    async def _keep_standby(self, svc: LLMService, pod: dict[str, Any], action: Park | Wake, base: str | None) -> None:
+    async def _keep_standby(
+        self, svc: LLMService, pod: dict[str, Any], action: Park | Wake, base: str | None
+    ) -> None:
         """Parked: the standby label (the router sends it nothing), lowest deletion cost, asleep once idle.
         Woken: awake first, unmarked, then the label off (the router sends it requests from then on)."""
         name = pod["metadata"]["name"]
