@@ -65,7 +65,7 @@ def manifest(endpoint: str, cache: Path) -> dict[str, Any]:
         model={"uri": f"hf://{REPO}", "cache": {"hostPath": {"path": str(cache)}}},
         engine={
             "maxNumSeqs": 2,
-            "kvCacheMemory": "64Mi",
+            "kvCacheMemory": "256Mi",
             "env": [{"name": "HF_ENDPOINT", "value": endpoint}],
         },
         podAnnotations={},  # run replicas and router for real
