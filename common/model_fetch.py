@@ -1,5 +1,7 @@
 """`plimsoll fetch hf://org/name[@revision] --local-dir DIR`: download a model before an engine starts.
 
+(``python -m plimsoll.model_fetch`` runs the same command without the rest of the CLI.)
+
 What it is: the init container of an LLMService replica whose ``model.uri`` is
 ``hf://`` (both engines). It resolves the revision to a commit, lists the files,
 checks that they fit on the cache volume, and downloads them with huggingface_hub's
@@ -488,3 +490,17 @@ def fetch_command(
         log.error("%s", line)
         _write_termination_message(line)
         raise typer.Exit(code=FETCH_EXIT_CODES[reason]) from None
+
+
+def main() -> None:
+    """``python -m plimsoll.model_fetch URI --local-dir DIR``: the init container's entry point.
+
+    The same command as ``plimsoll fetch`` without loading the whole CLI (every subcommand's
+    imports): on a warm node cache the fetch is a hash-checked no-op, so its start-up is the
+    step's cost.
+    """
+    typer.run(fetch_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -145,17 +145,24 @@ def _plimsoll() -> str:
     return str(Path(sys.executable).with_name("plimsoll"))
 
 
-def test_cli_exit_code_and_termination_message(hub: HubMirror, tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", ["plimsoll fetch", "python -m"], ids=["cli", "module"])
+def test_cli_exit_code_and_termination_message(hub: HubMirror, tmp_path: Path, entry: str) -> None:
+    """Both entry points: ``plimsoll fetch`` and the init container's ``python -m plimsoll.model_fetch``."""
+    command = (
+        [_plimsoll(), "fetch"]
+        if entry == "plimsoll fetch"
+        else [sys.executable, "-m", "plimsoll.model_fetch"]
+    )
     term = tmp_path / "termination-log"
     env = {**os.environ, "PLIMSOLL_TERMINATION_LOG": str(term)}
     proc = subprocess.run(
-        [_plimsoll(), "fetch", "hf://org/missing", "--local-dir", str(tmp_path / "out")],
+        [*command, "hf://org/missing", "--local-dir", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == FETCH_EXIT_CODES["RepositoryNotFound"], proc.stderr
     assert term.read_text().startswith("RepositoryNotFound: repository org/missing not found")
     ok = subprocess.run(
-        [_plimsoll(), "fetch", "hf://org/model@main", "--local-dir", str(tmp_path / "out")],
+        [*command, "hf://org/model@main", "--local-dir", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
