@@ -20,7 +20,8 @@ resolution, the replica's own marks are exact):
 * init: the ``fetch-model`` container's start and end, and what its log says it did,
 * the engine process: its start and the end of each ``plimsoll_startup_phase_seconds``
   phase (imports, weights_loaded, kv_cache_allocated, warmup_done, ready),
-* the pod ``Ready`` condition and the first byte of the answer.
+* the pod ``Ready`` condition and the first byte of the answer (and the replica's own TTFT for
+  the request, from its log: what of Ready → first byte is the engine's).
 
 There is no image pull here (the pod runner runs local processes), so "image" is zero.
 Between starts the service idles back to zero (``idleSeconds``).
@@ -32,6 +33,7 @@ so the figures are this machine's, not a GPU node's.
 """
 
 import argparse
+import json
 import re
 import sys
 import tempfile
@@ -103,6 +105,15 @@ def fetch_summary(cluster: Cluster, ns: str, pod: str) -> str:
     return said[-1] if said else (lines[-1] if lines else "(empty fetch log)")
 
 
+def replica_ttft(cluster: Cluster, ns: str, pod: str) -> float | None:
+    """The replica's own TTFT for the first request it finished (its request_finished log line)."""
+    log = cluster.state_dir / "pods" / "logs" / f"{ns}_{pod}_engine.log"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if '"request_finished"' in line:
+            return float(json.loads(line[line.index("{") :]).get("ttft_s") or "nan")
+    return None
+
+
 def one_start(cluster: Cluster, ns: str, label: str) -> dict[str, float]:
     ip = wait_until(lambda: router_ip(cluster, ns, NAME), 120, "a ready router pod")
     outcome: list[Outcome] = []
@@ -144,7 +155,9 @@ def one_start(cluster: Cluster, ns: str, label: str) -> dict[str, float]:
         "pod Ready": since(_wall((condition(pod, "Ready") or {}).get("lastTransitionTime"))),
         "first byte": since(answer.first_byte_wall),
     }
+    ttft = wait_until(lambda: replica_ttft(cluster, ns, name), 60, "the replica's request log")
     print(f"\n{label} start ({name}); fetch-model: {fetch_summary(cluster, ns, name)}", flush=True)
+    print(f"  (the replica's own TTFT for this request, from its log: {ttft:.2f} s)", flush=True)
     for what, at in timeline.items():
         print(f"  {what:28} {at:7.2f} s", flush=True)
     return timeline
