@@ -26,7 +26,11 @@ resolution, the replica's own marks are exact):
 There is no image pull here (the pod runner runs local processes), so "image" is zero.
 Between starts the service idles back to zero (``idleSeconds``).
 
-    python benchmarks/cold_start_phases.py [--warm 2] [--model embedded|tiny]
+First (``--fetch-repeats``, 3 by default) the warm init step alone, side by side: the whole
+CLI (``plimsoll fetch``) against ``python -m plimsoll.model_fetch``, and the stored digests
+against ``--rehash``.
+
+    python benchmarks/cold_start_phases.py [--warm 2] [--model embedded|tiny] [--no-cluster]
 
 The CPU is shared by the control plane, the replica, the hub stand-in and the client,
 so the figures are this machine's, not a GPU node's.
@@ -35,6 +39,7 @@ so the figures are this machine's, not a GPU node's.
 import argparse
 import json
 import re
+import statistics
 import sys
 import tempfile
 import threading
@@ -163,12 +168,55 @@ def one_start(cluster: Cluster, ns: str, label: str) -> dict[str, float]:
     return timeline
 
 
+def fetch_step(endpoint: str, repeats: int) -> None:
+    """The init step alone on this host, warm node cache, side by side: the whole CLI against the module
+    entry point, and trusting the stored digests against hashing every file again (``--rehash``)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"}
+    plimsoll = str(Path(sys.executable).with_name("plimsoll"))
+    with tempfile.TemporaryDirectory(prefix="plimsoll-fetch-") as tmp:
+        target = Path(tmp) / "hf" / REPO / "main"
+        variants = {
+            "plimsoll fetch (whole CLI)": [plimsoll, "fetch"],
+            "python -m plimsoll.model_fetch": [sys.executable, "-m", "plimsoll.model_fetch"],
+            "python -m plimsoll.model_fetch --rehash": [
+                sys.executable,
+                "-m",
+                "plimsoll.model_fetch",
+                "--rehash",
+            ],
+        }
+        uri = f"hf://{REPO}"
+        subprocess.run([*variants["python -m plimsoll.model_fetch"], uri, "--local-dir", str(target)],
+                       env=env, check=True, capture_output=True)  # fmt: skip
+        time.sleep(1.0)  # older than a timestamp tick: the stored digests are trusted, as on a node
+        seconds: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(repeats):
+            for label, command in variants.items():
+                t0 = time.monotonic()
+                subprocess.run(
+                    [*command, uri, "--local-dir", str(target)], env=env, check=True, capture_output=True
+                )
+                seconds[label].append(time.monotonic() - t0)
+    print(f"\nthe warm init step alone (process start to exit), {repeats} repeats, interleaved:")
+    for label, runs in seconds.items():
+        print(
+            f"  {label:42} median {statistics.median(runs):5.2f} s  ({', '.join(f'{r:.2f}' for r in runs)})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--warm", type=int, default=2, help="warm-cache starts after the cold one")
     parser.add_argument("--model", choices=("embedded", "tiny"), default="embedded")
+    parser.add_argument(
+        "--fetch-repeats", type=int, default=3, help="repeats of the init step alone (0: skip)"
+    )
+    parser.add_argument("--no-cluster", action="store_true", help="only the init step alone")
     args = parser.parse_args()
     if args.model == "embedded":
         from plimsoll.runtime.models.embedded import ensure_embedded_model
@@ -181,6 +229,11 @@ def main() -> None:
     size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
     print(f"model {args.model}: {model} ({size / 2**20:.0f} MiB)", flush=True)
     started = time.monotonic()
+    if args.fetch_repeats:
+        with HubMirror({REPO: HubRepo({"main": model})}) as hub:
+            fetch_step(hub.endpoint, args.fetch_repeats)
+    if args.no_cluster:
+        return
     rows: list[tuple[str, dict[str, float]]] = []
     with (
         tempfile.TemporaryDirectory(prefix="plimsoll-cold-") as tmp,
