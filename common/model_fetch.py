@@ -213,9 +213,7 @@ class Expected:
     @classmethod
     def of(cls, entry: Any) -> Expected:
         lfs = getattr(entry, "lfs", None)
-        return cls(
-            int(entry.size), getattr(lfs, "sha256", None) if lfs is not None else None, str(entry.blob_id)
-        )
+        return cls(int(entry.size), getattr(lfs, "sha256", None) if lfs is not None else None, str(entry.blob_id))
 
 
 def matches(path: Path, expected: Expected) -> bool:
@@ -260,19 +258,6 @@ def _verified_unchanged(local_dir: Path, name: str, expected: Expected, marker: 
     except OSError:
         return False
     return bool(record.get("stat") == now and now[2] < marker_mtime)
-
-
-def _cached(
-    local_dir: Path, commit: str, files: list[str], expected: dict[str, Expected], *, rehash: bool
-) -> bool:
-    marker = _read_marker(local_dir)
-    if marker.get("commit") != commit or sorted(marker.get("files", [])) != files:
-        return False
-    return all(
-        (not rehash and _verified_unchanged(local_dir, f, expected[f], marker))
-        or matches(local_dir / f, expected[f])
-        for f in files
-    )
 
 
 def _write_marker(

@@ -43,9 +43,7 @@ class RouterState:
         # On a split fleet `replica_set` is the decode pool (where tokens are generated) and
         # `prefill_set` the prefill pool; otherwise the one pool, and no prefill set.
         self.replica_set = ReplicaSet.static(config.decode_backends if config.is_split else config.backends)
-        self.prefill_set: ReplicaSet | None = (
-            ReplicaSet.static(config.prefill_backends) if config.is_split else None
-        )
+        self.prefill_set: ReplicaSet | None = ReplicaSet.static(config.prefill_backends) if config.is_split else None
         self.metrics = RouterMetrics()
         self.kv_events: KVEventSubscriber | None = None
         self.prompt_tokens: PromptTokens | None = None
@@ -55,9 +53,7 @@ class RouterState:
             self.kv_events = KVEventSubscriber(index, stale_after_s=config.kv_events_stale_after_s,
                                                topic=config.kv_events_topic, metrics=self.metrics)  # fmt: skip
             kv = (index, self.kv_events)
-        self.router = Router(
-            config.model_copy(update={"policy": config.generation_policy}), self.replica_set, kv
-        )
+        self.router = Router(config.model_copy(update={"policy": config.generation_policy}), self.replica_set, kv)
         self.prefill_router: Router | None = None
         if self.prefill_set is not None:
             # Prefill goes to the least-loaded replica: its blocks leave with the pull, so affinity buys nothing.
@@ -92,9 +88,7 @@ class RouterState:
             if url not in current:
                 self.kv_events.unwatch(url)
         for url in current:
-            self.kv_events.watch(
-                url, config.kv_events_endpoints.get(url) or events_endpoint(url, config.kv_events_port)
-            )
+            self.kv_events.watch(url, config.kv_events_endpoints.get(url) or events_endpoint(url, config.kv_events_port))
 
     def take_status(self, status: dict[str, object]) -> None:
         """The LLMService's status, polled by discovery: the operator's measured cold starts."""
@@ -104,11 +98,7 @@ class RouterState:
             self.hold.cold_starts.replace(float(s) for s in samples)
         capacity = status.get("capacity")
         profiled = capacity.get("concurrencyPerReplica") if isinstance(capacity, dict) else None
-        if (
-            self.hold is not None
-            and self.config.release_concurrency is None
-            and isinstance(profiled, int | float)
-        ):
+        if self.hold is not None and self.config.release_concurrency is None and isinstance(profiled, int | float):
             # Profile mode: the verified concurrency is only in status (the CLI flag wins when given).
             self.hold.release_concurrency = max(1, int(profiled))
 
@@ -118,29 +108,17 @@ def build_app(config: RouterConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(
-            connect=config.connect_timeout_s,
-            read=config.read_timeout_s,
-            write=config.connect_timeout_s,
-            pool=config.connect_timeout_s,
-        )
+        timeout = httpx.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s,
+                                write=config.connect_timeout_s, pool=config.connect_timeout_s)
         # No connection cap: the router's own saturation limit is the cap, and a pool
         # limit would queue requests here where no metric shows it.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             state.client = client
-            state.scraper = Scraper(
-                state.replica_set,
-                client,
-                state.metrics,
-                interval_s=config.scrape_interval_s,
-                timeout_s=config.scrape_timeout_s,
-                engine=config.metrics_engine,
-                api_key=config.api_key,
-            )
-            state.proxy = Proxy(
-                config, state.replica_set, state.router, state.metrics, client, hold=state.hold
-            )
+            state.scraper = Scraper(state.replica_set, client, state.metrics, interval_s=config.scrape_interval_s,
+                                    timeout_s=config.scrape_timeout_s, engine=config.metrics_engine,
+                                    api_key=config.api_key)
+            state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client, hold=state.hold)
             scrapers = [state.scraper]
             if state.prefill_set is not None:
                 assert state.prefill_router is not None
@@ -195,20 +173,13 @@ def build_app(config: RouterConfig) -> Starlette:
         # Counts, not addresses: /ready is open to anyone who reaches the router, and the pods'
         # addresses are not theirs to learn (the NetworkPolicy keeps them out of the pods anyway).
         num_ready = len(state.replica_set.ready())
-        body = {
-            "ready": bool(num_ready),
-            "ready_replicas": num_ready,
-            "replicas": len(state.replica_set.replicas),
-            "holding": state.hold is not None,
-        }
+        body = {"ready": bool(num_ready), "ready_replicas": num_ready,
+                "replicas": len(state.replica_set.replicas), "holding": state.hold is not None}
         if state.prefill_set is not None:  # a split fleet serves while either pool can (fallbacks)
             num_prefill = len(state.prefill_set.ready())
             num_ready += num_prefill
-            body.update(
-                ready=bool(num_ready),
-                ready_prefill_replicas=num_prefill,
-                prefill_replicas=len(state.prefill_set.replicas),
-            )
+            body.update(ready=bool(num_ready), ready_prefill_replicas=num_prefill,
+                        prefill_replicas=len(state.prefill_set.replicas))
         if state.draining:
             return JSONResponse({**body, "ready": False, "draining": True}, status_code=503)
         # A router that holds requests serves even at zero replicas: that is when it is needed most.
@@ -255,9 +226,7 @@ def build_app(config: RouterConfig) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def running_router(
-    config: RouterConfig, host: str = "127.0.0.1"
-) -> AsyncIterator[tuple[str, RouterState]]:
+async def running_router(config: RouterConfig, host: str = "127.0.0.1") -> AsyncIterator[tuple[str, RouterState]]:
     """A router serving on ``host`` and a free port inside the caller's event loop: (its URL, its state).
 
     What `plimsoll bench disagg` routes each layout through, and the router tests' harness.
@@ -266,9 +235,7 @@ async def running_router(
 
     app = build_app(config)
     server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=host, port=0, log_level="warning", ws="none", lifespan="on", access_log=False
-        )
+        uvicorn.Config(app, host=host, port=0, log_level="warning", ws="none", lifespan="on", access_log=False)
     )
     task = asyncio.create_task(server.serve())
     try:

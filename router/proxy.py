@@ -62,22 +62,10 @@ from plimsoll.tracing import inject_headers, tracer
 log = logging.getLogger(__name__)
 
 # Headers that describe one hop, not the message; the router sets its own.
-_HOP_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "date",
-        "server",
-    }
-)
+_HOP_HEADERS = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "date", "server",
+})
 HOP_HEADERS = _HOP_HEADERS
 REPLICA_HEADER = "x-plimsoll-replica"
 # Failures that happen before a connection exists: nothing was sent, a retry is safe.
@@ -91,9 +79,7 @@ class _RelayResponse(StreamingResponse):
     body iterator, so its ``finally`` would not run; this does.
     """
 
-    def __init__(
-        self, content: AsyncIterator[bytes], release: Callable[[], Awaitable[None]], **kwargs: Any
-    ) -> None:
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
         self._release = release
 
@@ -104,9 +90,7 @@ class _RelayResponse(StreamingResponse):
             await self._release()
 
 
-def error_response(
-    status: int, message: str, kind: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """An error in the OpenAI shape the replicas use, so clients parse the router's errors alike."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -173,17 +157,13 @@ class Proxy:
         # Only generation is held: a GET (/v1/models) at zero replicas is answered 503 at once, so
         # it never counts as demand that starts a GPU replica.
         if self._hold is not None and request.method == "POST" and self._hold.should_hold():
-            priority = hold_priority(
-                dict(headers).get(OBJECTIVE_HEADER), body, self._config.inference_objectives
-            )
+            priority = hold_priority(dict(headers).get(OBJECTIVE_HEADER), body, self._config.inference_objectives)
             refused = await self._wait_in_hold(endpoint, arrival, priority)
             if refused is not None:
                 return refused
             held = True
         try:
-            response = await self._forward(
-                request, endpoint, body, features, headers, target, arrival, tried, held
-            )
+            response = await self._forward(request, endpoint, body, features, headers, target, arrival, tried, held)
         except BaseException:
             if held:
                 self._hold.done()  # type: ignore[union-attr]
@@ -199,23 +179,13 @@ class Proxy:
         try:
             waited = await self._hold.hold(priority)
         except HoldFull as full:
-            response = error_response(
-                429,
-                str(full),
-                "RateLimitError",
-                headers={"Retry-After": str(full.retry_after_s), OVERLOAD_HEADER: SERVICE},
-            )
+            response = error_response(429, str(full), "RateLimitError",
+                                      headers={"Retry-After": str(full.retry_after_s), OVERLOAD_HEADER: SERVICE})
             return self._finish(response, endpoint, arrival, reason="hold_full")
         except HoldTimeout as timeout:
-            response = error_response(
-                503,
-                str(timeout),
-                "ServiceUnavailableError",
-                headers={
-                    "Retry-After": str(self._hold.cold_starts.retry_after_s(None)),
-                    OVERLOAD_HEADER: SERVICE,
-                },
-            )
+            response = error_response(503, str(timeout), "ServiceUnavailableError",
+                                      headers={"Retry-After": str(self._hold.cold_starts.retry_after_s(None)),
+                                               OVERLOAD_HEADER: SERVICE})
             return self._finish(response, endpoint, arrival, reason="hold_timeout")
         finally:
             self._metrics.held.set(self._hold.held)
@@ -224,31 +194,19 @@ class Proxy:
 
     def _pick(self, features: RequestFeatures, exclude: set[str]) -> Decision:
         """The policy's choice among ready replicas not in ``exclude``, traced and counted."""
-        with tracer().start_as_current_span(
-            "pick", attributes={"plimsoll.router.policy": self._router.picker.name}
-        ) as pick:
+        with tracer().start_as_current_span("pick", attributes={"plimsoll.router.policy": self._router.picker.name}) as pick:
             decision = self._router.choose(features, frozenset(exclude))
-            pick.set_attributes(
-                {
-                    "plimsoll.router.replica": decision.replica.url,
-                    "plimsoll.router.reason": decision.reason,
-                    "plimsoll.router.lane": decision.lane,
-                }
-            )
+            pick.set_attributes({
+                "plimsoll.router.replica": decision.replica.url,
+                "plimsoll.router.reason": decision.reason,
+                "plimsoll.router.lane": decision.lane,
+            })
         self._metrics.decisions.labels(self._router.picker.name, decision.reason, decision.lane).inc()
         return decision
 
     async def _forward(
-        self,
-        request: Request,
-        endpoint: str,
-        body: bytes,
-        features: RequestFeatures,
-        headers: list[tuple[str, str]],
-        target: str,
-        arrival: float,
-        tried: set[str],
-        held: bool,
+        self, request: Request, endpoint: str, body: bytes, features: RequestFeatures,
+        headers: list[tuple[str, str]], target: str, arrival: float, tried: set[str], held: bool,
     ) -> Response:
         limit = self._config.migration_limit
         generation = request.method == "POST" and endpoint in migration.GENERATION_ENDPOINTS
@@ -308,32 +266,16 @@ class Proxy:
                     if resend_deadline is None:
                         resend_deadline = time.monotonic() + self._config.migration_wait_s
                     self._metrics.migrations.labels(migration.MIGRATED).inc()
-                    log.warning(
-                        "replica %s failed before answering (%s); sending the request to another "
-                        "replica (%d of --migration-limit %d)",
-                        replica.url,
-                        exc,
-                        resends,
-                        limit,
-                    )
+                    log.warning("replica %s failed before answering (%s); sending the request to another "
+                                "replica (%d of --migration-limit %d)", replica.url, exc, resends, limit)
                     continue
                 if generation:
                     self._metrics.migrations.labels(migration.LIMIT_REACHED).inc()
-                why = (
-                    f"--migration-limit {limit} reached"
-                    if resendable
-                    else "not retried because it may have started"
-                )
+                why = f"--migration-limit {limit} reached" if resendable else "not retried because it may have started"
                 return self._finish(
-                    error_response(
-                        502,
-                        f"replica {replica.url} failed after the request was sent "
-                        f"({type(exc).__name__}); {why}",
-                        "BadGatewayError",
-                    ),
-                    endpoint,
-                    arrival,
-                    reason="upstream_failed",
+                    error_response(502, f"replica {replica.url} failed after the request was sent "
+                                   f"({type(exc).__name__}); {why}", "BadGatewayError"),
+                    endpoint, arrival, reason="upstream_failed",
                 )
             if refused_for_itself(upstream):
                 # Its queue is full or it is draining: another replica may take it, and nothing was started.
@@ -379,20 +321,13 @@ class Proxy:
                 self._end(replica)
                 if held and self._hold is not None:
                     self._hold.done()
-            self._metrics.duration.labels(endpoint, str(upstream.status_code)).observe(
-                time.monotonic() - arrival
-            )
+            self._metrics.duration.labels(endpoint, str(upstream.status_code)).observe(time.monotonic() - arrival)
 
         return release
 
     async def _relay(
-        self,
-        upstream: httpx.Response,
-        replica: Replica,
-        endpoint: str,
-        arrival: float,
-        release: Callable[[], Awaitable[None]],
-        lost_outcome: str | None = None,
+        self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float,
+        release: Callable[[], Awaitable[None]], lost_outcome: str | None = None,
     ) -> AsyncIterator[bytes]:
         first = True
         try:
@@ -412,14 +347,8 @@ class Proxy:
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 # vLLM's convention for a mid-stream error: one error event, no [DONE];
                 # the openai client raises on it.
-                error = {
-                    "error": {
-                        "message": f"replica {replica.url} failed mid-stream: {type(exc).__name__}",
-                        "type": "BadGatewayError",
-                        "param": None,
-                        "code": 502,
-                    }
-                }
+                error = {"error": {"message": f"replica {replica.url} failed mid-stream: {type(exc).__name__}",
+                                   "type": "BadGatewayError", "param": None, "code": 502}}
                 yield f"data: {json.dumps(error)}\n\n".encode()
             else:
                 raise  # abort the connection so the client cannot mistake a truncated body for a whole one
@@ -484,14 +413,11 @@ class Proxy:
     def _reject_unavailable(self, endpoint: str, arrival: float, tried: set[str]) -> Response:
         if tried:
             message = f"could not connect to any replica (tried {', '.join(sorted(tried))})"
-            return self._finish(
-                error_response(502, message, "BadGatewayError"), endpoint, arrival, reason="upstream_failed"
-            )
+            return self._finish(error_response(502, message, "BadGatewayError"), endpoint, arrival,
+                                reason="upstream_failed")
         response = error_response(
-            503,
-            "no ready replica; check the replicas' /ready and the router's /metrics "
-            "(plimsoll_router_replica_ready)",
-            "ServiceUnavailableError",
+            503, "no ready replica; check the replicas' /ready and the router's /metrics "
+            "(plimsoll_router_replica_ready)", "ServiceUnavailableError",
             headers={"Retry-After": str(self._config.retry_after_seconds), OVERLOAD_HEADER: SERVICE},
         )
         return self._finish(response, endpoint, arrival, reason="no_replica")

@@ -242,8 +242,7 @@ class EngineSpec(APIModel):
         None, description=f"--max-loras: adapters batched in one step (default {DEFAULT_MAX_LORAS})."
     )
     max_lora_rank: PositiveInt | None = Field(
-        None,
-        description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset).",
+        None, description="--max-lora-rank: the largest adapter rank accepted (the engine's default if unset)."
     )
     lora_allowed_roots: list[Annotated[str, Field(pattern=r"^/")]] = Field(
         default_factory=list,
@@ -300,8 +299,7 @@ class ResourcesSpec(APIModel):
     )
 
     gpu: GPUSpec = Field(
-        default_factory=lambda: GPUSpec.model_validate({}),
-        description="GPUs per pod (per node of a replica).",
+        default_factory=lambda: GPUSpec.model_validate({}), description="GPUs per pod (per node of a replica)."
     )
     nodes: int = Field(
         1,
@@ -333,21 +331,15 @@ class ScalingSpec(APIModel):
         }
     )
 
-    min: int = Field(
-        1,
-        ge=0,
-        description="Fewest replicas; 0 scales to zero after idleSeconds (the router holds "
-        "requests meanwhile).",
-    )
+    min: int = Field(1, ge=0, description="Fewest replicas; 0 scales to zero after idleSeconds (the router holds "
+                     "requests meanwhile).")
     max: int = Field(ge=1, description="Most replicas.")
     idle_seconds: int = Field(
         600, ge=1, description="With min 0: seconds without a request before the replicas go to zero."
     )
     drain_seconds: int = Field(
-        120,
-        ge=0,
-        description="Built-in scale-down: the longest a replica chosen for removal is drained "
-        "(no new requests, in-flight ones finish) before the count is lowered.",
+        120, ge=0, description="Built-in scale-down: the longest a replica chosen for removal is drained "
+        "(no new requests, in-flight ones finish) before the count is lowered."
     )
 
     @model_validator(mode="after")
@@ -402,9 +394,7 @@ class SLOSpec(APIModel):
     def _admission_needs_ttft(self) -> "SLOSpec":
         # Before the preset: admission needs a bound the user chose, as the CEL rule says.
         if self.admission == "Predicted" and self.ttft_p95_ms is None:
-            raise ValueError(
-                "slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)"
-            )
+            raise ValueError("slo.admission Predicted needs slo.ttftP95Ms (the bound a request is admitted against)")
         return self
 
     @model_validator(mode="after")
@@ -463,12 +453,10 @@ class DriftSpec(APIModel):
         description="Relative difference from the profile's throughput, TTFT p95 or TPOT p50 that counts as drift.",
     )  # fmt: skip
     window_seconds: PositiveInt = Field(
-        600,
-        description="How long drift must hold: every comparison in this window (each over a fifth of it) must be off.",
+        600, description="How long drift must hold: every comparison in this window (each over a fifth of it) must be off."
     )
     min_requests: PositiveInt = Field(
-        20,
-        description="Finished requests a replica needs in one comparison (a fifth of the window) to be compared.",
+        20, description="Finished requests a replica needs in one comparison (a fifth of the window) to be compared."
     )
 
 
@@ -527,18 +515,14 @@ class TrendSpec(APIModel):
         description="Project in-flight this far ahead along its recent slope and scale up for the "
         "projection (about the time a new replica takes to be Ready); 0 turns the trend off.",
     )  # fmt: skip
-    window_seconds: int = Field(
-        30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over."
-    )
+    window_seconds: int = Field(30, ge=5, le=600, description="Seconds of in-flight the slope is fitted over.")
 
 
 class StandbySpec(APIModel):
     """Replicas parked asleep beside the active ones (vLLM's sleep mode), woken before new ones start."""
 
     replicas: int = Field(
-        ge=1,
-        le=64,
-        description="Replicas kept parked asleep beyond spec.replicas (the Deployment runs both).",
+        ge=1, le=64, description="Replicas kept parked asleep beyond spec.replicas (the Deployment runs both)."
     )
     level: Literal[1, 2] = Field(
         1,
@@ -702,16 +686,13 @@ class KVSharedSpec(APIModel):
     )
 
     endpoint: str | None = Field(
-        None,
-        pattern=r"^rediss?://",
-        description="redis://HOST:PORT of an existing Valkey/Redis server; unset: "
+        None, pattern=r"^rediss?://", description="redis://HOST:PORT of an existing Valkey/Redis server; unset: "
         "the operator deploys one (a Deployment and Service owned by this LLMService) that requires a random "
-        "password (kept in the <name>-admin-key Secret).",
+        "password (kept in the <name>-admin-key Secret)."
     )
     password_secret_ref: SecretKeyRef | None = Field(
-        None,
-        description="The existing endpoint's password (AUTH), handed to the replicas from this Secret; "
-        "never put it in the endpoint URL, which is stored in plain text.",
+        None, description="The existing endpoint's password (AUTH), handed to the replicas from this Secret; "
+        "never put it in the endpoint URL, which is stored in plain text."
     )
     size: Quantity = Field("1Gi", description="The deployed server's maxmemory (LRU beyond it), e.g. 8Gi.")
     image: str = Field("valkey/valkey:8.1", description="Image of the deployed server.")
@@ -738,9 +719,8 @@ class KVCacheSpec(APIModel):
     offload: KVOffloadSpec | None = Field(None, description="Host-memory offload tier per replica.")
     shared: KVSharedSpec | None = Field(None, description="A KV tier shared by the replicas.")
     events: bool | None = Field(
-        None,
-        description="Publish vLLM's KV events (--kv-events-config) on port 5557; unset: on with "
-        "router.policy precise-prefix, which subscribes to them.",
+        None, description="Publish vLLM's KV events (--kv-events-config) on port 5557; unset: on with "
+        "router.policy precise-prefix, which subscribes to them."
     )
 
 
@@ -770,31 +750,21 @@ class RouterSpec(APIModel):
     )
     policy: RouterPolicy = Field("least-in-flight", description="How the router picks a replica.")
     hold_queue: int = Field(
-        64,
-        ge=0,
-        description="Requests the router holds while no replica is Ready; beyond it, 429 with "
-        "Retry-After from the measured cold starts.",
+        64, ge=0, description="Requests the router holds while no replica is Ready; beyond it, 429 with "
+        "Retry-After from the measured cold starts."
     )
     hold_timeout_seconds: int | None = Field(
-        None,
-        ge=1,
-        le=600,
-        description="Longest a request is held; default twice the measured cold-start p95, at most 600.",
+        None, ge=1, le=600, description="Longest a request is held; default twice the measured cold-start p95, "
+        "at most 600."
     )
     replicas: int = Field(
-        2,
-        ge=1,
-        le=16,
-        description="Router pods: each discovers the replicas itself and routes alike (no "
+        2, ge=1, le=16, description="Router pods: each discovers the replicas itself and routes alike (no "
         "shared state), so with two or more, losing one fails no request a client retries once. A "
-        "PodDisruptionBudget keeps all but one up, and the pods prefer different nodes.",
+        "PodDisruptionBudget keeps all but one up, and the pods prefer different nodes."
     )
     migration_limit: int = Field(
-        3,
-        ge=0,
-        le=16,
-        description="--migration-limit: times one request may move to another replica when its "
-        "replica fails mid-generation (a stream carries on from the last token the client got); 0: off.",
+        3, ge=0, le=16, description="--migration-limit: times one request may move to another replica when its "
+        "replica fails mid-generation (a stream carries on from the last token the client got); 0: off."
     )
     mode: RouterMode = Field(
         "plimsoll",
@@ -1100,7 +1070,6 @@ class LLMServiceSpec(APIModel):
             )
         if why is not None:
             raise ValueError(f"disaggregation needs {why}")
-
     def _check_variants(self) -> None:
         if not self.variants:
             return
@@ -1184,18 +1153,14 @@ class LLMServiceSpec(APIModel):
                     "serve the model from embedded://, file:// or pvc:// (hf:// downloads only into replica pods)"
                 )
             if self.kv_cache.events is False:
-                raise ValueError(
-                    "router.policy precise-prefix reads the replicas' KV events; drop kvCache.events: false"
-                )
+                raise ValueError("router.policy precise-prefix reads the replicas' KV events; drop kvCache.events: false")
         return self
 
     def router_in_front(self) -> bool:
         """The router runs when asked for, always with scaling.min 0 (it holds requests at zero), and on a
         split service (it runs the two hops)."""
-        return (
-            self.router.enabled
-            or self.disaggregation is not None
-            or (self.scaling is not None and self.scaling.min == 0 and self.router.mode == "plimsoll")
+        return self.router.enabled or self.disaggregation is not None or (
+            self.scaling is not None and self.scaling.min == 0 and self.router.mode == "plimsoll"
         )
 
     def desired_replicas(self) -> int:

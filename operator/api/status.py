@@ -183,8 +183,7 @@ class KVCacheStatus(APIModel):
     queried_tokens: float = Field(description="Prompt tokens looked up in the prefix cache, all replicas.")
     primary_hit_rate: float = Field(description="Share of them found in the replicas' own KV caches.")
     tier_hit_rates: dict[str, float] = Field(
-        default_factory=dict,
-        description="Share found in each KV tier (CPU, DISK, SHARED) instead of recomputed.",
+        default_factory=dict, description="Share found in each KV tier (CPU, DISK, SHARED) instead of recomputed."
     )
     hit_rate: float = Field(description="Share not recomputed: primary plus every tier.")
 
@@ -208,17 +207,13 @@ class DisaggregationStatus(APIModel):
 
     runs: str = Field(description="split (prefill and decode pools behind the router).")
     ratio: str | None = Field(None, description="The pools now, as PREFILL P : DECODE D.")
-    reasons: list[str] = Field(
-        default_factory=list, description="Why: the prediction's reasons, or what it lacks."
-    )
+    reasons: list[str] = Field(default_factory=list, description="Why: the prediction's reasons, or what it lacks.")
     prediction: FreeForm | None = Field(
         None, description="From both pools' profiles and spec.disaggregation.linkBandwidth: goodput per replica "
         "aggregated and split at each ratio, and the verdict (plimsoll.disaggregation).",
     )  # fmt: skip
     prefill: PoolStatus | None = Field(None, description="The prefill pool.")
     decode: PoolStatus | None = Field(None, description="The decode pool (the service's replicas).")
-
-
 class VariantCapacityStatus(CapacityStatus):
     """One variant's measured capacity, with the request rate one replica carries at its target."""
 
@@ -236,9 +231,7 @@ class VariantStatus(APIModel):
     profile: FreeForm | None = Field(
         None, description="Where this variant's profiling stands: reason and message (Profiled sums them up)."
     )
-    replicas: int | None = Field(
-        None, description="Replicas the planner set (its Deployment's spec.replicas)."
-    )
+    replicas: int | None = Field(None, description="Replicas the planner set (its Deployment's spec.replicas).")
     ready_replicas: int | None = Field(None, description="Of them, Ready.")
     weight: float | None = Field(
         None,
@@ -261,9 +254,7 @@ class CostStatus(APIModel):
     )
     good_requests: float | None = Field(None, description="Good requests in the window.")
     spent: float | None = Field(None, description="Cost spent over the window.")
-    window_seconds: float | None = Field(
-        None, description="The window (the last hour, or since tracking began)."
-    )
+    window_seconds: float | None = Field(None, description="The window (the last hour, or since tracking began).")
     time: str | None = Field(None, description="When it was computed (RFC 3339).")
 
 
@@ -299,8 +290,7 @@ class LLMServiceStatus(APIModel):
     )
     kv_cache: KVCacheStatus | None = Field(None, description="Prefix-cache hit rates per KV tier.")
     disaggregation: DisaggregationStatus | None = Field(
-        None,
-        description="Prefill and decode pools: which layout runs and why, each pool's profile and scaling.",
+        None, description="Prefill and decode pools: which layout runs and why, each pool's profile and scaling."
     )
     variants: dict[str, VariantStatus] | None = Field(
         None, description="Per hardware variant (spec.variants): capacity, replicas, router weight, cost."

@@ -176,13 +176,11 @@ async def reconcile(
     meta = body.get("metadata") or {}
     with llmservice_span("reconcile", str(meta.get("namespace", "")), str(meta.get("name", ""))) as span:
         outcome = await _reconcile(kube, body, settings, logger)
-        span.set_attributes(
-            {
-                "plimsoll.reconcile.created": list(outcome.created),
-                "plimsoll.reconcile.updated": list(outcome.updated),
-                "plimsoll.reconcile.ready": outcome.ready,
-            }
-        )
+        span.set_attributes({
+            "plimsoll.reconcile.created": list(outcome.created),
+            "plimsoll.reconcile.updated": list(outcome.updated),
+            "plimsoll.reconcile.ready": outcome.ready,
+        })
         return outcome
 
 
@@ -202,9 +200,7 @@ async def _reconcile(
 
     workload = await replica_workload(kube, svc, settings, logger)
     if workload.removed:
-        kopf.info(
-            _as_body(body), reason="Deleted", message=f"deleted {workload.removed} (resources.nodes changed)"
-        )
+        kopf.info(_as_body(body), reason="Deleted", message=f"deleted {workload.removed} (resources.nodes changed)")
     if workload.obj is None:
         # Not the user's typo but a missing API: nothing is created until it is installed,
         # and the periodic pass picks it up then without a spec edit.
@@ -253,11 +249,7 @@ async def _reconcile(
     if prefill_pool is not None:
         children.append(prefill_pool)  # the prefill pool of a split service (its decode pool is `replicas`)
     elif await remove_prefill_pool(kube, svc, logger):
-        kopf.info(
-            _as_body(body),
-            reason="Deleted",
-            message=f"deleted Deployment/{prefill_name(svc)} (no longer split)",
-        )
+        kopf.info(_as_body(body), reason="Deleted", message=f"deleted Deployment/{prefill_name(svc)} (no longer split)")
     children.extend(kv_children(svc))  # the shared KV tier's Valkey, when spec.kvCache.shared deploys one
     if wants_prefill(svc):
         children.append(build_model_cache_daemonset(svc, settings))  # fills model.cache.hostPath on the nodes
@@ -364,10 +356,7 @@ async def remove_prefill_pool(
 
 
 async def write_status(
-    kube: Kube,
-    body: kopf.Body | dict[str, Any],
-    svc: LLMService,
-    deployment: dict[str, Any] | None,
+    kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, deployment: dict[str, Any] | None,
     prefill: dict[str, Any] | None = None,
 ) -> bool:
     """Patch status from the Deployment when it changed; Event on a Ready transition. Returns Ready."""

@@ -168,10 +168,7 @@ class ReplicaLoop:
         return plan
 
     async def observe(
-        self,
-        svc: LLMService,
-        body: Mapping[str, Any],
-        pods: list[dict[str, Any]],
+        self, svc: LLMService, body: Mapping[str, Any], pods: list[dict[str, Any]],
         prefill: list[dict[str, Any]] | None = None,
     ) -> Observations:
         """Every counted pod (Ready ones scraped) and every marked one (scraped: a drain watches them);
@@ -223,11 +220,7 @@ class ReplicaLoop:
         counts: dict[str, int] = {}
         for deployment in found:
             name = (deployment["metadata"].get("labels") or {}).get(VARIANT_LABEL)
-            if (
-                isinstance(name, str)
-                and name in wanted
-                and not deployment["metadata"].get("deletionTimestamp")
-            ):
+            if isinstance(name, str) and name in wanted and not deployment["metadata"].get("deletionTimestamp"):
                 counts[name] = int((deployment.get("spec") or {}).get("replicas", 0) or 0)
         return counts
 
@@ -297,9 +290,7 @@ class ReplicaLoop:
             if error.status != 404:
                 raise  # a pod already gone needs nothing
 
-    async def _keep_standby(
-        self, svc: LLMService, pod: dict[str, Any], action: Park | Wake, base: str | None
-    ) -> None:
+    async def _keep_standby(self, svc: LLMService, pod: dict[str, Any], action: Park | Wake, base: str | None) -> None:
         """Parked: the standby label (the router sends it nothing), lowest deletion cost, asleep once idle.
         Woken: awake first, unmarked, then the label off (the router sends it requests from then on)."""
         name = pod["metadata"]["name"]

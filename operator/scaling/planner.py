@@ -296,9 +296,7 @@ class ReplicaPlanner:
         self.variants.plan(draft, obs, spec, status)
         slo = self._check_slo(draft.now, spec, obs.ready_samples(), obs.attainment)
         if slo is not None:
-            state: ConditionStatus = (
-                "True" if slo[0] == "True" else "False" if slo[0] == "False" else "Unknown"
-            )
+            state: ConditionStatus = "True" if slo[0] == "True" else "False" if slo[0] == "False" else "Unknown"
             condition: ConditionUpdate = ("SLOAtRisk", state, slo[1], slo[2])
             stored = condition_states(status.get("conditions"))
             if draft.must_write or stored.get("SLOAtRisk") != state:
@@ -375,22 +373,14 @@ class ReplicaPlanner:
                 draft.fields["kvCache"] = kv
             draft.must_write = True
 
-    def _split(
-        self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]
-    ) -> None:
+    def _split(self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]) -> None:
         """The prefill pool's count on its own signal, and ``status.disaggregation`` (``pools.py``)."""
         assert spec.disaggregation is not None
         prefill_pods = tuple(p for p in obs.prefill_pods if not p.terminating)
         decision, block = self._prefill(draft.now, spec, status, prefill_pods)
         if decision is not None and decision.changed:
             reason = "ScaledUp" if decision.desired_replicas > decision.current_replicas else "ScaledDown"
-            draft.count(
-                decision.current_replicas,
-                decision.desired_replicas,
-                reason,
-                decision.formula,
-                pool=PREFILL_POOL,
-            )
+            draft.count(decision.current_replicas, decision.desired_replicas, reason, decision.formula, pool=PREFILL_POOL)
             draft.event("Normal", f"Prefill{reason}", f"prefill pool {decision.event_message()}")
         samples = [p.sample for p in (*obs.counted, *prefill_pods) if p.sample is not None]
         kv_bytes = next((s.kv_bytes_per_token for s in samples if s.kv_bytes_per_token), None)
@@ -402,13 +392,9 @@ class ReplicaPlanner:
                                  **split_status(spec, status, prefill_count, spec.desired_replicas(), kv_bytes),
                                  "prefill": {"autoscaler": block}}  # fmt: skip
         if draft.decision is not None:
-            fresh["decode"] = {
-                "autoscaler": pool_autoscaler_status(draft.decision.to_status(), "decode load")
-            }
+            fresh["decode"] = {"autoscaler": pool_autoscaler_status(draft.decision.to_status(), "decode load")}
         changed = any(d is not None and d.changed for d in (decision, draft.decision))
-        if changed or (
-            not _same_split(stored, fresh) and draft.now - self.split_written >= STATUS_MIN_INTERVAL_S
-        ):
+        if changed or (not _same_split(stored, fresh) and draft.now - self.split_written >= STATUS_MIN_INTERVAL_S):
             draft.fields["disaggregation"] = fresh
             self.split_written = draft.now
             draft.must_write = draft.must_write or changed
@@ -429,7 +415,6 @@ class ReplicaPlanner:
             self.prefill_scaler = Autoscaler(config)
         decision = self.prefill_scaler.decide(now, current, prefill_backlog(pods, rate))
         return decision, pool_autoscaler_status(decision.to_status(), prefill_signal(rate, source))
-
     def _token_signal(
         self, now: float, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any], current: int
     ) -> TokenSignal | None:
@@ -439,18 +424,12 @@ class ReplicaPlanner:
             return None
         cold = _expected_cold_start(status)
         parked_asleep = any(p.sample is not None and p.sample.sleep_level > 0 for p in self._parked_seen)
-        wake = (
-            self.standby.last_wake_s
-            if self.standby is not None and self.standby.last_wake_s
-            else DEFAULT_WAKE_S
-        )
+        wake = self.standby.last_wake_s if self.standby is not None and self.standby.last_wake_s else DEFAULT_WAKE_S
         return predicted_ttft_recommendation(
             now, current, obs.counted, slo_ms / 1000.0, cold, min(wake, cold) if parked_asleep else cold
         )
 
-    def _standby(
-        self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]
-    ) -> None:
+    def _standby(self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]) -> None:
         """The standby rule (``standby.py``) against the count this tick leaves, and ``status.standby``."""
         config = spec.autoscaling.standby
         if config is None:

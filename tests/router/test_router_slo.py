@@ -82,9 +82,7 @@ async def test_requests_avoid_a_replica_that_would_miss_and_are_refused_when_all
             assert other != first
             # A replica's load is what it last reported running and waiting: wait until a scrape
             # shows the short request gone, or the two tie and the next answer may land on `first`.
-            await eventually(
-                lambda: router.state.replica_set.replicas[other].load == 0, "the other replica idle"
-            )
+            await eventually(lambda: router.state.replica_set.replicas[other].load == 0, "the other replica idle")
             async with long_answer(http) as second:
                 assert second != first
                 await eventually(lambda: busy(router, second), "the router to scrape the second busy replica")

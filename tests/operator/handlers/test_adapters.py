@@ -55,19 +55,10 @@ def template(service: LLMService) -> dict[str, Any]:
 
 
 def test_plimsoll_and_vllm_get_lora_flags_but_not_the_adapter_list() -> None:
-    adapters = [
-        {"name": "sql", "uri": "file:///adapters/sql"},
-        {"name": "fr", "uri": "pvc://weights/lora/fr"},
-    ]
+    adapters = [{"name": "sql", "uri": "file:///adapters/sql"}, {"name": "fr", "uri": "pvc://weights/lora/fr"}]
     plimsoll = engine_container(build_deployment(svc(adapters, maxLoraRank=32), SETTINGS))
     args = plimsoll["args"]
-    assert args[args.index("--enable-lora") :][:5] == [
-        "--enable-lora",
-        "--max-loras",
-        "4",
-        "--max-lora-rank",
-        "32",
-    ]
+    assert args[args.index("--enable-lora") :][:5] == ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "32"]
     assert "--lora-modules" not in args, "the adapter list must stay out of the pod template"
     vllm = engine_container(build_deployment(svc(adapters, kind="vllm", maxLoras=8), SETTINGS))
     assert vllm["args"][vllm["args"].index("--enable-lora") + 2] == "8"
@@ -90,9 +81,7 @@ def test_adding_and_removing_live_adapters_leaves_the_pod_template_unchanged() -
     assert volumes[volume]["persistentVolumeClaim"] == {"claimName": "tenant-b", "readOnly": True}
     mounts = {m["name"]: m for m in other["spec"]["containers"][0]["volumeMounts"]}
     assert mounts[volume] == {"name": volume, "mountPath": "/mnt/adapters/tenant-b", "readOnly": True}
-    more = template(
-        svc([*two, {"name": "de", "uri": "pvc://tenant-b/de"}, {"name": "it", "uri": "pvc://tenant-b/it"}])
-    )
+    more = template(svc([*two, {"name": "de", "uri": "pvc://tenant-b/de"}, {"name": "it", "uri": "pvc://tenant-b/it"}]))
     assert more == other
 
 
@@ -113,15 +102,9 @@ def test_adapter_paths_per_scheme_and_hf_adapters_fetched_at_start() -> None:
     }
     pod = build_deployment(service, SETTINGS)["spec"]["template"]["spec"]
     (fetch,) = pod["initContainers"]
-    assert fetch["args"] == [
-        "hf://org/lora-x@v2",
-        "--local-dir",
-        "/var/cache/plimsoll/models/hf/org/lora-x/v2",
-    ]
+    assert fetch["args"] == ["hf://org/lora-x@v2", "--local-dir", "/var/cache/plimsoll/models/hf/org/lora-x/v2"]
     assert fetch["name"].startswith("fetch-adapter-") and len(fetch["name"]) <= 63
-    assert "model-cache" in {v["name"] for v in pod["volumes"]}, (
-        "the pvc model has no cache volume of its own"
-    )
+    assert "model-cache" in {v["name"] for v in pod["volumes"]}, "the pvc model has no cache volume of its own"
 
 
 @pytest.mark.parametrize(
@@ -155,9 +138,7 @@ def test_plan_loads_missing_unloads_undeclared_and_reloads_a_moved_adapter() -> 
     assert plan.unload == ("old", "b")
     assert plan.load == (("a", "/p/a"), ("b", "/p/b2"))
     assert plan_pod(desired, {"a": "/p/a", "b": "/p/b2", "c": "/p/c"}).load == ()
-    models = {
-        "data": [{"id": "chat", "parent": None}, {"id": "a", "parent": "chat", "root": "/p/a"}, {"id": "z"}]
-    }
+    models = {"data": [{"id": "chat", "parent": None}, {"id": "a", "parent": "chat", "root": "/p/a"}, {"id": "z"}]}
     assert loaded_adapters(models, "chat") == {"a": "/p/a"}
 
 
@@ -174,15 +155,8 @@ def test_status_and_condition_follow_the_pods() -> None:
     assert adapters_condition(service, [good]).reason == "AdaptersLoaded"
     assert adapters_condition(service, []).status == "Unknown"
     partial = adapters_condition(service, [good, PodAdapters(pod="chat-3", loaded=("a",))])
-    assert (partial.status, partial.reason, partial.message) == (
-        "False",
-        "Loading",
-        "not loaded yet: b on chat-3",
-    )
-    assert (
-        adapters_condition(service, [PodAdapters(pod="x", error="ConnectError")]).reason
-        == "ReplicaUnreachable"
-    )
+    assert (partial.status, partial.reason, partial.message) == ("False", "Loading", "not loaded yet: b on chat-3")
+    assert adapters_condition(service, [PodAdapters(pod="x", error="ConnectError")]).reason == "ReplicaUnreachable"
 
 
 def make_adapter(root: Path, name: str) -> str:
@@ -194,9 +168,7 @@ def make_adapter(root: Path, name: str) -> str:
 
 async def test_sync_pod_loads_reports_refusals_and_unloads_over_http(tmp_path: Path) -> None:
     good = make_adapter(tmp_path, "good")
-    curve = ServiceCurve(
-        model="chat", enable_lora=True, lora_modules=(f"stale={make_adapter(tmp_path, 'stale')}",)
-    )
+    curve = ServiceCurve(model="chat", enable_lora=True, lora_modules=(f"stale={make_adapter(tmp_path, 'stale')}",))
     async with serving_simulator(curve) as url, httpx.AsyncClient() as http:
         desired = {"good": good, "broken": str(tmp_path / "missing")}
         after, loaded, unloaded = await sync_pod(ReplicaClient(http), url, "chat-1", desired, "chat", LOG)
@@ -215,16 +187,12 @@ async def test_sync_pod_loads_reports_refusals_and_unloads_over_http(tmp_path: P
 
 async def test_sync_pod_names_an_unreachable_replica() -> None:
     async with httpx.AsyncClient() as http:
-        result, _, _ = await sync_pod(
-            ReplicaClient(http), "http://127.0.0.1:9", "chat-1", {"a": "/a"}, "chat", LOG
-        )
+        result, _, _ = await sync_pod(ReplicaClient(http), "http://127.0.0.1:9", "chat-1", {"a": "/a"}, "chat", LOG)
     assert result.error is not None and result.loaded == ()
 
 
 @pytest.mark.slow
-async def test_sync_pod_leaves_an_adapter_in_use_on_a_real_engine_and_unloads_it_once_free(
-    tmp_path: Path,
-) -> None:
+async def test_sync_pod_leaves_an_adapter_in_use_on_a_real_engine_and_unloads_it_once_free(tmp_path: Path) -> None:
     """The runtime refuses to unload an adapter with a request in flight (HTTP 400, "retry later"):
     the operator keeps it listed, records no load failure, and unloads it on a pass after the request."""
     from plimsoll.runtime.testing import ThreadedServer, write_random_lora, write_tiny_model
@@ -232,11 +200,7 @@ async def test_sync_pod_leaves_an_adapter_in_use_on_a_real_engine_and_unloads_it
     model = write_tiny_model(tmp_path / "tiny")
     fr = write_random_lora(model, tmp_path / "fr", r=4, target_modules=("q_proj",), seed=3)
     server = ThreadedServer(
-        model,
-        enable_lora=True,
-        max_lora_rank=8,
-        lora_modules=[{"name": "fr", "path": str(fr)}],
-        step_delay=0.05,
+        model, enable_lora=True, max_lora_rank=8, lora_modules=[{"name": "fr", "path": str(fr)}], step_delay=0.05,
         server={"allow_runtime_lora_updating": True},  # as the operator starts plimsoll replicas with LoRA on
     ).start()
     base = server.ctx.settings.served_model_name
@@ -247,9 +211,7 @@ async def test_sync_pod_leaves_an_adapter_in_use_on_a_real_engine_and_unloads_it
                 assert stream.status_code == 200
                 chunks = stream.aiter_text()
                 assert await anext(chunks)  # the request is running under fr (100 steps of >= 50 ms)
-                held, loaded, unloaded = await sync_pod(
-                    ReplicaClient(http), server.url, "chat-1", {}, base, LOG
-                )
+                held, loaded, unloaded = await sync_pod(ReplicaClient(http), server.url, "chat-1", {}, base, LOG)
                 assert (held.loaded, held.failed, held.error, loaded, unloaded) == (("fr",), (), None, [], [])
                 async for _ in chunks:  # let it finish
                     pass
