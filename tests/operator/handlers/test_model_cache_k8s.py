@@ -15,15 +15,11 @@ from typing import Any
 
 import pytest
 from llms_k8s import apply, condition, get_json, llmservice, wait_for
+from zero_k8s import events
 
 from plimsoll.devcluster.hubmirror import HubMirror, HubRepo
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(420)]
-
-
-def _events(cluster: Any, ns: str, name: str) -> list[dict[str, Any]]:
-    found = get_json(cluster, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")
-    return list((found or {}).get("items", []))
 
 
 def test_prefill_fills_the_node_cache_once_and_a_replica_downloads_nothing(
@@ -50,7 +46,7 @@ def test_prefill_fills_the_node_cache_once_and_a_replica_downloads_nothing(
         filled = sorted(p.rsplit("/", 1)[-1] for p in hub.downloads())
         assert filled.count("model.safetensors") == 1, f"two fills of one directory downloaded once: {filled}"
         assert (node_cache / "hf" / repo / "main" / "model.safetensors").is_file()
-        assert any(e["reason"] == "ModelCached" for e in _events(devcluster, ns, "cached"))
+        assert any(e["reason"] == "ModelCached" for e in events(devcluster, ns, "cached"))
 
         devcluster.kubectl(
             "patch", "llms", "cached", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":1}}'
@@ -91,7 +87,7 @@ def test_prefill_fills_the_node_cache_once_and_a_replica_downloads_nothing(
     )
     assert "model.cache.hostPath caches downloads of hf:// models" in ready["message"]
     warning = wait_for(
-        lambda: [e for e in _events(devcluster, ns, "nocache") if e["reason"] == "InvalidSpec"],
+        lambda: [e for e in events(devcluster, ns, "nocache") if e["reason"] == "InvalidSpec"],
         60,
         "an Event",
     )
