@@ -430,7 +430,7 @@ class KeyValueServer:
     (SIGKILL) to test a dead server; ``url`` is ``redis://127.0.0.1:PORT/0``.
     """
 
-    def __init__(self, maxmemory: str = "256mb", port: int | None = None) -> None:
+    def __init__(self, maxmemory: str = "256mb", port: int | None = None, password: str | None = None) -> None:
         import shutil
 
         binary = shutil.which("valkey-server") or shutil.which("redis-server")
@@ -439,6 +439,7 @@ class KeyValueServer:
         self.binary = binary
         self.port = port if port is not None else free_port()
         self.maxmemory = maxmemory
+        self.password = password  # requirepass: clients must AUTH (the operator's Valkey has one)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -448,7 +449,8 @@ class KeyValueServer:
     def start(self) -> KeyValueServer:
         self.proc = subprocess.Popen(
             [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"],
+             "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 20.0
@@ -458,7 +460,7 @@ class KeyValueServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # up (and asking for the password)
                         return self
             except OSError:
                 time.sleep(0.05)

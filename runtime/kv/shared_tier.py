@@ -108,6 +108,7 @@ class SharedTier:
         breaker: CircuitBreaker | None = None,
         key_prefix: str = KEY_PREFIX,
         max_get_blocks: int = 256,
+        password: str | None = None,
     ) -> None:
         import redis
         from redis.backoff import NoBackoff
@@ -129,7 +130,10 @@ class SharedTier:
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,
             health_check_interval=0,
+            # A password in the URL wins (redis-py's rule); this one is for a URL without it.
+            **({} if password is None else {"password": password}),
         )
+        self._auth_refused_logged = False
 
     def key(self, address: bytes) -> str:
         return self.key_prefix + address.hex()
@@ -200,9 +204,26 @@ class SharedTier:
     def _failed(self, what: str, exc: Exception) -> None:
         with self.stats_lock:
             self.stats.errors += 1
+        if _is_auth_refusal(exc) and not self._auth_refused_logged:
+            # Not a passing fault: every call will fail the same way until the password is fixed.
+            self._auth_refused_logged = True
+            log.error(
+                "the shared KV tier refused this replica (%s); every shared-tier call recomputes until "
+                "--kv-shared-password / PLIMSOLL_KV_SHARED_PASSWORD matches the server's requirepass",
+                exc,
+            )
         log.debug("shared KV tier %s failed: %r", what, exc)
         self.breaker.failure()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a dead connection: nothing to do
             self.client.close()
+
+
+def _is_auth_refusal(exc: Exception) -> bool:
+    """A missing or wrong password (NOAUTH, WRONGPASS), as opposed to a slow or dead server."""
+    from redis.exceptions import AuthenticationError, ResponseError
+
+    if isinstance(exc, AuthenticationError):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
