@@ -67,6 +67,28 @@ def byte_level_tokenizer(chat_template: bool = True) -> Any:
     return tok
 
 
+# The sizes a Llama-family config.json names, in the order ``llama_shape`` takes them.
+LLAMA_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+
+
+def llama_shape(*sizes: int, rope_theta: float | None = None, tied: bool = False) -> dict[str, Any]:
+    """A Llama-family model's shape as ``LlamaConfig`` keyword arguments, for a random checkpoint of
+    a real model's size (the GPU checks and benchmarks): ``sizes`` in ``LLAMA_SIZES`` order, one model
+    a line, as a table's row; ``rope_theta=None`` keeps the config's default."""
+    shape: dict[str, Any] = dict(zip(LLAMA_SIZES, sizes, strict=True), tie_word_embeddings=tied)
+    if rope_theta is not None:
+        shape["rope_theta"] = rope_theta
+    return shape
+
+
 # The tiny model's shapes; tests/runtime/tiny_models.py varies them per architecture.
 TINY_SHAPE: dict[str, Any] = dict(
     vocab_size=259,

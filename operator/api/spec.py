@@ -766,6 +766,10 @@ class RouterSpec(APIModel):
         3, ge=0, le=16, description="--migration-limit: times one request may move to another replica when its "
         "replica fails mid-generation (a stream carries on from the last token the client got); 0: off."
     )
+    migration_wait_seconds: float = Field(
+        30.0, ge=0, le=600, description="--migration-wait: seconds a request whose replica failed, or that "
+        "arrives while replicas are restarting, waits for a ready replica before it gets 503 with Retry-After."
+    )
     mode: RouterMode = Field(
         "plimsoll",
         description="plimsoll (the router above, when enabled) or inferencePool: an InferencePool "

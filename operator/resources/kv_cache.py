@@ -20,6 +20,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.credentials import KV_PASSWORD_FIELD, admin_secret_name, from_secret
 from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.quantity import to_bytes
+from plimsoll.operator.resources.service import cluster_ip_service
 
 COMPONENT = "kv-cache"
 VALKEY_PORT = 6379
@@ -160,16 +161,4 @@ def build_kv_server_deployment(svc: LLMService) -> dict[str, Any]:
 
 
 def build_kv_server_service(svc: LLMService) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": kv_server_name(svc),
-            "namespace": svc.namespace,
-            "labels": common_labels(svc, COMPONENT),
-        },
-        "spec": {
-            "selector": selector_labels(svc, COMPONENT),
-            "ports": [{"name": "valkey", "port": VALKEY_PORT, "targetPort": VALKEY_PORT, "protocol": "TCP"}],
-        },
-    }
+    return cluster_ip_service(svc, kv_server_name(svc), COMPONENT, "valkey", VALKEY_PORT, VALKEY_PORT)
