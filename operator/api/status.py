@@ -238,6 +238,11 @@ class VariantStatus(APIModel):
         description="In-flight requests one replica carries at its target: the router weighs this variant's "
         "replicas by it.",
     )
+    rate: float | None = Field(
+        None,
+        description="Requests/s one replica finishes at that target (in-flight requests when not profiled): "
+        "the router sends this variant's replicas traffic in proportion to it.",
+    )
     cost_per_hour: float | None = Field(None, description="What its running replicas cost per hour now.")
     available: bool | None = Field(None, description="False while left out of the mix (see reason).")
     reason: str | None = Field(None, description="Why it is unavailable, or what it is waiting for.")
