@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -39,6 +40,60 @@ from plimsoll.runtime.testing import ServerProcess
 LINK: dict[str, float] = {}  # the KV link's rate, as the first workload's pulls measured it
 
 
+# The default model: SmolLM2-135M's attention geometry (head dim 64, 3 query heads per KV head) at
+# a width and depth a shared 2-core host runs through both workloads in minutes; random weights, the
+# byte-level tokenizer (one token per byte of prompt). ``--model smollm2-135m`` runs the real one.
+SMALL_SHAPE: dict[str, Any] = dict(
+    vocab_size=259, hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
+    num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    tie_word_embeddings=False,
+)  # fmt: skip
+SMALL = "small-llama"
+
+
+def small_model() -> str:
+    """The default model's directory, written once under ~/.cache/plimsoll/bench-models."""
+    from pathlib import Path
+
+    from transformers import LlamaConfig
+
+    from plimsoll.plan import parameter_count, read_model_config
+    from plimsoll.runtime.testing import save_random_model
+
+    directory = Path.home() / ".cache" / "plimsoll" / "bench-models" / "pd-split-llama"
+    if not (directory / "tokens-ascii").exists():
+        save_random_model(directory, LlamaConfig(**SMALL_SHAPE))
+        ascii_output(directory)
+    params = parameter_count(read_model_config(directory))
+    print(f"model: random Llama, {params / 1e6:.1f} M parameters (SmolLM2-135M's heads, 8 layers of width 384), "
+          f"byte-level tokenizer, at {directory}")  # fmt: skip
+    return str(directory)
+
+
+def ascii_output(directory: Any) -> None:
+    """Make the random model write printable ASCII: a random byte-level model otherwise picks bytes of
+    half a UTF-8 character about half the time, which stream no text (the bench's "empty" error).
+    The output rows of every other token are zeroed and the ASCII ones scaled up; the compute is
+    unchanged."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from plimsoll.runtime.testing import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    keep = [
+        i for i in range(SMALL_SHAPE["vocab_size"]) if len(t := tok.decode([i])) == 1 and 32 <= ord(t) < 127
+    ]
+    path = directory / "model.safetensors"
+    weights = load_file(path)
+    head = weights["lm_head.weight"]
+    scaled = torch.zeros_like(head)
+    scaled[keep] = head[keep] * 20
+    weights["lm_head.weight"] = scaled
+    save_file(weights, path, metadata={"format": "pt"})
+    (directory / "tokens-ascii").write_text(f"{len(keep)} printable ASCII tokens kept\n")
+
+
 def serve(model: str, cpu: int | None, max_model_len: int, kv_cache: str) -> ServerProcess:
     both = json.dumps({"kv_role": "kv_both", "kv_ip": "127.0.0.1", "kv_port": 0})
     prelude = f"import os; os.sched_setaffinity(0, {{{cpu}}})" if cpu is not None else ""
@@ -48,10 +103,12 @@ def serve(model: str, cpu: int | None, max_model_len: int, kv_cache: str) -> Ser
                          startup_timeout=600, env=env, prelude=prelude)  # fmt: skip
 
 
-def config(url: str, isl: int, osl: int, levels: tuple[int, ...], requests: int, slo: SLO, seed: int) -> BenchConfig:
+def config(
+    url: str, isl: int, osl: int, levels: tuple[int, ...], requests: int, slo: SLO, seed: int
+) -> BenchConfig:
     return BenchConfig(
         url=url, input_tokens=LengthSpec(value=isl), output_tokens=LengthSpec(value=osl), levels=levels,
-        requests_per_level=requests, warmup_requests=2, slo=slo, seed=seed, request_timeout_s=600,
+        requests_per_level=requests, warmup_requests=1, slo=slo, seed=seed, request_timeout_s=600,
         max_client_lag_ms=1000, min_concurrency_ratio=0.5, max_error_rate=0.05,
     )  # fmt: skip
 
@@ -69,12 +126,16 @@ def ms(level: dict[str, Any], metric: str, pct: str = "p50") -> float:
     return float(level["latency_ms"][metric][pct])
 
 
-async def workload(name: str, urls: list[str], args: argparse.Namespace, isl: int, osl: int, seed: int) -> dict[str, Any]:
+async def workload(
+    name: str, urls: list[str], args: argparse.Namespace, isl: int, osl: int, seed: int
+) -> dict[str, Any]:
     print(f"\n== {name}: {isl} prompt tokens, {osl} output tokens ==", flush=True)
     t0 = time.monotonic()
-    prof = await profile(urls[0], isl, osl, args.requests, seed)
+    prof = await profile(urls[0], isl, osl, args.profile_requests, seed)
     c1 = prof["levels"][0]
-    slo = SLO(ttft_p95_ms=round(args.ttft_x * ms(c1, "ttft"), 1), tpot_p50_ms=round(args.tpot_x * ms(c1, "tpot"), 1))
+    slo = SLO(
+        ttft_p95_ms=round(args.ttft_x * ms(c1, "ttft"), 1), tpot_p50_ms=round(args.tpot_x * ms(c1, "tpot"), 1)
+    )
     print(f"profile (one replica, c=1,2,4) in {time.monotonic() - t0:.0f} s: " + "; ".join(
         f"c={lv['concurrency']} TTFT p50 {ms(lv, 'ttft'):.0f} ms TPOT p50 {ms(lv, 'tpot'):.1f} ms"
         for lv in prof["levels"]))  # fmt: skip
@@ -98,14 +159,18 @@ async def workload(name: str, urls: list[str], args: argparse.Namespace, isl: in
                            "profile": prof, "measured": report}  # fmt: skip
     if link:
         prof_ = profile_from_report(prof, kv_per_token, slo.tpot_p50_ms / 1e3)
-        predicted = verdict(predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3))
+        predicted = verdict(
+            predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3)
+        )
         agrees = predicted.runs == (measured["ratio"] or "aggregated")
         print(f"predicted (plimsoll plan, link {link / 1e6:.0f} MB/s measured, prefill "
               f"{prof_.prefill_tokens_per_s:,.0f} tok/s, {prof_.decode_sequences:g} seqs at TPOT "
               f"{prof_.decode_tpot_s * 1e3:.1f} ms): run {predicted.runs} — "
               f"{'agrees with' if agrees else 'DIFFERS from'} the measurement")  # fmt: skip
         for lay in predicted.layouts:
-            print(f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica ({lay.limited_by})")
+            print(
+                f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica ({lay.limited_by})"
+            )
         out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees}
     return out
 
@@ -113,7 +178,8 @@ async def workload(name: str, urls: list[str], args: argparse.Namespace, isl: in
 async def main(args: argparse.Namespace) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     pins = [cpus[0], cpus[1 % len(cpus)]] if args.pin else [None, None]
-    replicas = [serve(args.model, cpu, args.max_model_len, args.kv_cache) for cpu in pins]
+    model = small_model() if args.model == SMALL else args.model
+    replicas = [serve(model, cpu, args.max_model_len, args.kv_cache) for cpu in pins]
     print(f"model {args.model}; 2 replicas (kv_both) pinned to CPUs {pins}; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)  # fmt: skip
     try:
@@ -127,6 +193,7 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         for r in replicas:
             r.stop(timeout=30)
+    print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=2, default=str)
@@ -135,18 +202,24 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--model", default=SMALL, help=f"{SMALL} (written once, see SMALL_SHAPE) or a model "
+                   "`plimsoll serve --model` takes, e.g. smollm2-135m")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--kv-cache", default="256MiB")
-    p.add_argument("--long-input", type=int, default=640)
+    p.add_argument("--long-input", type=int, default=512)
     p.add_argument("--long-output", type=int, default=16)
     p.add_argument("--short-input", type=int, default=32)
-    p.add_argument("--short-output", type=int, default=96)
+    p.add_argument("--short-output", type=int, default=48)
     p.add_argument("--levels", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 2))
-    p.add_argument("--requests", type=int, default=16, help="measured requests per level")
+    p.add_argument("--requests", type=int, default=8, help="measured requests per level of the comparison")
+    p.add_argument(
+        "--profile-requests", type=int, default=6, help="measured requests per level of the profile"
+    )
     p.add_argument("--ratios", type=parse_ratios, default=[Ratio(1, 1)])
     p.add_argument("--ttft-x", type=float, default=4.0, help="TTFT p95 SLO as a multiple of TTFT at c=1")
     p.add_argument("--tpot-x", type=float, default=1.5, help="TPOT p50 SLO as a multiple of TPOT at c=1")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--output", default=None, help="write every figure as JSON here")
+    # A SIGTERM unwinds like Ctrl-C, so the replicas this script started are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(asyncio.run(main(p.parse_args())))
