@@ -18,9 +18,7 @@ why), so "split pays" means one thing everywhere.
   decode capacity (``O`` tokens, ``B`` sequences per step of ``t`` seconds). *Aggregated* it does
   both, and its prefills stall its decodes: while it prefills a share ``u`` of the time, a decode
   step effectively takes ``t/(1−u)``, so the TPOT SLO caps ``u ≤ 1 − t/SLO`` — goodput per replica is
-  ``min(1/(I/P + O·t/B), (1 − t/SLO)·P/I)``, but never below ``1/(I/P + O·t)``, what it serves running
-  one request at a time (no prefill then stalls a decode), and 0 when ``I/P + t`` alone misses the
-  TTFT SLO.
+  ``min(1/(I/P + O·t/B), (1 − t/SLO)·P/I)``, and 0 when ``I/P + t`` alone misses the TTFT SLO.
   *Split* ``p:d``: ``min(p·P/I, d·B/(O·t), p·link/(I·kv))/(p+d)`` (the prefill pool, the decode
   pool, the prefill replicas' links), 0 when ``I/P + I·kv/link + t`` misses the TTFT SLO. With a
   perfectly balanced ratio and no interference the two are equal: splitting pays only by removing
@@ -225,7 +223,6 @@ def predict(
     # Aggregated: both phases on one replica; prefills stall decode steps.
     capacity = 1.0 / (prefill_s + decode_cost)
     limited = "prefill + decode work per replica"
-    stalls = True
     if tpot_slo_s is not None:
         share = max(0.0, 1.0 - tpot / tpot_slo_s)
         stall_cap = share / prefill_s
@@ -234,20 +231,9 @@ def predict(
                 stall_cap,
                 f"prefill stalls in decode (TPOT SLO leaves {share:.0%} of the time to prefill)",
             )
-        # One request at a time, no prefill ever stalls a decode: when that serves more than batching
-        # under the stall cap, it is the aggregated replica's goodput (at TPOT t, conservative: the
-        # profile's TPOT at its sequences is no faster than one sequence's).
-        serial = 1.0 / (prefill_s + output_tokens * tpot)
-        if serial > capacity:
-            capacity, limited, stalls = (
-                serial,
-                "one request at a time (prefill stalls would miss the TPOT SLO)",
-                False,
-            )
     ttft = prefill_s + tpot
-    agg_tpot = tpot / max(1e-9, 1 - min(0.999, capacity * prefill_s)) if stalls else tpot
-    agg = LayoutFigures(AGGREGATED, 1, capacity, ttft_p50_s=ttft, ttft_p95_s=ttft, tpot_p50_s=agg_tpot,
-                        limited_by=limited)  # fmt: skip
+    agg = LayoutFigures(AGGREGATED, 1, capacity, ttft_p50_s=ttft, ttft_p95_s=ttft,
+                        tpot_p50_s=tpot / max(1e-9, 1 - min(0.999, capacity * prefill_s)), limited_by=limited)  # fmt: skip
     if ttft_slo_s is not None and ttft > ttft_slo_s:
         agg.goodput_rps, agg.limited_by = 0.0, f"TTFT {_ms(ttft)} > SLO {_ms(ttft_slo_s)}"
     out.append(agg)

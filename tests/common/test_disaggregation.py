@@ -86,21 +86,6 @@ def test_prediction_keeps_aggregated_on_a_slow_link_or_a_loose_slo() -> None:
     assert max(lay.goodput_per_replica for lay in loose[1:]) <= loose[0].goodput_per_replica + 1e-12
 
 
-def test_prediction_counts_one_request_at_a_time_when_stalls_cap_aggregated_below_it() -> None:
-    # A slow replica that decodes one sequence within the TPOT SLO (SmolLM2-135M on one shared CPU):
-    # prefilling 512 tokens takes 3 s, and a TPOT SLO 1.5 x its 112 ms step leaves a third of the time
-    # to prefill under batching. Running one request at a time no prefill stalls a decode, so an
-    # aggregated replica serves 1 / (3 + 16 x 0.112) = 0.21 req/s, more than 1P:1D's 1 / 3 / 2.
-    slow = ServiceProfile(prefill_tokens_per_s=512 / 3, decode_sequences=1, decode_tpot_s=0.112,
-                          kv_bytes_per_token=46_080)  # fmt: skip
-    layouts = predict(slow, 512, 16, 50e6, [Ratio(1, 1)], ttft_slo_s=10.7, tpot_slo_s=0.168)
-    agg, split = layouts
-    assert agg.goodput_rps == pytest.approx(1 / (3 + 16 * 0.112))
-    assert agg.tpot_p50_s == pytest.approx(0.112) and "one request at a time" in (agg.limited_by or "")
-    assert split.goodput_per_replica == pytest.approx(1 / 3 / 2)
-    assert verdict(layouts).choice == AGGREGATED
-
-
 def test_a_profile_from_a_sweep_report() -> None:
     def level(c: int, ttft_ms: float, tpot_ms: float, valid: bool = True) -> dict[str, object]:
         return {"concurrency": c, "valid": valid, "tokens": {"prompt_mean": 500.0},

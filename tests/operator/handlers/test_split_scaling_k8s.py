@@ -76,7 +76,8 @@ def test_each_pool_is_profiled_and_scales_on_its_own_signal(
     devcluster: Any, llms_namespace: str, tiny_model: Path
 ) -> None:
     ns = llms_namespace
-    quick = {"concurrency": [1, 2, 4], "requestsPerLevel": 4}
+    # Levels up to 4x what the engine holds: the throughput knee is inside them even on a noisy host.
+    quick = {"concurrency": [1, 2, 4, 8], "requestsPerLevel": 8}
     manifest = llmservice(
         NAME,
         model={"uri": f"file://{tiny_model}"},
@@ -109,7 +110,7 @@ def test_each_pool_is_profiled_and_scales_on_its_own_signal(
                 "targetBacklogSeconds": 0.001,
                 # 16 tokens, not 1: a random byte-level model's single token is often half a UTF-8
                 # character, which streams no text, and the sweep counts such a request as failed.
-                "profile": {"inputTokens": 256, "outputTokens": 16, **quick},
+                "profile": {"inputTokens": 128, "outputTokens": 16, **quick},
             },
             "decode": {"profile": {"inputTokens": 8, "outputTokens": 16, **quick}},
         },
@@ -138,7 +139,7 @@ def test_each_pool_is_profiled_and_scales_on_its_own_signal(
     assert condition(obj, "Profiled")["reason"] == "PoolsProfiled"
     prefill_profile, decode_profile = _pool(obj, "prefill")["profile"], _pool(obj, "decode")["profile"]
     rate, sequences = prefill_profile["promptTokensPerSecond"], decode_profile["sequencesPerReplica"]
-    assert rate > 0 and prefill_profile["inputTokens"] == 256 and prefill_profile["outputTokens"] == 16
+    assert rate > 0 and prefill_profile["inputTokens"] == 128 and prefill_profile["outputTokens"] == 16
     assert sequences >= 1 and decode_profile["tpotSeconds"] > 0 and decode_profile["outputTokens"] == 16
     jobs = get_json(devcluster, "jobs", "-n", ns, "-l", "app.kubernetes.io/component=profile")["items"]
     roles = sorted(j["metadata"]["labels"].get("plimsoll.dev/role") for j in jobs)
@@ -169,7 +170,7 @@ def test_each_pool_is_profiled_and_scales_on_its_own_signal(
         assert obj["spec"]["replicas"] == 1, "the decode pool, idle, must not follow the prefill backlog"
         assert not _events(devcluster, ns, "ScaledUp"), "the decode pool scaled on the prefill load"
         up = _events(devcluster, ns, "PrefillScaledUp")
-        assert any(m.startswith("prefill pool 1 → 2") for m in up), up
+        assert any(m.startswith("prefill pool 1 → 2: ceil(1 × ") and " / 0.001) = " in m for m in up), up
         print(f"prefill step: {up}")
 
         # 2. The prefill load stops; short prompts with long outputs at the decode pool.
