@@ -12,12 +12,17 @@ Per workload:
      the unloaded TTFT and TPOT the SLOs are set from (TTFT p95 ≤ --ttft-x × TTFT at c=1,
      TPOT p50 ≤ --tpot-x × TPOT at c=1), so the SLOs mean the same on a fast or a slow host;
   2. `plimsoll bench disagg`'s comparison: aggregated on both replicas, then 1P:1D, the same
-     closed-loop levels per replica through the real router: TTFT, TPOT and ITL p50/p95, goodput
-     per replica under the SLO, the KV transfer in ms and MB per request, and the verdict;
+     closed-loop levels per replica through the real router, --repeats times in A B, B A order (each
+     layout's figures the mean of its repeats): TTFT, TPOT and ITL p50/p95, goodput per replica
+     under the SLO, the KV transfer in ms and MB per request, and the verdict;
   3. the prediction of ``plimsoll plan --link-bandwidth`` from the profile and the link's measured
      rate, and whether it agrees with the measured verdict.
 
-    python benchmarks/pd_split.py [--model smollm2-135m] [--levels 1,2] [--requests 16]
+The default model is small (``SMALL_SHAPE``: random weights, SmolLM2-135M's heads at 8 layers of
+width 384) so that both workloads finish in minutes on a shared 2-core host; ``--model smollm2-135m``
+measures the real embedded model (tens of minutes on such a host).
+
+    python benchmarks/pd_split.py [--model smollm2-135m] [--levels 1,2] [--requests 16] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -104,11 +109,18 @@ def serve(model: str, cpu: int | None, max_model_len: int, kv_cache: str) -> Ser
 
 
 def config(
-    url: str, isl: int, osl: int, levels: tuple[int, ...], requests: int, slo: SLO, seed: int
+    url: str,
+    isl: int,
+    osl: int,
+    levels: tuple[int, ...],
+    requests: int,
+    slo: SLO,
+    seed: int,
+    repeats: int = 1,
 ) -> BenchConfig:
     return BenchConfig(
         url=url, input_tokens=LengthSpec(value=isl), output_tokens=LengthSpec(value=osl), levels=levels,
-        requests_per_level=requests, warmup_requests=1, slo=slo, seed=seed, request_timeout_s=600,
+        requests_per_level=requests, warmup_requests=1, slo=slo, seed=seed, request_timeout_s=600, repeats=repeats,
         max_client_lag_ms=1000, min_concurrency_ratio=0.5, max_error_rate=0.05,
     )  # fmt: skip
 
@@ -142,7 +154,7 @@ async def workload(
     print(f"SLO: TTFT p95 <= {slo.ttft_p95_ms:g} ms ({args.ttft_x:g} x c=1), "
           f"TPOT p50 <= {slo.tpot_p50_ms:g} ms ({args.tpot_x:g} x c=1)", flush=True)  # fmt: skip
     t0 = time.monotonic()
-    cfg = config(urls[0], isl, osl, args.levels, args.requests, slo, seed + 1)
+    cfg = config(urls[0], isl, osl, args.levels, args.requests, slo, seed + 1, args.repeats)
     report = await compare(cfg, urls, args.ratios, args.levels, lambda line: print("  " + line, flush=True))
     print(f"comparison in {time.monotonic() - t0:.0f} s")
     for line in summary_lines(report):
@@ -211,10 +223,12 @@ if __name__ == "__main__":
     p.add_argument("--short-input", type=int, default=32)
     p.add_argument("--short-output", type=int, default=48)
     p.add_argument("--levels", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 2))
-    p.add_argument("--requests", type=int, default=8, help="measured requests per level of the comparison")
+    p.add_argument("--requests", type=int, default=16, help="measured requests per level of the comparison")
     p.add_argument(
-        "--profile-requests", type=int, default=6, help="measured requests per level of the profile"
+        "--profile-requests", type=int, default=8, help="measured requests per level of the profile"
     )
+    p.add_argument("--repeats", type=int, default=2, help="comparison repeats, every other one in reverse "
+                   "layout order (A B, B A), so a drift in the host's load weighs on both layouts alike")  # fmt: skip
     p.add_argument("--ratios", type=parse_ratios, default=[Ratio(1, 1)])
     p.add_argument("--ttft-x", type=float, default=4.0, help="TTFT p95 SLO as a multiple of TTFT at c=1")
     p.add_argument("--tpot-x", type=float, default=1.5, help="TPOT p50 SLO as a multiple of TPOT at c=1")
