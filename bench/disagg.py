@@ -203,12 +203,12 @@ async def compare(
     details = []
     for r in range(cfg.repeats):
         # Every other repeat in reverse (A B, B A, ...): a drift in the host's load weighs on every layout alike.
+        if cfg.repeats > 1:
+            say(f"repeat {r + 1}/{cfg.repeats}")
         for layout in plan if r % 2 == 0 else plan[::-1]:
             i = plan.index(layout)
             # The same shapes, fresh prompts: a layout run after another finds none of its prompts cached there.
             seed = cfg.seed + 1009 * i + 7919 * r
-            if cfg.repeats > 1:
-                say(f"repeat {r + 1}/{cfg.repeats}")
             fig, detail = await run_layout(
                 cfg.model_copy(update={"seed": seed, "repeats": 1}), layout, levels, say
             )
