@@ -188,6 +188,24 @@ def mean_figures(runs: Sequence[LayoutFigures]) -> LayoutFigures:
     return out
 
 
+def repeat_agreement(runs: dict[str, list[LayoutFigures]], chosen: str | None) -> str:
+    """How many repeats, each on its own, favour the layout the means chose: the measurement's certainty."""
+    agg = runs[AGGREGATED]
+    splits = {name: figs for name, figs in runs.items() if name != AGGREGATED}
+    best = chosen or max(splits, key=lambda name: sum(f.goodput_rps for f in splits[name]))
+    pairs = list(zip(agg, splits[best], strict=True))
+    ahead = sum(
+        (s.goodput_per_replica > a.goodput_per_replica)
+        if chosen
+        else (a.goodput_per_replica >= s.goodput_per_replica)
+        for a, s in pairs
+    )
+    winner = chosen or AGGREGATED
+    other = AGGREGATED if chosen else best
+    text = f"repeat by repeat, {winner} is ahead of {other} in {ahead} of {len(pairs)}"
+    return text + ("" if ahead == len(pairs) else ": the host's load moves more than the layouts differ")
+
+
 async def compare(
     cfg: BenchConfig, urls: Sequence[str], ratios: Sequence[Ratio], levels: Sequence[int], say: Say
 ) -> dict[str, Any]:
@@ -216,6 +234,8 @@ async def compare(
             details.append({**detail, "repeat": r + 1})
     figures = [mean_figures(runs[layout.name]) for layout in plan]
     v = verdict(figures)
+    if cfg.repeats > 1:
+        v.reasons.append(repeat_agreement(runs, v.ratio))
     return {
         "kind": "disagg",
         "replicas": list(urls),

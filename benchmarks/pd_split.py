@@ -205,6 +205,13 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         for r in replicas:
             r.stop(timeout=30)
+    print("\nsummary: workload — measured verdict — predicted verdict — agree")
+    for r in results:
+        measured = r["measured"]["verdict"]["ratio"] or "aggregated"
+        predicted = r.get("predicted")
+        said = (predicted["ratio"] or "aggregated") if predicted else "-"
+        print(f"  {r['name']} — {measured} — {said} — "
+              f"{'-' if predicted is None else 'yes' if predicted['agrees'] else 'NO'}")  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.output:
         with open(args.output, "w") as f:

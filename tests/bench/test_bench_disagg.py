@@ -63,6 +63,10 @@ def test_aggregated_and_split_measured_with_a_verdict(replicas: list[ThreadedSer
     ]  # fmt: skip
     assert all(d["split_requests"] >= 8 for d in report["layouts"] if d["layout"] == "1P:1D")
     assert agg["notes"][0].startswith("mean of 2 repeats; good req/s per replica in each: ")
+    certainty = report["verdict"]["reasons"][-1]
+    assert certainty.startswith(
+        f"repeat by repeat, {'1P:1D' if report['verdict']['ratio'] else 'aggregated'} is ahead"
+    )
     # The verdict follows the measurement: split only when its goodput per replica is clearly higher.
     split_wins = split["goodput_per_replica_rps"] > (1 + MARGIN) * agg["goodput_per_replica_rps"]
     expected = "1P:1D" if split_wins else None
