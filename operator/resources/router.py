@@ -65,6 +65,7 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
         "--backend-port", str(ENGINE_PORT), "--policy", svc.spec.router.policy,
         "--hold-queue", str(svc.spec.router.hold_queue),
         "--migration-limit", str(svc.spec.router.migration_limit),
+        "--migration-wait", f"{svc.spec.router.migration_wait_seconds:g}",
         "--shutdown-delay", str(SHUTDOWN_DELAY_S), "--drain-timeout", str(DRAIN_TIMEOUT_S),
     ]  # fmt: skip
     if svc.spec.router.hold_timeout_seconds is not None:
