@@ -351,9 +351,17 @@ async def drive(cluster: Cluster, replicas: Replicas, args: argparse.Namespace, 
             s = await asyncio.to_thread(status, cluster)
             counts = {n: v.get("replicas") for n, v in (s.get("variants") or {}).items()}
             ready = {n: v.get("readyReplicas") for n, v in (s.get("variants") or {}).items()}
-            steady = (s.get("mix") or {}).get("reason") == "WithinTolerance" and counts == ready
+            available = all(v.get("available", True) for v in (s.get("variants") or {}).values())
+            steady = (s.get("mix") or {}).get("reason") == "WithinTolerance" and counts == ready and available
             settled = settled + 1 if steady else 0
             await asyncio.sleep(2.0)
+        out = {
+            n: v.get("reason") for n, v in (s.get("variants") or {}).items() if v.get("available") is False
+        }
+        if out:
+            # A replica that did not answer its scrapes at start (a starved host) takes its variant out
+            # of the mix for mix.unavailableSeconds: the cost comparisons then hold that variant to no one.
+            print(f"  variants unavailable at the start: {out}", flush=True)
         rng = random.Random(1)
         start = time.monotonic()
         end = start + args.minutes * 60
