@@ -189,7 +189,11 @@ async def workload(
             print(f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica, TTFT "
                   f"{(lay.ttft_p50_s or 0) * 1e3:.0f} ms, TPOT {(lay.tpot_p50_s or 0) * 1e3:.1f} ms ({lay.limited_by})")  # fmt: skip
         print(f"  predicted: {predicted.reasons[-1]}")
-        out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees}
+        # The same prediction at the plan's own band (what `plimsoll plan` prints without a measurement).
+        alone = verdict(predicted.layouts)
+        print(f"  predicted at the plan's {alone.band:.0%} band: {alone.category}")
+        out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees,
+                            "category_at_plan_band": alone.category}  # fmt: skip
     return out
 
 
