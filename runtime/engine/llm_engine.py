@@ -792,6 +792,7 @@ class LLMEngine:
             prefill_backlog_tokens=self._prefill_backlog(),
             kv_bytes_per_token=self.kv_bytes_per_token,
             kv_cache_memory_bytes=self.runner.kv_cache_bytes(),
+            kv_cache_resident_bytes=self.runner.kv_cache_resident_bytes(),
             gpu_memory_utilization=self.config.gpu_memory_utilization if self.kv_budget is not None else None,
             **self._lora_stats(),
         )

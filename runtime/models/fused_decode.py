@@ -182,6 +182,37 @@ class FusedDecode:
                 self.head = None if head is None else cpu_kernels.pack_f32(head)
         self.max_rows = 0 if self.reason is not None else max_rows[0] if self.panels else max_rows[1]
 
+    def _panel_sources(self) -> list[tuple[torch.Tensor, int, cpu_kernels.PackedWeight]]:
+        """Each packed panel with the weight it was packed from and its parts."""
+        out = []
+        for layer, (qkv, o, gate_up, down) in zip(self.model.model.layers, self.panels, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            out += [(attn.qkv_proj.weight, 1, qkv), (attn.o_proj.weight, 1, o)]
+            out += [(mlp.gate_up_proj.weight, 2, gate_up), (mlp.down_proj.weight, 1, down)]
+        head = _plain_head(self.model)
+        if self.head is not None and head is not None:
+            out.append((head, 1, self.head))
+        return out
+
+    def drop_panels(self) -> int:
+        """Free the packed panels' memory (sleep level 2, which drops the weights they copy); the
+        bytes freed. The ``PackedWeight`` objects stay, empty, for :meth:`repack` to fill."""
+        freed = 0
+        for _, _, packed in self._panel_sources():
+            storage = packed.data.untyped_storage()
+            freed += storage.nbytes()
+            storage.resize_(0)
+        return freed
+
+    def repack(self) -> None:
+        """Pack the panels again from the weights, into the same ``PackedWeight`` objects (every
+        reader, the glued layers too, holds those), after :meth:`drop_panels` and a reload."""
+        with torch.no_grad():
+            for weight, parts, packed in self._panel_sources():
+                packed.data.untyped_storage().resize_(packed.data.numel() * packed.data.element_size())
+                cpu_kernels.pack_f32(weight, parts, out=packed.data)
+        self._addresses = None  # the panels' addresses moved
+
     def _layer_addresses(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """``[L, 8]`` int64 addresses (``[L, 20]`` for int8 projections), rebuilt only when a weight
         or a cache tensor moved."""
