@@ -322,7 +322,9 @@ class AsyncEngine:
                     with self._cond:
                         idle = not self._commands and not engine.has_unfinished_requests()
                     if idle:
-                        engine.run_deferred_warmup()
+                        # Piece by piece: a request (or any command) that arrives meanwhile is served
+                        # first, and the warm-up goes on once the engine is idle again.
+                        engine.run_deferred_warmup(busy=lambda: bool(self._commands) or self._stopping)
                 with self._cond:
                     while not self._commands and not engine.has_unfinished_requests() and not self._stopping:
                         self._cond.wait()

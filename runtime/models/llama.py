@@ -13,17 +13,16 @@ What it is not: a general model zoo; sliding-window attention is not implemented
 so a window shorter than ``max_model_len`` is refused by the loader.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.attention_op import PagedAttend, opaque_attend
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 from plimsoll.runtime.models.cpu_plan import CPUPlan
-from plimsoll.runtime.models.dense import Linear, linear, prime_onednn
+from plimsoll.runtime.models.dense import Linear, linear, prime_onednn_steps
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -141,6 +140,26 @@ class Attention(nn.Module):
         return result
 
 
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLP's activation by its HF ``hidden_act`` name. The Llama family's own are here, so
+    serving does not import ``transformers.activations`` (it pulls in torch.distributed.tensor
+    and hub kernels: 2.7 s of a replica's start on the CI host); another name is looked up there."""
+    if name in ("silu", "swish"):
+        return nn.functional.silu
+    if name == "gelu":
+        return nn.functional.gelu
+    if name in ("gelu_pytorch_tanh", "gelu_new"):
+        return lambda x: nn.functional.gelu(x, approximate="tanh")
+    if name == "relu":
+        return nn.functional.relu
+    from transformers.activations import ACT2FN
+
+    if name not in ACT2FN:
+        raise ValueError(f"hidden_act {name!r} is not an activation transformers knows")
+    fn: Callable[[torch.Tensor], torch.Tensor] = ACT2FN[name]
+    return fn
+
+
 class MLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -149,7 +168,7 @@ class MLP(nn.Module):
         # gate and up in one matmul (gate rows first; see fuse_hf_state_dict).
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = ACT2FN[config.hidden_act]
+        self.act = activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -253,19 +272,21 @@ class LlamaForCausalLM(nn.Module):
         layers' for up to ``max_tokens`` rows, the output head's for up to ``max_logit_rows``. An int8
         layer dequantises above its kernel's rows, so its float shape is primed from there on.
         Returns the matmuls run (0 off CPU float32)."""
+        return sum(1 for _ in self.prime_matmul_steps(max_tokens, max_logit_rows))
+
+    def prime_matmul_steps(self, max_tokens: int, max_logit_rows: int) -> Iterator[None]:
+        """``prime_matmuls`` one matmul at a time (yields after each; see ``dense.prime_onednn_steps``)."""
         from plimsoll.runtime.models.quant import KERNEL_MAX_ROWS, Int8Linear
 
         float_dtype = self.model.norm.weight.dtype
-        ran = 0
 
-        def prime(module: nn.Module, max_rows: int) -> int:
+        def prime(module: nn.Module, max_rows: int) -> Iterator[None]:
             if isinstance(module, Linear):
-                return prime_onednn([(module.weight, module.bias)], max_rows)
-            if isinstance(module, Int8Linear):
+                yield from prime_onednn_steps([(module.weight, module.bias)], max_rows)
+            elif isinstance(module, Int8Linear):
                 shape = (module.qweight.shape[0], module.qweight.shape[1])
                 stand_in = torch.empty(shape, dtype=float_dtype)  # primitives are per shape, not per tensor
-                return prime_onednn([(stand_in, module.bias)], max_rows, min_rows=KERNEL_MAX_ROWS + 1)
-            return 0
+                yield from prime_onednn_steps([(stand_in, module.bias)], max_rows, min_rows=KERNEL_MAX_ROWS + 1)
 
         seen: set[tuple[type, tuple[int, ...], bool]] = set()  # a stand-in per int8 shape, not per layer
         for module in self.model.layers.modules():
@@ -274,12 +295,11 @@ class LlamaForCausalLM(nn.Module):
                 key = (type(module), tuple(weight.shape), module.bias is not None)
                 if key not in seen:
                     seen.add(key)
-                    ran += prime(module, max_tokens)
+                    yield from prime(module, max_tokens)
         if self.tie_word_embeddings:
-            ran += prime_onednn([(self.model.embed_tokens.weight, None)], max_logit_rows)
+            yield from prime_onednn_steps([(self.model.embed_tokens.weight, None)], max_logit_rows)
         else:
-            ran += prime(self.lm_head, max_logit_rows)
-        return ran
+            yield from prime(self.lm_head, max_logit_rows)
 
 
 FUSED_PROJECTIONS = {
