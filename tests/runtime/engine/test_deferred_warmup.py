@@ -1,7 +1,5 @@
 """The warm-up after Ready runs in pieces and gives way to work that arrives (engine level)."""
 
-from pathlib import Path
-
 import pytest
 
 from plimsoll.runtime.engine.config import EngineConfig
