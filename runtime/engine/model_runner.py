@@ -74,6 +74,9 @@ def cpu_options(config: Any) -> CPUOptions:
         fused_decode=config.cpu_fused_decode,
         glued_layers=config.cpu_glued_layers,
         packed_weights=config.cpu_packed_weights,
+        # Packed panels kept beside the compile caches (--compilation-cache-dir): a volume there
+        # makes a restart map them instead of packing them again.
+        panel_cache_dir=config.compilation_config.cache_dir,
     )
 
 

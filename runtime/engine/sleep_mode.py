@@ -148,7 +148,11 @@ def sleep(engine: LLMEngine, level: int) -> SleepState:
                 storage.resize_(0)
     if level == 2:
         for fused in _fused_steps(engine):
-            freed += fused.drop_panels()  # copies of the weights dropped below; packed again on wake
+            if fused.mapped:  # pages of the panel cache's file: dropped, read again from it when used
+                freed += sum(kv_pages.release(p.data) for layer in fused.panels for p in layer)
+                freed += kv_pages.release(fused.head.data) if fused.head is not None else 0
+            else:
+                freed += fused.drop_panels()  # copies of the weights dropped below; packed again on wake
     for runner in _runners(engine):
         for storage in _model_storages(runner.model):
             nbytes = storage.nbytes()
@@ -187,7 +191,8 @@ def wake_up(engine: LLMEngine) -> float:
     if state.level == 2:
         _reload_weights(engine)
         for fused in _fused_steps(engine):
-            fused.repack()
+            if not fused.mapped:
+                fused.repack()
     else:
         for storage, host in state.host_copies:
             storage.resize_(host.numel())

@@ -461,6 +461,13 @@ class PackedWeight:
     cols: int = 48
 
 
+def packed_f32_layout(n: int, k: int, parts: int = 1) -> tuple[int, int]:
+    """The float32 elements ``pack_f32`` makes of an ``[n, k]`` weight in ``parts``, and the panels'
+    width (the build's): what a packed copy kept on disk must match (models/panel_cache.py)."""
+    lib = _library_or_raise()
+    return int(lib.plimsoll_packed_f32_floats(n, k, parts)), int(lib.plimsoll_packed_f32_panel_cols())
+
+
 def pack_f32(weight: torch.Tensor, parts: int = 1, out: torch.Tensor | None = None) -> PackedWeight:
     """``weight`` (``[N, K]`` float32 on CPU) in column panels for ``packed_linear``: N padded up to
     whole panels (48 columns with AVX-512, 16 otherwise), each panel K rows of its columns. About

@@ -218,6 +218,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         # Set by the engine's model runner at load, after LoRA, TP and int8 (models/cpu_plan.py).
         self.cpu_plan: CPUPlan | None = None
+        # Set by the loader (loader.checkpoint_fingerprint): keys what is cached from the weights.
+        self.checkpoint_fingerprint: str | None = None
 
     def forward(
         self,

@@ -28,9 +28,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("sleep") / "tiny")
 
 
-def _engine(model_dir: Path) -> LLMEngine:
+def _engine(model_dir: Path, cache_dir: Path | None = None) -> LLMEngine:
+    compilation = {"cache_dir": str(cache_dir)} if cache_dir is not None else {}
     config = EngineConfig(
-        model=str(model_dir), enable_sleep_mode=True, kv_cache_memory=KV_BYTES, max_model_len=128, seed=0
+        model=str(model_dir),
+        enable_sleep_mode=True,
+        kv_cache_memory=KV_BYTES,
+        max_model_len=128,
+        seed=0,
+        compilation_config=compilation,
     )
     engine = LLMEngine(config)
     engine.warmup()
@@ -82,14 +88,20 @@ def test_level_1_on_cpu_releases_the_kv_pages_in_place_and_keeps_weights_and_pan
     engine.close()
 
 
-def test_level_2_drops_the_panels_and_packs_them_again(model_dir: Path) -> None:
-    engine = _engine(model_dir)
+@pytest.mark.parametrize("cached", [False, True], ids=["packed", "mapped"])
+def test_level_2_drops_the_panels_and_packs_them_again(model_dir: Path, tmp_path: Path, cached: bool) -> None:
+    if cached:  # the second engine maps the panels the first one stored (models/panel_cache.py)
+        _engine(model_dir, tmp_path).close()
+    engine = _engine(model_dir, tmp_path if cached else None)
+    assert engine.runner.cpu_plan.fused is not None and engine.runner.cpu_plan.fused.mapped is cached
     before = _answers(engine)
     panels = [p.clone() for p in _panels(engine)]
     weight_bytes = sum(p.nbytes for p in engine.runner.model.parameters())
+    panel_pages = sum(p.nbytes // kv_pages.PAGE * kv_pages.PAGE for p in panels)
     freed = engine.sleep(2)
-    assert all(p.untyped_storage().nbytes() == 0 for p in _panels(engine))
-    assert freed >= KV_BYTES * 0.99 + weight_bytes * 0.9 + sum(p.nbytes for p in panels)
+    if not cached:
+        assert all(p.untyped_storage().nbytes() == 0 for p in _panels(engine))
+    assert freed >= KV_BYTES * 0.99 + weight_bytes * 0.9 + panel_pages
     engine.wake_up()
     assert all(torch.equal(p, copy) for p, copy in zip(_panels(engine), panels, strict=True))
     assert _answers(engine) == before
