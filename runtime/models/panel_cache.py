@@ -20,6 +20,7 @@ volume is emptied).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -81,7 +82,10 @@ class PanelCache:
                 with os.fdopen(fd, "wb") as f:
                     for p, offset in zip(panels, offsets, strict=True):
                         f.seek(offset)
-                        f.write(memoryview(p.contiguous().view(torch.uint8).numpy()))
+                        # The panel's bytes where they lie (Tensor.numpy() would pin its storage's
+                        # size: sleep level 2 frees a panel by resizing it).
+                        nbytes = p.numel() * p.element_size()
+                        f.write(memoryview((ctypes.c_char * nbytes).from_address(p.contiguous().data_ptr())))
                     f.truncate(position)
                 meta = {
                     "format": FORMAT,

@@ -88,22 +88,24 @@ def test_level_1_on_cpu_releases_the_kv_pages_in_place_and_keeps_weights_and_pan
     engine.close()
 
 
-@pytest.mark.parametrize("cached", [False, True], ids=["packed", "mapped"])
-def test_level_2_drops_the_panels_and_packs_them_again(model_dir: Path, tmp_path: Path, cached: bool) -> None:
-    if cached:  # the second engine maps the panels the first one stored (models/panel_cache.py)
+@pytest.mark.parametrize("panels", ["packed", "stored", "mapped"])
+def test_level_2_drops_the_panels_and_packs_them_again(model_dir: Path, tmp_path: Path, panels: str) -> None:
+    # stored: packed and written to the panel cache (models/panel_cache.py); mapped: read from it.
+    cached = panels == "mapped"
+    if cached:
         _engine(model_dir, tmp_path).close()
-    engine = _engine(model_dir, tmp_path if cached else None)
+    engine = _engine(model_dir, tmp_path if panels != "packed" else None)
     assert engine.runner.cpu_plan.fused is not None and engine.runner.cpu_plan.fused.mapped is cached
     before = _answers(engine)
-    panels = [p.clone() for p in _panels(engine)]
+    copies = [p.clone() for p in _panels(engine)]
     weight_bytes = sum(p.nbytes for p in engine.runner.model.parameters())
-    panel_pages = sum(p.nbytes // kv_pages.PAGE * kv_pages.PAGE for p in panels)
+    panel_pages = sum(p.nbytes // kv_pages.PAGE * kv_pages.PAGE for p in copies)
     freed = engine.sleep(2)
     if not cached:
         assert all(p.untyped_storage().nbytes() == 0 for p in _panels(engine))
     assert freed >= KV_BYTES * 0.99 + weight_bytes * 0.9 + panel_pages
     engine.wake_up()
-    assert all(torch.equal(p, copy) for p, copy in zip(_panels(engine), panels, strict=True))
+    assert all(torch.equal(p, copy) for p, copy in zip(_panels(engine), copies, strict=True))
     assert _answers(engine) == before
     engine.close()
 
