@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.attention_op import PagedAttend, opaque_attend
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
@@ -140,26 +141,6 @@ class Attention(nn.Module):
         return result
 
 
-def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The MLP's activation by its HF ``hidden_act`` name. The Llama family's own are here, so
-    serving does not import ``transformers.activations`` (it pulls in torch.distributed.tensor
-    and hub kernels: 2.7 s of a replica's start on the CI host); another name is looked up there."""
-    if name in ("silu", "swish"):
-        return nn.functional.silu
-    if name == "gelu":
-        return nn.functional.gelu
-    if name in ("gelu_pytorch_tanh", "gelu_new"):
-        return lambda x: nn.functional.gelu(x, approximate="tanh")
-    if name == "relu":
-        return nn.functional.relu
-    from transformers.activations import ACT2FN
-
-    if name not in ACT2FN:
-        raise ValueError(f"hidden_act {name!r} is not an activation transformers knows")
-    fn: Callable[[torch.Tensor], torch.Tensor] = ACT2FN[name]
-    return fn
-
-
 class MLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -168,7 +149,7 @@ class MLP(nn.Module):
         # gate and up in one matmul (gate rows first; see fuse_hf_state_dict).
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = activation(config.hidden_act)
+        self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)

@@ -3,9 +3,9 @@
 What it is: :class:`PanelCache`, a directory (``<compilation cache_dir>/cpu-panels``; mount a
 volume there, as for the compile caches) of one file per checkpoint and kernel build: every
 panel ``FusedDecode`` packs (``cpu_kernels.pack_f32``), each at a page-aligned offset, and a
-JSON index beside it. A hit maps the file copy-on-write (``mmap`` ``ACCESS_COPY``): nothing is
-read or packed at start, the pages come from the page cache as the first steps touch them, and
-replicas on one node share them. A miss packs as before and writes the file (to a temporary
+JSON index beside it. A hit maps the file private (copy-on-write, never written) and populated
+from the page cache in one call: nothing is packed at start, and replicas on one node share the
+cached pages. A miss packs as before and writes the file (to a temporary
 name, renamed into place, so a reader never sees half of one).
 
 The key is the checkpoint's fingerprint (``loader.checkpoint_fingerprint``: its directory, the
@@ -59,7 +59,10 @@ class PanelCache:
                 log.warning("packed panel cache %s does not match this model; packing again", data)
                 return None
             with open(data, "rb") as f:
-                region = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: never written back
+                # Private (never written back), and populated now: one read-ahead of the whole file
+                # from the page cache instead of a fault per page in the first steps' kernels.
+                flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+                region = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return [
