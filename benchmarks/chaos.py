@@ -76,6 +76,17 @@ class Outcome:
 
 
 @dataclass
+class Restart:
+    """One killed replica's way back, in Unix seconds: what its restart-to-Ready was spent on."""
+
+    pod: str
+    killed_at: float
+    started_at: float | None = None  # the new engine process's start (its process_start_time_seconds)
+    phases: dict[str, float] = field(default_factory=dict)  # plimsoll_startup_phase_seconds of the new process
+    ready_at: float | None = None  # first seen Ready again in the API (to within the 0.5 s refresh)
+
+
+@dataclass
 class Run:
     label: str
     started: float = 0.0
@@ -83,6 +94,7 @@ class Run:
     outcomes: list[Outcome] = field(default_factory=list)
     migrations: Counter[str] = field(default_factory=Counter)
     events: list[str] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
 
 
 def manifest(args: argparse.Namespace, model: Path) -> dict[str, Any]:
@@ -242,13 +254,31 @@ def kill_process(cluster: Cluster, pod: str, container: str) -> int | None:
     return record.pid
 
 
+async def follow_restart(fleet: Fleet, http: httpx.AsyncClient, restart: Restart) -> None:
+    """Wait for the killed replica to be Ready again, then read its new process's start-up phases."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(30):  # the pod runner marks a dead container not ready at once
+            while restart.pod in fleet.replicas:
+                await asyncio.sleep(0.1)
+        async with asyncio.timeout(600):
+            while restart.pod not in fleet.replicas:
+                await asyncio.sleep(0.1)
+        restart.ready_at = time.time()
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            scrape = parse((await http.get(fleet.replicas[restart.pod] + "/metrics", timeout=5)).text)
+            restart.started_at = max(scrape.values("process_start_time_seconds"), default=None)
+            restart.phases = {labels["phase"]: value for labels, value
+                              in scrape.samples.get("plimsoll_startup_phase_seconds", [])}  # fmt: skip
+
+
 async def chaos(cluster: Cluster, operator: OperatorProcess, fleet: Fleet, run: Run,
-                args: argparse.Namespace, rng: random.Random) -> None:  # fmt: skip
+                args: argparse.Namespace, rng: random.Random, http: httpx.AsyncClient) -> None:  # fmt: skip
     """SIGKILL a replica every --replica-every s, a router every --router-every s; restart the operator halfway."""
     seconds = args.minutes * 60
     start = time.monotonic()
     next_replica, next_router, restart_at = args.replica_every, args.router_every, seconds / 2
     restarted = False
+    followers: list[asyncio.Task[None]] = []
     while (now := time.monotonic() - start) < seconds:
         if now >= next_replica:
             pods = sorted(fleet.replicas)
@@ -256,6 +286,8 @@ async def chaos(cluster: Cluster, operator: OperatorProcess, fleet: Fleet, run: 
                 pod = rng.choice(pods)
                 pid = kill_process(cluster, pod, "engine")
                 run.events.append(f"{now:5.0f} s  SIGKILL replica {pod} (PID {pid})")
+                run.restarts.append(Restart(pod, time.time()))
+                followers.append(asyncio.create_task(follow_restart(fleet, http, run.restarts[-1])))
             next_replica += args.replica_every
         if now >= next_router:
             pods = sorted(fleet.routers)
@@ -271,6 +303,8 @@ async def chaos(cluster: Cluster, operator: OperatorProcess, fleet: Fleet, run: 
             run.events.append(f"{time.monotonic() - start:5.0f} s  the operator is live again")
             restarted = True
         await asyncio.sleep(0.5)
+    for follower in followers:  # a replica killed near the end still comes back (the next run needs it)
+        await follower
 
 
 async def measure(cluster: Cluster, operator: OperatorProcess, fleet: Fleet, args: argparse.Namespace,
@@ -298,7 +332,7 @@ async def measure(cluster: Cluster, operator: OperatorProcess, fleet: Fleet, arg
         run.started = time.monotonic()
         tasks = [load.run(run, args.minutes * 60, http)]
         if with_chaos:
-            tasks.append(chaos(cluster, operator, fleet, run, args, random.Random(args.seed)))
+            tasks.append(chaos(cluster, operator, fleet, run, args, random.Random(args.seed), http))
         await asyncio.gather(*tasks)
         run.ended = time.monotonic()
         await asyncio.sleep(3)  # a last scrape after the load stopped
@@ -355,6 +389,25 @@ def report(run: Run, calm_texts: dict[int, str]) -> dict[str, Any]:
         "e2e_p95": percentile(e2e, 0.95),
         "seconds": run.ended - run.started,
     }
+
+
+def print_restarts(restarts: list[Restart]) -> None:
+    """Each killed replica's restart-to-Ready, split into where it went, and the medians."""
+    print("replica restarts (s): kill->process start (restart back-off), process start->imports done, "
+          "->engine /ready (weights, KV, warm-up), engine /ready->pod Ready in the API, total")  # fmt: skip
+    rows = []
+    for r in restarts:
+        if r.ready_at is None or r.started_at is None or "ready" not in r.phases:
+            print(f"  {r.pod}: not back (or not read) before the run ended")
+            continue
+        imports = r.phases.get("imports", 0.0)
+        row = (r.started_at - r.killed_at, imports, r.phases["ready"] - imports,
+               r.ready_at - r.started_at - r.phases["ready"], r.ready_at - r.killed_at)  # fmt: skip
+        rows.append(row)
+        print(f"  {r.pod}: " + "  ".join(f"{v:6.1f}" for v in row))
+    if rows:
+        medians = [percentile([row[i] for row in rows], 0.5) for i in range(5)]
+        print("  median: " + "  ".join(f"{v:6.1f}" for v in medians))
 
 
 def main() -> None:
@@ -416,6 +469,7 @@ def main() -> None:
     print("chaos events:")
     for event in stormy.events:
         print(f"  {event}")
+    print_restarts(stormy.restarts)
     failures = Counter(o.error.split(":")[0] for o in stormy.outcomes if not o.ok)
     if failures:
         print(f"chaos failures by kind: {dict(failures)}")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from plimsoll.bench.script_args import add_options
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.sampling_params import SamplingParams
@@ -213,16 +214,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency")
     ap.add_argument("--kv", default="2GiB")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--a-prompt", type=int, default=160)
-    ap.add_argument("--a-output", type=int, default=64)
+    add_options(ap, a_prompt=160, a_output=64)
     ap.add_argument(
         "--hf-floor", action="store_true", help="also time transformers generate() static batches"
     )
-    ap.add_argument("--b-in-min", type=int, default=32)
-    ap.add_argument("--b-in-max", type=int, default=512)
-    ap.add_argument("--b-out-min", type=int, default=16)
-    ap.add_argument("--b-out-max", type=int, default=256)
-    ap.add_argument("--memory-requests", type=int, default=2000)
+    add_options(ap, b_in_min=32, b_in_max=512, b_out_min=16, b_out_max=256, memory_requests=2000)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from plimsoll.bench.script_args import add_options
 from plimsoll.prometheus import parse
 from plimsoll.runtime.testing import KeyValueServer, ServerProcess, free_port
 
@@ -222,14 +223,10 @@ async def measure(name: str, policy: str, serve_extra: list[str], args: argparse
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="a model directory, smollm2-135m, or tiny")
-    ap.add_argument("--conversations", type=int, default=64)
-    ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--groups", type=int, default=4, help="distinct system prompts")
-    ap.add_argument("--system-words", type=int, default=300)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=6)
-    ap.add_argument("--host-gib", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
+    add_options(
+        ap, conversations=64, turns=6, system_words=300, max_tokens=16, concurrency=6, host_gib=1.0, seed=0
+    )
     args = ap.parse_args()
     from transformers import AutoConfig
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from plimsoll.bench.script_args import add_options
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.sampling_params import SamplingParams
@@ -70,12 +71,7 @@ def closed_loop(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--input-tokens", type=int, default=128)
-    ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--adapters", type=int, default=4)
+    add_options(ap, concurrency=16, requests=48, input_tokens=128, output_tokens=64, rank=16, adapters=4)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument(

@@ -14,15 +14,13 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from plimsoll.devcluster.cluster import Cluster
-from plimsoll.operator.local import OperatorProcess, token_kubeconfig
+from plimsoll.operator.local import chart_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
@@ -58,56 +56,40 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for all to be Ready")
     args = parser.parse_args()
 
-    with (
-        tempfile.TemporaryDirectory(prefix="plimsoll-opscale-") as tmp,
-        Cluster(Path(tmp) / "cluster") as cluster,
-    ):
-        cluster.kubectl("create", "namespace", "plimsoll-system")
-        cluster.helm(
-            "install", "plimsoll", str(CHART), "-n", "plimsoll-system", "--set", "rbac.scope=cluster",
-            "--set-string", "podAnnotations.plimsoll\\.dev/run-locally=false", "--wait", "--timeout", "120s",
-        )  # fmt: skip
-        token = cluster.kubectl("create", "token", "plimsoll", "-n", "plimsoll-system").stdout.strip()
-        kubeconfig = token_kubeconfig(Path(cluster.kubeconfig), token, Path(tmp) / "sa.kubeconfig")
-        operator = OperatorProcess(kubeconfig=kubeconfig, log_path=Path(tmp) / "operator.log")
-        operator.start()
-        try:
-            cluster.kubectl("create", "namespace", "fleet")
-            idle_rss = operator.rss_bytes()
-            cpu0 = operator.cpu_seconds()
-            start = time.monotonic()
-            docs = [manifest(f"fleet-{i:03d}") for i in range(args.count)]
-            cluster.kubectl("apply", "-n", "fleet", "-f", "-", input=yaml.safe_dump_all(docs))
-            applied = time.monotonic() - start
-            ready: dict[str, float] = {}
-            peak_rss = idle_rss
-            while len(ready) < args.count and time.monotonic() - start < args.timeout:
-                items = json.loads(cluster.kubectl("get", "llms", "-n", "fleet", "-o", "json").stdout)[
-                    "items"
-                ]
-                now = time.monotonic() - start
-                for obj in items:
-                    for c in obj.get("status", {}).get("conditions", []):
-                        if c["type"] == "Ready" and c["status"] == "True":
-                            ready.setdefault(obj["metadata"]["name"], now)
-                peak_rss = max(peak_rss, operator.rss_bytes())
-                time.sleep(0.25)
-            busy_cpu = operator.cpu_seconds() - cpu0
-            times = sorted(ready.values())
-            print(f"LLMServices applied at once: {args.count} (kubectl apply took {applied:.1f}s)")
-            print(f"Ready: {len(times)}/{args.count}")
-            if times:
-                print(
-                    f"apply->Ready seconds: p50 {percentile(times, 0.5):.1f}  p95 {percentile(times, 0.95):.1f}  "
-                    f"max {times[-1]:.1f}  mean {statistics.mean(times):.1f}"
-                )
-                print(
-                    f"operator CPU: {busy_cpu:.1f} s over {times[-1]:.1f} s ({busy_cpu / times[-1]:.2f} cores on average)"
-                )
-            print(f"operator RSS: idle {idle_rss / 2**20:.0f} MiB, peak {peak_rss / 2**20:.0f} MiB")
-            print(f"machine: {len(os.sched_getaffinity(0))} CPUs shared with the control plane")
-        finally:
-            operator.stop()
+    # The operator's default resync period: what reconciling a fleet costs in production.
+    with chart_cluster(CHART, "plimsoll-opscale-", PLIMSOLL_RESYNC_SECONDS="30") as (cluster, operator):
+        cluster.kubectl("create", "namespace", "fleet")
+        idle_rss = operator.rss_bytes()
+        cpu0 = operator.cpu_seconds()
+        start = time.monotonic()
+        docs = [manifest(f"fleet-{i:03d}") for i in range(args.count)]
+        cluster.kubectl("apply", "-n", "fleet", "-f", "-", input=yaml.safe_dump_all(docs))
+        applied = time.monotonic() - start
+        ready: dict[str, float] = {}
+        peak_rss = idle_rss
+        while len(ready) < args.count and time.monotonic() - start < args.timeout:
+            items = json.loads(cluster.kubectl("get", "llms", "-n", "fleet", "-o", "json").stdout)["items"]
+            now = time.monotonic() - start
+            for obj in items:
+                for c in obj.get("status", {}).get("conditions", []):
+                    if c["type"] == "Ready" and c["status"] == "True":
+                        ready.setdefault(obj["metadata"]["name"], now)
+            peak_rss = max(peak_rss, operator.rss_bytes())
+            time.sleep(0.25)
+        busy_cpu = operator.cpu_seconds() - cpu0
+        times = sorted(ready.values())
+        print(f"LLMServices applied at once: {args.count} (kubectl apply took {applied:.1f}s)")
+        print(f"Ready: {len(times)}/{args.count}")
+        if times:
+            print(
+                f"apply->Ready seconds: p50 {percentile(times, 0.5):.1f}  p95 {percentile(times, 0.95):.1f}  "
+                f"max {times[-1]:.1f}  mean {statistics.mean(times):.1f}"
+            )
+            print(
+                f"operator CPU: {busy_cpu:.1f} s over {times[-1]:.1f} s ({busy_cpu / times[-1]:.2f} cores on average)"
+            )
+        print(f"operator RSS: idle {idle_rss / 2**20:.0f} MiB, peak {peak_rss / 2**20:.0f} MiB")
+        print(f"machine: {len(os.sched_getaffinity(0))} CPUs shared with the control plane")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from plimsoll import metric_names
+from plimsoll.bench.script_args import add_options
 from plimsoll.router.app import build_app
 from plimsoll.router.config import RouterConfig
 from plimsoll.router.proxy import REPLICA_HEADER
@@ -197,13 +198,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replica", action="append", default=[], help="Existing replica URL (repeat).")
     parser.add_argument("--model", default="tiny", help="Model name the replicas serve.")
-    parser.add_argument("--requests", type=int, default=144)
-    parser.add_argument("--concurrency", type=int, default=3)
-    parser.add_argument("--system-prompts", type=int, default=18)
-    parser.add_argument("--system-chars", type=int, default=192)
-    parser.add_argument("--prefix-chars", type=int, default=128)
-    parser.add_argument("--load-factor", type=float, default=1.25)
-    parser.add_argument("--seed", type=int, default=0)
+    add_options(parser, requests=144, concurrency=3, system_prompts=18, system_chars=192, prefix_chars=128,
+                load_factor=1.25, seed=0)
     args = parser.parse_args()
     workload = Workload(system_prompts=args.system_prompts, system_chars=args.system_chars, requests=args.requests,
                         concurrency=args.concurrency, prefix_chars=args.prefix_chars,

@@ -27,7 +27,6 @@ figures are this machine's, not a GPU cluster's.
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +48,7 @@ from test_scale_to_zero_k8s import (  # noqa: E402
 from zero_k8s import Watch, burst, hold_state, router_ip, wait_until  # noqa: E402
 
 from plimsoll.devcluster.cluster import Cluster  # noqa: E402
-from plimsoll.operator.local import chart_operator  # noqa: E402
+from plimsoll.operator.local import chart_cluster  # noqa: E402
 
 
 def cold_starts(cluster: Cluster, ns: str, model: Path, rounds: int) -> list[dict[str, float]]:
@@ -91,11 +90,7 @@ def main() -> None:
 
     model = pod_model()
     started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory(prefix="plimsoll-zero-") as tmp,
-        Cluster(Path(tmp) / "cluster", pod_runner=True) as cluster,
-        chart_operator(cluster, CHART, Path(tmp)),
-    ):
+    with chart_cluster(CHART, "plimsoll-zero-", pod_runner=True) as (cluster, _):
         cluster.kubectl("create", "namespace", "bench")
         rows = cold_starts(cluster, "bench", model, args.rounds)
         cluster.kubectl("delete", "llms", "zero", "-n", "bench", "--wait=true")

@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "tests" / "operator" / "scaling"))  # the planner 
 
 from planner_cases import Service  # noqa: E402
 
+from plimsoll.bench.script_args import add_options  # noqa: E402
 from plimsoll.operator.api.spec import LLMServiceSpec  # noqa: E402
 from plimsoll.operator.scaling.metrics import PodSample  # noqa: E402
 from plimsoll.operator.scaling.observations import PodObservation  # noqa: E402
@@ -202,15 +203,9 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=4, help="sequences a replica runs at once (max_num_seqs)")
     p.add_argument("--step", type=float, default=0.05, help="decode step, seconds")
     p.add_argument("--prefill-rate", type=float, default=1000.0, help="prompt tokens per second")
-    p.add_argument("--prompt", type=int, default=200)
-    p.add_argument("--output", type=int, default=40)
     p.add_argument("--base", type=float, default=1.0, help="requests per second before and after the burst")
-    p.add_argument("--factor", type=float, default=10.0)
-    p.add_argument("--before", type=float, default=30.0)
-    p.add_argument("--burst", type=float, default=60.0)
-    p.add_argument("--after", type=float, default=30.0)
-    p.add_argument("--slo-ms", type=float, default=1000.0)
-    p.add_argument("--max-replicas", type=int, default=12)
+    add_options(p, prompt=200, output=40, factor=10.0, before=30.0, burst=60.0, after=30.0)  # the workload
+    add_options(p, slo_ms=1000.0, max_replicas=12)  # the service
     p.add_argument("--interval", type=int, default=2, help="seconds between planner ticks")
     p.add_argument(
         "--cold-start", type=float, default=10.8, help="seconds from the decision to a new replica Ready"

@@ -30,7 +30,6 @@ this machine, not a GPU cluster.
 
 import argparse
 import json
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,7 +39,7 @@ import yaml
 
 from plimsoll.devcluster.cluster import Cluster
 from plimsoll.devcluster.podload import Completion, LoadConfig, PodLoad
-from plimsoll.operator.local import chart_operator
+from plimsoll.operator.local import chart_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
@@ -221,11 +220,7 @@ def main() -> None:
 
     model = tiny_model()
     started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory(prefix="plimsoll-stepload-") as tmp,
-        Cluster(Path(tmp) / "cluster", pod_runner=True) as cluster,
-        chart_operator(cluster, CHART, Path(tmp)),
-    ):
+    with chart_cluster(CHART, "plimsoll-stepload-", pod_runner=True) as (cluster, _):
         results = [replay(cluster, args, model, autoscale=False, replicas=c) for c in counts]
         results.append(replay(cluster, args, model, autoscale=True))
 

@@ -30,17 +30,10 @@ from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.outputs import RequestOutput, StepStats
 from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.testing import llama_shape
 
-SHAPE = dict(
-    vocab_size=32000,
-    hidden_size=1024,
-    intermediate_size=4096,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
-)
+# vocab, hidden, intermediate, layers, heads, KV heads, context
+SHAPE = llama_shape(32000, 1024, 4096, 28, 16, 8, 2048)
 
 
 def write_model(directory: Path) -> Path:

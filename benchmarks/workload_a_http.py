@@ -56,6 +56,7 @@ from plimsoll.bench.hostprobe import (
     request_flops,
     weight_file_bytes,
 )
+from plimsoll.bench.script_args import add_options
 from plimsoll.readiness import wait_until_ready
 from plimsoll.runtime.models.embedded import ensure_embedded_model
 
@@ -308,10 +309,7 @@ def main() -> None:
     ap.add_argument(
         "--duration-per-level", type=float, default=None, help="measured seconds a level instead of a count"
     )
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--kv-cache-gib", type=int, default=1)
+    add_options(ap, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096, kv_cache_gib=1)
     ap.add_argument(
         "--vllm-threads-bind",
         default="auto",
@@ -331,10 +329,7 @@ def main() -> None:
     )
     # Server and client share the machine's cores, so the client's event loop lags on a
     # small host; loosen bench's gates rather than lose the level (the table says so).
-    ap.add_argument("--max-client-lag-ms", type=float, default=500.0)
-    ap.add_argument("--min-concurrency-ratio", type=float, default=0.9)
-    ap.add_argument("--port", type=int, default=18471)
-    ap.add_argument("--ready-timeout", type=float, default=900.0)
+    add_options(ap, max_client_lag_ms=500.0, min_concurrency_ratio=0.9, port=18471, ready_timeout=900.0)
     ap.add_argument("--out-dir", type=Path, default=Path("workload-a-http"))
     ap.add_argument(
         "--plimsoll-report", type=Path, help="reuse this sweep report instead of running plimsoll"

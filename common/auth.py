@@ -19,6 +19,8 @@ import ipaddress
 
 API_KEY_ENV = "PLIMSOLL_API_KEY"
 ADMIN_API_KEY_ENV = "PLIMSOLL_ADMIN_API_KEY"
+# The shared KV tier server's password (Valkey/Redis AUTH): the replica reads it, the operator sets it.
+KV_SHARED_PASSWORD_ENV = "PLIMSOLL_KV_SHARED_PASSWORD"
 
 # Exact paths whose every method is a control action, and (method, path) pairs for
 # paths that also have a harmless read (GET /slo stays open, as /metrics does).

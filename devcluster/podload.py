@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from plimsoll.devcluster.kubeapi import KubeAPI, KubeAPIError
-from plimsoll.pods import pod_is_ready
+from plimsoll.pods import named_port, pod_is_ready
 
 GROUP_PATH = "/apis/plimsoll.dev/v1alpha1"
 DEFAULT_PORT = 8000
@@ -306,9 +306,4 @@ def ready_url(pod: dict[str, Any]) -> str | None:
         return None
     if not ipaddress.ip_address(ip).is_loopback:
         return None  # the loopback rule: load goes to 127.0.0.0/8 only, whatever the cluster says
-    port = DEFAULT_PORT
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for p in container.get("ports") or []:
-            if p.get("name") == "http":
-                port = int(p["containerPort"])
-    return f"http://{ip}:{port}"
+    return f"http://{ip}:{named_port(pod, 'http', DEFAULT_PORT)}"

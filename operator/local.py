@@ -150,3 +150,22 @@ def chart_operator(cluster: Any, chart: Path, workdir: Path, **extra_env: str) -
         yield operator
     finally:
         operator.stop()
+
+
+@contextlib.contextmanager
+def chart_cluster(
+    chart: Path, prefix: str, *, pod_runner: bool = False, **extra_env: str
+) -> Iterator[tuple[Any, OperatorProcess]]:
+    """A throwaway ``plimsoll.devcluster`` Cluster in a temporary directory named ``prefix...``,
+    with the chart installed and its operator running here (``chart_operator``): the benchmarks'
+    setting. Yields the cluster and the operator."""
+    import tempfile
+
+    from plimsoll.devcluster.cluster import Cluster
+
+    with (
+        tempfile.TemporaryDirectory(prefix=prefix) as tmp,
+        Cluster(Path(tmp) / "cluster", pod_runner=pod_runner) as cluster,
+        chart_operator(cluster, chart, Path(tmp), **extra_env) as operator,
+    ):
+        yield cluster, operator

@@ -17,9 +17,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-# Readiness probes in a row that got no answer at all (refused, reset, timed out) before a
-# replica counts as lost: the streams still open on it then move to another replica.
+# When a replica counts as lost (the streams still open on it then move to another replica).
+# Refused or reset probes mean nothing listens on its port: the process is gone, and two in a
+# row are enough. Timed-out probes are also what a replica too busy to answer in time gives, so
+# they count only once the replica has said nothing at all, neither a probe answer nor a byte
+# of any stream, for LOST_SILENCE_S: its node or network is gone, or the process is frozen.
 LOST_AFTER_PROBES = 2
+LOST_AFTER_SILENT_PROBES = 3
+LOST_SILENCE_S = 10.0
 
 
 @dataclass(slots=True)
@@ -57,10 +62,18 @@ class Replica:
     prefill_tokens_per_s: float | None = None
     decode_step_s: float | None = None
     inflight_at_scrape: int = 0
-    # Readiness probes in a row that got no answer (see LOST_AFTER_PROBES), and what to call
-    # when the replica is lost (each open stream on it registers one).
+    # Readiness probes in a row that got no answer (see LOST_AFTER_PROBES), whether the last was
+    # refused (rather than timed out), when the replica last said anything (a probe answer or a
+    # stream's byte; monotonic), whether it counts as lost now, and what to call when it is
+    # found lost (each open stream on it registers one).
     probe_failures: int = 0
+    last_refused: bool = False
+    last_heard: float = field(default_factory=time.monotonic)
+    lost: bool = False
     lost_listeners: set[Callable[[], None]] = field(default_factory=set)
+    # It answered /ready 200 at least once: while it is not ready now it is away (restarting), and a
+    # request waits for it (--migration-wait) rather than failing.
+    seen_ready: bool = False
 
     @property
     def is_ready(self) -> bool:
@@ -68,7 +81,16 @@ class Replica:
 
     @property
     def is_lost(self) -> bool:
-        return self.probe_failures >= LOST_AFTER_PROBES
+        return self.lost
+
+    @property
+    def is_away(self) -> bool:
+        """Served before, not ready now and not leaving: a restarting replica a request may wait for."""
+        return self.seen_ready and not self.draining and not self.is_ready
+
+    def heard(self, now: float | None = None) -> None:
+        """The replica said something (a probe answer, a stream's byte): it is alive."""
+        self.last_heard = time.monotonic() if now is None else now
 
     @property
     def relative_load(self) -> float:
@@ -176,13 +198,28 @@ class ReplicaSet:
         if replica is not None:
             replica.reachable = False
 
-    def record_probe(self, replica: Replica, answered: bool) -> None:
-        """Count probes that got no answer; at ``LOST_AFTER_PROBES`` tell the replica's open streams."""
+    def away(self) -> bool:
+        """Some replica is away (served before, restarting now): a request may wait for it."""
+        return any(r.is_away for r in self.replicas.values())
+
+    def record_probe(
+        self, replica: Replica, answered: bool, *, refused: bool = False, now: float | None = None
+    ) -> None:
+        """Count probes that got no answer (``refused``: refused or reset rather than timed out); when
+        that makes the replica lost (see ``LOST_AFTER_PROBES``), tell its open streams, once."""
+        now = time.monotonic() if now is None else now
         if answered:
-            replica.probe_failures = 0
+            replica.probe_failures, replica.lost = 0, False
+            replica.heard(now)
             return
         replica.probe_failures += 1
-        if replica.probe_failures == LOST_AFTER_PROBES:
+        replica.last_refused = refused
+        silent = now - replica.last_heard >= LOST_SILENCE_S
+        lost = (refused and replica.probe_failures >= LOST_AFTER_PROBES) or (
+            silent and replica.probe_failures >= LOST_AFTER_SILENT_PROBES
+        )
+        if lost and not replica.lost:
+            replica.lost = True
             for listener in list(replica.lost_listeners):
                 listener()
 

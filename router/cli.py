@@ -128,7 +128,8 @@ def route(
         "(carried on from the last token the client got); 0 turns in-flight migration off.",
     ),
     migration_wait: float = typer.Option(
-        30.0, help="Seconds a request whose replica failed waits for another ready replica before it fails too."
+        30.0, help="Seconds a request whose replica failed, or that arrives while replicas that served are "
+        "away (restarting), waits for a ready replica before it gets 503 with Retry-After."
     ),
     shutdown_delay: float = typer.Option(
         5.0, help="After SIGTERM, seconds to keep serving with /ready 503 before closing the listener."

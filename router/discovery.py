@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from plimsoll.pods import pod_is_ready
+from plimsoll.pods import named_port, pod_is_ready
 from plimsoll.router.backends import ReplicaSet
 from plimsoll.router.config import RouterConfig
 
@@ -65,14 +65,8 @@ def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | N
     ip = status.get("podIP")
     if not ip or metadata.get("deletionTimestamp"):
         return None  # not scheduled yet, or terminating: route nothing new to it
-    port = default_port
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for container_port in container.get("ports") or []:
-            if container_port.get("name") == "http":
-                port = int(container_port["containerPort"])
-    ready = pod_is_ready(pod)
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}", ready
+    return f"http://{host}:{named_port(pod, 'http', default_port)}", pod_is_ready(pod)
 
 
 class PodDiscovery:

@@ -25,7 +25,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 # The issue's cap on how long a request may be held, whatever the cold starts say.
 MAX_HOLD_S = 600.0
@@ -103,6 +103,7 @@ class _Waiter:
     priority: int = 0  # the request body's vLLM ``priority``: lower is released first
 
 
+@dataclass(eq=False, repr=False)
 class HoldQueue:
     """Bounded FIFO of requests waiting for a ready replica, released at the replicas' pace.
 
@@ -111,36 +112,29 @@ class HoldQueue:
     every released request calls :meth:`done` when its response ends.
     """
 
-    def __init__(
-        self,
-        capacity: int,
-        ready_replicas: Callable[[], int],
-        cold_starts: ColdStarts,
-        *,
-        release_concurrency: int | None = None,
-        timeout_override_s: float | None = None,
-        record_cold_starts: bool = False,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if capacity < 0:
-            raise ValueError(f"hold queue capacity must be >= 0, got {capacity}")
-        self.capacity = capacity
-        self.cold_starts = cold_starts
-        self.release_concurrency = release_concurrency
-        self.timeout_override_s = timeout_override_s
-        # A router without an operator measures the cold starts itself (first held request -> Ready).
-        self.record_cold_starts = record_cold_starts
-        self._ready_replicas = ready_replicas
-        self._clock = clock
-        self._waiters: deque[_Waiter] = deque()
-        self._released_in_flight = 0
-        # When the current stretch without a ready replica began to matter (first held request).
-        self._needed_since: float | None = None
-        self.max_held = 0  # the most requests ever held at once (tests and /hold read it)
-        self.max_released_in_flight = 0
-        self.released_total = 0
-        self.timed_out_total = 0
-        self.rejected_total = 0
+    capacity: int
+    ready_replicas: Callable[[], int]
+    cold_starts: ColdStarts
+    _: KW_ONLY
+    release_concurrency: int | None = None
+    timeout_override_s: float | None = None
+    # A router without an operator measures the cold starts itself (first held request -> Ready).
+    record_cold_starts: bool = False
+    clock: Callable[[], float] = time.monotonic
+    # The most requests ever held at once (tests and /hold read it).
+    max_held: int = field(default=0, init=False)
+    max_released_in_flight: int = field(default=0, init=False)
+    released_total: int = field(default=0, init=False)
+    timed_out_total: int = field(default=0, init=False)
+    rejected_total: int = field(default=0, init=False)
+    _waiters: deque[_Waiter] = field(default_factory=deque, init=False)
+    _released_in_flight: int = field(default=0, init=False)
+    # When the current stretch without a ready replica began to matter (first held request).
+    _needed_since: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 0:
+            raise ValueError(f"hold queue capacity must be >= 0, got {self.capacity}")
 
     # ---- state -------------------------------------------------------------
 
@@ -154,14 +148,14 @@ class HoldQueue:
 
     def should_hold(self) -> bool:
         """A new request queues when nothing is ready, or when others are held ahead of it (FIFO)."""
-        return self.capacity > 0 and (self._ready_replicas() == 0 or bool(self._waiters))
+        return self.capacity > 0 and (self.ready_replicas() == 0 or bool(self._waiters))
 
     def timeout_s(self) -> float:
         return self.cold_starts.hold_timeout_s(self.timeout_override_s)
 
     def demand(self) -> dict[str, object]:
         """What ``GET /hold`` answers: the operator scales from zero when ``held`` > 0."""
-        now = self._clock()
+        now = self.clock()
         oldest = now - self._waiters[0].arrived if self._waiters else None
         return {
             "held": self.held,
@@ -186,8 +180,8 @@ class HoldQueue:
 
         Held requests are released lowest ``priority`` first, then in arrival order.
         """
-        now = self._clock()
-        if self._needed_since is None and self._ready_replicas() == 0:
+        now = self.clock()
+        if self._needed_since is None and self.ready_replicas() == 0:
             self._needed_since = now
         if len(self._waiters) >= self.capacity:
             self.rejected_total += 1
@@ -212,10 +206,10 @@ class HoldQueue:
             await asyncio.wait_for(asyncio.shield(waiter.future), timeout=timeout)
         except TimeoutError:
             if waiter.future.done():  # released in the same instant: take it
-                return self._clock() - waiter.arrived
+                return self.clock() - waiter.arrived
             self._drop(waiter)
             self.timed_out_total += 1
-            waited = self._clock() - waiter.arrived
+            waited = self.clock() - waiter.arrived
             raise HoldTimeout(
                 waited,
                 f"the service is starting: no replica became Ready while this request was held for "
@@ -229,7 +223,7 @@ class HoldQueue:
             else:
                 self._drop(waiter)
             raise
-        return self._clock() - waiter.arrived
+        return self.clock() - waiter.arrived
 
     def done(self) -> None:
         """A released request's response ended: its slot frees for the next held one."""
@@ -240,7 +234,7 @@ class HoldQueue:
 
     def pump(self) -> None:
         """Release held requests, best class first, while a ready replica has room for them."""
-        ready = self._ready_replicas()
+        ready = self.ready_replicas()
         if ready > 0 and self._needed_since is not None and not self._waiters:
             self._needed_since = None
         while self._waiters and ready > 0:
@@ -254,7 +248,7 @@ class HoldQueue:
                 continue
             if self._needed_since is not None:
                 if self.record_cold_starts:
-                    self.cold_starts.add(self._clock() - self._needed_since)
+                    self.cold_starts.add(self.clock() - self._needed_since)
                 self._needed_since = None
             self._released_in_flight += 1
             self.max_released_in_flight = max(self.max_released_in_flight, self._released_in_flight)

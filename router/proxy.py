@@ -14,6 +14,11 @@ when the replica refused it for reasons of its own: ``x-plimsoll-overload: repli
 the client gets 429 with ``x-plimsoll-overload: service`` and ``Retry-After``: the
 service, not one replica, is out of room.
 
+Wait rule: a POST that finds no replica ready, after one failed it or while replicas
+that served before are away (restarting), waits up to ``--migration-wait`` seconds for
+one to be ready (less if its client goes away first), then gets 503 with
+``Retry-After``: nothing of it was started, so the client may send it again as it is.
+
 Migration rule (``--migration-limit N``, ``migration.py``): a generation request whose
 replica fails after it was sent is carried on by another replica, up to N times. A
 request still waiting for its answer is sent again whole (the client has nothing yet);
@@ -70,6 +75,8 @@ HOP_HEADERS = _HOP_HEADERS
 REPLICA_HEADER = "x-plimsoll-replica"
 # Failures that happen before a connection exists: nothing was sent, a retry is safe.
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# While a request waits for a replica, how often it checks that its client is still there.
+_DISCONNECT_CHECK_S = 1.0
 
 
 class _RelayResponse(StreamingResponse):
@@ -223,20 +230,24 @@ class Proxy:
                     body = ledger.first_body()  # asks the replica for the token ids a continuation needs
         resends = 0
         refused_retry_after: list[str] = []  # Retry-After of each replica that refused for itself
-        # Set once a replica failed the request: from then on, with no replica ready, wait for one.
-        resend_deadline: float | None = None
+        unreachable: set[str] = set()  # replicas this request could not connect to
+        # Set once a replica failed the request, or when it arrives while replicas that served
+        # are away (restarting): from then on, with no replica ready, wait for one.
+        wait_deadline: float | None = None
         while True:
             try:
                 decision = self._pick(features, tried)
             except AllSaturated:
                 return self._reject_saturated(endpoint, arrival)
             except NoReadyReplica:
-                remaining = resend_deadline - time.monotonic() if resend_deadline is not None else 0.0
-                if remaining > 0 and await self._replica_set.wait_ready(tried, remaining):
+                if wait_deadline is None and request.method == "POST" and self._replica_set.away():
+                    wait_deadline = time.monotonic() + self._config.migration_wait_s
+                remaining = wait_deadline - time.monotonic() if wait_deadline is not None else 0.0
+                if remaining > 0 and await self._wait_for_replica(request, tried, remaining):
                     continue
                 if refused_retry_after:
                     return self._reject_overloaded(endpoint, arrival, refused_retry_after)
-                return self._reject_unavailable(endpoint, arrival, tried)
+                return self._reject_unavailable(endpoint, arrival, unreachable, waited=wait_deadline is not None)
             replica = decision.replica
             inject_headers(headers)  # the replica's spans join this trace (W3C traceparent)
             self._begin(replica)
@@ -248,10 +259,14 @@ class Proxy:
             except _NOTHING_SENT as exc:
                 self._end(replica)
                 log.warning("connect to %s failed (%s); retrying on another replica", replica.url, exc)
+                # Not ready again until its probe answers (a restarted pod keeps its address), so
+                # it is not excluded for good: the request may wait for it to come back.
                 self._replica_set.mark_unreachable(replica.url)
                 self._metrics.upstream_errors.labels(replica.url, "connect").inc()
                 self._metrics.retries.labels(replica.url).inc()
-                tried.add(replica.url)
+                unreachable.add(replica.url)
+                if wait_deadline is None:
+                    wait_deadline = time.monotonic() + self._config.migration_wait_s
                 continue
             except (httpx.HTTPError, ReplicaFailed) as exc:
                 # The request reached the replica and it failed before answering: it may have
@@ -261,8 +276,8 @@ class Proxy:
                 self._metrics.upstream_errors.labels(replica.url, "read").inc()
                 if resendable and resends < limit:
                     resends += 1
-                    if resend_deadline is None:
-                        resend_deadline = time.monotonic() + self._config.migration_wait_s
+                    if wait_deadline is None:
+                        wait_deadline = time.monotonic() + self._config.migration_wait_s
                     self._metrics.migrations.labels(migration.MIGRATED).inc()
                     log.warning("replica %s failed before answering (%s); sending the request to another "
                                 "replica (%d of --migration-limit %d)", replica.url, exc, resends, limit)
@@ -302,6 +317,18 @@ class Proxy:
                 },
             )
 
+    async def _wait_for_replica(self, request: Request, exclude: set[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a ready replica not in ``exclude``; False at once if the client
+        goes away (its own deadline passed), so a request nobody waits for is never sent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (remaining := deadline - loop.time()) > 0:
+            if await self._replica_set.wait_ready(exclude, min(remaining, _DISCONNECT_CHECK_S)):
+                return True
+            if await request.is_disconnected():
+                return False
+        return False
+
     def _releaser(
         self, upstream: httpx.Response, replica: Replica, endpoint: str, arrival: float, held: bool = False
     ) -> Callable[[], Awaitable[None]]:
@@ -330,6 +357,7 @@ class Proxy:
         first = True
         try:
             async for chunk in upstream.aiter_raw():
+                replica.heard()
                 if first and chunk:
                     self._metrics.first_byte.labels(endpoint).observe(time.monotonic() - arrival)
                     first = False
@@ -408,13 +436,18 @@ class Proxy:
         )
         return self._finish(response, endpoint, arrival, reason="replicas_full")
 
-    def _reject_unavailable(self, endpoint: str, arrival: float, tried: set[str]) -> Response:
-        if tried:
-            message = f"could not connect to any replica (tried {', '.join(sorted(tried))})"
-            return self._finish(error_response(502, message, "BadGatewayError"), endpoint, arrival,
-                                reason="upstream_failed")
+    def _reject_unavailable(self, endpoint: str, arrival: float, unreachable: set[str], *, waited: bool) -> Response:
+        """No replica can take the request (none was ready, or none ready came back within the wait): 503.
+
+        Nothing of the request was started anywhere, so the client may send it again as it is.
+        """
+        message = "no ready replica"
+        if waited:
+            message += f" came back within --migration-wait {self._config.migration_wait_s:g} s"
+        if unreachable:
+            message += f" (could not connect to {', '.join(sorted(unreachable))})"
         response = error_response(
-            503, "no ready replica; check the replicas' /ready and the router's /metrics "
+            503, f"{message}; check the replicas' /ready and the router's /metrics "
             "(plimsoll_router_replica_ready)", "ServiceUnavailableError",
             headers={"Retry-After": str(self._config.retry_after_seconds), OVERLOAD_HEADER: SERVICE},
         )

@@ -125,10 +125,13 @@ class Scraper:
             if replica.reachable:
                 log.warning("replica %s unreachable: %s", replica.url, exc)
             replica.reachable = False
-            self._replica_set.record_probe(replica, answered=False)
+            # Refused or reset: nothing listens there. A timeout may be a replica too busy to answer.
+            refused = not isinstance(exc, httpx.TimeoutException)
+            self._replica_set.record_probe(replica, answered=False, refused=refused)
             return
         # An answer, even a 503 (draining, warming up): the process is there and its streams go on.
         self._replica_set.record_probe(replica, answered=True)
+        replica.seen_ready = replica.seen_ready or replica.reachable
         try:
             response = await fetch_capped(self._client, "GET", f"{replica.url}/metrics", METRICS_LIMIT_BYTES,
                                           timeout=self._timeout)  # fmt: skip

@@ -3,7 +3,7 @@
 What it is: :func:`send_watched` sends a request and waits for the answer's headers, and
 :class:`Leg` reads the answer's body in a background task; both give up with
 :class:`plimsoll.router.migration.ReplicaFailed` as soon as the scraper finds the replica
-lost (``backends.LOST_AFTER_PROBES`` readiness probes in a row unanswered). A killed
+lost (its readiness probes refused, or unanswered while it sends nothing; ``backends.py``). A killed
 process resets its connections and the read fails by itself; a replica whose node or
 network is gone sends nothing at all, and without this the stream would wait forever.
 
@@ -77,6 +77,7 @@ class Leg:
     async def _read(self) -> None:
         try:
             async for chunk in self.response.aiter_raw():
+                self.replica.heard()  # a replica sending tokens is alive, however slow its probes
                 self._queue.put_nowait(chunk)
             self._queue.put_nowait(_END)
         except httpx.HTTPError as exc:

@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV
+from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV, KV_SHARED_PASSWORD_ENV
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.serving.settings import ServerSettings
@@ -270,6 +270,11 @@ def serve(
         help="redis://HOST:PORT of a Valkey or Redis server shared by the replicas: blocks computed on one "
         "replica are hits on the others.",
     ),
+    kv_shared_password: str | None = typer.Option(
+        None, "--kv-shared-password", envvar=KV_SHARED_PASSWORD_ENV, show_default=False,
+        help="Password of the shared tier's server (Valkey/Redis AUTH). Prefer the environment variable: a "
+        "flag's value is visible in the process list.",
+    ),
     kv_shared_timeout: float = typer.Option(
         0.25, "--kv-shared-timeout", help="Seconds one shared-tier call may take before the request recomputes."
     ),
@@ -445,8 +450,8 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     malloc_settings = environment_malloc_settings()  # the process's own malloc rules win (kernels/host_memory.py)
-    # Read once: child processes (chat-template workers, py-spy, tensor-parallel ranks) need neither key.
-    for name in (API_KEY_ENV, ADMIN_API_KEY_ENV):
+    # Read once: child processes (chat-template workers, py-spy, tensor-parallel ranks) need none of these.
+    for name in (API_KEY_ENV, ADMIN_API_KEY_ENV, KV_SHARED_PASSWORD_ENV):
         os.environ.pop(name, None)
     try:
         config = EngineConfig(
@@ -481,6 +486,7 @@ def serve(
             kv_offloading_disk_path=kv_offloading_disk_path,
             kv_offloading_disk_size=kv_offloading_disk_size,
             kv_shared_url=kv_shared_url,
+            kv_shared_password=kv_shared_password,
             kv_shared_timeout_s=kv_shared_timeout,
             kv_events_config=kv_events_config,
             kv_transfer_config=kv_transfer_config,

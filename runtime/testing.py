@@ -67,6 +67,28 @@ def byte_level_tokenizer(chat_template: bool = True) -> Any:
     return tok
 
 
+# The sizes a Llama-family config.json names, in the order ``llama_shape`` takes them.
+LLAMA_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+
+
+def llama_shape(*sizes: int, rope_theta: float | None = None, tied: bool = False) -> dict[str, Any]:
+    """A Llama-family model's shape as ``LlamaConfig`` keyword arguments, for a random checkpoint of
+    a real model's size (the GPU checks and benchmarks): ``sizes`` in ``LLAMA_SIZES`` order, one model
+    a line, as a table's row; ``rope_theta=None`` keeps the config's default."""
+    shape: dict[str, Any] = dict(zip(LLAMA_SIZES, sizes, strict=True), tie_word_embeddings=tied)
+    if rope_theta is not None:
+        shape["rope_theta"] = rope_theta
+    return shape
+
+
 # The tiny model's shapes; tests/runtime/tiny_models.py varies them per architecture.
 TINY_SHAPE: dict[str, Any] = dict(
     vocab_size=259,
@@ -430,7 +452,7 @@ class KeyValueServer:
     (SIGKILL) to test a dead server; ``url`` is ``redis://127.0.0.1:PORT/0``.
     """
 
-    def __init__(self, maxmemory: str = "256mb", port: int | None = None) -> None:
+    def __init__(self, maxmemory: str = "256mb", port: int | None = None, password: str | None = None) -> None:
         import shutil
 
         binary = shutil.which("valkey-server") or shutil.which("redis-server")
@@ -439,6 +461,7 @@ class KeyValueServer:
         self.binary = binary
         self.port = port if port is not None else free_port()
         self.maxmemory = maxmemory
+        self.password = password  # requirepass: clients must AUTH (the operator's Valkey has one)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -448,7 +471,8 @@ class KeyValueServer:
     def start(self) -> KeyValueServer:
         self.proc = subprocess.Popen(
             [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no"],
+             "--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru", "--protected-mode", "no",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 20.0
@@ -458,7 +482,7 @@ class KeyValueServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # up (and asking for the password)
                         return self
             except OSError:
                 time.sleep(0.05)

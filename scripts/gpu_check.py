@@ -58,31 +58,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from plimsoll.runtime.testing import llama_shape
+
 # Peak HBM bandwidth by device name (vendor data sheets), bytes/s.
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 SXM": 3.35e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
 
-SMOLLM2_SHAPE = dict(  # SmolLM2-135M-Instruct's config
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-)
-LLAMA_1B_SHAPE = dict(
-    vocab_size=32000,
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=4096,
-    rope_theta=500000.0,
-    tie_word_embeddings=False,
-)
+# Real models' shapes: vocab, hidden, intermediate, layers, heads, KV heads, context (config.json);
+# the first is SmolLM2-135M-Instruct's.
+SMOLLM2_SHAPE = llama_shape(49152, 576, 1536, 30, 9, 3, 8192, rope_theta=1e5, tied=True)
+LLAMA_1B_SHAPE = llama_shape(32000, 2048, 8192, 16, 32, 8, 4096, rope_theta=5e5)
 
 RESULTS: dict[str, Any] = {"sections": {}, "mismatches": []}
 T0 = time.monotonic()
@@ -100,27 +84,35 @@ def say(line: str = "") -> None:
 
 def section(name: str, budget_s: float, min_s: float, fn: Callable[[], dict[str, Any]]) -> None:
     """Run one section; record its figures, or why it was skipped or failed."""
-    left = budget_s - (time.monotonic() - T0)
     say(f"\n=== {name} ===")
-    if left < min_s:
-        RESULTS["sections"][name] = {
-            "status": f"skipped: {left:.0f}s of the budget left, needs ~{min_s:.0f}s"
-        }
-        say(f"SKIPPED {name}: {left:.0f}s of the budget left, needs ~{min_s:.0f}s")
-        return
+    RESULTS["sections"][name] = run_timed(name, budget_s - (time.monotonic() - T0), min_s, fn)
+
+
+Measure = Callable[[], dict[str, Any]]  # a section or part: its figures
+
+
+def run_timed(
+    name: str, left_s: float, need_s: float, fn: Measure, tell: Callable[[str], None] = say
+) -> dict[str, Any]:
+    """``fn``'s figures with their status and seconds, or why it was skipped (fewer than ``need_s``
+    of the ``left_s`` seconds of budget left, or ``Skip``) or failed; the next part still runs."""
+    if left_s < need_s:
+        why = f"{left_s:.0f} s of the budget left, needs ~{need_s:.0f} s"
+        tell(f"SKIPPED {name}: {why}")
+        return {"status": f"skipped: {why}"}
     t = time.monotonic()
     try:
         figures = fn()
         figures.setdefault("status", "ok")
     except Skip as exc:
         figures = {"status": f"skipped: {exc}"}
-        say(f"SKIPPED {name}: {exc}")
-    except Exception as exc:  # one broken section must not hide the others' figures
+        tell(f"SKIPPED {name}: {exc}")
+    except Exception as exc:  # one broken part must not hide the others' figures
         figures = {"status": f"failed: {type(exc).__name__}: {exc}"}
-        say(f"FAILED {name}: {type(exc).__name__}: {exc}")
+        tell(f"FAILED {name}: {type(exc).__name__}: {exc}")
         traceback.print_exc()
     figures["seconds"] = round(time.monotonic() - t, 1)
-    RESULTS["sections"][name] = figures
+    return figures
 
 
 class Skip(Exception):

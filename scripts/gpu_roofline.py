@@ -44,7 +44,6 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,17 +66,7 @@ PEAK_TENSOR_FLOPS = {
     "L40S": (362e12, 733e12),
     "L4": (121e12, 242e12),
 }
-LLAMA_8B_SHAPE = dict(  # Llama-3.1-8B's config
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=8192,
-    rope_theta=500000.0,
-    tie_word_embeddings=False,
-)
+LLAMA_8B_SHAPE = testing.llama_shape(128256, 4096, 14336, 32, 32, 8, 8192, rope_theta=5e5)  # Llama-3.1-8B
 # --device cpu: the test suite's tiny shape (checks the script, nothing else); the token ids are
 # the config writers' own.
 TINY_SHAPE = {
@@ -107,22 +96,7 @@ class Budget:
 def part(name: str, budget: Budget, need_s: float, fn: Callable[[], dict[str, Any]]) -> None:
     """Run one part; record its figures, or why it was skipped or failed (the next part still runs)."""
     say(f"\n--- {name} ---")
-    if budget.left() < need_s:
-        RESULTS[name] = {
-            "status": f"skipped: {budget.left():.0f} s of the budget left, needs ~{need_s:.0f} s"
-        }
-        say(f"SKIPPED {name}: {RESULTS[name]['status']}")
-        return
-    t = time.monotonic()
-    try:
-        figures = fn()
-        figures.setdefault("status", "ok")
-    except Exception as exc:  # one broken part must not hide the others' figures
-        figures = {"status": f"failed: {type(exc).__name__}: {exc}"}
-        say(f"FAILED {name}: {type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    figures["seconds"] = round(time.monotonic() - t, 1)
-    RESULTS[name] = figures
+    RESULTS[name] = gpu_check.run_timed(name, budget.left(), need_s, fn, say)
 
 
 # --------------------------------------------------------------------------- the card

@@ -627,13 +627,44 @@ class KVOffloadSpec(APIModel):
 class KVSharedSpec(APIModel):
     """A KV tier shared by the replicas: a Valkey server the operator deploys, or an existing endpoint."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.passwordSecretRef) || has(self.endpoint)",
+                    "kvCache.shared.passwordSecretRef is for an existing endpoint; the Valkey the operator "
+                    "deploys gets a random password of its own",
+                ),
+            ]
+        }
+    )
+
     endpoint: str | None = Field(
         None, pattern=r"^rediss?://", description="redis://HOST:PORT of an existing Valkey/Redis server; unset: "
-        "the operator deploys one (a Deployment and Service owned by this LLMService)."
+        "the operator deploys one (a Deployment and Service owned by this LLMService) that requires a random "
+        "password (kept in the <name>-admin-key Secret)."
+    )
+    password_secret_ref: SecretKeyRef | None = Field(
+        None, description="The existing endpoint's password (AUTH), handed to the replicas from this Secret; "
+        "never put it in the endpoint URL, which is stored in plain text."
     )
     size: Quantity = Field("1Gi", description="The deployed server's maxmemory (LRU beyond it), e.g. 8Gi.")
     image: str = Field("valkey/valkey:8.1", description="Image of the deployed server.")
     timeout_seconds: float = Field(0.25, gt=0, description="--kv-shared-timeout of each replica.")
+
+    @model_validator(mode="after")
+    def _password_for_an_endpoint(self) -> "KVSharedSpec":
+        if self.password_secret_ref is not None and self.endpoint is None:
+            raise ValueError(
+                "kvCache.shared.passwordSecretRef is for an existing endpoint; the Valkey the operator deploys "
+                "gets a random password of its own"
+            )
+        if self.endpoint is not None and "@" in self.endpoint.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError(
+                "kvCache.shared.endpoint holds credentials (user:password@); the spec is stored in plain text: "
+                "put the password in a Secret and name it in kvCache.shared.passwordSecretRef"
+            )
+        return self
 
 
 class KVCacheSpec(APIModel):
@@ -688,6 +719,10 @@ class RouterSpec(APIModel):
     migration_limit: int = Field(
         3, ge=0, le=16, description="--migration-limit: times one request may move to another replica when its "
         "replica fails mid-generation (a stream carries on from the last token the client got); 0: off."
+    )
+    migration_wait_seconds: float = Field(
+        30.0, ge=0, le=600, description="--migration-wait: seconds a request whose replica failed, or that "
+        "arrives while replicas are restarting, waits for a ready replica before it gets 503 with Retry-After."
     )
     mode: RouterMode = Field(
         "plimsoll",

@@ -2,8 +2,9 @@
 
 What it is: :func:`ensure_credentials` (reconcile calls it before the replicas' workload,
 whose pods read the Secret through ``secretKeyRef``) creates ``<name>-admin-key`` with a
-random admin key and Ray token when it is missing — never rewriting it, so running
-replicas keep working — and :func:`admin_key` reads the admin key back for the
+random admin key, Ray token and KV-tier password when it is missing — never rewriting a
+value, so running replicas keep working; a field added since the Secret was made is
+patched in — and :func:`admin_key` reads the admin key back for the
 operator's own calls to the replicas (``replica_client.py``). Keys are cached per
 LLMService uid; a Secret of that name that this LLMService does not own is an
 OwnershipConflict and is never read.
@@ -26,7 +27,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import existing_owned, owned_by
-from plimsoll.operator.resources.credentials import ADMIN_KEY_FIELD, admin_secret_name, build_admin_secret
+from plimsoll.operator.resources.credentials import (
+    ADMIN_KEY_FIELD,
+    SECRET_FIELDS,
+    admin_secret_name,
+    build_admin_secret,
+)
 
 # (namespace, uid) -> admin key; a new LLMService of the same name has a new uid and a new Secret.
 _admin_keys: dict[tuple[str, str], str] = {}
@@ -44,10 +50,23 @@ async def ensure_credentials(kube: Kube, body: kopf.Body | dict[str, Any], svc: 
     key = (svc.namespace, svc.metadata.uid or "")
     if time.monotonic() - _seen.get(key, -RECHECK_S) < RECHECK_S:
         return False
-    obj = build_admin_secret(svc, secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+    obj = build_admin_secret(svc, {field: secrets.token_urlsafe(32) for field in SECRET_FIELDS})
     kopf.adopt(obj, owner=cast(kopf.Body, body))
     created = False
-    if await existing_owned(kube, body, obj) is None:
+    stored = await existing_owned(kube, body, obj)
+    if stored is not None:
+        # A Secret made before a field existed gets that field (fresh value); present ones are never rewritten.
+        missing = {k: v for k, v in obj["data"].items() if k not in (stored.get("data") or {})}
+        if missing:
+            # resourceVersion as a precondition: two passes adding a field at once must not both write it.
+            patch = {"metadata": {"resourceVersion": stored["metadata"]["resourceVersion"]}, "data": missing}
+            try:
+                await kube.merge_patch("v1", "Secret", svc.namespace, admin_secret_name(svc), patch)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                return False  # the other pass added it; look again next time
+    else:
         try:
             await kube.create(obj)
             created = True

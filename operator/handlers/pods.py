@@ -18,6 +18,7 @@ from plimsoll.operator.resources.labels import selector_string
 from plimsoll.operator.resources.pools import prefill_selector
 from plimsoll.operator.resources.settings import ENGINE_PORT
 from plimsoll.operator.scaling.replica_plan import DRAINING_LABEL, STANDBY_LABEL
+from plimsoll.pods import named_port
 from plimsoll.pods import pod_is_ready as pod_is_ready  # the shared reading; handlers import it from here
 
 
@@ -69,12 +70,7 @@ def pod_url(pod: dict[str, Any], path: str) -> str | None:
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return None
-    port = ENGINE_PORT
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for p in container.get("ports") or []:
-            if p.get("name") == "http":
-                port = int(p["containerPort"])
-    return f"http://{ip}:{port}{path}"
+    return f"http://{ip}:{named_port(pod, 'http', ENGINE_PORT)}{path}"
 
 
 def metrics_url(pod: dict[str, Any]) -> str | None:

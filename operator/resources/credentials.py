@@ -1,7 +1,8 @@
 """The credentials an LLMService's pods get: the admin key, the API key, Ray's token. Pure.
 
 What it is: the per-LLMService Secret ``<name>-admin-key`` (a random admin key for the
-replicas' control endpoints and a random Ray token for multi-node groups; the operator
+replicas' control endpoints, a random Ray token for multi-node groups and a random password
+for the shared KV tier's Valkey; the operator
 creates it once, owned by the LLMService, so it goes with it) and the environment
 entries that hand each credential to a container *from a Secret*: never as a literal
 in the pod spec, the args, or ``/proc/*/cmdline``. The user's inference key comes from
@@ -21,6 +22,8 @@ from plimsoll.operator.resources.labels import common_labels
 
 ADMIN_KEY_FIELD = "admin-api-key"
 RAY_TOKEN_FIELD = "ray-auth-token"
+KV_PASSWORD_FIELD = "kv-password"  # the operator's Valkey (spec.kvCache.shared): requirepass, and the replicas' AUTH
+SECRET_FIELDS = (ADMIN_KEY_FIELD, RAY_TOKEN_FIELD, KV_PASSWORD_FIELD)
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 
 
@@ -32,8 +35,9 @@ def _b64(value: str) -> str:
     return base64.b64encode(value.encode()).decode()
 
 
-def build_admin_secret(svc: LLMService, admin_key: str, ray_token: str) -> dict[str, Any]:
-    """The Secret holding the replicas' admin key and the Ray token (values chosen by the caller)."""
+def build_admin_secret(svc: LLMService, values: dict[str, str]) -> dict[str, Any]:
+    """The Secret holding the replicas' admin key, the Ray token and the KV tier's password
+    (``SECRET_FIELDS`` → values chosen by the caller)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -43,18 +47,18 @@ def build_admin_secret(svc: LLMService, admin_key: str, ray_token: str) -> dict[
             "namespace": svc.namespace,
             "labels": common_labels(svc, "credentials"),
         },
-        "data": {ADMIN_KEY_FIELD: _b64(admin_key), RAY_TOKEN_FIELD: _b64(ray_token)},
+        "data": {field: _b64(values[field]) for field in SECRET_FIELDS},
     }
 
 
-def _from_secret(env: str, secret: str, key: str) -> dict[str, Any]:
+def from_secret(env: str, secret: str, key: str) -> dict[str, Any]:
     return {"name": env, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
 def api_key_env(svc: LLMService, env: str = API_KEY_ENV) -> list[dict[str, Any]]:
     """``engine.apiKeySecretRef`` as the environment variable ``env``; [] without one."""
     ref = svc.spec.engine.api_key_secret_ref
-    return [] if ref is None else [_from_secret(env, ref.name, ref.key)]
+    return [] if ref is None else [from_secret(env, ref.name, ref.key)]
 
 
 def engine_credential_env(svc: LLMService) -> list[dict[str, Any]]:
@@ -63,7 +67,7 @@ def engine_credential_env(svc: LLMService) -> list[dict[str, Any]]:
     SGLang reads its key only from its arguments; the spec refuses ``apiKeySecretRef`` for it.
     """
     if svc.spec.engine.kind == "plimsoll":
-        return [_from_secret(ADMIN_API_KEY_ENV, admin_secret_name(svc), ADMIN_KEY_FIELD), *api_key_env(svc)]
+        return [from_secret(ADMIN_API_KEY_ENV, admin_secret_name(svc), ADMIN_KEY_FIELD), *api_key_env(svc)]
     if svc.spec.engine.kind == "vllm":
         return api_key_env(svc, VLLM_API_KEY_ENV)
     return []
@@ -73,5 +77,5 @@ def ray_auth_env(svc: LLMService) -> list[dict[str, Any]]:
     """Ray's token authentication (Ray 2.52+): every node of a group needs the same mode and token."""
     return [
         {"name": "RAY_AUTH_MODE", "value": "token"},
-        _from_secret("RAY_AUTH_TOKEN", admin_secret_name(svc), RAY_TOKEN_FIELD),
+        from_secret("RAY_AUTH_TOKEN", admin_secret_name(svc), RAY_TOKEN_FIELD),
     ]

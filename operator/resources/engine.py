@@ -21,7 +21,7 @@ from plimsoll.operator.resources.adapters import (
     lora_flags,
 )
 from plimsoll.operator.resources.credentials import engine_credential_env
-from plimsoll.operator.resources.kv_cache import kv_engine_flags
+from plimsoll.operator.resources.kv_cache import kv_engine_env, kv_engine_flags
 from plimsoll.operator.resources.model_fetch import (
     MODEL_CACHE_MOUNT,
     MODEL_CACHE_VOLUME,
@@ -262,7 +262,7 @@ def engine_container(
     spec = svc.spec
     placement = model_placement(svc)
     adapters = adapter_placement(svc)
-    env = [*placement.env, *engine_credential_env(svc)]
+    env = [*placement.env, *engine_credential_env(svc), *kv_engine_env(svc)]
     if spec.engine.kind in ("vllm", "sglang"):
         # The root filesystem is read-only and vLLM/SGLang, torch and Triton keep caches under HOME
         # (which the upstream images leave on the root filesystem): HOME on the pod's own /tmp.

@@ -18,6 +18,7 @@ from plimsoll.operator.resources.deployment import RUN_AS_USER
 from plimsoll.operator.resources.engine import model_placement
 from plimsoll.operator.resources.kv_cache import kv_router_flags
 from plimsoll.operator.resources.labels import common_labels, selector_labels
+from plimsoll.operator.resources.service import cluster_ip_service
 from plimsoll.operator.resources.settings import ENGINE_PORT, BuildSettings
 
 COMPONENT = "router"
@@ -64,6 +65,7 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
         "--backend-port", str(ENGINE_PORT), "--policy", svc.spec.router.policy,
         "--hold-queue", str(svc.spec.router.hold_queue),
         "--migration-limit", str(svc.spec.router.migration_limit),
+        "--migration-wait", f"{svc.spec.router.migration_wait_seconds:g}",
         "--shutdown-delay", str(SHUTDOWN_DELAY_S), "--drain-timeout", str(DRAIN_TIMEOUT_S),
     ]  # fmt: skip
     if svc.spec.router.hold_timeout_seconds is not None:
@@ -171,20 +173,7 @@ def build_router_pdb(svc: LLMService) -> dict[str, Any]:
 
 def build_router_service(svc: LLMService) -> dict[str, Any]:
     """ClusterIP Service ``<name>-router`` on the engine port, selecting the router pods only."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": router_name(svc),
-            "namespace": svc.namespace,
-            "labels": common_labels(svc, COMPONENT),
-        },
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(svc, COMPONENT),
-            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    return cluster_ip_service(svc, router_name(svc), COMPONENT, "http", ENGINE_PORT, "http")
 
 
 def build_router_rbac(svc: LLMService) -> list[dict[str, Any]]:

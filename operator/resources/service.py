@@ -9,14 +9,21 @@ from plimsoll.operator.resources.settings import ENGINE_PORT
 
 def build_service(svc: LLMService) -> dict[str, Any]:
     """A ClusterIP Service on the engine's HTTP port."""
+    return cluster_ip_service(svc, svc.name, "replica", "http", ENGINE_PORT, "http")
+
+
+def cluster_ip_service(
+    svc: LLMService, name: str, component: str, port_name: str, port: int, target_port: int | str
+) -> dict[str, Any]:
+    """A ClusterIP Service ``name`` on one TCP port, selecting ``svc``'s pods of ``component``."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": svc.name, "namespace": svc.namespace, "labels": common_labels(svc)},
+        "metadata": {"name": name, "namespace": svc.namespace, "labels": common_labels(svc, component)},
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(svc),
-            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "selector": selector_labels(svc, component),
+            "ports": [{"name": port_name, "port": port, "targetPort": target_port, "protocol": "TCP"}],
         },
     }
 

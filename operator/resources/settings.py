@@ -30,7 +30,7 @@ class BuildSettings(BaseModel):
         description="Image for engine.kind plimsoll on GPU replicas: the CUDA build of the same release.",
     )
     vllm_image: str = Field("vllm/vllm-openai:v0.32.0", description="Image for engine.kind vllm.")
-    sglang_image: str = Field("lmsysorg/sglang:latest", description="Image for engine.kind sglang.")
+    sglang_image: str = Field("lmsysorg/sglang:v0.5.23", description="Image for engine.kind sglang.")
     termination_grace_period_seconds: int = Field(
         120, ge=1, description="Time a replica gets to finish in-flight streams after SIGTERM."
     )

@@ -20,26 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 
 
+@dataclass(eq=False, repr=False)
 class PagedAttend:
     """The eager call: one step's caches, metadata and backend."""
 
-    def __init__(
-        self,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        store_kv: StoreKV,
-        paged_attention: PagedAttention,
-    ) -> None:
-        self.kv_caches = kv_caches
-        self.meta = meta
-        self.store_kv = store_kv
-        self.paged_attention = paged_attention
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    meta: AttentionMetadata
+    store_kv: StoreKV
+    paged_attention: PagedAttention
 
     def __call__(
         self,

@@ -237,6 +237,45 @@ def _kv_operands(
     return kv_int8.values(k_cache), kv_int8.values(v_cache), k_scales, kv_int8.scales(v_cache), strides
 
 
+def _prepared(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[dict[str, Any], SimpleNamespace, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launch options and kernels for a checked attention call, and its query, block table,
+    query offsets and context lengths with a unit last stride."""
+    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    _check_cache(k_cache, v_cache)
+    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
+    query, block_tables, cu_seqlens_q, context_lens = map(
+        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    )
+    return opts, _kernels(opts["interpret"]), query, block_tables, cu_seqlens_q, context_lens
+
+
+def _strides(
+    query: torch.Tensor,
+    out: torch.Tensor,
+    k_values: torch.Tensor,
+    v_values: torch.Tensor,
+    s_strides: tuple[int, int, int],
+    block_tables: torch.Tensor,
+) -> tuple[int, ...]:
+    """The strides the decode and prefill kernels take, in their order: query and output (token,
+    head), K and V values (block, slot, head), the scales' (``_kv_operands``), the block table's row."""
+    return (
+        *query.stride()[:2],
+        *out.stride()[:2],
+        *k_values.stride()[:3],
+        *v_values.stride()[:3],
+        *s_strides,
+        block_tables.stride(0),
+    )
+
+
 def _unit_stride(tensor: torch.Tensor) -> torch.Tensor:
     """The kernels index the last axis with stride 1 (other strides are passed in)."""
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
@@ -310,13 +349,9 @@ def decode_attention(
 
     ``num_kv_splits`` overrides the automatic choice (tests use it to cover the merge).
     """
-    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    _check_cache(k_cache, v_cache)
-    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query, block_tables, cu_seqlens_q, context_lens = map(
-        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    opts, kernels, query, block_tables, cu_seqlens_q, context_lens = _prepared(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens
     )
-    kernels = _kernels(opts["interpret"])
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     page_size = k_cache.shape[1]
     if num_kv_splits is None:
@@ -357,18 +392,7 @@ def decode_attention(
         part_sum,
         scale,
         num_kv_splits,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_values.stride(0),
-        k_values.stride(1),
-        k_values.stride(2),
-        v_values.stride(0),
-        v_values.stride(1),
-        v_values.stride(2),
-        *s_strides,
-        block_tables.stride(0),
+        *_strides(query, out, k_values, v_values, s_strides, block_tables),
         GROUP=group,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
@@ -407,13 +431,9 @@ def prefill_attention(
     max_q_len: int | None = None,
 ) -> torch.Tensor:
     """``paged_attention`` for any batch: causal queries over prefix + new tokens."""
-    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    _check_cache(k_cache, v_cache)
-    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query, block_tables, cu_seqlens_q, context_lens = map(
-        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    opts, kernels, query, block_tables, cu_seqlens_q, context_lens = _prepared(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens
     )
-    kernels = _kernels(opts["interpret"])
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     out = torch.empty_like(query)
     if num_tokens == 0:
@@ -435,18 +455,7 @@ def prefill_attention(
         cu_seqlens_q,
         context_lens,
         scale,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_values.stride(0),
-        k_values.stride(1),
-        k_values.stride(2),
-        v_values.stride(0),
-        v_values.stride(1),
-        v_values.stride(2),
-        *s_strides,
-        block_tables.stride(0),
+        *_strides(query, out, k_values, v_values, s_strides, block_tables),
         GROUP=num_heads // k_cache.shape[2],
         HEAD_DIM=head_dim,
         PAGE_SIZE=k_cache.shape[1],

@@ -7,7 +7,7 @@ the server) or model hyper-parameters (those come from the model's own config).
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 # Re-exported: callers that build an EngineConfig by hand parse sizes the same way.
 from plimsoll.byte_size import parse_bytes
@@ -15,6 +15,7 @@ from plimsoll.kv_memory import DEFAULT_GPU_MEMORY_UTILIZATION
 from plimsoll.runtime.engine.compilation_config import CompilationConfig
 from plimsoll.runtime.engine.spec_decode.config import SpeculativeConfig
 from plimsoll.runtime.kv.events import KVEventsConfig
+from plimsoll.runtime.kv.shared_url import redacted_url
 from plimsoll.runtime.kv.transfer_config import KVTransferConfig
 
 DEFAULT_MAX_MODEL_LEN_CAP = 4096
@@ -213,6 +214,11 @@ class EngineConfig(BaseModel):
     kv_shared_url: str | None = Field(
         None, description="redis://HOST:PORT[/DB] of a Valkey or Redis server the replicas share KV blocks through"
     )
+    kv_shared_password: SecretStr | None = Field(
+        None,
+        description="the shared tier's server password (Valkey/Redis AUTH), kept out of logs and reprs; "
+        "the CLI reads it from PLIMSOLL_KV_SHARED_PASSWORD",
+    )
     kv_shared_timeout_s: float = Field(
         0.25, gt=0, description="socket timeout of one shared-tier call (no retry; then the request recomputes)"
     )
@@ -269,7 +275,8 @@ class EngineConfig(BaseModel):
             )
         if self.kv_shared_url is not None and not self.kv_shared_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(
-                f"--kv-shared-url {self.kv_shared_url!r} is not a redis:// URL; pass redis://HOST:PORT (Valkey or Redis)"
+                f"--kv-shared-url {redacted_url(self.kv_shared_url)!r} is not a redis:// URL; pass "
+                "redis://HOST:PORT (Valkey or Redis)"
             )
         return self
 

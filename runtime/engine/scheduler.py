@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
-from plimsoll.runtime.engine.policy import make_policy
+from plimsoll.runtime.engine.policy import SchedulingPolicy, make_policy
 from plimsoll.runtime.engine.request import Request, RequestStatus
 
 
@@ -50,32 +50,27 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+@dataclass(eq=False, repr=False)
 class Scheduler:
-    def __init__(
-        self,
-        kv: KVCacheManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        policy: str = "continuous",
-        lora: LoRAManager | None = None,
-    ) -> None:
-        if policy not in ("continuous", "static", "priority"):
+    kv: KVCacheManager
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    policy: str = "continuous"
+    lora: LoRAManager | None = None
+    order: SchedulingPolicy = field(init=False)
+    waiting: deque[Request] = field(default_factory=deque, init=False)
+    running: list[Request] = field(default_factory=list, init=False)
+    requests: dict[str, Request] = field(default_factory=dict, init=False)
+    total_preemptions: int = field(default=0, init=False)
+    _static_admission_open: bool = field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("continuous", "static", "priority"):
             raise ValueError(
-                f"scheduling_policy must be 'continuous', 'static' or 'priority', got {policy!r}"
+                f"scheduling_policy must be 'continuous', 'static' or 'priority', got {self.policy!r}"
             )
-        self.kv = kv
-        self.lora = lora
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
-        self.policy = policy
-        self.order = make_policy(policy)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}
-        self._static_admission_open = True
-        self.total_preemptions = 0
+        self.order = make_policy(self.policy)
 
     @property
     def num_unfinished(self) -> int:

@@ -198,13 +198,8 @@ def supports_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x @ weight.T + bias`` for ``x`` ``[M, K]`` and ``weight`` ``[N, K]``; returns ``[M, N]``."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available; check supports_linear() first")
-    x = x.contiguous()
-    (m, k), n = x.shape, weight.shape[0]
-    if weight.shape[1] != k:
-        raise ValueError(f"x has {k} columns but weight has {weight.shape[1]}; they must match")
+    lib = _library_or_raise("supports_linear")
+    x, m, n, k = _matmul_operands(x, weight)
     out = torch.empty((m, n), dtype=x.dtype)
     bias_ptr = None if bias is None else bias.contiguous().data_ptr()
     rc = lib.plimsoll_small_batch_linear_f32(
@@ -253,13 +248,8 @@ def int8_linear(
     offsets: torch.Tensor | None = None,  # [N, K // G] float32: w = scale * q + offset
 ) -> torch.Tensor:  # [M, N]
     """``x @ dequantize(qweight, scales, offsets).T + bias`` without materialising the float weight."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available; check supports_int8_linear() first")
-    x = x.contiguous()
-    (m, k), n = x.shape, qweight.shape[0]
-    if qweight.shape[1] != k:
-        raise ValueError(f"x has {k} columns but the weight has {qweight.shape[1]}; they must match")
+    lib = _library_or_raise("supports_int8_linear")
+    x, m, n, k = _matmul_operands(x, qweight)
     scales = scales.to(torch.float32).reshape(n, -1).contiguous()
     groups = scales.shape[1]
     if k % groups != 0 or (k // groups) % INT8_LANES != 0:
@@ -294,9 +284,7 @@ def decode_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [B, H, D] contiguous float32 to write into (default: a new one)
 ) -> torch.Tensor:  # [B, H, D]
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not available; check supports_attention() first")
+    lib = _library_or_raise("supports_attention")
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, row = k_cache.shape
     int8 = k_cache.dtype == torch.int8
@@ -441,11 +429,24 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y.to(torch.bfloat16)
 
 
-def _library_or_raise() -> KernelLibrary:
+def _library_or_raise(check: str | None = None) -> KernelLibrary:
+    """The loaded kernels, or a RuntimeError that names the ``check`` the caller should have made
+    first (or, without one, why the kernels are not available)."""
     lib = library()
     if lib is None:
-        raise RuntimeError(f"the CPU kernels are not available: {unavailable_reason()}")
+        why = f"; check {check}() first" if check else f": {unavailable_reason()}"
+        raise RuntimeError(f"the CPU kernels are not available{why}")
     return lib
+
+
+def _matmul_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """``x`` ``[M, K]`` made contiguous, and M, N, K for a weight ``[N, K]`` (ValueError when the
+    weight's K differs)."""
+    x = x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"x has {k} columns but the weight has {weight.shape[1]}; they must match")
+    return x, m, n, k
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from plimsoll.runtime.kv.events import (
 )
 from plimsoll.runtime.kv.host_tier import HostTier
 from plimsoll.runtime.kv.shared_tier import SharedTier
+from plimsoll.runtime.kv.shared_url import redacted_url
 from plimsoll.runtime.kv.transfer import export_blocks, import_blocks, payload_of
 
 if TYPE_CHECKING:
@@ -501,8 +502,15 @@ def build_connector(
         )  # fmt: skip
     shared = None
     if config.kv_shared_url is not None:
-        shared = SharedTier(config.kv_shared_url, nbytes, timeout_s=config.kv_shared_timeout_s)
-        log.info("KV shared tier: %s (timeout %.3f s)", config.kv_shared_url, config.kv_shared_timeout_s)
+        password = config.kv_shared_password
+        shared = SharedTier(
+            config.kv_shared_url, nbytes, timeout_s=config.kv_shared_timeout_s,
+            password=None if password is None else password.get_secret_value(),
+        )  # fmt: skip
+        log.info(
+            "KV shared tier: %s (timeout %.3f s%s)", redacted_url(config.kv_shared_url), config.kv_shared_timeout_s,
+            ", with a password" if password is not None else "",
+        )  # fmt: skip
     publisher = ZmqEventPublisher(events) if wants_events else None
     connector = KVConnector(
         identity, config.block_size, host=host, shared=shared, publisher=publisher,

@@ -169,34 +169,29 @@ class _Outgoing:
             self.owner._release(self.held.blocks)
 
 
+@dataclass(eq=False, repr=False)
 class RemotePrefill:
-    def __init__(
-        self,
-        config: KVTransferConfig,
-        identity: BlockIdentity,
-        block_size: int,
-        kv_caches: KVCaches,
-        kv: KVCacheManager,
-        host: HostTier | None,
-    ) -> None:
-        self.config = config
-        self.identity = identity
-        self.block_size = block_size
-        self.kv_caches = kv_caches
-        self.kv = kv
-        self.host = host
-        self.counters = TransferCounters()
-        self._lock = threading.Lock()
-        self._held: dict[str, _Held] = {}
-        self._releases: list[list[KVCacheBlock]] = []
-        self._ids = itertools.count()
-        # Called (any thread) when held blocks are ready to be freed: the async engine wakes its loop.
-        self.wake: Callable[[], None] | None = None
-        self.server: TransferServer | None = None
-        self._staging: _Staging | None = None
-        self._pulls: ThreadPoolExecutor | None = None
+    config: KVTransferConfig
+    identity: BlockIdentity
+    block_size: int
+    kv_caches: KVCaches
+    kv: KVCacheManager
+    host: HostTier | None
+    counters: TransferCounters = field(default_factory=TransferCounters, init=False)
+    # Called (any thread) when held blocks are ready to be freed: the async engine wakes its loop.
+    wake: Callable[[], None] | None = field(default=None, init=False)
+    server: TransferServer | None = field(default=None, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _held: dict[str, _Held] = field(default_factory=dict, init=False)
+    _releases: list[list[KVCacheBlock]] = field(default_factory=list, init=False)
+    _ids: itertools.count[int] = field(default_factory=itertools.count, init=False)
+    _staging: _Staging | None = field(default=None, init=False)
+    _pulls: ThreadPoolExecutor | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        config = self.config
         if config.is_producer:
-            self._staging = _Staging(kv_caches)
+            self._staging = _Staging(self.kv_caches)
             self.server = TransferServer(
                 config.kv_ip, config.kv_port, self._answer, on_tick=self._expire
             ).start()
@@ -206,7 +201,7 @@ class RemotePrefill:
                 config.timeouts.abort_request_timeout,
             )  # fmt: skip
         if config.is_consumer:
-            assert host is not None, "a consumer stages pulled blocks in the host tier"
+            assert self.host is not None, "a consumer stages pulled blocks in the host tier"
             self._pulls = ThreadPoolExecutor(config.timeouts.pull_workers, thread_name_prefix="kv-pull")
             log.info(
                 "KV transfer (%s, engine %s): pulls wait %gs at most, then prefill locally",

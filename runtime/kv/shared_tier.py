@@ -21,10 +21,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import cast
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from plimsoll.runtime.kv.transfer import BlockRejected, pack_block, unpack_block
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -97,38 +100,37 @@ class SharedTierStats:
     read_latencies: list[float] = field(default_factory=list)  # drained by metrics
 
 
+@dataclass(eq=False, repr=False)
 class SharedTier:
-    medium = "SHARED"
+    medium: ClassVar[str] = "SHARED"
 
-    def __init__(
-        self,
-        url: str,
-        payload_bytes: int,
-        timeout_s: float = 0.25,
-        breaker: CircuitBreaker | None = None,
-        key_prefix: str = KEY_PREFIX,
-        max_get_blocks: int = 256,
-    ) -> None:
+    url: str
+    payload_bytes: int
+    timeout_s: float = 0.25
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    key_prefix: str = KEY_PREFIX
+    max_get_blocks: int = 256
+    password: InitVar[str | None] = None  # used to connect, never kept
+    stats: SharedTierStats = field(default_factory=SharedTierStats, init=False)
+    stats_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    client: redis.Redis = field(init=False)
+    _auth_refused_logged: bool = field(default=False, init=False)
+
+    def __post_init__(self, password: str | None) -> None:
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        self.url = url
-        self.payload_bytes = payload_bytes
-        self.timeout_s = timeout_s
-        self.key_prefix = key_prefix
-        self.max_get_blocks = max_get_blocks
-        self.breaker = breaker or CircuitBreaker()
-        self.stats = SharedTierStats()
-        self.stats_lock = threading.Lock()
         # One socket timeout per call and no retry: the budget a dead server may cost a request.
         self.client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
+            self.url,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,
             health_check_interval=0,
+            # A password in the URL wins (redis-py's rule); this one is for a URL without it.
+            **({} if password is None else {"password": password}),
         )
 
     def key(self, address: bytes) -> str:
@@ -200,9 +202,26 @@ class SharedTier:
     def _failed(self, what: str, exc: Exception) -> None:
         with self.stats_lock:
             self.stats.errors += 1
+        if _is_auth_refusal(exc) and not self._auth_refused_logged:
+            # Not a passing fault: every call will fail the same way until the password is fixed.
+            self._auth_refused_logged = True
+            log.error(
+                "the shared KV tier refused this replica (%s); every shared-tier call recomputes until "
+                "--kv-shared-password / PLIMSOLL_KV_SHARED_PASSWORD matches the server's requirepass",
+                exc,
+            )
         log.debug("shared KV tier %s failed: %r", what, exc)
         self.breaker.failure()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a dead connection: nothing to do
             self.client.close()
+
+
+def _is_auth_refusal(exc: Exception) -> bool:
+    """A missing or wrong password (NOAUTH, WRONGPASS), as opposed to a slow or dead server."""
+    from redis.exceptions import AuthenticationError, ResponseError
+
+    if isinstance(exc, AuthenticationError):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))

@@ -18,54 +18,25 @@ What it is not: the engine's own shutdown (the app's lifespan calls
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
-from types import FrameType
 
 import uvicorn
 
 from plimsoll.runtime.serving.requests import ServingContext
+from plimsoll.sigterm_drain import SigtermDrainServer
 
 log = logging.getLogger("plimsoll.runtime.serving.server")
 
 CUT_GRACE_S = 1.0  # after the drain deadline, for cut streams to send their last event
 
 
-class DrainingServer(uvicorn.Server):
+class DrainingServer(SigtermDrainServer):
     def __init__(self, config: uvicorn.Config, ctx: ServingContext) -> None:
-        super().__init__(config)
+        super().__init__(config, ctx)
         self.ctx = ctx
         metrics = getattr(ctx, "metrics", None)
         if metrics is not None:
             metrics.watch_connections(lambda: len(self.server_state.connections))
-        self._drain_task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)  # type: ignore[arg-type]
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and not self.ctx.draining and self._loop is not None:
-            # Not recorded in _captured_signals: uvicorn would re-raise it after
-            # shutdown and the process would die by SIGTERM instead of exiting 0.
-            self.ctx.draining = True
-            self._loop.call_soon_threadsafe(self._start_drain)
-            return
-        super().handle_exit(sig, frame)
-
-    def begin_drain(self) -> None:
-        """Drain as on SIGTERM; callable from the event loop or any thread."""
-        self.ctx.draining = True
-        if self._loop is None:
-            self.should_exit = True
-        else:
-            self._loop.call_soon_threadsafe(self._start_drain)
-
-    def _start_drain(self) -> None:
-        if self._drain_task is None:
-            self._drain_task = asyncio.ensure_future(self._drain())
 
     async def _drain(self) -> None:
         n = self.ctx.num_in_flight

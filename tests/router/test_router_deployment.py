@@ -98,12 +98,13 @@ def test_routers_are_two_apart_drained_and_migrating_by_default() -> None:
     assert matches(term["podAffinityTerm"]["labelSelector"]["matchLabels"], pod_labels)
     route = get_command(app).commands["route"]  # type: ignore[attr-defined]
     params = route.make_context("route", list(pod["containers"][0]["args"][1:])).params
-    assert params["migration_limit"] == 3
+    assert params["migration_limit"] == 3 and params["migration_wait"] == 30.0
     # The grace period covers the delay with /ready 503 and the drain of open streams.
     assert pod["terminationGracePeriodSeconds"] > params["shutdown_delay"] + params["drain_timeout"]
     pdb = build_router_pdb(svc)
     assert pdb["spec"]["maxUnavailable"] == 1 and matches(pdb["spec"]["selector"]["matchLabels"], pod_labels)
-    one = build_router_deployment(service(replicas=1, migrationLimit=0), SETTINGS)
+    one = build_router_deployment(service(replicas=1, migrationLimit=0, migrationWaitSeconds=7.5), SETTINGS)
     assert one["spec"]["replicas"] == 1
-    assert "--migration-limit" in (args := one["spec"]["template"]["spec"]["containers"][0]["args"])
-    assert args[args.index("--migration-limit") + 1] == "0"
+    args = one["spec"]["template"]["spec"]["containers"][0]["args"]
+    params = route.make_context("route", list(args[1:])).params
+    assert params["migration_limit"] == 0 and params["migration_wait"] == 7.5

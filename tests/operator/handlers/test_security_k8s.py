@@ -123,6 +123,7 @@ def test_objects_of_the_same_name_stay_untouched_and_are_reported(
         assert get_json(devcluster, *key, "-n", ns) == before[key], f"{key} changed"
     warnings = [e for e in events(devcluster, ns, "web") if e["reason"] == "OwnershipConflict"]
     assert sum(e.get("count", 1) for e in warnings) == 1, warnings
+    secret_fields_are_added_never_rewritten(devcluster, ns, "web")
 
     devcluster.kubectl("delete", "llms", "web", "-n", ns, "--wait=true", "--timeout=60s")
     wait_for(
@@ -132,6 +133,38 @@ def test_objects_of_the_same_name_stay_untouched_and_are_reported(
     )
     for key in theirs:
         assert get_json(devcluster, *key, "-n", ns) == before[key], f"{key} changed when the LLMService went"
+
+
+def secret_fields_are_added_never_rewritten(devcluster: Any, ns: str, name: str) -> None:
+    """The credentials Secret holds every field the pods read; one made before a field existed (here:
+    the KV tier's password removed by hand) gets it back from the next check, the others unchanged."""
+    import asyncio
+
+    from plimsoll.operator.api.llmservice import LLMService
+    from plimsoll.operator.handlers import credentials
+    from plimsoll.operator.handlers.kube import Kube
+
+    secret = f"{name}-admin-key"
+    data = get_json(devcluster, "secret", secret, "-n", ns)["data"]
+    assert set(data) == {"admin-api-key", "ray-auth-token", "kv-password"}
+    devcluster.kubectl("patch", "secret", secret, "-n", ns, "--type=json",
+                       "-p", '[{"op": "remove", "path": "/data/kv-password"}]')  # fmt: skip
+    body = get_json(devcluster, "llms", name, "-n", ns)
+
+    async def check() -> bool:
+        kube = await Kube.connect(str(devcluster.kubeconfig))
+        try:
+            credentials._seen.clear()  # this process never saw it; the operator's own pass rechecks every 300 s
+            return await credentials.ensure_credentials(kube, body, LLMService.model_validate(body))
+        finally:
+            await kube.close()
+
+    assert asyncio.run(check()) is False  # not created: patched
+    after = get_json(devcluster, "secret", secret, "-n", ns)["data"]
+    assert set(after) == set(data) and after["kv-password"] != data["kv-password"]
+    assert {k: after[k] for k in ("admin-api-key", "ray-auth-token")} == {
+        k: data[k] for k in ("admin-api-key", "ray-auth-token")
+    }
 
 
 class FloodingReplica:

@@ -137,9 +137,10 @@ def test_multi_node_ray_runs_with_token_authentication() -> None:
 
 
 def test_the_credentials_secret_holds_what_the_pods_read() -> None:
-    secret = build_admin_secret(service(), "k-7f3a9", "r-0c5e2")
+    values = {"admin-api-key": "k-7f3a9", "ray-auth-token": "r-0c5e2", "kv-password": "p-1d4b8"}
+    secret = build_admin_secret(service(), values)
     assert secret["kind"] == "Secret" and secret["metadata"]["name"] == "chat-admin-key"
-    assert set(secret["data"]) == {"admin-api-key", "ray-auth-token"}
+    assert set(secret["data"]) == set(values)
     assert "k-7f3a9" not in json.dumps(secret)  # base64, as the API stores it
 
 

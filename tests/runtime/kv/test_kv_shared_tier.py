@@ -134,3 +134,48 @@ def test_server_killed_mid_load_requests_still_succeed(tiny_model_dir: Any) -> N
     # (A call already in flight on the other worker when it died may fail too; none after the circuit opened.)
     assert stats.errors >= 1 and breaker.times_opened >= 1
     assert stats.skipped > 0 and stats.errors < len(prompts)
+
+
+def test_a_server_with_a_password_serves_the_replica_that_has_it(
+    tiny_model_dir: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """requirepass on the server (as the operator's Valkey runs): the password from the config makes
+    hits; a replica without it recomputes every request, says why once, and never logs the password."""
+    model = tiny_model_dir("llama")
+    secret = "s3cret-pw"
+    p = prompt(40)
+    caplog.set_level("INFO", logger="plimsoll.runtime.kv")
+    with KeyValueServer(password=secret) as server:
+        a = engine(model, server.url, kv_shared_password=secret)
+        b = engine(model, server.url, kv_shared_password=secret)
+        stranger = engine(model, server.url)
+        try:
+            on_a, on_b = generate(a, p), generate(b, p)
+            refused = [generate(stranger, prompt(41)), generate(stranger, prompt(42))]
+            errors = stranger.engine.kv_connector.shared.stats.errors
+        finally:
+            for llm in (a, b, stranger):
+                llm.close()
+    assert on_b[0] > 0 and on_b[1] == on_a[1]  # the password let B read what A wrote
+    assert all(cached == 0 and len(tokens) == 6 for cached, tokens in refused)  # served, by recomputing
+    assert errors >= 1
+    refusals = [r for r in caplog.records if "refused this replica" in r.getMessage()]
+    assert len(refusals) == 1 and "PLIMSOLL_KV_SHARED_PASSWORD" in refusals[0].getMessage()
+    assert "with a password" in caplog.text and secret not in caplog.text
+
+
+def test_a_password_in_a_url_is_never_shown() -> None:
+    from pydantic import ValidationError
+
+    from plimsoll.runtime.engine.config import EngineConfig
+    from plimsoll.runtime.kv.shared_url import redacted_url
+
+    assert redacted_url("redis://:pw@kv:6379/0") == "redis://:***@kv:6379/0"
+    assert redacted_url("rediss://user:pw@kv:6380") == "rediss://user:***@kv:6380"
+    assert redacted_url("redis://kv:6379/0") == "redis://kv:6379/0"
+    config = EngineConfig(model="m", kv_shared_url="redis://kv:6379/0", kv_shared_password="pw")
+    assert "pw" not in repr(config) and "pw" not in str(config.model_dump())
+    with pytest.raises(ValidationError) as error:
+        EngineConfig(model="m", kv_shared_url="http://:pw@kv:6379")
+    message = error.value.errors()[0]["msg"]  # what `plimsoll serve` prints (not pydantic's input echo)
+    assert "http://:***@kv:6379" in message and "pw@" not in message
