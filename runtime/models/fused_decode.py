@@ -192,7 +192,7 @@ class FusedDecode:
         fingerprint = getattr(self.model, "checkpoint_fingerprint", None)
         key = None
         if cache is not None and fingerprint:
-            layouts = [cpu_kernels.packed_f32_layout(*w.shape, parts) for w, parts in sources]
+            layouts = [cpu_kernels.packed_f32_layout(w.shape[0], w.shape[1], parts) for w, parts in sources]
             cols = layouts[0][1]
             key = cache.key(fingerprint, [(*w.shape, parts) for w, parts in sources], cols)
             mapped = cache.load(key, [floats for floats, _ in layouts])
