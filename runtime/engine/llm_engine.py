@@ -818,10 +818,11 @@ class LLMEngine:
         """Warm up: what the first requests need now; with ``defer_rest``, the rest after Ready.
 
         First one tiny request through every stage, so the first real request pays no first-call
-        costs. Then (:meth:`run_deferred_warmup`) the CPU matmul primitives of every step shape and
-        the largest step this engine can take: they bound memory growth, not the first answer, so
+        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the CPU
+        matmul primitives of every step shape: they bound memory growth, not the first answer, so
         a server runs them once it is Ready, piece by piece while its engine is idle, giving way
-        to any request that arrives.
+        to any request that arrives. (The largest step first: its buffers, freed, set glibc's
+        heap up for the steps after it, see kernels/host_memory.py.)
         """
         self.warmup_first_request()
         STARTUP.mark("warmup_done")
@@ -859,24 +860,25 @@ class LLMEngine:
         return True
 
     def _deferred_warmup_pieces(self) -> Iterator[None]:
-        # oneDNN's matmul primitives for every padded row count a step can have, built now rather
-        # than as request shapes first appear (each costs ~1 MiB: models/dense.py); small pieces,
-        # so a request arriving just after Ready waits for one matmul at most.
-        primed = 0
-        for _ in self.runner.model.prime_matmul_steps(self.config.max_num_batched_tokens, self.config.max_logit_rows):
-            primed += 1
-            yield
-        draft = getattr(self.speculator, "draft", None)
-        if draft is not None:  # a draft model proposes one row per sequence at a time
-            for _ in draft.runner.model.prime_matmul_steps(self.config.max_num_batched_tokens, self.config.max_num_seqs):
-                primed += 1
-                yield
-        log.debug("warm-up primed %d matmul shapes", primed)
         # The largest step this engine can take (as vLLM's profile run does), so the heap reaches
         # the size serving needs now (kernels/host_memory.py keeps it) rather than growing with the
         # first long prompts; it also measures the prefill rate. Its blocks go back at once.
         self._run_largest_step()
         yield
+        # oneDNN's matmul primitives for every padded row count a step can have, built now rather
+        # than as request shapes first appear (each costs ~1 MiB: models/dense.py); small pieces,
+        # so a request arriving meanwhile waits for one matmul at most.
+        primed = 0
+        tokens = self.config.max_num_batched_tokens
+        for _ in self.runner.model.prime_matmul_steps(tokens, self.config.max_logit_rows):
+            primed += 1
+            yield
+        draft = getattr(self.speculator, "draft", None)
+        if draft is not None:  # a draft model proposes one row per sequence at a time
+            for _ in draft.runner.model.prime_matmul_steps(tokens, self.config.max_num_seqs):
+                primed += 1
+                yield
+        log.debug("warm-up primed %d matmul shapes", primed)
 
     def _run_largest_step(self) -> None:
         """One prefill of the most tokens a step can hold, not counted as traffic (its blocks go
