@@ -14,12 +14,14 @@ What runs, and what stands in for what:
 3. **The router's split**: two replicas of each variant (six simulator
    processes) behind a real router (its app on uvicorn in this process, static
    replicas, least in-flight), closed-loop clients holding 70 % of the replicas'
-   summed concurrency targets in flight; with the replicas weighed by their
-   measured concurrency, all at 1.0, and weighed with the spot replicas killed
-   half-way. Printed: each variant's share of the requests against its share of
+   summed concurrency targets in flight; with the replicas weighed as the operator
+   publishes them (``status.variants.<name>.rate``, the requests/s at the target,
+   and ``.weight``, the concurrency), all at 1.0, and weighed with the spot
+   replicas killed half-way. Printed: each variant's share of the requests against its share of
    capacity (requests/s), requests failed, and requests in flight on the killed
    replicas when they died (what the replica loss itself costs).
-4. **Step load and 5. spot reclaim**, in simulated time: the operator's replica
+4. **Step load and 5. spot reclaim**, in simulated time (``variant_mix_cluster.py`` runs
+   them on a local control plane): the operator's replica
    planner (``ReplicaPlanner.plan``, the same code the handler runs every 5 s)
    over a modelled fleet. Pods become Ready 60 s after their count goes up;
    each Ready pod takes demand in proportion to its measured requests/s (the
@@ -175,6 +177,7 @@ def mix_sweep(measured: dict[str, Measured]) -> None:
 async def split(
     urls: dict[str, str],
     weights: dict[str, float],
+    rates: dict[str, float],
     clients: int,
     seconds: float,
     kill: list[Any] | None = None,
@@ -191,7 +194,7 @@ async def split(
         await asyncio.sleep(0.01)
     router = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     replicas = app.state.router.replica_set
-    replicas.set_weights(weights)
+    replicas.set_weights(weights, rates)
     sent: collections.Counter[str] = collections.Counter()
     failed = 0
     cut = 0.0
@@ -242,12 +245,13 @@ def router_split(measured: dict[str, Measured], args: argparse.Namespace) -> Non
         # In flight at 70 % of the replicas' summed targets: a closed loop keeps it there however
         # busy the host is (an open loop's rate is what a busy client process fails to keep).
         clients = round(0.7 * sum(2 * measured[v.name].concurrency for v in VARIANTS))
-        runs = (("weighed by measured concurrency", True, False), ("all weights 1.0", False, False),
+        runs = (("weighed by measured requests/s and concurrency", True, False), ("all weights 1.0", False, False),
                 ("weighed, the spot replicas killed half-way", True, True))  # fmt: skip
         for label, weigh, kill in runs:
             weights = {u: float(measured[v].concurrency) if weigh else 1.0 for u, v in urls.items()}
+            rates = {u: measured[v].rps for u, v in urls.items()} if weigh else {}
             victims = [p for v, p in procs.values() if v == "spot"] if kill else None
-            sent, failed, cut = asyncio.run(split(urls, weights, clients, args.split_seconds, victims))
+            sent, failed, cut = asyncio.run(split(urls, weights, rates, clients, args.split_seconds, victims))
             total = sum(sent.values())
             parts = []
             for v in VARIANTS:

@@ -1,5 +1,7 @@
 """`plimsoll fetch hf://org/name[@revision] --local-dir DIR`: download a model before an engine starts.
 
+(``python -m plimsoll.model_fetch`` runs the same command without the rest of the CLI.)
+
 What it is: the init container of an LLMService replica whose ``model.uri`` is
 ``hf://`` (both engines). It resolves the revision to a commit, lists the files,
 checks that they fit on the cache volume, and downloads them with huggingface_hub's
@@ -22,9 +24,13 @@ turns into a condition (``operator/resources/model_fetch.py`` maps the codes bac
 Transient failures (connection errors, 5xx, 429) are retried here with exponential
 back-off before the process gives up; after that the kubelet's restart back-off
 takes over, so nothing loops hot. A directory already fetched at the same commit is
-reused without downloading (a PVC cache survives restarts), once every file's content
-matches the hub's hash (LFS SHA-256 for weights, the git blob id for small files); a
-file that does not is downloaded again, and a download that does not match fails.
+reused without downloading (a PVC or node-local hostPath cache survives restarts), once
+every file's content matches the hub's hash (LFS SHA-256 for weights, the git blob id for
+small files); a file that does not is downloaded again (only that file), and a download
+that does not match fails. The marker file records, per file, the digest it was checked
+against and the file's stat then, so a warm start re-hashes only files changed since
+(``--rehash`` hashes all). One fetch at a time writes a directory (a lock beside it):
+pods starting together on one node share the download.
 
 What it is not: a loader (the engines read the directory) or a general hub client;
 nothing here runs in the engine process.
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -41,6 +48,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,11 +230,70 @@ def matches(path: Path, expected: Expected) -> bool:
     return blob.hexdigest() == expected.blob_id
 
 
-def _cached(local_dir: Path, commit: str, files: list[str], expected: dict[str, Expected]) -> bool:
-    marker = _read_marker(local_dir)
-    if marker.get("commit") != commit or sorted(marker.get("files", [])) != files:
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _digest(expected: Expected) -> str:
+    return f"sha256:{expected.sha256}" if expected.sha256 is not None else f"blob:{expected.blob_id}"
+
+
+def _verified_unchanged(local_dir: Path, name: str, expected: Expected, marker: dict[str, Any]) -> bool:
+    """Whether the marker recorded ``name`` as hashed to ``expected`` and the file has not changed since.
+
+    The stored digest spares a warm start re-reading every weight (a second or more per GiB):
+    git's index rule. The file's size, mtime, ctime and inode must equal what was recorded
+    when its hash was checked, and that check must predate the marker by more than the
+    filesystem's timestamp tick; otherwise a rewrite in the same tick ("racily clean") could
+    pass, so such a file is hashed again. ctime cannot be set back from user space, so a
+    rewrite that restores the mtime is still seen.
+    """
+    record = (marker.get("verified") or {}).get(name)
+    if not isinstance(record, dict) or record.get("digest") != _digest(expected):
         return False
-    return all(matches(local_dir / f, expected[f]) for f in files)
+    try:
+        now = _stat_key(local_dir / name)
+        marker_mtime = (local_dir / MARKER).stat().st_mtime_ns
+    except OSError:
+        return False
+    return bool(record.get("stat") == now and now[2] < marker_mtime)
+
+
+def _write_marker(
+    local_dir: Path, ref: HubRef, commit: str, files: list[str], expected: dict[str, Expected]
+) -> None:
+    """Record the snapshot and, per file, the digest it was checked against and its stat at that time."""
+    verified = {f: {"digest": _digest(expected[f]), "stat": _stat_key(local_dir / f)} for f in files}
+    body = {
+        "repo": ref.repo_id,
+        "revision": ref.revision,
+        "commit": commit,
+        "files": files,
+        "verified": verified,
+    }
+    tmp = local_dir / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(body))
+    # A reader never sees half a marker; and written after every file, its mtime dates the checks.
+    tmp.replace(local_dir / MARKER)
+
+
+@contextlib.contextmanager
+def _exclusive(local_dir: Path) -> Iterator[None]:
+    """Hold the directory's lock: on a node-local cache several pods (and the fill DaemonSet's pod)
+    may fetch the same snapshot at once; the second waits, then finds it complete."""
+    local_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = local_dir.parent / f".{local_dir.name}.lock"
+    with lock_path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another fetch is writing %s; waiting for it", local_dir)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _free_bytes(local_dir: Path) -> int:
@@ -243,16 +310,22 @@ def fetch(
     attempts: int = 4,
     backoff_seconds: float = 2.0,
     progress_seconds: float = 10.0,
+    rehash: bool = False,
 ) -> str:
-    """Download ``ref`` into ``local_dir``; return the commit. Raises FetchError."""
-    from huggingface_hub import HfApi, snapshot_download
+    """Download ``ref`` into ``local_dir``; return the commit. Raises FetchError.
+
+    Files the marker records as checked and unchanged since are not hashed again unless
+    ``rehash``; every other file present is hashed, and one that differs is downloaded again.
+    """
+    from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
     # HF_ENDPOINT and HF_TOKEN, as every hub client reads them; read here rather than at
     # huggingface_hub's import so the values of this call are the ones used.
     endpoint = os.environ.get("HF_ENDPOINT") or None
     token = os.environ.get("HF_TOKEN") or None
-    api = HfApi(endpoint=endpoint, token=token)
+    api_args: dict[str, Any] = {"endpoint": endpoint, "token": token}
+    api = HfApi(**api_args)
     delay = backoff_seconds
     for attempt in range(1, attempts + 1):
         try:
@@ -267,51 +340,8 @@ def fetch(
                 "%s@%s is commit %s: %d files, %s (skipped %d other-format weight files)",
                 ref.repo_id, ref.revision, commit[:12], len(files), _size(total), len(sizes) - len(files),
             )  # fmt: skip
-            if _cached(local_dir, commit, files, expected):
-                log.info("already in %s at commit %s (hashes checked); nothing to download", local_dir, commit[:12])
-                return commit
-            stale = [f for f in files if (local_dir / f).exists() and not matches(local_dir / f, expected[f])]
-            for f in stale:
-                # Not the hub's bytes: removed, so the download below writes the real file.
-                log.warning("%s in the cache does not match the hub's hash; downloading it again", f)
-                (local_dir / f).unlink()
-            missing = sum(sizes[f] for f in files if not (local_dir / f).is_file())
-            free = _free_bytes(local_dir)
-            if missing > free:
-                raise FetchError(
-                    "DiskFull",
-                    f"{ref.repo_id} needs {_size(missing)} more but the cache volume has {_size(free)} free; "
-                    "raise model.cache.sizeLimit or use a larger model.cache.claimName",
-                )
-            started = time.monotonic()
-            snapshot_download(
-                ref.repo_id,
-                revision=commit,
-                local_dir=str(local_dir),
-                allow_patterns=files,
-                endpoint=endpoint,
-                token=token,
-                tqdm_class=_log_progress_class(progress_seconds),
-                max_workers=4,
-            )
-            wrong = [f for f in files if not matches(local_dir / f, expected[f])]
-            if wrong:
-                raise FetchError(
-                    "DownloadFailed",
-                    f"{ref.repo_id}@{commit[:12]}: {', '.join(wrong[:5])} do not match the hub's hashes after "
-                    "download (a proxy or mirror altered them?)",
-                )
-            (local_dir / MARKER).write_text(
-                json.dumps({"repo": ref.repo_id, "revision": ref.revision, "commit": commit, "files": files})
-            )
-            log.info(
-                "fetched %s (%s) into %s in %.1f s",
-                ref.repo_id,
-                _size(total),
-                local_dir,
-                time.monotonic() - started,
-            )
-            return commit
+            with _exclusive(local_dir):
+                return _fill(api_args, ref, commit, local_dir, files, expected, progress_seconds, rehash)
         except FetchError:
             raise
         except Exception as error:
@@ -323,6 +353,76 @@ def fetch(
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
+
+
+def _fill(
+    api_args: dict[str, Any],
+    ref: HubRef,
+    commit: str,
+    local_dir: Path,
+    files: list[str],
+    expected: dict[str, Expected],
+    progress_seconds: float,
+    rehash: bool,
+) -> str:
+    """Bring ``local_dir`` to ``files`` at ``commit``: skip what is there and verified, repair the rest."""
+    from huggingface_hub import snapshot_download
+
+    sizes = {path: e.size for path, e in expected.items()}
+    total = sum(sizes[f] for f in files)
+    marker = _read_marker(local_dir)
+    same_snapshot = marker.get("commit") == commit
+
+    def present(f: str) -> bool:
+        if not rehash and same_snapshot and _verified_unchanged(local_dir, f, expected[f], marker):
+            return True
+        return matches(local_dir / f, expected[f])
+
+    good = [f for f in files if present(f)]
+    if len(good) == len(files) and same_snapshot and sorted(marker.get("files", [])) == files:
+        log.info("already in %s at commit %s (hashes checked); nothing to download", local_dir, commit[:12])
+        return commit
+    for f in files:
+        if f not in good and (local_dir / f).exists():
+            # Not the hub's bytes: removed, so the download below writes the real file.
+            log.warning("%s in the cache does not match the hub's hash; downloading it again", f)
+            (local_dir / f).unlink()
+    missing = [f for f in files if f not in good]
+    if good:
+        log.info(
+            "%d of %d files already present and verified; downloading %d", len(good), len(files), len(missing)
+        )
+    need = sum(sizes[f] for f in missing)
+    free = _free_bytes(local_dir)
+    if need > free:
+        raise FetchError(
+            "DiskFull",
+            f"{ref.repo_id} needs {_size(need)} more but the cache volume has {_size(free)} free; "
+            "raise model.cache.sizeLimit or use a larger model.cache.claimName or hostPath volume",
+        )
+    started = time.monotonic()
+    if missing:
+        snapshot_download(
+            ref.repo_id,
+            revision=commit,
+            local_dir=str(local_dir),
+            allow_patterns=missing,
+            tqdm_class=_log_progress_class(progress_seconds),
+            max_workers=4,
+            **api_args,
+        )
+    wrong = [f for f in missing if not matches(local_dir / f, expected[f])]
+    if wrong:
+        raise FetchError(
+            "DownloadFailed",
+            f"{ref.repo_id}@{commit[:12]}: {', '.join(wrong[:5])} do not match the hub's hashes after "
+            "download (a proxy or mirror altered them?)",
+        )
+    _write_marker(local_dir, ref, commit, files, expected)
+    log.info(
+        "fetched %s (%s) into %s in %.1f s", ref.repo_id, _size(total), local_dir, time.monotonic() - started
+    )
+    return commit
 
 
 def _write_termination_message(text: str) -> None:
@@ -345,6 +445,9 @@ def fetch_command(
     backoff: float = typer.Option(
         2.0, "--backoff", min=0, help="Seconds before the first retry; doubles each time."
     ),
+    rehash: bool = typer.Option(
+        False, "--rehash", help="Hash every file present again, even those recorded as checked and unchanged."
+    ),
 ) -> None:
     """Download a Hugging Face model before an engine starts (the LLMService init container)."""
     logging.basicConfig(
@@ -360,7 +463,7 @@ def fetch_command(
         raise typer.Exit(code=2) from None
     try:
         local_dir.mkdir(parents=True, exist_ok=True)
-        fetch(ref, local_dir, attempts=attempts, backoff_seconds=backoff)
+        fetch(ref, local_dir, attempts=attempts, backoff_seconds=backoff, rehash=rehash)
     except FetchError as error:
         line = f"{error.reason}: {error}"
         log.error("%s", line)
@@ -372,3 +475,17 @@ def fetch_command(
         log.error("%s", line)
         _write_termination_message(line)
         raise typer.Exit(code=FETCH_EXIT_CODES[reason]) from None
+
+
+def main() -> None:
+    """``python -m plimsoll.model_fetch URI --local-dir DIR``: the init container's entry point.
+
+    The same command as ``plimsoll fetch`` without loading the whole CLI (every subcommand's
+    imports): on a warm node cache the fetch is a hash-checked no-op, so its start-up is the
+    step's cost.
+    """
+    typer.run(fetch_command)
+
+
+if __name__ == "__main__":
+    main()

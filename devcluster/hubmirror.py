@@ -30,10 +30,6 @@ from urllib.parse import unquote, urlsplit
 _LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".onnx", ".msgpack")
 
 
-def _git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 @dataclass
 class HubRepo:
     """One model repository: branch name -> folder, and who may read it."""
@@ -51,8 +47,36 @@ class HubRepo:
     def commit(self, revision: str) -> str:
         digest = hashlib.sha1(revision.encode())
         for name, path in self.files(revision).items():
-            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+            digest.update(name.encode() + b"\0" + bytes.fromhex(file_hashes(path)[1]))
         return digest.hexdigest()
+
+
+_HASHES: dict[tuple[str, int, int, int], tuple[str, str]] = {}
+_HASHES_LOCK = threading.Lock()
+
+
+def file_hashes(path: Path) -> tuple[str, str]:
+    """(git blob id, sha256) of a file, remembered while its size, mtime and ctime stay the same.
+
+    A hub answers these from its index; re-reading a model of hundreds of MiB on every
+    request would make the stand-in, not the client under test, the slow part. An edited
+    file changes its mtime and ctime, so a new commit is still seen at once.
+    """
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _HASHES_LOCK:
+        known = _HASHES.get(key)
+    if known is None:
+        blob = hashlib.sha1(b"blob %d\0" % st.st_size)
+        sha = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                blob.update(chunk)
+                sha.update(chunk)
+        known = (blob.hexdigest(), sha.hexdigest())
+        with _HASHES_LOCK:
+            _HASHES[key] = known
+    return known
 
 
 @dataclass
@@ -206,19 +230,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _tree(self, repo: HubRepo, branch: str) -> list[dict[str, Any]]:
         entries = []
         for name, path in repo.files(branch).items():
-            data = path.read_bytes()
-            entry: dict[str, Any] = {
-                "type": "file",
-                "oid": _git_blob_id(data),
-                "size": len(data),
-                "path": name,
-            }
+            blob_id, sha256 = file_hashes(path)
+            size = path.stat().st_size
+            entry: dict[str, Any] = {"type": "file", "oid": blob_id, "size": size, "path": name}
             if name.endswith(_LFS_SUFFIXES):
-                entry["lfs"] = {
-                    "oid": hashlib.sha256(data).hexdigest(),
-                    "size": len(data),
-                    "pointerSize": 134,
-                }
+                entry["lfs"] = {"oid": sha256, "size": size, "pointerSize": 134}
             entries.append(entry)
         return entries
 
@@ -229,7 +245,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         data = path.read_bytes()
         lfs = name.endswith(_LFS_SUFFIXES)
-        etag = hashlib.sha256(data).hexdigest() if lfs else _git_blob_id(data)
+        blob_id, sha256 = file_hashes(path)
+        etag = sha256 if lfs else blob_id
         headers = {
             "Content-Type": "application/octet-stream",
             "X-Repo-Commit": repo.commit(branch),

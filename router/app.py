@@ -187,9 +187,14 @@ def build_app(config: RouterConfig) -> Starlette:
 
     async def hold(_: Request) -> Response:
         """What the operator polls each tick to scale from zero: held requests and the cold-start basis."""
-        # shedSloTotal: requests refused because every replica would miss their TTFT bound (the operator's
-        # SLO attainment counts them as misses).
-        shed = {"shedSloTotal": state.proxy.shed_slo_total if state.proxy is not None else 0}
+        # shedSloTotal: requests refused because every replica would miss their TTFT bound; refusedTotal:
+        # every request the router answered itself, by reason (the operator counts the ones that say the
+        # service lacked room as demand and as SLO misses).
+        proxy = state.proxy
+        shed = {
+            "shedSloTotal": proxy.shed_slo_total if proxy is not None else 0,
+            "refusedTotal": dict(proxy.refused_total) if proxy is not None else {},
+        }
         if state.hold is None:
             return JSONResponse({"held": 0, "capacity": 0, "enabled": False, **shed})
         return JSONResponse({"enabled": True, **state.hold.demand(), **shed})

@@ -56,6 +56,9 @@ class Replica:
     # Its measured capacity relative to the others (an LLMService's hardware variants: the
     # in-flight one replica of its variant carries at its target); 1.0 when all are alike.
     weight: float = 1.0
+    # The requests/s one replica of its variant finishes at that target (None: not measured, or
+    # all alike). Least in-flight sends replicas that have one traffic in proportion to it.
+    rate: float | None = None
     # Token-aware load from the replica's /metrics (plimsoll.ttft_prediction; None: not exported): its
     # backlog in seconds and the rates it measured, and the router's in-flight when it was read.
     backlog_s: float | None = None
@@ -230,13 +233,18 @@ class ReplicaSet:
         replica.waiting, replica.running, replica.engine = waiting, running, engine
         replica.last_scrape = time.monotonic()
 
-    def set_weights(self, weights: dict[str, float]) -> None:
-        """Each listed replica's capacity weight (others 1.0); a change rebuilds what hashes by weight."""
+    def set_weights(self, weights: dict[str, float], rates: dict[str, float] | None = None) -> None:
+        """Each listed replica's capacity weight (others 1.0) and requests/s at it (others None).
+
+        A weight change rebuilds what hashes by weight.
+        """
         changed = False
         for url, replica in self.replicas.items():
             weight = weights.get(url, 1.0)
             if weight > 0 and replica.weight != weight:
                 replica.weight, changed = weight, True
+            rate = (rates or {}).get(url)
+            replica.rate = rate if rate is not None and rate > 0 else None
         if changed:
             self._notify()
     def record_load(

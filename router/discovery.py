@@ -6,7 +6,7 @@ What it is: a list-then-watch loop over the pods selected by the LLMService
 ``http://<pod IP>:<port>`` whose readiness is the pod's Ready condition.
 
 Each pod's ``plimsoll.dev/variant`` label and the LLMService's
-``status.variants.<name>.weight`` (read with the status) weigh the replicas of a
+``status.variants.<name>.weight`` and ``.rate`` (read with the status) weigh the replicas of a
 service with hardware variants by their measured capacity.
 
 What it is not: EndpointSlice-based. The API server rejects loopback addresses
@@ -42,11 +42,12 @@ STANDBY_LABEL = "plimsoll.dev/standby"
 STATUS_POLL_S = 5.0
 
 
-def variant_weights(status: dict[str, Any]) -> dict[str, float]:
-    """Per variant, the weight the operator measured (``status.variants.<name>.weight``)."""
+def variant_weights(status: dict[str, Any], key: str = "weight") -> dict[str, float]:
+    """Per variant, what the operator measured: ``status.variants.<name>.weight`` (in-flight at its
+    target) or, with ``key="rate"``, ``.rate`` (requests/s one replica finishes there)."""
     out = {}
     for name, entry in (status.get("variants") or {}).items():
-        weight = (entry or {}).get("weight")
+        weight = (entry or {}).get(key)
         if isinstance(weight, int | float) and weight > 0:
             out[str(name)] = float(weight)
     return out
@@ -90,6 +91,7 @@ class PodDiscovery:
         # URL -> the pod's hardware variant, and each variant's weight from the LLMService's status.
         self._variants: dict[str, str] = {}
         self._weights: dict[str, float] = {}
+        self._rates: dict[str, float] = {}
 
     async def run(self) -> None:
         from kubernetes_asyncio import client, config, watch
@@ -164,13 +166,15 @@ class PodDiscovery:
 
     def take_weights(self, status: dict[str, Any]) -> None:
         """Weigh each replica by its variant's measured capacity (status.variants; others 1.0)."""
-        self._weights = variant_weights(status)
+        self._weights, self._rates = variant_weights(status), variant_weights(status, "rate")
         self._reweigh()
 
     def _reweigh(self) -> None:
-        if self._weights or any(r.weight != 1.0 for r in self._replica_set.replicas.values()):
+        replicas = self._replica_set.replicas.values()
+        if self._weights or any(r.weight != 1.0 or r.rate is not None for r in replicas):
             self._replica_set.set_weights(
-                {url: self._weights.get(v, 1.0) for url, v in self._variants.items()}
+                {url: self._weights.get(v, 1.0) for url, v in self._variants.items()},
+                {url: self._rates[v] for url, v in self._variants.items() if v in self._rates},
             )
 
     def _note_variant(self, url: str, pod: dict[str, Any]) -> None:

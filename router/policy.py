@@ -8,9 +8,10 @@ optional length lanes in front of any of them, and LoRA adapter affinity: a
 request whose ``model`` is an adapter some replicas serve goes to one of those,
 preferring replicas where it is already active (no adapter swap) unless that
 would overload them. Replicas are weighed by their measured capacity
-(``Replica.weight``: an LLMService's hardware variants): least in-flight evens out
-load per unit of weight, and the hash ring and the bounded load give a replica
-keys and load in proportion to its weight. Each decision carries a reason that ends up in
+(``Replica.weight``, the in-flight one replica of its variant carries at its target, and
+``Replica.rate``, the requests/s it finishes there): least in-flight sends each replica
+requests in proportion to its rate (load per unit of weight when rates are not known), and
+the hash ring and the bounded load give a replica keys and load in proportion to its weight. Each decision carries a reason that ends up in
 ``plimsoll_router_routing_decisions_total``. What it is not: I/O; the proxy
 calls :meth:`Router.choose` and does the HTTP.
 """
@@ -127,18 +128,55 @@ class RoundRobin:
 
 
 class LeastInflight:
-    """The candidate with the least load (own in-flight + scraped waiting) per unit of its weight.
+    """The candidate with the least load (own in-flight + scraped waiting) per unit of its weight;
+    replicas with a measured rate get traffic in proportion to it.
 
-    Ties go to the heaviest, then in turn. With equal weights that is the least load; a replica
-    of a variant measured to carry twice as much is sent requests until it holds twice as many.
+    Equal weights: the least load, ties in turn. Replicas of hardware variants (each with its
+    variant's requests/s at its target, ``Replica.rate``) are picked by that rate instead:
+    start-time fair queueing, each pick advancing the chosen replica's tag by ``1 / rate`` and the
+    next going to the smallest tag, so each replica's share of the requests is its share of the
+    summed rates whatever the latencies are. Evening out in-flight per weight would not do that:
+    a replica's throughput is its in-flight over its latency, so a closed loop below the targets
+    (or a host that slows every replica alike) gives the light, slow replicas more than their
+    share. A replica is passed over while it holds its target (weight) and more than
+    ``load_factor`` × its weight's share of the in-flight (slower now than it measured); when
+    every candidate is, the least load per unit of weight decides.
     """
 
     name = "least_inflight"
 
-    def __init__(self) -> None:
+    def __init__(self, load_factor: float = 1.25) -> None:
         self._tie_break = 0
+        self._load_factor = load_factor
+        # Fair-queueing tags by URL: where each replica's next request may start, in 1/rate units.
+        # A replica back after a pause (unready, crowded) starts from the clock: no burst for the
+        # picks it missed.
+        self._finish: dict[str, float] = {}
+        self._clock = 0.0
 
     def pick(self, candidates: Sequence[Replica], features: RequestFeatures) -> Decision:
+        if len(candidates) > 1 and all(r.rate is not None for r in candidates):
+            total = sum(r.load for r in candidates)
+            weights = sum(r.weight for r in candidates)
+            room = [
+                r for r in candidates
+                if r.load + 1 <= r.weight
+                or r.load + 1 <= weighted_cap(self._load_factor, total, r.weight, weights)
+            ]  # fmt: skip
+            if room:
+                return Decision(self._by_rate(room, len(candidates)), "capacity_share")
+        return Decision(self._least_load(candidates), "least_inflight")
+
+    def _by_rate(self, candidates: Sequence[Replica], known: int) -> Replica:
+        start = {r.url: max(self._finish.get(r.url, 0.0), self._clock) for r in candidates}
+        replica = min(candidates, key=lambda r: (start[r.url], -(r.rate or 0.0), r.url))
+        self._clock = start[replica.url]
+        self._finish[replica.url] = self._clock + 1.0 / (replica.rate or 1.0)
+        if len(self._finish) > 4 * known + 16:  # replicas long gone
+            self._finish = {u: t for u, t in self._finish.items() if t >= self._clock}
+        return replica
+
+    def _least_load(self, candidates: Sequence[Replica]) -> Replica:
         lowest = min(r.relative_load for r in candidates)
         tied = [r for r in candidates if r.relative_load == lowest]
         # Of replicas equally loaded for their size (all idle, say) the heaviest goes first: it
@@ -147,7 +185,7 @@ class LeastInflight:
         tied = [r for r in tied if r.weight == heaviest]
         replica = tied[self._tie_break % len(tied)]
         self._tie_break += 1
-        return Decision(replica, "least_inflight")
+        return replica
 
 
 def _hash64(text: str) -> int:
@@ -215,7 +253,7 @@ class PrefixAffinity:
         self._replica_set = replica_set
         self._virtual_nodes = virtual_nodes
         self._load_factor = load_factor
-        self._fallback = LeastInflight()
+        self._fallback = LeastInflight(load_factor)
         self._ring = self._build()
         # The ring covers every known replica, ready or not, so a replica going
         # unready only moves its own keys to the next node.
@@ -318,7 +356,7 @@ class Router:
         if config.policy is Policy.ROUND_ROBIN:
             self.picker = RoundRobin()
         elif config.policy is Policy.LEAST_INFLIGHT:
-            self.picker = LeastInflight()
+            self.picker = LeastInflight(config.load_factor)
         elif config.policy is Policy.PRECISE_PREFIX:
             assert kv is not None, "precise prefix routing needs the KV index and its event subscriber"
             self.picker = PrecisePrefix(replica_set, kv[0], kv[1], config.virtual_nodes, config.load_factor)

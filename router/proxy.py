@@ -121,6 +121,8 @@ class Proxy:
         self._client = client
         self._chars_per_token = config.lanes.chars_per_token if config.lanes else 4.0
         self.shed_slo_total = 0  # requests refused because every replica would miss their TTFT bound
+        # Requests the router answered itself, by reason (the counter's values, for the operator's GET /hold).
+        self.refused_total: dict[str, int] = {}
         # --policy precise-prefix: the prompt's block hashes, computed off the event loop.
         self.prompt_tokens: Any = None
         self.kv_events: Any = None
@@ -455,6 +457,7 @@ class Proxy:
 
     def _finish(self, response: Response, endpoint: str, arrival: float, *, reason: str) -> Response:
         self._metrics.rejections.labels(reason).inc()
+        self.refused_total[reason] = self.refused_total.get(reason, 0) + 1
         self._metrics.duration.labels(endpoint, str(response.status_code)).observe(time.monotonic() - arrival)
         return response
 

@@ -58,6 +58,26 @@ class SecretKeyRef(APIModel):
     )
 
 
+class HostPathCache(APIModel):
+    """A directory on the node (Kubernetes HostPathVolumeSource's ``path``): a node-local model cache."""
+
+    path: str = Field(
+        min_length=2,
+        max_length=1024,
+        pattern=r"^/.*[^/]$",
+        description="Absolute directory on the node, e.g. /var/lib/plimsoll/models (created if missing; "
+        "must be writable by the image's user, uid 1000).",
+    )
+
+    @model_validator(mode="after")
+    def _plain_path(self) -> "HostPathCache":
+        if ".." in self.path.split("/"):
+            raise ValueError(
+                f"model.cache.hostPath.path {self.path!r} may not contain '..'; give the directory itself"
+            )
+        return self
+
+
 class ModelCacheSpec(APIModel):
     """The volume an hf:// model is downloaded to before the engine starts."""
 
@@ -65,8 +85,13 @@ class ModelCacheSpec(APIModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!(has(self.claimName) && has(self.sizeLimit))",
-                    "model.cache takes claimName (a PVC) or sizeLimit (an emptyDir), not both",
+                    "[has(self.claimName), has(self.sizeLimit), has(self.hostPath)].filter(x, x).size() <= 1",
+                    "model.cache takes one of claimName (a PVC), sizeLimit (an emptyDir) or hostPath (a node-local "
+                    "directory)",
+                ),
+                cel(
+                    "!(has(self.prefill) && self.prefill) || has(self.hostPath)",
+                    "model.cache.prefill fills a node-local cache: set model.cache.hostPath too",
                 ),
             ]
         }
@@ -76,18 +101,38 @@ class ModelCacheSpec(APIModel):
         None,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="PersistentVolumeClaim holding the cache: downloaded once, kept across restarts "
-        "(ReadWriteMany lets replicas share it).",
+        "(ReadWriteMany lets replicas share it; a local PersistentVolume makes it node-local).",
     )
     size_limit: Quantity | None = Field(
         None,
         description="Size of the per-pod emptyDir cache used when no claim is named, e.g. 40Gi "
         "(each new pod downloads again).",
     )
+    host_path: HostPathCache | None = Field(
+        None,
+        description="A directory on each node that replicas share: a pod that starts where the model is "
+        "already present and verified downloads nothing.",
+    )
+    prefill: bool = Field(
+        False,
+        description="Fill the hostPath cache ahead on every node the replicas may run on (a DaemonSet "
+        "<name>-model-cache), so a replica that starts there, even from zero, finds the weights in place.",
+    )
 
     @model_validator(mode="after")
     def _one_volume(self) -> "ModelCacheSpec":
-        if self.claim_name is not None and self.size_limit is not None:
-            raise ValueError("model.cache takes claimName (a PVC) or sizeLimit (an emptyDir), not both")
+        given = [n for n, v in (("claimName", self.claim_name), ("sizeLimit", self.size_limit),
+                                ("hostPath", self.host_path)) if v is not None]  # fmt: skip
+        if len(given) > 1:
+            raise ValueError(
+                f"model.cache takes one of claimName (a PVC), sizeLimit (an emptyDir) or hostPath (a node-local "
+                f"directory), not {' and '.join(given)}"
+            )
+        if self.prefill and self.host_path is None:
+            raise ValueError(
+                "model.cache.prefill fills a node-local cache ahead: set model.cache.hostPath.path too "
+                "(a claim is filled once by the first replica; an emptyDir lives and dies with its pod)"
+            )
         return self
 
 
@@ -112,7 +157,8 @@ class ModelSpec(APIModel):
     )
     cache: ModelCacheSpec = Field(
         default_factory=lambda: ModelCacheSpec.model_validate({}),
-        description="Where hf:// weights are downloaded (an emptyDir unless claimName is set).",
+        description="Where hf:// weights are downloaded: an emptyDir, a PVC (claimName) or a node-local "
+        "directory (hostPath, optionally filled ahead with prefill).",
     )
 
 
@@ -946,6 +992,7 @@ class LLMServiceSpec(APIModel):
                 "image); use engine.kind plimsoll, or point model.uri at hf://, pvc:// or file://"
             )
         self._check_adapters()
+        self._check_model_cache(location.scheme)
         self._check_disaggregation()
         self._check_variants()
         if (
@@ -1078,6 +1125,23 @@ class LLMServiceSpec(APIModel):
                     f"adapters: {adapter.name} ({adapter.uri}) is outside engine.loraAllowedRoots, so the "
                     "replicas would refuse to load it; add its directory (or a parent) to engine.loraAllowedRoots"
                 )
+
+    def _check_model_cache(self, scheme: str) -> None:
+        """A node-local cache holds what ``plimsoll fetch`` downloads: hf:// models (and hf:// adapters)."""
+        cache = self.model.cache
+        if cache.host_path is None:
+            return
+        if cache.prefill and scheme != "hf":
+            raise ValueError(
+                f"model.cache.prefill downloads an hf:// model onto the nodes ahead; model.uri is {scheme}://, "
+                "which needs no download: drop model.cache.prefill"
+            )
+        hf_adapters = any(parse_adapter_uri(a.uri).scheme == "hf" for a in self.adapters)
+        if scheme != "hf" and not hf_adapters:
+            raise ValueError(
+                f"model.cache.hostPath caches downloads of hf:// models and adapters; model.uri is {scheme}:// "
+                "and no adapter is hf://: drop model.cache, or point model.uri at hf://"
+            )
 
     def lora_enabled(self) -> bool:
         """--enable-lora: asked for, or implied by declared adapters."""

@@ -23,6 +23,7 @@ ConditionType = Literal[
     "ScalingLimited",
     "SLOAtRisk",
     "ModelReady",
+    "ModelCached",
     "AdaptersReady",
     "OwnershipConflict",
 ]
@@ -42,7 +43,8 @@ class Condition(APIModel):
 
     type: ConditionType = Field(
         description="Ready, Progressing, Degraded, Profiled, ProfileStale, ProfileDrift, ScalingLimited, SLOAtRisk, "
-        "ModelReady (an hf:// model's download), AdaptersReady (spec.adapters loaded on every Ready replica) or "
+        "ModelReady (an hf:// model's download), ModelCached (model.cache.prefill: every node the replicas may "
+        "run on holds the model), AdaptersReady (spec.adapters loaded on every Ready replica) or "
         "OwnershipConflict (an object the LLMService would create exists and is someone else's; left untouched)."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
@@ -122,6 +124,12 @@ class AutoscalerStatus(APIModel):
         "SLOUnreachable, NoTokenSignal), formula and recommendation, and its inputs (the Ready replicas' mean "
         "backlog and predicted TTFT in seconds, the budget the SLO leaves, KV headroom, starting replicas "
         "credited by their expected Ready).",
+    )
+    shed: FreeForm | None = Field(
+        None,
+        description="While requests are refused for want of room (routers' saturated, replicas_full, slo_ttft, "
+        "hold_full, hold_timeout; without a router the replicas' queue_full, slo_ttft): refused and finished "
+        "requests per second, by reason, and the replicas they ask for (formula, recommendation).",
     )
 
 
@@ -229,6 +237,11 @@ class VariantStatus(APIModel):
         None,
         description="In-flight requests one replica carries at its target: the router weighs this variant's "
         "replicas by it.",
+    )
+    rate: float | None = Field(
+        None,
+        description="Requests/s one replica finishes at that target (in-flight requests when not profiled): "
+        "the router sends this variant's replicas traffic in proportion to it.",
     )
     cost_per_hour: float | None = Field(None, description="What its running replicas cost per hour now.")
     available: bool | None = Field(None, description="False while left out of the mix (see reason).")

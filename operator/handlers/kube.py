@@ -24,6 +24,7 @@ FIELD_MANAGER = "plimsoll-operator"
 # apiVersion/kind -> plural, for the kinds the operator writes.
 PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
+    ("apps/v1", "DaemonSet"): "daemonsets",
     ("v1", "Service"): "services",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",

@@ -12,6 +12,7 @@ What it is not: a decision about which pod to call (``scaling/planner.py`` and
 ``replica_planning.py`` decide) or a reader of the API server.
 """
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -40,19 +41,35 @@ async def scrape(http: ReplicaClient, url: str) -> PodSample | str:
 
 
 async def hold(http: ReplicaClient, urls: list[str]) -> RouterDemand | None:
-    """The first router pod's ``GET /hold`` that answers (held requests, oldest wait); None when none does."""
-    for url in urls:
-        try:
-            demand: dict[str, Any] = await http.get_json(url, limit=SMALL_LIMIT_BYTES, timeout=TIMEOUT_S)
-            shed = demand.get("shedSloTotal")
-            return RouterDemand(
-                held=int(demand.get("held") or 0),
-                oldest_held_s=demand.get("oldestHeldSeconds"),
-                shed_slo_total=float(shed) if isinstance(shed, int | float) else None,
-            )
-        except (httpx.HTTPError, ValueError):
-            continue
-    return None
+    """Every router pod's ``GET /hold`` (held requests and refusals add up over them; the oldest wait is
+    the longest); None when none answers."""
+    answers = await asyncio.gather(*(_hold_one(http, url) for url in urls))
+    found = [(url, a) for url, a in zip(urls, answers, strict=True) if a is not None]
+    if not found:
+        return None
+    waits = [float(w) for _, a in found if isinstance(w := a.get("oldestHeldSeconds"), int | float)]
+    shed = [float(v) for _, a in found if isinstance(v := a.get("shedSloTotal"), int | float)]
+    refused = {
+        url: {
+            str(k): float(v) for k, v in (a.get("refusedTotal") or {}).items() if isinstance(v, int | float)
+        }
+        for url, a in found
+        if isinstance(a.get("refusedTotal"), dict)
+    }
+    return RouterDemand(
+        held=sum(int(a.get("held") or 0) for _, a in found),
+        oldest_held_s=max(waits) if waits else None,
+        shed_slo_total=sum(shed) if shed else None,
+        refused=refused,
+    )
+
+
+async def _hold_one(http: ReplicaClient, url: str) -> dict[str, Any] | None:
+    try:
+        demand: dict[str, Any] = await http.get_json(url, limit=SMALL_LIMIT_BYTES, timeout=TIMEOUT_S)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return demand if isinstance(demand, dict) else None
 
 
 async def answers_ready(http: ReplicaClient, base_url: str) -> bool:

@@ -54,6 +54,11 @@ from plimsoll.operator.resources.inference_pool import (
 from plimsoll.operator.resources.kv_cache import kv_children, kv_server_name
 from plimsoll.operator.resources.labels import MANAGED_BY
 from plimsoll.operator.resources.leader_worker_set import LWS_GROUP_VERSION
+from plimsoll.operator.resources.model_cache import (
+    build_model_cache_daemonset,
+    model_cache_name,
+    wants_prefill,
+)
 from plimsoll.operator.resources.monitoring import (
     MONITORING_GROUP_VERSION,
     build_pod_monitor,
@@ -246,6 +251,14 @@ async def _reconcile(
     elif await remove_prefill_pool(kube, svc, logger):
         kopf.info(_as_body(body), reason="Deleted", message=f"deleted Deployment/{prefill_name(svc)} (no longer split)")
     children.extend(kv_children(svc))  # the shared KV tier's Valkey, when spec.kvCache.shared deploys one
+    if wants_prefill(svc):
+        children.append(build_model_cache_daemonset(svc, settings))  # fills model.cache.hostPath on the nodes
+    elif await delete_owned(kube, body, "apps/v1", "DaemonSet", svc.namespace, model_cache_name(svc)):
+        kopf.info(
+            _as_body(body),
+            reason="Deleted",
+            message=f"deleted DaemonSet/{model_cache_name(svc)} (no prefill)",
+        )
     if uses_inference_pool(svc):
         if await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
             children.append(build_inference_pool(svc))

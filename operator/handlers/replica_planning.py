@@ -90,6 +90,7 @@ from plimsoll.operator.scaling.replica_plan import (
     Wake,
 )
 from plimsoll.operator.scaling.scale_up_timeline import PHASES
+from plimsoll.operator.scaling.shed_demand import attainment_misses
 from plimsoll.operator.scaling.timestamps import parse_time
 from plimsoll.operator.scaling.variant_state import billed_cost_per_hour, variant_pods
 
@@ -186,7 +187,7 @@ class ReplicaLoop:
             views = variant_pods(Observations(pods=tuple(seen)), [v.name for v in svc.spec.variants])
             cost_per_hour = billed_cost_per_hour(list(svc.spec.variants), views)
         try:
-            shed = {"router": router.shed_slo_total} if router is not None and router.shed_slo_total else None
+            shed = attainment_misses(router, samples) or None
             attainment = await track_attainment(
                 client, svc, self.attainment, samples, base_urls, counted, time.time(), self.logger,
                 cost_per_hour=cost_per_hour, shed=shed,

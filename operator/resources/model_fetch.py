@@ -1,8 +1,10 @@
 """The download step of an hf:// model: cache volume, init container, and what its status means. Pure.
 
 What it is: for ``model.uri: hf://org/name[@revision]`` the replica pod gets a cache
-volume (the PVC ``model.cache.claimName``, else an emptyDir of ``model.cache.sizeLimit``)
-and an init container running ``plimsoll fetch`` (``common/model_fetch.py``), which
+volume (the PVC ``model.cache.claimName``, the node-local directory ``model.cache.hostPath``,
+else an emptyDir of ``model.cache.sizeLimit``)
+and an init container running ``plimsoll fetch`` (``python -m plimsoll.model_fetch``,
+``common/model_fetch.py``), which
 downloads the snapshot with huggingface_hub before either engine starts; the engine then
 loads the local directory with the hub switched off (``HF_HUB_OFFLINE=1``). The token,
 when ``model.tokenSecretRef`` names one, reaches only the init container. It also reads
@@ -45,8 +47,14 @@ def hf_local_dir(location: ModelLocation) -> str:
 
 
 def cache_volume(svc: LLMService) -> dict[str, Any]:
-    """The pod volume weights are downloaded to: the named PVC, else a sized emptyDir."""
+    """The pod volume weights are downloaded to: the named PVC, the node's directory, else a sized emptyDir."""
     cache = svc.spec.model.cache
+    if cache.host_path is not None:
+        # DirectoryOrCreate: the first pod on a fresh node makes it; the fetch fills it.
+        return {
+            "name": MODEL_CACHE_VOLUME,
+            "hostPath": {"path": cache.host_path.path, "type": "DirectoryOrCreate"},
+        }
     if cache.claim_name is not None:
         return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}}
     empty_dir: dict[str, Any] = {}
@@ -79,8 +87,9 @@ def build_fetch_container(
     return {
         "name": FETCH_CONTAINER,
         "image": settings.plimsoll_image,
-        "command": ["plimsoll"],
-        "args": ["fetch", uri, "--local-dir", hf_local_dir(location)],
+        # `plimsoll fetch` without loading the whole CLI: on a warm node cache start-up is the step's cost.
+        "command": ["python", "-m", "plimsoll.model_fetch"],
+        "args": [uri, "--local-dir", hf_local_dir(location)],
         "env": env,
         # The fetch command writes its one-line reason there; logs stand in when it cannot.
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -15,6 +15,7 @@ What it is not: it does not fetch anything. The handler scrapes; this reads text
 from dataclasses import dataclass, field
 
 from plimsoll.metric_names import (
+    ADMISSION_REJECTIONS,
     BACKLOG_SECONDS,
     BUILD_INFO,
     DECODE_STEP_SECONDS,
@@ -64,6 +65,9 @@ class PodSample:
     slo_objectives: dict[str, float] = field(default_factory=dict)
     # Requests the replica's own shutdown ended (plimsoll_requests_cut_by_shutdown_total); None for vLLM.
     requests_cut: float | None = None
+    # Requests refused before reaching the engine, by reason (plimsoll_admission_rejections_total,
+    # cumulative); empty for engines that do not export it.
+    refused: dict[str, float] = field(default_factory=dict)
     # Prefix cache (tokens, cumulative): looked up, found in the replica's own cache, found per KV tier.
     prefix_queries: float | None = None
     prefix_hits: float | None = None
@@ -114,6 +118,7 @@ READ = frozenset(
         SLO_REQUESTS,
         SLO_OBJECTIVE_SECONDS,
         REQUESTS_CUT_BY_SHUTDOWN,
+        ADMISSION_REJECTIONS,
         PREFILL_BACKLOG_TOKENS,
         KV_CACHE_BYTES_PER_TOKEN,
         PROMPT_TOKENS_WAITING,
@@ -168,6 +173,7 @@ def parse_scrape(text: str) -> PodSample:
             if "objective" in labels
         },
         requests_cut=scrape.sum(REQUESTS_CUT_BY_SHUTDOWN),
+        refused=_by_label(scrape, ADMISSION_REJECTIONS, "reason"),
         prefix_queries=scrape.sum(engine.prefix_queries),
         prefix_hits=scrape.sum(engine.prefix_hits),
         tier_hits=_tier_hits(scrape),
@@ -195,6 +201,14 @@ def _tier_hits(scrape: Scrape) -> dict[str, float]:
     for labels, value in scrape.samples.get(KV_TIER_HITS, []):
         medium = labels.get("medium", "")
         out[medium] = out.get(medium, 0.0) + value
+    return out
+
+
+def _by_label(scrape: Scrape, name: str, label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in scrape.samples.get(name, []):
+        if label in labels:
+            out[labels[label]] = out.get(labels[label], 0.0) + value
     return out
 
 

@@ -49,12 +49,16 @@ class CostWindow:
 
 @dataclass(frozen=True, slots=True)
 class RouterDemand:
-    """The router's ``GET /hold``: requests held while no replica is Ready, and the oldest one's wait."""
+    """The routers' ``GET /hold``: requests held while no replica is Ready (summed over the router pods), the
+    oldest one's wait, and what each router refused."""
 
     held: int
     oldest_held_s: float | None = None
     # Requests the router refused because every replica would miss their TTFT bound (cumulative).
     shed_slo_total: float | None = None
+    # Requests each router answered itself, by reason (cumulative): router -> reason -> count. Every
+    # router pod is asked: with router.replicas > 1 each sees only its share of the clients.
+    refused: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ The rules, in the order a tick applies them (the first that owns the tick ends i
 6. **The HPA formula** (``autoscaler.py``: stabilisation windows, rate policy,
    queue fast path, trend), raised to what the **predicted TTFT** against
    ``spec.slo.ttftP95Ms`` asks (``token_signal.py``: the replicas' backlog in
-   seconds, starting replicas credited by their expected Ready): a scale-up is
+   seconds, starting replicas credited by their expected Ready) and to what the
+   requests refused for want of room would add (``shed_demand.py``): a scale-up is
    written at once and followed to the new pod's first answer
    (``scale_up_timeline.py``); a scale-down starts a drain. ``SLOAtRisk`` comes
    from the replicas' histograms and attainment (``slo.py``).
@@ -87,6 +88,7 @@ from plimsoll.operator.scaling.replica_plan import DEFAULT_POOL, Plan, PlanDraft
 from plimsoll.operator.scaling.scale_phases import ScalePhases
 from plimsoll.operator.scaling.scale_to_zero import floored
 from plimsoll.operator.scaling.scale_up_timeline import ScaleUpTimeline
+from plimsoll.operator.scaling.shed_demand import ShedDemand, demand_refusals, shed_recommendation
 from plimsoll.operator.scaling.sizing import NoTargetError
 from plimsoll.operator.scaling.slo import check_slo
 from plimsoll.operator.scaling.standby import Standby
@@ -116,11 +118,9 @@ _NOT_COMPARED = ("time", "lastScaleUp")
 
 
 def needs_router_demand(spec: LLMServiceSpec) -> bool:
-    """Whether a tick asks the router's ``/hold``: only a service that can be, or is, at zero."""
-    at_zero_allowed = spec.scaling is not None and spec.scaling.min == 0
-    # With predicted admission the router's refusals count in the SLO attainment: asked every tick.
-    admission = spec.slo.admission == "Predicted"
-    return bool(spec.router_in_front() and (at_zero_allowed or admission or spec.desired_replicas() == 0))
+    """Whether a tick asks the routers' ``/hold``: whenever a router is in front. Its held requests bring a
+    service back from zero, and what it refused for want of room is demand and SLO misses (shed_demand.py)."""
+    return spec.router_in_front()
 
 
 def condition_states(conditions: list[dict[str, Any]] | None) -> dict[str, str]:
@@ -183,6 +183,7 @@ class ReplicaPlanner:
         self.variants: VariantPlanner | None = None  # spec.variants: the mix's state
         self.standby: Standby | None = None
         self._parked_seen: tuple[PodObservation, ...] = ()
+        self.shed = ShedDemand()  # requests refused for want of room, counted as demand
 
     @staticmethod
     def variant_start_counts(spec: LLMServiceSpec, status: dict[str, Any]) -> dict[str, int]:
@@ -260,6 +261,7 @@ class ReplicaPlanner:
         phases = self.phases
         phases.park_removed = spec.autoscaling.standby is not None
         samples = obs.ready_samples()
+        self.shed.observe(now, demand_refusals(obs.router, samples), samples)
         phases.book(draft, obs)
         self._follow_timeline(draft, obs, samples)
 
@@ -312,7 +314,19 @@ class ReplicaPlanner:
         # The predicted-TTFT rule reads the replicas' prompt backlog; on a split service prompts wait in
         # the prefill pool, which scales on that backlog itself (_prefill), so the decode pool goes without.
         signal = self._token_signal(now, obs, spec, status, current) if spec.disaggregation is None else None
-        floor = (signal.recommendation, signal.formula) if signal and signal.recommendation is not None else None
+        floors = (
+            [(signal.recommendation, signal.formula)] if signal and signal.recommendation is not None else []
+        )
+        # Requests refused for want of room are demand the in-flight count never sees (shed_demand.py).
+        shed = None
+        if spec.disaggregation is None:
+            in_flight = sum(s.in_flight for s in samples.values())
+            shed = shed_recommendation(
+                self.shed.rate(), in_flight, self.scaler.config.target_per_replica, current
+            )
+            if shed.recommendation is not None:
+                floors.append((shed.recommendation, shed.formula))
+        floor = max(floors, key=lambda f: f[0]) if floors else None
         decision = draft.decision = self.scaler.decide(now, current, pods, floor)
         self._saw(current, decision.desired_replicas)
         if decision.metric is not None and decision.metric > decision.target:
@@ -344,6 +358,8 @@ class ReplicaPlanner:
         block = decision.to_status()
         if signal is not None:
             block["tokenAware"] = signal.to_status()
+        if shed is not None and shed.recommendation is not None:
+            block["shed"] = shed.to_status()
         conditions = decision_conditions(decision, slo)
         # At once when replicas or a condition's status change; otherwise at most every
         # STATUS_MIN_INTERVAL_S, so a noisy load does not turn into a status write per tick.

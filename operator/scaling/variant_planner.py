@@ -506,8 +506,9 @@ class VariantPlanner:
             reason = unavailable[1] if unavailable else None if target else "waiting for its profile"
             variants[v.name] = {
                 "replicas": counts[v.name],
-                "readyReplicas": len(view.serving),
+                "readyReplicas": view.ready,
                 "weight": target.concurrency if target else None,
+                "rate": round(target.capacity, 6) if target else None,
                 "costPerHour": round(billed * v.cost_per_hour, 6),
                 "available": unavailable is None,
                 "reason": reason,

@@ -92,6 +92,9 @@ class VariantPods:
     unschedulable: dict[str, str] = field(default_factory=dict)  # pod -> the scheduler's message
     marked: list[str] = field(default_factory=list)  # carrying the removal mark
     scraped: list[PodObservation] = field(default_factory=list)  # every pod with a scrape (demand)
+    # Pods whose Ready condition is True, answering the scrape or not, marked or not: what the
+    # variant's Deployment counts as ready (status.variants.<name>.readyReplicas).
+    ready: int = 0
 
     @property
     def existing(self) -> int:
@@ -117,6 +120,7 @@ def variant_pods(observations: Observations, names: Sequence[str]) -> dict[str, 
             continue
         if pod.sample is not None:
             view.scraped.append(pod)
+        view.ready += pod.ready
         if pod.draining:
             view.marked.append(pod.name)
         elif pod.unschedulable is not None:

@@ -145,17 +145,24 @@ def _plimsoll() -> str:
     return str(Path(sys.executable).with_name("plimsoll"))
 
 
-def test_cli_exit_code_and_termination_message(hub: HubMirror, tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", ["plimsoll fetch", "python -m"], ids=["cli", "module"])
+def test_cli_exit_code_and_termination_message(hub: HubMirror, tmp_path: Path, entry: str) -> None:
+    """Both entry points: ``plimsoll fetch`` and the init container's ``python -m plimsoll.model_fetch``."""
+    command = (
+        [_plimsoll(), "fetch"]
+        if entry == "plimsoll fetch"
+        else [sys.executable, "-m", "plimsoll.model_fetch"]
+    )
     term = tmp_path / "termination-log"
     env = {**os.environ, "PLIMSOLL_TERMINATION_LOG": str(term)}
     proc = subprocess.run(
-        [_plimsoll(), "fetch", "hf://org/missing", "--local-dir", str(tmp_path / "out")],
+        [*command, "hf://org/missing", "--local-dir", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == FETCH_EXIT_CODES["RepositoryNotFound"], proc.stderr
     assert term.read_text().startswith("RepositoryNotFound: repository org/missing not found")
     ok = subprocess.run(
-        [_plimsoll(), "fetch", "hf://org/model@main", "--local-dir", str(tmp_path / "out")],
+        [*command, "hf://org/model@main", "--local-dir", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
@@ -207,3 +214,91 @@ def test_a_tampered_cache_is_caught_by_hash_not_size(hub: HubMirror, repo_dir: P
     assert config.read_text() == (repo_dir / "config.json").read_text()
     again = sorted(p.rsplit("/", 1)[-1] for p in hub.downloads()[before:])
     assert again == ["config.json", "model.safetensors"]
+
+
+def _hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the files ``matches`` reads (hashes) from now on."""
+    from plimsoll import model_fetch
+
+    seen: list[str] = []
+    real = model_fetch.matches
+
+    def counting(path: Path, expected: model_fetch.Expected) -> bool:
+        seen.append(path.name)
+        return real(path, expected)
+
+    monkeypatch.setattr(model_fetch, "matches", counting)
+    return seen
+
+
+def _age_marker(out: Path) -> None:
+    """Date the marker a second later than now: the checks it records are then older than it by more
+    than a timestamp tick, as on a cache filled minutes or days before the pod starts."""
+    marker = out / ".plimsoll-fetch.json"
+    later = marker.stat().st_mtime_ns + 1_000_000_000
+    os.utime(marker, ns=(later, later))
+
+
+def test_a_warm_cache_is_trusted_by_its_stored_digests_not_rehashed(
+    hub: HubMirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "node-cache"
+    commit = fetch(HubRef("org/model", "main"), out)
+    recorded = json.loads((out / ".plimsoll-fetch.json").read_text())["verified"]
+    assert recorded["model.safetensors"]["digest"].startswith("sha256:")
+    assert recorded["config.json"]["digest"].startswith("blob:")
+    _age_marker(out)
+    hashed = _hashed(monkeypatch)
+    before = len(hub.downloads())
+    assert fetch(HubRef("org/model", "main"), out) == commit
+    assert hashed == [], "files unchanged since their check are not read again"
+    assert len(hub.downloads()) == before
+    # --rehash reads them all.
+    assert fetch(HubRef("org/model", "main"), out, rehash=True) == commit
+    assert sorted(hashed) == ["config.json", "model.safetensors", "tokenizer.json"]
+
+
+def test_a_rewrite_that_restores_size_and_mtime_is_still_caught(
+    hub: HubMirror, repo_dir: Path, tmp_path: Path
+) -> None:
+    """ctime cannot be set back: same size, same mtime, other bytes is hashed and repaired."""
+    out = tmp_path / "node-cache"
+    fetch(HubRef("org/model", "main"), out)
+    _age_marker(out)
+    weights = out / "model.safetensors"
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[100] ^= 0xFF
+    with weights.open("r+b") as f:  # in place: the inode stays
+        f.write(data)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == st.st_mtime_ns and weights.stat().st_ino == st.st_ino
+    before = len(hub.downloads())
+    fetch(HubRef("org/model", "main"), out)
+    assert weights.read_bytes() == (repo_dir / "model.safetensors").read_bytes()
+    assert [p.rsplit("/", 1)[-1] for p in hub.downloads()[before:]] == ["model.safetensors"]
+
+
+def test_only_the_missing_file_is_downloaded(hub: HubMirror, repo_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "node-cache"
+    fetch(HubRef("org/model", "main"), out)
+    (out / "sub" / "tokenizer.json").unlink()
+    before = len(hub.downloads())
+    fetch(HubRef("org/model", "main"), out)
+    assert [p.rsplit("/", 1)[-1] for p in hub.downloads()[before:]] == ["tokenizer.json"]
+    assert (out / "sub" / "tokenizer.json").read_bytes() == (repo_dir / "sub" / "tokenizer.json").read_bytes()
+
+
+def test_fetches_of_one_directory_at_once_download_it_once(hub: HubMirror, tmp_path: Path) -> None:
+    """Pods starting together on one node (and the fill DaemonSet) share the node's cache directory."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = tmp_path / "node-cache"
+    with ThreadPoolExecutor(3) as pool:
+        commits = set(pool.map(lambda _: fetch(HubRef("org/model", "main"), out), range(3)))
+    assert len(commits) == 1
+    assert sorted(p.rsplit("/", 1)[-1] for p in hub.downloads()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]

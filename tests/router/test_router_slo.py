@@ -96,4 +96,6 @@ async def test_requests_avoid_a_replica_that_would_miss_and_are_refused_when_all
                 assert bad.status_code == 400 and SLO_TTFT_HEADER in bad.json()["error"]["message"]
         hold = (await http.get("/hold")).json()
         assert hold["shedSloTotal"] == 1
+        # Every refusal by reason, for the operator (demand and SLO misses): the malformed bound is the client's.
+        assert hold["refusedTotal"] == {"slo_ttft": 1, "invalid_request": 1}
         assert router.metric("plimsoll_router_rejections_total", reason="slo_ttft") == 1

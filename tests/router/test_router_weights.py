@@ -87,3 +87,65 @@ def test_discovery_weighs_pods_by_their_variant_from_the_llmservice_status() -> 
     discovery._apply("ADDED", pod("c", "127.0.0.4", "l4"))  # a new replica takes its variant's weight at once
     assert replicas.replicas["http://127.0.0.4:8000"].weight == 3.0
     assert variant_weights({}) == {}
+
+
+def closed_loop(
+    replicas: ReplicaSet, router: Router, latency: dict[str, float], clients: int, picks: int
+) -> dict[str, float]:
+    """A closed loop in event time: ``clients`` requests always in flight, each held ``latency[url]``
+    on its replica (the load's own effect left out: the split is what is asked, not the speed).
+    Each replica's share of the picks."""
+    sent: collections.Counter[str] = collections.Counter()
+    done: list[tuple[float, int, str]] = []
+    now = 0.0
+    for n in range(picks):
+        if len(done) >= clients:  # the earliest request in flight finishes; its client sends again
+            done.sort()
+            now, _, url = done.pop(0)
+            replicas.replicas[url].inflight -= 1
+        replica = router.choose(RequestFeatures("", 0)).replica
+        replica.inflight += 1
+        sent[replica.url] += 1
+        done.append((now + latency[replica.url], n, replica.url))
+    return {u: sent[u] / picks for u in URLS}
+
+
+# Requests/s at each replica's target: the fast pair 10, the slow pair 1. At their targets (8 and 2
+# in flight) a fast request takes 0.8 s and a slow one 2 s; below them, on a host that slows every
+# request alike, both take about as long.
+RATES = {URLS[0]: 10.0, URLS[1]: 10.0, URLS[2]: 1.0, URLS[3]: 1.0}
+
+
+def test_a_closed_loop_below_the_targets_sends_traffic_in_proportion_to_the_measured_rates() -> None:
+    for latency in ({u: 1.0 for u in URLS}, {URLS[0]: 0.5, URLS[1]: 0.5, URLS[2]: 1.5, URLS[3]: 1.5}):
+        replicas = weighted_set()
+        replicas.set_weights(WEIGHTS, RATES)
+        router = Router(RouterConfig(backends=tuple(URLS), policy=Policy.LEAST_INFLIGHT), replicas)
+        share = closed_loop(replicas, router, latency, clients=12, picks=4400)
+        for url, rate in RATES.items():
+            want = rate / sum(RATES.values())
+            assert abs(share[url] - want) <= 0.1 * want, (latency, url, share[url], want)
+    # Evening out in-flight per weight instead (no rates known): the slow pair hold a fifth of the
+    # in-flight, so with latencies alike they get a fifth of the requests, not their 9 %.
+    replicas = weighted_set()
+    router = Router(RouterConfig(backends=tuple(URLS), policy=Policy.LEAST_INFLIGHT), replicas)
+    share = closed_loop(replicas, router, {u: 1.0 for u in URLS}, clients=12, picks=4400)
+    assert share[URLS[2]] + share[URLS[3]] > 1.5 * 2 / 22
+
+
+def test_a_replica_holding_its_target_and_more_than_its_share_is_passed_over() -> None:
+    replicas = weighted_set()
+    replicas.set_weights(WEIGHTS, RATES)
+    router = Router(RouterConfig(backends=tuple(URLS), policy=Policy.LEAST_INFLIGHT), replicas)
+    stuck = replicas.replicas[URLS[0]]
+    stuck.inflight = 20  # slower now than measured: its requests pile up
+    picks = collections.Counter(router.choose(RequestFeatures("", 0)).replica.url for _ in range(50))
+    assert picks[URLS[0]] == 0 and picks[URLS[1]] > picks[URLS[2]] > 0
+    assert router.choose(RequestFeatures("", 0)).reason == "capacity_share"
+    # Every one over its target (an overload): those holding more than 1.25 × their weight's share
+    # of the in-flight (the stuck one, and the light pair at 100 against a share of 70) wait.
+    for r in replicas.replicas.values():
+        r.inflight = 100
+    stuck.inflight = 400
+    picks = collections.Counter(router.choose(RequestFeatures("", 0)).replica.url for _ in range(20))
+    assert picks == {URLS[1]: 20}

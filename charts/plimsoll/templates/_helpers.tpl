@@ -69,6 +69,10 @@ app.kubernetes.io/part-of: plimsoll
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# model.cache.prefill: the DaemonSet that fills a node-local model cache ahead.
+- apiGroups: ["apps"]
+  resources: ["daemonsets"]
+  verbs: ["get", "create", "patch", "update", "delete"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]

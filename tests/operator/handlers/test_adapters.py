@@ -102,7 +102,7 @@ def test_adapter_paths_per_scheme_and_hf_adapters_fetched_at_start() -> None:
     }
     pod = build_deployment(service, SETTINGS)["spec"]["template"]["spec"]
     (fetch,) = pod["initContainers"]
-    assert fetch["args"] == ["fetch", "hf://org/lora-x@v2", "--local-dir", "/var/cache/plimsoll/models/hf/org/lora-x/v2"]
+    assert fetch["args"] == ["hf://org/lora-x@v2", "--local-dir", "/var/cache/plimsoll/models/hf/org/lora-x/v2"]
     assert fetch["name"].startswith("fetch-adapter-") and len(fetch["name"]) <= 63
     assert "model-cache" in {v["name"] for v in pod["volumes"]}, "the pvc model has no cache volume of its own"
 

@@ -26,8 +26,10 @@ def test_both_engines_fetch_first_then_load_offline(engine: str) -> None:
     pod = build_deployment(svc, SETTINGS)["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["name"] == FETCH_CONTAINER and init["image"] == "plimsoll:test", "the vLLM image has no fetch"
+    assert init["command"] == ["python", "-m", "plimsoll.model_fetch"], (
+        "not the whole CLI: start-up is the cost"
+    )
     assert init["args"] == [
-        "fetch",
         "hf://org/model@v1",
         "--local-dir",
         "/var/cache/plimsoll/models/hf/org/model/v1",
@@ -53,7 +55,7 @@ def test_cache_volume_is_the_named_claim_or_a_sized_empty_dir() -> None:
     assert {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}} in sized["spec"]["template"]["spec"][
         "volumes"
     ]
-    with pytest.raises(ValidationError, match=r"claimName \(a PVC\) or sizeLimit"):
+    with pytest.raises(ValidationError, match=r"claimName \(a PVC\), sizeLimit \(an emptyDir\) or hostPath"):
         _svc(model={"uri": "hf://o/m", "cache": {"claimName": "w", "sizeLimit": "1Gi"}})
 
 

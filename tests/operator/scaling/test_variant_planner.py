@@ -256,3 +256,17 @@ def test_an_operator_restart_goes_on_with_the_variant_drain_from_status() -> Non
 def test_variant_pools_are_named_apart_from_the_default_pool() -> None:
     assert variant_pool("l4") == "variant/l4" and pool_variant("variant/l4") == "l4"
     assert pool_variant("default") is None
+
+
+def test_each_variants_ready_count_is_its_ready_pods_answering_the_scrape_or_not() -> None:
+    svc = Variants(spec(), {"h100": 1, "l4": 2, "spot": 1})
+    pods = [
+        pod("h100-0", 2.0),
+        pod("l4-0", 1.0),
+        pod("l4-1", sample=None),  # Ready, its scrape failed this tick: still Ready
+        pod("spot-0", ready=False),  # starting
+    ]
+    svc.tick(0.0, pods)
+    ready = {n: v["readyReplicas"] for n, v in svc.status["variants"].items()}
+    assert ready == {"h100": 1, "l4": 2, "spot": 0}
+    assert svc.status["variants"]["l4"]["rate"] == 3.0  # Manual: in-flight units, the router's share
