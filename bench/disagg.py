@@ -8,7 +8,9 @@ loaded alike), and the layout's figures are taken at its best level: goodput und
 SLOs per replica, TTFT, TPOT and ITL p50/p95, and, for a split, what the KV transfer cost per
 request (the decode replicas' ``plimsoll_kv_transfer_*`` counters before and after, over the
 requests the router split). Each layout draws its own prompts of the same shapes (the seed moves on),
-so none starts with the previous layout's prompts in its replicas' caches.
+so none starts with the previous layout's prompts in its replicas' caches. With ``--repeats N`` the
+layouts run N times, every other time in reverse order (A B, B A: a drift in a shared host's load weighs
+on each layout alike), and each layout's figures are the mean over its repeats.
 :func:`plimsoll.disaggregation.verdict` then says which layout to run and why. The replicas must be started with ``--kv-transfer-config '{"kv_role": "kv_both"}'`` (each
 can then take either role); a replica that cannot is refused before any load is sent.
 
@@ -135,7 +137,9 @@ async def run_layout(
             for m in registry.collect()
             if m.name == "plimsoll_router_pd_requests"
             for s in m.samples
-            if s.name.endswith("_total") and s.labels.get("path") != "split" and s.labels.get("reason") != "endpoint"
+            if s.name.endswith("_total")
+            and s.labels.get("path") != "split"
+            and s.labels.get("reason") != "endpoint"
         )
     valid = [lv for lv in results if lv["valid"]]
     if not valid:
@@ -163,6 +167,45 @@ async def run_layout(
     return figures, detail
 
 
+def mean_figures(runs: Sequence[LayoutFigures]) -> LayoutFigures:
+    """One layout's repeats as one: the mean of each figure (a note gives each repeat's goodput)."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    first = runs[0]
+    out = LayoutFigures(first.layout, first.replicas, sum(f.goodput_rps for f in runs) / len(runs),
+                        prefill_replicas=first.prefill_replicas, decode_replicas=first.decode_replicas)  # fmt: skip
+    for name in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "itl_p50_s", "itl_p95_s",
+                 "transfer_s", "transfer_bytes"):  # fmt: skip
+        setattr(out, name, mean([getattr(f, name) for f in runs]))
+    each = ", ".join(f"{f.goodput_per_replica:.3g}" for f in runs)
+    out.notes = [f"mean of {len(runs)} repeats; good req/s per replica in each: {each}",
+                 *(n for f in runs for n in f.notes)]  # fmt: skip
+    return out
+
+
+def repeat_agreement(runs: dict[str, list[LayoutFigures]], chosen: str | None) -> str:
+    """How many repeats, each on its own, favour the layout the means chose: the measurement's certainty."""
+    agg = runs[AGGREGATED]
+    splits = {name: figs for name, figs in runs.items() if name != AGGREGATED}
+    best = chosen or max(splits, key=lambda name: sum(f.goodput_rps for f in splits[name]))
+    pairs = list(zip(agg, splits[best], strict=True))
+    ahead = sum(
+        (s.goodput_per_replica > a.goodput_per_replica)
+        if chosen
+        else (a.goodput_per_replica >= s.goodput_per_replica)
+        for a, s in pairs
+    )
+    winner = chosen or AGGREGATED
+    other = AGGREGATED if chosen else best
+    text = f"repeat by repeat, {winner} is ahead of {other} in {ahead} of {len(pairs)}"
+    return text + ("" if ahead == len(pairs) else ": the host's load moves more than the layouts differ")
+
+
 async def compare(
     cfg: BenchConfig, urls: Sequence[str], ratios: Sequence[Ratio], levels: Sequence[int], say: Say
 ) -> dict[str, Any]:
@@ -174,13 +217,25 @@ async def compare(
     plan = layouts(urls, ratios)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     await check_replicas(urls, cfg.model, headers)
-    figures, details = [], []
-    for i, layout in enumerate(plan):
-        # The same shapes, fresh prompts: a layout run after another finds none of its prompts cached there.
-        fig, detail = await run_layout(cfg.model_copy(update={"seed": cfg.seed + 1009 * i}), layout, levels, say)
-        figures.append(fig)
-        details.append(detail)
+    runs: dict[str, list[LayoutFigures]] = {layout.name: [] for layout in plan}
+    details = []
+    for r in range(cfg.repeats):
+        # Every other repeat in reverse (A B, B A, ...): a drift in the host's load weighs on every layout alike.
+        if cfg.repeats > 1:
+            say(f"repeat {r + 1}/{cfg.repeats}")
+        for layout in plan if r % 2 == 0 else plan[::-1]:
+            i = plan.index(layout)
+            # The same shapes, fresh prompts: a layout run after another finds none of its prompts cached there.
+            seed = cfg.seed + 1009 * i + 7919 * r
+            fig, detail = await run_layout(
+                cfg.model_copy(update={"seed": seed, "repeats": 1}), layout, levels, say
+            )
+            runs[layout.name].append(fig)
+            details.append({**detail, "repeat": r + 1})
+    figures = [mean_figures(runs[layout.name]) for layout in plan]
     v = verdict(figures)
+    if cfg.repeats > 1:
+        v.reasons.append(repeat_agreement(runs, v.ratio))
     return {
         "kind": "disagg",
         "replicas": list(urls),
@@ -188,6 +243,7 @@ async def compare(
             "input_tokens": cfg.input_tokens.model_dump(),
             "output_tokens": cfg.output_tokens.model_dump(),
             "levels_per_replica": list(levels),
+            "repeats": cfg.repeats,
         },
         "slo": {"ttft_p95_ms": cfg.slo.ttft_p95_ms, "tpot_p50_ms": cfg.slo.tpot_p50_ms},
         "verdict": v.to_dict(),

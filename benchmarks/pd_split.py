@@ -12,12 +12,17 @@ Per workload:
      the unloaded TTFT and TPOT the SLOs are set from (TTFT p95 ≤ --ttft-x × TTFT at c=1,
      TPOT p50 ≤ --tpot-x × TPOT at c=1), so the SLOs mean the same on a fast or a slow host;
   2. `plimsoll bench disagg`'s comparison: aggregated on both replicas, then 1P:1D, the same
-     closed-loop levels per replica through the real router: TTFT, TPOT and ITL p50/p95, goodput
-     per replica under the SLO, the KV transfer in ms and MB per request, and the verdict;
+     closed-loop levels per replica through the real router, --repeats times in A B, B A order (each
+     layout's figures the mean of its repeats): TTFT, TPOT and ITL p50/p95, goodput per replica
+     under the SLO, the KV transfer in ms and MB per request, and the verdict;
   3. the prediction of ``plimsoll plan --link-bandwidth`` from the profile and the link's measured
      rate, and whether it agrees with the measured verdict.
 
-    python benchmarks/pd_split.py [--model smollm2-135m] [--levels 1,2] [--requests 16]
+The default model is small (``SMALL_SHAPE``: random weights, SmolLM2-135M's heads at 8 layers of
+width 384) so that both workloads finish in minutes on a shared 2-core host; ``--model smollm2-135m``
+measures the real embedded model (tens of minutes on such a host).
+
+    python benchmarks/pd_split.py [--model smollm2-135m] [--levels 1,2] [--requests 16] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -39,6 +45,60 @@ from plimsoll.runtime.testing import ServerProcess
 LINK: dict[str, float] = {}  # the KV link's rate, as the first workload's pulls measured it
 
 
+# The default model: SmolLM2-135M's attention geometry (head dim 64, 3 query heads per KV head) at
+# a width and depth a shared 2-core host runs through both workloads in minutes; random weights, the
+# byte-level tokenizer (one token per byte of prompt). ``--model smollm2-135m`` runs the real one.
+SMALL_SHAPE: dict[str, Any] = dict(
+    vocab_size=259, hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
+    num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    tie_word_embeddings=False,
+)  # fmt: skip
+SMALL = "small-llama"
+
+
+def small_model() -> str:
+    """The default model's directory, written once under ~/.cache/plimsoll/bench-models."""
+    from pathlib import Path
+
+    from transformers import LlamaConfig
+
+    from plimsoll.plan import parameter_count, read_model_config
+    from plimsoll.runtime.testing import save_random_model
+
+    directory = Path.home() / ".cache" / "plimsoll" / "bench-models" / "pd-split-llama"
+    if not (directory / "tokens-ascii").exists():
+        save_random_model(directory, LlamaConfig(**SMALL_SHAPE))
+        ascii_output(directory)
+    params = parameter_count(read_model_config(directory))
+    print(f"model: random Llama, {params / 1e6:.1f} M parameters (SmolLM2-135M's heads, 8 layers of width 384), "
+          f"byte-level tokenizer, at {directory}")  # fmt: skip
+    return str(directory)
+
+
+def ascii_output(directory: Any) -> None:
+    """Make the random model write printable ASCII: a random byte-level model otherwise picks bytes of
+    half a UTF-8 character about half the time, which stream no text (the bench's "empty" error).
+    The output rows of every other token are zeroed and the ASCII ones scaled up; the compute is
+    unchanged."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from plimsoll.runtime.testing import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    keep = [
+        i for i in range(SMALL_SHAPE["vocab_size"]) if len(t := tok.decode([i])) == 1 and 32 <= ord(t) < 127
+    ]
+    path = directory / "model.safetensors"
+    weights = load_file(path)
+    head = weights["lm_head.weight"]
+    scaled = torch.zeros_like(head)
+    scaled[keep] = head[keep] * 20
+    weights["lm_head.weight"] = scaled
+    save_file(weights, path, metadata={"format": "pt"})
+    (directory / "tokens-ascii").write_text(f"{len(keep)} printable ASCII tokens kept\n")
+
+
 def serve(model: str, cpu: int | None, max_model_len: int, kv_cache: str) -> ServerProcess:
     both = json.dumps({"kv_role": "kv_both", "kv_ip": "127.0.0.1", "kv_port": 0})
     prelude = f"import os; os.sched_setaffinity(0, {{{cpu}}})" if cpu is not None else ""
@@ -48,10 +108,19 @@ def serve(model: str, cpu: int | None, max_model_len: int, kv_cache: str) -> Ser
                          startup_timeout=600, env=env, prelude=prelude)  # fmt: skip
 
 
-def config(url: str, isl: int, osl: int, levels: tuple[int, ...], requests: int, slo: SLO, seed: int) -> BenchConfig:
+def config(
+    url: str,
+    isl: int,
+    osl: int,
+    levels: tuple[int, ...],
+    requests: int,
+    slo: SLO,
+    seed: int,
+    repeats: int = 1,
+) -> BenchConfig:
     return BenchConfig(
         url=url, input_tokens=LengthSpec(value=isl), output_tokens=LengthSpec(value=osl), levels=levels,
-        requests_per_level=requests, warmup_requests=2, slo=slo, seed=seed, request_timeout_s=600,
+        requests_per_level=requests, warmup_requests=1, slo=slo, seed=seed, request_timeout_s=600, repeats=repeats,
         max_client_lag_ms=1000, min_concurrency_ratio=0.5, max_error_rate=0.05,
     )  # fmt: skip
 
@@ -69,19 +138,23 @@ def ms(level: dict[str, Any], metric: str, pct: str = "p50") -> float:
     return float(level["latency_ms"][metric][pct])
 
 
-async def workload(name: str, urls: list[str], args: argparse.Namespace, isl: int, osl: int, seed: int) -> dict[str, Any]:
+async def workload(
+    name: str, urls: list[str], args: argparse.Namespace, isl: int, osl: int, seed: int
+) -> dict[str, Any]:
     print(f"\n== {name}: {isl} prompt tokens, {osl} output tokens ==", flush=True)
     t0 = time.monotonic()
-    prof = await profile(urls[0], isl, osl, args.requests, seed)
+    prof = await profile(urls[0], isl, osl, args.profile_requests, seed)
     c1 = prof["levels"][0]
-    slo = SLO(ttft_p95_ms=round(args.ttft_x * ms(c1, "ttft"), 1), tpot_p50_ms=round(args.tpot_x * ms(c1, "tpot"), 1))
+    slo = SLO(
+        ttft_p95_ms=round(args.ttft_x * ms(c1, "ttft"), 1), tpot_p50_ms=round(args.tpot_x * ms(c1, "tpot"), 1)
+    )
     print(f"profile (one replica, c=1,2,4) in {time.monotonic() - t0:.0f} s: " + "; ".join(
         f"c={lv['concurrency']} TTFT p50 {ms(lv, 'ttft'):.0f} ms TPOT p50 {ms(lv, 'tpot'):.1f} ms"
         for lv in prof["levels"]))  # fmt: skip
     print(f"SLO: TTFT p95 <= {slo.ttft_p95_ms:g} ms ({args.ttft_x:g} x c=1), "
           f"TPOT p50 <= {slo.tpot_p50_ms:g} ms ({args.tpot_x:g} x c=1)", flush=True)  # fmt: skip
     t0 = time.monotonic()
-    cfg = config(urls[0], isl, osl, args.levels, args.requests, slo, seed + 1)
+    cfg = config(urls[0], isl, osl, args.levels, args.requests, slo, seed + 1, args.repeats)
     report = await compare(cfg, urls, args.ratios, args.levels, lambda line: print("  " + line, flush=True))
     print(f"comparison in {time.monotonic() - t0:.0f} s")
     for line in summary_lines(report):
@@ -98,14 +171,18 @@ async def workload(name: str, urls: list[str], args: argparse.Namespace, isl: in
                            "profile": prof, "measured": report}  # fmt: skip
     if link:
         prof_ = profile_from_report(prof, kv_per_token, slo.tpot_p50_ms / 1e3)
-        predicted = verdict(predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3))
+        predicted = verdict(
+            predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3)
+        )
         agrees = predicted.runs == (measured["ratio"] or "aggregated")
         print(f"predicted (plimsoll plan, link {link / 1e6:.0f} MB/s measured, prefill "
               f"{prof_.prefill_tokens_per_s:,.0f} tok/s, {prof_.decode_sequences:g} seqs at TPOT "
               f"{prof_.decode_tpot_s * 1e3:.1f} ms): run {predicted.runs} — "
               f"{'agrees with' if agrees else 'DIFFERS from'} the measurement")  # fmt: skip
         for lay in predicted.layouts:
-            print(f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica ({lay.limited_by})")
+            print(
+                f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica ({lay.limited_by})"
+            )
         out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees}
     return out
 
@@ -113,7 +190,8 @@ async def workload(name: str, urls: list[str], args: argparse.Namespace, isl: in
 async def main(args: argparse.Namespace) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     pins = [cpus[0], cpus[1 % len(cpus)]] if args.pin else [None, None]
-    replicas = [serve(args.model, cpu, args.max_model_len, args.kv_cache) for cpu in pins]
+    model = small_model() if args.model == SMALL else args.model
+    replicas = [serve(model, cpu, args.max_model_len, args.kv_cache) for cpu in pins]
     print(f"model {args.model}; 2 replicas (kv_both) pinned to CPUs {pins}; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)  # fmt: skip
     try:
@@ -127,6 +205,14 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         for r in replicas:
             r.stop(timeout=30)
+    print("\nsummary: workload — measured verdict — predicted verdict — agree")
+    for r in results:
+        measured = r["measured"]["verdict"]["ratio"] or "aggregated"
+        predicted = r.get("predicted")
+        said = (predicted["ratio"] or "aggregated") if predicted else "-"
+        print(f"  {r['name']} — {measured} — {said} — "
+              f"{'-' if predicted is None else 'yes' if predicted['agrees'] else 'NO'}")  # fmt: skip
+    print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=2, default=str)
@@ -135,18 +221,26 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--model", default=SMALL, help=f"{SMALL} (written once, see SMALL_SHAPE) or a model "
+                   "`plimsoll serve --model` takes, e.g. smollm2-135m")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--kv-cache", default="256MiB")
-    p.add_argument("--long-input", type=int, default=640)
+    p.add_argument("--long-input", type=int, default=512)
     p.add_argument("--long-output", type=int, default=16)
     p.add_argument("--short-input", type=int, default=32)
-    p.add_argument("--short-output", type=int, default=96)
+    p.add_argument("--short-output", type=int, default=48)
     p.add_argument("--levels", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 2))
-    p.add_argument("--requests", type=int, default=16, help="measured requests per level")
+    p.add_argument("--requests", type=int, default=16, help="measured requests per level of the comparison")
+    p.add_argument(
+        "--profile-requests", type=int, default=8, help="measured requests per level of the profile"
+    )
+    p.add_argument("--repeats", type=int, default=2, help="comparison repeats, every other one in reverse "
+                   "layout order (A B, B A), so a drift in the host's load weighs on both layouts alike")  # fmt: skip
     p.add_argument("--ratios", type=parse_ratios, default=[Ratio(1, 1)])
     p.add_argument("--ttft-x", type=float, default=4.0, help="TTFT p95 SLO as a multiple of TTFT at c=1")
     p.add_argument("--tpot-x", type=float, default=1.5, help="TPOT p50 SLO as a multiple of TPOT at c=1")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--output", default=None, help="write every figure as JSON here")
+    # A SIGTERM unwinds like Ctrl-C, so the replicas this script started are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(asyncio.run(main(p.parse_args())))

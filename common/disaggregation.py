@@ -144,8 +144,11 @@ def verdict(layouts: Sequence[LayoutFigures], margin: float = MARGIN) -> Verdict
     reasons = [_describe(agg), *(_describe(lay) for lay in splits)]
     base, alt = agg.goodput_per_replica, best.goodput_per_replica
     if alt > base * (1 + margin) and alt > 0:
-        gain = f"{(alt / base - 1) * 100:.0f}% more" if base > 0 else "goodput where aggregated has none"
-        reasons.append(f"split {best.layout}: {gain} good requests per replica than aggregated")
+        reasons.append(
+            f"split {best.layout}: {(alt / base - 1) * 100:.0f}% more good requests per replica than aggregated"
+            if base > 0
+            else f"split {best.layout}: {alt:.3g} good req/s per replica where aggregated serves none within the SLO"
+        )
         why = _why_split(agg, best)
         if why:
             reasons.append(why)

@@ -109,6 +109,9 @@ class PodLoad:
     namespace: str
     name: str
     config: LoadConfig
+    # Which pods take the load: the LLMService's ``status.selector`` unless given (e.g. a split
+    # service's prefill pool, ``app.kubernetes.io/instance=NAME,plimsoll.dev/role=prefill``).
+    selector: str | None = None
     completions: list[Completion] = field(default_factory=list)
     samples: list[ReplicaSample] = field(default_factory=list)
     decisions: list[ScalingDecision] = field(default_factory=list)
@@ -200,7 +203,7 @@ class PodLoad:
             with contextlib.suppress(KubeAPIError, httpx.HTTPError):
                 svc = await api.get(f"{GROUP_PATH}/namespaces/{self.namespace}/llmservices/{self.name}")
                 status = svc.get("status") or {}
-                selector = status.get("selector")
+                selector = self.selector or status.get("selector")
                 ready: dict[str, str] = {}
                 if selector:
                     pods = await api.get(

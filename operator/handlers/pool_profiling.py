@@ -166,7 +166,10 @@ async def _step(
         # the router discover the benchmark as a replica of the pool.
         job["metadata"].setdefault("labels", {})[ROLE_LABEL] = role
         name = job["metadata"]["name"]
-        for obj in build_profiler_rbac(svc, name):
+        # One account profiles both pools: the Role must keep the other pool's running Job able to
+        # write its report (a Role naming only this Job's ConfigMap would lock that one out).
+        others = [n for n, j in jobs.items() if n not in plan.delete and _job_state(j) == "Running"]
+        for obj in build_profiler_rbac(svc, name, *others):
             await kube.apply(obj)
         await kube.delete("v1", "ConfigMap", svc.namespace, name)
         await kube.create(build_report_configmap(view, current))
@@ -178,6 +181,7 @@ async def _step(
             raise kopf.TemporaryError(
                 f"Job {name} still exists; starting the new profile shortly", delay=5
             ) from error
+        jobs[name] = job  # the other pool's step, later in this pass, keeps it in its Role
         kopf.info(
             body,
             reason="ProfilingStarted",

@@ -60,8 +60,11 @@ def profile_view(svc: LLMService, role: Role) -> LLMService:
     w = (d.prefill if role == "prefill" else d.decode).profile
     view = pool_view(svc, role)
     spec = view.spec
+    # The pool's shape and levels; the floor on each level's time stays the service's
+    # (capacity.profile.workload.minSecondsPerLevel), so one knob makes every profile quick or thorough.
     workload = ProfileWorkload(input_tokens=w.input_tokens, output_tokens=w.output_tokens,
-                               concurrency=list(w.concurrency), requests_per_level=w.requests_per_level)  # fmt: skip
+                               concurrency=list(w.concurrency), requests_per_level=w.requests_per_level,
+                               min_seconds_per_level=spec.capacity.profile.workload.min_seconds_per_level)  # fmt: skip
     keep = "ttft_p95_ms" if role == "prefill" else "tpot_p50_ms"
     slo = spec.slo.model_copy(
         update={k: None for k in ("ttft_p95_ms", "tpot_p50_ms", "e2e_p95_ms") if k != keep}

@@ -90,8 +90,12 @@ def _meta(svc: LLMService, name: str, annotations: dict[str, str] | None = None)
     return meta
 
 
-def build_profiler_rbac(svc: LLMService, configmap: str) -> list[dict[str, Any]]:
-    """ServiceAccount + Role (get/update/patch of the one report ConfigMap) + RoleBinding."""
+def build_profiler_rbac(svc: LLMService, configmap: str, *running: str) -> list[dict[str, Any]]:
+    """ServiceAccount + Role (get/update/patch of the report ConfigMap) + RoleBinding.
+
+    ``running``: the report ConfigMaps of the service's other Jobs still to write theirs (a split
+    service profiles both pools at once under the one account); the Role keeps them writable.
+    """
     name = profiler_account_name(svc)
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(svc, name)},
@@ -105,7 +109,7 @@ def build_profiler_rbac(svc: LLMService, configmap: str) -> list[dict[str, Any]]
                 {
                     "apiGroups": [""],
                     "resources": ["configmaps"],
-                    "resourceNames": [configmap],
+                    "resourceNames": sorted({configmap, *running}),
                     "verbs": ["get", "update", "patch"],
                 }
             ],
@@ -156,11 +160,15 @@ def sweep_args(svc: LLMService, pod_ip: str, configmap: str) -> list[str]:
     # how long requests may wait: the sweep then finds where the replica saturates (server
     # queueing, floored latency inflation) instead of how far a 3 s TTFT would stretch it.
     # The preset still drives the autoscaler's attainment and the alerts.
-    measured = {} if slo.defaulted_from else {
-        "--slo-ttft-p95-ms": slo.ttft_p95_ms,
-        "--slo-tpot-p50-ms": slo.tpot_p50_ms,
-        "--slo-e2e-p95-ms": slo.e2e_p95_ms,
-    }
+    measured = (
+        {}
+        if slo.defaulted_from
+        else {
+            "--slo-ttft-p95-ms": slo.ttft_p95_ms,
+            "--slo-tpot-p50-ms": slo.tpot_p50_ms,
+            "--slo-e2e-p95-ms": slo.e2e_p95_ms,
+        }
+    )
     args = [
         "bench", "sweep",
         "--url", f"http://{pod_ip}:{ENGINE_PORT}",
@@ -233,8 +241,12 @@ def build_profile_job(
         "args": sweep_args(svc, pod_ip, name),
         # The sweep sends the replicas' API key (from its Secret, never in the args); HOME and TMPDIR on
         # the work volume because the root filesystem is read-only.
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HOME", "value": WORK_MOUNT},
-                {"name": "TMPDIR", "value": WORK_MOUNT}, *api_key_env(svc)],
+        "env": [
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": "HOME", "value": WORK_MOUNT},
+            {"name": "TMPDIR", "value": WORK_MOUNT},
+            *api_key_env(svc),
+        ],
         # The tail of the log becomes the termination message, which the operator quotes
         # in the Profiled condition when the sweep fails (`kubectl logs` needs no access then).
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -244,7 +256,10 @@ def build_profile_job(
             "runAsNonRoot": True,
             "readOnlyRootFilesystem": True,
         },
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "256Mi"},
+            "limits": {"cpu": "2", "memory": "2Gi"},
+        },
         "volumeMounts": [{"name": "work", "mountPath": WORK_MOUNT}],
     }
     return {

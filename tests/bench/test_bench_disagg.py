@@ -39,7 +39,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Threaded
 def test_aggregated_and_split_measured_with_a_verdict(replicas: list[ThreadedServer], tmp_path: Path) -> None:
     out = tmp_path / "disagg.json"
     args = ["bench", "disagg", "--url", replicas[0].url, "--url", replicas[1].url, "--ratios", "1:1",
-            "--input-tokens", "100", "--output-tokens", "8", "--levels", "1", "--requests-per-level", "12",
+            "--input-tokens", "100", "--output-tokens", "8", "--levels", "1", "--requests-per-level", "8", "--repeats", "2",
             "--slo-ttft-p95-ms", "5000", "--slo-tpot-p50-ms", "1000", "--max-client-lag-ms", "1000",
             "--min-concurrency-ratio", "0.5", "-o", str(out)]  # fmt: skip
     result = CliRunner().invoke(app, args)
@@ -57,7 +57,16 @@ def test_aggregated_and_split_measured_with_a_verdict(replicas: list[ThreadedSer
     # About 100 prompt tokens: 6 full blocks of 16 tokens, each of this model's KV bytes per block.
     block_bytes = replicas[0].engine.engine.kv_connector.remote.host.block_nbytes
     assert split["transfer_bytes"] == pytest.approx(6 * block_bytes, rel=0.2) and split["transfer_s"] > 0
-    assert report["layouts"][1]["split_requests"] >= 12
+    # Two repeats, the second in reverse order; each layout's figures are the mean of its two.
+    assert [(d["layout"], d["repeat"]) for d in report["layouts"]] == [
+        ("aggregated", 1), ("1P:1D", 1), ("1P:1D", 2), ("aggregated", 2)
+    ]  # fmt: skip
+    assert all(d["split_requests"] >= 8 for d in report["layouts"] if d["layout"] == "1P:1D")
+    assert agg["notes"][0].startswith("mean of 2 repeats; good req/s per replica in each: ")
+    certainty = report["verdict"]["reasons"][-1]
+    assert certainty.startswith(
+        f"repeat by repeat, {'1P:1D' if report['verdict']['ratio'] else 'aggregated'} is ahead"
+    )
     # The verdict follows the measurement: split only when its goodput per replica is clearly higher.
     split_wins = split["goodput_per_replica_rps"] > (1 + MARGIN) * agg["goodput_per_replica_rps"]
     expected = "1P:1D" if split_wins else None

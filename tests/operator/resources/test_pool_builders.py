@@ -116,6 +116,12 @@ def test_each_pools_profile_measures_its_own_phase() -> None:
     ) == (64, 128)
     assert (decode.spec.slo.ttft_p95_ms, decode.spec.slo.tpot_p50_ms) == (None, 40)
     assert prefill.spec.disaggregation is None and decode.spec.disaggregation is None
+    # The floor on each level's time is the service's, for both pools.
+    quick = split(capacity={"mode": "Profile", "profile": {"workload": {"minSecondsPerLevel": 0}}})
+    floors = {role: profile_view(quick, role).spec.capacity.profile.workload.min_seconds_per_level
+              for role in ("prefill", "decode")}  # fmt: skip
+    assert floors == {"prefill": 0, "decode": 0}
+    assert profile_view(svc, "prefill").spec.capacity.profile.workload.min_seconds_per_level == 180
 
 
 def _ready(replicas: int) -> dict[str, Any]:

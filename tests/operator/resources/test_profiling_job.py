@@ -123,6 +123,9 @@ def test_rbac_lets_the_job_write_only_its_configmap() -> None:
     ]
     configmap = build_report_configmap(svc, HASH)
     assert configmap["metadata"]["name"] == name and configmap["data"] == {}
+    # Two pools profiling at once under the one account: the Role keeps the other Job's report writable.
+    _, both, _ = build_profiler_rbac(svc, name, "chat-profile-other", name)
+    assert both["rules"][0]["resourceNames"] == sorted([name, "chat-profile-other"])
 
 
 def test_name_follows_the_spec_hash() -> None:

@@ -318,3 +318,11 @@ def test_scale_up_rate_is_limited_like_the_hpa_default_policy() -> None:
         (30.0, 20, "MetricAboveTarget"),  # period start 10: 20 allowed, and 20 wanted
         (35.0, 20, "WithinTolerance"),  # 6 per pod: at target
     ]
+
+
+def test_formula_numbers_keep_a_small_target_visible() -> None:
+    from plimsoll.operator.scaling.formula import fmt
+
+    assert [fmt(2.5), fmt(4.0), fmt(1 / 3), fmt(0.001), fmt(0.0045), fmt(0.0)] == [
+        "2.5", "4", "0.33", "0.001", "0.0045", "0"
+    ]  # fmt: skip
