@@ -12,6 +12,7 @@ import gc
 import logging
 import random
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -181,6 +182,7 @@ class LLMEngine:
         self._unmetered: tuple[float, int, int] | None = None  # the last step, timed when the next starts
         self.queue = QueueSnapshot()
         self.deferred_warmup = False  # the largest step and the primitives, still to run (warmup())
+        self._deferred_pieces: Iterator[None] | None = None  # how far run_deferred_warmup got
         self.sleep_state = sleep_mode.SleepState()
         self.groups: dict[str, RequestGroup] = {}
         self.seq_to_group: dict[str, RequestGroup] = {}
@@ -792,6 +794,7 @@ class LLMEngine:
             prefill_backlog_tokens=self._prefill_backlog(),
             kv_bytes_per_token=self.kv_bytes_per_token,
             kv_cache_memory_bytes=self.runner.kv_cache_bytes(),
+            kv_cache_resident_bytes=self.runner.kv_cache_resident_bytes(),
             gpu_memory_utilization=self.config.gpu_memory_utilization if self.kv_budget is not None else None,
             **self._lora_stats(),
         )
@@ -815,9 +818,11 @@ class LLMEngine:
         """Warm up: what the first requests need now; with ``defer_rest``, the rest after Ready.
 
         First one tiny request through every stage, so the first real request pays no first-call
-        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the
-        CPU matmul primitives of every step shape: they bound memory growth, not the first
-        answer, so a server runs them once it is Ready, while its engine is idle.
+        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the CPU
+        matmul primitives of every step shape: they bound memory growth, not the first answer, so
+        a server runs them once it is Ready, piece by piece while its engine is idle, giving way
+        to any request that arrives. (The largest step first: its buffers, freed, set glibc's
+        heap up for the steps after it, see kernels/host_memory.py.)
         """
         self.warmup_first_request()
         STARTUP.mark("warmup_done")
@@ -839,21 +844,40 @@ class LLMEngine:
         finally:
             self.observer = observer
 
-    def run_deferred_warmup(self) -> None:
-        """The rest of the warm-up: the largest step and the matmul primitives (see :meth:`warmup`)."""
+    def run_deferred_warmup(self, busy: Callable[[], bool] | None = None) -> bool:
+        """The rest of the warm-up (see :meth:`warmup`); ``True`` once all of it ran. With ``busy``,
+        it stops between two pieces as soon as ``busy()`` says work arrived, and a later call goes
+        on from there: each piece is one matmul, or the largest step."""
         if not self.deferred_warmup:
-            return
+            return True
+        if self._deferred_pieces is None:
+            self._deferred_pieces = self._deferred_warmup_pieces()
+        for _ in self._deferred_pieces:
+            if busy is not None and busy():
+                return False
+        self._deferred_pieces = None
         self.deferred_warmup = False
+        return True
+
+    def _deferred_warmup_pieces(self) -> Iterator[None]:
         # The largest step this engine can take (as vLLM's profile run does), so the heap reaches
         # the size serving needs now (kernels/host_memory.py keeps it) rather than growing with the
         # first long prompts; it also measures the prefill rate. Its blocks go back at once.
         self._run_largest_step()
+        yield
         # oneDNN's matmul primitives for every padded row count a step can have, built now rather
-        # than as request shapes first appear (each costs ~1 MiB: models/dense.py).
-        primed = self.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_logit_rows)
+        # than as request shapes first appear (each costs ~1 MiB: models/dense.py); small pieces,
+        # so a request arriving meanwhile waits for one matmul at most.
+        primed = 0
+        tokens = self.config.max_num_batched_tokens
+        for _ in self.runner.model.prime_matmul_steps(tokens, self.config.max_logit_rows):
+            primed += 1
+            yield
         draft = getattr(self.speculator, "draft", None)
         if draft is not None:  # a draft model proposes one row per sequence at a time
-            primed += draft.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_num_seqs)
+            for _ in draft.runner.model.prime_matmul_steps(tokens, self.config.max_num_seqs):
+                primed += 1
+                yield
         log.debug("warm-up primed %d matmul shapes", primed)
 
     def _run_largest_step(self) -> None:
