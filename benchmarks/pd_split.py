@@ -188,7 +188,8 @@ async def workload(
         for lay in predicted.layouts:
             print(f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica, TTFT "
                   f"{(lay.ttft_p50_s or 0) * 1e3:.0f} ms, TPOT {(lay.tpot_p50_s or 0) * 1e3:.1f} ms ({lay.limited_by})")  # fmt: skip
-        print(f"  predicted: {predicted.reasons[-1]}")
+        said = [r for r in predicted.reasons if r.startswith(("split ", "aggregated:", "no clear gain"))]
+        print(f"  predicted: {said[-1] if said else predicted.reasons[-1]}")
         # The same prediction at the plan's own band (what `plimsoll plan` prints without a measurement).
         alone = verdict(predicted.layouts)
         print(f"  predicted at the plan's {alone.band:.0%} band: {alone.category}")
