@@ -20,10 +20,10 @@ from plimsoll import __version__
 from plimsoll.help_format import hide_flag_types, keep_option_names_whole
 
 # name -> (module, attribute, one-line help). An attribute that is a Typer is a group of
-# sub-commands (`plimsoll bench run`); any other is a command function. Listed in `--help` order.
+# sub-commands (`plimsoll bench run`); any other is a command function. Listed in `--help` order
+# (typer's: commands, then groups).
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("plimsoll.runtime.cli", "serve", "Run the inference server (OpenAI-compatible API, /metrics)."),
-    "bench": ("plimsoll.bench.cli", "app", "Load-test a server and find its saturation knees."),
     "diagnose": (
         "plimsoll.bench.cli",
         "diagnose",
@@ -47,8 +47,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "route": ("plimsoll.router.cli", "route", "Run the queue-aware, prefix-affine router."),
     "operator": ("plimsoll.operator.cli", "run_operator", "Run the LLMService operator (kopf)."),
-    "dev": ("plimsoll.devcluster.cli", "app", "Local Kubernetes control plane with simulated GPU nodes."),
     "demo": ("plimsoll.demo", "demo", "Bring up everything locally and show an LLMService serving."),
+    "bench": ("plimsoll.bench.cli", "app", "Load-test a server and find its saturation knees."),
+    "dev": ("plimsoll.devcluster.cli", "app", "Local Kubernetes control plane with simulated GPU nodes."),
 }
 
 
