@@ -37,7 +37,7 @@ from plimsoll.runtime.engine.request import Continuation, Request, RequestGroup
 from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
-from plimsoll.runtime.engine.service_rates import ServiceRateMeter
+from plimsoll.runtime.engine.service_rates import MIN_PREFILL_TOKENS, ServiceRateMeter
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
@@ -50,6 +50,8 @@ from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 from plimsoll.ttft_prediction import QueueSnapshot
 
 log = logging.getLogger(__name__)
+# The warm-up's rate-measuring prompt: long enough that its prefill stands out from a decode step.
+RATE_PROBE_TOKENS = 64
 
 
 def select_device(device: str) -> torch.device:
@@ -831,18 +833,25 @@ class LLMEngine:
             self.run_deferred_warmup()
 
     def warmup_first_request(self) -> None:
-        """One tiny request through every stage (not traffic: no metrics; its decode step seeds the rates)."""
+        """One tiny request through every stage, then one that measures the service rates (neither is
+        traffic: no metrics). The first pays the first-call costs, so its steps are not rates; the
+        second's prompt of ``RATE_PROBE_TOKENS`` and its decode steps seed the prefill rate and the
+        decode step, so SLO admission, the router and the autoscaler can predict TTFT from Ready on."""
         observer, self.observer = self.observer, None
         try:
-            self.add_request(
-                "__warmup__",
-                [int(self.tokenizer.bos_token_id or 0)],
-                SamplingParams(max_tokens=2, temperature=0),
-            )
-            while self.has_unfinished_requests():
-                self.step()
+            self._run_to_completion("__warmup__", [int(self.tokenizer.bos_token_id or 0)], max_tokens=2)
+            self.rate_meter = ServiceRateMeter(self.config.max_num_seqs)
+            probe = min(RATE_PROBE_TOKENS, self.max_model_len - 4, (self.num_blocks - 1) * self.config.block_size)
+            if probe >= MIN_PREFILL_TOKENS:
+                vocab = int(self.hf_config.vocab_size)
+                self._run_to_completion("__warmup_rates__", [(11 * i + 3) % vocab for i in range(probe)], max_tokens=3)
         finally:
             self.observer = observer
+
+    def _run_to_completion(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
+        self.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0))
+        while self.has_unfinished_requests():
+            self.step()
 
     def run_deferred_warmup(self, busy: Callable[[], bool] | None = None) -> bool:
         """The rest of the warm-up (see :meth:`warmup`); ``True`` once all of it ran. With ``busy``,
