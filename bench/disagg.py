@@ -11,7 +11,8 @@ requests the router split). Each layout draws its own prompts of the same shapes
 so none starts with the previous layout's prompts in its replicas' caches. With ``--repeats N`` the
 layouts run N times, every other time in reverse order (A B, B A: a drift in a shared host's load weighs
 on each layout alike), and each layout's figures are the mean over its repeats.
-:func:`plimsoll.disaggregation.verdict` then says which layout to run and why. The replicas must be started with ``--kv-transfer-config '{"kv_role": "kv_both"}'`` (each
+:func:`plimsoll.disaggregation.verdict` then says which layout to run and why, a layout winning only
+beyond the noise band (10%, or twice the standard error of the repeats' paired differences). The replicas must be started with ``--kv-transfer-config '{"kv_role": "kv_both"}'`` (each
 can then take either role); a replica that cannot is refused before any load is sent.
 
 What it is not: the measurement of one level (``session.py``, ``loadgen.py``) or the verdict's rule.
@@ -233,7 +234,8 @@ async def compare(
             runs[layout.name].append(fig)
             details.append({**detail, "repeat": r + 1})
     figures = [mean_figures(runs[layout.name]) for layout in plan]
-    v = verdict(figures)
+    # The noise band comes from the repeats themselves: a layout wins only beyond what they move.
+    v = verdict(figures, repeats={name: [f.goodput_per_replica for f in figs] for name, figs in runs.items()})
     if cfg.repeats > 1:
         v.reasons.append(repeat_agreement(runs, v.ratio))
     return {
@@ -270,7 +272,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     v = report["verdict"]
-    lines.append(f"verdict: run {v['ratio'] or 'aggregated'}")
+    lines.append(f"verdict: run {v['ratio'] or 'aggregated'} ({v['category']}, noise band {v['band']:.0%})")
     lines += [f"  - {reason}" for reason in v["reasons"]]
     for lay in v["layouts"]:
         lines += [f"  note ({lay['layout']}): {note}" for note in lay["notes"]]

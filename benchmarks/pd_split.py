@@ -16,7 +16,8 @@ Per workload:
      layout's figures the mean of its repeats): TTFT, TPOT and ITL p50/p95, goodput per replica
      under the SLO, the KV transfer in ms and MB per request, and the verdict;
   3. the prediction of ``plimsoll plan --link-bandwidth`` from the profile and the link's measured
-     rate, and whether it agrees with the measured verdict.
+     rate at the comparison's levels, judged against the measurement's noise band, and whether it
+     agrees with the measured verdict: the same category (split, aggregated, or no clear gain).
 
 The default model is small (``SMALL_SHAPE``: random weights, SmolLM2-135M's heads at 8 layers of
 width 384) so that both workloads finish in minutes on a shared 2-core host; ``--model smollm2-135m``
@@ -171,19 +172,29 @@ async def workload(
                            "profile": prof, "measured": report}  # fmt: skip
     if link:
         prof_ = profile_from_report(prof, kv_per_token, slo.tpot_p50_ms / 1e3)
+        # At the levels the comparison ran (per replica), judged against the measurement's own noise band.
+        band = measured["band"]
         predicted = verdict(
-            predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3)
-        )
-        agrees = predicted.runs == (measured["ratio"] or "aggregated")
+            predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3,
+                    levels=args.levels),
+            margin=band,
+        )  # fmt: skip
+        agrees = predicted.category == measured["category"]
+        steps = ", ".join(f"{b:g}: {t * 1e3:.1f} ms" for b, t in prof_.step_s)
         print(f"predicted (plimsoll plan, link {link / 1e6:.0f} MB/s measured, prefill "
-              f"{prof_.prefill_tokens_per_s:,.0f} tok/s, {prof_.decode_sequences:g} seqs at TPOT "
-              f"{prof_.decode_tpot_s * 1e3:.1f} ms): run {predicted.runs} — "
-              f"{'agrees with' if agrees else 'DIFFERS from'} the measurement")  # fmt: skip
+              f"{prof_.prefill_tokens_per_s:,.0f} tok/s, decode step by sequences {steps}; levels "
+              f"{', '.join(map(str, args.levels))} per replica; band {band:.0%}): {predicted.category}, run "
+              f"{predicted.runs} — {'agrees with' if agrees else 'DIFFERS from'} the measurement")  # fmt: skip
         for lay in predicted.layouts:
-            print(
-                f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica ({lay.limited_by})"
-            )
-        out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees}
+            print(f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica, TTFT "
+                  f"{(lay.ttft_p50_s or 0) * 1e3:.0f} ms, TPOT {(lay.tpot_p50_s or 0) * 1e3:.1f} ms ({lay.limited_by})")  # fmt: skip
+        said = [r for r in predicted.reasons if r.startswith(("split ", "aggregated:", "no clear gain"))]
+        print(f"  predicted: {said[-1] if said else predicted.reasons[-1]}")
+        # The same prediction at the plan's own band (what `plimsoll plan` prints without a measurement).
+        alone = verdict(predicted.layouts)
+        print(f"  predicted at the plan's {alone.band:.0%} band: {alone.category}")
+        out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees,
+                            "category_at_plan_band": alone.category}  # fmt: skip
     return out
 
 
@@ -205,12 +216,12 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         for r in replicas:
             r.stop(timeout=30)
-    print("\nsummary: workload — measured verdict — predicted verdict — agree")
-    for r in results:
-        measured = r["measured"]["verdict"]["ratio"] or "aggregated"
-        predicted = r.get("predicted")
-        said = (predicted["ratio"] or "aggregated") if predicted else "-"
-        print(f"  {r['name']} — {measured} — {said} — "
+    print("\nsummary: workload — measured (noise band) — predicted — agree (same category)")
+    for res in results:
+        v = res["measured"]["verdict"]
+        predicted = res.get("predicted")
+        said = predicted["category"] if predicted else "-"
+        print(f"  {res['name']} — {v['category']} (±{v['band']:.0%}) — {said} — "
               f"{'-' if predicted is None else 'yes' if predicted['agrees'] else 'NO'}")  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.output:

@@ -9,36 +9,53 @@ why), so "split pays" means one thing everywhere.
   replicas prefill, ``d`` decode, the KV blocks of each prompt moving between them).
 - The figure compared is **goodput per replica**: requests per second that meet the TTFT and TPOT
   SLOs, divided by the replicas the layout uses, so layouts of different sizes compare fairly.
-- :func:`verdict`: split when the best ratio's goodput per replica beats aggregated by more than
-  ``margin`` (5%: less is within what a re-run moves); aggregated otherwise. The reasons name each
-  layout's goodput, its TTFT and TPOT, and what the KV transfer cost per request.
-- :func:`predict`, from a :class:`ServiceProfile` (one replica's prefill rate, the sequences it
-  decodes within the TPOT SLO and their TPOT, KV bytes per token) and a link bandwidth. Per request
-  a replica spends ``I/P`` seconds prefilling ``I`` prompt tokens at ``P`` tokens/s and ``O·t/B`` of
-  decode capacity (``O`` tokens, ``B`` sequences per step of ``t`` seconds). *Aggregated* it does
-  both, and its prefills stall its decodes: while it prefills a share ``u`` of the time, a decode
-  step effectively takes ``t/(1−u)``, so the TPOT SLO caps ``u ≤ 1 − t/SLO`` — goodput per replica is
-  ``min(1/(I/P + O·t/B), (1 − t/SLO)·P/I)``, and 0 when ``I/P + t`` alone misses the TTFT SLO.
-  *Split* ``p:d``: ``min(p·P/I, d·B/(O·t), p·link/(I·kv))/(p+d)`` (the prefill pool, the decode
-  pool, the prefill replicas' links), 0 when ``I/P + I·kv/link + t`` misses the TTFT SLO. With a
-  perfectly balanced ratio and no interference the two are equal: splitting pays only by removing
-  the prefill stalls that cap an aggregated replica under a tight TPOT SLO, and loses to a slow link,
-  an unbalanced ratio or a tight TTFT SLO.
+- :func:`verdict` puts the best split against aggregated in one of three categories: ``split``
+  (ahead by more than the noise band), ``aggregated`` (behind by more than it) or ``no clear gain``
+  (inside it: stay aggregated, the simpler layout). The band is ``margin`` (10%), widened, when
+  each layout was measured several times (A B, B A repeats), to twice the standard error of the
+  repeats' paired differences: a layout wins only where the measurement can tell. The reasons name
+  each layout's goodput, TTFT and TPOT, the KV transfer per request and the band.
+- :func:`predict`, from a :class:`ServiceProfile` (one replica's prefill rate, its decode step time
+  against the sequences decoded together, KV bytes per token), a KV transfer time (a link
+  bandwidth, measured or configured) and the per-replica concurrencies the workload runs at: what a
+  replica of each layout does at that operating point, as a closed loop solved to its fixed point.
+  With ``s = I/P`` seconds to prefill ``I`` prompt tokens, ``t(b)`` the step at ``b`` sequences and
+  ``O − 1`` decode steps per request:
 
-What it is not: a simulator (no queueing: each figure is a pool's capacity at saturation, which the
-operator then loads to its headroom) or I/O.
+  *Aggregated*, ``c`` requests per replica: the other ``c − 1`` requests' prefills take a share
+  ``u = X·s·(c−1)/c`` of the replica (``X`` its requests/s) and stall a request's decode while they
+  run, so its decode lasts ``D = (O−1)·t(b)/(1−u)``; a prompt waits ``u·s/(2(1−u))`` behind others'
+  prefills; ``X = c/(s + wait + t + D)`` with ``b = X·D``. A request meets the TPOT SLO when at
+  most ``k = ⌊(SLO − t)·(O−1)/s⌋`` other prefills land in its decode (a Poisson count of mean
+  ``u·D/s``): one stall of a long prompt is spread over only ``O − 1`` tokens.
+
+  *Split* ``p:d`` (``n = c·(p+d)`` requests in flight): prefills queue on the prefill pool only
+  (share ``ρ = X·s/p``), each prompt's KV moves in ``T``, decodes run at ``t(b)`` with ``b = X·D/d``
+  and no stalls; ``X = n/(s + wait + T + t + (O−1)·t)``, capped by ``p/s`` and ``p/T``.
+
+  A request meets the TTFT SLO when the prompts ahead of it fit (``P(j ahead) ≈ ρ^j``). Goodput is
+  ``X`` × the share meeting both SLOs, at the best of the given concurrencies (as the bench takes a
+  layout's best level). Splitting pays only where the stalls cost an aggregated replica more than
+  the split's idle capacity and transfer cost it: at one request per replica nothing stalls.
+
+What it is not: a simulator (mean values, no distributions beyond the stall count and prompts
+ahead) or I/O.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-MARGIN = 0.05
+MARGIN = 0.10  # the least a layout must win by: what a re-run on a quiet host moves
 AGGREGATED = "aggregated"
+SPLIT = "split"
+NO_CLEAR_GAIN = "no clear gain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +102,7 @@ class LayoutFigures:
     transfer_bytes: float | None = None
     prefill_replicas: int = 0
     decode_replicas: int = 0
-    limited_by: str | None = None  # predictions: what caps the goodput
+    limited_by: str | None = None  # predictions: the operating point and what caps the goodput
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -102,6 +119,8 @@ class Verdict:
     ratio: str | None  # the split layout chosen
     reasons: list[str]
     layouts: list[LayoutFigures]
+    category: str = AGGREGATED  # SPLIT, AGGREGATED (the split loses) or NO_CLEAR_GAIN (stay aggregated)
+    band: float = MARGIN  # the noise band the difference was judged against
 
     @property
     def runs(self) -> str:
@@ -109,8 +128,8 @@ class Verdict:
         return self.ratio if self.ratio is not None else AGGREGATED
 
     def to_dict(self) -> dict[str, Any]:
-        return {"choice": self.choice, "ratio": self.ratio, "reasons": list(self.reasons),
-                "layouts": [lay.to_dict() for lay in self.layouts]}  # fmt: skip
+        return {"choice": self.choice, "ratio": self.ratio, "category": self.category, "band": self.band,
+                "reasons": list(self.reasons), "layouts": [lay.to_dict() for lay in self.layouts]}  # fmt: skip
 
 
 def _ms(seconds: float | None) -> str:
@@ -130,12 +149,42 @@ def _describe(lay: LayoutFigures) -> str:
         mb = f"{lay.transfer_bytes / 1e6:.3g} MB" if lay.transfer_bytes is not None else "n/a"
         text += f", KV transfer {_ms(lay.transfer_s)} and {mb} per request"
     if lay.limited_by:
-        text += f", limited by {lay.limited_by}"
+        text += f" ({lay.limited_by})"
     return text
 
 
-def verdict(layouts: Sequence[LayoutFigures], margin: float = MARGIN) -> Verdict:
-    """Split at the best ratio when its goodput per replica beats aggregated by more than ``margin``."""
+def noise_band(
+    agg_runs: Sequence[float], split_runs: Sequence[float], margin: float = MARGIN
+) -> tuple[float, str]:
+    """The band a layout must win by: ``margin``, or twice the standard error of the paired repeats' difference.
+
+    ``agg_runs``/``split_runs``: goodput per replica of each repeat, in the order they ran (repeat ``i``
+    of one beside repeat ``i`` of the other). Differences are relative to aggregated's mean (the
+    split's when aggregated served nothing).
+    """
+    pairs = list(zip(agg_runs, split_runs, strict=True))
+    what = f"{margin:.0%}"
+    if len(pairs) < 2:
+        return margin, what
+    ref = statistics.fmean(agg_runs) or statistics.fmean(split_runs)
+    if ref <= 0:
+        return margin, what
+    diffs = [(s - a) / ref for a, s in pairs]
+    spread = 2 * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    if spread <= margin:
+        return margin, f"{what} (the {len(pairs)} repeats' spread, ±{spread:.0%}, is inside it)"
+    return spread, f"±{spread:.0%}: twice the standard error of the {len(pairs)} repeats' paired differences"
+
+
+def verdict(
+    layouts: Sequence[LayoutFigures],
+    margin: float = MARGIN,
+    repeats: Mapping[str, Sequence[float]] | None = None,
+) -> Verdict:
+    """Split at the best ratio only when it beats aggregated by more than the noise band (see the module docstring).
+
+    ``repeats``: each layout's goodput per replica in each repeat, when it was measured several times.
+    """
     agg = next((lay for lay in layouts if lay.layout == AGGREGATED), None)
     splits = [lay for lay in layouts if lay.layout != AGGREGATED]
     if agg is None or not splits:
@@ -143,30 +192,43 @@ def verdict(layouts: Sequence[LayoutFigures], margin: float = MARGIN) -> Verdict
     best = max(splits, key=lambda lay: lay.goodput_per_replica)
     reasons = [_describe(agg), *(_describe(lay) for lay in splits)]
     base, alt = agg.goodput_per_replica, best.goodput_per_replica
-    if alt > base * (1 + margin) and alt > 0:
+    band, band_text = margin, f"{margin:.0%}"
+    if repeats and AGGREGATED in repeats and best.layout in repeats:
+        band, band_text = noise_band(repeats[AGGREGATED], repeats[best.layout], margin)
+    ref = base if base > 0 else alt
+    gain = (alt - base) / ref if ref > 0 else 0.0
+
+    def done(category: str) -> Verdict:
+        choice = "split" if category == SPLIT else AGGREGATED
+        return Verdict(
+            choice, best.layout if choice == "split" else None, reasons, list(layouts), category, band
+        )
+
+    if gain > band:
         reasons.append(
-            f"split {best.layout}: {(alt / base - 1) * 100:.0f}% more good requests per replica than aggregated"
+            f"split {best.layout}: {gain * 100:.0f}% more good requests per replica than aggregated, beyond "
+            f"the noise band ({band_text})"
             if base > 0
             else f"split {best.layout}: {alt:.3g} good req/s per replica where aggregated serves none within the SLO"
         )
         why = _why_split(agg, best)
         if why:
             reasons.append(why)
-        return Verdict("split", best.layout, reasons, list(layouts))
-    if alt >= base * (1 - margin):
+        return done(SPLIT)
+    if gain >= -band:
         reasons.append(
-            f"aggregated: the best split ({best.layout}) is within {margin:.0%} of it ({alt:.3g} vs {base:.3g} per "
-            "replica), not worth the KV transfer and a second pool to run"
+            f"{NO_CLEAR_GAIN}: stay aggregated (simpler): the best split ({best.layout}) is {gain * 100:+.0f}% "
+            f"({alt:.3g} vs {base:.3g} good req/s per replica), inside the noise band ({band_text})"
         )
-    else:
-        loss = (1 - alt / base) * 100 if base > 0 else 100.0
-        reasons.append(
-            f"aggregated: the best split ({best.layout}) serves {loss:.0f}% fewer good requests per replica"
-        )
-        why = _why_not_split(agg, best)
-        if why:
-            reasons.append(why)
-    return Verdict(AGGREGATED, None, reasons, list(layouts))
+        return done(NO_CLEAR_GAIN)
+    reasons.append(
+        f"aggregated: the best split ({best.layout}) serves {-gain * 100:.0f}% fewer good requests per replica, "
+        f"beyond the noise band ({band_text})"
+    )
+    why = _why_not_split(agg, best)
+    if why:
+        reasons.append(why)
+    return done(AGGREGATED)
 
 
 def _why_split(agg: LayoutFigures, best: LayoutFigures) -> str | None:
@@ -184,8 +246,6 @@ def _why_not_split(agg: LayoutFigures, best: LayoutFigures) -> str | None:
         parts.append(f"TTFT p95 grows to {_ms(best.ttft_p95_s)} from {_ms(agg.ttft_p95_s)}")
     if best.transfer_s:
         parts.append(f"each request waits {_ms(best.transfer_s)} for its KV blocks")
-    if best.limited_by:
-        parts.append(f"the split is limited by {best.limited_by}")
     return "; ".join(parts) or None
 
 
@@ -197,9 +257,128 @@ class ServiceProfile:
     """One replica as profiling measured it."""
 
     prefill_tokens_per_s: float  # prompt tokens/s while prefilling
-    decode_sequences: float  # sequences decoded together within the TPOT SLO
+    decode_sequences: float  # sequences decoded together within the TPOT SLO (the knee)
     decode_tpot_s: float  # TPOT at that many sequences
     kv_bytes_per_token: float
+    # (sequences, decode step seconds) as measured, ascending; empty: the knee's TPOT at the knee.
+    step_s: tuple[tuple[float, float], ...] = ()
+    # Per-replica concurrencies the workload runs at; empty: the knee.
+    levels: tuple[float, ...] = ()
+
+    def step_at(self, batch: float) -> float:
+        """The decode step at ``batch`` sequences: linear between measured points, the last slope beyond."""
+        points = sorted(dict(self.step_s).items()) or [(self.decode_sequences, self.decode_tpot_s)]
+        if len(points) == 1 or batch <= points[0][0]:
+            return points[0][1]
+        for (b0, t0), (b1, t1) in itertools.pairwise(points):
+            if batch <= b1:
+                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = points[-2], points[-1]
+        return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)
+
+
+@dataclass(frozen=True, slots=True)
+class OperatingPoint:
+    """A layout's closed loop solved at one concurrency (all its replicas together)."""
+
+    concurrency: float  # per replica
+    requests_per_s: float
+    good_share: float  # of requests meeting both SLOs
+    ttft_s: float
+    tpot_s: float
+    prefill_busy: float  # share of a prefilling replica's time spent on prompts
+    batch: float  # sequences per decode step
+    stalled_share: float = 0.0  # aggregated: requests whose decode sees another prompt's prefill
+
+    @property
+    def goodput_rps(self) -> float:
+        return self.requests_per_s * self.good_share
+
+
+def _poisson_cdf(k: int, mean: float) -> float:
+    if k < 0:
+        return 0.0
+    term = total = math.exp(-mean)
+    for i in range(1, k + 1):
+        term *= mean / i
+        total += term
+    return min(1.0, total)
+
+
+def _queue_wait(rho_other: float, service_s: float, servers: int, in_flight: float) -> float:
+    """Mean wait behind others' prompts (M/D/p-like, at most everyone else's prompt ahead)."""
+    rho = min(rho_other, 0.99)
+    wait = rho**servers * service_s / (2 * servers * (1 - rho))
+    return min(wait, max(0.0, in_flight - 1) * service_s / servers)
+
+
+def _ttft_share(
+    base_s: float, slo_s: float | None, rho_other: float, per_prompt_s: float, in_flight: float
+) -> float:
+    """Share of requests whose TTFT meets the SLO: ``j`` prompts ahead with probability ``≈ ρ^j``, and
+    never more than the other requests in flight."""
+    if slo_s is None:
+        return 1.0
+    if base_s > slo_s:
+        return 0.0
+    ahead = math.floor((slo_s - base_s) / per_prompt_s) if per_prompt_s > 0 else 10**6
+    if ahead >= in_flight - 1:
+        return 1.0
+    return 1.0 - min(0.99, rho_other) ** (ahead + 1)
+
+
+def aggregated_at(
+    profile: ServiceProfile, input_tokens: float, output_tokens: float, c: float,
+    ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+) -> OperatingPoint:  # fmt: skip
+    """One aggregated replica with ``c`` requests in flight (the module docstring's closed loop)."""
+    s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
+    others = max(0.0, (c - 1) / c)
+    t = profile.step_at(c)
+    x = c / (s + t + steps * t)
+    u = wait = decode = 0.0
+    for _ in range(200):  # damped fixed point; converges in tens of steps
+        u = min(0.99, x * s * others)
+        decode = steps * t / (1 - u)
+        batch = min(max(1.0, x * decode), max(1.0, c))
+        t = profile.step_at(batch)
+        wait = _queue_wait(u, s, 1, c)
+        x = 0.5 * x + 0.5 * c / (s + wait + t + decode)
+    batch = min(max(1.0, x * decode), max(1.0, c))
+    stalls = u * decode / s if s > 0 else 0.0  # other prompts prefilled during one request's decode
+    tpot_share = 1.0
+    if tpot_slo_s is not None and steps > 0:
+        allowed = math.floor((tpot_slo_s - t) * steps / s) if s > 0 else 10**6
+        tpot_share = _poisson_cdf(allowed, stalls) if tpot_slo_s >= t else 0.0
+    good = tpot_share * _ttft_share(s + t, ttft_slo_s, u, s, c)
+    return OperatingPoint(c, x, good, s + wait + t, t + (stalls * s / steps if steps else 0.0), min(1.0, x * s),
+                          batch, 1.0 - math.exp(-stalls))  # fmt: skip
+
+
+def split_at(
+    profile: ServiceProfile, input_tokens: float, output_tokens: float, c: float, ratio: Ratio,
+    transfer_s: float, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+) -> OperatingPoint:  # fmt: skip
+    """A ``p:d`` layout with ``c`` requests in flight per replica: prefill pool, transfer, decode pool."""
+    s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
+    p, d = ratio.prefill, ratio.decode
+    n = c * ratio.replicas
+    others = max(0.0, (n - 1) / n)
+    cap = min(p / s, p / transfer_s if transfer_s > 0 else math.inf)
+    t = profile.step_at(n / d)
+    x = min(cap, n / (s + transfer_s + t + steps * t))
+    rho = wait = 0.0
+    for _ in range(200):
+        rho = min(0.99, x * s / p)
+        decode = steps * t
+        batch = min(max(1.0, x * decode / d), max(1.0, n / d))
+        t = profile.step_at(batch)
+        wait = _queue_wait(rho * others, s, p, n)
+        x = min(cap, 0.5 * x + 0.5 * n / (s + wait + transfer_s + t + steps * t))
+    batch = min(max(1.0, x * steps * t / d), max(1.0, n / d))
+    tpot_share = 1.0 if tpot_slo_s is None or steps == 0 or t <= tpot_slo_s else 0.0
+    good = tpot_share * _ttft_share(s + transfer_s + t, ttft_slo_s, rho * others, s / p, n)
+    return OperatingPoint(c, x, good, s + wait + transfer_s + t, t, rho, batch)
 
 
 def predict(
@@ -210,54 +389,55 @@ def predict(
     ratios: Iterable[Ratio],
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
+    levels: Sequence[float] | None = None,
 ) -> list[LayoutFigures]:
-    """Goodput per layout from ``profile`` (see the module docstring for the formulas)."""
+    """Goodput per layout from ``profile`` at its best of ``levels`` (per-replica concurrencies; default the
+    profile's), the KV transfer taking ``I × kv bytes / link`` (see the module docstring for the model)."""
     if min(profile.prefill_tokens_per_s, profile.decode_sequences, profile.decode_tpot_s, input_tokens,
-           output_tokens, link_bytes_per_s) <= 0:  # fmt: skip
+           output_tokens, link_bytes_per_s) <= 0 or any(t <= 0 for _, t in profile.step_s):  # fmt: skip
         raise ValueError(
             "predicting a layout needs positive rates, sequences, TPOT, token counts and link bandwidth"
         )
-    p_rate, seqs, tpot = profile.prefill_tokens_per_s, profile.decode_sequences, profile.decode_tpot_s
-    prefill_s = input_tokens / p_rate
-    decode_cost = output_tokens * tpot / seqs  # replica-seconds of decode per request
+    levels = tuple(levels or profile.levels or (profile.decode_sequences,))
+    if min(levels) <= 0:
+        raise ValueError("the concurrencies a workload runs at must be positive")
     transfer_bytes = input_tokens * profile.kv_bytes_per_token
     transfer_s = transfer_bytes / link_bytes_per_s
     out = []
-    # Aggregated: both phases on one replica; prefills stall decode steps.
-    capacity = 1.0 / (prefill_s + decode_cost)
-    limited = "prefill + decode work per replica"
-    if tpot_slo_s is not None:
-        share = max(0.0, 1.0 - tpot / tpot_slo_s)
-        stall_cap = share / prefill_s
-        if stall_cap < capacity:
-            capacity, limited = (
-                stall_cap,
-                f"prefill stalls in decode (TPOT SLO leaves {share:.0%} of the time to prefill)",
-            )
-    ttft = prefill_s + tpot
-    agg = LayoutFigures(AGGREGATED, 1, capacity, ttft_p50_s=ttft, ttft_p95_s=ttft,
-                        tpot_p50_s=tpot / max(1e-9, 1 - min(0.999, capacity * prefill_s)), limited_by=limited)  # fmt: skip
-    if ttft_slo_s is not None and ttft > ttft_slo_s:
-        agg.goodput_rps, agg.limited_by = 0.0, f"TTFT {_ms(ttft)} > SLO {_ms(ttft_slo_s)}"
-    out.append(agg)
+    points = [aggregated_at(profile, input_tokens, output_tokens, c, ttft_slo_s, tpot_slo_s) for c in levels]
+    best = max(points, key=lambda pt: pt.goodput_rps)
+    out.append(_figures(AGGREGATED, 1, best, ttft_slo_s, tpot_slo_s, (
+        f"c={best.concurrency:g} per replica: prefill {best.prefill_busy:.0%} of the time, decode batch "
+        f"{best.batch:.2g} at {_ms(profile.step_at(best.batch))} a step, {best.stalled_share:.0%} of requests "
+        "stalled in decode by another prompt's prefill"
+    )))  # fmt: skip
     for r in ratios:
-        caps = {
-            "the prefill pool": r.prefill / prefill_s,
-            "the decode pool": r.decode / decode_cost,
-            "the KV link": r.prefill * link_bytes_per_s / transfer_bytes if transfer_bytes > 0 else math.inf,
-        }
-        limit = min(caps, key=lambda k: caps[k])
-        ttft = prefill_s + transfer_s + tpot
-        lay = LayoutFigures(r.name, r.replicas, caps[limit], ttft_p50_s=ttft, ttft_p95_s=ttft, tpot_p50_s=tpot,
-                            transfer_s=transfer_s, transfer_bytes=transfer_bytes, prefill_replicas=r.prefill,
-                            decode_replicas=r.decode, limited_by=limit)  # fmt: skip
-        if ttft_slo_s is not None and ttft > ttft_slo_s:
-            lay.goodput_rps, lay.limited_by = (
-                0.0,
-                f"TTFT {_ms(ttft)} > SLO {_ms(ttft_slo_s)} (with the transfer)",
-            )
+        points = [split_at(profile, input_tokens, output_tokens, c, r, transfer_s, ttft_slo_s, tpot_slo_s)
+                  for c in levels]  # fmt: skip
+        best = max(points, key=lambda pt: pt.goodput_rps)
+        lay = _figures(r.name, r.replicas, best, ttft_slo_s, tpot_slo_s, (
+            f"c={best.concurrency:g} per replica: prefill pool busy {best.prefill_busy:.0%}, decode batch "
+            f"{best.batch:.2g} at {_ms(best.tpot_s)} a step, KV transfer {_ms(transfer_s)}"
+        ))  # fmt: skip
+        lay.transfer_s, lay.transfer_bytes = transfer_s, transfer_bytes
+        lay.prefill_replicas, lay.decode_replicas = r.prefill, r.decode
         out.append(lay)
     return out
+
+
+def _figures(
+    name: str, replicas: int, pt: OperatingPoint, ttft_slo_s: float | None, tpot_slo_s: float | None, how: str
+) -> LayoutFigures:
+    lay = LayoutFigures(name, replicas, pt.goodput_rps, ttft_p50_s=pt.ttft_s, ttft_p95_s=pt.ttft_s,
+                        tpot_p50_s=pt.tpot_s, limited_by=how)  # fmt: skip
+    if pt.good_share < 0.995:
+        missed = []
+        if ttft_slo_s is not None:
+            missed.append(f"TTFT SLO {_ms(ttft_slo_s)}")
+        if tpot_slo_s is not None:
+            missed.append(f"TPOT SLO {_ms(tpot_slo_s)}")
+        lay.limited_by = f"{how}; {pt.good_share:.0%} of requests within the {' and '.join(missed) or 'SLOs'}"
+    return lay
 
 
 def profile_from_report(
@@ -268,7 +448,10 @@ def profile_from_report(
     Prefill rate: the server's prompt tokens per second of prefill at the lowest level (scraped by the
     bench), else mean prompt tokens ÷ TTFT p50 there (a prompt alone on the replica, end to end).
     Decode: the highest level whose TPOT p50 meets ``tpot_slo_s`` (every level without one), and that
-    TPOT. ``ValueError`` when the report lacks them.
+    TPOT; the step time at each level's concurrency is its ITL p50 (the median gap between tokens: a
+    decode step, where the TPOT also carries the prefill stalls the model adds back itself), else its
+    TPOT p50; the report's concurrencies are the levels the prediction runs at. ``ValueError`` when
+    the report lacks them.
     """
     levels = [lv for lv in report.get("levels", []) if lv.get("valid") and lv.get("concurrency")]
     if not levels:
@@ -294,7 +477,14 @@ def profile_from_report(
     if not fits:
         raise ValueError("no level of the report meets the TPOT SLO: the replica cannot decode within it")
     best = fits[-1]
-    return ServiceProfile(float(rate), float(best["concurrency"]), tpot_of(best) or 0.0, kv_bytes_per_token)
+
+    def step_of(lv: Mapping[str, Any]) -> float | None:
+        value = ((lv.get("latency_ms") or {}).get("itl") or {}).get("p50")
+        return value / 1e3 if value else tpot_of(lv)
+
+    steps = tuple((float(lv["concurrency"]), s) for lv in levels if (s := step_of(lv)) is not None)
+    return ServiceProfile(float(rate), float(best["concurrency"]), tpot_of(best) or 0.0, kv_bytes_per_token,
+                          step_s=steps, levels=tuple(float(lv["concurrency"]) for lv in levels))  # fmt: skip
 
 
 def parse_bandwidth(text: str) -> float:

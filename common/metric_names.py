@@ -18,6 +18,8 @@ KV_CACHE_USAGE_RATIO = "plimsoll_kv_cache_usage_ratio"
 PREFILL_BACKLOG_TOKENS = "plimsoll_prefill_backlog_tokens"
 # Bytes of KV one token takes in this replica's cache (all layers, K and V): what moving a prompt costs.
 KV_CACHE_BYTES_PER_TOKEN = "plimsoll_kv_cache_bytes_per_token"
+# Bytes of the KV cache in memory now (CPU: its resident pages): falls to ~0 while asleep.
+KV_CACHE_RESIDENT_BYTES = "plimsoll_kv_cache_resident_bytes"
 CACHE_CONFIG_INFO = "plimsoll_cache_config_info"
 # Info metric: {version} of the running engine (the operator's drift check notices a change).
 BUILD_INFO = "plimsoll_build_info"

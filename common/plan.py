@@ -638,10 +638,12 @@ def plan(
     ] = None,
     pd_ratios: Annotated[str, typer.Option(help="Split layouts to predict, PREFILL:DECODE.")] = "1:1,1:2,2:1",
     pd_input_tokens: Annotated[
-        float | None, typer.Option(help="Prompt tokens per request for the prediction (default: the report's).")
+        float | None,
+        typer.Option(help="Prompt tokens per request for the prediction (default: the report's)."),
     ] = None,
     pd_output_tokens: Annotated[
-        float | None, typer.Option(help="Output tokens per request for the prediction (default: the report's).")
+        float | None,
+        typer.Option(help="Output tokens per request for the prediction (default: the report's)."),
     ] = None,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=1, help="The engine's --max-num-batched-tokens (its largest step).")
@@ -699,7 +701,9 @@ def plan(
         )
         if link_bandwidth is not None:
             if report is None:
-                raise PlanError("--link-bandwidth predicts a split from a profile: give --report (a bench sweep)")
+                raise PlanError(
+                    "--link-bandwidth predicts a split from a profile: give --report (a bench sweep)"
+                )
             kv_name = kv_dtype or dtype
             split_verdict = _split_prediction(
                 report, kv_bytes_per_token_per_gpu(read_model_config(model_config), 1, kv_name), link_bandwidth,
@@ -774,7 +778,9 @@ def _split_prediction(
 
 def split_lines(verdict: Any) -> list[str]:
     """The predicted verdict as plain lines."""
-    lines = [f"prefill/decode split (predicted, at saturation): run {verdict.runs}"]
+    lines = [
+        f"prefill/decode split (predicted at the profiled concurrencies): run {verdict.runs} ({verdict.category})"
+    ]
     return lines + [f"  - {reason}" for reason in verdict.reasons]
 
 

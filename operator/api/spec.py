@@ -29,7 +29,7 @@ AutoscalingMode = Literal["builtin", "hpa", "keda", "off"]
 RouterPolicy = Literal["least-in-flight", "prefix-affinity", "precise-prefix"]
 RouterMode = Literal["plimsoll", "inferencePool"]
 # Volume names the builders use themselves; a user volume may not take one.
-RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp", "home-cache")
+RESERVED_VOLUME_NAMES = ("model", "model-cache", "shm", "tmp", "home-cache", "engine-compile-cache")
 # Adapter claims other than the model's are mounted as volumes named lora-<hash>.
 RESERVED_VOLUME_PREFIX = "lora-"
 # --max-loras when LoRA is on and engine.maxLoras is unset (vLLM's own default, 1, swaps on every mix).

@@ -11,7 +11,12 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.resources.adapters import adapter_placement, fetch_container_name
-from plimsoll.operator.resources.engine import HOME_CACHE_VOLUME, engine_container
+from plimsoll.operator.resources.engine import (
+    COMPILE_CACHE_VOLUME,
+    HOME_CACHE_VOLUME,
+    engine_container,
+    operator_compile_cache,
+)
 from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.model_fetch import build_fetch_container, cache_volume
 from plimsoll.operator.resources.pool_view import ROLE_LABEL, Role, pool_view
@@ -63,6 +68,11 @@ def replica_pod_template(
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size_limit}},
             {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
             *([{"name": HOME_CACHE_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}] if spec.engine.kind == "plimsoll" else []),
+            *(
+                [{"name": COMPILE_CACHE_VOLUME, "emptyDir": {"sizeLimit": settings.compile_cache_size_limit}}]
+                if operator_compile_cache(svc)
+                else []
+            ),
             *spec.volumes,
         ],
     }

@@ -40,6 +40,11 @@ ENGINE_CONTAINER = "engine"
 # its .cache, a bounded emptyDir since the root filesystem is read-only.
 HOME_CACHE_VOLUME = "home-cache"
 PLIMSOLL_HOME_CACHE = "/home/plimsoll/.cache"
+# plimsoll's --compilation-cache-dir (compiled graphs, Triton kernels, the CPU plan's packed weight
+# panels): an emptyDir lives as long as the pod, so a replica whose container is restarted (SIGKILL,
+# OOM, liveness) maps what its first start wrote instead of packing or compiling again.
+COMPILE_CACHE_VOLUME = "engine-compile-cache"
+COMPILE_CACHE_MOUNT = "/var/cache/plimsoll/compile"
 
 
 @dataclass
@@ -169,6 +174,14 @@ def _sglang_args(svc: LLMService, model_arg: str | None) -> list[str]:
     return args + list(engine.args)
 
 
+def operator_compile_cache(svc: LLMService) -> bool:
+    """Whether the operator gives the engine its compile-cache volume: plimsoll replicas whose
+    ``engine.args`` name no cache directory of their own (a user's PVC there wins)."""
+    if svc.spec.engine.kind != "plimsoll" or _has_flag(svc.spec.engine.args, "--compilation-cache-dir"):
+        return False
+    return "cache_dir" not in (_flag_value(svc.spec.engine.args, "--compilation-config") or "")
+
+
 def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
     args = ["serve", "--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--served-model-name", svc.served_name]
     if model_arg is not None:
@@ -193,6 +206,8 @@ def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
         args.append("--slo-admission")  # its TTFT objective arrives with PUT /slo (handlers/attainment.py)
     if svc.spec.autoscaling.standby is not None:
         args.append("--enable-sleep-mode")
+    if operator_compile_cache(svc):
+        args += ["--compilation-cache-dir", COMPILE_CACHE_MOUNT]
     if svc.spec.resources.gpu.count > 0 and not _has_flag(svc.spec.engine.args, "--device"):
         # Not --device auto: an image without CUDA then fails at start in one line instead of
         # serving from the CPU while it holds a GPU.
@@ -320,6 +335,7 @@ def engine_container(
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
             *([{"name": HOME_CACHE_VOLUME, "mountPath": PLIMSOLL_HOME_CACHE}] if spec.engine.kind == "plimsoll" else []),
+            *([{"name": COMPILE_CACHE_VOLUME, "mountPath": COMPILE_CACHE_MOUNT}] if operator_compile_cache(svc) else []),
             *spec.volume_mounts,
         ],
     }

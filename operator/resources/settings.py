@@ -44,6 +44,9 @@ class BuildSettings(BaseModel):
         "1Gi", description="Memory request that goes with engine_memory_limit when spec.resources.memory is unset."
     )
     tmp_size_limit: str = Field("8Gi", description="sizeLimit of the replicas' /tmp emptyDir.")
+    compile_cache_size_limit: str = Field(
+        "8Gi", description="sizeLimit of the plimsoll replicas' --compilation-cache-dir emptyDir (outlives restarts)."
+    )
     shm_size_limit: str = Field("16Gi", description="sizeLimit of the replicas' /dev/shm (memory-backed).")
     operator_namespace: str | None = Field(
         None, description="Where the operator's pod runs (the NetworkPolicy lets it reach the replicas)."

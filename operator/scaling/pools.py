@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from plimsoll.disaggregation import Ratio, ServiceProfile, parse_bandwidth, predict, verdict
+from plimsoll.disaggregation import NO_CLEAR_GAIN, Ratio, ServiceProfile, parse_bandwidth, predict, verdict
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import PodObservation
@@ -179,6 +179,8 @@ def split_status(
         reasons.append("no prediction of whether it pays yet: it needs " + ", ".join(missing))
         return {"reasons": reasons, "prediction": None}
     assert d.link_bandwidth is not None and kv_bytes_per_token is not None
+    # The decode pool's TPOT at its knee is a step without prefill stalls (it prefills nothing); the
+    # prediction runs each layout at that many sequences per replica, where the operator loads it.
     profile = ServiceProfile(float(pre["promptTokensPerSecond"]), float(dec["sequencesPerReplica"]),
                              float(dec["tpotSeconds"]), kv_bytes_per_token)  # fmt: skip
     ratios = {Ratio(max(1, prefill), max(1, decode)), Ratio(1, 1), Ratio(1, 2), Ratio(2, 1)}
@@ -195,8 +197,11 @@ def split_status(
         reasons.append(
             f"the prediction agrees: split at {v.ratio} serves more good requests per replica (now {now})"
         )
+    elif v.category == NO_CLEAR_GAIN:
+        reasons.append(f"the prediction sees no clear gain from the split (inside the {v.band:.0%} band): "
+                       "consider removing spec.disaggregation, the simpler layout")  # fmt: skip
     else:
-        reasons.append("the prediction says aggregated serves at least as many good requests per replica: "
+        reasons.append("the prediction says aggregated serves more good requests per replica: "
                        "consider removing spec.disaggregation")  # fmt: skip
     reasons += v.reasons
     return {"reasons": reasons, "prediction": {**v.to_dict(), "linkBandwidth": d.link_bandwidth}}

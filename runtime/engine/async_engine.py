@@ -29,6 +29,8 @@ from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
 log = logging.getLogger(__name__)
 
 SHUTDOWN_JOIN_S = 5.0
+# The engine idles this long before the deferred warm-up (engine.warmup) takes its next pieces.
+DEFERRED_WARMUP_IDLE_S = 1.0
 
 
 class EngineDeadError(RuntimeError):
@@ -320,9 +322,18 @@ class AsyncEngine:
             while True:
                 if engine.deferred_warmup and not engine.sleep_level:
                     with self._cond:
-                        idle = not self._commands and not engine.has_unfinished_requests()
+                        # Only after a quiet moment: the request a scale-up (or a wake) was started
+                        # for arrives just after Ready and goes first, not behind the largest step.
+                        def quiet() -> bool:
+                            return not self._commands and not engine.has_unfinished_requests() and not self._stopping
+
+                        if quiet():
+                            self._cond.wait(timeout=DEFERRED_WARMUP_IDLE_S)
+                        idle = quiet()
                     if idle:
-                        engine.run_deferred_warmup()
+                        # Piece by piece: a request (or any command) that arrives meanwhile is served
+                        # first, and the warm-up goes on once the engine is idle again.
+                        engine.run_deferred_warmup(busy=lambda: bool(self._commands) or self._stopping)
                 with self._cond:
                     while not self._commands and not engine.has_unfinished_requests() and not self._stopping:
                         self._cond.wait()

@@ -12,6 +12,7 @@ import gc
 import logging
 import random
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from plimsoll.runtime.engine.request import Continuation, Request, RequestGroup
 from plimsoll.runtime.engine.sampler import Sampler, sample_each
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.scheduler import Scheduler
-from plimsoll.runtime.engine.service_rates import ServiceRateMeter
+from plimsoll.runtime.engine.service_rates import MIN_PREFILL_TOKENS, ServiceRateMeter
 from plimsoll.runtime.engine.spec_decode.speculator import Speculator
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.engine.tp_executor import TensorParallelExecutor
@@ -49,6 +50,8 @@ from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
 from plimsoll.ttft_prediction import QueueSnapshot
 
 log = logging.getLogger(__name__)
+# The warm-up's rate-measuring prompt: long enough that its prefill stands out from a decode step.
+RATE_PROBE_TOKENS = 64
 
 
 def select_device(device: str) -> torch.device:
@@ -181,6 +184,7 @@ class LLMEngine:
         self._unmetered: tuple[float, int, int] | None = None  # the last step, timed when the next starts
         self.queue = QueueSnapshot()
         self.deferred_warmup = False  # the largest step and the primitives, still to run (warmup())
+        self._deferred_pieces: Iterator[None] | None = None  # how far run_deferred_warmup got
         self.sleep_state = sleep_mode.SleepState()
         self.groups: dict[str, RequestGroup] = {}
         self.seq_to_group: dict[str, RequestGroup] = {}
@@ -792,6 +796,7 @@ class LLMEngine:
             prefill_backlog_tokens=self._prefill_backlog(),
             kv_bytes_per_token=self.kv_bytes_per_token,
             kv_cache_memory_bytes=self.runner.kv_cache_bytes(),
+            kv_cache_resident_bytes=self.runner.kv_cache_resident_bytes(),
             gpu_memory_utilization=self.config.gpu_memory_utilization if self.kv_budget is not None else None,
             **self._lora_stats(),
         )
@@ -815,9 +820,11 @@ class LLMEngine:
         """Warm up: what the first requests need now; with ``defer_rest``, the rest after Ready.
 
         First one tiny request through every stage, so the first real request pays no first-call
-        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the
-        CPU matmul primitives of every step shape: they bound memory growth, not the first
-        answer, so a server runs them once it is Ready, while its engine is idle.
+        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the CPU
+        matmul primitives of every step shape: they bound memory growth, not the first answer, so
+        a server runs them once it is Ready, piece by piece while its engine is idle, giving way
+        to any request that arrives. (The largest step first: its buffers, freed, set glibc's
+        heap up for the steps after it, see kernels/host_memory.py.)
         """
         self.warmup_first_request()
         STARTUP.mark("warmup_done")
@@ -826,34 +833,60 @@ class LLMEngine:
             self.run_deferred_warmup()
 
     def warmup_first_request(self) -> None:
-        """One tiny request through every stage (not traffic: no metrics; its decode step seeds the rates)."""
+        """One tiny request through every stage, then one that measures the service rates (neither is
+        traffic: no metrics). The first pays the first-call costs, so its steps are not rates; the
+        second's prompt of ``RATE_PROBE_TOKENS`` and its decode steps seed the prefill rate and the
+        decode step, so SLO admission, the router and the autoscaler can predict TTFT from Ready on."""
         observer, self.observer = self.observer, None
         try:
-            self.add_request(
-                "__warmup__",
-                [int(self.tokenizer.bos_token_id or 0)],
-                SamplingParams(max_tokens=2, temperature=0),
-            )
-            while self.has_unfinished_requests():
-                self.step()
+            self._run_to_completion("__warmup__", [int(self.tokenizer.bos_token_id or 0)], max_tokens=2)
+            self.rate_meter = ServiceRateMeter(self.config.max_num_seqs)
+            probe = min(RATE_PROBE_TOKENS, self.max_model_len - 4, (self.num_blocks - 1) * self.config.block_size)
+            if probe >= MIN_PREFILL_TOKENS:
+                vocab = int(self.hf_config.vocab_size)
+                self._run_to_completion("__warmup_rates__", [(11 * i + 3) % vocab for i in range(probe)], max_tokens=3)
         finally:
             self.observer = observer
 
-    def run_deferred_warmup(self) -> None:
-        """The rest of the warm-up: the largest step and the matmul primitives (see :meth:`warmup`)."""
+    def _run_to_completion(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
+        self.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0))
+        while self.has_unfinished_requests():
+            self.step()
+
+    def run_deferred_warmup(self, busy: Callable[[], bool] | None = None) -> bool:
+        """The rest of the warm-up (see :meth:`warmup`); ``True`` once all of it ran. With ``busy``,
+        it stops between two pieces as soon as ``busy()`` says work arrived, and a later call goes
+        on from there: each piece is one matmul, or the largest step."""
         if not self.deferred_warmup:
-            return
+            return True
+        if self._deferred_pieces is None:
+            self._deferred_pieces = self._deferred_warmup_pieces()
+        for _ in self._deferred_pieces:
+            if busy is not None and busy():
+                return False
+        self._deferred_pieces = None
         self.deferred_warmup = False
+        return True
+
+    def _deferred_warmup_pieces(self) -> Iterator[None]:
         # The largest step this engine can take (as vLLM's profile run does), so the heap reaches
         # the size serving needs now (kernels/host_memory.py keeps it) rather than growing with the
         # first long prompts; it also measures the prefill rate. Its blocks go back at once.
         self._run_largest_step()
+        yield
         # oneDNN's matmul primitives for every padded row count a step can have, built now rather
-        # than as request shapes first appear (each costs ~1 MiB: models/dense.py).
-        primed = self.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_logit_rows)
+        # than as request shapes first appear (each costs ~1 MiB: models/dense.py); small pieces,
+        # so a request arriving meanwhile waits for one matmul at most.
+        primed = 0
+        tokens = self.config.max_num_batched_tokens
+        for _ in self.runner.model.prime_matmul_steps(tokens, self.config.max_logit_rows):
+            primed += 1
+            yield
         draft = getattr(self.speculator, "draft", None)
         if draft is not None:  # a draft model proposes one row per sequence at a time
-            primed += draft.runner.model.prime_matmuls(self.config.max_num_batched_tokens, self.config.max_num_seqs)
+            for _ in draft.runner.model.prime_matmul_steps(tokens, self.config.max_num_seqs):
+                primed += 1
+                yield
         log.debug("warm-up primed %d matmul shapes", primed)
 
     def _run_largest_step(self) -> None:

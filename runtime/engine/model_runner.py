@@ -25,6 +25,7 @@ import torch
 
 from plimsoll.runtime.attention import kv_int8
 from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
+from plimsoll.runtime.engine import kv_pages
 from plimsoll.runtime.engine.compilation import CompiledForward
 from plimsoll.runtime.engine.cuda_graphs import DecodeGraphs
 from plimsoll.runtime.engine.request import Request
@@ -73,6 +74,9 @@ def cpu_options(config: Any) -> CPUOptions:
         fused_decode=config.cpu_fused_decode,
         glued_layers=config.cpu_glued_layers,
         packed_weights=config.cpu_packed_weights,
+        # Packed panels kept beside the compile caches (--compilation-cache-dir): a volume there
+        # makes a restart map them instead of packing them again.
+        panel_cache_dir=config.compilation_config.cache_dir,
     )
 
 
@@ -229,17 +233,24 @@ class ModelRunner:
         sizing from the device can swap its provisional cache for the real one (0: drop only)."""
         self.kv_caches = []
         shape = (num_blocks, *self._block_shape)
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
-                torch.zeros(shape, dtype=self._cache_dtype, device=self.device),
-            )
-            for _ in range(self._num_layers)
-        ]
+
+        def zeroed() -> torch.Tensor:
+            # On CPU each tensor on anonymous pages of its own (engine/kv_pages.py): zeroed by the
+            # kernel, no memset, and given back in place by sleep level 1.
+            if self.device.type == "cpu":
+                return kv_pages.allocate(shape, self._cache_dtype)
+            return torch.zeros(shape, dtype=self._cache_dtype, device=self.device)
+
+        self.kv_caches = [(zeroed(), zeroed()) for _ in range(self._num_layers)]
 
     def kv_cache_bytes(self) -> int:
         """Bytes the KV cache tensors hold, all layers, K and V."""
         return sum(k.nbytes + v.nbytes for k, v in self.kv_caches)
+
+    def kv_cache_resident_bytes(self) -> int:
+        """Bytes of the KV cache in memory now (on CPU its resident pages: 0 after sleep level 1
+        released them, all again once awake; see engine/kv_pages.py)."""
+        return kv_pages.resident_bytes(t for pair in self.kv_caches for t in pair)
 
     def plan(self, sched: SchedulerOutput) -> tuple["StepPlan", list[int]]:
         """Pack the step's tokens on the host. Returns the plan (its ``logit_rows``: each sampling

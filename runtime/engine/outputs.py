@@ -106,6 +106,7 @@ class EngineStats:
     prefill_backlog_tokens: int = 0
     kv_bytes_per_token: int = 0  # all layers, K and V, on this rank
     kv_cache_memory_bytes: int = 0  # the KV cache's bytes (all layers, K and V, this rank)
+    kv_cache_resident_bytes: int = 0  # of those, in memory now (CPU: resident pages; 0 asleep)
     gpu_memory_utilization: float | None = None  # set when the cache was sized from the device
     # --enable-lora: slots, and the adapters of running / waiting requests (GIE's lora_requests_info)
     max_loras: int = 0

@@ -1,7 +1,7 @@
 """This replica's service rates, measured from its own steps: prefill tokens per second, decode step time.
 
-What it is: :class:`ServiceRateMeter`, fed every engine step (warm-up included, so
-the rates are known before the first request) with the step's prefill tokens, its
+What it is: :class:`ServiceRateMeter`, fed every engine step (the warm-up's measuring
+request included, so the rates are known before Ready) with the step's prefill tokens, its
 decode rows and its wall time. A step with no prefill measures the decode step; a
 step with prefill (of at least a few tokens) measures the prefill rate from what the
 step took beyond a decode step: the same split the predictor makes, ``ttft = backlog +
@@ -42,6 +42,9 @@ class ServiceRateMeter:
         self.decode_step_s: float | None = None
         self.prefill_s_per_token: float | None = None
         self._rates: ServiceRates | None = None
+        # A prefill step seen before any decode step (a request's prefill comes first): kept until
+        # a decode step says what part of it was the step's own cost.
+        self._pending_prefill: tuple[int, float] | None = None
 
     def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
         """One engine step: prompt tokens computed, decode tokens computed, wall seconds."""
@@ -50,20 +53,28 @@ class ServiceRateMeter:
         if prefill_tokens <= 0:
             if decode_tokens > 0:
                 self.decode_step_s = _ewma(self.decode_step_s, step_s, DECODE_ALPHA)
-        elif prefill_tokens >= MIN_PREFILL_TOKENS and self.decode_step_s is not None:
-            # A step costs about one decode step whatever it carries (the predictor adds that step
-            # to every TTFT); what the prompt tokens add beyond it is the prefill's.
-            prefill = step_s - self.decode_step_s
-            if prefill >= MIN_PREFILL_S:
-                self.prefill_s_per_token = _ewma(
-                    self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA
-                )
+                if self._pending_prefill is not None:
+                    self._observe_prefill(*self._pending_prefill)
+                    self._pending_prefill = None
+        elif prefill_tokens >= MIN_PREFILL_TOKENS:
+            if self.decode_step_s is None:
+                self._pending_prefill = (prefill_tokens, step_s)
+            else:
+                self._observe_prefill(prefill_tokens, step_s)
         if self.decode_step_s is not None and self.prefill_s_per_token is not None:
             self._rates = ServiceRates(
                 prefill_tokens_per_s=1.0 / self.prefill_s_per_token,
                 decode_step_s=self.decode_step_s,
                 max_num_seqs=self.max_num_seqs,
             )
+
+    def _observe_prefill(self, prefill_tokens: int, step_s: float) -> None:
+        assert self.decode_step_s is not None
+        # A step costs about one decode step whatever it carries (the predictor adds that step
+        # to every TTFT); what the prompt tokens add beyond it is the prefill's.
+        prefill = step_s - self.decode_step_s
+        if prefill >= MIN_PREFILL_S:
+            self.prefill_s_per_token = _ewma(self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA)
 
     def rates(self) -> ServiceRates | None:
         """The rates measured so far; None until both a decode step and a prefill have been seen."""

@@ -5,20 +5,24 @@ engine thread), behind ``--enable-sleep-mode`` and the server's ``POST /sleep?le
 ``POST /wake_up`` and ``GET /is_sleeping``:
 
 * **level 1** frees the KV cache (its contents are forgotten, the prefix cache is
-  emptied) and moves the weights off the accelerator into host memory. On a CPU
-  replica the weights already live in host memory, so level 1 frees the KV cache only.
-* **level 2** frees the KV cache and drops the weights; waking reads them again from
-  the checkpoint (``load_model``: safetensors memory-mapped, page cache warm) into the
-  same modules, so nothing that holds the model (LoRA slots, the runner) notices.
+  emptied) and moves the weights off the accelerator into pinned host memory. On a CPU
+  replica the weights and their packed panels stay as they are (they are what serving
+  needs again, and host memory is where they would go); only the KV cache is freed, in
+  place (``engine/kv_pages.py``: its pages go back to the kernel), so waking only takes
+  the pages back, zeroed, and the next request is served at once.
+* **level 2** frees the KV cache and drops the weights (and on CPU their packed panels);
+  waking reads them again from the checkpoint (``load_model``: safetensors memory-mapped,
+  page cache warm) into the same modules, so nothing that holds the model (LoRA slots, the
+  runner) notices, and packs the panels again.
 
-Memory is freed by shrinking each tensor's storage to zero bytes rather than by
-dropping the tensors: the KV cache tensors are referenced by the attention backend,
-the KV tiers and the fused CPU step, and keep their identity across a sleep. On wake
-the storages grow back (zeroed KV, weights copied back or swapped in) and a one-token
-request runs through every stage, so the first real request pays no first-call costs
-(the packed CPU weight panels and, on CUDA, the decode graphs are rebuilt here:
-their addresses moved). On CPU, glibc is asked to return the freed heap pages
-(``malloc_trim``); on CUDA the caching allocator empties its cache.
+Elsewhere memory is freed by shrinking each tensor's storage to zero bytes rather than by
+dropping the tensors: the KV cache tensors are referenced by the attention backend, the
+KV tiers and the fused CPU step, and keep their identity across a sleep. On wake the
+storages grow back (zeroed KV, weights copied back or swapped in) and a one-token request
+runs through every stage, so the first real request pays no first-call costs (on CUDA the
+decode graphs are recaptured first: their addresses moved). After freeing heap memory on
+CPU, glibc is asked to return it (``malloc_trim``); on CUDA the caching allocator empties
+its cache.
 
 What it is not: a scheduler of sleeps (the operator's planner decides which replica
 sleeps), or usable with requests in flight (the server refuses; drain first) or with
@@ -36,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from plimsoll.runtime.engine import kv_pages
 
 if TYPE_CHECKING:
     from plimsoll.runtime.engine.llm_engine import LLMEngine
@@ -58,6 +64,11 @@ class SleepState:
     host_copies: list[tuple[torch.UntypedStorage, torch.Tensor]] = field(default_factory=list)
     freed_bytes: int = 0
     slept_at: float = 0.0
+    # The KV tensors' pages were released where they are (CPU, engine/kv_pages.py), not resized.
+    kv_released: bool = False
+    # Nothing that serving reads moved or was dropped (a CPU level 1: the KV pages were released in
+    # place, weights and panels kept): waking needs neither a warm-up request nor new addresses.
+    in_place: bool = False
 
 
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -95,11 +106,14 @@ def _release_host_memory(device: torch.device) -> None:
         ctypes.CDLL(None).malloc_trim(0)
 
 
-def _drop_derived_state(model: Any) -> None:
-    """Weight copies built from the weights at the first forward (CPU packed panels): rebuilt on wake."""
-    for attr in ("_fused", "_glued"):
-        if hasattr(model, attr):
-            setattr(model, attr, None)
+def _fused_steps(engine: LLMEngine) -> list[Any]:
+    """Each runner's fused CPU step that holds packed panels (none on an accelerator)."""
+    out = []
+    for runner in _runners(engine):
+        fused = getattr(getattr(runner, "cpu_plan", None), "fused", None)
+        if fused is not None and fused.panels:
+            out.append(fused)
+    return out
 
 
 def sleep(engine: LLMEngine, level: int) -> SleepState:
@@ -118,29 +132,43 @@ def sleep(engine: LLMEngine, level: int) -> SleepState:
         state = engine.sleep_state
     started = time.monotonic()
     engine.scheduler.kv.reset_prefix_cache()
+    device = engine.device
+    # On CPU the KV tensors sit on pages of their own (kv_pages.allocate): released where they are.
+    in_place = device.type == "cpu" and kv_pages.supported()
     freed = 0
     for runner in _runners(engine):
         for k, v in runner.kv_caches:
             for t in (k, v):
+                if in_place:
+                    freed += kv_pages.release(t)
+                    continue
                 storage = t.untyped_storage()
                 state.kv_bytes.append((storage, storage.nbytes()))
                 freed += storage.nbytes()
                 storage.resize_(0)
-    device = engine.device
+    if level == 2:
+        for fused in _fused_steps(engine):
+            if fused.mapped:  # pages of the panel cache's file: dropped, read again from it when used
+                freed += sum(kv_pages.release(p.data) for layer in fused.panels for p in layer)
+                freed += kv_pages.release(fused.head.data) if fused.head is not None else 0
+            else:
+                freed += fused.drop_panels()  # copies of the weights dropped below; packed again on wake
     for runner in _runners(engine):
-        model = runner.model
-        _drop_derived_state(model)
-        for storage in _model_storages(model):
+        for storage in _model_storages(runner.model):
             nbytes = storage.nbytes()
             if level == 1:
                 if device.type == "cpu":
-                    continue  # already in host memory: nothing to move
+                    continue  # already in host memory, and what serving reads: kept as it is
                 host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
                 host.copy_(_byte_view(storage))
                 state.host_copies.append((storage, host))
             storage.resize_(0)
             freed += nbytes
-    _release_host_memory(device)
+    state.kv_released, state.in_place = in_place, in_place and level == 1
+    if not state.in_place:
+        # Heap blocks were freed (a level 1 in place freed none: trimming would only hand back the
+        # activations' kept pages, which the next step would fault in again).
+        _release_host_memory(device)
     state.level, state.freed_bytes, state.slept_at = level, freed, time.monotonic()
     log.info("asleep at level %d: %.1f MiB freed in %.3f s", level, freed / 2**20, time.monotonic() - started)
     return state
@@ -155,8 +183,16 @@ def wake_up(engine: LLMEngine) -> float:
     for storage, nbytes in state.kv_bytes:
         storage.resize_(nbytes)
         _byte_view(storage).zero_()
+    if state.kv_released:  # back zeroed at the same addresses, resident before a request needs them
+        for runner in _runners(engine):
+            for k, v in runner.kv_caches:
+                kv_pages.populate(k)
+                kv_pages.populate(v)
     if state.level == 2:
         _reload_weights(engine)
+        for fused in _fused_steps(engine):
+            if not fused.mapped:
+                fused.repack()
     else:
         for storage, host in state.host_copies:
             storage.resize_(host.numel())
@@ -164,6 +200,12 @@ def wake_up(engine: LLMEngine) -> float:
         if engine.device.type == "cuda":
             torch.cuda.synchronize(engine.device)
     engine.sleep_state = SleepState()
+    if state.in_place:
+        # The KV pages come back zeroed at the same addresses; weights, panels and every address
+        # are as they were, so the first request is served as before the sleep, with no warm-up.
+        took = time.monotonic() - started
+        log.info("awake after %.3f s (level 1, in place)", took)
+        return took
     for runner in _runners(engine):
         if getattr(runner, "decode_graphs", None) is not None and engine.device.type == "cuda":
             engine.recapture_cuda_graphs()  # the graphs hold the old addresses of the weights and KV

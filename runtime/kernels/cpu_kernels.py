@@ -462,10 +462,18 @@ class PackedWeight:
     cols: int = 48
 
 
-def pack_f32(weight: torch.Tensor, parts: int = 1) -> PackedWeight:
+def packed_f32_layout(n: int, k: int, parts: int = 1) -> tuple[int, int]:
+    """The float32 elements ``pack_f32`` makes of an ``[n, k]`` weight in ``parts``, and the panels'
+    width (the build's): what a packed copy kept on disk must match (models/panel_cache.py)."""
+    lib = _library_or_raise()
+    return int(lib.plimsoll_packed_f32_floats(n, k, parts)), int(lib.plimsoll_packed_f32_panel_cols())
+
+
+def pack_f32(weight: torch.Tensor, parts: int = 1, out: torch.Tensor | None = None) -> PackedWeight:
     """``weight`` (``[N, K]`` float32 on CPU) in column panels for ``packed_linear``: N padded up to
     whole panels (48 columns with AVX-512, 16 otherwise), each panel K rows of its columns. About
-    the weight's own size again; the original is left as it is."""
+    the weight's own size again; the original is left as it is. ``out``: a float32 tensor of the
+    packed size to pack into (a panel packed again after sleep, see ``FusedDecode.repack``)."""
     lib = _library_or_raise()
     if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
         raise ValueError(f"pack_f32 takes a 2-D float32 CPU weight, got {weight.dtype} {tuple(weight.shape)}")
@@ -474,7 +482,9 @@ def pack_f32(weight: torch.Tensor, parts: int = 1) -> PackedWeight:
     if floats == 0:
         raise ValueError(f"pack_f32: {parts} parts do not divide a weight of {n} rows")
     w = weight.detach().contiguous()
-    data = torch.empty(floats, dtype=torch.float32)
+    if out is not None and (out.dtype != torch.float32 or out.numel() != floats or not out.is_contiguous()):
+        raise ValueError(f"pack_f32: out must be a contiguous float32 tensor of {floats} elements")
+    data = torch.empty(floats, dtype=torch.float32) if out is None else out
     if lib.plimsoll_pack_f32(w.data_ptr(), data.data_ptr(), n, k, parts, torch.get_num_threads()) != 0:
         raise ValueError(f"pack_f32 rejected a weight of {tuple(weight.shape)} in {parts} parts")
     return PackedWeight(data, n, k, parts, int(lib.plimsoll_packed_f32_panel_cols()))

@@ -30,6 +30,7 @@ from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import dense
 from plimsoll.runtime.models.dense import Linear
 from plimsoll.runtime.models.fused_decode import FusedDecode, GluedLayers
+from plimsoll.runtime.models.panel_cache import PanelCache
 from plimsoll.runtime.models.quant import Int8Linear
 
 # What served a step (plimsoll_engine_steps_total{path}).
@@ -73,6 +74,8 @@ class CPUOptions:
     glued_layers: bool = True
     packed_weights: bool = True
     rows: RowLimits = field(default_factory=RowLimits)
+    # Where packed float32 panels are kept between starts (models/panel_cache.py); None: packed each start.
+    panel_cache_dir: str | None = None
 
 
 class CPUPlan:
@@ -103,7 +106,8 @@ class CPUPlan:
             return
         rows = options.rows
         fused_rows = (rows.fused_panels, rows.fused_plain) if options.fused_decode else (0, 0)
-        self.fused = FusedDecode(model, packed=options.packed_weights, max_rows=fused_rows)
+        cache = PanelCache(options.panel_cache_dir) if options.panel_cache_dir else None
+        self.fused = FusedDecode(model, packed=options.packed_weights, max_rows=fused_rows, panel_cache=cache)
         if options.glued_layers:
             self.glued = GluedLayers(self.fused, min_rows=rows.glued_min)
         if self.kernels is not None:

@@ -24,7 +24,7 @@ the glued layers and the head take those first: ``cpu_kernels.pack_f32``), or a 
 (CUDA keeps ``F.linear``).
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -101,8 +101,15 @@ def prime_onednn(
     ``min_rows`` to ``max_rows`` (capped at ``ONEDNN_CHUNK_ROWS``) now, so serving allocates none
     later. Returns how many matmuls it ran; 0 where oneDNN is not used (no oneDNN, not float32
     on CPU)."""
+    return sum(1 for _ in prime_onednn_steps(weights, max_rows, min_rows))
+
+
+def prime_onednn_steps(
+    weights: Iterable[tuple[torch.Tensor, torch.Tensor | None]], max_rows: int, min_rows: int = ONEDNN_ROW_BUCKET
+) -> Iterator[None]:
+    """``prime_onednn`` one matmul at a time: yields after each, so a caller can stop between two
+    (the engine's deferred warm-up gives way to a request that arrives) and go on later."""
     seen: set[tuple[tuple[int, ...], bool]] = set()
-    ran = 0
     first = bucket_rows(min_rows)
     top = min(max_rows, ONEDNN_CHUNK_ROWS)
     for weight, bias in weights:
@@ -113,10 +120,9 @@ def prime_onednn(
         for rows in range(first, top + ONEDNN_ROW_BUCKET, ONEDNN_ROW_BUCKET):
             x = weight.new_zeros(rows, weight.shape[1])
             if not uses_onednn(x, weight):
-                return ran
+                return
             _onednn_linear(x, weight, bias)
-            ran += 1
-    return ran
+            yield
 
 
 class Linear(nn.Linear):

@@ -145,7 +145,9 @@ class FusedDecode:
     ``max_rows``: the most decode rows a step may have over panels and over plain rows (0: the
     step never runs; the panels are still packed for the glued layers and the head)."""
 
-    def __init__(self, model: Any, packed: bool = True, max_rows: tuple[int, int] = (0, 0)) -> None:
+    def __init__(
+        self, model: Any, packed: bool = True, max_rows: tuple[int, int] = (0, 0), panel_cache: Any = None
+    ) -> None:
         self.model = model
         self.packed_weights = packed
         self.reason = why_not(model)
@@ -167,20 +169,71 @@ class FusedDecode:
         # and compute_logits in place of the plain rows, which the module path keeps.
         self.panels: list[tuple[cpu_kernels.PackedWeight, ...]] = []
         self.head: cpu_kernels.PackedWeight | None = None
+        # The panels are pages of a file in the panel cache (models/panel_cache.py), not packed here.
+        self.mapped = False
         if self.reason is None and not self.int8 and packed:
-            with torch.no_grad():
-                self.panels = [
-                    (
-                        cpu_kernels.pack_f32(layer.self_attn.qkv_proj.weight),
-                        cpu_kernels.pack_f32(layer.self_attn.o_proj.weight),
-                        cpu_kernels.pack_f32(layer.mlp.gate_up_proj.weight, parts=2),
-                        cpu_kernels.pack_f32(layer.mlp.down_proj.weight),
-                    )
-                    for layer in model.model.layers
-                ]
-                head = _plain_head(model)
-                self.head = None if head is None else cpu_kernels.pack_f32(head)
+            self._pack_or_map(panel_cache)
         self.max_rows = 0 if self.reason is not None else max_rows[0] if self.panels else max_rows[1]
+
+    def _sources(self) -> list[tuple[torch.Tensor, int]]:
+        """The weights packed in panels, in order (each layer's qkv, o, gate_up in two parts, down;
+        then the plain head, if any), with their parts."""
+        out: list[tuple[torch.Tensor, int]] = []
+        for layer in self.model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            out += [(attn.qkv_proj.weight, 1), (attn.o_proj.weight, 1)]
+            out += [(mlp.gate_up_proj.weight, 2), (mlp.down_proj.weight, 1)]
+        head = _plain_head(self.model)
+        return out if head is None else [*out, (head, 1)]
+
+    def _pack_or_map(self, cache: Any) -> None:
+        sources = self._sources()
+        packed: list[cpu_kernels.PackedWeight] | None = None
+        fingerprint = getattr(self.model, "checkpoint_fingerprint", None)
+        key = None
+        if cache is not None and fingerprint:
+            layouts = [cpu_kernels.packed_f32_layout(w.shape[0], w.shape[1], parts) for w, parts in sources]
+            cols = layouts[0][1]
+            key = cache.key(fingerprint, [(*w.shape, parts) for w, parts in sources], cols)
+            mapped = cache.load(key, [floats for floats, _ in layouts])
+            if mapped is not None:
+                packed = [
+                    cpu_kernels.PackedWeight(data, w.shape[0], w.shape[1], parts, cols)
+                    for data, (w, parts) in zip(mapped, sources, strict=True)
+                ]
+                self.mapped = True
+        if packed is None:
+            with torch.no_grad():
+                packed = [cpu_kernels.pack_f32(w, parts) for w, parts in sources]
+            if key is not None:
+                cache.store(key, [p.data for p in packed])
+        layers = len(self.model.model.layers)
+        self.panels = [tuple(packed[4 * i : 4 * i + 4]) for i in range(layers)]
+        self.head = packed[4 * layers] if len(packed) > 4 * layers else None
+
+    def _panel_sources(self) -> list[tuple[torch.Tensor, int, cpu_kernels.PackedWeight]]:
+        """Each packed panel with the weight it was packed from and its parts."""
+        panels = [p for layer in self.panels for p in layer] + ([self.head] if self.head is not None else [])
+        return [(w, parts, p) for (w, parts), p in zip(self._sources(), panels, strict=True)]
+
+    def drop_panels(self) -> int:
+        """Free the packed panels' memory (sleep level 2, which drops the weights they copy); the
+        bytes freed. The ``PackedWeight`` objects stay, empty, for :meth:`repack` to fill."""
+        freed = 0
+        for _, _, packed in self._panel_sources():
+            storage = packed.data.untyped_storage()
+            freed += storage.nbytes()
+            storage.resize_(0)
+        return freed
+
+    def repack(self) -> None:
+        """Pack the panels again from the weights, into the same ``PackedWeight`` objects (every
+        reader, the glued layers too, holds those), after :meth:`drop_panels` and a reload."""
+        with torch.no_grad():
+            for weight, parts, packed in self._panel_sources():
+                packed.data.untyped_storage().resize_(packed.data.numel() * packed.data.element_size())
+                cpu_kernels.pack_f32(weight, parts, out=packed.data)
+        self._addresses = None  # the panels' addresses moved
 
     def _layer_addresses(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """``[L, 8]`` int64 addresses (``[L, 20]`` for int8 projections), rebuilt only when a weight

@@ -13,7 +13,7 @@ What it is not: a general model zoo; sliding-window attention is not implemented
 so a window shorter than ``max_model_len`` is refused by the loader.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from transformers.activations import ACT2FN
 from plimsoll.runtime.attention.attention_op import PagedAttend, opaque_attend
 from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 from plimsoll.runtime.models.cpu_plan import CPUPlan
-from plimsoll.runtime.models.dense import Linear, linear, prime_onednn
+from plimsoll.runtime.models.dense import Linear, linear, prime_onednn_steps
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -199,6 +199,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         # Set by the engine's model runner at load, after LoRA, TP and int8 (models/cpu_plan.py).
         self.cpu_plan: CPUPlan | None = None
+        # Set by the loader (loader.checkpoint_fingerprint): keys what is cached from the weights.
+        self.checkpoint_fingerprint: str | None = None
 
     def forward(
         self,
@@ -253,19 +255,21 @@ class LlamaForCausalLM(nn.Module):
         layers' for up to ``max_tokens`` rows, the output head's for up to ``max_logit_rows``. An int8
         layer dequantises above its kernel's rows, so its float shape is primed from there on.
         Returns the matmuls run (0 off CPU float32)."""
+        return sum(1 for _ in self.prime_matmul_steps(max_tokens, max_logit_rows))
+
+    def prime_matmul_steps(self, max_tokens: int, max_logit_rows: int) -> Iterator[None]:
+        """``prime_matmuls`` one matmul at a time (yields after each; see ``dense.prime_onednn_steps``)."""
         from plimsoll.runtime.models.quant import KERNEL_MAX_ROWS, Int8Linear
 
         float_dtype = self.model.norm.weight.dtype
-        ran = 0
 
-        def prime(module: nn.Module, max_rows: int) -> int:
+        def prime(module: nn.Module, max_rows: int) -> Iterator[None]:
             if isinstance(module, Linear):
-                return prime_onednn([(module.weight, module.bias)], max_rows)
-            if isinstance(module, Int8Linear):
+                yield from prime_onednn_steps([(module.weight, module.bias)], max_rows)
+            elif isinstance(module, Int8Linear):
                 shape = (module.qweight.shape[0], module.qweight.shape[1])
                 stand_in = torch.empty(shape, dtype=float_dtype)  # primitives are per shape, not per tensor
-                return prime_onednn([(stand_in, module.bias)], max_rows, min_rows=KERNEL_MAX_ROWS + 1)
-            return 0
+                yield from prime_onednn_steps([(stand_in, module.bias)], max_rows, min_rows=KERNEL_MAX_ROWS + 1)
 
         seen: set[tuple[type, tuple[int, ...], bool]] = set()  # a stand-in per int8 shape, not per layer
         for module in self.model.layers.modules():
@@ -274,12 +278,11 @@ class LlamaForCausalLM(nn.Module):
                 key = (type(module), tuple(weight.shape), module.bias is not None)
                 if key not in seen:
                     seen.add(key)
-                    ran += prime(module, max_tokens)
+                    yield from prime(module, max_tokens)
         if self.tie_word_embeddings:
-            ran += prime_onednn([(self.model.embed_tokens.weight, None)], max_logit_rows)
+            yield from prime_onednn_steps([(self.model.embed_tokens.weight, None)], max_logit_rows)
         else:
-            ran += prime(self.lm_head, max_logit_rows)
-        return ran
+            yield from prime(self.lm_head, max_logit_rows)
 
 
 FUSED_PROJECTIONS = {

@@ -141,6 +141,17 @@ def share_tied_int8_head(net: torch.nn.Module) -> None:
         head._buffers[name] = embed._buffers[name]  # type: ignore[union-attr]
 
 
+def checkpoint_fingerprint(
+    directory: Path, gguf_file: str | None, dtype: torch.dtype, quantization: str | None, rank: str
+) -> str:
+    """What identifies the weights a load produces: the checkpoint's files (names, sizes,
+    modification times), the dtype, the quantization and the tensor-parallel rank. Caches of
+    things computed from the weights (models/panel_cache.py) are keyed by it."""
+    files = [directory / gguf_file] if gguf_file else sorted(directory.glob("*.safetensors"))
+    stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return repr((str(directory.resolve()), stats, str(dtype), quantization, rank))
+
+
 def load_model(
     model: str,
     dtype: torch.dtype,
@@ -218,6 +229,8 @@ def load_model(
     if quantization is not None and tied:
         share_tied_int8_head(net)
     realign_weights(net)
+    rank = f"{tensor_parallel.rank}/{tensor_parallel.world_size}" if tensor_parallel is not None else "0/1"
+    net.checkpoint_fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, rank)
     return LoadedModel(
         model=net,
         hf_config=hf_config,

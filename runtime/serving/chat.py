@@ -47,7 +47,7 @@ from plimsoll.runtime.serving.requests import (
     tenant_of,
     until_disconnect,
 )
-from plimsoll.runtime.serving.slo_admission import check_predicted_ttft
+from plimsoll.runtime.serving.slo_admission import check_predicted_ttft, refuse_before_tokenising
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -56,6 +56,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     for field, ids in req.token_id_fields().items():
         check_token_ids(ids, engine.vocab_size, field)
     check_transfer_request(req.kv_transfer_params, 1, req.stream)
+    refuse_before_tokenising(ctx, raw, req.num_seqs)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     timeout = ctx.settings.tokenize_timeout
     template = client_template(req, ctx.settings.allow_client_chat_template)

@@ -43,7 +43,7 @@ from plimsoll.runtime.serving.requests import (
     tenant_of,
     until_disconnect,
 )
-from plimsoll.runtime.serving.slo_admission import check_predicted_ttft
+from plimsoll.runtime.serving.slo_admission import check_predicted_ttft, refuse_before_tokenising
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -54,6 +54,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     for field, ids in req.token_id_fields().items():
         check_token_ids(ids, engine.vocab_size, field)
     check_transfer_request(req.kv_transfer_params, len(prompts), req.stream)
+    refuse_before_tokenising(ctx, raw, req.num_seqs)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     prompt_ids = await off_loop(
         lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],

@@ -144,6 +144,11 @@ class ServerMetrics:
         self.kv_bytes_per_token = gauge(
             mn.KV_CACHE_BYTES_PER_TOKEN, "Bytes of KV cache one token takes (all layers, K and V, this rank)."
         )
+        self.kv_resident = gauge(
+            mn.KV_CACHE_RESIDENT_BYTES,
+            "Bytes of the KV cache in memory now (CPU: its resident pages, counted with mincore; an "
+            "accelerator: its allocation). About 0 while asleep (sleep mode).",
+        )
         self.prefill_backlog = gauge(
             mn.PREFILL_BACKLOG_TOKENS,
             "Prompt tokens admitted but not yet computed, over waiting and running requests (what prefill "
@@ -528,6 +533,7 @@ class ServerMetrics:
         m = self.model_name
         self.prefill_backlog.labels(m).set(getattr(stats, "prefill_backlog_tokens", 0))
         self.kv_bytes_per_token.labels(m).set(getattr(stats, "kv_bytes_per_token", 0))
+        self.kv_resident.labels(m).set(getattr(stats, "kv_cache_resident_bytes", 0))
         families = [(self.running, self.waiting, self.kv_usage)]
         if self.compat is not None:
             families.append(self.compat[:3])

@@ -40,6 +40,7 @@ from plimsoll.runtime.serving.metrics import ServerMetrics
 from plimsoll.runtime.serving.request_spans import record_request_spans
 from plimsoll.runtime.serving.settings import ServerSettings
 from plimsoll.runtime.serving.template_pool import TemplatePool
+from plimsoll.ttft_prediction import QueueSnapshot
 
 log = logging.getLogger("plimsoll.runtime.requests")
 # The tenant-cap bucket of requests that name no tenant.
@@ -69,6 +70,7 @@ class Admission:
                     self.ctx.tenant_tokens.pop(self.tenant, None)
             self.ctx.num_in_flight -= 1
             self.ctx.num_seqs_in_flight -= self.num_seqs
+            self.ctx.drop_unposted(self.request_id)
             if self.ctx.num_in_flight == 0:
                 self.ctx.idle.set()
 
@@ -90,6 +92,11 @@ class ServingContext:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     tenant_tokens: dict[str, int] = field(default_factory=dict)  # in-flight prompt + max_tokens
     templates: TemplatePool | None = None  # renders client chat templates (--allow-client-chat-template)
+    # Admitted sequences not yet handed to the engine, by request id: (prompt tokens, tokens it may
+    # generate) per sequence. The engine registers a request only once its stream is first read,
+    # after the response has started; until then admission must still count it, or a burst's
+    # requests all see the same short queue and all pass the TTFT check.
+    unposted: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     # ---- admission -----------------------------------------------------------
 
@@ -183,7 +190,39 @@ class ServingContext:
         """The ``model`` a response reports: the adapter's name, or the base model's."""
         return self.lora_of(model) or self.settings.served_model_name
 
-    async def outputs(
+    def queue_snapshot(self) -> QueueSnapshot:
+        """The engine's queue with the admitted sequences whose streams have not started behind it."""
+        return self.engine.queue_snapshot().plus(tuple(s for seqs in self.unposted.values() for s in seqs))
+
+    def drop_unposted(self, request_id: str) -> None:
+        """Forget the unstarted streams of a request that ended (``request_id`` and its ``-i`` prompts)."""
+        for key in [k for k in self.unposted if k == request_id or k.startswith(request_id + "-")]:
+            del self.unposted[key]
+
+    def outputs(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        endpoint: str,
+        lora_name: str | None = None,
+        *,
+        priority: int = 0,
+        fairness_id: str | None = None,
+        continuation: Continuation | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one prompt (see :meth:`_outputs`); counted in
+        :meth:`queue_snapshot` from now until the engine has it."""
+        limit = max(1, self.engine.max_model_len - len(prompt_ids))
+        wanted = params.max_tokens if params.max_tokens is not None else limit
+        self.unposted[request_id] = ((len(prompt_ids), max(1, min(wanted, limit))),) * max(1, params.n)
+        return self._outputs(
+            prompt_ids, params, request_id, endpoint, lora_name, priority=priority, fairness_id=fairness_id,
+            continuation=continuation, cache_salt=cache_salt,
+        )  # fmt: skip
+
+    async def _outputs(
         self,
         prompt_ids: list[int],
         params: SamplingParams,
@@ -208,6 +247,8 @@ class ServingContext:
             prompt_ids, params, request_id, lora_name, priority=priority, fairness_id=fairness_id,
             continuation=continuation, cache_salt=cache_salt,
         )  # fmt: skip
+        # The first anext below registers the request with the engine before it yields to the loop.
+        self.unposted.pop(request_id, None)
         last: RequestOutput | None = None
         last_emit = started
         status = "ok"

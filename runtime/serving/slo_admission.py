@@ -1,7 +1,8 @@
 """SLO-aware admission: refuse now, with ``Retry-After``, what would miss its TTFT bound in the queue.
 
 What it is: :func:`check_predicted_ttft`, called by the completion routes once a
-request is tokenised and before it is admitted. The request's bound is its
+request is tokenised and before it is admitted (and, with no prompt, before tokenising:
+:func:`refuse_before_tokenising`). The request's bound is its
 ``x-slo-ttft-ms`` header (llm-d's), or, with ``--slo-admission``, the TTFT objective
 the operator set (``PUT /slo``). The replica predicts the request's TTFT from its
 queue and its measured rates (``plimsoll.ttft_prediction``); a request predicted to
@@ -43,6 +44,16 @@ def ttft_bound(ctx: ServingContext, raw: Request) -> float | None:
     return bound
 
 
+def refuse_before_tokenising(ctx: ServingContext, raw: Request, num_seqs: int) -> None:
+    """Raise 429 when even an empty prompt would miss the request's bound.
+
+    A prompt only adds to the TTFT, so such a refusal is certain without the prompt's
+    length; made before tokenising, it costs no hop to the tokeniser's thread, which on
+    a busy host is most of a refusal's latency.
+    """
+    check_predicted_ttft(ctx, raw, [], num_seqs)
+
+
 def check_predicted_ttft(
     ctx: ServingContext, raw: Request, prompt_tokens: list[int], num_seqs: int
 ) -> TTFTPrediction | None:
@@ -53,7 +64,7 @@ def check_predicted_ttft(
     rates = ctx.engine.service_rates()
     if rates is None:
         return None
-    prediction = predict_ttft(ctx.engine.queue_snapshot(), rates, max(prompt_tokens, default=0), num_seqs)
+    prediction = predict_ttft(ctx.queue_snapshot(), rates, max(prompt_tokens, default=0), num_seqs)
     if prediction.ttft_s <= bound:
         return prediction
     ctx.metrics.reject("slo_ttft")

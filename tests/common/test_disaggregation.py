@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from plimsoll.disaggregation import (
     AGGREGATED,
+    MARGIN,
+    NO_CLEAR_GAIN,
+    SPLIT,
     LayoutFigures,
     Ratio,
     ServiceProfile,
+    aggregated_at,
+    noise_band,
     parse_bandwidth,
     parse_ratios,
     predict,
     profile_from_report,
+    split_at,
     verdict,
 )
 
@@ -34,56 +42,125 @@ def layout(name: str, replicas: int, goodput: float, **kw: float) -> LayoutFigur
     return LayoutFigures(name, replicas, goodput, **kw)  # type: ignore[arg-type]
 
 
-def test_the_verdict_splits_only_beyond_the_margin_and_says_why() -> None:
+def test_the_verdict_splits_only_beyond_the_band_and_says_why() -> None:
     agg = layout(AGGREGATED, 2, 2.0, ttft_p95_s=0.4, tpot_p50_s=0.08)
     better = layout("1P:1D", 2, 2.6, ttft_p95_s=0.5, tpot_p50_s=0.03, transfer_s=0.004, transfer_bytes=2e6)
     v = verdict([agg, better])
-    assert (v.choice, v.ratio, v.runs) == ("split", "1P:1D", "1P:1D")
-    assert "30% more good requests per replica" in v.reasons[-2]
+    assert (v.choice, v.ratio, v.runs, v.category, v.band) == ("split", "1P:1D", "1P:1D", SPLIT, MARGIN)
+    assert "30% more good requests per replica than aggregated, beyond the noise band (10%)" in v.reasons[-2]
     assert "TPOT p50 30 ms split vs 80 ms aggregated" in v.reasons[-1]
     assert "KV transfer 4 ms and 2 MB per request" in v.reasons[1]
 
-    close = layout("1P:1D", 2, 2.05)
+    # 8% ahead is inside the 10% band: no clear gain, and the simpler layout stays.
+    close = layout("1P:1D", 2, 2.16)
     v = verdict([agg, close])
-    assert v.choice == AGGREGATED and "within 5%" in v.reasons[-1]
+    assert (v.category, v.runs) == (NO_CLEAR_GAIN, AGGREGATED)
+    assert v.reasons[-1].startswith("no clear gain: stay aggregated (simpler): the best split (1P:1D) is +8%")
 
-    # Per replica: 3 replicas at 2.4 req/s is 0.8 each, worse than 1.0 aggregated.
+    # Per replica: 3 replicas at 2.4 req/s is 0.8 each, 20% worse than 1.0 aggregated.
     worse = layout("1P:2D", 3, 2.4, ttft_p95_s=0.9, transfer_s=0.25)
     v = verdict([agg, worse])
-    assert v.choice == AGGREGATED and v.runs == AGGREGATED
+    assert (v.category, v.runs) == (AGGREGATED, AGGREGATED)
     assert "20% fewer good requests per replica" in v.reasons[-2]
     assert "TTFT p95 grows to 900 ms" in v.reasons[-1] and "waits 250 ms for its KV blocks" in v.reasons[-1]
     with pytest.raises(ValueError, match="aggregated layout with at least one split"):
         verdict([agg])
 
 
-PROFILE = ServiceProfile(
-    prefill_tokens_per_s=10_000, decode_sequences=64, decode_tpot_s=0.02, kv_bytes_per_token=1e5
+def test_the_measured_band_widens_with_the_repeats_spread() -> None:
+    # Paired differences (split - aggregated) / 1.0: 0.3, -0.1, 0.5, -0.1 -> mean 0.15, sample stdev 0.3,
+    # standard error 0.15, band 2 x 0.15 = 30%: a 15% lead that flips sign between repeats is no clear gain.
+    agg_runs, split_runs = [1.0, 1.0, 1.0, 1.0], [1.3, 0.9, 1.5, 0.9]
+    band, text = noise_band(agg_runs, split_runs)
+    assert band == pytest.approx(0.30) and "twice the standard error of the 4 repeats" in text
+    agg, split = layout(AGGREGATED, 2, 2.0), layout("1P:1D", 2, 2.3)
+    v = verdict([agg, split], repeats={AGGREGATED: agg_runs, "1P:1D": split_runs})
+    assert (v.category, v.runs, v.band) == (NO_CLEAR_GAIN, AGGREGATED, pytest.approx(0.30))
+    assert "+15%" in v.reasons[-1] and "±30%" in v.reasons[-1]
+    # The same 15% lead in every repeat: the spread is 0, the band 10%, and the split wins.
+    steady = [1.15] * 4
+    assert noise_band(agg_runs, steady)[0] == MARGIN
+    v = verdict([agg, split], repeats={AGGREGATED: agg_runs, "1P:1D": steady})
+    assert v.category == SPLIT
+    # One repeat, or nothing served by either layout: the plain margin.
+    assert noise_band([1.0], [2.0]) == (MARGIN, "10%")
+    assert noise_band([0.0, 0.0], [0.0, 0.0])[0] == MARGIN
+
+
+# One replica that prefills 1,000 prompt tokens/s and steps its decodes in 10 ms at any batch.
+FLAT = ServiceProfile(
+    prefill_tokens_per_s=1000, decode_sequences=1, decode_tpot_s=0.01, kv_bytes_per_token=1000
 )
 
 
-def test_prediction_splits_when_prefill_stalls_cap_aggregated() -> None:
-    # Long prompts under a tight TPOT SLO: an aggregated replica may prefill only 20% of the time.
-    layouts = predict(PROFILE, 4000, 200, parse_bandwidth("50GB/s"), [Ratio(1, 1), Ratio(2, 1), Ratio(3, 1)],
-                      ttft_slo_s=2.0, tpot_slo_s=0.025)  # fmt: skip
-    agg = layouts[0]
-    assert agg.goodput_rps == pytest.approx(0.2 / 0.4) and "prefill stalls" in (agg.limited_by or "")
+def test_long_prompts_at_one_request_per_replica_stay_aggregated() -> None:
+    # 500 prompt tokens (s = 0.5 s), 11 output tokens (10 decode steps), KV 5e5 bytes over 10 MB/s = 50 ms.
+    layouts = predict(FLAT, 500, 11, 1e7, [Ratio(1, 1)], ttft_slo_s=2.0, tpot_slo_s=0.015, levels=(1,))
+    agg, split = layouts
+    # Aggregated, one request per replica: nothing else prefills during a decode, so no stall:
+    # a request takes 0.5 + 0.01 + 10 x 0.01 = 0.61 s, and every one meets both SLOs.
+    assert agg.goodput_per_replica == pytest.approx(1 / 0.61)
+    assert agg.ttft_p50_s == pytest.approx(0.51) and agg.tpot_p50_s == pytest.approx(0.01)
+    assert "prefill 82% of the time" in (agg.limited_by or "") and "0% of requests stalled" in (
+        agg.limited_by or ""
+    )
+    # 1P:1D with two requests in flight: the one prefill replica is the bottleneck at 1 / 0.5 s = 2 req/s,
+    # i.e. 1 per replica; the decode replica idles most of the time.
+    assert split.goodput_rps == pytest.approx(2.0) and split.goodput_per_replica == pytest.approx(1.0)
+    assert split.transfer_bytes == 5e5 and split.transfer_s == pytest.approx(0.05)
+    assert "prefill pool busy 99%" in (split.limited_by or "")
     v = verdict(layouts)
-    assert v.choice == "split" and v.ratio == "3P:1D"
-    assert layouts[3].limited_by == "the prefill pool"
-    assert layouts[3].transfer_bytes == 4e8 and layouts[3].transfer_s == pytest.approx(0.008)
+    assert v.category == AGGREGATED and "39% fewer good requests per replica" in v.reasons[-2]
 
 
-def test_prediction_keeps_aggregated_on_a_slow_link_or_a_loose_slo() -> None:
-    ratios = [Ratio(1, 1), Ratio(2, 1), Ratio(3, 1)]
-    slow = predict(PROFILE, 4000, 200, parse_bandwidth("1Gbit/s"), ratios, ttft_slo_s=2.0, tpot_slo_s=0.025)
-    v = verdict(slow)
-    assert v.choice == AGGREGATED
-    assert all(lay.goodput_rps == 0 for lay in slow[1:]) and "with the transfer" in (slow[1].limited_by or "")
-    # No TPOT SLO: nothing caps an aggregated replica's prefill share, and no ratio beats it per replica.
-    loose = predict(PROFILE, 4000, 200, parse_bandwidth("50GB/s"), ratios)
-    assert verdict(loose).choice == AGGREGATED
-    assert max(lay.goodput_per_replica for lay in loose[1:]) <= loose[0].goodput_per_replica + 1e-12
+def test_long_prompts_under_load_split_when_stalls_break_the_tpot_slo() -> None:
+    # 500 prompt tokens, 101 output tokens, 4 requests per replica, TPOT SLO 12 ms over 10 ms steps: one
+    # 0.5 s prefill spread over 100 tokens adds 5 ms to each, so a request meets the SLO only if no other
+    # prompt is prefilled during its decode.
+    agg = aggregated_at(FLAT, 500, 101, 4, ttft_slo_s=5.0, tpot_slo_s=0.012)
+    # The point solves the closed loop: X = c / (s + wait + t + D), D = 100 t / (1 - u), u = X s (c-1)/c.
+    u = agg.requests_per_s * 0.5 * 3 / 4
+    decode = 100 * 0.01 / (1 - u)
+    wait = u * 0.5 / (2 * (1 - u))
+    assert agg.requests_per_s == pytest.approx(4 / (0.5 + wait + 0.01 + decode), rel=1e-6)
+    # Stalls per request: Poisson with mean u D / s; the TPOT SLO allows none.
+    stalls = u * decode / 0.5
+    assert agg.good_share == pytest.approx(math.exp(-stalls), rel=1e-6)
+    assert agg.tpot_s == pytest.approx(0.01 + stalls * 0.5 / 100)
+    split = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012)
+    assert split.requests_per_s == pytest.approx(2.0) and split.tpot_s == 0.01  # the prefill pool's 1 / 0.5 s
+    v = verdict(predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], ttft_slo_s=5.0, tpot_slo_s=0.012, levels=(4,)))
+    assert v.category == SPLIT and "decode no longer waits behind prefills" in v.reasons[-1]
+
+
+def test_short_prompts_stay_aggregated_and_a_flat_step_is_no_clear_gain() -> None:
+    # 20 prompt tokens (s = 20 ms), 101 output tokens; the step grows with the batch: 10, 11, 13 ms at 1, 2, 4.
+    growing = ServiceProfile(1000, 4, 0.013, 1000, step_s=((1, 0.01), (2, 0.011), (4, 0.013)))
+    assert growing.step_at(3) == pytest.approx(0.012) and growing.step_at(6) == pytest.approx(0.015)
+    assert growing.step_at(0.5) == 0.01
+    layouts = predict(growing, 20, 101, 1e7, [Ratio(1, 1)], ttft_slo_s=0.1, tpot_slo_s=0.015, levels=(1, 2))
+    agg, split = layouts
+    # A 20 ms stall over 100 tokens adds 0.2 ms: the TPOT SLO (15 ms) allows 10 of them; the stalls cost
+    # little. The split puts every decode on one replica (twice the batch, a slower step) and adds a hop.
+    assert agg.goodput_per_replica > split.goodput_per_replica
+    one = aggregated_at(growing, 20, 101, 1)
+    assert one.requests_per_s == pytest.approx(1 / (0.02 + 0.01 + 100 * 0.01))  # alone: no wait, no stall
+    v = verdict(layouts)
+    assert v.category == AGGREGATED and v.runs == AGGREGATED
+    # With a step that does not grow with the batch the two layouts serve within 10%: no clear gain.
+    v = verdict(predict(FLAT, 20, 101, 1e7, [Ratio(1, 1)], ttft_slo_s=0.1, tpot_slo_s=0.015, levels=(1, 2)))
+    assert v.category == NO_CLEAR_GAIN and v.runs == AGGREGATED
+    assert v.reasons[-1].startswith("no clear gain: stay aggregated (simpler)")
+
+
+def test_a_slow_link_or_a_tight_ttft_slo_loses_the_split() -> None:
+    # 500 prompt tokens at 1,000 KV bytes each over 1 MB/s: 0.5 s per transfer, past a 0.9 s TTFT SLO.
+    layouts = predict(FLAT, 500, 101, 1e6, [Ratio(1, 1)], ttft_slo_s=0.9, tpot_slo_s=0.012, levels=(4,))
+    assert layouts[1].goodput_rps == 0 and "within the TTFT SLO" in (layouts[1].limited_by or "")
+    with pytest.raises(ValueError, match="positive"):
+        predict(FLAT, 500, 101, 0, [Ratio(1, 1)])
+    with pytest.raises(ValueError, match="concurrencies"):
+        predict(FLAT, 500, 101, 1e6, [Ratio(1, 1)], levels=(0,))
 
 
 def test_a_profile_from_a_sweep_report() -> None:
@@ -94,8 +171,11 @@ def test_a_profile_from_a_sweep_report() -> None:
     report = {
         "levels": [level(4, 90, 30), level(1, 50, 20), level(8, 200, 45), level(16, 400, 60, valid=False)]
     }
+    report["levels"][0]["latency_ms"]["itl"] = {"p50": 25.0}  # type: ignore[index]
     p = profile_from_report(report, kv_bytes_per_token=2048, tpot_slo_s=0.04)
     assert (p.prefill_tokens_per_s, p.decode_sequences, p.decode_tpot_s) == (10_000, 4, 0.03)
+    # The decode step at each level: its ITL p50 where measured (the median gap, without the stalls), else TPOT.
+    assert p.levels == (1, 4, 8) and p.step_s == ((1, 0.02), (4, 0.025), (8, 0.045))
     assert profile_from_report(report, 2048).decode_sequences == 8
     with pytest.raises(ValueError, match="no level of the report meets the TPOT SLO"):
         profile_from_report(report, 2048, tpot_slo_s=0.01)

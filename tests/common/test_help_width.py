@@ -12,10 +12,13 @@ from plimsoll.cli import app
 def _commands(
     group: typer.core.TyperGroup, path: tuple[str, ...] = ()
 ) -> list[tuple[tuple[str, ...], object]]:
-    found = []
-    for name, command in group.commands.items():
+    # Through click's lookup, not group.commands: the root group loads its sub-commands lazily.
+    found: list[tuple[tuple[str, ...], object]] = []
+    for name in group.list_commands(None):  # type: ignore[arg-type]
+        command = group.get_command(None, name)  # type: ignore[arg-type]
+        assert command is not None, name
         found.append(((*path, name), command))
-        if hasattr(command, "commands"):
+        if isinstance(command, typer.core.TyperGroup):
             found += _commands(command, (*path, name))
     return found
 

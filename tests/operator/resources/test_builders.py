@@ -223,3 +223,37 @@ def test_the_crd_carries_gpu_memory_utilization_with_vllms_default() -> None:
                 "spec": {"engine": {"gpuMemoryUtilization": 1.5}},
             }
         )
+
+
+def test_plimsoll_replicas_keep_compile_caches_on_a_pod_volume() -> None:
+    """--compilation-cache-dir on an emptyDir: a restarted container maps the packed panels it wrote."""
+    body = yaml.safe_load(CASES["embedded"].read_text())
+    body["spec"]["resources"] = {"gpu": {"count": 0}}  # a CPU replica
+    pod = build_deployment(LLMService.from_body(body), SETTINGS)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = container["args"]
+    mount_path = args[args.index("--compilation-cache-dir") + 1]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == mount_path]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["emptyDir"] == {
+        "sizeLimit": SETTINGS.compile_cache_size_limit
+    }  # outlives restarts, bounded
+    assert not mount.get("readOnly")
+
+    # A directory of the user's own (their PVC) wins: no second flag, no operator volume.
+    body["spec"]["volumes"] = [{"name": "compile", "persistentVolumeClaim": {"claimName": "cc"}}]
+    body["spec"]["volumeMounts"] = [{"name": "compile", "mountPath": "/cache"}]
+    for user_args in (
+        ["--compilation-cache-dir", "/cache"],
+        ["--compilation-config", '{"cache_dir": "/cache"}'],
+    ):
+        body["spec"]["engine"] = {"args": user_args}
+        pod = build_deployment(LLMService.from_body(body), SETTINGS)["spec"]["template"]["spec"]
+        args = pod["containers"][0]["args"]
+        assert args.count("--compilation-cache-dir") == user_args.count("--compilation-cache-dir")
+        assert mount["name"] not in {v["name"] for v in pod["volumes"]}
+
+    # Other engines bring their own caches.
+    vllm = build_deployment(_load(CASES["qwen-vllm"]), SETTINGS)["spec"]["template"]["spec"]
+    assert "--compilation-cache-dir" not in vllm["containers"][0]["args"]
+    assert mount["name"] not in {v["name"] for v in vllm["volumes"]}

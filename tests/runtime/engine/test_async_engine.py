@@ -119,3 +119,31 @@ async def test_a_model_that_fails_to_load_fails_start(tmp_path: Any) -> None:
         await eng.start()
     assert not eng.is_ready
     await eng.shutdown()  # nothing left running
+
+
+async def test_the_deferred_warmup_waits_for_a_quiet_moment(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plimsoll.runtime.engine import async_engine
+
+    # A quiet moment longer than the test: the request that arrives at Ready is served while the
+    # rest of the warm-up still waits; once the engine may take it (no wait), it runs to the end.
+    monkeypatch.setattr(async_engine, "DEFERRED_WARMUP_IDLE_S", 3600.0)
+    eng = AsyncEngine(
+        EngineConfig(model=str(tiny_model_dir("llama")), kv_cache_memory="2MiB", max_model_len=256)
+    )
+    await eng.start()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        outs = [o async for o in eng.generate([5, 6, 7], params, "first")]
+        assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 4
+        assert eng.engine is not None and eng.engine.deferred_warmup  # not begun: never quiet long enough
+        monkeypatch.setattr(async_engine, "DEFERRED_WARMUP_IDLE_S", 0.0)
+        [o async for o in eng.generate([5, 6, 7], params, "wake the loop")]
+        for _ in range(3000):
+            if not eng.engine.deferred_warmup:
+                break
+            await asyncio.sleep(0.01)
+        assert not eng.engine.deferred_warmup
+    finally:
+        await eng.shutdown()

@@ -7,8 +7,6 @@ from plimsoll.runtime.engine.service_rates import ServiceRateMeter
 
 def test_nothing_is_known_until_a_decode_step_and_a_prefill_were_seen() -> None:
     meter = ServiceRateMeter(max_num_seqs=8)
-    meter.observe(prefill_tokens=500, decode_tokens=0, step_s=0.5)  # no decode step yet: cannot split it
-    assert meter.rates() is None
     meter.observe(prefill_tokens=0, decode_tokens=4, step_s=0.02)
     assert meter.rates() is None
     meter.observe(prefill_tokens=500, decode_tokens=0, step_s=0.52)
@@ -16,6 +14,50 @@ def test_nothing_is_known_until_a_decode_step_and_a_prefill_were_seen() -> None:
     assert rates is not None and rates.max_num_seqs == 8
     # What the prompt added beyond one step: 0.5 s for 500 tokens.
     assert rates.prefill_tokens_per_s == pytest.approx(1000.0) and rates.decode_step_s == pytest.approx(0.02)
+
+
+def test_a_prefill_seen_before_any_decode_step_counts_once_one_is() -> None:
+    """A request's prefill step comes before its decode steps (the warm-up's measuring request)."""
+    meter = ServiceRateMeter(max_num_seqs=8)
+    meter.observe(prefill_tokens=500, decode_tokens=0, step_s=0.52)  # no decode step yet: cannot split it
+    assert meter.rates() is None
+    meter.observe(prefill_tokens=0, decode_tokens=1, step_s=0.02)
+    rates = meter.rates()
+    assert rates is not None and rates.prefill_tokens_per_s == pytest.approx(1000.0)
+    meter.observe(prefill_tokens=0, decode_tokens=1, step_s=0.02)  # counted once, not again
+    assert meter.prefill_s_per_token == pytest.approx(0.001)
+
+
+def test_the_warm_up_feeds_the_meter_a_prefill_and_decode_steps_before_ready(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The warm-up that runs before Ready gives the meter what it needs to know both rates (no
+    traffic yet): after the first, tiny request (its steps pay first-call costs and are dropped),
+    a measuring request's prefill of enough prompt tokens, then decode-only steps. (Whether a step
+    stands out from a decode step is the host's business, so this checks what was fed, not the rates.)"""
+    from plimsoll.runtime import LLM
+    from plimsoll.runtime.engine import llm_engine
+    from plimsoll.runtime.engine.service_rates import MIN_PREFILL_TOKENS
+
+    fed: list[tuple[int, int]] = []
+
+    class Recording(ServiceRateMeter):
+        def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
+            fed.append((prefill_tokens, decode_tokens))
+            super().observe(prefill_tokens, decode_tokens, step_s)
+
+    llm = LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="256KiB", max_model_len=256)
+    try:
+        engine = llm.engine
+        original, llm_engine.ServiceRateMeter = llm_engine.ServiceRateMeter, Recording
+        try:
+            engine.warmup(defer_rest=True)
+        finally:
+            llm_engine.ServiceRateMeter = original
+        assert isinstance(engine.rate_meter, Recording)  # a fresh meter after the tiny request
+        assert fed and fed[0][0] >= MIN_PREFILL_TOKENS  # the measuring prompt, first thing it saw
+        assert sum(1 for prefill, decode in fed if prefill == 0 and decode > 0) >= 2
+        assert not engine.has_unfinished_requests()
+    finally:
+        llm.close()
 
 
 def test_a_few_prompt_tokens_say_nothing_about_the_rate() -> None:

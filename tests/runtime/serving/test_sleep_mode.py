@@ -1,8 +1,10 @@
 """Sleep mode on a real `plimsoll serve` process: memory freed while asleep, the same output after each wake.
 
-Resident memory is read from the server process's /proc status; the KV cache is
-made large (96 MiB) beside a tiny model so what sleeping frees stands out from the
-process's own noise. Level 2 also drops the weights and reads them back on wake.
+Resident memory is read from the server process's /proc status and the KV cache's own
+count of its resident pages from /metrics (plimsoll_kv_cache_resident_bytes); the KV
+cache is made large (96 MiB) beside a tiny model so what sleeping frees stands out from
+the process's own noise. Level 1 on CPU releases the KV pages in place and keeps the
+weights; level 2 also drops the weights and reads them back on wake.
 """
 
 from collections.abc import Iterator
@@ -33,6 +35,12 @@ def _rss(server: ServerProcess) -> int:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
 
 
+def _kv_resident(server: ServerProcess) -> float:
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    line = next(x for x in metrics.splitlines() if x.startswith("plimsoll_kv_cache_resident_bytes{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
 def _text(server: ServerProcess) -> str:
     answer = httpx.post(f"{server.url}/v1/completions", json=BODY, timeout=120)
     assert answer.status_code == 200, answer.text
@@ -42,11 +50,13 @@ def _text(server: ServerProcess) -> str:
 @pytest.mark.parametrize("level", [1, 2])
 def test_sleep_frees_memory_and_wake_gives_the_same_output(replica: ServerProcess, level: int) -> None:
     before = _text(replica)
+    assert _kv_resident(replica) >= KV_BYTES
     awake_rss = _rss(replica)
     slept = httpx.post(f"{replica.url}/sleep", params={"level": level}, timeout=120)
     assert slept.status_code == 200, slept.text
     assert slept.json()["is_sleeping"] is True and slept.json()["freedBytes"] >= KV_BYTES
     asleep_rss = _rss(replica)
+    assert _kv_resident(replica) == 0  # every KV page went back (the engine's own count, mincore)
     # At least most of the KV cache left the process (the weights of a tiny model are a few KiB).
     assert awake_rss - asleep_rss >= 0.75 * KV_BYTES, (awake_rss, asleep_rss)
     assert httpx.get(f"{replica.url}/is_sleeping", timeout=10).json() == {"is_sleeping": True}
@@ -58,6 +68,7 @@ def test_sleep_frees_memory_and_wake_gives_the_same_output(replica: ServerProces
     assert woke.status_code == 200 and woke.json()["is_sleeping"] is False
     assert httpx.get(f"{replica.url}/ready", timeout=10).status_code == 200
     assert _text(replica) == before
+    assert _kv_resident(replica) >= KV_BYTES  # the whole cache is the process's again
 
 
 def test_sleep_needs_the_flag_and_a_valid_level(chat_model_dir: Path) -> None:  # noqa: F811

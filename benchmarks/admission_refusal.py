@@ -1,0 +1,144 @@
+"""A 10× burst on one real `plimsoll serve` with SLO-aware admission: how fast a refusal comes back.
+
+What it measures: one `plimsoll serve` (the embedded model, or ``--model``) with
+``--max-num-seqs`` ``--slots``; a few requests first so the replica has measured its
+rates (until then it admits everything). Then open-loop Poisson arrivals of streamed
+completions, each carrying ``x-slo-ttft-ms: --slo-ms``: ``--base`` per second for
+``--before`` s, ``--factor`` × that for ``--burst`` s. Each request ends one of three ways:
+
+* refused: 429 — timed from sending to the response head, with or without ``Retry-After``;
+* served: timed to the first streamed byte, met or missed its TTFT SLO;
+* timed out: nothing within ``--timeout`` s (a request left waiting in a queue).
+
+It prints the share met, refused and timed out; the refusal latency p50/p95/max and how
+many refusals carried ``Retry-After``; served TTFT p50/p95/max. The client, the server
+and everything else on the host share the CPU, so the refusal latency includes the
+host's scheduling delay; run it with ``uptime`` beside it. A script that prints figures,
+not a test.
+
+    python benchmarks/admission_refusal.py [--burst 20] [--factor 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from plimsoll.runtime.testing import ServerProcess
+
+
+@dataclass
+class Outcome:
+    kind: str  # "served", "refused", "timeout", "error"
+    seconds: float  # to the 429's head (refused), the first byte (served), the give-up (timeout)
+    retry_after: bool = False
+    in_burst: bool = False
+
+
+async def one(
+    client: httpx.AsyncClient, url: str, body: dict[str, object], slo_ms: float, timeout: float
+) -> Outcome:
+    t0 = time.perf_counter()
+    headers = {"x-slo-ttft-ms": f"{slo_ms:.0f}"}
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+                if response.status_code == 429:
+                    return Outcome("refused", time.perf_counter() - t0, "retry-after" in response.headers)
+                if response.status_code != 200:
+                    await response.aread()
+                    return Outcome("error", time.perf_counter() - t0)
+                first = None
+                async for line in response.aiter_lines():
+                    if first is None and line:
+                        first = time.perf_counter() - t0
+                return Outcome("served", first if first is not None else time.perf_counter() - t0)
+    except TimeoutError:
+        return Outcome("timeout", time.perf_counter() - t0)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def run(args: argparse.Namespace, url: str) -> list[Outcome]:
+    body = {
+        "prompt": "The capital of France is",
+        "max_tokens": args.output,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        for _ in range(4):  # the replica measures its rates from these
+            await one(client, url, body, 60_000, args.timeout)
+        rng = random.Random(args.seed)
+        tasks: list[asyncio.Task[Outcome]] = []
+        burst_flags: list[bool] = []
+        start = time.perf_counter()
+        t = 0.0
+        end = args.before + args.burst
+        while True:
+            rate = args.base * (args.factor if t >= args.before else 1.0)
+            t += rng.expovariate(rate)
+            if t >= end:
+                break
+            delay = start + t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(client, url, body, args.slo_ms, args.timeout)))
+            burst_flags.append(t >= args.before)
+        outcomes = await asyncio.gather(*tasks)
+    for o, flag in zip(outcomes, burst_flags, strict=True):
+        o.in_burst = flag
+    return list(outcomes)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="a model directory (default: the embedded model)")
+    p.add_argument("--slots", type=int, default=4, help="the server's --max-num-seqs")
+    p.add_argument("--output", type=int, default=16, help="tokens per answer")
+    p.add_argument("--base", type=float, default=1.0, help="requests per second before the burst")
+    p.add_argument("--factor", type=float, default=10.0)
+    p.add_argument("--before", type=float, default=5.0)
+    p.add_argument("--burst", type=float, default=20.0)
+    p.add_argument("--slo-ms", type=float, default=1000.0)
+    p.add_argument("--timeout", type=float, default=60.0, help="a request with no answer by then timed out")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    serve_args = ["--max-num-seqs", str(args.slots), "--max-model-len", "512", "--kv-cache-memory", "256MiB"]
+    if args.model:
+        serve_args += ["--model", args.model]
+    with ServerProcess(serve_args, startup_timeout=600) as server:
+        outcomes = asyncio.run(run(args, server.url))
+    burst = [o for o in outcomes if o.in_burst]
+    served = [o.seconds for o in burst if o.kind == "served"]
+    refused = [o for o in burst if o.kind == "refused"]
+    refusal = [o.seconds for o in refused]
+    slo = args.slo_ms / 1000
+    met = sum(1 for s in served if s <= slo)
+    n = len(burst)
+    print(f"{args.factor:g}× burst for {args.burst:g} s ({args.base:g} → {args.base * args.factor:g} req/s), "
+          f"TTFT SLO {args.slo_ms:.0f} ms, {args.slots} slots, {args.output} tokens per answer")  # fmt: skip
+    print(f"burst requests {n}: met SLO {met} ({met / max(n, 1):.1%}), served past SLO {len(served) - met}, "
+          f"refused {len(refused)} ({sum(o.retry_after for o in refused)} with Retry-After), "
+          f"timed out {sum(o.kind == 'timeout' for o in burst)}, other errors {sum(o.kind == 'error' for o in burst)}")  # fmt: skip
+    if refusal:
+        print(f"refusal latency: p50 {statistics.median(refusal) * 1000:.1f} ms, p95 {pct(refusal, 0.95) * 1000:.1f} ms, "
+              f"max {max(refusal) * 1000:.1f} ms; within 50 ms {sum(r <= 0.05 for r in refusal) / len(refusal):.1%}")  # fmt: skip
+    if served:
+        print(
+            f"served TTFT: p50 {statistics.median(served):.3f} s, p95 {pct(served, 0.95):.3f} s, max {max(served):.3f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The warm-up after Ready runs in pieces and gives way to work that arrives (engine level)."""
+
+import pytest
+
+from plimsoll.runtime.engine.config import EngineConfig
+from plimsoll.runtime.engine.llm_engine import LLMEngine
+from plimsoll.runtime.engine.sampling_params import SamplingParams
+from plimsoll.runtime.testing import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
+    model = write_tiny_model(tmp_path_factory.mktemp("deferred") / "tiny")
+    built = LLMEngine(EngineConfig(model=str(model), kv_cache_memory=4 * 2**20, max_model_len=128, seed=0))
+    built.warmup(defer_rest=True)
+    return built
+
+
+def test_the_deferred_warmup_stops_when_work_arrives_and_goes_on_later(engine: LLMEngine) -> None:
+    pieces = (
+        sum(
+            1
+            for _ in engine.runner.model.prime_matmul_steps(
+                engine.config.max_num_batched_tokens, engine.config.max_logit_rows
+            )
+        )
+        + 1
+    )  # the matmuls (run again here: primitives are cached, the count is the same) and the largest step
+    assert engine.deferred_warmup
+    asked = 0
+
+    def busy_after_three() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked > 3
+
+    assert engine.run_deferred_warmup(busy=busy_after_three) is False  # stopped after the fourth piece
+    assert engine.deferred_warmup and asked == 4
+    # A request served in between, then the rest from where it stopped.
+    out = engine.generate(["hello"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+    seen = 0
+
+    def count() -> bool:
+        nonlocal seen
+        seen += 1
+        return False
+
+    assert engine.run_deferred_warmup(busy=count) is True
+    assert not engine.deferred_warmup
+    assert asked + seen == pieces  # one check after each piece: nothing ran twice, nothing was skipped
+    assert engine.run_deferred_warmup() is True  # done: nothing more to run
