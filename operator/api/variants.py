@@ -141,6 +141,13 @@ class VariantSpec(APIModel):
         description="capacity.mode Manual: in-flight requests one replica of this variant carries "
         "(default spec.capacity.concurrencyPerReplica). Profile mode measures it per variant.",
     )
+    requests_per_second_per_replica: float | None = Field(
+        None,
+        gt=0,
+        description="capacity.mode Manual: requests/s one replica of this variant finishes at its "
+        "concurrencyPerReplica. Given for every variant, the mix compares variants and sizes demand in "
+        "requests/s (as a profile measures it); otherwise in in-flight requests.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> "VariantSpec":

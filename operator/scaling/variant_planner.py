@@ -13,8 +13,11 @@ runs instead of the single-pool rules when ``spec.variants`` is set. Each tick:
    is back as soon as its pods run again. A variant not profiled yet runs
    ``max(1, minReplicas)`` replicas so its profile Job has one to measure, and
    stays out of the mix until it has a target.
-2. **Demand.** In-flight on every scraped replica over its variant's latency (the
-   comparison unit), projected along its rising trend when
+2. **Demand** (``variant_demand.py``). With per-replica rates (requests/s): the
+   requests each variant's replicas finished per second over the last 30 s, or
+   its in-flight over its latency where that is larger and in-flight shows a
+   queue (past what its replicas carry at target for 20 s); without rates,
+   in-flight over latency. Projected along its rising trend when
    ``autoscaling.trend.lookaheadSeconds`` is set; kept with its time so the
    HPA's windows apply to it: the demand a scale-up answers is the **lowest** of
    the last ``scaleUpStabilizationSeconds``, the one a scale-down answers the
@@ -58,12 +61,20 @@ from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.observations import Observations
 from plimsoll.operator.scaling.replica_plan import PlanDraft, variant_pool
 from plimsoll.operator.scaling.timestamps import rfc3339_seconds
+from plimsoll.operator.scaling.variant_demand import (
+    BASIS_QUEUE,
+    QUEUE_SECONDS,
+    RATE_MIN_SPAN_S,
+    RATE_WINDOW_S,
+    DemandHistory,
+    VariantDemand,
+    variant_demand,
+)
 from plimsoll.operator.scaling.variant_mix import Mix, MixChoice, Offer, choose_mix, make_mix
 from plimsoll.operator.scaling.variant_state import (
     VariantPods,
     VariantTarget,
     billed_cost_per_hour,
-    demand_now,
     rising_projection,
     variant_pods,
     variant_targets,
@@ -75,7 +86,7 @@ STATUS_MIN_INTERVAL_S = 15.0
 REMOVAL_GRACE_S = 60.0
 # The least demand planned for: one replica of something always runs.
 LEAST_DEMAND = 1e-6
-_NOT_COMPARED = ("time", "demand", "variants", "capacity", "costPerHour", "optimum")
+_NOT_COMPARED = ("time", "demand", "demandBasis", "variants", "capacity", "costPerHour", "optimum")
 
 
 @dataclass
@@ -105,7 +116,7 @@ class _Tick:
     pods: dict[str, VariantPods]
     current: dict[str, int]
     demand: float
-    per_variant: dict[str, float]
+    per_variant: dict[str, VariantDemand]
     capacity: float
 
 
@@ -128,6 +139,7 @@ class VariantPlanner:
 
     def __init__(self) -> None:
         self.demands: deque[tuple[float, float]] = deque()
+        self.history = DemandHistory()
         self.trouble_since: dict[str, float] = {}  # variant -> since when its pods cannot serve
         self.unavailable: dict[str, tuple[float, str]] = {}  # variant -> (until, why)
         self.target: dict[str, int] | None = None  # the mix being carried out
@@ -155,7 +167,8 @@ class VariantPlanner:
         pods = variant_pods(obs, list(variants))
         self._keep_removed(draft, obs)
         changed_availability = self._availability(draft, spec, pods, current, now)
-        demand, per_variant = demand_now(pods, targets)
+        self.history.observe(now, pods, targets, spec.autoscaling.tolerance)
+        demand, per_variant = variant_demand(pods, targets, unit, self.history)
         capacity = sum(
             max(0, current[n] - len(v.silent) - len(v.unschedulable) - len(v.marked)) * targets[n].capacity
             for n, v in pods.items() if n in targets and n not in self.unavailable
@@ -524,7 +537,7 @@ class VariantPlanner:
                 "spot": v.spot,
                 "minReplicas": v.min_replicas,
                 "maxReplicas": v.max_replicas,
-                "demand": round(tick.per_variant.get(v.name, 0.0), 6),
+                **_demand_status(tick.per_variant.get(v.name)),
                 "available": unavailable is None,
                 "reason": reason,
             })  # fmt: skip
@@ -535,6 +548,7 @@ class VariantPlanner:
             "unit": tick.unit,
             "maxSpotFraction": spec.mix.max_spot_fraction,
             "demand": round(tick.demand, 6),
+            "demandBasis": _demand_basis(tick),
             "capacity": round(tick.capacity, 6),
             "costPerHour": round(running.cost_per_hour, 6),
             "replicas": counts,
@@ -575,6 +589,30 @@ def _all_offers(spec: LLMServiceSpec, tick: _Tick) -> list[Offer]:
               max(v.max_replicas, tick.current[v.name]), v.spot)
         for v in spec.variants
     ]  # fmt: skip
+
+
+def _demand_status(d: VariantDemand | None) -> dict[str, Any]:
+    """A variant row's demand and both its inputs."""
+    if d is None:
+        return {"demand": 0.0}
+    return {
+        "demand": round(d.demand, 6),
+        "inFlightDemand": round(d.in_flight, 6),
+        "finishedRate": round(d.finished_rate, 6) if d.finished_rate is not None else None,
+        "demandBasis": d.basis,
+    }
+
+
+def _demand_basis(tick: _Tick) -> str:
+    """What the demand is, in words (status.mix.demandBasis)."""
+    queued = sorted(n for n, d in tick.per_variant.items() if d.basis == BASIS_QUEUE)
+    if all(d.finished_rate is None for d in tick.per_variant.values()):
+        return (f"in-flight ÷ each variant's latency ({tick.unit}); requests finished per second take over "
+                f"once every variant has a per-replica rate and the window holds {RATE_MIN_SPAN_S:.0f} s")  # fmt: skip
+    text = f"requests finished per second over the last {RATE_WINDOW_S:.0f} s"
+    if queued:
+        text += f"; in-flight ÷ latency on {', '.join(queued)}, whose in-flight stayed past its replicas' target for {QUEUE_SECONDS:.0f} s (a queue)"
+    return text
 
 
 def _mix_status(mix: Mix | None) -> dict[str, Any]:

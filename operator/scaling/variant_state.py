@@ -13,8 +13,6 @@ observations —
 - :func:`variant_pods`: per variant, its pods as the tick saw them — serving
   (Ready, scraped), starting, silent (Ready but not answering its scrape),
   unschedulable (no node fits) and marked for removal;
-- :func:`demand_now`: in-flight on every scraped replica, each turned into the
-  comparison unit by its own variant's latency (``in-flight ÷ latency``);
 - :func:`billed_cost_per_hour`: what the replicas holding a node cost now.
 
 What it is not: the decision (``variant_planner.py``) or the optimiser
@@ -64,7 +62,7 @@ def variant_targets(spec: LLMServiceSpec, status: Mapping[str, Any]) -> tuple[di
         elif spec.capacity.mode == "Manual":
             manual = variant.concurrency_per_replica or spec.capacity.concurrency_per_replica
             if manual is not None:
-                found[variant.name] = (float(manual), None, "manual")
+                found[variant.name] = (float(manual), variant.requests_per_second_per_replica, "manual")
         elif capacity.get("concurrencyPerReplica"):
             found[variant.name] = (
                 float(capacity["concurrencyPerReplica"]),
@@ -132,23 +130,6 @@ def variant_pods(observations: Observations, names: Sequence[str]) -> dict[str, 
         else:
             view.serving.append(pod)
     return pods
-
-
-def demand_now(
-    pods: Mapping[str, VariantPods], targets: Mapping[str, VariantTarget]
-) -> tuple[float, dict[str, float]]:
-    """The demand in the comparison unit (total, and per variant: its in-flight ÷ its latency).
-
-    A variant without a target yet (being profiled) still serves: its in-flight counts at the
-    mean latency of the others.
-    """
-    latencies = [t.latency_s for t in targets.values()]
-    fallback = sum(latencies) / len(latencies) if latencies else 1.0
-    per: dict[str, float] = {}
-    for name, view in pods.items():
-        latency = targets[name].latency_s if name in targets else fallback
-        per[name] = view.in_flight / latency
-    return sum(per.values()), per
 
 
 def rising_projection(points: Sequence[tuple[float, float]], lookahead_s: float) -> float | None:

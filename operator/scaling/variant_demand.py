@@ -1,0 +1,156 @@
+"""The variant planner's demand: the rate requests finish at, and in-flight where it shows a queue.
+
+What it is: :class:`DemandHistory` (each variant's replicas' finished-request
+counters over the last ``RATE_WINDOW_S``, and whether its in-flight stayed past
+its target over the last ``QUEUE_SECONDS``) and :func:`variant_demand`, which
+turns a tick's pods into the demand the mix is chosen for, per variant:
+
+- **finished rate** (with every variant's per-replica rate known, the requests/s
+  unit): the requests the variant's replicas finished per second over the
+  window. It is the offered load the replicas served; Poisson bursts average out
+  over the window, and a busy replica's longer latency does not inflate it;
+- **in-flight** (``in-flight ÷ latency``, the HPA-like signal): taken instead,
+  when larger, only where in-flight **shows a queue** — the variant held more
+  than its replicas carry at target (``replicas × concurrencyPerReplica``, past
+  ``autoscaling.tolerance``) at every tick of the last ``QUEUE_SECONDS``. Then
+  the replicas are saturated, finish no faster than they can, and the finished
+  rate understates what arrives. One tick past target is a Poisson burst, not a
+  queue: at 90% of its target a replica's in-flight is past it a third of the time;
+- before the window spans ``RATE_MIN_SPAN_S``, or in the in-flight unit (a
+  variant without a rate), in-flight alone.
+
+In-flight alone over-provisions: under Poisson arrivals it swings several-fold
+within a minute, the scale-down window keeps its highest value, and on a loaded
+host latency rises, in-flight with it, and with it the replicas asked for.
+
+What it is not: the windows the decision applies (``variant_planner.py``) or the
+targets and pod views (``variant_state.py``). No I/O; time comes from the caller.
+"""
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from plimsoll.operator.scaling.variant_state import RATE_UNIT, VariantPods, VariantTarget
+
+# The finished rate is the mean over this long: ~60 Poisson arrivals at 2 req/s, ~13% noise.
+RATE_WINDOW_S = 30.0
+# A shorter span than this says too little about a rate; in-flight is used meanwhile.
+RATE_MIN_SPAN_S = 10.0
+# In-flight past target at every tick this long is a queue: a Poisson burst drains within a latency
+# or two, and at 90% of its target a variant is past it 11 ticks (2 s apart) in a row under once in 10^5.
+QUEUE_SECONDS = 20.0
+
+BASIS_RATE = "finished rate"
+BASIS_QUEUE = "in-flight (queue)"
+BASIS_IN_FLIGHT = "in-flight"
+
+# (from, to, variant -> requests finished in between)
+_Step = tuple[float, float, dict[str, float]]
+
+
+@dataclass
+class DemandHistory:
+    """Each variant's finished requests per second over ``window_s``, and whether it holds a queue.
+
+    Finished requests are counted per pod between consecutive ticks, so a pod that left
+    (drained, reclaimed) keeps what it finished while it was there; a counter that went
+    down restarted (from zero).
+    """
+
+    window_s: float = RATE_WINDOW_S
+    last: dict[str, float] = field(default_factory=dict)  # pod -> its counter at the last tick
+    steps: deque[_Step] = field(default_factory=deque)
+    last_time: float | None = None
+    over: deque[tuple[float, frozenset[str]]] = field(default_factory=deque)  # (time, variants past target)
+
+    def observe(
+        self,
+        now: float,
+        pods: Mapping[str, VariantPods],
+        targets: Mapping[str, VariantTarget],
+        tolerance: float,
+    ) -> None:
+        if self.last_time is not None and now <= self.last_time:
+            return  # the same instant twice (or a clock going back): nothing new to count
+        past = frozenset(
+            name
+            for name, view in pods.items()
+            if name in targets
+            and view.in_flight > len(view.scraped) * targets[name].concurrency * (1 + tolerance)
+        )
+        self.over.append((now, past))
+        while len(self.over) >= 2 and self.over[1][0] <= now - QUEUE_SECONDS:
+            self.over.popleft()
+        counters: dict[str, tuple[str, float]] = {}
+        for name, view in pods.items():
+            for seen in view.scraped:
+                if seen.sample is not None and seen.sample.requests_finished is not None:
+                    counters[seen.name] = (name, seen.sample.requests_finished)
+        if self.last_time is not None:
+            finished: dict[str, float] = {}
+            for pod, (variant, value) in counters.items():
+                before = self.last.get(pod)
+                if before is None:
+                    continue  # first seen: what it finished so far is not this interval's
+                finished[variant] = finished.get(variant, 0.0) + (value if value < before else value - before)
+            self.steps.append((self.last_time, now, finished))
+        self.last_time = now
+        self.last = {pod: value for pod, (_, value) in counters.items()}
+        while self.steps and self.steps[0][0] < now - self.window_s:
+            self.steps.popleft()
+
+    def queued(self, name: str) -> bool:
+        """The variant's in-flight was past its target at every tick of the last ``QUEUE_SECONDS``."""
+        if not self.over or self.over[-1][0] - self.over[0][0] < QUEUE_SECONDS:
+            return False
+        return all(name in past for _, past in self.over)
+
+    def per_second(self) -> dict[str, float] | None:
+        """Variant -> finished/s over the window; None while it spans less than ``RATE_MIN_SPAN_S``."""
+        span = self.steps[-1][1] - self.steps[0][0] if self.steps else 0.0
+        if span < RATE_MIN_SPAN_S:
+            return None
+        total: dict[str, float] = {}
+        for _, _, finished in self.steps:
+            for variant, n in finished.items():
+                total[variant] = total.get(variant, 0.0) + n
+        return {variant: n / span for variant, n in total.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class VariantDemand:
+    """One variant's demand this tick, with both inputs (for status)."""
+
+    in_flight: float  # in the comparison unit: in-flight ÷ latency
+    finished_rate: float | None  # requests/s over the window; None when not used
+    queued: bool  # in-flight past what its replicas carry at target, for QUEUE_SECONDS
+    basis: str
+    demand: float
+
+
+def variant_demand(
+    pods: Mapping[str, VariantPods],
+    targets: Mapping[str, VariantTarget],
+    unit: str,
+    history: DemandHistory,
+) -> tuple[float, dict[str, VariantDemand]]:
+    """The demand in the comparison unit (total, and per variant with its inputs); see the module docstring."""
+    latencies = [t.latency_s for t in targets.values()]
+    fallback = sum(latencies) / len(latencies) if latencies else 1.0
+    rates = history.per_second() if unit == RATE_UNIT else None
+    per: dict[str, VariantDemand] = {}
+    for name, view in pods.items():
+        target = targets.get(name)
+        in_flight = view.in_flight / (target.latency_s if target else fallback)
+        if rates is None:
+            per[name] = VariantDemand(in_flight, None, False, BASIS_IN_FLIGHT, in_flight)
+            continue
+        rate = rates.get(name, 0.0)
+        # A variant still being profiled has no target to judge a queue by: in-flight counts as before.
+        queued = target is None or history.queued(name)
+        if queued and in_flight > rate:
+            per[name] = VariantDemand(in_flight, rate, True, BASIS_QUEUE, in_flight)
+        else:
+            per[name] = VariantDemand(in_flight, rate, queued, BASIS_RATE, rate)
+    return sum(d.demand for d in per.values()), per
