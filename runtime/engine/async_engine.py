@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 SHUTDOWN_JOIN_S = 5.0
 # The engine idles this long before the deferred warm-up (engine.warmup) takes its next pieces.
 DEFERRED_WARMUP_IDLE_S = 1.0
+# ... and this many times as long before its first piece, the largest step: the one piece a request
+# can wait seconds behind, and the request a scale-up was for may reach a new replica a few seconds
+# after Ready (the router's discovery, a client's retry).
+FIRST_PIECE_IDLE_FACTOR = 5.0
 
 
 class EngineDeadError(RuntimeError):
@@ -328,7 +332,8 @@ class AsyncEngine:
                             return not self._commands and not engine.has_unfinished_requests() and not self._stopping
 
                         if quiet():
-                            self._cond.wait(timeout=DEFERRED_WARMUP_IDLE_S)
+                            first = not engine.deferred_warmup_started
+                            self._cond.wait(timeout=DEFERRED_WARMUP_IDLE_S * (FIRST_PIECE_IDLE_FACTOR if first else 1.0))
                         idle = quiet()
                     if idle:
                         # Piece by piece: a request (or any command) that arrives meanwhile is served

@@ -853,6 +853,11 @@ class LLMEngine:
         while self.has_unfinished_requests():
             self.step()
 
+    @property
+    def deferred_warmup_started(self) -> bool:
+        """Whether the deferred warm-up ran its first piece (the largest step) already."""
+        return self._deferred_pieces is not None
+
     def run_deferred_warmup(self, busy: Callable[[], bool] | None = None) -> bool:
         """The rest of the warm-up (see :meth:`warmup`); ``True`` once all of it ran. With ``busy``,
         it stops between two pieces as soon as ``busy()`` says work arrived, and a later call goes
