@@ -29,6 +29,10 @@ from plimsoll.router.kv_index import KVBlockIndex
 from plimsoll.runtime.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 
 log = logging.getLogger(__name__)
+# A publisher numbers its batches from its start time in microseconds (runtime/kv/events.py): a
+# jump of a million or more is a new process whose first batches were missed (one that lived over
+# a second), not lost batches. Either way the replica's entries are cleared; this names it in logs.
+RESTART_JUMP = 1_000_000
 
 
 @dataclass
@@ -97,7 +101,7 @@ class KVEventSubscriber:
             return
         now = time.monotonic() if now is None else now
         if feed.last_seq is not None and seq != feed.last_seq + 1:
-            if seq <= feed.last_seq:
+            if seq <= feed.last_seq or seq - feed.last_seq > RESTART_JUMP:
                 feed.restarts += 1
                 log.info("KV events of %s restarted at seq %d (was %d): its index entries are cleared",
                          replica, seq, feed.last_seq)  # fmt: skip

@@ -213,7 +213,11 @@ class ZmqEventPublisher:
         self._topic = config.topic.encode()
         self._queue: queue.Queue[EventBatch | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
-        self._seq = 0
+        # The sequence starts at this process's start in microseconds since the epoch, not at 0: a
+        # subscriber whose subscription reconnects only after a restarted publisher's first batches
+        # could otherwise see the new numbers continue the old ones exactly and keep the old
+        # process's entries. This way a restart always shows as a jump, which clears them.
+        self._seq = time.time_ns() // 1000
         self.dropped = 0
         self.published = 0
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)

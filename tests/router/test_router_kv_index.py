@@ -68,3 +68,23 @@ def test_staleness_only_after_routed_work_goes_unanswered() -> None:
     )
     assert sub.is_fresh("a", now=104.0)
     assert not sub.is_fresh("unknown")
+
+
+def test_a_restart_whose_first_batches_were_missed_still_clears_the_old_entries() -> None:
+    """Each publisher numbers from its start in microseconds: a restarted replica's first batch
+    that the router sees is far past the old process's last, never its exact successor."""
+    index = KVBlockIndex()
+    sub = KVEventSubscriber(index)
+    sub.watch("a", "tcp://127.0.0.1:1")
+
+    def send(seq: int, now: float, block: int) -> None:
+        sub.handle("a", seq, encode_batch(EventBatch(0.0, [BlockStored([block], None, [0] * 16, 16, None, "GPU")])),
+                   now=now)  # fmt: skip
+
+    old = 1_733_000_000_000_000
+    send(old, 0.0, 7)
+    assert index.score(["a"], [7])["a"].blocks == 1
+    send(old + 3_600_000_000, 1.0, 9)  # the new process, started an hour later
+    assert sub.feeds["a"].restarts == 1 and sub.feeds["a"].gaps == 0
+    assert "a" not in index.score(["a"], [7]) or index.score(["a"], [7])["a"].blocks == 0
+    assert index.score(["a"], [9])["a"].blocks == 1
