@@ -61,6 +61,11 @@ class Histogram:
         return histogram_quantile(q, self)
 
 
+def counter_increase(now: float, before: float) -> float:
+    """What a counter added since ``before``; a reset (a restarted server) counts from zero, as ``rate()`` does."""
+    return now if now < before else now - before
+
+
 def merge_histograms(histograms: Iterable[Histogram]) -> Histogram | None:
     """Bucket-wise sum of histograms with the same bounds (several servers, or several label sets)."""
     merged: Histogram | None = None

@@ -41,6 +41,7 @@ from typing import Any
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import RouterDemand
+from plimsoll.prometheus import counter_increase
 
 # The router's answers that say every replica was full, or would miss the request's TTFT bound.
 ROUTER_DEMAND_REASONS = ("saturated", "replicas_full", "slo_ttft", "hold_full", "hold_timeout")
@@ -96,7 +97,7 @@ def _delta(now: Mapping[str, float], before: Mapping[str, float]) -> float:
     total = 0.0
     for key, value in now.items():
         base = before.get(key, 0.0)
-        total += value if value < base else value - base  # a reset counts from zero
+        total += counter_increase(value, base)
     return total
 
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from plimsoll.operator.scaling.variant_state import RATE_UNIT, VariantPods, VariantTarget
+from plimsoll.prometheus import counter_increase
 
 # The finished rate is the mean over this long: ~60 Poisson arrivals at 2 req/s, ~13% noise.
 RATE_WINDOW_S = 30.0
@@ -93,7 +94,7 @@ class DemandHistory:
                 before = self.last.get(pod)
                 if before is None:
                     continue  # first seen: what it finished so far is not this interval's
-                finished[variant] = finished.get(variant, 0.0) + (value if value < before else value - before)
+                finished[variant] = finished.get(variant, 0.0) + counter_increase(value, before)
             self.steps.append((self.last_time, now, finished))
         self.last_time = now
         self.last = {pod: value for pod, (_, value) in counters.items()}
