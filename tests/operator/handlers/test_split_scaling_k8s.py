@@ -91,9 +91,10 @@ def test_each_pool_is_profiled_and_scales_on_its_own_signal(
         replicas=1,
         scaling={"min": 1, "max": 2},
         router={"replicas": 1},
-        # Generous objectives: each knee is where the two-sequence engine saturates, not where a shared
-        # CPU happens to miss a tight latency.
-        slo={"ttftP95Ms": 20000, "tpotP50Ms": 5000},
+        # No objectives: each knee is where the two-sequence engine starts to queue, by the server's own
+        # histograms (counted, whatever the host's speed). Against generous objectives the knee is the
+        # throughput plateau, which eight requests a level on a fast host can miss.
+        slo={"preset": "none"},
         capacity={
             "mode": "Profile",
             "headroom": 0.5,
