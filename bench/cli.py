@@ -368,11 +368,11 @@ def soak(
     window: float = typer.Option(60.0, "--window", help="Seconds per recorded window"),
 ) -> None:
     """Steady load for a long time: latency, KV, memory, fds and connections per window; rises flagged."""
-    from plimsoll.bench.scenarios import run_soak
+    from plimsoll.bench.scenarios import Windows, run_soak
 
     cfg, seconds = _windowed_config(flags, concurrency, duration, window)
 
-    execute_scenario(cfg, flags["output"], run_soak, concurrency, seconds, window)
+    execute_scenario(cfg, flags["output"], run_soak, Windows(concurrency, seconds, window))
 
 
 @app.command("spec-ab")
@@ -393,16 +393,18 @@ def spec_ab(
     ),
 ) -> None:
     """A/B a speculative-decoding config: gain, acceptance rate, keep if > 30% faster."""
+    from plimsoll.bench.scenarios import Windows
     from plimsoll.bench.session import BenchSession
     from plimsoll.bench.spec_ab import run_spec_ab
 
     cfg, seconds = _windowed_config(flags, concurrency, duration, window)
     candidate_cfg = cfg.model_copy(update={"url": speculative_url.rstrip("/")})
+    each = Windows(concurrency, seconds, window)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
         candidate = await BenchSession.open(candidate_cfg)
         try:
-            return dict(await run_spec_ab(session, candidate, concurrency, seconds, window, live.start))
+            return dict(await run_spec_ab(session, candidate, each, live.start))
         finally:
             await candidate.aclose()
 
