@@ -214,5 +214,7 @@ def test_each_pool_is_profiled_and_scales_on_its_own_signal(
     for what, load in (("prefill", prefill_load), ("decode", decode_load)):
         failed = [c.error for c in load.completions if c.error is not None]
         ok = len(load.completions) - len(failed)
-        print(f"{what} load: {ok} requests ok, {len(failed)} failed {failed[:3]}")
+        e2e = sorted(c.e2e_s for c in load.completions if c.error is None)
+        median = f", median {e2e[len(e2e) // 2]:.1f} s end to end" if e2e else ""
+        print(f"{what} load: {ok} requests ok{median}, {len(failed)} failed {failed[:3]}")
         assert ok > 0, f"the {what} load got no answer: {failed[:3]}"
