@@ -23,6 +23,7 @@ import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -357,6 +358,18 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
             if lv.valid and lv.concurrency is not None
         ),
     )
+
+
+def read_profile_file(report: Path) -> CapacityProfile:
+    """A bench report on disk (``plimsoll plan``): its capacity, or a ValueError naming the file and why not."""
+    try:
+        text = report.read_text()
+    except OSError as err:
+        raise ValueError(f"cannot read the bench report {report}: {err}") from None
+    profile = read_profile(text)
+    if isinstance(profile, ProfileFailure):
+        raise ValueError(f"{report}: {profile.message}")
+    return profile
 
 
 def profile_conditions(
