@@ -17,7 +17,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
-from plimsoll.operator.api.base import APIModel, Quantity, cel
+from plimsoll.operator.api.base import APIModel, Quantity, cel, defaulted
 
 
 class PoolResources(APIModel):
@@ -33,7 +33,7 @@ class PoolResources(APIModel):
 # The two fields both pools declare alike (their own count, signal and profile differ).
 PoolCompute = Annotated[
     PoolResources,
-    Field(default_factory=lambda: PoolResources.model_validate({}), description="Per-replica compute."),
+    defaulted(PoolResources, "Per-replica compute."),
 ]
 PoolEngineArgs = Annotated[
     list[str], Field(default_factory=list, description="Extra engine arguments for this pool.")
@@ -115,12 +115,9 @@ class DecodePoolSpec(APIModel):
 class DisaggregationSpec(APIModel):
     """Prefill and decode pools (see the module docstring)."""
 
-    prefill: PrefillPoolSpec = Field(
-        default_factory=lambda: PrefillPoolSpec.model_validate({}), description="The prefill pool."
-    )
-    decode: DecodePoolSpec = Field(
-        default_factory=lambda: DecodePoolSpec.model_validate({}),
-        description="The decode pool: the service's replicas (spec.replicas, spec.scaling).",
+    prefill: PrefillPoolSpec = defaulted(PrefillPoolSpec, "The prefill pool.")
+    decode: DecodePoolSpec = defaulted(
+        DecodePoolSpec, "The decode pool: the service's replicas (spec.replicas, spec.scaling)."
     )
     kv_port: int = Field(
         14579, ge=1024, le=65535, description="Port of each prefill replica's KV transfer server."
