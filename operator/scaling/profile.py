@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from plimsoll.capacity import latency_crossing, recommend
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.scaling.drift import CurvePoint
 from plimsoll.operator.scaling.formula import fmt
 
 # Major versions of the report this reader understands.
@@ -262,10 +263,9 @@ class CapacityProfile:
     def curve(self) -> list[dict[str, Any]]:
         """For ``status.capacity.curve``: what one replica did at each level (the drift check's reference)."""
         return [
-            {"concurrency": lv.concurrency, "outputTokensPerS": lv.output_tokens_per_s,
-             "ttftP95Ms": lv.ttft_p95_ms, "tpotP50Ms": lv.tpot_p50_ms}
+            CurvePoint(lv.concurrency, lv.output_tokens_per_s, lv.ttft_p95_ms, lv.tpot_p50_ms).to_status()
             for lv in self.levels
-        ]  # fmt: skip
+        ]
 
     def knees(self) -> dict[str, Any]:
         """For ``status.capacity.knees``."""
