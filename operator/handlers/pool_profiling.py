@@ -16,7 +16,6 @@ What it is not: the scaling that reads the figures (``operator/scaling/pools.py`
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
@@ -24,6 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.profiling import (
     RECORDED_ANNOTATION,
@@ -51,7 +51,6 @@ from plimsoll.operator.scaling.inputs import spec_profile_hash
 from plimsoll.operator.scaling.profile import CapacityProfile, read_profile
 from plimsoll.operator.scaling.profile_plan import Plan, decide
 
-Log = logging.Logger | logging.LoggerAdapter[Any]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
 
 

@@ -29,7 +29,6 @@ writer's conditions are never overwritten with a stale copy. Importing this
 module registers the timer.
 """
 
-import logging
 import os
 from typing import Any
 
@@ -40,6 +39,7 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import (
     OWNERSHIP_CONDITION,
@@ -73,8 +73,6 @@ from plimsoll.pods import pod_is_ready
 
 RECORDED_ANNOTATION = "plimsoll.dev/profile-recorded"
 PROFILE_INTERVAL_S = float(os.environ.get("PLIMSOLL_PROFILE_INTERVAL_SECONDS", "5"))
-
-Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
 # --- reading the cluster ---------------------------------------------------------------
