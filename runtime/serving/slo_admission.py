@@ -12,6 +12,12 @@ router tries one). Each refusal counts in ``plimsoll_admission_rejections_total
 {reason="slo_ttft"}`` and, when objectives are set, as a bad request in
 ``plimsoll_slo_requests_total`` — the operator's attainment counts what was shed.
 
+An idle replica (nothing running or waiting, nothing admitted and unposted) admits
+what it is asked whatever the prediction: then the prediction is the measured prefill
+rate alone, and a rate measured during a spike in the host's load would refuse every
+request after it — refused requests measure nothing, so only an admitted one can
+correct it. Such a request costs no other request anything.
+
 What it is not: the prediction (``common/ttft_prediction.py``) or the other
 admission rules (``requests.py``: draining, queue full, tenant caps). A replica that
 has not yet measured its rates admits everything (it cannot say).
@@ -64,9 +70,10 @@ def check_predicted_ttft(
     rates = ctx.engine.service_rates()
     if rates is None:
         return None
-    prediction = predict_ttft(ctx.queue_snapshot(), rates, max(prompt_tokens, default=0), num_seqs)
-    if prediction.ttft_s <= bound:
-        return prediction
+    queue = ctx.queue_snapshot()
+    prediction = predict_ttft(queue, rates, max(prompt_tokens, default=0), num_seqs)
+    if prediction.ttft_s <= bound or not (queue.running or queue.waiting):
+        return prediction  # within the bound, or an idle replica: it re-measures its rates (see above)
     ctx.metrics.reject("slo_ttft")
     ctx.metrics.judge_shed()
     retry = prediction.retry_after_s(bound)

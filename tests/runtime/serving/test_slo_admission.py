@@ -48,7 +48,10 @@ def test_a_request_that_would_wait_past_its_bound_gets_429_with_retry_after(slow
         deadline = time.monotonic() + 30
         while True:
             samples = scrape(slow.url)
-            remaining, backlog = metric(samples, mn.DECODE_TOKENS_REMAINING), metric(samples, mn.BACKLOG_SECONDS)
+            remaining, backlog = (
+                metric(samples, mn.DECODE_TOKENS_REMAINING),
+                metric(samples, mn.BACKLOG_SECONDS),
+            )
             if backlog > 0.3 or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
@@ -86,3 +89,24 @@ def test_the_objective_is_the_default_bound_and_a_shed_request_counts_as_bad(slo
 def test_a_bound_that_is_not_a_number_is_a_bad_request(slow: ThreadedServer) -> None:
     bad = httpx.post(f"{slow.url}/v1/completions", json=BODY, headers={SLO_TTFT_HEADER: "soon"}, timeout=60)
     assert bad.status_code == 400 and "x-slo-ttft-ms must be a number" in bad.json()["error"]["message"]
+
+
+def test_an_idle_replica_admits_what_its_rates_say_would_miss(slow: ThreadedServer) -> None:
+    # The rates are measured (a request ran); a 1 ms bound is below even one 40 ms step. While busy such a
+    # request is refused; idle, it is admitted: refused requests measure nothing, so a rate measured in a
+    # slow moment would otherwise refuse everything after it.
+    assert (
+        httpx.post(f"{slow.url}/v1/completions", json={**BODY, "max_tokens": 3}, timeout=120).status_code
+        == 200
+    )
+    tight = {**BODY, "max_tokens": 2}
+    worker = _busy(slow.url)
+    try:
+        busy = httpx.post(
+            f"{slow.url}/v1/completions", json=tight, headers={SLO_TTFT_HEADER: "1"}, timeout=60
+        )
+        assert busy.status_code == 429, busy.text
+    finally:
+        worker.join()
+    idle = httpx.post(f"{slow.url}/v1/completions", json=tight, headers={SLO_TTFT_HEADER: "1"}, timeout=120)
+    assert idle.status_code == 200, idle.text
