@@ -136,40 +136,14 @@ def store_kv(
     if num_tokens == 0:
         return
     key, value, slot_mapping = map(_unit_stride, (key, value, slot_mapping))
-    kernels = _kernels(opts["interpret"])
-    if kv_int8.is_int8(k_cache):
-        k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
-        kernels.store_kv_int8[(num_tokens,)](
-            key, value, k_values, v_values, k_scales, v_scales, slot_mapping,
-            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            k_values.stride(0), k_values.stride(1), k_values.stride(2),
-            *s_strides,
-            NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-            BLOCK_H=_pow2(num_kv_heads), BLOCK_D=_pow2(head_dim),
-        )  # fmt: skip
-        return
-    kernels.store_kv[(num_tokens,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=k_cache.shape[1],
-        BLOCK_H=_pow2(num_kv_heads),
-        BLOCK_D=_pow2(head_dim),
-    )
+    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
+    _kernels(opts["interpret"]).store_kv[(num_tokens,)](
+        key, value, k_values, v_values, k_scales, v_scales, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *k_values.stride()[:3], *v_values.stride()[:3], *s_strides,
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
+        BLOCK_H=_pow2(num_kv_heads), BLOCK_D=_pow2(head_dim), KV_INT8=kv_int8.is_int8(k_cache),
+    )  # fmt: skip
 
 
 def paged_attention(
