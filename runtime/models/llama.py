@@ -215,11 +215,12 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.model.rotary_emb(positions, x.dtype)  # once per step, for every layer
         # On CPU (models/cpu_plan.py): the fused decode step or the glued layers where they take
         # the step; every other step runs the layers below.
+        step = PagedAttend(kv_caches, meta, store_kv, paged_attention)
         if self.cpu_plan is not None:
-            planned = self.cpu_plan.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
+            planned = self.cpu_plan.run(x, cos, sin, step)
             if planned is not None:
                 return planned
-        return self.run_layers(x, cos, sin, PagedAttend(kv_caches, meta, store_kv, paged_attention))
+        return self.run_layers(x, cos, sin, step)
 
     def forward_opaque(
         self,

@@ -21,6 +21,7 @@ from kernel_builds import needs_kernels
 from tiny_models import tiny_config
 
 from plimsoll.runtime.attention import sdpa
+from plimsoll.runtime.attention.attention_op import PagedAttend
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.models import dense, fused_decode
 from plimsoll.runtime.models.cpu_plan import CPUOptions, CPUPlan, RowLimits
@@ -477,8 +478,8 @@ def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatc
     int8 = [(k.to(torch.int8), v.to(torch.int8)) for k, v in caches]
     with torch.inference_mode():
         assert not model.cpu_plan.fused.run(
-            model.model.embed_tokens(ids), *model.model.rotary_emb(positions, torch.float32), int8, meta,
-            sdpa.store_kv, sdpa.paged_attention,
+            model.model.embed_tokens(ids), *model.model.rotary_emb(positions, torch.float32),
+            PagedAttend(int8, meta, sdpa.store_kv, sdpa.paged_attention),
         )  # fmt: skip
     assert forward(model, (ids, positions, caches, meta), False, monkeypatch)[2] == 0  # cpu_fused_decode=False
 
