@@ -171,7 +171,7 @@ def test_decode_splits_gqa(
         block_size=16,
     )
     expected = attention_torch.paged_attention(*batch.args())
-    got = attention_triton.decode_attention(*batch.args(), num_kv_splits=num_kv_splits)
+    got = attention_triton.paged_attention(*batch.args(), num_kv_splits=num_kv_splits)  # all decode rows
     err = max_err(got, expected)
     what = f"{num_kv_splits} KV split(s) (ctx 1,70,130,16; {num_heads}:{num_kv_heads} heads; d 16)"
     report(capsys, f"decode fp32, {what}", err)
