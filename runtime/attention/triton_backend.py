@@ -170,7 +170,16 @@ def paged_attention(
     """
     if max_q_len is None:
         max_q_len = _max_q_len(cu_seqlens_q)
-    call = _prepared(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    _check_cache(k_cache, v_cache)
+    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
+    query, block_tables, cu_seqlens_q, context_lens = map(
+        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
+    )
+    call = _Call(
+        opts, _kernels(opts["interpret"]), query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+        torch.empty_like(query),
+    )  # fmt: skip
     if max_q_len <= 1:
         _launch_decode(call, num_kv_splits)
     elif call.query.shape[0]:
@@ -218,9 +227,9 @@ def _kv_operands(
 
 @dataclass(frozen=True, slots=True)
 class _Call:
-    """One checked attention call as the kernels' launchers take it: the launch options and
-    kernels, the query, block table, query offsets and context lengths with a unit last
-    stride, the caches, the scale and the output to write."""
+    """One checked attention call as the kernels' launchers take it (``paged_attention`` makes
+    it): the launch options and kernels, the query, block table, query offsets and context
+    lengths with a unit last stride, the caches, the scale and the output to write."""
 
     opts: dict[str, Any]
     kernels: SimpleNamespace
@@ -232,27 +241,6 @@ class _Call:
     context_lens: torch.Tensor
     scale: float
     out: torch.Tensor
-
-
-def _prepared(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> _Call:
-    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    _check_cache(k_cache, v_cache)
-    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query, block_tables, cu_seqlens_q, context_lens = map(
-        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
-    )
-    return _Call(
-        opts, _kernels(opts["interpret"]), query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-        torch.empty_like(query),
-    )  # fmt: skip
 
 
 def _strides(
