@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from plimsoll.runtime.attention.attention_op import PagedAttend
 from plimsoll.runtime.attention.backends import AttentionMetadata, StoreKV
 
 log = logging.getLogger("plimsoll.runtime")
@@ -129,14 +130,8 @@ class DecodeGraphs:
 
     def _forward(self, size: int) -> torch.Tensor:
         n = size * self.query_len
-        return self.forward(
-            self.input_ids[:n],
-            self.positions[:n],
-            self.kv_caches,
-            self._meta(size),
-            self.store_kv,
-            self.attention,
-        )
+        step = PagedAttend(self.kv_caches, self._meta(size), self.store_kv, self.attention)
+        return self.forward(self.input_ids[:n], self.positions[:n], step)
 
     @torch.inference_mode()
     def capture_all(self) -> None:

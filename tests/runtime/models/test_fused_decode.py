@@ -125,7 +125,7 @@ def forward(
     plan(model, fused, glued, packed)
     calls = count_kernel_calls(monkeypatch)
     with torch.inference_mode():
-        hidden = model(ids, positions, caches, meta, sdpa.store_kv, sdpa.paged_attention)
+        hidden = model(ids, positions, PagedAttend(caches, meta, sdpa.store_kv, sdpa.paged_attention))
     return hidden, caches, len(calls)
 
 
@@ -460,7 +460,8 @@ def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatc
     calls = count_kernel_calls(monkeypatch)
     four = decode_batch(plain, [4, 5, 6, 7], seed=1)
     with torch.inference_mode():
-        plain(*four, sdpa.store_kv, sdpa.paged_attention)
+        ids4, positions4, caches4, meta4 = four
+        plain(ids4, positions4, PagedAttend(caches4, meta4, sdpa.store_kv, sdpa.paged_attention))
     assert calls == [] and plain.cpu_plan.last_path == "module_layers"  # 4 rows: neither fused nor glued (5)
 
     ids, positions, caches, meta = decode_batch(model, [6, 9], seed=2)
