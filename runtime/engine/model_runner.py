@@ -208,12 +208,18 @@ class ModelRunner:
             raise ValueError("CUDA graphs are not used with tensor parallelism")
         from plimsoll.runtime.attention import triton_backend
 
+        forward, kv_caches, store_kv = self.forward, self.kv_caches, self.store_kv
+
+        def step_forward(
+            input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        ) -> torch.Tensor:
+            return forward(
+                input_ids, positions, PagedAttend(kv_caches, meta, store_kv, triton_backend.paged_attention)
+            )
+
         def graphs(query_len: int) -> DecodeGraphs:
             g = DecodeGraphs(
-                self.forward,
-                self.kv_caches,
-                self.store_kv,
-                triton_backend.paged_attention,
+                step_forward,
                 max_num_seqs,
                 max_model_len,
                 self.block_size,
