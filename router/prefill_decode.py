@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -83,29 +84,24 @@ def split_refusal(endpoint: str, body: Any) -> str | None:
     return None
 
 
+@dataclass(eq=False)
 class PrefillDecode:
-    def __init__(
-        self,
-        prefill_set: ReplicaSet,
-        prefill_router: Router,
-        decode: Proxy,
-        prefill: Proxy,
-        metrics: RouterMetrics,
-        client: httpx.AsyncClient,
-        prefill_timeout_s: float,
-    ) -> None:
-        self.prefill_set = prefill_set
-        self.prefill_router = prefill_router
-        self.decode = decode
-        self.prefill = prefill
-        self.client = client
-        self.prefill_timeout_s = prefill_timeout_s
+    prefill_set: ReplicaSet
+    prefill_router: Router
+    decode: Proxy
+    prefill: Proxy
+    metrics: RouterMetrics
+    client: httpx.AsyncClient
+    prefill_timeout_s: float
+    requests: Counter = field(init=False)
+    prefill_seconds: Histogram = field(init=False)
+
+    def __post_init__(self) -> None:
         self.requests = Counter(PD_REQUESTS, "Requests on the prefill/decode path by the path taken (split, "
                                 "fallback, unsplit, aggregated) and why.", ["path", "reason"],
-                                registry=metrics.registry)  # fmt: skip
+                                registry=self.metrics.registry)  # fmt: skip
         self.prefill_seconds = Histogram(PREFILL_DURATION, "Hop 1 (prefill, max_tokens=1) from send to answer.",
-                                         buckets=TTFT_BUCKETS, registry=metrics.registry)  # fmt: skip
-        self.metrics = metrics
+                                         buckets=TTFT_BUCKETS, registry=self.metrics.registry)  # fmt: skip
 
     async def forward(self, request: Request) -> Response:
         endpoint = request.url.path

@@ -21,6 +21,8 @@ What it is not: a kernel, or the oracle. ``attention/reference.py`` stays the
 reference the Triton kernels and this module are tested against.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -67,22 +69,14 @@ def decode_attention(
     block_tables: torch.Tensor,  # [B, max_blocks]
     context_lens: torch.Tensor,  # [B]
     scale: float,
+    *,
+    use_kernel: bool = True,
 ) -> torch.Tensor:  # [B, H, D]
-    """A float32 query on CPU goes to the compiled kernel (``cpu_kernels``) when it is built, over a
-    float32, bfloat16 or int8 cache (the kernel reads ``kv_int8``'s block layout in place)."""
-    if cpu_kernels.supports_attention(query, k_cache, v_cache):
+    """A float32 query on CPU goes to the compiled kernel (``cpu_kernels``) when it is built (and
+    ``use_kernel``), over a float32, bfloat16 or int8 cache (the kernel reads ``kv_int8``'s block
+    layout in place); anything else to one SDPA call for the whole batch."""
+    if use_kernel and cpu_kernels.supports_attention(query, k_cache, v_cache):
         return cpu_kernels.decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
-    return sdpa_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
-
-
-def sdpa_decode_attention(
-    query: torch.Tensor,  # [B, H, D], one query per sequence
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [B, max_blocks]
-    context_lens: torch.Tensor,  # [B]
-    scale: float,
-) -> torch.Tensor:  # [B, H, D]
     block_size = k_cache.shape[1]
     num_blocks = (int(context_lens.max()) + block_size - 1) // block_size
     k = gather_context(k_cache, block_tables, num_blocks, query.dtype)
@@ -101,6 +95,10 @@ def sdpa_decode_attention(
         q, k, v, attn_mask=mask[:, None, None, :], scale=scale
     )  # [B, Hkv, G, D]
     return out.reshape(num_seqs, num_heads, head_dim)
+
+
+# The SDPA path alone, never the compiled kernel: what the kernel is tested against.
+sdpa_decode_attention = functools.partial(decode_attention, use_kernel=False)
 
 
 def prefill_attention(

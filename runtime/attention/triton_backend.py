@@ -22,7 +22,7 @@ tiles converted in registers, with the K scale on the scores and the V scale on 
 probabilities; ``store_kv`` quantises in the kernel.
 
 What this is not: no FP8 KV, no sliding window, no ALiBi. CUDA graphs of the decode
-forward are the engine's (``engine/cuda_graphs.py``): ``decode_attention`` launches the
+forward are the engine's (``engine/cuda_graphs.py``): the decode kernel launches the
 same grid for a given batch size and block-table width, so it can be captured.
 
 ``triton`` is imported lazily, when a kernel is first needed, so importing this
@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -136,40 +137,14 @@ def store_kv(
     if num_tokens == 0:
         return
     key, value, slot_mapping = map(_unit_stride, (key, value, slot_mapping))
-    kernels = _kernels(opts["interpret"])
-    if kv_int8.is_int8(k_cache):
-        k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
-        kernels.store_kv_int8[(num_tokens,)](
-            key, value, k_values, v_values, k_scales, v_scales, slot_mapping,
-            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            k_values.stride(0), k_values.stride(1), k_values.stride(2),
-            *s_strides,
-            NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
-            BLOCK_H=_pow2(num_kv_heads), BLOCK_D=_pow2(head_dim),
-        )  # fmt: skip
-        return
-    kernels.store_kv[(num_tokens,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        PAGE_SIZE=k_cache.shape[1],
-        BLOCK_H=_pow2(num_kv_heads),
-        BLOCK_D=_pow2(head_dim),
-    )
+    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
+    _kernels(opts["interpret"]).store_kv[(num_tokens,)](
+        key, value, k_values, v_values, k_scales, v_scales, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *k_values.stride()[:3], *v_values.stride()[:3], *s_strides,
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=k_cache.shape[1],
+        BLOCK_H=_pow2(num_kv_heads), BLOCK_D=_pow2(head_dim), KV_INT8=kv_int8.is_int8(k_cache),
+    )  # fmt: skip
 
 
 def paged_attention(
@@ -181,6 +156,7 @@ def paged_attention(
     context_lens: torch.Tensor,  # [B] int32, tokens in the cache per sequence incl. this step's
     scale: float,
     max_q_len: int | None = None,
+    num_kv_splits: int | None = None,
 ) -> torch.Tensor:  # [N, H, D]
     """Causal attention of each sequence's new queries over its whole paged context.
 
@@ -189,14 +165,26 @@ def paged_attention(
     with a longer query (prefill, chunked prefill, mixed) goes to the prefill kernel.
     ``max_q_len`` (the longest query, which the host knows when it builds the step) saves
     reading it back from ``cu_seqlens_q``: a host sync, and no capture in a CUDA graph.
+    ``num_kv_splits`` overrides the decode kernel's automatic choice of splits (tests use it
+    to cover the merge).
     """
     if max_q_len is None:
         max_q_len = _max_q_len(cu_seqlens_q)
-    if max_q_len <= 1:
-        return decode_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
-    return prefill_attention(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len=max_q_len
+    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    _check_cache(k_cache, v_cache)
+    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
+    query, block_tables, cu_seqlens_q, context_lens = map(
+        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
     )
+    call = _Call(
+        opts, _kernels(opts["interpret"]), query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+        torch.empty_like(query),
+    )  # fmt: skip
+    if max_q_len <= 1:
+        _launch_decode(call, num_kv_splits)
+    elif call.query.shape[0]:
+        _launch_prefill(call, max_q_len)
+    return call.out
 
 
 # Every layer of a step passes the same cu_seqlens_q tensor: remember its longest
@@ -237,23 +225,22 @@ def _kv_operands(
     return kv_int8.values(k_cache), kv_int8.values(v_cache), k_scales, kv_int8.scales(v_cache), strides
 
 
-def _prepared(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-) -> tuple[dict[str, Any], SimpleNamespace, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The launch options and kernels for a checked attention call, and its query, block table,
-    query offsets and context lengths with a unit last stride."""
-    opts = _launchable(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
-    _check_cache(k_cache, v_cache)
-    _check_attention_args(query, k_cache, block_tables, cu_seqlens_q, context_lens)
-    query, block_tables, cu_seqlens_q, context_lens = map(
-        _unit_stride, (query, block_tables, cu_seqlens_q, context_lens)
-    )
-    return opts, _kernels(opts["interpret"]), query, block_tables, cu_seqlens_q, context_lens
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One checked attention call as the kernels' launchers take it (``paged_attention`` makes
+    it): the launch options and kernels, the query, block table, query offsets and context
+    lengths with a unit last stride, the caches, the scale and the output to write."""
+
+    opts: dict[str, Any]
+    kernels: SimpleNamespace
+    query: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    context_lens: torch.Tensor
+    scale: float
+    out: torch.Tensor
 
 
 def _strides(
@@ -335,23 +322,10 @@ def _sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def decode_attention(
-    query: torch.Tensor,  # [N, H, D], at most one query per sequence
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    num_kv_splits: int | None = None,
-) -> torch.Tensor:
-    """``paged_attention`` for batches where every ``q_len`` is 0 or 1 (split-KV decode).
-
-    ``num_kv_splits`` overrides the automatic choice (tests use it to cover the merge).
-    """
-    opts, kernels, query, block_tables, cu_seqlens_q, context_lens = _prepared(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens
-    )
+def _launch_decode(call: _Call, num_kv_splits: int | None) -> None:
+    """The split-KV decode kernel (every ``q_len`` is 0 or 1), and the merge of its splits."""
+    opts, kernels, query, k_cache, out = call.opts, call.kernels, call.query, call.k_cache, call.out
+    block_tables, context_lens = call.block_tables, call.context_lens
     num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
     page_size = k_cache.shape[1]
     if num_kv_splits is None:
@@ -361,9 +335,8 @@ def decode_attention(
     if not 1 <= num_kv_splits <= _MAX_KV_SPLITS:
         raise ValueError(f"num_kv_splits must be between 1 and {_MAX_KV_SPLITS}, got {num_kv_splits}")
     block_d = _pow2(head_dim, 16)  # tl.dot needs every tile dimension >= 16
-    out = torch.empty_like(query)
     if num_tokens == 0:
-        return out
+        return
     # Per split: unnormalised output, running max and running sum (fp32) for the merge.
     # With one split the decode kernel writes the output itself and these go unused
     # (one element each: a real device pointer, never an empty tensor's null).
@@ -376,7 +349,7 @@ def decode_attention(
     else:
         part_acc = part_max = part_sum = torch.empty(1, dtype=torch.float32, device=query.device)
     group = num_heads // k_cache.shape[2]
-    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
+    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, call.v_cache)
     kernels.decode[(k_cache.shape[2], num_seqs, num_kv_splits)](
         query,
         k_values,
@@ -384,13 +357,13 @@ def decode_attention(
         k_scales,
         v_scales,
         block_tables,
-        cu_seqlens_q,
+        call.cu_seqlens_q,
         context_lens,
         out,
         part_acc,
         part_max,
         part_sum,
-        scale,
+        call.scale,
         num_kv_splits,
         *_strides(query, out, k_values, v_values, s_strides, block_tables),
         GROUP=group,
@@ -409,7 +382,7 @@ def decode_attention(
             part_acc,
             part_max,
             part_sum,
-            cu_seqlens_q,
+            call.cu_seqlens_q,
             num_kv_splits,
             out.stride(0),
             out.stride(1),
@@ -417,45 +390,28 @@ def decode_attention(
             BLOCK_S=_pow2(_MAX_KV_SPLITS),
             BLOCK_D=block_d,
         )
-    return out
 
 
-def prefill_attention(
-    query: torch.Tensor,  # [N, H, D], ragged q_len per sequence
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    max_q_len: int | None = None,
-) -> torch.Tensor:
-    """``paged_attention`` for any batch: causal queries over prefix + new tokens."""
-    opts, kernels, query, block_tables, cu_seqlens_q, context_lens = _prepared(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens
-    )
-    num_seqs, (num_tokens, num_heads, head_dim) = context_lens.shape[0], query.shape
-    out = torch.empty_like(query)
-    if num_tokens == 0:
-        return out
-    if max_q_len is None:
-        max_q_len = _max_q_len(cu_seqlens_q)
+def _launch_prefill(call: _Call, max_q_len: int) -> None:
+    """The prefill kernel, for any batch: causal queries over prefix + new tokens."""
+    opts, query, k_cache, out = call.opts, call.query, call.k_cache, call.out
+    num_seqs, (num_heads, head_dim) = call.context_lens.shape[0], query.shape[1:]
     block_m = 16 if opts["interpret"] else _GPU_PREFILL_BLOCK_M
     block_n = _INTERPRET_BLOCK_N if opts["interpret"] else _GPU_PREFILL_BLOCK_N
     grid = (num_heads, num_seqs, -(-max_q_len // block_m))
-    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, v_cache)
-    kernels.prefill[grid](
+    k_values, v_values, k_scales, v_scales, s_strides = _kv_operands(k_cache, call.v_cache)
+    call.kernels.prefill[grid](
         query,
         k_values,
         v_values,
         k_scales,
         v_scales,
         out,
-        block_tables,
-        cu_seqlens_q,
-        context_lens,
-        scale,
-        *_strides(query, out, k_values, v_values, s_strides, block_tables),
+        call.block_tables,
+        call.cu_seqlens_q,
+        call.context_lens,
+        call.scale,
+        *_strides(query, out, k_values, v_values, s_strides, call.block_tables),
         GROUP=num_heads // k_cache.shape[2],
         HEAD_DIM=head_dim,
         PAGE_SIZE=k_cache.shape[1],
@@ -466,4 +422,3 @@ def prefill_attention(
         KV_INT8=kv_int8.is_int8(k_cache),
         **opts["launch"],
     )
-    return out

@@ -141,37 +141,6 @@ def build(interpret: bool) -> SimpleNamespace:
 
     _attend_kv = triton.jit(attend_kv)
 
-    @triton.jit
-    def store_kv_kernel(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_n, stride_key_h, stride_value_n, stride_value_h,
-        stride_kc_block, stride_kc_slot, stride_kc_head,
-        stride_vc_block, stride_vc_slot, stride_vc_head,
-        NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    ):
-        token = tl.program_id(0)
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if slot < 0:  # padding token: nothing to store
-            return
-        block = slot // PAGE_SIZE
-        offset = slot % PAGE_SIZE
-        offs_h = tl.arange(0, BLOCK_H)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
-        # [BLOCK_H, BLOCK_D]; a plain copy, no arithmetic, so no fp32 detour: same
-        # dtype in and out stays bit-exact (the interpreter's bf16 rounding differs).
-        k = tl.load(key_ptr + token * stride_key_n + offs_h[:, None] * stride_key_h + offs_d[None, :],
-                    mask=mask, other=0.0)
-        v = tl.load(value_ptr + token * stride_value_n + offs_h[:, None] * stride_value_h + offs_d[None, :],
-                    mask=mask, other=0.0)
-        k_dst = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot
-        v_dst = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot
-        tl.store(k_dst + offs_h[:, None] * stride_kc_head + offs_d[None, :],
-                 k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_dst + offs_h[:, None] * stride_vc_head + offs_d[None, :],
-                 v.to(v_cache_ptr.dtype.element_ty), mask=mask)
-
     # One token's [Hkv, D] rows into an int8 cache (attention/kv_int8.py): the same bits as
     # kv_int8.quantize_rows (IEEE division, then round half to even: adding and taking away
     # 1.5 * 2^23 leaves the nearest integer, ties to even, for |r| <= 127).
@@ -187,14 +156,19 @@ def build(interpret: bool) -> SimpleNamespace:
 
     _store_int8_rows = triton.jit(store_int8_rows)
 
+    # One token's K and V rows into its slot. A float cache takes a plain copy, no arithmetic,
+    # so no fp32 detour: same dtype in and out stays bit-exact (the interpreter's bf16 rounding
+    # differs). An int8 cache (KV_INT8): k/v_cache_ptr point at the value regions and
+    # k/v_scale_ptr at the scale regions, with the strides attend_kv takes.
     @triton.jit
-    def store_kv_int8_kernel(
-        key_ptr, value_ptr, k_values_ptr, v_values_ptr, k_scales_ptr, v_scales_ptr, slot_mapping_ptr,
+    def store_kv_kernel(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_mapping_ptr,
         stride_key_n, stride_key_h, stride_value_n, stride_value_h,
-        stride_val_block, stride_val_slot, stride_val_head,
+        stride_kc_block, stride_kc_slot, stride_kc_head,
+        stride_vc_block, stride_vc_slot, stride_vc_head,
         stride_s_block, stride_s_slot, stride_s_head,
         NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, KV_INT8: tl.constexpr,
     ):
         token = tl.program_id(0)
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -206,16 +180,24 @@ def build(interpret: bool) -> SimpleNamespace:
         offs_d = tl.arange(0, BLOCK_D)
         h_mask = offs_h < NUM_KV_HEADS
         mask = h_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+        # k, v: [BLOCK_H, BLOCK_D]
         k = tl.load(key_ptr + token * stride_key_n + offs_h[:, None] * stride_key_h + offs_d[None, :],
                     mask=mask, other=0.0)
         v = tl.load(value_ptr + token * stride_value_n + offs_h[:, None] * stride_value_h + offs_d[None, :],
                     mask=mask, other=0.0)
-        val_off = block * stride_val_block + offset * stride_val_slot
-        s_off = block * stride_s_block + offset * stride_s_slot
-        _store_int8_rows(k, k_values_ptr + val_off, k_scales_ptr + s_off, offs_h, offs_d, mask, h_mask,
-                         stride_val_head, stride_s_head)
-        _store_int8_rows(v, v_values_ptr + val_off, v_scales_ptr + s_off, offs_h, offs_d, mask, h_mask,
-                         stride_val_head, stride_s_head)
+        k_dst = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot
+        v_dst = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot
+        if KV_INT8:
+            s_off = block * stride_s_block + offset * stride_s_slot
+            _store_int8_rows(k, k_dst, k_scale_ptr + s_off, offs_h, offs_d, mask, h_mask,
+                             stride_kc_head, stride_s_head)
+            _store_int8_rows(v, v_dst, v_scale_ptr + s_off, offs_h, offs_d, mask, h_mask,
+                             stride_vc_head, stride_s_head)
+        else:
+            tl.store(k_dst + offs_h[:, None] * stride_kc_head + offs_d[None, :],
+                     k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_dst + offs_h[:, None] * stride_vc_head + offs_d[None, :],
+                     v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def decode_kernel(
@@ -350,5 +332,5 @@ def build(interpret: bool) -> SimpleNamespace:
                  out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
     return SimpleNamespace(
-        store_kv=store_kv_kernel, store_kv_int8=store_kv_int8_kernel, decode=decode_kernel, merge=merge_splits_kernel, prefill=prefill_kernel
+        store_kv=store_kv_kernel, decode=decode_kernel, merge=merge_splits_kernel, prefill=prefill_kernel
     )

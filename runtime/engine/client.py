@@ -7,7 +7,7 @@ behind this interface trusts what it gets. What it is not: an implementation.
 """
 
 from collections.abc import AsyncGenerator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.lora_manager import LoRARequest
@@ -15,6 +15,17 @@ from plimsoll.runtime.engine.outputs import EngineStats, RequestOutput
 from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
+
+
+class RequestOptions(TypedDict, total=False):
+    """The keyword arguments of ``generate`` after the prompt, as layers that pass them on see
+    them: the request's scheduling attributes, what it continues and its prefix-cache salt
+    (``AsyncEngine.generate`` says what each means and its default)."""
+
+    priority: int
+    fairness_id: str | None
+    continuation: Continuation | None
+    cache_salt: str | None
 
 
 class EngineClient(Protocol):
@@ -59,11 +70,7 @@ class EngineClient(Protocol):
         params: SamplingParams,
         request_id: str,
         lora_name: str | None = None,
-        *,
-        priority: int = 0,
-        fairness_id: str | None = None,
-        continuation: Continuation | None = None,
-        cache_salt: str | None = None,
+        **options: Unpack[RequestOptions],
     ) -> AsyncGenerator[RequestOutput, None]: ...
 
     def list_loras(self) -> list[LoRARequest]: ...

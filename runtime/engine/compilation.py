@@ -82,15 +82,7 @@ class CompiledForward:
         self.compile_seconds = 0.0
         self.graphs = 0
 
-    def __call__(
-        self,
-        input_ids: torch.Tensor,  # [N]
-        positions: torch.Tensor,  # [N]
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        store_kv: StoreKV,
-        paged_attention: PagedAttention,
-    ) -> torch.Tensor:  # [N, hidden]
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, step: PagedAttend) -> torch.Tensor:
         n = input_ids.shape[0]
         one_token = n == 1
         if n >= 2:
@@ -99,7 +91,7 @@ class CompiledForward:
             torch._dynamo.mark_dynamic(positions, 0)
         first = one_token not in self._kinds_seen
         t = time.monotonic()
-        with step_context(PagedAttend(kv_caches, meta, store_kv, paged_attention)):
+        with step_context(step):
             hidden: torch.Tensor = self._compiled(input_ids, positions)
         if first:
             self._kinds_seen.add(one_token)
@@ -117,10 +109,14 @@ class CompiledForward:
         return hidden
 
     def warm_up(
-        self, device: torch.device, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], forward_args: Any
+        self,
+        device: torch.device,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        store_kv: StoreKV,
+        paged_attention: PagedAttention,
     ) -> None:
         """Compile both graphs now: one- and two-token steps that store nothing (slot -1) and read
-        one cached token of block 0 (``forward_args`` is ``(store_kv, paged_attention)``)."""
+        one cached token of block 0."""
         for n in (2, 1):
             meta = AttentionMetadata(
                 slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=device),
@@ -130,4 +126,4 @@ class CompiledForward:
                 max_q_len=1,
             )
             ids = torch.zeros(n, dtype=torch.int64, device=device)
-            self(ids, torch.zeros_like(ids), kv_caches, meta, *forward_args)
+            self(ids, torch.zeros_like(ids), PagedAttend(kv_caches, meta, store_kv, paged_attention))

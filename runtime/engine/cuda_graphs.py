@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from plimsoll.runtime.attention.backends import AttentionMetadata, StoreKV
+from plimsoll.runtime.attention.backends import AttentionMetadata
 
 log = logging.getLogger("plimsoll.runtime")
 
@@ -72,10 +72,9 @@ def ineligible_reason(
 class DecodeGraphs:
     def __init__(
         self,
-        forward: Callable[..., torch.Tensor],
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        store_kv: StoreKV,
-        paged_attention: Callable[..., torch.Tensor],
+        # One step's forward over its attention metadata (the caller binds the KV caches and the
+        # attention backend): (input_ids [N], positions [N], meta) -> hidden states [N, hidden].
+        forward: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
         max_num_seqs: int,
         max_model_len: int,
         block_size: int,
@@ -85,9 +84,6 @@ class DecodeGraphs:
         sizes: list[int] | None = None,
     ) -> None:
         self.forward = forward
-        self.kv_caches = kv_caches
-        self.store_kv = store_kv
-        self.attention = paged_attention
         self.block_size = block_size
         self.device = device
         self.query_len = q = query_len
@@ -129,14 +125,7 @@ class DecodeGraphs:
 
     def _forward(self, size: int) -> torch.Tensor:
         n = size * self.query_len
-        return self.forward(
-            self.input_ids[:n],
-            self.positions[:n],
-            self.kv_caches,
-            self._meta(size),
-            self.store_kv,
-            self.attention,
-        )
+        return self.forward(self.input_ids[:n], self.positions[:n], self._meta(size))
 
     @torch.inference_mode()
     def capture_all(self) -> None:

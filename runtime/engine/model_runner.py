@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from plimsoll.runtime.attention import kv_int8
+from plimsoll.runtime.attention.attention_op import PagedAttend
 from plimsoll.runtime.attention.backends import AttentionMetadata, get_backend
 from plimsoll.runtime.engine import kv_pages
 from plimsoll.runtime.engine.compilation import CompiledForward
@@ -188,7 +189,7 @@ class ModelRunner:
         self.forward = self.compiled
         if warm_up:
             with torch.inference_mode():
-                self.compiled.warm_up(self.device, self.kv_caches, (self.store_kv, self.paged_attention))
+                self.compiled.warm_up(self.device, self.kv_caches, self.store_kv, self.paged_attention)
         return self.compiled
 
     def enable_cuda_graphs(
@@ -207,12 +208,18 @@ class ModelRunner:
             raise ValueError("CUDA graphs are not used with tensor parallelism")
         from plimsoll.runtime.attention import triton_backend
 
+        forward, kv_caches, store_kv = self.forward, self.kv_caches, self.store_kv
+
+        def step_forward(
+            input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        ) -> torch.Tensor:
+            return forward(
+                input_ids, positions, PagedAttend(kv_caches, meta, store_kv, triton_backend.paged_attention)
+            )
+
         def graphs(query_len: int) -> DecodeGraphs:
             g = DecodeGraphs(
-                self.forward,
-                self.kv_caches,
-                self.store_kv,
-                triton_backend.paged_attention,
+                step_forward,
                 max_num_seqs,
                 max_model_len,
                 self.block_size,
@@ -425,9 +432,8 @@ class ModelRunner:
         """The forward of one plan (on this runner's device); logits of its ``logit_rows`` (None when
         there are none). ``eager`` skips the compiled forward (a step with LoRA adapters)."""
         forward = self.model if eager else self.forward
-        hidden = forward(
-            plan.input_ids, plan.positions, self.kv_caches, plan.meta, self.store_kv, self.paged_attention
-        )
+        step = PagedAttend(self.kv_caches, plan.meta, self.store_kv, self.paged_attention)
+        hidden = forward(plan.input_ids, plan.positions, step)
         if not plan.logit_rows:
             return None
         logits: torch.Tensor = self.model.compute_logits(self._select_rows(hidden, plan.logit_rows))

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 CHOICES = ("auto", "avx512", "avx2", "plain", "off")  # --cpu-kernels
 PARALLEL_MODES = ("threads", "pool", "openmp")  # the kernels' Mode values, in order
+# The attention kernels' cache_dtype argument: what the paged cache holds (csrc/attention.cpp).
+CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 
 @dataclass(frozen=True)
@@ -296,15 +298,11 @@ def decode_attention(
         if out is not None:
             raise ValueError("a bfloat16 query's attention is returned, not written into out")
         return decode_attention(query.float(), k_cache, v_cache, block_tables, context_lens, scale).to(query.dtype)
-    fn = {
-        torch.int8: lib.plimsoll_paged_decode_attention_kv_int8,
-        torch.bfloat16: lib.plimsoll_paged_decode_attention_bf16,
-    }.get(k_cache.dtype, lib.plimsoll_paged_decode_attention_f32)
     q = query.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
     out = _output_for(q, out)
-    rc = fn(
+    rc = lib.plimsoll_paged_decode_attention(
         q.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
@@ -318,6 +316,7 @@ def decode_attention(
         block_size,
         tables.shape[1],
         scale,
+        CACHE_DTYPES.get(k_cache.dtype, 0),
         torch.get_num_threads(),
     )
     if rc != 0:
@@ -377,11 +376,10 @@ def paged_attention(
             f"{num_rows} rows and a block table each; got {cu.shape[0]} offsets, {tables.shape[0]} tables"
         )
     out = _output_for(q, out)
-    fn = lib.plimsoll_paged_attention_bf16 if k_cache.dtype == torch.bfloat16 else lib.plimsoll_paged_attention_f32
-    rc = fn(
+    rc = lib.plimsoll_paged_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), cu.data_ptr(), lens.data_ptr(),
         out.data_ptr(), lens.shape[0], num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], scale,
-        torch.get_num_threads(),
+        CACHE_DTYPES.get(k_cache.dtype, 0), torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
         raise ValueError(
@@ -546,17 +544,13 @@ def fused_decode(
     float32 projections packed by ``pack_f32`` (gate_up in two parts), their panels' addresses."""
     lib = _library_or_raise()
     hidden, heads, kv_heads, head_dim, inter, block_size, num_slots = dims
-    fn = (
-        lib.plimsoll_fused_decode_int8 if int8
-        else lib.plimsoll_fused_decode_packed_f32 if packed
-        else lib.plimsoll_fused_decode_f32
-    )  # fmt: skip
     if layers.shape[1] != (20 if int8 else 8):
         raise ValueError(f"layers must be [L, {20 if int8 else 8}] addresses, got {tuple(layers.shape)}")
-    rc = fn(
+    weights = 2 if int8 else 1 if packed else 0  # the projections' layout, as csrc/decode_step.cpp numbers it
+    rc = lib.plimsoll_fused_decode(
         x.data_ptr(), layers.data_ptr(), cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
         block_tables.data_ptr(), context_lens.data_ptr(), x.shape[0], layers.shape[0], hidden, heads,
-        kv_heads, head_dim, inter, block_size, block_tables.shape[1], num_slots, eps, scale,
+        kv_heads, head_dim, inter, block_size, block_tables.shape[1], num_slots, eps, scale, weights,
         torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from plimsoll.runtime.attention import kv_int8
-from plimsoll.runtime.attention.backends import AttentionMetadata
+from plimsoll.runtime.attention.attention_op import PagedAttend
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import dense
 from plimsoll.runtime.models.dense import Linear
@@ -124,10 +124,7 @@ class CPUPlan:
         x: torch.Tensor,  # [N, hidden] embeddings
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        store_kv: Any,
-        paged_attention: Any,
+        step: PagedAttend,  # the step's caches, metadata and attention backend
     ) -> torch.Tensor | None:
         """The final norm's output of a step served by the fused step or the glued layers, or
         ``None`` (the caller runs the layers); ``last_path`` says which served it."""
@@ -136,14 +133,12 @@ class CPUPlan:
             # packed weights are laid out for its own, so the module path serves.
             self.last_path = MODULE_LAYERS
             return None
-        if self.fused is not None and self.fused.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention):
+        if self.fused is not None and self.fused.run(x, cos, sin, step):
             self.last_path = FUSED_DECODE
             hidden: torch.Tensor = self.model.model.norm(x)
             return hidden
         if self.glued is not None:
-            glued: torch.Tensor | None = self.glued.run(
-                x, cos, sin, kv_caches, meta, store_kv, paged_attention
-            )
+            glued: torch.Tensor | None = self.glued.run(x, cos, sin, step)
             if glued is not None:
                 self.last_path = GLUED_LAYERS
                 return glued

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from plimsoll.runtime.attention import sdpa
+from plimsoll.runtime.attention.attention_op import PagedAttend
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.kernels import cpu_kernels
 from plimsoll.runtime.models import dense
@@ -120,21 +121,20 @@ def _plain_head(model: Any) -> torch.Tensor | None:
 
 
 def _plain_cpu_step(
-    first_qkv: Any, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], store_kv: Any,
-    paged_attention: Any, dtype: torch.dtype = torch.float32,
+    first_qkv: Any, x: torch.Tensor, step: PagedAttend, dtype: torch.dtype = torch.float32
 ) -> bool:
     """What both native paths need of a step, beyond the model's fit (``why_not``): no adapters
     (they can be attached after the first forward), activations of ``dtype`` on CPU, a contiguous
     cache of ``dtype`` and the torch attention backend."""
-    k0 = kv_caches[0][0]
+    k0 = step.kv_caches[0][0]
     return (
         getattr(first_qkv, "lora", None) is None
         and x.dtype == dtype
         and x.device.type == "cpu"
         and k0.dtype == dtype
         and k0.is_contiguous()
-        and store_kv is sdpa.store_kv
-        and paged_attention is sdpa.paged_attention
+        and step.store_kv is sdpa.store_kv
+        and step.paged_attention is sdpa.paged_attention
     )
 
 
@@ -284,19 +284,16 @@ class FusedDecode:
         x: torch.Tensor,  # [N, hidden] embeddings; overwritten with the last layer's output
         cos: torch.Tensor,  # [N, D]
         sin: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        store_kv: Any,
-        paged_attention: Any,
+        step: PagedAttend,  # the step's caches, metadata and attention backend
     ) -> bool:
         """Run every layer on ``x`` in place and return ``True``, or return ``False`` untouched."""
-        n = x.shape[0]
+        n, kv_caches, meta = x.shape[0], step.kv_caches, step.meta
         if (
             self.reason is not None
             or not 0 < n <= self.max_rows
             or meta.max_q_len != 1
             or meta.context_lens.shape[0] != n
-            or not _plain_cpu_step(self._first_qkv, x, kv_caches, store_kv, paged_attention)
+            or not _plain_cpu_step(self._first_qkv, x, step)
         ):
             return False
         k0 = kv_caches[0][0]
@@ -462,16 +459,13 @@ class GluedLayers:
         x: torch.Tensor,  # [N, hidden] embeddings (updated in place: the residual stream)
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        store_kv: Any,
-        paged_attention: Any,
+        step: PagedAttend,  # the step's caches, metadata and attention backend
     ) -> torch.Tensor | None:
-        n = x.shape[0]
+        n, kv_caches, meta = x.shape[0], step.kv_caches, step.meta
         if (
             self.reason is not None
             or n < self.min_rows
-            or not _plain_cpu_step(self.fused._first_qkv, x, kv_caches, store_kv, paged_attention, self.dtype)
+            or not _plain_cpu_step(self.fused._first_qkv, x, step, self.dtype)
         ):
             return None
         bf16 = self.dtype == torch.bfloat16

@@ -21,7 +21,6 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.attention_op import PagedAttend, opaque_attend
-from plimsoll.runtime.attention.backends import AttentionMetadata, PagedAttention, StoreKV
 from plimsoll.runtime.models.cpu_plan import CPUPlan
 from plimsoll.runtime.models.dense import Linear, linear, prime_onednn_steps
 
@@ -206,20 +205,17 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [N]
         positions: torch.Tensor,  # [N]
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        store_kv: StoreKV,
-        paged_attention: PagedAttention,
+        step: PagedAttend,  # the step's KV caches, attention metadata and attention backend
     ) -> torch.Tensor:  # [N, hidden]
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(positions, x.dtype)  # once per step, for every layer
         # On CPU (models/cpu_plan.py): the fused decode step or the glued layers where they take
         # the step; every other step runs the layers below.
         if self.cpu_plan is not None:
-            planned = self.cpu_plan.run(x, cos, sin, kv_caches, meta, store_kv, paged_attention)
+            planned = self.cpu_plan.run(x, cos, sin, step)
             if planned is not None:
                 return planned
-        return self.run_layers(x, cos, sin, PagedAttend(kv_caches, meta, store_kv, paged_attention))
+        return self.run_layers(x, cos, sin, step)
 
     def forward_opaque(
         self,

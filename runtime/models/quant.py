@@ -243,26 +243,12 @@ def int8_matmul(
     return chunked_dequant_linear(x, qweight, scales, offsets, bias)
 
 
-@torch.library.custom_op("plimsoll::int8_linear", mutates_args=())
-def int8_linear_op(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    offsets: torch.Tensor | None,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
-    """``int8_matmul`` as one node of a compiled graph (eager callers call the function itself)."""
-    return int8_matmul(x, qweight, scales, offsets, bias)
+# ``int8_matmul`` as one node of a compiled graph (eager callers call the function itself).
+int8_linear_op = torch.library.custom_op("plimsoll::int8_linear", int8_matmul, mutates_args=())
 
 
 @int8_linear_op.register_fake
-def _(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    offsets: torch.Tensor | None,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
+def _(x: torch.Tensor, qweight: torch.Tensor, *_: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], qweight.shape[0])
 
 

@@ -17,14 +17,12 @@ from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
 from plimsoll.runtime.serving.errors import APIError
-from plimsoll.runtime.serving.kv_transfer import answer_params, check_transfer_request
+from plimsoll.runtime.serving.kv_transfer import answer_params
 from plimsoll.runtime.serving.logprobs import chat_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
-    check_token_ids,
     client_template,
     client_template_context,
-    continuation_of,
     encode_chat,
     encode_text,
     off_loop,
@@ -39,24 +37,18 @@ from plimsoll.runtime.serving.protocol import (
     UsageInfo,
     response_body,
 )
+from plimsoll.runtime.serving.request_intake import admit_tokenised, check_before_tokenising
 from plimsoll.runtime.serving.requests import (
     Admission,
     ServingContext,
-    cache_salt_of,
-    priority_of,
-    tenant_of,
     until_disconnect,
 )
-from plimsoll.runtime.serving.slo_admission import check_predicted_ttft, refuse_before_tokenising
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
 async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest, raw: Request) -> Response:
     engine = ctx.engine
-    for field, ids in req.token_id_fields().items():
-        check_token_ids(ids, engine.vocab_size, field)
-    check_transfer_request(req.kv_transfer_params, 1, req.stream)
-    refuse_before_tokenising(ctx, raw, req.num_seqs)
+    check_before_tokenising(ctx, req, raw, 1)
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     timeout = ctx.settings.tokenize_timeout
     template = client_template(req, ctx.settings.allow_client_chat_template)
@@ -78,18 +70,8 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         ctx.settings.max_new_tokens,
     )
     params = req.to_sampling_params(max_tokens)
-    continuation = continuation_of(
-        req.continuation, engine.vocab_size, len(prompt_ids), max_tokens, engine.max_model_len
-    )
-    priority = priority_of(raw, req.priority, ctx.settings)
-    tenant = tenant_of(raw, req.user)
-    held = (len(prompt_ids) + max_tokens) * req.n
-    check_predicted_ttft(ctx, raw, [len(prompt_ids)], req.num_seqs)
-    adm = ctx.admit("chatcmpl", tenant, held, req.num_seqs)
-    stream = ctx.outputs(
-        prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), priority=priority, fairness_id=tenant,
-        continuation=continuation, cache_salt=cache_salt_of(raw, req.cache_salt, ctx.settings),
-    )  # fmt: skip
+    adm, options = admit_tokenised(ctx, req, raw, "chatcmpl", [len(prompt_ids)], [max_tokens])
+    stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), **options)
     if req.stream:
         streaming: Response = SSEResponse(_stream(ctx, req, adm, stream, prompt_ids), on_close=adm.release)
         return streaming
@@ -205,7 +187,10 @@ async def _stream(
                 last = out
                 choices = [c for o in out.outputs if (c := choice(o)) is not None]
                 if choices:
-                    yield chunk(choices, _usage(out, ctx.settings.enable_prompt_tokens_details) if continuous else None)
+                    yield chunk(
+                        choices,
+                        _usage(out, ctx.settings.enable_prompt_tokens_details) if continuous else None,
+                    )
         if req.include_usage and last is not None:
             yield chunk([], _usage(last, ctx.settings.enable_prompt_tokens_details))
     except APIError as err:

@@ -16,12 +16,10 @@ from fastapi.responses import JSONResponse, Response
 
 from plimsoll.runtime.engine.outputs import CompletionOutput, RequestOutput
 from plimsoll.runtime.serving.errors import APIError
-from plimsoll.runtime.serving.kv_transfer import answer_params, check_transfer_request
+from plimsoll.runtime.serving.kv_transfer import answer_params
 from plimsoll.runtime.serving.logprobs import completion_logprobs
 from plimsoll.runtime.serving.prompts import (
     MAX_CHARS_PER_TOKEN,
-    check_token_ids,
-    continuation_of,
     encode_prompt,
     off_loop,
     resolve_max_tokens,
@@ -34,16 +32,13 @@ from plimsoll.runtime.serving.protocol import (
     UsageInfo,
     response_body,
 )
+from plimsoll.runtime.serving.request_intake import admit_tokenised, check_before_tokenising
 from plimsoll.runtime.serving.requests import (
     Admission,
     ServingContext,
-    cache_salt_of,
     merge,
-    priority_of,
-    tenant_of,
     until_disconnect,
 )
-from plimsoll.runtime.serving.slo_admission import check_predicted_ttft, refuse_before_tokenising
 from plimsoll.runtime.serving.sse import DONE, ChunkFrame, SSEResponse, sse
 
 
@@ -51,10 +46,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
     engine = ctx.engine
     tokenizer = engine.tokenizer
     prompts = req.prompts()
-    for field, ids in req.token_id_fields().items():
-        check_token_ids(ids, engine.vocab_size, field)
-    check_transfer_request(req.kv_transfer_params, len(prompts), req.stream)
-    refuse_before_tokenising(ctx, raw, req.num_seqs)
+    check_before_tokenising(ctx, req, raw, len(prompts))
     max_chars = engine.max_model_len * MAX_CHARS_PER_TOKEN
     prompt_ids = await off_loop(
         lambda: [encode_prompt(tokenizer, p, engine.vocab_size, max_chars) for p in prompts],
@@ -70,28 +62,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         for ids in prompt_ids
     ]
     params = [req.to_sampling_params(m) for m in max_tokens]
-
-    continuation = continuation_of(
-        req.continuation, engine.vocab_size, len(prompt_ids[0]), max_tokens[0], engine.max_model_len
-    )
-    priority = priority_of(raw, req.priority, ctx.settings)
-    tenant = tenant_of(raw, req.user)
-    salt = cache_salt_of(raw, req.cache_salt, ctx.settings)
-    held = sum((len(ids) + m) * req.n for ids, m in zip(prompt_ids, max_tokens, strict=True))
-    check_predicted_ttft(ctx, raw, [len(ids) for ids in prompt_ids], req.num_seqs)
-    adm = ctx.admit("cmpl", tenant, held, req.num_seqs)
+    adm, options = admit_tokenised(ctx, req, raw, "cmpl", [len(ids) for ids in prompt_ids], max_tokens)
     streams = [
-        ctx.outputs(
-            ids,
-            p,
-            f"{adm.request_id}-{i}",
-            "completions",
-            ctx.lora_of(req.model),
-            priority=priority,
-            fairness_id=tenant,
-            continuation=continuation,
-            cache_salt=salt,
-        )
+        ctx.outputs(ids, p, f"{adm.request_id}-{i}", "completions", ctx.lora_of(req.model), **options)
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
     if req.stream:
@@ -147,7 +120,10 @@ def _response(
                 )
             )
     return CompletionResponse(
-        id=request_id, model=ctx.model_of(req.model), choices=choices, usage=_usage(finals, ctx.settings.enable_prompt_tokens_details)
+        id=request_id,
+        model=ctx.model_of(req.model),
+        choices=choices,
+        usage=_usage(finals, ctx.settings.enable_prompt_tokens_details),
     )
 
 
@@ -211,7 +187,11 @@ async def _stream(
                 latest[i] = out
                 choices = [c for o in out.outputs if (c := choice(i, out, o)) is not None]
                 if choices:
-                    usage = _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details) if _continuous(req) else None
+                    usage = (
+                        _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details)
+                        if _continuous(req)
+                        else None
+                    )
                     yield chunk(choices, usage)
         if req.include_usage:
             yield chunk([], _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details))

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import anyio
 from starlette.requests import Request
@@ -31,9 +31,8 @@ from starlette.requests import Request
 from plimsoll.objectives import FAIRNESS_HEADER, OBJECTIVE_HEADER, objective_priority
 from plimsoll.overload import OVERLOAD_HEADER, REPLICA
 from plimsoll.runtime.engine.async_engine import StreamCutError
-from plimsoll.runtime.engine.client import EngineClient
+from plimsoll.runtime.engine.client import EngineClient, RequestOptions
 from plimsoll.runtime.engine.outputs import RequestOutput
-from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -149,7 +148,11 @@ class ServingContext:
             held = self.tenant_tokens.get(bucket, 0)
             if held + num_tokens > cap:
                 self.metrics.reject("tenant_limit")
-                who = f"Tenant {tenant!r} has" if tenant is not None else "Requests without a tenant (one shared bucket) have"
+                who = (
+                    f"Tenant {tenant!r} has"
+                    if tenant is not None
+                    else "Requests without a tenant (one shared bucket) have"
+                )
                 raise APIError(
                     429,
                     f"{who} {held} tokens in flight and this request needs {num_tokens} more "
@@ -206,36 +209,22 @@ class ServingContext:
         request_id: str,
         endpoint: str,
         lora_name: str | None = None,
-        *,
-        priority: int = 0,
-        fairness_id: str | None = None,
-        continuation: Continuation | None = None,
-        cache_salt: str | None = None,
+        **options: Unpack[RequestOptions],
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one prompt (see :meth:`_outputs`); counted in
         :meth:`queue_snapshot` from now until the engine has it."""
         limit = max(1, self.engine.max_model_len - len(prompt_ids))
         wanted = params.max_tokens if params.max_tokens is not None else limit
         self.unposted[request_id] = ((len(prompt_ids), max(1, min(wanted, limit))),) * max(1, params.n)
+        # Nothing of the engine's generator runs before _outputs first iterates it.
         return self._outputs(
-            prompt_ids, params, request_id, endpoint, lora_name, priority=priority, fairness_id=fairness_id,
-            continuation=continuation, cache_salt=cache_salt,
-        )  # fmt: skip
+            self.engine.generate(prompt_ids, params, request_id, lora_name, **options), request_id, endpoint
+        )
 
     async def _outputs(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        request_id: str,
-        endpoint: str,
-        lora_name: str | None = None,
-        *,
-        priority: int = 0,
-        fairness_id: str | None = None,
-        continuation: Continuation | None = None,
-        cache_salt: str | None = None,
+        self, gen: AsyncGenerator[RequestOutput, None], request_id: str, endpoint: str
     ) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for one prompt; aborts the request if iteration stops early.
+        """The engine's outputs ``gen`` for one prompt; aborts the request if iteration stops early.
 
         Raises APIError(504) when ``--request-timeout`` passes. The request is
         aborted (blocks freed) on every exit but a normal finish, including the
@@ -243,10 +232,6 @@ class ServingContext:
         """
         started = time.monotonic()
         deadline = started + self.settings.request_timeout if self.settings.request_timeout else None
-        gen = self.engine.generate(
-            prompt_ids, params, request_id, lora_name, priority=priority, fairness_id=fairness_id,
-            continuation=continuation, cache_salt=cache_salt,
-        )  # fmt: skip
         # The first anext below registers the request with the engine before it yields to the loop.
         self.unposted.pop(request_id, None)
         last: RequestOutput | None = None
@@ -325,7 +310,9 @@ class ServingContext:
             with anyio.CancelScope(shield=True), contextlib.suppress(RuntimeError, StopAsyncIteration):
                 await gen.aclose()
             if last is not None:
-                record_request_spans(last, self.settings.served_model_name, endpoint, request_id, time.monotonic())
+                record_request_spans(
+                    last, self.settings.served_model_name, endpoint, request_id, time.monotonic()
+                )
             if status == "client_disconnected" and self.drain_deadline_passed:
                 status = "shutdown"
             self._log_finished(request_id, endpoint, last, started, status if not finished else "ok")

@@ -1,17 +1,18 @@
 // Paged attention on the CPU: one decode row per sequence, and the ragged contract.
 //
-// What it is: plimsoll_paged_decode_attention_{f32,bf16,kv_int8}, the decode half of
+// What it is: plimsoll_paged_decode_attention (float32, bfloat16 or int8 cache), the decode half of
 // attention/reference.paged_attention's contract: one query per sequence against its context
 // read straight from the paged KV cache (no gather copy). Work is split by sequence; each reads
 // its K rows once to score every query head (GQA: query head h reads KV head h / (H / Hkv)) and
 // its V rows once to sum them (head_dim 64 or 128: unrolled, each row in registers for its group
-// of heads, the next block prefetched; an int8 row's scale folded into its score or weight). And plimsoll_paged_attention_
-// {f32,bf16}, the ragged contract (prefill, later chunks, prefix-cache hits and decode rows in
-// one call), below.
+// of heads, the next block prefetched; an int8 row's scale folded into its score or weight). And
+// plimsoll_paged_attention (float32 or bfloat16 cache), the ragged contract (prefill, later chunks,
+// prefix-cache hits and decode rows in one call), below.
 // What it is not: the fused decode step's attention (decode_step.cpp calls attend() itself).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "attention.h"
@@ -115,59 +116,55 @@ int paged_attention(const float* q, const T* k_cache, const T* v_cache, const in
   return 0;
 }
 
+// cache_dtype: what k_cache and v_cache hold, as cpu_kernels.CACHE_DTYPES numbers it. 0 float32; 1
+// bfloat16 (a --dtype bfloat16 engine's); 2 int8 (--kv-cache-dtype int8) in attention/kv_int8.py's
+// block layout: each block holds its [block_size, Hkv, head_dim] int8 values, then their
+// [block_size, Hkv] float32 scales; head_dim is the values' count, not the cache's last dimension
+// (head_dim + 4). The query and out are float32 whatever the cache. 5: another cache_dtype.
+template <typename Fn>
+int with_cache_type(int64_t cache_dtype, const void* k_cache, const void* v_cache, Fn fn) {
+  switch (cache_dtype) {
+    case 0:
+      return fn(static_cast<const float*>(k_cache), static_cast<const float*>(v_cache));
+    case 1:
+      return fn(static_cast<const Bf16*>(k_cache), static_cast<const Bf16*>(v_cache));
+    case 2:
+      return fn(static_cast<const int8_t*>(k_cache), static_cast<const int8_t*>(v_cache));
+    default:
+      return 5;
+  }
+}
+
 }  // namespace
 }  // namespace plimsoll
 
 using namespace plimsoll;
 
-extern "C" int plimsoll_paged_decode_attention_f32(
-    const float* q, const float* k_cache, const float* v_cache, const int32_t* block_tables,
-    const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
-  return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads,
-                                num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
+extern "C" int plimsoll_paged_decode_attention(const float* q, const void* k_cache, const void* v_cache,
+                                               const int32_t* block_tables, const int32_t* context_lens,
+                                               float* out, int64_t num_seqs, int64_t num_heads,
+                                               int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                                               int64_t max_blocks, float scale, int64_t cache_dtype,
+                                               int64_t num_threads) {
+  return with_cache_type(cache_dtype, k_cache, v_cache, [&](auto k, auto v) {
+    return paged_decode_attention(q, k, v, block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                                  head_dim, block_size, max_blocks, scale, num_threads);
+  });
 }
 
-// The same over a bfloat16 cache (a --dtype bfloat16 engine's); the query and out stay float32.
-extern "C" int plimsoll_paged_decode_attention_bf16(
-    const float* q, const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* block_tables,
-    const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
-  return paged_decode_attention(q, reinterpret_cast<const Bf16*>(k_cache), reinterpret_cast<const Bf16*>(v_cache),
-                                block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads, head_dim,
-                                block_size, max_blocks, scale, num_threads);
-}
-
-// The same over an int8 cache (--kv-cache-dtype int8) in attention/kv_int8.py's block layout:
-// each block holds its [block_size, Hkv, head_dim] int8 values, then their [block_size, Hkv]
-// float32 scales; head_dim is the values' count, not the cache's last dimension (head_dim + 4).
-extern "C" int plimsoll_paged_decode_attention_kv_int8(
-    const float* q, const int8_t* k_cache, const int8_t* v_cache, const int32_t* block_tables,
-    const int32_t* context_lens, float* out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-    int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale, int64_t num_threads) {
-  return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads,
-                                num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
-}
-
-
-extern "C" int plimsoll_paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
-                                            const int32_t* block_tables, const int32_t* cu_q,
-                                            const int32_t* context_lens, float* out, int64_t num_seqs,
-                                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                            int64_t block_size, int64_t max_blocks, float scale,
-                                            int64_t num_threads) {
-  return paged_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, out, num_seqs, num_heads,
-                         num_kv_heads, head_dim, block_size, max_blocks, scale, num_threads);
-}
-
-// The same over a bfloat16 cache; the query and out stay float32.
-extern "C" int plimsoll_paged_attention_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                                             const int32_t* block_tables, const int32_t* cu_q,
-                                             const int32_t* context_lens, float* out, int64_t num_seqs,
-                                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                             int64_t block_size, int64_t max_blocks, float scale,
-                                             int64_t num_threads) {
-  return paged_attention(q, reinterpret_cast<const Bf16*>(k_cache), reinterpret_cast<const Bf16*>(v_cache),
-                         block_tables, cu_q, context_lens, out, num_seqs, num_heads, num_kv_heads, head_dim,
-                         block_size, max_blocks, scale, num_threads);
+// The ragged contract over a float32 or bfloat16 cache (cache_dtype 0 or 1; an int8 one gives 5).
+extern "C" int plimsoll_paged_attention(const float* q, const void* k_cache, const void* v_cache,
+                                        const int32_t* block_tables, const int32_t* cu_q,
+                                        const int32_t* context_lens, float* out, int64_t num_seqs,
+                                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                        int64_t block_size, int64_t max_blocks, float scale, int64_t cache_dtype,
+                                        int64_t num_threads) {
+  return with_cache_type(cache_dtype, k_cache, v_cache, [&](auto k, auto v) {
+    if constexpr (std::is_same_v<decltype(k), const int8_t*>) {
+      return 5;
+    } else {
+      return paged_attention(q, k, v, block_tables, cu_q, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                             head_dim, block_size, max_blocks, scale, num_threads);
+    }
+  });
 }

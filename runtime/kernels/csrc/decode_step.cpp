@@ -1,6 +1,6 @@
 // The fused decode step: every decoder layer of a decode step for a few sequences in one call.
 //
-// plimsoll_fused_decode_f32, one call a step. Per layer: RMSNorm -> qkv matmul -> RoPE on q and
+// plimsoll_fused_decode, one call a step. Per layer: RMSNorm -> qkv matmul -> RoPE on q and
 // k -> k and v stored in their slots of the paged cache -> paged decode attention -> o_proj added
 // to the residual -> RMSNorm -> gate_up matmul with SiLU(gate) * up -> down added to the residual.
 // What it is: the plain Llama/SmolLM2 layer (no biases, no q/k norm, SiLU MLP) in float32,
@@ -252,43 +252,26 @@ extern "C" void plimsoll_fused_decode_timing(int64_t on, double* out) {
   }
 }
 
-// layers [L, 8]: see above.
-extern "C" int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
-                                         const int64_t* slots, const int32_t* block_tables,
-                                         const int32_t* context_lens, int64_t m_len, int64_t num_layers,
-                                         int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                         int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
-                                         float eps, float scale, int64_t num_threads) {
-  return fused_decode(x, float_layers<F32Proj>(layers, num_layers), cos, sin, slots, block_tables, context_lens, m_len,
-                      hidden, num_heads, num_kv_heads, head_dim, inter, block_size, max_blocks, num_slots, eps, scale,
-                      num_threads);
-}
-
-// plimsoll_fused_decode_packed_f32: the same step over projections packed in column panels
-// (plimsoll_pack_f32; gate_up in two parts): layers [L, 8] as above with the panels' addresses
-// in place of the weights'.
-extern "C" int plimsoll_fused_decode_packed_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
-                                                const int64_t* slots, const int32_t* block_tables,
-                                                const int32_t* context_lens, int64_t m_len, int64_t num_layers,
-                                                int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
-                                                int64_t head_dim, int64_t inter, int64_t block_size,
-                                                int64_t max_blocks, int64_t num_slots, float eps, float scale,
-                                                int64_t num_threads) {
-  return fused_decode(x, float_layers<PackedProj>(layers, num_layers), cos, sin, slots, block_tables, context_lens,
-                      m_len, hidden, num_heads, num_kv_heads, head_dim, inter, block_size, max_blocks, num_slots, eps,
-                      scale, num_threads);
-}
-
-// plimsoll_fused_decode_int8: the same step with int8 projections (--quantization int8).
-// layers [L, 20] int64: input_layernorm.weight, post_attention_layernorm.weight, k_cache,
+// weights: how layers holds the projections. 0: float32 weights, layers [L, 8] as above. 1: float32
+// projections packed in column panels (plimsoll_pack_f32; gate_up in two parts), layers [L, 8] as
+// above with the panels' addresses in place of the weights'. 2: int8 projections (--quantization
+// int8), layers [L, 20] int64: input_layernorm.weight, post_attention_layernorm.weight, k_cache,
 // v_cache, then for qkv_proj, o_proj, gate_up_proj and down_proj in turn: qweight [N, K] int8,
 // scales [N, K / G] float32, offsets [N, K / G] float32 (0: none), G (a multiple of 16).
-extern "C" int plimsoll_fused_decode_int8(float* x, const int64_t* layers, const float* cos, const float* sin,
-                                          const int64_t* slots, const int32_t* block_tables,
-                                          const int32_t* context_lens, int64_t m_len, int64_t num_layers,
-                                          int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                          int64_t inter, int64_t block_size, int64_t max_blocks, int64_t num_slots,
-                                          float eps, float scale, int64_t num_threads) {
+// 5: another weights.
+extern "C" int plimsoll_fused_decode(float* x, const int64_t* layers, const float* cos, const float* sin,
+                                     const int64_t* slots, const int32_t* block_tables, const int32_t* context_lens,
+                                     int64_t m_len, int64_t num_layers, int64_t hidden, int64_t num_heads,
+                                     int64_t num_kv_heads, int64_t head_dim, int64_t inter, int64_t block_size,
+                                     int64_t max_blocks, int64_t num_slots, float eps, float scale, int64_t weights,
+                                     int64_t num_threads) {
+  auto run = [&](const auto& parsed) {
+    return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads,
+                        num_kv_heads, head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
+  };
+  if (weights == 0) return run(float_layers<F32Proj>(layers, num_layers));
+  if (weights == 1) return run(float_layers<PackedProj>(layers, num_layers));
+  if (weights != 2) return 5;
   const int64_t q_size = num_heads * head_dim;
   const int64_t k_lens[4] = {hidden, q_size, hidden, inter};  // inputs of qkv, o, gate_up, down
   std::vector<FusedLayer<Int8Proj>> parsed(static_cast<size_t>(std::max<int64_t>(0, num_layers)));
@@ -305,6 +288,5 @@ extern "C" int plimsoll_fused_decode_int8(float* x, const int64_t* layers, const
     parsed[l] = {reinterpret_cast<const float*>(p[0]), reinterpret_cast<const float*>(p[1]),
                  reinterpret_cast<float*>(p[2]), reinterpret_cast<float*>(p[3]), proj[0], proj[1], proj[2], proj[3]};
   }
-  return fused_decode(x, parsed, cos, sin, slots, block_tables, context_lens, m_len, hidden, num_heads, num_kv_heads,
-                      head_dim, inter, block_size, max_blocks, num_slots, eps, scale, num_threads);
+  return run(parsed);
 }

@@ -28,35 +28,19 @@ PLIMSOLL_API int64_t plimsoll_pool_noop(int64_t n, int64_t use_pool);
 PLIMSOLL_API void plimsoll_set_openmp_region(void* region);
 
 // Attention over the paged cache (attention.cpp).
-PLIMSOLL_API int plimsoll_paged_decode_attention_f32(const float* q, const float* k_cache, const float* v_cache,
-                                                     const int32_t* block_tables, const int32_t* context_lens,
-                                                     float* out, int64_t num_seqs, int64_t num_heads,
-                                                     int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                                     int64_t max_blocks, float scale, int64_t num_threads);
-PLIMSOLL_API int plimsoll_paged_decode_attention_bf16(const float* q, const uint16_t* k_cache,
-                                                      const uint16_t* v_cache, const int32_t* block_tables,
-                                                      const int32_t* context_lens, float* out, int64_t num_seqs,
-                                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                                      int64_t block_size, int64_t max_blocks, float scale,
-                                                      int64_t num_threads);
-PLIMSOLL_API int plimsoll_paged_decode_attention_kv_int8(const float* q, const int8_t* k_cache,
-                                                         const int8_t* v_cache, const int32_t* block_tables,
-                                                         const int32_t* context_lens, float* out, int64_t num_seqs,
-                                                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                                         int64_t block_size, int64_t max_blocks, float scale,
-                                                         int64_t num_threads);
-PLIMSOLL_API int plimsoll_paged_attention_f32(const float* q, const float* k_cache, const float* v_cache,
-                                              const int32_t* block_tables, const int32_t* cu_q,
-                                              const int32_t* context_lens, float* out, int64_t num_seqs,
-                                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                              int64_t block_size, int64_t max_blocks, float scale,
-                                              int64_t num_threads);
-PLIMSOLL_API int plimsoll_paged_attention_bf16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                                               const int32_t* block_tables, const int32_t* cu_q,
-                                               const int32_t* context_lens, float* out, int64_t num_seqs,
-                                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                               int64_t block_size, int64_t max_blocks, float scale,
-                                               int64_t num_threads);
+// cache_dtype: 0 float32, 1 bfloat16, 2 int8 (cpu_kernels.CACHE_DTYPES).
+PLIMSOLL_API int plimsoll_paged_decode_attention(const float* q, const void* k_cache, const void* v_cache,
+                                                 const int32_t* block_tables, const int32_t* context_lens,
+                                                 float* out, int64_t num_seqs, int64_t num_heads,
+                                                 int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                                                 int64_t max_blocks, float scale, int64_t cache_dtype,
+                                                 int64_t num_threads);
+PLIMSOLL_API int plimsoll_paged_attention(const float* q, const void* k_cache, const void* v_cache,
+                                          const int32_t* block_tables, const int32_t* cu_q,
+                                          const int32_t* context_lens, float* out, int64_t num_seqs,
+                                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                          int64_t block_size, int64_t max_blocks, float scale, int64_t cache_dtype,
+                                          int64_t num_threads);
 
 // Matmuls (matmul.cpp).
 PLIMSOLL_API int plimsoll_small_batch_linear_f32(const float* x, const float* w, const float* bias, float* y,
@@ -97,22 +81,10 @@ PLIMSOLL_API int plimsoll_to_bf16(const float* x, uint16_t* y, int64_t n, int64_
 
 // Every layer of a decode step in one call (decode_step.cpp).
 PLIMSOLL_API void plimsoll_fused_decode_timing(int64_t on, double* out);
-PLIMSOLL_API int plimsoll_fused_decode_f32(float* x, const int64_t* layers, const float* cos, const float* sin,
-                                           const int64_t* slots, const int32_t* block_tables,
-                                           const int32_t* context_lens, int64_t m_len, int64_t num_layers,
-                                           int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
-                                           int64_t head_dim, int64_t inter, int64_t block_size, int64_t max_blocks,
-                                           int64_t num_slots, float eps, float scale, int64_t num_threads);
-PLIMSOLL_API int plimsoll_fused_decode_packed_f32(float* x, const int64_t* layers, const float* cos,
-                                                  const float* sin, const int64_t* slots,
-                                                  const int32_t* block_tables, const int32_t* context_lens,
-                                                  int64_t m_len, int64_t num_layers, int64_t hidden,
-                                                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                                  int64_t inter, int64_t block_size, int64_t max_blocks,
-                                                  int64_t num_slots, float eps, float scale, int64_t num_threads);
-PLIMSOLL_API int plimsoll_fused_decode_int8(float* x, const int64_t* layers, const float* cos, const float* sin,
-                                            const int64_t* slots, const int32_t* block_tables,
-                                            const int32_t* context_lens, int64_t m_len, int64_t num_layers,
-                                            int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
-                                            int64_t head_dim, int64_t inter, int64_t block_size, int64_t max_blocks,
-                                            int64_t num_slots, float eps, float scale, int64_t num_threads);
+// weights: 0 float32, 1 float32 packed in panels, 2 int8 (decode_step.cpp says how layers holds each).
+PLIMSOLL_API int plimsoll_fused_decode(float* x, const int64_t* layers, const float* cos, const float* sin,
+                                       const int64_t* slots, const int32_t* block_tables, const int32_t* context_lens,
+                                       int64_t m_len, int64_t num_layers, int64_t hidden, int64_t num_heads,
+                                       int64_t num_kv_heads, int64_t head_dim, int64_t inter, int64_t block_size,
+                                       int64_t max_blocks, int64_t num_slots, float eps, float scale,
+                                       int64_t weights, int64_t num_threads);

@@ -171,7 +171,7 @@ def test_decode_splits_gqa(
         block_size=16,
     )
     expected = attention_torch.paged_attention(*batch.args())
-    got = attention_triton.decode_attention(*batch.args(), num_kv_splits=num_kv_splits)
+    got = attention_triton.paged_attention(*batch.args(), num_kv_splits=num_kv_splits)  # all decode rows
     err = max_err(got, expected)
     what = f"{num_kv_splits} KV split(s) (ctx 1,70,130,16; {num_heads}:{num_kv_heads} heads; d 16)"
     report(capsys, f"decode fp32, {what}", err)
@@ -323,16 +323,13 @@ _COMPILE_SCRIPT = """
     kernels = at._kernels(False)
     INT_PTRS = {"slot_mapping_ptr": "*i64", "block_tables_ptr": "*i32",
                 "cu_seqlens_q_ptr": "*i32", "context_lens_ptr": "*i32"}
-    F32_PTRS = {"part_acc_ptr", "part_max_ptr", "part_sum_ptr", "k_scale_ptr", "v_scale_ptr", "k_scales_ptr",
-                "v_scales_ptr"}
-    I8_PTRS = {"k_values_ptr", "v_values_ptr"}
+    F32_PTRS = {"part_acc_ptr", "part_max_ptr", "part_sum_ptr", "k_scale_ptr", "v_scale_ptr"}
 
     def compile_one(fn, dtype, constexprs):
         sig = {}
         for name in inspect.signature(fn.fn).parameters:
             sig[name] = ("constexpr" if name in constexprs else INT_PTRS.get(name)
                          or ("*i8" if constexprs.get("KV_INT8") and name in ("k_cache_ptr", "v_cache_ptr") else None)
-                         or ("*i8" if name in I8_PTRS else None)
                          or ("*fp32" if name in F32_PTRS else None)
                          or ("*" + dtype if name.endswith("_ptr") else "fp32" if name == "scale" else "i32"))
         usage = compile_sm90(fn, sig, constexprs, at._GPU_NUM_WARPS)
@@ -349,9 +346,9 @@ _COMPILE_SCRIPT = """
         compile_one(kernel, "bf16", dict(GROUP=4, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_D=d, COMPUTE_F32=False,
                     KV_INT8=True, **extra))  # --kv-cache-dtype int8
     compile_one(kernels.merge, "bf16", dict(HEAD_DIM=d, BLOCK_S=at._MAX_KV_SPLITS, BLOCK_D=d))
-    compile_one(kernels.store_kv, "bf16", dict(NUM_KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_H=8, BLOCK_D=d))
-    compile_one(kernels.store_kv_int8, "bf16", dict(NUM_KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_H=8,
-                BLOCK_D=d))  # --kv-cache-dtype int8: quantised in the kernel
+    for kv_int8 in (False, True):  # --kv-cache-dtype int8: quantised in the kernel
+        compile_one(kernels.store_kv, "bf16", dict(NUM_KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=page, BLOCK_H=8, BLOCK_D=d,
+                    KV_INT8=kv_int8))
     """
 
 

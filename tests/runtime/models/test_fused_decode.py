@@ -21,6 +21,7 @@ from kernel_builds import needs_kernels
 from tiny_models import tiny_config
 
 from plimsoll.runtime.attention import sdpa
+from plimsoll.runtime.attention.attention_op import PagedAttend
 from plimsoll.runtime.attention.backends import AttentionMetadata
 from plimsoll.runtime.models import dense, fused_decode
 from plimsoll.runtime.models.cpu_plan import CPUOptions, CPUPlan, RowLimits
@@ -124,7 +125,7 @@ def forward(
     plan(model, fused, glued, packed)
     calls = count_kernel_calls(monkeypatch)
     with torch.inference_mode():
-        hidden = model(ids, positions, caches, meta, sdpa.store_kv, sdpa.paged_attention)
+        hidden = model(ids, positions, PagedAttend(caches, meta, sdpa.store_kv, sdpa.paged_attention))
     return hidden, caches, len(calls)
 
 
@@ -459,7 +460,8 @@ def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatc
     calls = count_kernel_calls(monkeypatch)
     four = decode_batch(plain, [4, 5, 6, 7], seed=1)
     with torch.inference_mode():
-        plain(*four, sdpa.store_kv, sdpa.paged_attention)
+        ids4, positions4, caches4, meta4 = four
+        plain(ids4, positions4, PagedAttend(caches4, meta4, sdpa.store_kv, sdpa.paged_attention))
     assert calls == [] and plain.cpu_plan.last_path == "module_layers"  # 4 rows: neither fused nor glued (5)
 
     ids, positions, caches, meta = decode_batch(model, [6, 9], seed=2)
@@ -477,8 +479,8 @@ def test_steps_it_cannot_take_run_the_module_path(monkeypatch: pytest.MonkeyPatc
     int8 = [(k.to(torch.int8), v.to(torch.int8)) for k, v in caches]
     with torch.inference_mode():
         assert not model.cpu_plan.fused.run(
-            model.model.embed_tokens(ids), *model.model.rotary_emb(positions, torch.float32), int8, meta,
-            sdpa.store_kv, sdpa.paged_attention,
+            model.model.embed_tokens(ids), *model.model.rotary_emb(positions, torch.float32),
+            PagedAttend(int8, meta, sdpa.store_kv, sdpa.paged_attention),
         )  # fmt: skip
     assert forward(model, (ids, positions, caches, meta), False, monkeypatch)[2] == 0  # cpu_fused_decode=False
 
