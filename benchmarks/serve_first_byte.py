@@ -4,11 +4,15 @@ What it measures, ``--repeats`` times per install, in ABAB order so a busy host 
 alike: a fresh ``plimsoll serve`` process on the embedded model (or ``--model``) is spawned,
 ``/ready`` is polled every 20 ms, and as soon as it answers 200 one streamed greedy
 completion is sent; printed per start are the seconds from the spawn to ``/ready`` and to
-the first streamed byte, the server's own phases (``plimsoll_startup_phase_seconds``, from
+the first streamed byte, the server process's CPU seconds by then (less at the mercy of a busy
+host than the wall clock), the server's own phases (``plimsoll_startup_phase_seconds``, from
 its process start) and the answer. Each install is named ``LABEL=PYTHON`` (a virtual
 environment's interpreter, e.g. one per git worktree), so a branch and ``main`` are measured
 in the same run. The answers of every start are compared: the greedy text and the prompt's
 token count must be the same across installs.
+
+``--serve-args "--compilation-cache-dir DIR"`` adds arguments to every start (with that one,
+the first start packs the CPU weight panels into DIR and later ones map them).
 
 With ``--importtime N`` one more start per install runs under ``python -X importtime`` and
 the N imports with the largest cumulative time before ``/ready`` are printed (the timing of
@@ -47,6 +51,7 @@ class Start:
     phases: dict[str, float]
     text: str
     prompt_tokens: int
+    cpu_s: float  # the server process's CPU seconds (user + system) by its first byte
     log: str = field(repr=False, default="")
 
 
@@ -103,6 +108,9 @@ def start_once(python: str, serve_args: list[str], importtime: bool, timeout: fl
                             parts.append(choice.get("text") or "")
                         usage = chunk.get("usage") or usage
             assert first is not None, "no byte came back"
+            with open(f"/proc/{proc.pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
             phases = {}
             for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
                 m = re.match(r'plimsoll_startup_phase_seconds\{.*phase="(\w+)".*\} (\S+)', line)
@@ -117,7 +125,7 @@ def start_once(python: str, serve_args: list[str], importtime: bool, timeout: fl
                 proc.wait()
         log.seek(0)
         text = log.read().decode(errors="replace")
-    return Start(ready, first, phases, "".join(parts), int(usage.get("prompt_tokens", -1)), text)
+    return Start(ready, first, phases, "".join(parts), int(usage.get("prompt_tokens", -1)), cpu, text)
 
 
 def top_imports(log: str, n: int) -> list[tuple[float, str]]:
@@ -146,11 +154,15 @@ def main() -> None:
         help="also one -X importtime start per install; print its N slowest imports",
     )
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--serve-args", default="", help="more `plimsoll serve` arguments for every start, one string"
+    )
     args = parser.parse_args()
     installs = dict(item.split("=", 1) for item in args.install)
     serve_args = ["--kv-cache-memory", "256MiB", "--max-model-len", "512"]
     if args.model:
         serve_args += ["--model", args.model]
+    serve_args += args.serve_args.split()
     print(f"load average at the start: {os.getloadavg()[0]:.2f}", flush=True)
     if args.importtime:
         for label, python in installs.items():
@@ -164,7 +176,8 @@ def main() -> None:
             start = start_once(python, serve_args, False, args.timeout)
             runs[label].append(start)
             phases = ", ".join(f"{k} {v:.2f}" for k, v in start.phases.items())
-            print(f"repeat {r + 1} {label:>8}: ready {start.ready_s:.2f} s, first byte {start.first_byte_s:.2f} s; "
+            print(f"repeat {r + 1} {label:>8}: ready {start.ready_s:.2f} s, first byte {start.first_byte_s:.2f} s, "
+                  f"cpu {start.cpu_s:.2f} s; "
                   f"phases (s from process start): {phases}", flush=True)  # fmt: skip
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
     print(f"process spawn to first byte, {args.repeats} starts each (median, min-max):")
@@ -173,10 +186,12 @@ def main() -> None:
         fb = [s.first_byte_s for s in starts]
         rd = [s.ready_s for s in starts]
         imp = [s.phases.get("imports", float("nan")) for s in starts]
+        cpu = [s.cpu_s for s in starts]
         medians[label] = statistics.median(fb)
         print(f"  {label:>8}: first byte {statistics.median(fb):.2f} s ({min(fb):.2f}-{max(fb):.2f}); "
               f"ready {statistics.median(rd):.2f} s ({min(rd):.2f}-{max(rd):.2f}); "
-              f"imports phase {statistics.median(imp):.2f} s")  # fmt: skip
+              f"imports phase {statistics.median(imp):.2f} s; server CPU to first byte "
+              f"{statistics.median(cpu):.2f} s ({min(cpu):.2f}-{max(cpu):.2f})")  # fmt: skip
     labels = list(runs)
     if len(labels) > 1:
         base = medians[labels[-1]]
