@@ -168,6 +168,17 @@ def execute(
         err.print(f"published the JSON report to ConfigMap {ref} (key report.json)", markup=False)
 
 
+def execute_scenario(
+    cfg: BenchConfig, output: Path | None, scenario: Callable[..., Awaitable[dict[str, Any]]], *args: Any
+) -> None:
+    """``execute`` one of ``scenarios``' runs: ``scenario(session, *args, on_start)``."""
+
+    async def body(session: Any, live: Live) -> dict[str, Any]:
+        return dict(await scenario(session, *args, live.start))
+
+    execute(cfg, body, output)
+
+
 def _sweep_body(kind: str) -> Callable[[Any, Live], Awaitable[dict[str, Any]]]:
     async def body(session: Any, live: Live) -> dict[str, Any]:
         from plimsoll.bench.report import validate
@@ -307,13 +318,9 @@ def rate(
         raise typer.Exit(2) from exc
     cfg = make_config(flags | locals())
 
-    async def body(session: Any, live: Live) -> dict[str, Any]:
-        levels = await rate_levels(
-            session, rate_list, arrival, burstiness, warmup_s, max_concurrency, live.start
-        )
-        return dict(levels)
-
-    execute(cfg, body, flags["output"])
+    execute_scenario(
+        cfg, flags["output"], rate_levels, rate_list, arrival, burstiness, warmup_s, max_concurrency
+    )
 
 
 @app.command("baseline")
@@ -327,10 +334,7 @@ def baseline(
 
     cfg = make_config(flags, levels=(1,), requests_per_level=requests, warmup_requests=1)
 
-    async def body(session: Any, live: Live) -> dict[str, Any]:
-        return dict(await run_baseline(session, live.start))
-
-    execute(cfg, body, flags["output"])
+    execute_scenario(cfg, flags["output"], run_baseline)
 
 
 @app.command("burst")
@@ -347,10 +351,7 @@ def burst(
 
     cfg = make_config(flags)
 
-    async def body(session: Any, live: Live) -> dict[str, Any]:
-        return dict(await run_burst(session, steady_rate, burst_requests, before_s, after_s, live.start))
-
-    execute(cfg, body, flags["output"])
+    execute_scenario(cfg, flags["output"], run_burst, steady_rate, burst_requests, before_s, after_s)
 
 
 @app.command("soak")
@@ -367,14 +368,11 @@ def soak(
     window: float = typer.Option(60.0, "--window", help="Seconds per recorded window"),
 ) -> None:
     """Steady load for a long time: latency, KV, memory, fds and connections per window; rises flagged."""
-    from plimsoll.bench.scenarios import run_soak
+    from plimsoll.bench.scenarios import Windows, run_soak
 
     cfg, seconds = _windowed_config(flags, concurrency, duration, window)
 
-    async def body(session: Any, live: Live) -> dict[str, Any]:
-        return dict(await run_soak(session, concurrency, seconds, window, live.start))
-
-    execute(cfg, body, flags["output"])
+    execute_scenario(cfg, flags["output"], run_soak, Windows(concurrency, seconds, window))
 
 
 @app.command("spec-ab")
@@ -395,16 +393,18 @@ def spec_ab(
     ),
 ) -> None:
     """A/B a speculative-decoding config: gain, acceptance rate, keep if > 30% faster."""
+    from plimsoll.bench.scenarios import Windows
     from plimsoll.bench.session import BenchSession
     from plimsoll.bench.spec_ab import run_spec_ab
 
     cfg, seconds = _windowed_config(flags, concurrency, duration, window)
     candidate_cfg = cfg.model_copy(update={"url": speculative_url.rstrip("/")})
+    each = Windows(concurrency, seconds, window)
 
     async def body(session: Any, live: Live) -> dict[str, Any]:
         candidate = await BenchSession.open(candidate_cfg)
         try:
-            return dict(await run_spec_ab(session, candidate, concurrency, seconds, window, live.start))
+            return dict(await run_spec_ab(session, candidate, each, live.start))
         finally:
             await candidate.aclose()
 

@@ -1,6 +1,7 @@
 """The flags the `plimsoll bench` commands share, declared once, and the decorator that adds them.
 
-What it is: each shared flag as a :class:`Flag` (parameter name, type, typer option),
+What it is: each shared flag as a :class:`Flag` (parameter name, type, typer option; :func:`flag`
+builds the usual one, spelled ``--`` plus its parameter name with dashes),
 grouped as the commands use them (the server, the request shape, the level, the SLO,
 the client and the validity gates), and :func:`with_flags`, which gives a command
 those parameters in front of its own and hands their values over in one dict. What it
@@ -29,107 +30,61 @@ class Flag:
     option: Any  # a typer OptionInfo
 
 
+def flag(name: str, annotation: Any, default: Any, help: str, *short: str, **more: Any) -> Flag:
+    """A shared flag spelled ``--`` plus ``name`` with dashes (and any ``short`` spellings such as ``-o``)."""
+    return Flag(
+        name, annotation, typer.Option(default, "--" + name.replace("_", "-"), *short, help=help, **more)
+    )
+
+
 API_KEY = typer.Option(
     None, "--api-key", envvar="PLIMSOLL_API_KEY", help="Bearer token, if the server needs one"
 )
+LENGTH_HELP = "N, uniform:LO:HI, normal:MEAN:STD or choice:A,B"
 
 SERVER = (
-    Flag(
-        "url",
-        str,
-        typer.Option(
-            ..., "--url", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000"
-        ),
-    ),
-    Flag(
-        "model",
-        str | None,
-        typer.Option(None, "--model", help="Model id to request (default: the server's only model)"),
-    ),
+    flag("url", str, ..., "Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000"),
+    flag("model", str | None, None, "Model id to request (default: the server's only model)"),
     Flag("api_key", str | None, API_KEY),
-    Flag("endpoint", str, typer.Option("completions", "--endpoint", help="completions or chat")),
+    flag("endpoint", str, "completions", "completions or chat"),
 )
 MODEL_MIX = (
-    Flag(
+    flag(
         "models",
         str | None,
-        typer.Option(
-            None,
-            "--models",
-            help="Comma-separated model ids sent in an even mix (a base model and its LoRA adapters); "
-            "the report adds per-model figures to each level",
-        ),
+        None,
+        "Comma-separated model ids sent in an even mix (a base model and its LoRA adapters); "
+        "the report adds per-model figures to each level",
     ),
 )
 SHAPE = (
-    Flag(
-        "input_tokens",
-        str,
-        typer.Option("128", "--input-tokens", help="N, uniform:LO:HI, normal:MEAN:STD or choice:A,B"),
-    ),
-    Flag(
-        "output_tokens",
-        str,
-        typer.Option("64", "--output-tokens", help="N, uniform:LO:HI, normal:MEAN:STD or choice:A,B"),
-    ),
+    flag("input_tokens", str, "128", LENGTH_HELP),
+    flag("output_tokens", str, "64", LENGTH_HELP),
 )
 SHARED_PREFIX = (
-    Flag(
-        "shared_prefix_tokens",
-        int,
-        typer.Option(0, "--shared-prefix-tokens", help="Length of a prefix shared by a fraction of requests"),
-    ),
-    Flag(
-        "shared_prefix_fraction",
-        float,
-        typer.Option(0.0, "--shared-prefix-fraction", help="Fraction of requests using the shared prefix"),
-    ),
+    flag("shared_prefix_tokens", int, 0, "Length of a prefix shared by a fraction of requests"),
+    flag("shared_prefix_fraction", float, 0.0, "Fraction of requests using the shared prefix"),
 )
 LEVEL = (
-    Flag(
+    flag(
         "requests_per_level",
         int | None,
-        typer.Option(
-            None,
-            "--requests-per-level",
-            help="Measured requests per level, at least one per client (default: max(100, 4 × concurrency); "
-            "with --duration-per-level, as many as fit)",
-            show_default=False,
-        ),
+        None,
+        "Measured requests per level, at least one per client (default: max(100, 4 × concurrency); "
+        "with --duration-per-level, as many as fit)",
+        show_default=False,
     ),
-    Flag(
-        "duration_per_level",
-        float | None,
-        typer.Option(None, "--duration-per-level", help="Measured seconds per level (after warm-up)"),
-    ),
-    Flag(
-        "warmup_requests",
-        int | None,
-        typer.Option(
-            None, "--warmup-requests", help="Completions excluded as warm-up (default: one per client)"
-        ),
-    ),
-    Flag("repeats", int, typer.Option(1, "--repeats", help="Repeats per level")),
+    flag("duration_per_level", float | None, None, "Measured seconds per level (after warm-up)"),
+    flag("warmup_requests", int | None, None, "Completions excluded as warm-up (default: one per client)"),
+    flag("repeats", int, 1, "Repeats per level"),
 )
 SLO_FLAGS = (
-    Flag(
-        "slo_ttft_p95_ms", float | None, typer.Option(None, "--slo-ttft-p95-ms", help="SLO: TTFT p95 in ms")
-    ),
-    Flag(
-        "slo_tpot_p50_ms", float | None, typer.Option(None, "--slo-tpot-p50-ms", help="SLO: TPOT p50 in ms")
-    ),
-    Flag(
-        "slo_e2e_p95_ms",
-        float | None,
-        typer.Option(None, "--slo-e2e-p95-ms", help="SLO: end-to-end p95 in ms"),
-    ),
+    flag("slo_ttft_p95_ms", float | None, None, "SLO: TTFT p95 in ms"),
+    flag("slo_tpot_p50_ms", float | None, None, "SLO: TPOT p50 in ms"),
+    flag("slo_e2e_p95_ms", float | None, None, "SLO: end-to-end p95 in ms"),
 )
 CLIENT = (
-    Flag(
-        "request_timeout",
-        float,
-        typer.Option(120.0, "--request-timeout", help="Seconds before a request counts as timed out"),
-    ),
+    flag("request_timeout", float, 120.0, "Seconds before a request counts as timed out"),
     Flag(
         "ignore_eos",
         bool,
@@ -137,33 +92,15 @@ CLIENT = (
             True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly max_tokens (vLLM extension)"
         ),
     ),
-    Flag("seed", int, typer.Option(0, "--seed", help="Workload seed")),
-    Flag(
-        "max_client_lag_ms",
-        float,
-        typer.Option(50.0, "--max-client-lag-ms", help="Gate: client event-loop lag p99 above is invalid"),
-    ),
-    Flag(
-        "output",
-        Path | None,
-        typer.Option(
-            None, "--output", "-o", help="JSON report path; CSV, JSONL, PNG and HTML are written beside it"
-        ),
+    flag("seed", int, 0, "Workload seed"),
+    flag("max_client_lag_ms", float, 50.0, "Gate: client event-loop lag p99 above is invalid"),
+    flag(
+        "output", Path | None, None, "JSON report path; CSV, JSONL, PNG and HTML are written beside it", "-o"
     ),
 )
 GATES = (
-    Flag(
-        "max_error_rate",
-        float,
-        typer.Option(0.01, "--max-error-rate", help="Gate: a level with more errors is invalid"),
-    ),
-    Flag(
-        "min_concurrency_ratio",
-        float,
-        typer.Option(
-            0.95, "--min-concurrency-ratio", help="Gate: achieved/target concurrency below is invalid"
-        ),
-    ),
+    flag("max_error_rate", float, 0.01, "Gate: a level with more errors is invalid"),
+    flag("min_concurrency_ratio", float, 0.95, "Gate: achieved/target concurrency below is invalid"),
 )
 
 

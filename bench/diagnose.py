@@ -250,40 +250,33 @@ def _stall(samples: list[Snapshot], fam: Any) -> Finding | None:
     )  # fmt: skip
 
 
-def _queue(o: dict[str, Any], th: Thresholds) -> Finding | None:
-    ttft, queue, waiting = o["ttft_mean_s"], o["queue_mean_s"], o["waiting_mean"] or 0.0
-    if not ttft or queue is None:
+def _ttft_part(
+    o: dict[str, Any], layer: str, part: str, min_share: float, also: str | None
+) -> Finding | None:
+    """``layer`` strained: ``part`` (queue, prefill) is at least ``min_share`` of mean TTFT and the
+    layer's own second sign, ``also``, holds (None when it does not)."""
+    ttft, spent = o["ttft_mean_s"], o[f"{part}_mean_s"]
+    if not ttft or spent is None or also is None or spent / ttft < min_share:
         return None
-    share = queue / ttft
-    if share < th.queue_share or waiting < th.waiting_min:
-        return None
+    share = spent / ttft
     return Finding(
-        "queueing",
+        layer,
         1.0 + share,
-        [
-            f"queue time is {share:.0%} of TTFT ({_ms(queue)} of {_ms(ttft)})",
-            f"{waiting:.1f} requests waiting on average beside {o['running_mean'] or 0:.1f} running",
-        ],
-        advice("queueing", family_of_obs(o)),
+        [f"{part} time is {share:.0%} of TTFT ({_ms(spent)} of {_ms(ttft)})", also],
+        advice(layer, family_of_obs(o)),
     )
+
+
+def _queue(o: dict[str, Any], th: Thresholds) -> Finding | None:
+    waiting = o["waiting_mean"] or 0.0
+    also = f"{waiting:.1f} requests waiting on average beside {o['running_mean'] or 0:.1f} running"
+    return _ttft_part(o, "queueing", "queue", th.queue_share, also if waiting >= th.waiting_min else None)
 
 
 def _prefill(o: dict[str, Any], th: Thresholds) -> Finding | None:
-    ttft, prefill = o["ttft_mean_s"], o["prefill_mean_s"]
-    if not ttft or prefill is None:
-        return None
-    share = prefill / ttft
-    if share < th.prefill_share or ttft < th.ttft_high_s:
-        return None
-    return Finding(
-        "prefill",
-        1.0 + share,
-        [
-            f"prefill time is {share:.0%} of TTFT ({_ms(prefill)} of {_ms(ttft)})",
-            f"mean TTFT {_ms(ttft)} is above {_ms(th.ttft_high_s)}",
-        ],
-        advice("prefill", family_of_obs(o)),
-    )
+    ttft = o["ttft_mean_s"] or 0.0
+    also = f"mean TTFT {_ms(ttft)} is above {_ms(th.ttft_high_s)}"
+    return _ttft_part(o, "prefill", "prefill", th.prefill_share, also if ttft >= th.ttft_high_s else None)
 
 
 def family_of_obs(o: dict[str, Any]) -> str | None:

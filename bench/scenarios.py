@@ -14,6 +14,8 @@ What it is not: knee finding — only `sweep` yields knees.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from plimsoll.bench.loadgen import Arrival, arrival_offsets
@@ -165,19 +167,40 @@ def _no_drift_data(name: str, windows: int) -> str:
     return f"drift check {name} has no data: {fix}"
 
 
-async def run_soak(
-    session: BenchSession,
-    concurrency: int,
-    duration_s: float,
-    window_s: float,
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """Steady load recorded window by window: ``concurrency`` clients for ``duration_s``, a level each ``window_s``."""
+
+    concurrency: int
+    duration_s: float
+    window_s: float
+
+    @property
+    def count(self) -> int:
+        return max(1, round(self.duration_s / self.window_s))
+
+
+async def windowed_levels(
+    sessions: Sequence[tuple[dict[str, Any], BenchSession]],
+    windows: Windows,
     on_start: LevelStart | None = None,
+) -> list[list[dict[str, Any]]]:
+    """``windows`` on each session in turn, window by window; each session's levels, carrying its
+    fields and ``window_index``."""
+    recorded: list[list[dict[str, Any]]] = [[] for _ in sessions]
+    for i in range(windows.count):
+        for (fields, session), levels in zip(sessions, recorded, strict=True):
+            lv = await session.level(windows.concurrency, on_start)
+            lv.update(fields, window_index=i)
+            levels.append(lv)
+    return recorded
+
+
+async def run_soak(
+    session: BenchSession, soak: Windows, on_start: LevelStart | None = None
 ) -> dict[str, Any]:
-    windows = max(1, round(duration_s / window_s))
-    levels = []
-    for i in range(windows):
-        lv = await session.level(concurrency, on_start)
-        lv["window_index"] = i
-        levels.append(lv)
+    [levels] = await windowed_levels([({}, session)], soak, on_start)
+    windows, window_s = soak.count, soak.window_s
 
     def series(metric: str, pct: str) -> list[float | None]:
         return [lv["latency_ms"][metric][pct] if lv["latency_ms"][metric] else None for lv in levels]

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from plimsoll import metric_names as mn
+from plimsoll.bench.scenarios import Windows, windowed_levels
 from plimsoll.bench.scrape import Snapshot, counter_delta, fetch
 from plimsoll.bench.session import BenchSession, LevelStart
 
@@ -106,23 +107,14 @@ def decide(baseline: dict[str, Any], candidate: dict[str, Any]) -> tuple[str, st
 
 
 async def run_spec_ab(
-    baseline: BenchSession,
-    candidate: BenchSession,
-    concurrency: int,
-    duration_s: float,
-    window_s: float,
-    on_start: LevelStart | None = None,
+    baseline: BenchSession, candidate: BenchSession, each: Windows, on_start: LevelStart | None = None
 ) -> dict[str, Any]:
-    """Alternate windows on the two servers for ``duration_s`` each; the report is the baseline session's."""
-    windows = max(1, round(duration_s / window_s))
-    arms: dict[str, list[dict[str, Any]]] = {"baseline": [], "speculative": []}
+    """Alternate ``each`` window by window on the two servers; the report is the baseline session's."""
     http = candidate.client.http
     first_scrape = await _scrape(http, candidate.cfg.url)
-    for i in range(windows):
-        for name, session in (("baseline", baseline), ("speculative", candidate)):
-            lv = await session.level(concurrency, on_start)
-            lv["arm"], lv["window_index"] = name, i
-            arms[name].append(lv)
+    sessions = [({"arm": "baseline"}, baseline), ({"arm": "speculative"}, candidate)]
+    base_levels, spec_levels = await windowed_levels(sessions, each, on_start)
+    arms = {"baseline": base_levels, "speculative": spec_levels}
     last_scrape = await _scrape(http, candidate.cfg.url)
     figures = {name: _arm(levels) for name, levels in arms.items()}
     accepted: dict[str, float | None] = {
@@ -141,9 +133,9 @@ async def run_spec_ab(
     scenario = {
         "baseline_url": baseline.cfg.url,
         "speculative_url": candidate.cfg.url,
-        "concurrency": concurrency,
-        "windows_per_arm": windows,
-        "window_s": window_s,
+        "concurrency": each.concurrency,
+        "windows_per_arm": each.count,
+        "window_s": each.window_s,
         "arms": figures,
         "gain": gains,
         **accepted,

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,18 @@ def kill_process(cluster: Cluster, pod: str, container: str) -> int | None:
     return record.pid
 
 
+def kill_one(cluster: Cluster, run: Run, rng: random.Random, now: float, pods: Iterable[str], container: str,
+             what: str) -> str | None:  # fmt: skip
+    """SIGKILL ``container`` in a random one of ``pods``, logged as ``what`` at ``now``: that pod, or None if none."""
+    names = sorted(pods)
+    if not names:
+        return None
+    pod = rng.choice(names)
+    pid = kill_process(cluster, pod, container)
+    run.events.append(f"{now:5.0f} s  SIGKILL {what} {pod} (PID {pid})")
+    return pod
+
+
 async def follow_restart(fleet: Fleet, http: httpx.AsyncClient, restart: Restart) -> None:
     """Wait for the killed replica to be Ready again, then read its new process's start-up phases."""
     with contextlib.suppress(TimeoutError):
@@ -281,20 +294,13 @@ async def chaos(cluster: Cluster, operator: OperatorProcess, fleet: Fleet, run: 
     followers: list[asyncio.Task[None]] = []
     while (now := time.monotonic() - start) < seconds:
         if now >= next_replica:
-            pods = sorted(fleet.replicas)
-            if pods:
-                pod = rng.choice(pods)
-                pid = kill_process(cluster, pod, "engine")
-                run.events.append(f"{now:5.0f} s  SIGKILL replica {pod} (PID {pid})")
+            pod = kill_one(cluster, run, rng, now, fleet.replicas, "engine", "replica")
+            if pod is not None:
                 run.restarts.append(Restart(pod, time.time()))
                 followers.append(asyncio.create_task(follow_restart(fleet, http, run.restarts[-1])))
             next_replica += args.replica_every
         if now >= next_router:
-            pods = sorted(fleet.routers)
-            if pods:
-                pod = rng.choice(pods)
-                pid = kill_process(cluster, pod, "router")
-                run.events.append(f"{now:5.0f} s  SIGKILL router {pod} (PID {pid})")
+            kill_one(cluster, run, rng, now, fleet.routers, "router", "router")
             next_router += args.router_every
         if not restarted and now >= restart_at:
             await asyncio.to_thread(operator.stop, True)

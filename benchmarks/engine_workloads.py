@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from step_cpu_time import decode_step_times  # the sibling script's step timer
 
 from plimsoll.bench.script_args import add_options
 from plimsoll.runtime.engine.config import EngineConfig
@@ -183,20 +184,8 @@ def decode_steps(args: argparse.Namespace) -> None:
     print(f"# decode step time vs batch size, context ~{args.a_prompt} tokens, model {engine.model_path}")
     for b in args.levels:
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-        for i in range(b):
-            engine.add_request(
-                f"steps-{b}-{i}", [rng.randrange(100, vocab) for _ in range(args.a_prompt)], params
-            )
-        while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
-            engine.step()  # prefill until every sequence decodes
-        walls, cpus = [], []
-        for _ in range(8):
-            w, c = time.monotonic(), time.process_time()
-            engine.step()
-            walls.append(time.monotonic() - w)
-            cpus.append(time.process_time() - c)
-        while engine.has_unfinished_requests():
-            engine.step()
+        prompts = [[rng.randrange(100, vocab) for _ in range(args.a_prompt)] for _ in range(b)]
+        cpus, walls = decode_step_times(engine, f"steps-{b}-", prompts, params, steps=8)
         cpu = pct(cpus, 50)
         base_cpu = base_cpu or cpu / b
         print(

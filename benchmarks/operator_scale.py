@@ -14,33 +14,21 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from plimsoll.operator.local import chart_cluster
-
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
+sys.path.insert(0, str(ROOT / "tests" / "operator" / "handlers"))  # the manifests the k8s tests apply
 
+# The k8s tests' simulated, CPU-only LLMService: autoscaling off, capacity given (reconcile, not
+# benchmark Jobs, is what is measured).
+from llms_k8s import llmservice  # noqa: E402
 
-def manifest(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "plimsoll.dev/v1alpha1",
-        "kind": "LLMService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"uri": "embedded://smollm2-135m"},
-            "resources": {"gpu": {"count": 0}},
-            "autoscaling": {"mode": "off"},
-            "replicas": 1,
-            "podAnnotations": {"plimsoll.dev/run-locally": "false"},
-            # Measure reconcile, not benchmark Jobs.
-            "capacity": {"mode": "Manual", "concurrencyPerReplica": 4},
-        },
-    }
+from plimsoll.operator.local import chart_cluster  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -62,7 +50,7 @@ def main() -> None:
         idle_rss = operator.rss_bytes()
         cpu0 = operator.cpu_seconds()
         start = time.monotonic()
-        docs = [manifest(f"fleet-{i:03d}") for i in range(args.count)]
+        docs = [llmservice(f"fleet-{i:03d}") for i in range(args.count)]
         cluster.kubectl("apply", "-n", "fleet", "-f", "-", input=yaml.safe_dump_all(docs))
         applied = time.monotonic() - start
         ready: dict[str, float] = {}

@@ -40,7 +40,7 @@ from typing import Any
 from plimsoll.bench.config import SLO, BenchConfig, LengthSpec
 from plimsoll.bench.disagg import compare, summary_lines
 from plimsoll.bench.session import BenchSession
-from plimsoll.disaggregation import Ratio, parse_ratios, predict, profile_from_report, verdict
+from plimsoll.disaggregation import Ratio, parse_ratios, predict, profile_from_report, pull_stall_for, verdict
 from plimsoll.runtime.testing import ServerProcess
 
 LINK: dict[str, float] = {}  # the KV link's rate, as the first workload's pulls measured it
@@ -176,7 +176,7 @@ async def workload(
         band = measured["band"]
         predicted = verdict(
             predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3,
-                    levels=args.levels),
+                    levels=args.levels, pull_stall=pull_stall_for(0)),  # CPU replicas
             margin=band,
         )  # fmt: skip
         agrees = predicted.category == measured["category"]

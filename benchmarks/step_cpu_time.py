@@ -11,6 +11,8 @@ One intra-op thread by default: on a host shared with other work, a single-threa
 time is what its code costs, while its wall time (and any multi-threaded figure) measures the
 host's load. Run the two checkouts alternately, several rounds, and compare medians. A script
 that prints figures, not a test.
+
+``decode_step_times`` is also the step timer of ``engine_workloads.py --workload steps``.
 """
 
 import argparse
@@ -24,6 +26,29 @@ import torch
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.sampling_params import SamplingParams
+
+
+def decode_step_times(
+    engine: LLMEngine, prefix: str, prompts: list[list[int]], params: SamplingParams, steps: int
+) -> tuple[list[float], list[float]]:
+    """Each of ``steps`` decode steps of the whole batch of ``prompts``: its CPU and its wall seconds.
+
+    The requests (ids ``prefix`` + index) are prefilled first and finished after, so neither is
+    timed; ``params`` must leave each more than ``steps`` tokens to make.
+    """
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{prefix}{i}", prompt, params)
+    while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+        engine.step()  # prefill until every sequence decodes
+    cpu, wall = [], []
+    for _ in range(steps):
+        c, w = time.process_time(), time.perf_counter()
+        engine.step()
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - w)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return cpu, wall
 
 
 def main() -> None:
@@ -46,18 +71,8 @@ def main() -> None:
     out = {}
     for b in args.levels:
         params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
-        for i in range(b):
-            engine.add_request(f"r{b}-{i}", [rng.randrange(100, 40000) for _ in range(args.prompt)], params)
-        while engine.scheduler.waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
-            engine.step()  # prefill until every sequence decodes
-        cpu, wall = [], []
-        for _ in range(args.steps):
-            c, w = time.process_time(), time.perf_counter()
-            engine.step()
-            cpu.append(time.process_time() - c)
-            wall.append(time.perf_counter() - w)
-        while engine.has_unfinished_requests():
-            engine.step()
+        prompts = [[rng.randrange(100, 40000) for _ in range(args.prompt)] for _ in range(b)]
+        cpu, wall = decode_step_times(engine, f"r{b}-", prompts, params, args.steps)
         out[b] = [round(statistics.median(cpu) * 1e3, 1), round(statistics.median(wall) * 1e3, 1)]
     print(json.dumps(out))
 

@@ -77,7 +77,9 @@ def tiny_model() -> Path:
     return pod_model()
 
 
-def manifest(args: argparse.Namespace, model: Path, autoscale: bool, replicas: int = 1) -> dict[str, Any]:
+def manifest(
+    args: argparse.Namespace, model: Path, autoscale: bool, replicas: int = 1, standby: int = 0
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"uri": f"file://{model}"},
         "engine": {"maxNumSeqs": args.target, "kvCacheMemory": "32Mi"},
@@ -94,6 +96,8 @@ def manifest(args: argparse.Namespace, model: Path, autoscale: bool, replicas: i
             "scaleUpStabilizationSeconds": args.up_window,
             "scaleDownStabilizationSeconds": 600,  # no scale-down within the replay
         }
+        if standby:
+            spec["autoscaling"]["standby"] = {"replicas": standby, "level": 1}
     return {
         "apiVersion": "plimsoll.dev/v1alpha1",
         "kind": "LLMService",
@@ -119,11 +123,25 @@ def wait(predicate: Any, timeout: float, what: str, load: PodLoad) -> None:
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: bool, replicas: int = 1) -> Result:
+def parked_asleep(cluster: Cluster, ns: str) -> int:
+    """How many replicas ``status.standby`` says are parked and asleep."""
+    svc = json.loads(cluster.kubectl("get", "llmservice", NAME, "-n", ns, "-o", "json").stdout)
+    return int(((svc.get("status") or {}).get("standby") or {}).get("asleep") or 0)
+
+
+def replay(
+    cluster: Cluster,
+    args: argparse.Namespace,
+    model: Path,
+    autoscale: bool,
+    replicas: int = 1,
+    standby: int = 0,
+) -> Result:
     label = "autoscaled" if autoscale else f"fixed {replicas} replica{'s' if replicas > 1 else ''}"
-    ns = "step-auto" if autoscale else f"step-fixed-{replicas}"
+    label += f" + {standby} asleep" if standby else ""
+    ns = ("step-standby" if standby else "step-auto") if autoscale else f"step-fixed-{replicas}"
     cluster.kubectl("create", "namespace", ns)
-    body = yaml.safe_dump(manifest(args, model, autoscale, replicas))
+    body = yaml.safe_dump(manifest(args, model, autoscale, replicas, standby))
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=body)
     config = LoadConfig(model=NAME, max_tokens=args.max_tokens)
     last_scale_up = None
@@ -135,7 +153,16 @@ def replay(cluster: Cluster, args: argparse.Namespace, model: Path, autoscale: b
                 f"{replicas} ready replica(s)",
                 load,
             )
-            print(f"{label}: ready; {args.low} client(s) for {args.before:.0f} s, then {args.high}", flush=True)
+            if standby:
+                wait(
+                    lambda: parked_asleep(cluster, ns) >= standby,
+                    300,
+                    f"{standby} replica(s) parked asleep",
+                    load,
+                )
+            print(
+                f"{label}: ready; {args.low} client(s) for {args.before:.0f} s, then {args.high}", flush=True
+            )
             load.set_clients(args.low)
             time.sleep(args.before)
             load.set_clients(args.high)
@@ -198,6 +225,13 @@ def main() -> None:
     parser.add_argument("--ttft-slo-ms", type=float, default=500.0)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument(
+        "--standby",
+        type=int,
+        default=0,
+        help="also replay the autoscaled service with this many replicas parked asleep "
+        "(autoscaling.standby, level 1): a scale-up wakes them instead of starting pods",
+    )
+    parser.add_argument(
         "--fixed-counts",
         default="1,2,3",
         help="replica counts replayed with autoscaling off, comma-separated (empty: none)",
@@ -222,7 +256,10 @@ def main() -> None:
     started = time.monotonic()
     with chart_cluster(CHART, "plimsoll-stepload-", pod_runner=True) as (cluster, _):
         results = [replay(cluster, args, model, autoscale=False, replicas=c) for c in counts]
-        results.append(replay(cluster, args, model, autoscale=True))
+        autos = [replay(cluster, args, model, autoscale=True)]
+        if args.standby:
+            autos.append(replay(cluster, args, model, autoscale=True, standby=args.standby))
+        results += autos
 
     print(
         f"\nstep {args.low} → {args.high} closed-loop clients, {args.after:.0f} s measured after the step; "
@@ -230,46 +267,56 @@ def main() -> None:
         f"max_tokens {args.max_tokens} with ignore_eos; TTFT SLO {args.ttft_slo_ms:.0f} ms; "
         f"total run {time.monotonic() - started:.0f} s"
     )
-    print(f"{'':18} {'SLO attainment':>14} {'requests':>9} {'failed':>7} {'TTFT p50':>9} {'TTFT p95':>9}")
+    print(f"{'':24} {'SLO attainment':>14} {'requests':>9} {'failed':>7} {'TTFT p50':>9} {'TTFT p95':>9}")
     for r in results:
         print(
-            f"{r.label:18} {r.attainment:>14.0%} {r.requests:>9} {r.failed:>7} "
+            f"{r.label:24} {r.attainment:>14.0%} {r.requests:>9} {r.failed:>7} "
             f"{r.ttft_p50_ms:>7.0f}ms {r.ttft_p95_ms:>7.0f}ms"
         )
-    auto = results[-1]
-    fixed = results[:-1]
+    fixed = results[: len(counts)]
     enough = [c for c, r in zip(counts, fixed, strict=True) if r.attainment >= args.suffices]
+    for auto in autos:
+        report_autoscaled(auto, args, counts, enough, fixed)
+
+
+def report_autoscaled(
+    auto: Result, args: argparse.Namespace, counts: list[int], enough: list[int], fixed: list[Result]
+) -> None:
+    """One autoscaled replay: its replicas against the fewest that suffice, its timeline, and its attainment
+    while its new replicas start beside the fixed counts' over the same seconds."""
+    print(f"\n{auto.label}:")
     if enough:
         above = auto.max_desired - enough[0]
         print(
-            f"fewest fixed replicas meeting the SLO for {args.suffices:.0%} of requests after the step: "
+            f"  fewest fixed replicas meeting the SLO for {args.suffices:.0%} of requests after the step: "
             f"{enough[0]}; the autoscaler used {auto.max_desired} ({above:+d})"
         )
     elif counts:
-        print(f"no fixed count in {counts} met the SLO for {args.suffices:.0%}; the autoscaler used {auto.max_desired}")
+        print(
+            f"  no fixed count in {counts} met the SLO for {args.suffices:.0%}; the autoscaler used {auto.max_desired}"
+        )
     decision = "none" if auto.decision_s is None else f"{auto.decision_s:.1f} s"
     ready = "none within the replay" if auto.new_ready_s is None else f"{auto.new_ready_s:.1f} s"
-    print(
-        f"autoscaled: scale-up decision {decision} after the step, first new replica Ready {ready} after it"
-    )
-    print(f"autoscaled replicas (s since the step: desired/ready): {auto.replicas}")
+    print(f"  scale-up decision {decision} after the step, first new replica Ready {ready} after it")
+    print(f"  replicas (s since the step: desired/ready): {auto.replicas}")
     if auto.all_ready_s is not None:
         split = auto.all_ready_s
         print(
-            f"attainment while the new replicas start (0–{split:.0f} s) | once all are Ready ({split:.0f}–{args.after:.0f} s):"
+            f"  attainment while the new replicas start (0–{split:.0f} s) | once all are Ready "
+            f"({split:.0f}–{args.after:.0f} s):"
         )
-        for r in results:
+        for r in [*fixed, auto]:
             (a1, n1), (a2, n2) = r.attainment_between(0, split), r.attainment_between(split, args.after + 1)
-            print(f"  {r.label:18} {a1:>5.0%} of {n1:<4} | {a2:>5.0%} of {n2}")
+            print(f"    {r.label:24} {a1:>5.0%} of {n1:<4} | {a2:>5.0%} of {n2}")
     timeline = auto.last_scale_up
     if timeline:
         print(
-            f"status.autoscaler.lastScaleUp ({timeline.get('fromReplicas')}→{timeline.get('toReplicas')}, "
+            f"  status.autoscaler.lastScaleUp ({timeline.get('fromReplicas')}→{timeline.get('toReplicas')}, "
             f"pod {timeline.get('pod')}, complete {timeline.get('complete')}): decision → Ready "
             f"{timeline.get('decisionToReadySeconds')} s, → first answer {timeline.get('decisionToFirstAnswerSeconds')} s"
         )
         for phase in timeline.get("phases") or []:
-            print(f"  {phase['phase']:22} +{phase['seconds']:>6.2f} s  ({phase['at']})")
+            print(f"    {phase['phase']:22} +{phase['seconds']:>6.2f} s  ({phase['at']})")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,15 @@ why), so "split pays" means one thing everywhere.
   ``u·D/s``): one stall of a long prompt is spread over only ``O − 1`` tokens.
 
   *Split* ``p:d`` (``n = c·(p+d)`` requests in flight): prefills queue on the prefill pool only
-  (share ``ρ = X·s/p``), each prompt's KV moves in ``T``, decodes run at ``t(b)`` with ``b = X·D/d``
-  and no stalls; ``X = n/(s + wait + T + t + (O−1)·t)``, capped by ``p/s`` and ``p/T``.
+  (share ``ρ = X·s/p``), each prompt's KV moves in ``T``, decodes run at ``t(b)`` with ``b = X·D/d``;
+  ``X = n/(s + wait + T + t + (O−1)·t)``, capped by ``p/s`` and ``p/T``. Where the replicas' own
+  compute packs, sends, receives and unpacks the blocks (``pull_stall`` = 1: CPU replicas, whose
+  transfer threads take the cores their steps run on), each request's ``T`` costs both sides: the
+  prefill replica spends ``s + T`` on it (``ρ = X·(s+T)/p``, the cap ``p/(s+T)``), and on the decode
+  replica it stalls the decodes as a prefill does on an aggregated replica: share ``v = X·T/d``,
+  ``D = (O−1)·t(b)/(1−v)``, the TPOT SLO met when at most ``⌊(SLO − t)·(O−1)/T⌋`` pulls land in a
+  decode (Poisson, mean ``v·D/T``). Where a copy engine moves them beside the kernels (a GPU),
+  ``pull_stall`` = 0: neither.
 
   A request meets the TTFT SLO when the prompts ahead of it fit (``P(j ahead) ≈ ρ^j``). Goodput is
   ``X`` × the share meeting both SLOs, at the best of the given concurrencies (as the bench takes a
@@ -288,7 +295,7 @@ class OperatingPoint:
     tpot_s: float
     prefill_busy: float  # share of a prefilling replica's time spent on prompts
     batch: float  # sequences per decode step
-    stalled_share: float = 0.0  # aggregated: requests whose decode sees another prompt's prefill
+    stalled_share: float = 0.0  # requests whose decode sees another prompt's prefill (split: another's pull)
 
     @property
     def goodput_rps(self) -> float:
@@ -346,39 +353,58 @@ def aggregated_at(
         x = 0.5 * x + 0.5 * c / (s + wait + t + decode)
     batch = min(max(1.0, x * decode), max(1.0, c))
     stalls = u * decode / s if s > 0 else 0.0  # other prompts prefilled during one request's decode
-    tpot_share = 1.0
-    if tpot_slo_s is not None and steps > 0:
-        allowed = math.floor((tpot_slo_s - t) * steps / s) if s > 0 else 10**6
-        tpot_share = _poisson_cdf(allowed, stalls) if tpot_slo_s >= t else 0.0
+    tpot_share = _stall_share(tpot_slo_s, t, steps, s, stalls)
     good = tpot_share * _ttft_share(s + t, ttft_slo_s, u, s, c)
     return OperatingPoint(c, x, good, s + wait + t, t + (stalls * s / steps if steps else 0.0), min(1.0, x * s),
                           batch, 1.0 - math.exp(-stalls))  # fmt: skip
 
 
+def _stall_share(tpot_slo_s: float | None, t: float, steps: float, stall_s: float, stalls: float) -> float:
+    """Share of requests meeting the TPOT SLO when a decode of ``steps`` steps at ``t`` meets a Poisson
+    count (mean ``stalls``) of ``stall_s`` stalls: at most ``⌊(SLO − t)·steps/stall_s⌋`` may land in it."""
+    if tpot_slo_s is None or steps == 0:
+        return 1.0
+    if tpot_slo_s < t:
+        return 0.0
+    allowed = math.floor((tpot_slo_s - t) * steps / stall_s) if stall_s > 0 else 10**6
+    return _poisson_cdf(allowed, stalls)
+
+
 def split_at(
     profile: ServiceProfile, input_tokens: float, output_tokens: float, c: float, ratio: Ratio,
     transfer_s: float, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+    pull_stall: float = 0.0,
 ) -> OperatingPoint:  # fmt: skip
-    """A ``p:d`` layout with ``c`` requests in flight per replica: prefill pool, transfer, decode pool."""
+    """A ``p:d`` layout with ``c`` requests in flight per replica: prefill pool, transfer, decode pool.
+
+    ``pull_stall``: the share of each pull's ``transfer_s`` that takes its prefill replica's compute and
+    stalls its decode replica's steps (1 where the replicas' own cores move the blocks, 0 beside a copy
+    engine)."""
     s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
     p, d = ratio.prefill, ratio.decode
     n = c * ratio.replicas
     others = max(0.0, (n - 1) / n)
-    cap = min(p / s, p / transfer_s if transfer_s > 0 else math.inf)
+    stall_s = pull_stall * transfer_s
+    per_prompt = s + stall_s  # a prefill replica's time for one request: its prompt, and serving the pull
+    cap = min(p / per_prompt, p / transfer_s if transfer_s > 0 else math.inf)
     t = profile.step_at(n / d)
     x = min(cap, n / (s + transfer_s + t + steps * t))
-    rho = wait = 0.0
+    rho = wait = v = 0.0
+    decode = steps * t
     for _ in range(200):
-        rho = min(0.99, x * s / p)
-        decode = steps * t
+        rho = min(0.99, x * per_prompt / p)
+        v = min(0.99, x * stall_s / d)  # the decode replicas' time taken by pulls
+        decode = steps * t / (1 - v)
         batch = min(max(1.0, x * decode / d), max(1.0, n / d))
         t = profile.step_at(batch)
-        wait = _queue_wait(rho * others, s, p, n)
-        x = min(cap, 0.5 * x + 0.5 * n / (s + wait + transfer_s + t + steps * t))
-    batch = min(max(1.0, x * steps * t / d), max(1.0, n / d))
-    tpot_share = 1.0 if tpot_slo_s is None or steps == 0 or t <= tpot_slo_s else 0.0
-    good = tpot_share * _ttft_share(s + transfer_s + t, ttft_slo_s, rho * others, s / p, n)
-    return OperatingPoint(c, x, good, s + wait + transfer_s + t, t, rho, batch)
+        wait = _queue_wait(rho * others, per_prompt, p, n)
+        x = min(cap, 0.5 * x + 0.5 * n / (s + wait + transfer_s + t + decode))
+    batch = min(max(1.0, x * decode / d), max(1.0, n / d))
+    stalls = v * decode / stall_s if stall_s > 0 else 0.0  # other requests' pulls during one decode
+    tpot_share = _stall_share(tpot_slo_s, t, steps, stall_s, stalls)
+    good = tpot_share * _ttft_share(s + transfer_s + t, ttft_slo_s, rho * others, per_prompt / p, n)
+    tpot = t + (stalls * stall_s / steps if steps else 0.0)
+    return OperatingPoint(c, x, good, s + wait + transfer_s + t, tpot, rho, batch, 1.0 - math.exp(-stalls))
 
 
 def predict(
@@ -390,9 +416,15 @@ def predict(
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
     levels: Sequence[float] | None = None,
+    pull_stall: float = 0.0,
 ) -> list[LayoutFigures]:
     """Goodput per layout from ``profile`` at its best of ``levels`` (per-replica concurrencies; default the
-    profile's), the KV transfer taking ``I × kv bytes / link`` (see the module docstring for the model)."""
+    profile's), the KV transfer taking ``I × kv bytes / link`` (see the module docstring for the model);
+    ``pull_stall`` as :func:`split_at` (use :func:`pull_stall_for`)."""
+    if not 0.0 <= pull_stall <= 1.0:
+        raise ValueError(
+            f"pull_stall {pull_stall!r}: the share of a pull that stalls decoding is within [0, 1]"
+        )
     if min(profile.prefill_tokens_per_s, profile.decode_sequences, profile.decode_tpot_s, input_tokens,
            output_tokens, link_bytes_per_s) <= 0 or any(t <= 0 for _, t in profile.step_s):  # fmt: skip
         raise ValueError(
@@ -412,17 +444,27 @@ def predict(
         "stalled in decode by another prompt's prefill"
     )))  # fmt: skip
     for r in ratios:
-        points = [split_at(profile, input_tokens, output_tokens, c, r, transfer_s, ttft_slo_s, tpot_slo_s)
-                  for c in levels]  # fmt: skip
+        points = [split_at(profile, input_tokens, output_tokens, c, r, transfer_s, ttft_slo_s, tpot_slo_s,
+                           pull_stall) for c in levels]  # fmt: skip
         best = max(points, key=lambda pt: pt.goodput_rps)
+        stalled = (
+            f", {best.stalled_share:.0%} of decodes stalled by another request's pull" if pull_stall else ""
+        )
         lay = _figures(r.name, r.replicas, best, ttft_slo_s, tpot_slo_s, (
             f"c={best.concurrency:g} per replica: prefill pool busy {best.prefill_busy:.0%}, decode batch "
-            f"{best.batch:.2g} at {_ms(best.tpot_s)} a step, KV transfer {_ms(transfer_s)}"
+            f"{best.batch:.2g} at {_ms(best.tpot_s)} a token, KV transfer {_ms(transfer_s)}{stalled}"
         ))  # fmt: skip
         lay.transfer_s, lay.transfer_bytes = transfer_s, transfer_bytes
         lay.prefill_replicas, lay.decode_replicas = r.prefill, r.decode
         out.append(lay)
     return out
+
+
+def pull_stall_for(gpus_per_replica: int) -> float:
+    """How much of a KV pull takes its two replicas' compute: all of it on CPU replicas (packing, sending,
+    receiving and unpacking run on the cores that prefill and decode), none on GPUs (a copy engine moves
+    blocks beside the kernels)."""
+    return 0.0 if gpus_per_replica > 0 else 1.0
 
 
 def _figures(

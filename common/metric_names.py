@@ -121,66 +121,32 @@ class EngineMetricNames:
     request_success: str
 
 
-PLIMSOLL = EngineMetricNames(
-    running=NUM_REQUESTS_RUNNING,
-    waiting=NUM_REQUESTS_WAITING,
-    kv_usage=KV_CACHE_USAGE_RATIO,
-    ttft=TIME_TO_FIRST_TOKEN,
-    tpot=TIME_PER_OUTPUT_TOKEN,
-    itl=INTER_TOKEN_LATENCY,
-    e2e=E2E_REQUEST_LATENCY,
-    queue_time=REQUEST_QUEUE_TIME,
-    prefill_time=REQUEST_PREFILL_TIME,
-    decode_time=REQUEST_DECODE_TIME,
-    preemptions=NUM_PREEMPTIONS,
-    prefix_queries=PREFIX_CACHE_QUERIES,
-    prefix_hits=PREFIX_CACHE_HITS,
-    prompt_tokens=PROMPT_TOKENS,
-    generation_tokens=GENERATION_TOKENS,
-    request_success=REQUEST_SUCCESS,
-)
-
-VLLM = EngineMetricNames(
-    running="vllm:num_requests_running",
-    waiting="vllm:num_requests_waiting",
-    kv_usage="vllm:kv_cache_usage_perc",
-    ttft="vllm:time_to_first_token_seconds",
-    tpot="vllm:request_time_per_output_token_seconds",
-    itl="vllm:inter_token_latency_seconds",
-    e2e="vllm:e2e_request_latency_seconds",
-    queue_time="vllm:request_queue_time_seconds",
-    prefill_time="vllm:request_prefill_time_seconds",
-    decode_time="vllm:request_decode_time_seconds",
-    preemptions="vllm:num_preemptions_total",
-    prefix_queries="vllm:prefix_cache_queries_total",
-    prefix_hits="vllm:prefix_cache_hits_total",
-    prompt_tokens="vllm:prompt_tokens_total",
-    generation_tokens="vllm:generation_tokens_total",
-    request_success="vllm:request_success_total",
-)
-
-# SGLang's names (python/sglang/srt/metrics/collector.py; the server needs --enable-metrics).
-# SGLang reports per-token latency as inter-token latency and has no prefill/decode-time
-# histograms, prefix-cache token counters or finished-request counter by reason: those
-# fields name series SGLang does not export, so readers find them absent.
-SGLANG = EngineMetricNames(
-    running="sglang:num_running_reqs",
-    waiting="sglang:num_queue_reqs",
-    kv_usage="sglang:token_usage",
-    ttft="sglang:time_to_first_token_seconds",
-    tpot="sglang:inter_token_latency_seconds",
-    itl="sglang:inter_token_latency_seconds",
-    e2e="sglang:e2e_request_latency_seconds",
-    queue_time="sglang:queue_time_seconds",
-    prefill_time="sglang:prefill_time_seconds",
-    decode_time="sglang:decode_time_seconds",
-    preemptions="sglang:num_retracted_requests_total",
-    prefix_queries="sglang:prefix_cache_queries_total",
-    prefix_hits="sglang:prefix_cache_hits_total",
-    prompt_tokens="sglang:prompt_tokens_total",
-    generation_tokens="sglang:generation_tokens_total",
-    request_success="sglang:num_requests_total",
-)
+# Each series a reader needs, as (plimsoll, vLLM, SGLang) spell it. SGLang's names come from
+# python/sglang/srt/metrics/collector.py (the server needs --enable-metrics); it reports per-token
+# latency as inter-token latency and has no prefill/decode-time histograms, prefix-cache token
+# counters or finished-request counter by reason: those fields name series SGLang does not
+# export, so readers find them absent.
+# fmt: off
+_SPELLINGS: dict[str, tuple[str, str, str]] = {
+    "running": (NUM_REQUESTS_RUNNING, "vllm:num_requests_running", "sglang:num_running_reqs"),
+    "waiting": (NUM_REQUESTS_WAITING, "vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+    "kv_usage": (KV_CACHE_USAGE_RATIO, "vllm:kv_cache_usage_perc", "sglang:token_usage"),
+    "ttft": (TIME_TO_FIRST_TOKEN, "vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+    "tpot": (TIME_PER_OUTPUT_TOKEN, "vllm:request_time_per_output_token_seconds", "sglang:inter_token_latency_seconds"),
+    "itl": (INTER_TOKEN_LATENCY, "vllm:inter_token_latency_seconds", "sglang:inter_token_latency_seconds"),
+    "e2e": (E2E_REQUEST_LATENCY, "vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
+    "queue_time": (REQUEST_QUEUE_TIME, "vllm:request_queue_time_seconds", "sglang:queue_time_seconds"),
+    "prefill_time": (REQUEST_PREFILL_TIME, "vllm:request_prefill_time_seconds", "sglang:prefill_time_seconds"),
+    "decode_time": (REQUEST_DECODE_TIME, "vllm:request_decode_time_seconds", "sglang:decode_time_seconds"),
+    "preemptions": (NUM_PREEMPTIONS, "vllm:num_preemptions_total", "sglang:num_retracted_requests_total"),
+    "prefix_queries": (PREFIX_CACHE_QUERIES, "vllm:prefix_cache_queries_total", "sglang:prefix_cache_queries_total"),
+    "prefix_hits": (PREFIX_CACHE_HITS, "vllm:prefix_cache_hits_total", "sglang:prefix_cache_hits_total"),
+    "prompt_tokens": (PROMPT_TOKENS, "vllm:prompt_tokens_total", "sglang:prompt_tokens_total"),
+    "generation_tokens": (GENERATION_TOKENS, "vllm:generation_tokens_total", "sglang:generation_tokens_total"),
+    "request_success": (REQUEST_SUCCESS, "vllm:request_success_total", "sglang:num_requests_total"),
+}
+# fmt: on
+PLIMSOLL, VLLM, SGLANG = (EngineMetricNames(**{f: row[i] for f, row in _SPELLINGS.items()}) for i in range(3))
 
 ENGINE_FAMILIES: dict[str, EngineMetricNames] = {"plimsoll": PLIMSOLL, "vllm": VLLM, "sglang": SGLANG}
 

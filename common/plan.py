@@ -567,15 +567,12 @@ def _report_target(
     report: Path, ttft_p95_ms: float | None, tpot_p50_ms: float | None, headroom: float | None
 ) -> tuple[float, str, float | None]:
     """Per-replica concurrency (and the mean latency there) from a bench report, for this SLO."""
-    from plimsoll.operator.scaling.profile import ProfileFailure, read_profile
+    from plimsoll.operator.scaling.profile import read_profile_file
 
     try:
-        text = report.read_text()
-    except OSError as err:
-        raise PlanError(f"cannot read the bench report {report}: {err}") from None
-    profile = read_profile(text)
-    if isinstance(profile, ProfileFailure):
-        raise PlanError(f"{report}: {profile.message}")
+        profile = read_profile_file(report)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
     try:
         value, how = profile.concurrency_for(
             ttft_p95_ms=ttft_p95_ms, tpot_p50_ms=tpot_p50_ms, headroom=headroom

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from plimsoll.operator.scaling.profile import ProfileFailure, read_profile
+from plimsoll.operator.scaling.profile import read_profile_file
 from plimsoll.operator.scaling.variant_mix import MixChoice, Offer, choose_mix
 
 # A variant can have any number of replicas offline; the exact search is fine this far.
@@ -65,12 +65,9 @@ def read_variant(text: str) -> VariantOffer:
     """One --variant, its report read as the per-variant profile is."""
     name, report, cost, most, spot = parse_variant(text)
     try:
-        body = report.read_text()
-    except OSError as err:
-        raise VariantPlanError(f"--variant {name}: cannot read the bench report {report}: {err}") from None
-    profile = read_profile(body)
-    if isinstance(profile, ProfileFailure):
-        raise VariantPlanError(f"--variant {name}: {report}: {profile.message}")
+        profile = read_profile_file(report)
+    except ValueError as err:
+        raise VariantPlanError(f"--variant {name}: {err}") from None
     rate = profile.requests_per_second()
     if not rate:
         raise VariantPlanError(

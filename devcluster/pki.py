@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -35,41 +35,22 @@ APISERVER_DNS = (
 
 @dataclass(frozen=True, slots=True)
 class PKIFiles:
-    """Paths of the PEM files under one directory."""
+    """Paths of the PEM files under one directory: ``ca_crt`` is ``dir / "ca.crt"``, and so on."""
 
     dir: Path
+    ca_crt: Path = field(init=False)
+    ca_key: Path = field(init=False)
+    apiserver_crt: Path = field(init=False)
+    apiserver_key: Path = field(init=False)
+    admin_crt: Path = field(init=False)
+    admin_key: Path = field(init=False)
+    sa_key: Path = field(init=False)
+    sa_pub: Path = field(init=False)
 
-    @property
-    def ca_crt(self) -> Path:
-        return self.dir / "ca.crt"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.dir / "ca.key"
-
-    @property
-    def apiserver_crt(self) -> Path:
-        return self.dir / "apiserver.crt"
-
-    @property
-    def apiserver_key(self) -> Path:
-        return self.dir / "apiserver.key"
-
-    @property
-    def admin_crt(self) -> Path:
-        return self.dir / "admin.crt"
-
-    @property
-    def admin_key(self) -> Path:
-        return self.dir / "admin.key"
-
-    @property
-    def sa_key(self) -> Path:
-        return self.dir / "sa.key"
-
-    @property
-    def sa_pub(self) -> Path:
-        return self.dir / "sa.pub"
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not f.init:  # frozen: set once here, through object's own __setattr__
+                object.__setattr__(self, f.name, self.dir / f.name.replace("_", "."))
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:

@@ -34,6 +34,7 @@ import httpx
 
 from plimsoll.devcluster.kubeapi import KubeAPI, KubeAPIError
 from plimsoll.pods import named_port, pod_is_ready
+from plimsoll.router.discovery import is_draining
 
 GROUP_PATH = "/apis/plimsoll.dev/v1alpha1"
 DEFAULT_PORT = 8000
@@ -302,11 +303,12 @@ class PodLoad:
 
 
 def ready_url(pod: dict[str, Any]) -> str | None:
-    """``http://<podIP>:<port named http>`` for a Ready pod on a loopback IP not being deleted, else None."""
+    """``http://<podIP>:<port named http>`` for a Ready pod on a loopback IP not being deleted, drained or
+    parked, else None."""
     status = pod.get("status") or {}
     ip = status.get("podIP")
-    if not pod_is_ready(pod) or not ip or pod["metadata"].get("deletionTimestamp"):
-        return None
+    if not pod_is_ready(pod) or not ip or pod["metadata"].get("deletionTimestamp") or is_draining(pod):
+        return None  # as the router: nothing new to a pod being drained or parked in standby
     if not ipaddress.ip_address(ip).is_loopback:
         return None  # the loopback rule: load goes to 127.0.0.0/8 only, whatever the cluster says
     return f"http://{ip}:{named_port(pod, 'http', DEFAULT_PORT)}"

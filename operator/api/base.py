@@ -6,7 +6,7 @@ This module is not the schema itself (see ``spec`` and ``status``) and does no I
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 from pydantic.types import JsonValue
 
@@ -37,6 +37,11 @@ class APIModel(BaseModel):
     def to_api(self) -> dict[str, Any]:
         """The object as the API server stores it: camelCase keys, unset optionals left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def defaulted(model: type[BaseModel], description: str) -> Any:
+    """The field of a nested block that, left out, is there with its own defaults (validated from ``{}``)."""
+    return Field(default_factory=lambda: model.model_validate({}), description=description)
 
 
 # A Kubernetes resource quantity ("4", 4, "16Gi", "500m"). Checked in Python by the

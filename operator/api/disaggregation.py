@@ -13,9 +13,11 @@ signal (``operator/scaling/pools.py``).
 What it is not: the builders (``operator/resources/pools.py``) or the planner's rules.
 """
 
+from typing import Annotated
+
 from pydantic import ConfigDict, Field, model_validator
 
-from plimsoll.operator.api.base import APIModel, Quantity, cel
+from plimsoll.operator.api.base import APIModel, Quantity, cel, defaulted
 
 
 class PoolResources(APIModel):
@@ -26,6 +28,16 @@ class PoolResources(APIModel):
     memory: Quantity | None = Field(
         None, description="Memory request and limit of each replica of this pool."
     )
+
+
+# The two fields both pools declare alike (their own count, signal and profile differ).
+PoolCompute = Annotated[
+    PoolResources,
+    defaulted(PoolResources, "Per-replica compute."),
+]
+PoolEngineArgs = Annotated[
+    list[str], Field(default_factory=list, description="Extra engine arguments for this pool.")
+]
 
 
 class PoolWorkload(APIModel):
@@ -57,10 +69,8 @@ class PrefillPoolSpec(APIModel):
     )
     min: int = Field(1, ge=1, description="Fewest prefill replicas.")
     max: int = Field(4, ge=1, description="Most prefill replicas.")
-    resources: PoolResources = Field(
-        default_factory=lambda: PoolResources.model_validate({}), description="Per-replica compute."
-    )
-    engine_args: list[str] = Field(default_factory=list, description="Extra engine arguments for this pool.")
+    resources: PoolCompute
+    engine_args: PoolEngineArgs
     target_backlog_seconds: float | None = Field(
         None, gt=0, description="Scaling signal target: seconds of queued prompt tokens per prefill replica "
         "(waiting prompt tokens ÷ the profiled prefill rate). Default: a quarter of slo.ttftP95Ms, else 1 s.",
@@ -87,10 +97,8 @@ class PrefillPoolSpec(APIModel):
 class DecodePoolSpec(APIModel):
     """What the decode pool (the service's own replicas) does differently from ``spec``."""
 
-    resources: PoolResources = Field(
-        default_factory=lambda: PoolResources.model_validate({}), description="Per-replica compute."
-    )
-    engine_args: list[str] = Field(default_factory=list, description="Extra engine arguments for this pool.")
+    resources: PoolCompute
+    engine_args: PoolEngineArgs
     target_sequences_per_replica: float | None = Field(
         None, gt=0, description="Scaling signal target: running sequences per decode replica. Default: the "
         "decode profile's knee under slo.tpotP50Ms × capacity.headroom.",
@@ -107,12 +115,9 @@ class DecodePoolSpec(APIModel):
 class DisaggregationSpec(APIModel):
     """Prefill and decode pools (see the module docstring)."""
 
-    prefill: PrefillPoolSpec = Field(
-        default_factory=lambda: PrefillPoolSpec.model_validate({}), description="The prefill pool."
-    )
-    decode: DecodePoolSpec = Field(
-        default_factory=lambda: DecodePoolSpec.model_validate({}),
-        description="The decode pool: the service's replicas (spec.replicas, spec.scaling).",
+    prefill: PrefillPoolSpec = defaulted(PrefillPoolSpec, "The prefill pool.")
+    decode: DecodePoolSpec = defaulted(
+        DecodePoolSpec, "The decode pool: the service's replicas (spec.replicas, spec.scaling)."
     )
     kv_port: int = Field(
         14579, ge=1024, le=65535, description="Port of each prefill replica's KV transfer server."

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel
+from plimsoll.operator.api.base import APIModel, FreeForm, Quantity, cel, defaulted
 from plimsoll.operator.api.disaggregation import DisaggregationSpec
 from plimsoll.operator.api.model_uri import (
     ADAPTER_URI_PATTERN,
@@ -155,9 +155,9 @@ class ModelSpec(APIModel):
         description="Secret key holding a Hugging Face token for gated or private hf:// repositories "
         "(given to the download step as HF_TOKEN, never to the engine).",
     )
-    cache: ModelCacheSpec = Field(
-        default_factory=lambda: ModelCacheSpec.model_validate({}),
-        description="Where hf:// weights are downloaded: an emptyDir, a PVC (claimName) or a node-local "
+    cache: ModelCacheSpec = defaulted(
+        ModelCacheSpec,
+        "Where hf:// weights are downloaded: an emptyDir, a PVC (claimName) or a node-local "
         "directory (hostPath, optionally filled ahead with prefill).",
     )
 
@@ -298,9 +298,7 @@ class ResourcesSpec(APIModel):
         }
     )
 
-    gpu: GPUSpec = Field(
-        default_factory=lambda: GPUSpec.model_validate({}), description="GPUs per pod (per node of a replica)."
-    )
+    gpu: GPUSpec = defaulted(GPUSpec, "GPUs per pod (per node of a replica).")
     nodes: int = Field(
         1,
         ge=1,
@@ -440,9 +438,7 @@ class ProfileWorkload(APIModel):
 class ProfileSpec(APIModel):
     """How a Profile-mode capacity is measured."""
 
-    workload: ProfileWorkload = Field(
-        default_factory=lambda: ProfileWorkload.model_validate({}), description="What the sweep sends."
-    )
+    workload: ProfileWorkload = defaulted(ProfileWorkload, "What the sweep sends.")
 
 
 class DriftSpec(APIModel):
@@ -478,18 +474,15 @@ class CapacitySpec(APIModel):
         "Profile", description="Profile measures it with a benchmark Job; Manual takes concurrencyPerReplica."
     )
     concurrency_per_replica: PositiveInt | None = Field(None, description="Manual per-replica concurrency.")
-    profile: ProfileSpec = Field(
-        default_factory=lambda: ProfileSpec.model_validate({}), description="Benchmark used in Profile mode."
-    )
+    profile: ProfileSpec = defaulted(ProfileSpec, "Benchmark used in Profile mode.")
     headroom: float = Field(
         0.75, gt=0, le=1, description="Fraction of the measured knee each replica is loaded to."
     )
     reprofile: Reprofile = Field(
         "Auto", description="Re-measure when the profile goes stale or drifts (Auto) or on request."
     )
-    drift: DriftSpec = Field(
-        default_factory=lambda: DriftSpec.model_validate({}),
-        description="How far and how long live behaviour may differ from the profile before ProfileDrift.",
+    drift: DriftSpec = defaulted(
+        DriftSpec, "How far and how long live behaviour may differ from the profile before ProfileDrift."
     )
     verify_seconds: int = Field(
         60,
@@ -573,9 +566,8 @@ class AutoscalingSpec(APIModel):
         0.1, ge=0, lt=1, description="Relative deviation from target ignored (HPA's tolerance)."
     )
     interval_seconds: int = Field(5, ge=1, description="Seconds between autoscaler evaluations.")
-    trend: TrendSpec = Field(
-        default_factory=lambda: TrendSpec.model_validate({}),
-        description="Scale up for the in-flight trend as well as its level (off by default).",
+    trend: TrendSpec = defaulted(
+        TrendSpec, "Scale up for the in-flight trend as well as its level (off by default)."
     )
     token_aware: bool = Field(
         True,
@@ -827,9 +819,7 @@ class TracingSpec(APIModel):
 class ObservabilitySpec(APIModel):
     """Where telemetry beyond Prometheus metrics goes."""
 
-    tracing: TracingSpec = Field(
-        default_factory=lambda: TracingSpec.model_validate({}), description="OpenTelemetry tracing."
-    )
+    tracing: TracingSpec = defaulted(TracingSpec, "OpenTelemetry tracing.")
 
 
 class LLMServiceSpec(APIModel):
@@ -866,16 +856,9 @@ class LLMServiceSpec(APIModel):
     )
 
     model: ModelSpec = Field(description="The model to serve.")
-    engine: EngineSpec = Field(
-        default_factory=lambda: EngineSpec.model_validate({}),
-        description="Inference engine and its settings.",
-    )
-    resources: ResourcesSpec = Field(
-        default_factory=lambda: ResourcesSpec.model_validate({}), description="Per-replica compute."
-    )
-    scheduling: SchedulingSpec = Field(
-        default_factory=lambda: SchedulingSpec.model_validate({}), description="Pod placement."
-    )
+    engine: EngineSpec = defaulted(EngineSpec, "Inference engine and its settings.")
+    resources: ResourcesSpec = defaulted(ResourcesSpec, "Per-replica compute.")
+    scheduling: SchedulingSpec = defaulted(SchedulingSpec, "Pod placement.")
     replicas: int | None = Field(
         None,
         ge=0,
@@ -883,25 +866,14 @@ class LLMServiceSpec(APIModel):
         "Left unset, the operator writes it once: sized from expectedLoad, else scaling.min for hpa/keda.",
     )
     scaling: ScalingSpec | None = Field(None, description="Replica bounds for autoscaling.")
-    slo: SLOSpec = Field(
-        default_factory=lambda: SLOSpec.model_validate({}), description="Latency objectives."
-    )
-    capacity: CapacitySpec = Field(
-        default_factory=lambda: CapacitySpec.model_validate({}), description="Per-replica capacity."
-    )
-    autoscaling: AutoscalingSpec = Field(
-        default_factory=lambda: AutoscalingSpec.model_validate({}), description="Autoscaler settings."
-    )
+    slo: SLOSpec = defaulted(SLOSpec, "Latency objectives.")
+    capacity: CapacitySpec = defaulted(CapacitySpec, "Per-replica capacity.")
+    autoscaling: AutoscalingSpec = defaulted(AutoscalingSpec, "Autoscaler settings.")
     expected_load: ExpectedLoadSpec | None = Field(None, description="Load expected at start.")
-    router: RouterSpec = Field(
-        default_factory=lambda: RouterSpec.model_validate({}), description="Router in front of the replicas."
-    )
-    observability: ObservabilitySpec = Field(
-        default_factory=lambda: ObservabilitySpec.model_validate({}), description="Traces."
-    )
-    kv_cache: KVCacheSpec = Field(
-        default_factory=lambda: KVCacheSpec.model_validate({}),
-        description="KV cache beyond one replica: offload tier, shared tier, KV events.",
+    router: RouterSpec = defaulted(RouterSpec, "Router in front of the replicas.")
+    observability: ObservabilitySpec = defaulted(ObservabilitySpec, "Traces.")
+    kv_cache: KVCacheSpec = defaulted(
+        KVCacheSpec, "KV cache beyond one replica: offload tier, shared tier, KV events."
     )
     pod_annotations: dict[str, str] = Field(
         default_factory=dict, description="Extra annotations on every replica pod (e.g. for a service mesh)."
@@ -923,9 +895,8 @@ class LLMServiceSpec(APIModel):
         default_factory=list,
         description="Where the engine container mounts them (Kubernetes VolumeMount objects).",
     )
-    network_policy: NetworkPolicySpec = Field(
-        default_factory=lambda: NetworkPolicySpec.model_validate({}),
-        description="The replicas' NetworkPolicy (on by default).",
+    network_policy: NetworkPolicySpec = defaulted(
+        NetworkPolicySpec, "The replicas' NetworkPolicy (on by default)."
     )
     disaggregation: DisaggregationSpec | None = Field(
         None,
@@ -947,9 +918,8 @@ class LLMServiceSpec(APIModel):
         "carries the demand at the SLO. Empty: one Deployment shaped by spec.resources.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    mix: MixSpec = Field(
-        default_factory=lambda: MixSpec.model_validate({}),
-        description="How variants are mixed: spot exposure limit, rebalancing, unavailable variants.",
+    mix: MixSpec = defaulted(
+        MixSpec, "How variants are mixed: spot exposure limit, rebalancing, unavailable variants."
     )
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ the autoscaler's last decision. The condition helper here keeps
 ``lastTransitionTime`` when a condition's status does not change. No I/O.
 """
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -31,6 +32,15 @@ CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-d
 ConditionStatus = Literal["True", "False", "Unknown"]
 # (type, status, reason, message): one condition a writer wants set.
 ConditionUpdate = tuple[ConditionType, ConditionStatus, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionVerdict:
+    """What a check concludes one condition should say; the writer adds its type and times."""
+
+    status: ConditionStatus
+    reason: str
+    message: str
 
 
 def now_rfc3339() -> str:

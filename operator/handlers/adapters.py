@@ -15,13 +15,13 @@ pod template (adapters are not in it, so this is how they get onto pods at all).
 """
 
 import asyncio
-import logging
 from typing import Any, cast
 
 import httpx
 import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.handler_types import BodyLike, Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.pods import counts_for_scaling, list_pods, metrics_url, pod_is_ready
 from plimsoll.operator.handlers.replica_client import ReplicaClient
@@ -42,8 +42,6 @@ LOAD_TIMEOUT_S = 60.0
 # passes would load the same adapter twice (the second answered "already loaded").
 _passes: dict[tuple[str, str], asyncio.Lock] = {}
 
-Logger = logging.Logger | logging.LoggerAdapter[Any]
-
 
 def _error_message(response: httpx.Response) -> str:
     try:
@@ -56,7 +54,7 @@ def _error_message(response: httpx.Response) -> str:
 
 
 async def sync_pod(
-    http: ReplicaClient, base_url: str, pod: str, desired: dict[str, str], base_model: str, logger: Logger
+    http: ReplicaClient, base_url: str, pod: str, desired: dict[str, str], base_model: str, logger: Log
 ) -> tuple[PodAdapters, list[str], list[str]]:
     """Bring one replica to ``desired``; returns what it holds after, and the names loaded and unloaded."""
     try:
@@ -102,7 +100,7 @@ def _failures(status: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-async def sync_adapters(kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, logger: Logger) -> None:
+async def sync_adapters(kube: Kube, body: BodyLike, svc: LLMService, logger: Log) -> None:
     """One pass over the Ready replicas (see the module docstring); quiet when LoRA is off and always was."""
     seen = dict(body.get("status") or {})
     if not svc.spec.lora_enabled() and not seen.get("adapters"):

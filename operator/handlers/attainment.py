@@ -19,14 +19,13 @@ without an SLO, or whose replicas do not judge requests, has no series.
 """
 
 import contextlib
-import logging
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from prometheus_client import Gauge
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.pod_http import put_slo
 from plimsoll.operator.handlers.replica_client import ReplicaClient
 from plimsoll.operator.scaling.attainment import (
@@ -38,8 +37,6 @@ from plimsoll.operator.scaling.attainment import (
 )
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import CostWindow
-
-Log = logging.Logger | logging.LoggerAdapter[Any]
 
 SLO_ATTAINMENT = Gauge(
     "plimsoll_operator_slo_attainment_ratio",

@@ -19,12 +19,13 @@ from __future__ import annotations
 import base64
 import secrets
 import time
-from typing import Any, cast
+from typing import cast
 
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.handler_types import BodyLike
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import existing_owned, owned_by
 from plimsoll.operator.resources.credentials import (
@@ -41,7 +42,7 @@ _seen: dict[tuple[str, str], float] = {}
 RECHECK_S = 300.0
 
 
-async def ensure_credentials(kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService) -> bool:
+async def ensure_credentials(kube: Kube, body: BodyLike, svc: LLMService) -> bool:
     """Create the Secret when it is missing; True when it was created. Raises OwnershipConflict.
 
     Once seen in place it is looked at again only every ``RECHECK_S``: reconcile runs every few

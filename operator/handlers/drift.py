@@ -19,7 +19,6 @@ profile was recorded, kept in memory: an operator restarted after the version
 changed takes the new one as its reference.
 """
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,13 +27,13 @@ from typing import Any
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE
 from plimsoll.operator.scaling.drift import DriftTracker, DriftVerdict, curve_from_status
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.profile_plan import REPROFILE_ANNOTATION
 
-Log = logging.Logger | logging.LoggerAdapter[Any]
 # (type, reason, message) -> an Event on the LLMService.
 PostEvent = Callable[[str, str, str], None]
 # An unchanged verdict's numbers are refreshed at most this often.

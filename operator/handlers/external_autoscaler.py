@@ -15,13 +15,13 @@ What it is not: the builders (pure, in ``resources``) or the built-in loop
 (``handlers/replica_planning.py``, idle in these modes).
 """
 
-import logging
-from typing import Any, cast
+from typing import cast
 
 import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionStatus, ConditionUpdate
+from plimsoll.operator.handlers.handler_types import BodyLike, Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import apply_owned, delete_owned
 from plimsoll.operator.handlers.status_writer import set_conditions
@@ -32,8 +32,6 @@ from plimsoll.operator.resources.external_autoscaler import (
 )
 from plimsoll.operator.scaling.inputs import per_replica_target
 from plimsoll.operator.scaling.sizing import NoTargetError
-
-Log = logging.Logger | logging.LoggerAdapter[Any]
 
 # (apiVersion, kind) of the two objects.
 HPA = ("autoscaling/v2", "HorizontalPodAutoscaler")
@@ -48,7 +46,7 @@ _OUR_REASONS = (KEDA_NOT_INSTALLED, EXTERNAL, WAITING_FOR_TARGET)
 async def _delete_ours(
     kube: Kube,
     kind: tuple[str, str],
-    body: kopf.Body | dict[str, Any],
+    body: BodyLike,
     svc: LLMService,
     logger: Log,
 ) -> None:
@@ -70,7 +68,7 @@ async def _set_limited(
     return changed
 
 
-async def _hand_back_condition(kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService) -> None:
+async def _hand_back_condition(kube: Kube, body: BodyLike, svc: LLMService) -> None:
     """After leaving hpa/keda mode, replace a ScalingLimited this module set (the built-in loop
     rewrites it on its next tick; with mode off nobody else would)."""
     conditions = (body.get("status") or {}).get("conditions") or []
@@ -82,9 +80,7 @@ async def _hand_back_condition(kube: Kube, body: kopf.Body | dict[str, Any], svc
     await _set_limited(kube, svc, "False", reason, f"autoscaling.mode is {mode}")
 
 
-async def ensure_external_autoscaler(
-    kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, logger: Log
-) -> None:
+async def ensure_external_autoscaler(kube: Kube, body: BodyLike, svc: LLMService, logger: Log) -> None:
     """Make the cluster hold exactly the external autoscaler ``autoscaling.mode`` asks for."""
     mode = svc.spec.autoscaling.mode
     keda_served = await kube.has_resource(KEDA_API_VERSION, "scaledobjects")

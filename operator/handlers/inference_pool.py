@@ -6,10 +6,8 @@ removing it is not, because a child that is no longer built is otherwise left be
 the operator's managed-by label is deleted, never one a user made under the same name.
 """
 
-import logging
-from typing import Any
-
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import delete_owned
 from plimsoll.operator.resources.inference_pool import INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL
@@ -17,9 +15,7 @@ from plimsoll.operator.resources.inference_pool import INFERENCE_POOL_GROUP_VERS
 _KIND = "InferencePool"
 
 
-async def remove_unused_inference_pool(
-    kube: Kube, svc: LLMService, logger: logging.Logger | logging.LoggerAdapter[Any]
-) -> bool:
+async def remove_unused_inference_pool(kube: Kube, svc: LLMService, logger: Log) -> bool:
     """Delete ``svc``'s InferencePool if the operator made one; True when it did."""
     if not await kube.has_resource(INFERENCE_POOL_GROUP_VERSION, INFERENCE_POOL_PLURAL):
         return False

@@ -7,7 +7,6 @@ the freshest copy of the status (``status_writer.py``), and posts a Warning Even
 a new reason. It does not retry anything: the kubelet's restart back-off does.
 """
 
-import logging
 from typing import Any, cast
 
 import kopf
@@ -15,6 +14,7 @@ import kopf
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.api.status import ConditionType
+from plimsoll.operator.handlers.handler_types import BodyLike, Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.pods import list_pods
 from plimsoll.operator.handlers.status_writer import set_conditions
@@ -28,12 +28,7 @@ from plimsoll.operator.resources.model_cache import (
 from plimsoll.operator.resources.model_fetch import FetchCondition, fetch_condition
 
 
-async def report_model_download(
-    kube: Kube,
-    body: kopf.Body | dict[str, Any],
-    svc: LLMService,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> None:
+async def report_model_download(kube: Kube, body: BodyLike, svc: LLMService, logger: Log) -> None:
     """Set ModelReady from the fetch init containers (hf:// models only), and ModelCached with prefill."""
     if parse_model_uri(svc.spec.model.uri).scheme != "hf":
         return
@@ -52,11 +47,11 @@ async def report_model_download(
 
 async def _report(
     kube: Kube,
-    body: kopf.Body | dict[str, Any],
+    body: BodyLike,
     svc: LLMService,
     kind: ConditionType,
     condition: FetchCondition,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: Log,
 ) -> None:
     conditions = (body.get("status") or {}).get("conditions") or []
     before: dict[str, Any] = next((c for c in conditions if c.get("type") == kind), {})

@@ -23,6 +23,7 @@ import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.handler_types import BodyLike
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status, with_conditions
 
@@ -45,7 +46,7 @@ def describe(obj: dict[str, Any]) -> str:
     return f"{obj.get('kind', '?')} {obj['metadata']['name']}"
 
 
-Owner: TypeAlias = kopf.Body | dict[str, Any] | LLMService
+Owner: TypeAlias = BodyLike | LLMService
 
 
 def _uid(owner: Owner) -> str | None:
@@ -63,9 +64,7 @@ def owned_by(obj: dict[str, Any], owner: Owner) -> bool:
     return uid is not None and any(ref.get("uid") == uid for ref in refs)
 
 
-async def existing_owned(
-    kube: Kube, owner: kopf.Body | dict[str, Any], obj: dict[str, Any]
-) -> dict[str, Any] | None:
+async def existing_owned(kube: Kube, owner: BodyLike, obj: dict[str, Any]) -> dict[str, Any] | None:
     """The stored copy of ``obj`` (None when absent); OwnershipConflict when it is someone else's."""
     meta = obj["metadata"]
     stored: dict[str, Any] | None = await kube.get(
@@ -76,7 +75,7 @@ async def existing_owned(
     return stored
 
 
-async def apply_owned(kube: Kube, owner: kopf.Body | dict[str, Any], obj: dict[str, Any]) -> bool:
+async def apply_owned(kube: Kube, owner: BodyLike, obj: dict[str, Any]) -> bool:
     """Adopt and server-side apply ``obj`` unless someone else owns it; True when it was created."""
     kopf.adopt(obj, owner=cast(kopf.Body, owner))
     before = await existing_owned(kube, owner, obj)
@@ -98,7 +97,7 @@ async def delete_owned(
     return deleted
 
 
-def has_conflict(owner: kopf.Body | dict[str, Any]) -> bool:
+def has_conflict(owner: BodyLike) -> bool:
     """Whether the owner's status (as last read) reports OwnershipConflict=True."""
     conditions = (owner.get("status") or {}).get("conditions") or []
     return any(c.get("type") == OWNERSHIP_CONDITION and c.get("status") == "True" for c in conditions)
@@ -112,9 +111,7 @@ def conflict_message(labels: list[str]) -> str:
     )[:MAX_MESSAGE]
 
 
-async def report_conflicts(
-    kube: Kube, owner: kopf.Body | dict[str, Any], labels: list[str], *, ready: bool = True
-) -> bool:
+async def report_conflicts(kube: Kube, owner: BodyLike, labels: list[str], *, ready: bool = True) -> bool:
     """Set ``OwnershipConflict`` (True naming ``labels``, or back to False); a Warning Event when it is new.
 
     ``ready``: also set ``Ready=False`` with the same reason while conflicts last (the replicas'

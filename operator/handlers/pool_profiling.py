@@ -16,15 +16,20 @@ What it is not: the scaling that reads the figures (``operator/scaling/pools.py`
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
+from plimsoll.operator.handlers.ownership import (
+    OWNERSHIP_CONDITION,
+    OwnershipConflict,
+    conflict_message,
+    delete_owned,
+)
 from plimsoll.operator.handlers.profiling import (
     RECORDED_ANNOTATION,
     _job_state,
@@ -32,6 +37,7 @@ from plimsoll.operator.handlers.profiling import (
     current_replica_ip,
     list_profile_jobs,
     patch_profile_status,
+    start_job,
 )
 from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, update_status
 from plimsoll.operator.resources.engine import engine_image
@@ -42,16 +48,12 @@ from plimsoll.operator.resources.profile_job import (
     REPORT_KEY,
     SPEC_HASH_ANNOTATION,
     ProfileArgsError,
-    build_profile_job,
-    build_profiler_rbac,
-    build_report_configmap,
 )
 from plimsoll.operator.resources.settings import BuildSettings
 from plimsoll.operator.scaling.inputs import spec_profile_hash
 from plimsoll.operator.scaling.profile import CapacityProfile, read_profile
 from plimsoll.operator.scaling.profile_plan import Plan, decide
 
-Log = logging.Logger | logging.LoggerAdapter[Any]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
 
 
@@ -158,35 +160,16 @@ async def _step(
         view, current, stored.get("specHash"), [_view(j) for j in mine.values()], pod_ip is not None
     )
     for name in plan.delete:
-        await kube.delete("batch/v1", "Job", svc.namespace, name)
+        await delete_owned(kube, body, "batch/v1", "Job", svc.namespace, name)
     recorded: dict[str, Any] | ConditionUpdate | None = None
     if plan.start is not None and pod_ip is not None:
-        job = build_profile_job(view, pod_ip, settings, current)
-        # The Job only: its pod carries the service's instance label, and a role label on it would make
-        # the router discover the benchmark as a replica of the pool.
-        job["metadata"].setdefault("labels", {})[ROLE_LABEL] = role
-        name = job["metadata"]["name"]
         # One account profiles both pools: the Role must keep the other pool's running Job able to
         # write its report (a Role naming only this Job's ConfigMap would lock that one out).
         others = [n for n, j in jobs.items() if n not in plan.delete and _job_state(j) == "Running"]
-        for obj in build_profiler_rbac(svc, name, *others):
-            await kube.apply(obj)
-        await kube.delete("v1", "ConfigMap", svc.namespace, name)
-        await kube.create(build_report_configmap(view, current))
-        try:
-            await kube.create(job)
-        except ApiException as error:
-            if error.status != 409:
-                raise
-            raise kopf.TemporaryError(
-                f"Job {name} still exists; starting the new profile shortly", delay=5
-            ) from error
-        jobs[name] = job  # the other pool's step, later in this pass, keeps it in its Role
-        kopf.info(
-            body,
-            reason="ProfilingStarted",
-            message=f"Job {name} measures {role} replica {pod_ip} ({plan.start})",
+        job = await start_job(
+            kube, body, view, settings, current, pod_ip, plan.start, role=role, running=others
         )
+        jobs[job["metadata"]["name"]] = job  # the other pool's step, later in this pass, keeps it in its Role
     if plan.record is not None:
         recorded = await _record(kube, body, svc, role, mine[plan.record], logger)
     return plan, recorded, current
@@ -207,6 +190,12 @@ async def profile_pools(
             plan, recorded, current = await _step(kube, body, svc, settings, role, jobs, logger)
         except ProfileArgsError as error:
             await patch_profile_status(kube, svc, (("Profiled", "False", "InvalidProfileArgs", str(error)),))
+            return Plan()
+        except OwnershipConflict as conflict:
+            # A profile object's name belongs to another owner: say so, touch nothing of it.
+            message = f"{role} pool: {conflict_message([conflict.label])}"
+            if await patch_profile_status(kube, svc, (("Profiled", "False", OWNERSHIP_CONDITION, message),)):
+                kopf.warn(body, reason=OWNERSHIP_CONDITION, message=message[:MAX_MESSAGE])
             return Plan()
         last = plan
         profile = recorded if isinstance(recorded, dict) else ((stored.get(role) or {}).get("profile") or {})

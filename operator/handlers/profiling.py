@@ -29,8 +29,8 @@ writer's conditions are never overwritten with a stale copy. Importing this
 module registers the timer.
 """
 
-import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import kopf
@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import (
     OWNERSHIP_CONDITION,
@@ -54,7 +55,7 @@ from plimsoll.operator.handlers.status_writer import MAX_MESSAGE, set_conditions
 from plimsoll.operator.handlers.variant_status import record_variant_profile
 from plimsoll.operator.resources.engine import engine_container, engine_image
 from plimsoll.operator.resources.labels import LLMSERVICE_LABEL, selector_string
-from plimsoll.operator.resources.pool_view import Role
+from plimsoll.operator.resources.pool_view import ROLE_LABEL, Role
 from plimsoll.operator.resources.profile_job import (
     PROFILE_COMPONENT,
     REPORT_KEY,
@@ -73,8 +74,6 @@ from plimsoll.pods import pod_is_ready
 
 RECORDED_ANNOTATION = "plimsoll.dev/profile-recorded"
 PROFILE_INTERVAL_S = float(os.environ.get("PLIMSOLL_PROFILE_INTERVAL_SECONDS", "5"))
-
-Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
 # --- reading the cluster ---------------------------------------------------------------
@@ -108,7 +107,9 @@ async def list_profile_jobs(kube: Kube, svc: LLMService) -> dict[str, dict[str, 
     jobs = await kube.list_objects("batch/v1", "Job", svc.namespace, label_selector=_profile_selector(svc))
     # Labels can be copied; only Jobs this LLMService owns are read, recorded or deleted.
     return {
-        j["metadata"]["name"]: j for j in jobs if not j["metadata"].get("deletionTimestamp") and owned_by(j, svc)
+        j["metadata"]["name"]: j
+        for j in jobs
+        if not j["metadata"].get("deletionTimestamp") and owned_by(j, svc)
     }
 
 
@@ -163,13 +164,23 @@ async def start_job(
     pod_ip: str,
     why: str,
     variant: str | None = None,
-) -> str:
-    """Create the RBAC, a fresh report ConfigMap and the Job (of one hardware variant); returns the Job name."""
+    role: Role | None = None,
+    running: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Create the RBAC, a fresh report ConfigMap and the Job (of one hardware variant, or one pool
+    ``role`` of a split service, whose other ``running`` Jobs keep their report writable); returns the Job.
+
+    Every object goes through the ownership checks: a name another owner holds is a conflict, never
+    overwritten or deleted."""
     job = build_profile_job(svc, pod_ip, settings, spec_hash)
     if variant is not None:
         label_variant(job, variant)
+    if role is not None:
+        # The Job only: its pod carries the service's instance label, and a role label on it would make
+        # the router discover the benchmark as a replica of the pool.
+        job["metadata"].setdefault("labels", {})[ROLE_LABEL] = role
     name: str = job["metadata"]["name"]
-    for obj in build_profiler_rbac(svc, name):  # ServiceAccount, Role, RoleBinding
+    for obj in build_profiler_rbac(svc, name, *running):  # ServiceAccount, Role, RoleBinding
         await apply_owned(kube, body, obj)  # OwnershipConflict, nothing touched, when a name is taken
     # A report left by an earlier attempt for the same spec must not be read as this one's.
     await delete_owned(kube, body, "v1", "ConfigMap", svc.namespace, name)
@@ -191,8 +202,9 @@ async def start_job(
         raise kopf.TemporaryError(
             f"Job {name} still exists; starting the new profile shortly", delay=5
         ) from error
-    kopf.info(body, reason="ProfilingStarted", message=f"Job {name} measures replica {pod_ip} ({why})")
-    return name
+    which = f"{role} replica" if role is not None else "replica"
+    kopf.info(body, reason="ProfilingStarted", message=f"Job {name} measures {which} {pod_ip} ({why})")
+    return job
 
 
 async def record_job(

@@ -11,7 +11,6 @@ reported as an Event on the LLMService. It does not decide replica counts (the
 spec and the autoscaler in ``operator/scaling`` do) and does not watch anything.
 """
 
-import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,6 +22,7 @@ from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.adapters import sync_adapters
 from plimsoll.operator.handlers.credentials import ensure_credentials
 from plimsoll.operator.handlers.external_autoscaler import ensure_external_autoscaler
+from plimsoll.operator.handlers.handler_types import BodyLike, Log
 from plimsoll.operator.handlers.inference_pool import remove_unused_inference_pool
 from plimsoll.operator.handlers.kube import Kube, contains
 from plimsoll.operator.handlers.model_download import report_model_download
@@ -82,7 +82,7 @@ class Outcome:
     ready: bool
 
 
-def _as_body(body: kopf.Body | dict[str, Any]) -> kopf.Body:
+def _as_body(body: BodyLike) -> kopf.Body:
     # kopf's event/adopt helpers read plain mappings too (an owner fetched by GET).
     return cast(kopf.Body, body)
 
@@ -96,17 +96,17 @@ def describe_validation_error(error: ValidationError) -> str:
     return "; ".join(parts)[:MAX_MESSAGE]
 
 
-def parse(body: kopf.Body | dict[str, Any]) -> LLMService:
+def parse(body: BodyLike) -> LLMService:
     """Validate an LLMService body; raises ValidationError for a spec the operator cannot serve."""
     return LLMService.from_body(body)
 
 
-async def reject_invalid(kube: Kube, body: kopf.Body | dict[str, Any], error: ValidationError) -> str:
+async def reject_invalid(kube: Kube, body: BodyLike, error: ValidationError) -> str:
     """Record an invalid spec (Ready=False, reason InvalidSpec, an Event) and return the message."""
     return await reject_unservable(kube, body, describe_validation_error(error))
 
 
-async def reject_unservable(kube: Kube, body: kopf.Body | dict[str, Any], message: str) -> str:
+async def reject_unservable(kube: Kube, body: BodyLike, message: str) -> str:
     """Record a spec this cluster cannot serve as InvalidSpec (an Event when it is new)."""
     meta = body["metadata"]
     message = message[:MAX_MESSAGE]
@@ -123,9 +123,9 @@ async def reject_unservable(kube: Kube, body: kopf.Body | dict[str, Any], messag
 
 async def _apply_child(
     kube: Kube,
-    body: kopf.Body | dict[str, Any],
+    body: BodyLike,
     obj: dict[str, Any],
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: Log,
 ) -> tuple[str | None, dict[str, Any]]:
     """Apply one child; return ("created"|"updated"|None, the object as stored).
 
@@ -161,12 +161,7 @@ async def _apply_child(
     return None, after
 
 
-async def reconcile(
-    kube: Kube,
-    body: kopf.Body | dict[str, Any],
-    settings: BuildSettings,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> Outcome:
+async def reconcile(kube: Kube, body: BodyLike, settings: BuildSettings, logger: Log) -> Outcome:
     """Bring the children and status of one LLMService in line with its spec.
 
     Raises ValidationError (after recording InvalidSpec) when the spec cannot be
@@ -184,12 +179,7 @@ async def reconcile(
         return outcome
 
 
-async def _reconcile(
-    kube: Kube,
-    body: kopf.Body | dict[str, Any],
-    settings: BuildSettings,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> Outcome:
+async def _reconcile(kube: Kube, body: BodyLike, settings: BuildSettings, logger: Log) -> Outcome:
     try:
         svc = parse(body)
     except ValidationError as error:
@@ -342,9 +332,7 @@ async def _reconcile(
     return Outcome(tuple(created), tuple(updated), ready)
 
 
-async def remove_prefill_pool(
-    kube: Kube, svc: LLMService, logger: logging.Logger | logging.LoggerAdapter[Any]
-) -> bool:
+async def remove_prefill_pool(kube: Kube, svc: LLMService, logger: Log) -> bool:
     """Delete the prefill pool's Deployment of a service no longer split (only one the operator made)."""
     existing = await kube.get("apps/v1", "Deployment", svc.namespace, prefill_name(svc))
     labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
@@ -356,7 +344,7 @@ async def remove_prefill_pool(
 
 
 async def write_status(
-    kube: Kube, body: kopf.Body | dict[str, Any], svc: LLMService, deployment: dict[str, Any] | None,
+    kube: Kube, body: BodyLike, svc: LLMService, deployment: dict[str, Any] | None,
     prefill: dict[str, Any] | None = None,
 ) -> bool:
     """Patch status from the Deployment when it changed; Event on a Ready transition. Returns Ready."""

@@ -34,7 +34,6 @@ module registers the daemon with kopf's default registry.
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from plimsoll.operator.handlers.attainment import (
     track_attainment,
 )
 from plimsoll.operator.handlers.drift import DriftState, DriftUpdate, after_write
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.pods import (
     counts_for_scaling,
@@ -94,7 +94,6 @@ from plimsoll.operator.scaling.shed_demand import attainment_misses
 from plimsoll.operator.scaling.timestamps import parse_time
 from plimsoll.operator.scaling.variant_state import billed_cost_per_hour, variant_pods
 
-Log = logging.Logger | logging.LoggerAdapter[Any]
 # (type, reason, message) -> an Event on the LLMService.
 PostEvent = Callable[[str, str, str], None]
 

@@ -13,11 +13,11 @@ What it is not: the builders (``resources/deployment.py``,
 ``resources/leader_worker_set.py``).
 """
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import delete_owned
 from plimsoll.operator.resources.deployment import build_deployment
@@ -49,9 +49,7 @@ async def _delete_ours(kube: Kube, api_version: str, kind: str, svc: LLMService)
     return await delete_owned(kube, svc, api_version, kind, svc.namespace, svc.name)
 
 
-async def replica_workload(
-    kube: Kube, svc: LLMService, settings: BuildSettings, logger: logging.Logger | logging.LoggerAdapter[Any]
-) -> Workload:
+async def replica_workload(kube: Kube, svc: LLMService, settings: BuildSettings, logger: Log) -> Workload:
     """The Deployment or LeaderWorkerSet for ``svc`` (see the module docstring)."""
     lws_served = await kube.has_resource(LWS_GROUP_VERSION, LWS_PLURAL)
     if uses_leader_worker_set(svc):

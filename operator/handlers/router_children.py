@@ -7,12 +7,12 @@ not: the applying itself (reconcile's ``_apply_child`` does it for every child)
 or the router's own replica discovery (``plimsoll route`` does that).
 """
 
-import logging
 from typing import Any, cast
 
 import kopf
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.handler_types import BodyLike, Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import delete_owned, owned_by
 from plimsoll.operator.resources.router import (
@@ -38,10 +38,10 @@ def router_children(svc: LLMService, settings: BuildSettings) -> list[dict[str, 
 
 async def remove_disabled_router(
     kube: Kube,
-    body: kopf.Body | dict[str, Any],
+    body: BodyLike,
     svc: LLMService,
     settings: BuildSettings,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: Log,
 ) -> tuple[str, ...]:
     """With the router off, delete what turning it on created; return what was deleted.
 

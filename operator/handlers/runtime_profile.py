@@ -20,7 +20,6 @@ registers the timer.
 
 import asyncio
 import gzip
-import logging
 import os
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +31,7 @@ from pydantic import ValidationError
 from plimsoll.operator.api.base import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.handlers.credentials import admin_key
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import OwnershipConflict, conflict_message, existing_owned
 from plimsoll.operator.handlers.status_writer import update_status
@@ -53,8 +53,6 @@ from plimsoll.operator.resources.settings import ENGINE_PORT
 from plimsoll.profile_fetch import MAX_PROFILE_BYTES, ProfileError, take_profile
 
 INTERVAL_S = float(os.environ.get("PLIMSOLL_RUNTIME_PROFILE_INTERVAL_SECONDS", "2"))
-
-Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
 def _now() -> str:

@@ -18,7 +18,6 @@ every variant is profiled; stale when any is), each variant's own verdict in
 What it is not: the rules (``profiling.py``'s docstring) or the Job builder.
 """
 
-import logging
 import re
 from typing import Any
 
@@ -27,6 +26,7 @@ import kopf
 from plimsoll.operator.api.base import API_VERSION, KIND
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.profiling import (
     _view,
@@ -45,7 +45,6 @@ from plimsoll.operator.resources.variants import VARIANT_LABEL, variant_service
 from plimsoll.operator.scaling.inputs import spec_profile_hash
 from plimsoll.operator.scaling.profile_plan import REPROFILE_ANNOTATION, decide
 
-Log = logging.Logger | logging.LoggerAdapter[Any]
 _NAMED = re.compile(r"variant=([a-z0-9]([-a-z0-9]*[a-z0-9])?)")
 
 

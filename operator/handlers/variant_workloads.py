@@ -15,11 +15,11 @@ deletes what the variants left. :func:`replicas_for_status` is what status and
 What it is not: the builders or any count.
 """
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
+from plimsoll.operator.handlers.handler_types import Log
 from plimsoll.operator.handlers.kube import Kube
 from plimsoll.operator.handlers.ownership import delete_owned, owned_by
 from plimsoll.operator.resources.settings import BuildSettings
@@ -29,8 +29,6 @@ from plimsoll.operator.resources.variants import (
     combine_deployments,
     variants_selector,
 )
-
-Log = logging.Logger | logging.LoggerAdapter[Any]
 
 
 @dataclass(frozen=True)

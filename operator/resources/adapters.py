@@ -28,7 +28,7 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_adapter_uri, parse_model_uri
 from plimsoll.operator.api.spec import DEFAULT_MAX_LORAS, RESERVED_VOLUME_PREFIX, AdapterSpec
-from plimsoll.operator.api.status import ConditionStatus
+from plimsoll.operator.api.status import ConditionVerdict
 from plimsoll.operator.resources.model_fetch import MODEL_CACHE_MOUNT, MODEL_CACHE_VOLUME, hf_local_dir
 from plimsoll.operator.resources.settings import MODEL_MOUNT
 
@@ -177,13 +177,8 @@ def adapters_status(svc: LLMService, pods: list[PodAdapters]) -> list[dict[str, 
     return rows
 
 
-@dataclass(frozen=True, slots=True)
-class AdaptersCondition:
-    """``AdaptersReady``: True when every Ready pod holds every declared adapter."""
-
-    status: ConditionStatus
-    reason: str
-    message: str
+# ``AdaptersReady``: True when every Ready pod holds every declared adapter.
+AdaptersCondition = ConditionVerdict
 
 
 def adapters_condition(svc: LLMService, pods: list[PodAdapters]) -> AdaptersCondition:

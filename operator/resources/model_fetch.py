@@ -17,12 +17,11 @@ A failed fetch is retried by the kubelet's own back-off (10 s doubling to 5 min)
 wrong repository never hot-loops; this module only names what happened.
 """
 
-from dataclasses import dataclass
 from typing import Any
 
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import ModelLocation
-from plimsoll.operator.api.status import ConditionStatus
+from plimsoll.operator.api.status import ConditionVerdict
 from plimsoll.operator.resources.settings import BuildSettings
 
 MODEL_CACHE_VOLUME = "model-cache"
@@ -105,14 +104,9 @@ def build_fetch_container(
     }
 
 
-@dataclass(frozen=True, slots=True)
-class FetchCondition:
-    """What the replicas' downloads say: ``status`` True (every pod has its weights),
-    False (a download failed; ``reason`` names how) or Unknown (still downloading)."""
-
-    status: ConditionStatus
-    reason: str
-    message: str
+# What the replicas' downloads say: ``status`` True (every pod has its weights),
+# False (a download failed; ``reason`` names how) or Unknown (still downloading).
+FetchCondition = ConditionVerdict
 
 
 def _fetch_status(pod: dict[str, Any]) -> dict[str, Any] | None:

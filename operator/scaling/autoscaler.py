@@ -211,9 +211,14 @@ class Autoscaler:
         current_replicas: int,
         pods: Sequence[PodObservation],
         floor: tuple[int, str] | None = None,
+        wakeable: int = 0,
     ) -> Decision:
         """The verdict for this tick; ``floor`` is another rule's (replicas, formula) the recommendation
-        is raised to before stabilisation (the predicted-TTFT rule, ``token_signal.py``)."""
+        is raised to before stabilisation (the predicted-TTFT rule, ``token_signal.py``).
+
+        ``wakeable``: replicas parked asleep in standby. Up to that many are added at once, without the
+        scale-up window: the window keeps a passing spike from starting pods that take a cold start to
+        come and a drain to go, where a wake takes about a second and parking undoes it."""
         cfg = self.config
         if self._history and now < self._history[-1][0]:
             raise ValueError(
@@ -326,8 +331,19 @@ class Autoscaler:
         if calc_note and reason != "WithinTolerance":
             message = f"{message} ({calc_note})"
 
-        # 4. Fast path: a queue above half the capacity for the hold time adds a replica.
         desired = stabilized
+        if stabilized < recommendation and wakeable > 0:
+            woken = min(recommendation, max(stabilized, current_replicas) + wakeable)
+            if woken > stabilized:
+                desired = woken
+                reason, message = (
+                    "WakeWithoutWindow",
+                    f"{woken - max(stabilized, current_replicas)} of {wakeable} replica(s) asleep in standby "
+                    f"woken at once, without the {fmt(cfg.scale_up_window_s)} s scale-up window (a wake takes "
+                    "about a second and parking undoes it)",
+                )
+
+        # 4. Fast path: a queue above half the capacity for the hold time adds a replica.
         fast_path = False
         capacity = current_replicas * cfg.target_per_replica
         # Replicas still starting (or restarting) take their share of the queue once Ready; another

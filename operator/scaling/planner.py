@@ -327,7 +327,7 @@ class ReplicaPlanner:
             if shed.recommendation is not None:
                 floors.append((shed.recommendation, shed.formula))
         floor = max(floors, key=lambda f: f[0]) if floors else None
-        decision = draft.decision = self.scaler.decide(now, current, pods, floor)
+        decision = draft.decision = self.scaler.decide(now, current, pods, floor, self._wakeable(spec))
         self._saw(current, decision.desired_replicas)
         if decision.metric is not None and decision.metric > decision.target:
             self.crossed_at = now if self.crossed_at is None else self.crossed_at
@@ -429,6 +429,25 @@ class ReplicaPlanner:
             now, current, obs.counted, slo_ms / 1000.0, cold, min(wake, cold) if parked_asleep else cold
         )
 
+    def _wakeable(self, spec: LLMServiceSpec) -> int:
+        """Parked replicas asleep and loaded, which a scale-up may wake without the window (0 without standby)."""
+        if spec.autoscaling.standby is None:
+            return 0
+        waking = self.standby.waking if self.standby is not None else {}
+        held = self._held_pods()
+        return sum(
+            1
+            for p in self._parked_seen
+            if p.name not in waking and p.name not in held and p.sample is not None and p.sample.sleep_level > 0
+        )
+
+    def _held_pods(self) -> frozenset[str]:
+        """Pods a drain or a removal owns this tick: neither woken nor parked by the standby rule."""
+        if self.phases is None:
+            return frozenset()
+        drained = self.phases.drain.pods if self.phases.drain is not None else ()
+        return frozenset(drained) | frozenset(self.phases.removed)
+
     def _standby(self, draft: PlanDraft, obs: Observations, spec: LLMServiceSpec, status: dict[str, Any]) -> None:
         """The standby rule (``standby.py``) against the count this tick leaves, and ``status.standby``."""
         config = spec.autoscaling.standby
@@ -442,12 +461,7 @@ class ReplicaPlanner:
         # The service's own pool: a split service's prefill count is not the replicas standby sits beside.
         counts = [c for c in draft.replicas if c.pool != PREFILL_POOL]
         count = counts[-1].desired if counts else spec.desired_replicas()
-        held: frozenset[str] = frozenset()
-        if self.phases is not None:
-            held = frozenset(self.phases.drain.pods if self.phases.drain is not None else ()) | frozenset(
-                self.phases.removed
-            )
-        self.standby.plan(draft, obs, count, config.replicas, config.level, held)
+        self.standby.plan(draft, obs, count, config.replicas, config.level, self._held_pods())
         block = self.standby.to_status(obs, config.replicas, config.level)
         if status.get("standby") != block:
             draft.fields["standby"] = block

@@ -27,7 +27,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from plimsoll.disaggregation import NO_CLEAR_GAIN, Ratio, ServiceProfile, parse_bandwidth, predict, verdict
+from plimsoll.disaggregation import (
+    NO_CLEAR_GAIN,
+    Ratio,
+    ServiceProfile,
+    parse_bandwidth,
+    predict,
+    pull_stall_for,
+    verdict,
+)
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.operator.scaling.observations import PodObservation
@@ -190,6 +198,7 @@ def split_status(
         sorted(ratios, key=lambda r: (r.replicas, r.prefill)),
         ttft_slo_s=slo.ttft_p95_ms / 1e3 if slo.ttft_p95_ms else None,
         tpot_slo_s=slo.tpot_p50_ms / 1e3 if slo.tpot_p50_ms else None,
+        pull_stall=pull_stall_for(spec.resources.gpu.count),
     )  # fmt: skip
     v = verdict(layouts)
     now = Ratio(max(1, prefill), max(1, decode)).name

@@ -23,12 +23,14 @@ import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from plimsoll.capacity import latency_crossing, recommend
 from plimsoll.operator.api.status import ConditionUpdate
+from plimsoll.operator.scaling.drift import CurvePoint
 from plimsoll.operator.scaling.formula import fmt
 
 # Major versions of the report this reader understands.
@@ -261,10 +263,9 @@ class CapacityProfile:
     def curve(self) -> list[dict[str, Any]]:
         """For ``status.capacity.curve``: what one replica did at each level (the drift check's reference)."""
         return [
-            {"concurrency": lv.concurrency, "outputTokensPerS": lv.output_tokens_per_s,
-             "ttftP95Ms": lv.ttft_p95_ms, "tpotP50Ms": lv.tpot_p50_ms}
+            CurvePoint(lv.concurrency, lv.output_tokens_per_s, lv.ttft_p95_ms, lv.tpot_p50_ms).to_status()
             for lv in self.levels
-        ]  # fmt: skip
+        ]
 
     def knees(self) -> dict[str, Any]:
         """For ``status.capacity.knees``."""
@@ -357,6 +358,18 @@ def read_profile(report: str | bytes | Mapping[str, Any]) -> CapacityProfile | P
             if lv.valid and lv.concurrency is not None
         ),
     )
+
+
+def read_profile_file(report: Path) -> CapacityProfile:
+    """A bench report on disk (``plimsoll plan``): its capacity, or a ValueError naming the file and why not."""
+    try:
+        text = report.read_text()
+    except OSError as err:
+        raise ValueError(f"cannot read the bench report {report}: {err}") from None
+    profile = read_profile(text)
+    if isinstance(profile, ProfileFailure):
+        raise ValueError(f"{report}: {profile.message}")
+    return profile
 
 
 def profile_conditions(

@@ -8,7 +8,7 @@ from benchkit import sim_config
 
 from plimsoll.bench.client import BenchError
 from plimsoll.bench.config import LengthSpec
-from plimsoll.bench.scenarios import rate_levels, run_baseline, run_burst, run_soak
+from plimsoll.bench.scenarios import Windows, rate_levels, run_baseline, run_burst, run_soak
 from plimsoll.bench.session import BenchSession
 from plimsoll.bench.simulator import ServiceCurve, serving_simulator
 
@@ -49,7 +49,7 @@ async def test_burst_reports_recovery_time() -> None:
 
 async def test_soak_records_windows_and_drift() -> None:
     async def body(session: BenchSession) -> dict[str, Any]:
-        return await run_soak(session, concurrency=2, duration_s=1.5, window_s=0.5)
+        return await run_soak(session, Windows(concurrency=2, duration_s=1.5, window_s=0.5))
 
     report = await with_session(
         ServiceCurve(step_t0_s=0.03), body, warmup_requests=0, duration_per_level_s=0.5

@@ -20,6 +20,7 @@ from plimsoll.disaggregation import (
     parse_ratios,
     predict,
     profile_from_report,
+    pull_stall_for,
     split_at,
     verdict,
 )
@@ -151,6 +152,37 @@ def test_short_prompts_stay_aggregated_and_a_flat_step_is_no_clear_gain() -> Non
     v = verdict(predict(FLAT, 20, 101, 1e7, [Ratio(1, 1)], ttft_slo_s=0.1, tpot_slo_s=0.015, levels=(1, 2)))
     assert v.category == NO_CLEAR_GAIN and v.runs == AGGREGATED
     assert v.reasons[-1].startswith("no clear gain: stay aggregated (simpler)")
+
+
+def test_pulls_on_the_replicas_own_cores_cost_the_prefill_and_stall_the_decodes() -> None:
+    # 500 prompt tokens, 101 output tokens, 4 requests per replica, a 50 ms pull on a 10 ms step and a
+    # 12 ms TPOT SLO: one pull over 100 tokens adds 0.5 ms a token, so four may land in a decode.
+    free = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012)
+    cpu = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012, pull_stall=1.0)
+    assert free.stalled_share == 0 and free.tpot_s == 0.01
+    # The closed loop with the decode replica's time taken by pulls: v = X T / d, D = 100 t / (1 - v).
+    x = cpu.requests_per_s
+    v = x * 0.05
+    decode = 100 * 0.01 / (1 - v)
+    stalls = v * decode / 0.05
+    assert cpu.tpot_s == pytest.approx(0.01 + stalls * 0.05 / 100, rel=1e-6)
+    assert cpu.stalled_share == pytest.approx(1 - math.exp(-stalls), rel=1e-6) and cpu.stalled_share > 0
+    assert cpu.good_share == pytest.approx(
+        sum(math.exp(-stalls) * stalls**k / math.factorial(k) for k in range(5)), rel=1e-6
+    )
+    # The one prefill replica caps the pair: 1 / 0.5 s = 2 req/s beside a copy engine, 1 / (0.5 + 0.05) s
+    # where serving the pull takes its core too; and the decodes are slower.
+    assert free.requests_per_s == pytest.approx(2.0) and x == pytest.approx(1 / 0.55)
+    assert cpu.tpot_s > free.tpot_s
+    # A TPOT SLO of 10.2 ms allows no pull in a decode: the split loses the share that meets one.
+    tight = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.0102, pull_stall=1.0)
+    assert tight.good_share == pytest.approx(math.exp(-stalls), rel=1e-6)
+    layouts = predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], ttft_slo_s=5.0, tpot_slo_s=0.0102, levels=(4,),
+                      pull_stall=pull_stall_for(0))  # fmt: skip
+    assert "of decodes stalled by another request's pull" in (layouts[1].limited_by or "")
+    assert pull_stall_for(0) == 1.0 and pull_stall_for(1) == 0.0
+    with pytest.raises(ValueError, match=r"within \[0, 1\]"):
+        predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], pull_stall=2.0)
 
 
 def test_a_slow_link_or_a_tight_ttft_slo_loses_the_split() -> None:

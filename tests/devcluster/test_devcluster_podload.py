@@ -21,7 +21,7 @@ def pod(
     return {"metadata": meta, "spec": {"containers": [{"ports": ports}]}, "status": status}
 
 
-def test_only_ready_pods_with_an_ip_that_are_not_being_deleted_get_load() -> None:
+def test_only_ready_pods_with_an_ip_that_are_not_being_deleted_drained_or_parked_get_load() -> None:
     assert ready_url(pod()) == "http://127.1.0.7:8000"
     assert ready_url(pod(port=9001)) == "http://127.1.0.7:9001"
     assert ready_url(pod(port=None)) == "http://127.1.0.7:8000"  # the engine's default port
@@ -29,6 +29,13 @@ def test_only_ready_pods_with_an_ip_that_are_not_being_deleted_get_load() -> Non
     assert ready_url(pod(ip=None)) is None
     assert ready_url(pod(deleting=True)) is None
     assert ready_url(pod(ip="10.0.0.7")) is None  # never load outside 127.0.0.0/8
+    # As the router: nothing new to a pod the operator drains or parks asleep (autoscaling.standby).
+    for label in ("plimsoll.dev/draining", "plimsoll.dev/standby"):
+        labelled = pod()
+        labelled["metadata"]["labels"] = {label: "true"}
+        assert ready_url(labelled) is None
+        labelled["metadata"]["labels"] = {label: "false"}
+        assert ready_url(labelled) == "http://127.1.0.7:8000"
 
 
 def test_config_refuses_what_cannot_work() -> None:

@@ -135,6 +135,68 @@ def test_objects_of_the_same_name_stay_untouched_and_are_reported(
         assert get_json(devcluster, *key, "-n", ns) == before[key], f"{key} changed when the LLMService went"
 
 
+def test_a_pool_profile_never_takes_over_an_object_of_its_name(
+    devcluster: Any, llms_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split service's pool profile goes through the same owned steps as any profile: a ServiceAccount of
+    the profiler's name that someone else made is a conflict, left as it was, and no Job starts; without
+    it, the Job starts labelled with its pool and every RBAC object is the service's own."""
+    import asyncio
+
+    import kopf
+
+    from plimsoll.operator.api.llmservice import LLMService
+    from plimsoll.operator.handlers.kube import Kube
+    from plimsoll.operator.handlers.ownership import OwnershipConflict
+    from plimsoll.operator.handlers.profiling import start_job
+    from plimsoll.operator.resources.pools import profile_view
+    from plimsoll.operator.resources.profile_job import profiler_account_name
+    from plimsoll.operator.resources.settings import BuildSettings
+
+    posted: list[tuple[str, str]] = []  # Events, outside kopf's own loop
+    monkeypatch.setattr(kopf, "info", lambda _body, reason, message: posted.append((reason, message)))
+    ns = llms_namespace
+    pools = {"prefill": {"replicas": 1}, "decode": {}}
+    apply(devcluster, ns, llmservice("split", replicas=1, disaggregation=pools))
+    body = wait_for(lambda: get_json(devcluster, "llms", "split", "-n", ns), 30, "the LLMService")
+    svc = LLMService.model_validate(body)
+    account = profiler_account_name(svc)
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": account, "labels": {"team": "b"}},
+    }
+    apply(devcluster, ns, theirs)
+    before = get_json(devcluster, "serviceaccount", account, "-n", ns)
+
+    async def start() -> dict[str, Any]:
+        kube = await Kube.connect(str(devcluster.kubeconfig))
+        try:
+            view = profile_view(svc, "prefill")
+            return await start_job(
+                kube, body, view, BuildSettings(), "h1", "127.0.0.9", "test", role="prefill"
+            )
+        finally:
+            await kube.close()
+
+    with pytest.raises(OwnershipConflict, match=account):
+        asyncio.run(start())
+    assert get_json(devcluster, "serviceaccount", account, "-n", ns) == before
+    jobs = get_json(devcluster, "jobs", "-n", ns, "-l", "app.kubernetes.io/component=profile")["items"]
+    assert jobs == []
+
+    devcluster.kubectl("delete", "serviceaccount", account, "-n", ns)
+    job = asyncio.run(start())
+    made = get_json(devcluster, "job", job["metadata"]["name"], "-n", ns)
+    assert made["metadata"]["labels"]["plimsoll.dev/role"] == "prefill"
+    assert posted == [
+        ("ProfilingStarted", f"Job {job['metadata']['name']} measures prefill replica 127.0.0.9 (test)")
+    ]
+    for kind in ("serviceaccount", "role", "rolebinding"):
+        owners = get_json(devcluster, kind, account, "-n", ns)["metadata"].get("ownerReferences", [])
+        assert [o["uid"] for o in owners] == [body["metadata"]["uid"]], (kind, owners)
+
+
 def secret_fields_are_added_never_rewritten(devcluster: Any, ns: str, name: str) -> None:
     """The credentials Secret holds every field the pods read; one made before a field existed (here:
     the KV tier's password removed by hand) gets it back from the next check, the others unchanged."""

@@ -73,6 +73,29 @@ def test_step_up_waits_for_the_scale_up_window_then_applies_the_hpa_formula() ->
     assert first_up == step_at - STEP_S + 30
 
 
+def test_replicas_asleep_in_standby_are_woken_without_the_scale_up_window() -> None:
+    # The same step with two replicas parked asleep: the first overloaded scrape wakes both (a wake is a
+    # second's work that parking undoes), where a pod start waits out the 30 s window for the rest.
+    scaler = Autoscaler(config())
+    before = scaler.decide(95.0, 2, [pod("a", 6), pod("b", 6)], wakeable=2)
+    assert (before.desired_replicas, before.reason) == (2, "WithinTolerance")  # nothing to wake for
+    d = scaler.decide(100.0, 2, [pod("a", 6, 7), pod("b", 6, 8)], wakeable=2)
+    assert (d.recommendation, d.stabilized, d.desired_replicas, d.reason) == (5, 2, 4, "WakeWithoutWindow")
+    assert d.message == (
+        "2 of 2 replica(s) asleep in standby woken at once, without the 30 s scale-up window (a wake takes "
+        "about a second and parking undoes it)"
+    )
+    # More asleep than the load asks for: only what the recommendation wants.
+    plenty = Autoscaler(config())
+    plenty.decide(95.0, 2, [pod("a", 6), pod("b", 6)])
+    assert plenty.decide(100.0, 2, [pod("a", 6, 3), pod("b", 6, 3)], wakeable=5).desired_replicas == 3
+    # None asleep: the window holds, as above.
+    held = Autoscaler(config())
+    held.decide(95.0, 2, [pod("a", 6), pod("b", 6)])
+    d = held.decide(100.0, 2, [pod("a", 6, 7), pod("b", 6, 8)], wakeable=0)
+    assert (d.desired_replicas, d.reason) == (2, "ScaleUpStabilized")
+
+
 def test_step_down_waits_for_the_scale_down_window_and_does_not_flap() -> None:
     scaler = Autoscaler(config())
     drop_at = 50.0

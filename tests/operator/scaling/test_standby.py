@@ -90,3 +90,18 @@ def test_standby_needs_the_builtin_autoscaler_and_single_pod_replicas() -> None:
     with pytest.raises(ValidationError, match=r"engine\.kind sglang does not serve"):
         LLMServiceSpec.model_validate({**base, "model": {"uri": "hf://org/model"}, "engine": {"kind": "sglang"},
                                        "autoscaling": {"standby": {"replicas": 1}}})  # fmt: skip
+
+
+def test_a_wake_does_not_wait_for_the_scale_up_window_a_pod_start_does() -> None:
+    window = {"scaleUpStabilizationSeconds": 30}
+    svc = Service(standby_spec(replicas=1, autoscaling={"standby": {"replicas": 2}, **window}))
+    svc.tick(0.0, [pod("a", 2), asleep("p1"), asleep("p2")])
+    plan = svc.tick(5.0, [pod("a", 10), asleep("p1"), asleep("p2")])  # ceil(10 / 4) = 3, the window says 1
+    assert plan.changes()[0].desired == 3 and set(plan.woken()) == {"p1", "p2"}
+    decision = svc.status["autoscaler"]["decision"]
+    assert (decision["reason"], decision["stabilizedRecommendation"]) == ("WakeWithoutWindow", 1)
+    # The same step without standby: no pod starts until the load has held for the window.
+    cold = Service(spec(replicas=1, scaling={"min": 1, "max": 4}, autoscaling=window))
+    cold.tick(0.0, [pod("a", 2)])
+    held = cold.tick(5.0, [pod("a", 10)])
+    assert not held.changes() and held.decision is not None and held.decision.reason == "ScaleUpStabilized"
