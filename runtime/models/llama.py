@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from plimsoll.runtime.attention.attention_op import PagedAttend, opaque_attend
 from plimsoll.runtime.models.cpu_plan import CPUPlan
@@ -26,6 +25,26 @@ from plimsoll.runtime.models.dense import Linear, linear, prime_onednn_steps
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+# The activations Llama-family checkpoints name, as the torch modules transformers' ACT2FN maps
+# them to; built here so that serving does not import transformers (seconds of a cold start).
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "silu": nn.SiLU,
+    "swish": nn.SiLU,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"),
+}
+
+
+def activation(name: str) -> nn.Module:
+    """The module for ``hidden_act``; a name not listed above comes from transformers' table."""
+    if name in ACTIVATIONS:
+        return ACTIVATIONS[name]()
+    from transformers.activations import ACT2FN
+
+    module: nn.Module = ACT2FN[name]
+    return module
 
 # What a layer calls after RoPE: (query, key, value, layer index, scale) -> attention output.
 # A ``PagedAttend`` eagerly, ``opaque_attend`` (one custom op) under torch.compile.
@@ -148,7 +167,7 @@ class MLP(nn.Module):
         # gate and up in one matmul (gate rows first; see fuse_hf_state_dict).
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = ACT2FN[config.hidden_act]
+        self.act = activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)

@@ -1,9 +1,11 @@
 """Loads a model, its tokenizer and its stop tokens from a HF directory, a GGUF file or a name.
 
 What it is: path resolution (``smollm2-135m`` → the embedded model), config and
-tokenizer through transformers, weights from safetensors (or through transformers'
-GGUF support for ``.gguf``), and the checks that turn unsupported models into clear
-errors. What it is not: a downloader; nothing here talks to a hub.
+tokenizer read directly where the files are the plain kind (``model_config.py``,
+``tokenizer.py``: a replica that needs nothing more never imports transformers, seconds of
+its start) and through transformers otherwise, weights from safetensors (or through
+transformers' GGUF support for ``.gguf``), and the checks that turn unsupported models into
+clear errors. What it is not: a downloader; nothing here talks to a hub.
 """
 
 from dataclasses import dataclass
@@ -53,12 +55,32 @@ def resolve_model_path(model: str) -> tuple[Path, str | None]:
 
 
 def read_hf_config(model: str) -> Any:
-    """The model's transformers config alone (no weights, no tokenizer)."""
+    """The model's config alone (no weights, no tokenizer)."""
+    return _hf_config(*resolve_model_path(model))
+
+
+def _hf_config(directory: Path, gguf_file: str | None) -> Any:
+    from plimsoll.runtime.models.model_config import read_llama_config
+
+    fast = None if gguf_file else read_llama_config(directory)
+    if fast is not None:
+        return fast
     from transformers import AutoConfig
 
-    directory, gguf_file = resolve_model_path(model)
     extra = {"gguf_file": gguf_file} if gguf_file else {}
     return AutoConfig.from_pretrained(str(directory), **extra)
+
+
+def _tokenizer(directory: Path, gguf_file: str | None) -> Any:
+    from plimsoll.runtime.models.tokenizer import load_tokenizer
+
+    fast = None if gguf_file else load_tokenizer(directory)
+    if fast is not None:
+        return fast
+    from transformers import AutoTokenizer
+
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoTokenizer.from_pretrained(str(directory), **extra)
 
 
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -75,14 +97,19 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 
 def _eos_token_ids(directory: Path, gguf_file: str | None, hf_config: Any, tokenizer: Any) -> frozenset[int]:
     ids: set[int] = set()
-    try:
-        from transformers import GenerationConfig
+    if gguf_file:
+        try:
+            from transformers import GenerationConfig
 
-        extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
-        gen = GenerationConfig.from_pretrained(str(directory), **extra)
-        eos = gen.eos_token_id
-    except (OSError, ValueError, TypeError):
-        eos = getattr(hf_config, "eos_token_id", None)
+            eos = GenerationConfig.from_pretrained(str(directory), gguf_file=gguf_file).eos_token_id
+        except (OSError, ValueError, TypeError):
+            eos = getattr(hf_config, "eos_token_id", None)
+    else:
+        from plimsoll.runtime.models.tokenizer import read_generation_config
+
+        # generation_config.json's eos_token_id wins over config.json's, as in transformers.
+        generation = read_generation_config(directory)
+        eos = generation.get("eos_token_id") if generation is not None else getattr(hf_config, "eos_token_id", None)
     for value in eos if isinstance(eos, list) else [eos]:
         if value is not None:
             ids.add(int(value))
@@ -160,13 +187,10 @@ def load_model(
     tensor_parallel: "TensorParallelGroup | None" = None,
 ) -> LoadedModel:
     """Load ``model``; with ``tensor_parallel``, keep only that rank's shard (before the copy to ``device``)."""
-    from transformers import AutoConfig, AutoTokenizer
-
     directory, gguf_file = resolve_model_path(model)
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
-    hf_config = AutoConfig.from_pretrained(str(directory), **extra)
+    hf_config = _hf_config(directory, gguf_file)
     check_architecture(hf_config)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), **extra)
+    tokenizer = _tokenizer(directory, gguf_file)
     if gguf_file:
         from transformers import AutoModelForCausalLM
 

@@ -29,7 +29,7 @@ from plimsoll.runtime.serving.errors import APIError, bad_request
 log = logging.getLogger(__name__)
 
 WORKER_MEMORY_BYTES = 1 << 30  # address space a render may add on top of the worker's own
-START_TIMEOUT_S = 120.0  # a worker imports transformers' renderer before it says ready
+START_TIMEOUT_S = 120.0  # a worker imports the chat-template renderer (jinja2) before it says ready
 
 
 class _Worker:

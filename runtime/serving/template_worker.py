@@ -1,8 +1,8 @@
 """The child side of the chat-template pool: renders client-supplied templates, one at a time.
 
 What it is: :func:`main`, the target of each worker process. It imports the
-renderer transformers' ``apply_chat_template`` uses (the same sandboxed Jinja
-environment, so a template renders here as it would in the tokenizer), caps its own
+renderer the model's own template uses (``models/chat_template.py``: transformers'
+sandboxed Jinja environment, so a template renders here as it would in the tokenizer), caps its own
 address space, lowers its CPU priority, says ``ready``, then answers one job per message on its pipe:
 ``("ok", text)``, ``("too_long", num_chars)`` or ``("error", message)``.
 
@@ -36,18 +36,17 @@ def _cap_memory(extra_bytes: int) -> None:
 
 
 def render(job: Job) -> tuple[str, Any]:
-    from transformers.utils.chat_template_utils import render_jinja_template
+    from plimsoll.runtime.models.chat_template import render as render_chat
 
     template, context, max_chars = job
     messages = context.pop("messages")
+    add_generation_prompt = bool(context.pop("add_generation_prompt", False))
     try:
-        # transformers annotates the return as str; it returns (rendered, generation_indices).
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=template, **context)  # type: ignore[str-unpack]
+        text = render_chat(template, messages, add_generation_prompt, **context)
     except MemoryError:
         return "too_long", -1
     except Exception as exc:  # jinja raises TemplateError and plain exceptions alike
         return "error", f"{type(exc).__name__}: {exc}"
-    text = str(rendered[0])
     if len(text) > max_chars:
         return "too_long", len(text)
     return "ok", text
@@ -67,7 +66,7 @@ def drop_secrets(environ: MutableMapping[str, str]) -> list[str]:
 
 def main(conn: Connection, memory_bytes: int) -> None:
     drop_secrets(os.environ)
-    import transformers.utils.chat_template_utils  # noqa: F401  (paid once, before "ready")
+    import plimsoll.runtime.models.chat_template  # noqa: F401  (paid once, before "ready")
 
     _cap_memory(memory_bytes)
     with contextlib.suppress(OSError):
