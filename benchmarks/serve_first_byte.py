@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -40,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from plimsoll.process_group import stop_group
 
 PROMPT = "The capital of France is"
 
@@ -117,12 +118,7 @@ def start_once(python: str, serve_args: list[str], importtime: bool, timeout: fl
                 if m:
                     phases[m.group(1)] = float(m.group(2))
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc)
         log.seek(0)
         text = log.read().decode(errors="replace")
     return Start(ready, first, phases, "".join(parts), int(usage.get("prompt_tokens", -1)), cpu, text)

@@ -57,6 +57,7 @@ from plimsoll.bench.hostprobe import (
     weight_file_bytes,
 )
 from plimsoll.bench.script_args import add_options
+from plimsoll.process_group import stop_group
 from plimsoll.readiness import wait_until_ready
 from plimsoll.runtime.models.embedded import ensure_embedded_model
 
@@ -155,13 +156,7 @@ def running(spec: ServerSpec, url: str, log_path: Path, ready_timeout: float) ->
             )
         yield
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
 
 
 def run_sweep(args: argparse.Namespace, url: str, model: str, report: Path) -> dict[str, Any]:
