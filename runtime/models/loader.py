@@ -8,6 +8,7 @@ transformers' GGUF support for ``.gguf``), and the checks that turn unsupported 
 clear errors. What it is not: a downloader; nothing here talks to a hub.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -62,25 +63,25 @@ def read_hf_config(model: str) -> Any:
 def _hf_config(directory: Path, gguf_file: str | None) -> Any:
     from plimsoll.runtime.models.model_config import read_llama_config
 
-    fast = None if gguf_file else read_llama_config(directory)
-    if fast is not None:
-        return fast
-    from transformers import AutoConfig
-
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoConfig.from_pretrained(str(directory), **extra)
+    return _without_transformers(directory, gguf_file, read_llama_config, "AutoConfig")
 
 
 def _tokenizer(directory: Path, gguf_file: str | None) -> Any:
     from plimsoll.runtime.models.tokenizer import load_tokenizer
 
-    fast = None if gguf_file else load_tokenizer(directory)
+    return _without_transformers(directory, gguf_file, load_tokenizer, "AutoTokenizer")
+
+
+def _without_transformers(directory: Path, gguf_file: str | None, read: Callable[[Path], Any], auto: str) -> Any:
+    """``read(directory)`` where it reads the files (plain files, no GGUF), else transformers' ``auto`` class:
+    importing transformers is the largest part of a replica's start."""
+    fast = None if gguf_file else read(directory)
     if fast is not None:
         return fast
-    from transformers import AutoTokenizer
+    import transformers
 
     extra = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoTokenizer.from_pretrained(str(directory), **extra)
+    return getattr(transformers, auto).from_pretrained(str(directory), **extra)
 
 
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
