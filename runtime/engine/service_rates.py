@@ -7,7 +7,13 @@ step with prefill (of at least a few tokens) measures the prefill rate from what
 step took beyond a decode step: the same split the predictor makes, ``ttft = backlog +
 prompt / prefill rate + one decode step``.
 Both are exponentially weighted, so they follow the host (a shared CPU slows down and
-speeds up) without jumping on one slow step. :meth:`ServiceRateMeter.rates` is what
+speeds up) without jumping on one slow step. Beside the means it keeps, for
+the last ``TAIL_WINDOW`` steps of any kind (mixed steps with a few prompt tokens too, which is
+what a burst runs), how many times what the means predict each took, and reports their
+``TAIL_QUANTILE`` as ``slow_step_factor``: on a shared host a step is now and then several
+times the mean, and a TTFT promised at admission must allow for that
+(``ServiceRates.at_tail``); a mean lags such a slowdown by many steps, the tail of a short
+window follows within a few. :meth:`ServiceRateMeter.rates` is what
 the TTFT predictor (``plimsoll.ttft_prediction``) needs.
 
 Why measured here rather than passed from the capacity profile: the profile measured
@@ -23,6 +29,8 @@ What it is not: a profiler, or thread-safe beyond what a reader of two floats ne
 
 from __future__ import annotations
 
+from collections import deque
+
 from plimsoll.ttft_prediction import ServiceRates
 
 # Weight of a new observation. Decode steps are many and alike; prefill steps fewer and more varied.
@@ -32,6 +40,11 @@ PREFILL_ALPHA = 0.1
 MIN_PREFILL_S = 1e-4
 # Fewer prompt tokens than this in a step say more about the step's fixed cost than about the rate.
 MIN_PREFILL_TOKENS = 8
+# The recent steps whose slowness a promise allows for (about ten seconds of steps on a CPU
+# replica, a second or so on an accelerator), the quantile taken, and how many make a tail at all.
+TAIL_WINDOW = 16
+TAIL_QUANTILE = 1.0
+MIN_TAIL_STEPS = 4
 
 
 class ServiceRateMeter:
@@ -45,11 +58,15 @@ class ServiceRateMeter:
         # A prefill step seen before any decode step (a request's prefill comes first): kept until
         # a decode step says what part of it was the step's own cost.
         self._pending_prefill: tuple[int, float] | None = None
+        self._slowness: deque[float] = deque(maxlen=TAIL_WINDOW)  # step time ÷ what the means predict
 
     def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
         """One engine step: prompt tokens computed, decode tokens computed, wall seconds."""
         if step_s <= 0:
             return
+        if self.decode_step_s is not None and (prefill_tokens > 0 or decode_tokens > 0):
+            expected = self.decode_step_s + prefill_tokens * (self.prefill_s_per_token or 0.0)
+            self._slowness.append(step_s / expected)
         if prefill_tokens <= 0:
             if decode_tokens > 0:
                 self.decode_step_s = _ewma(self.decode_step_s, step_s, DECODE_ALPHA)
@@ -66,6 +83,7 @@ class ServiceRateMeter:
                 prefill_tokens_per_s=1.0 / self.prefill_s_per_token,
                 decode_step_s=self.decode_step_s,
                 max_num_seqs=self.max_num_seqs,
+                slow_step_factor=self.slow_step_factor(),
             )
 
     def _observe_prefill(self, prefill_tokens: int, step_s: float) -> None:
@@ -74,7 +92,17 @@ class ServiceRateMeter:
         # to every TTFT); what the prompt tokens add beyond it is the prefill's.
         prefill = step_s - self.decode_step_s
         if prefill >= MIN_PREFILL_S:
-            self.prefill_s_per_token = _ewma(self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA)
+            self.prefill_s_per_token = _ewma(
+                self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA
+            )
+
+    def slow_step_factor(self) -> float | None:
+        """The ``TAIL_QUANTILE`` of the last ``TAIL_WINDOW`` steps' time ÷ what the means predicted
+        (None before ``MIN_TAIL_STEPS``)."""
+        if len(self._slowness) < MIN_TAIL_STEPS:
+            return None
+        ordered = sorted(self._slowness)
+        return ordered[min(len(ordered) - 1, int(TAIL_QUANTILE * len(ordered)))]
 
     def rates(self) -> ServiceRates | None:
         """The rates measured so far; None until both a decode step and a prefill have been seen."""
