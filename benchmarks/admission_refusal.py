@@ -198,6 +198,10 @@ def report_prediction(burst: list[Outcome], slo: float) -> None:
         return
     ratios = sorted(m / max(p, 1e-3) for p, m in pairs)
     missed = [(p, m) for p, m in pairs if m > slo]
+    idle = sum(1 for p, _ in pairs if p > slo)
+    print(f"admitted though predicted past the SLO (an idle replica admits, to re-measure its rates): {idle}, "
+          f"of them missed {sum(1 for p, m in missed if p > slo)}; missed though predicted within it: "
+          f"{sum(1 for p, m in missed if p <= slo)}")  # fmt: skip
     print(f"admitted with a prediction {len(pairs)}: measured/predicted TTFT p10 {pct(ratios, 0.1):.2f}, "
           f"p50 {pct(ratios, 0.5):.2f}, p90 {pct(ratios, 0.9):.2f}, max {ratios[-1]:.2f}; "
           f"measured − predicted p50 {statistics.median(m - p for p, m in pairs) * 1000:+.0f} ms")  # fmt: skip

@@ -23,6 +23,11 @@ own prefill starts. :func:`predict_ttft` walks the queue with a heap of slot rel
 times (exact for the simulator's service curve, ``bench/simulator.py``; tested
 against its measured TTFT in ``tests/bench/test_ttft_prediction_sim.py``).
 
+Admission predicts a promise rather than a mean: :meth:`ServiceRates.at_tail` slows
+prefill and decode by the replica's measured slow-step factor, and ``in_flight_s`` keeps
+every slot busy until the engine's step under way ends (the simulator takes requests at
+any instant and passes 0).
+
 What it is not: a measurement. The rates come from the replica's own steps
 (``runtime/engine/service_rates.py``); KV-cache pressure (a waiting request that fits
 no blocks) is not modelled, which is why the autoscaler also reads KV headroom.

@@ -40,8 +40,9 @@ PREFILL_ALPHA = 0.1
 MIN_PREFILL_S = 1e-4
 # Fewer prompt tokens than this in a step say more about the step's fixed cost than about the rate.
 MIN_PREFILL_TOKENS = 8
-# The recent steps whose slowness a promise allows for (about ten seconds of steps on a CPU
-# replica, a second or so on an accelerator), the quantile taken, and how many make a tail at all.
+# The recent steps whose slowness a promise allows for (a second to several on a CPU replica,
+# well under one on an accelerator), the quantile taken (1: the slowest; a host that stalls a
+# step now and then stalls the next ones too), and how many steps make a tail at all.
 TAIL_WINDOW = 16
 TAIL_QUANTILE = 1.0
 MIN_TAIL_STEPS = 4
