@@ -330,7 +330,14 @@ class VariantPlanner:
         f = spec.mix.max_spot_fraction
         settled = self._settled(tick)
         mode, demand = "hold", down
-        if up > tick.capacity * (1 + tol) or tick.capacity <= 0:
+        # No capacity because the replicas there are still starting or have not answered yet (a pod is Ready a
+        # moment before it listens) is not demand: they serve in a moment, or become unavailable and leave.
+        waiting = any(
+            view.starting or view.silent
+            for name, view in tick.pods.items()
+            if name in tick.targets and name not in self.unavailable
+        )
+        if up > tick.capacity * (1 + tol) or (tick.capacity <= 0 and not waiting):
             mode, demand = "up", up
         elif self.target is not None:
             return None, {"reason": "CarryingOut", "message": "carrying out the last mix"}
@@ -341,6 +348,13 @@ class VariantPlanner:
             return None, {"reason": "NoTarget", "message": "no available variant has a target"}
         choice = choose_mix(offers, max(demand, LEAST_DEMAND) + phantom, f)
         running = make_mix(offers, [tick.current[o.name] for o in offers])
+        if mode == "down" and choice.chosen.counts == running.counts:
+            # Removing only can leave a dear variant that a cheaper one would replace (an H100 kept for a demand
+            # one L4 carries, a spot alone being past the spot limit): then rebalance, as a steady demand would.
+            free_offers, _ = self._offers(spec, tick, "free", fixed)
+            free = choose_mix(free_offers, max(demand, LEAST_DEMAND) + phantom, f)
+            if free.chosen.cost_per_hour * (1 + spec.mix.rebalance_threshold) < choice.chosen.cost_per_hour:
+                offers, choice, mode = free_offers, free, "hold"
         if mode == "hold":
             cheaper = choice.chosen.cost_per_hour * (1 + spec.mix.rebalance_threshold) < running.cost_per_hour
             if not (cheaper and settled and running.capacity - phantom >= up):

@@ -166,8 +166,9 @@ def test_the_spot_limit_holds_while_the_cheapest_capacity_is_spot() -> None:
 
 
 def test_a_variant_whose_nodes_vanished_is_left_out_and_its_capacity_moves() -> None:
-    svc = Variants(spec(mix={"maxSpotFraction": 1.0, "unschedulableSeconds": 10, "unavailableSeconds": 60}),
-                   {"h100": 0, "l4": 1, "spot": 3})  # fmt: skip
+    # (No rebalance to spot × 4, 2/h, at the first tick: this is about the reclaim.)
+    svc = Variants(spec(mix={"maxSpotFraction": 1.0, "unschedulableSeconds": 10, "unavailableSeconds": 60,
+                             "rebalanceThreshold": 0.5}), {"h100": 0, "l4": 1, "spot": 3})  # fmt: skip
     svc.tick(0.0, [pod("l4-0", 2), pod("spot-0", 2), pod("spot-1", 2), pod("spot-2", 2)])
     # The spot nodes are reclaimed: the pods stop answering (Ready as the API still says).
     dead = [pod("spot-0", ready=True, sample=None), pod("spot-1", ready=True, sample=None),
@@ -270,3 +271,26 @@ def test_each_variants_ready_count_is_its_ready_pods_answering_the_scrape_or_not
     ready = {n: v["readyReplicas"] for n, v in svc.status["variants"].items()}
     assert ready == {"h100": 1, "l4": 2, "spot": 0}
     assert svc.status["variants"]["l4"]["rate"] == 3.0  # Manual: in-flight units, the router's share
+
+
+def test_replicas_ready_but_not_answering_yet_are_waited_for_not_added_to() -> None:
+    """A pod is Ready a moment before it listens: no capacity then is not a demand to scale up for."""
+    svc = Variants(spec(), {"h100": 0, "l4": 1, "spot": 0})
+    for t in range(0, 8, 2):
+        svc.tick(float(t), [pod("l4-0", sample=None)])  # Ready, its scrape failing
+    assert svc.counts == {"h100": 0, "l4": 1, "spot": 0} and not svc.events("VariantMix")
+    svc.tick(8.0, [pod("l4-0", 1.0)])
+    assert svc.counts == {"h100": 0, "l4": 1, "spot": 0}
+
+
+def test_a_falling_demand_left_on_a_dear_variant_rebalances_to_the_cheap_one() -> None:
+    """h100 × 1 at a demand one L4 carries: removing only cannot go below one H100 (a spot alone breaks the spot
+    limit), so the planner rebalances: the L4 first, then the H100 drained."""
+    svc = Variants(spec(mix={"maxSpotFraction": 0.25, "drainSeconds": 0}), {"h100": 1, "l4": 0, "spot": 0})
+    svc.tick(0.0, running(svc, {"h100": [2.0]}))
+    assert svc.counts == {"h100": 1, "l4": 1, "spot": 0}
+    assert any("h100 × 1 → l4 × 1" in m and "more than" in m for m in svc.events("VariantMix"))
+    for t in range(2, 12, 2):
+        svc.tick(float(t), running(svc, {"h100": [1.0], "l4": [1.0]}))
+    assert svc.counts == {"h100": 0, "l4": 1, "spot": 0}
+    assert svc.events("DrainStarted") and "h100" in svc.events("DrainStarted")[0]
