@@ -154,11 +154,21 @@ def main() -> None:
     p.add_argument("--slo-ms", type=float, default=1000.0)
     p.add_argument("--timeout", type=float, default=60.0, help="a request with no answer by then timed out")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="set the server process's GIL switch interval (Python's default is 5 ms): how long the "
+        "engine thread may wait for the event loop's thread at each hand-over",
+    )
     args = p.parse_args()
     serve_args = ["--max-num-seqs", str(args.slots), "--max-model-len", "512", "--kv-cache-memory", "256MiB"]
     if args.model:
         serve_args += ["--model", args.model]
-    with ServerProcess(serve_args, startup_timeout=600) as server:
+    prelude = ""
+    if args.switch_interval_ms is not None:
+        prelude = f"import sys; sys.setswitchinterval({args.switch_interval_ms / 1000!r})"
+    with ServerProcess(serve_args, startup_timeout=600, prelude=prelude) as server:
         outcomes, samples = asyncio.run(run(args, server.url))
         if server.proc is not None and server.proc.poll() is not None:
             # Its port was free when picked; another process that took it meanwhile answered instead.
@@ -172,7 +182,10 @@ def main() -> None:
     slo = args.slo_ms / 1000
     met = sum(1 for s in served if s <= slo)
     n = len(burst)
-    print(f"host load {os.getloadavg()[0]:.1f} (1 min) at the end")
+    interval = (
+        f", GIL switch interval {args.switch_interval_ms:g} ms" if args.switch_interval_ms is not None else ""
+    )
+    print(f"host load {os.getloadavg()[0]:.1f} (1 min) at the end{interval}")
     print(f"{args.factor:g}× burst for {args.burst:g} s ({args.base:g} → {args.base * args.factor:g} req/s), "
           f"TTFT SLO {args.slo_ms:.0f} ms, {args.slots} slots, {args.output} tokens per answer")  # fmt: skip
     print(f"burst requests {n}: met SLO {met} ({met / max(n, 1):.1%}), served past SLO {len(served) - met}, "
