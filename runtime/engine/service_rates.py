@@ -7,13 +7,13 @@ step with prefill (of at least a few tokens) measures the prefill rate from what
 step took beyond a decode step: the same split the predictor makes, ``ttft = backlog +
 prompt / prefill rate + one decode step``.
 Both are exponentially weighted, so they follow the host (a shared CPU slows down and
-speeds up) without jumping on one slow step. Beside the means it keeps, for
-the last ``TAIL_WINDOW`` steps of any kind (mixed steps with a few prompt tokens too, which is
-what a burst runs), how many times what the means predict each took, and reports their
-``TAIL_QUANTILE`` as ``slow_step_factor``: on a shared host a step is now and then several
-times the mean, and a TTFT promised at admission must allow for that
-(``ServiceRates.at_tail``); a mean lags such a slowdown by many steps, the tail of a short
-window follows within a few. :meth:`ServiceRateMeter.rates` is what
+speeds up) without jumping on one slow step. Beside the means it keeps, for every step
+of any kind (mixed steps with a few prompt tokens too, which is what a burst runs) within
+the last ``TAIL_WINDOW_S`` seconds of stepping (and at least the last ``TAIL_WINDOW``
+steps), how many times what the means predicted it took; the slowest is
+``slow_step_factor``. On a shared host a step is now and then several times the mean, and
+a TTFT promised at admission must allow for that (``ServiceRates.at_tail``); a mean lags
+such a slowdown by many steps, the slowest recent step follows at once. :meth:`ServiceRateMeter.rates` is what
 the TTFT predictor (``plimsoll.ttft_prediction``) needs.
 
 Why measured here rather than passed from the capacity profile: the profile measured
@@ -40,11 +40,12 @@ PREFILL_ALPHA = 0.1
 MIN_PREFILL_S = 1e-4
 # Fewer prompt tokens than this in a step say more about the step's fixed cost than about the rate.
 MIN_PREFILL_TOKENS = 8
-# The recent steps whose slowness a promise allows for (a second to several on a CPU replica,
-# well under one on an accelerator), the quantile taken (1: the slowest; a host that stalls a
-# step now and then stalls the next ones too), and how many steps make a tail at all.
+# The recent steps whose slowness a promise allows for: the last TAIL_WINDOW_S seconds of
+# stepping (a host that stalled one step stalls others within seconds, however many fast steps
+# ran in between: 16 steps of 30 ms are half a second), at least TAIL_WINDOW steps, and
+# MIN_TAIL_STEPS before there is a factor at all.
 TAIL_WINDOW = 16
-TAIL_QUANTILE = 1.0
+TAIL_WINDOW_S = 4.0
 MIN_TAIL_STEPS = 4
 
 
@@ -59,7 +60,9 @@ class ServiceRateMeter:
         # A prefill step seen before any decode step (a request's prefill comes first): kept until
         # a decode step says what part of it was the step's own cost.
         self._pending_prefill: tuple[int, float] | None = None
-        self._slowness: deque[float] = deque(maxlen=TAIL_WINDOW)  # step time ÷ what the means predict
+        # (step time ÷ what the means predicted, step time) of the recent steps, and their summed time.
+        self._slowness: deque[tuple[float, float]] = deque()
+        self._window_s = 0.0
 
     def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
         """One engine step: prompt tokens computed, decode tokens computed, wall seconds."""
@@ -67,7 +70,12 @@ class ServiceRateMeter:
             return
         if self.decode_step_s is not None and (prefill_tokens > 0 or decode_tokens > 0):
             expected = self.decode_step_s + prefill_tokens * (self.prefill_s_per_token or 0.0)
-            self._slowness.append(step_s / expected)
+            self._slowness.append((step_s / expected, step_s))
+            self._window_s += step_s
+            while (
+                len(self._slowness) > TAIL_WINDOW and self._window_s - self._slowness[0][1] >= TAIL_WINDOW_S
+            ):
+                self._window_s -= self._slowness.popleft()[1]
         if prefill_tokens <= 0:
             if decode_tokens > 0:
                 self.decode_step_s = _ewma(self.decode_step_s, step_s, DECODE_ALPHA)
@@ -98,12 +106,10 @@ class ServiceRateMeter:
             )
 
     def slow_step_factor(self) -> float | None:
-        """The ``TAIL_QUANTILE`` of the last ``TAIL_WINDOW`` steps' time ÷ what the means predicted
-        (None before ``MIN_TAIL_STEPS``)."""
+        """The slowest recent step's time ÷ what the means predicted for it (None before ``MIN_TAIL_STEPS``)."""
         if len(self._slowness) < MIN_TAIL_STEPS:
             return None
-        ordered = sorted(self._slowness)
-        return ordered[min(len(ordered) - 1, int(TAIL_QUANTILE * len(ordered)))]
+        return max(ratio for ratio, _ in self._slowness)
 
     def rates(self) -> ServiceRates | None:
         """The rates measured so far; None until both a decode step and a prefill have been seen."""

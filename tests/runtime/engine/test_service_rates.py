@@ -85,7 +85,7 @@ def _known_meter(step_s: float = 0.02, s_per_token: float = 0.001) -> ServiceRat
 
 
 def test_the_slowest_recent_step_against_the_means_is_the_slow_step_factor() -> None:
-    from plimsoll.runtime.engine.service_rates import MIN_TAIL_STEPS, TAIL_WINDOW
+    from plimsoll.runtime.engine.service_rates import MIN_TAIL_STEPS, TAIL_WINDOW, TAIL_WINDOW_S
 
     meter = _known_meter()
     for _ in range(MIN_TAIL_STEPS - 1):
@@ -101,9 +101,15 @@ def test_the_slowest_recent_step_against_the_means_is_the_slow_step_factor() -> 
     tail = rates.at_tail()
     assert tail.decode_step_s == pytest.approx(4 * rates.decode_step_s)
     assert tail.prefill_tokens_per_s == pytest.approx(rates.prefill_tokens_per_s / 4)
-    # Once the slow step has left the window, the factor is what the steps since say.
-    for _ in range(TAIL_WINDOW):
-        meter.observe(prefill_tokens=0, decode_tokens=4, step_s=meter.decode_step_s or 0.02)
+    # The slow step is remembered for TAIL_WINDOW_S seconds of stepping, not only TAIL_WINDOW
+    # steps: a host that stalled once stalls again within seconds, however many fast steps ran.
+    step = 0.02
+    for _ in range(TAIL_WINDOW + 1):
+        meter.observe(prefill_tokens=0, decode_tokens=4, step_s=meter.decode_step_s or step)
+    assert (meter.slow_step_factor() or 0) > 2
+    # Once that much stepping time has passed, the factor is what the steps since say.
+    for _ in range(int(TAIL_WINDOW_S / step) + 1):
+        meter.observe(prefill_tokens=0, decode_tokens=4, step_s=meter.decode_step_s or step)
     factor = meter.slow_step_factor()
     assert factor is not None and factor == pytest.approx(1.0, rel=0.05)
 
