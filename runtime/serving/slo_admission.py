@@ -6,8 +6,8 @@ request is tokenised and before it is admitted (and, with no prompt, before toke
 ``x-slo-ttft-ms`` header (llm-d's), or, with ``--slo-admission``, the TTFT objective
 the operator set (``PUT /slo``). The replica predicts the request's TTFT from its
 queue and its measured rates (``plimsoll.ttft_prediction``) as a promise, not a mean: at
-the rates its recent slow steps show (``ServiceRates.at_tail``: the slowest of the last 16
-steps over what the means predicted), and with the step under
+the rates its recent slow steps show (``ServiceRates.at_tail``: the slowest step of the
+last 4 s over what the means predicted), and with the step under
 way finished before the request's own can start; a request predicted to
 miss gets 429 at once, ``Retry-After`` = the seconds until the queue has drained
 enough, and ``x-plimsoll-overload: replica`` (another replica may meet it: the
