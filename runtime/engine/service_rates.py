@@ -104,6 +104,11 @@ class ServiceRateMeter:
             self.prefill_s_per_token = _ewma(
                 self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA
             )
+        elif self.prefill_s_per_token is None:
+            # The step was no slower than a decode step (the host slowed the decode step it is
+            # split against): charge the whole step to the prompt rather than know no rate — a
+            # replica without rates admits everything, and short prompts may never measure one.
+            self.prefill_s_per_token = step_s / prefill_tokens
 
     def slow_step_factor(self) -> float | None:
         """The slowest recent step's time ÷ what the means predicted for it (None before ``MIN_TAIL_STEPS``)."""

@@ -120,3 +120,16 @@ def test_steps_as_fast_as_the_means_leave_the_promise_at_the_means() -> None:
         meter.observe(prefill_tokens=100, decode_tokens=0, step_s=0.02 + 0.1)  # exactly as predicted
     rates = meter.rates()
     assert rates is not None and rates.at_tail().decode_step_s == pytest.approx(rates.decode_step_s)
+
+
+def test_a_prefill_no_slower_than_a_decode_step_still_gives_a_rate() -> None:
+    """The warm-up's measuring prefill is split against a decode step that the host may have slowed
+    more; without a rate the replica would admit everything, and short prompts never measure one."""
+    meter = ServiceRateMeter(max_num_seqs=4)
+    meter.observe(prefill_tokens=100, decode_tokens=0, step_s=0.05)
+    meter.observe(prefill_tokens=0, decode_tokens=1, step_s=0.08)  # slower than the prefill step
+    rates = meter.rates()
+    assert rates is not None and rates.prefill_tokens_per_s == pytest.approx(100 / 0.05)
+    # A later prefill that splits goes into the mean as usual.
+    meter.observe(prefill_tokens=100, decode_tokens=0, step_s=0.08 + 0.1)
+    assert meter.prefill_s_per_token == pytest.approx(0.0005 + 0.1 * (0.001 - 0.0005))
