@@ -186,6 +186,7 @@ class OpenAIClient:
         return record
 
     async def _read_stream(self, response: httpx.Response, record: RequestRecord) -> None:
+        first_event: float | None = None  # the first chunk with a choice, text or not
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue
@@ -204,6 +205,8 @@ class OpenAIClient:
                 record.error_kind = "stream_error"
                 record.error_message = str(err.get("message") if isinstance(err, dict) else err)
                 return
+            if event.get("choices") and first_event is None:
+                first_event = now
             for choice in event.get("choices") or []:
                 delta = choice.get("delta") or {}
                 text = choice.get("text") if "text" in choice else delta.get("content")
@@ -217,10 +220,15 @@ class OpenAIClient:
                 record.prompt_tokens = usage.get("prompt_tokens")
                 record.output_tokens = usage.get("completion_tokens")
         if record.end is not None and record.first_token is None:
-            record.error_kind, record.error_message = (
-                "empty",
-                "the server finished without streaming any token",
-            )
+            if record.output_tokens and first_event is not None:
+                # Tokens were generated that decode to no visible text (a byte-level model's half of a
+                # UTF-8 character is held back, as vLLM's detokenizer does): the first chunk is the answer.
+                record.first_token = first_event
+            else:
+                record.error_kind, record.error_message = (
+                    "empty",
+                    "the server finished without streaming any token",
+                )
 
 
 async def served_models(http: httpx.AsyncClient) -> list[str]:

@@ -150,18 +150,29 @@ def is_disturbed(level: dict[str, Any]) -> bool:
     return bool((level.get("disturbed") or {}).get("reasons"))
 
 
-def queueing(level: dict[str, Any]) -> bool | None:
+def queueing(level: dict[str, Any], host_ms: float = 0.0) -> bool | None:
     """Whether requests waited at this level, by the server's own histograms; None without them.
 
-    A level queues when the mean queue time exceeds both ``QUEUE_STEPS`` of the
-    server's step time (a request may wait for the next step boundary) and
-    ``QUEUE_FLOOR_MS``.
+    A level queues when the mean queue time exceeds, beyond ``host_ms`` (the host's own scheduling
+    delay, :func:`host_delay_ms`), both ``QUEUE_STEPS`` of the server's step time (a request may
+    wait for the next step boundary) and ``QUEUE_FLOOR_MS``. One client never queues: its request
+    has no other to wait behind.
     """
     load = (level.get("server") or {}).get("load") or {}
     queue_ms = load.get("queue_time_mean_ms")
     if queue_ms is None:
         return None
-    return bool(queue_ms > max(QUEUE_FLOOR_MS, QUEUE_STEPS * (load.get("step_time_ms") or 0.0)))
+    if level.get("concurrency") == 1:
+        return False
+    return bool(queue_ms - host_ms > max(QUEUE_FLOOR_MS, QUEUE_STEPS * (load.get("step_time_ms") or 0.0)))
+
+
+def host_delay_ms(levels: list[dict[str, Any]]) -> float:
+    """The queue time of a one-client level: nothing to wait behind there, so what it shows is the host
+    scheduling the engine (a busy CPU's delay), which every level carries; 0 without such a level."""
+    one = next((lv for lv in levels if lv.get("concurrency") == 1), None)
+    load = ((one or {}).get("server") or {}).get("load") or {}
+    return max(0.0, float(load.get("queue_time_mean_ms") or 0.0))
 
 
 def _held_batch(level: dict[str, Any]) -> float | None:
@@ -176,7 +187,8 @@ def _at(levels: list[dict[str, Any]], concurrency: float | None) -> dict[str, An
 
 def _queueing_knee(levels: list[dict[str, Any]]) -> tuple[str, float | None, str] | None:
     """(status, concurrency, reason) of where queueing begins, or None when no level has server data."""
-    flags = [(lv["concurrency"], queueing(lv), lv) for lv in levels]
+    host = host_delay_ms(levels)
+    flags = [(lv["concurrency"], queueing(lv, host), lv) for lv in levels]
     if any(q is None for _, q, _ in flags):
         return None
     first = next((i for i, (_, q, _) in enumerate(flags) if q), None)
@@ -218,12 +230,12 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
     if not levels:
         return LatencyKnee(None, "no_data", basis, None, [], "no valid level")
     queue = None if slo.is_set() else _queueing_knee(levels)
+    # Client latencies of a disturbed level measure the host, not the server: they are left out where
+    # undisturbed levels remain (or, without SLOs, where the server's own queueing is there to stand on).
+    quiet = [lv for lv in levels if not is_disturbed(lv)]
     if slo.is_set():
-        judged, limits = levels, _slo_limits(slo)
+        judged, limits = quiet or levels, _slo_limits(slo)
     else:
-        # Client latencies of a disturbed level measure the host, not the server. With the server's
-        # own queueing to stand on, they are left out; without it, they are all there is.
-        quiet = [lv for lv in levels if not is_disturbed(lv)]
         judged = quiet if queue is not None else (quiet or levels)
         limits = inflation_limits(judged[0]) if judged else {}
     if not slo.is_set() and queue is None:
@@ -235,7 +247,10 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
             q_status,
             basis,
             "queueing" if q_status != "none" else None,
-            [{"concurrency": lv["concurrency"], "queueing": queueing(lv)} for lv in levels],
+            [
+                {"concurrency": lv["concurrency"], "queueing": queueing(lv, host_delay_ms(levels))}
+                for lv in levels
+            ],
             f"{q_reason}; client latencies not judged: every level was disturbed",
         )
     if not limits:
@@ -282,7 +297,9 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
         q_status, q_knee, q_reason = queue
         # Client inflation first seen at a level the server says queued is that queue, seen from
         # outside: the server's figure places it better than interpolating client latencies.
-        explained = status == "found" and queueing(_at(levels, crossing.first_fail)) is True
+        explained = (
+            status == "found" and queueing(_at(levels, crossing.first_fail), host_delay_ms(levels)) is True
+        )
         if q_status == "below_range" or (
             q_status == "found" and status != "below_range" and (knee is None or explained or q_knee < knee)  # type: ignore[operator]
         ):
@@ -295,7 +312,7 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
             reason = f"{reason}; server: {q_reason}"
     margins = crossing.margins
     if queue is not None:
-        flags = {lv["concurrency"]: queueing(lv) for lv in levels}
+        flags = {lv["concurrency"]: queueing(lv, host_delay_ms(levels)) for lv in levels}
         margins = [{**m, "queueing": flags.get(m["concurrency"])} for m in margins]
     return LatencyKnee(knee, status, basis, binding, margins, reason, limits_ms)
 

@@ -59,6 +59,8 @@ class AutoscalerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     target_per_replica: float = Field(gt=0, description="in-flight requests one replica should hold")
+    # What the per-pod figure is, in the decisions' messages (a split service's pools scale on others).
+    metric_name: str = "in-flight per pod"
     target_source: str = Field(
         default="override", description="where the target came from (profile, manual, override)"
     )
@@ -323,11 +325,11 @@ class Autoscaler:
                 ),
             )
         elif recommendation > current_replicas:
-            reason, message = "MetricAboveTarget", "in-flight per pod above target"
+            reason, message = "MetricAboveTarget", f"{cfg.metric_name} above target"
         elif recommendation < current_replicas:
-            reason, message = "MetricBelowTarget", "in-flight per pod below target"
+            reason, message = "MetricBelowTarget", f"{cfg.metric_name} below target"
         else:
-            reason, message = "WithinTolerance", calc_note or "in-flight per pod near target"
+            reason, message = "WithinTolerance", calc_note or f"{cfg.metric_name} near target"
         if calc_note and reason != "WithinTolerance":
             message = f"{message} ({calc_note})"
 

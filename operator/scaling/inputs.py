@@ -68,6 +68,7 @@ def decode_autoscaler_config(spec: LLMServiceSpec, status: dict[str, Any]) -> Au
     return AutoscalerConfig(
         target_per_replica=1.0,
         target_source=decode_signal(spec, status),
+        metric_name="decode load per pod",
         min_replicas=low,
         max_replicas=max(1, high),
         tolerance=spec.autoscaling.tolerance,
@@ -87,6 +88,7 @@ def prefill_autoscaler_config(spec: LLMServiceSpec) -> AutoscalerConfig:
     return AutoscalerConfig(
         target_per_replica=target,
         target_source=source,
+        metric_name="seconds of prompt backlog per pod",
         min_replicas=d.prefill.min,
         max_replicas=d.prefill.max,
         tolerance=spec.autoscaling.tolerance,

@@ -6,7 +6,15 @@ from typing import Any
 import pytest
 
 from plimsoll.bench.config import SLO, BenchConfig
-from plimsoll.bench.knees import confidence, kneedle, latency_knee, queueing, recommend, throughput_knee
+from plimsoll.bench.knees import (
+    confidence,
+    host_delay_ms,
+    kneedle,
+    latency_knee,
+    queueing,
+    recommend,
+    throughput_knee,
+)
 from plimsoll.bench.stats import mark_disturbed
 
 GEOMETRIC = [1, 2, 4, 8, 16, 32, 48, 64]
@@ -149,6 +157,33 @@ def test_no_slo_knee_is_where_the_server_starts_to_queue() -> None:
     ]
     early = latency_knee(tpot_grows, SLO())
     assert early.binding == "tpot_p50" and 4 < early.concurrency < 8  # type: ignore[operator]
+
+
+def test_a_busy_hosts_scheduling_delay_is_not_a_queue() -> None:
+    # A loaded host delays the engine's loop: 6 ms of "queue" at one client, where nothing can queue, and
+    # the same 6 ms carried by every level. Cap 4: the real queue starts at 8.
+    levels = [served(c, 40, 20, 6.0 if c <= 4 else 96.0, min(c, 3.8), 4) for c in (1, 2, 4, 8, 16)]
+    assert host_delay_ms(levels) == 6.0
+    knee = latency_knee(levels, SLO())
+    assert knee.status == "found" and knee.binding == "queueing" and knee.concurrency == 4.0, knee.reason
+    assert [m["queueing"] for m in knee.margins] == [False, False, False, True, True]
+    # Without the one-client level to read the host from, 6 ms over a 4 ms step counts as a queue.
+    assert queueing(served(2, 40, 20, 6.0, 2, 4)) is True
+    assert queueing(served(2, 40, 20, 6.0, 2, 4), host_ms=6.0) is False
+    assert queueing(served(1, 40, 20, 50.0, 1, 4)) is False  # one client never queues
+
+
+def test_with_slos_a_disturbed_level_is_not_judged_while_quiet_ones_remain() -> None:
+    # c=1 ran while the host was busy (its client lagged): 900 ms TTFT against a 300 ms SLO. The quiet
+    # levels meet it up to 8 and miss at 16: the knee is theirs, not "below range".
+    levels = [level(c, 900 if c == 1 else (100 if c <= 8 else 600), 20) for c in (1, 2, 4, 8, 16)]
+    levels[0]["disturbed"] = {"reasons": ["client lag p99 80 ms"]}
+    knee = latency_knee(levels, SLO(ttft_p95_ms=300))
+    assert knee.status == "found" and 8 < knee.concurrency < 16, knee.reason  # type: ignore[operator]
+    # Every level disturbed: they are all there is, and c=1 is judged.
+    for lv in levels:
+        lv["disturbed"] = {"reasons": ["client lag p99 80 ms"]}
+    assert latency_knee(levels, SLO(ttft_p95_ms=300)).status == "below_range"
 
 
 def test_disturbed_levels_are_marked_with_why_and_left_out_of_client_limits() -> None:

@@ -114,8 +114,7 @@ def test_each_pool_is_profiled_and_scales_on_its_own_signal(
                 "max": 2,
                 # Any real queue of ~350-token prompts is many times this, whatever the measured rate.
                 "targetBacklogSeconds": 0.001,
-                # 16 tokens, not 1: a random byte-level model's single token is often half a UTF-8
-                # character, which streams no text, and the sweep counts such a request as failed.
+                # 16 output tokens: each request holds the engine long enough for the sweep's levels to queue.
                 "profile": {"inputTokens": 128, "outputTokens": 16, **quick},
             },
             "decode": {"profile": {"inputTokens": 8, "outputTokens": 16, **quick}},

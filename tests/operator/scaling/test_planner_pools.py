@@ -52,7 +52,10 @@ def test_the_prefill_pool_scales_on_its_backlog_alone() -> None:
     block = svc.status["disaggregation"]["prefill"]["autoscaler"]
     assert "waiting prompt tokens ÷ 1,000 tokens/s" in block["inputs"]["signal"]
     assert block["inputs"]["target"] == 0.5 and block["inputs"]["averagePerPod"] == pytest.approx(1.5)
-    assert svc.events("PrefillScaledUp") and not svc.events("ScaledUp")
+    assert svc.events("PrefillScaledUp") == [
+        "prefill pool 1 → 3: ceil(1 × 1.5 / 0.5) = 3; seconds of prompt backlog per pod above target"
+    ]
+    assert not svc.events("ScaledUp")
     # The backlog gone, the prefill pool comes down at once to its min (no drain: it holds a request a moment).
     idle = [prefill_pod(f"p{i}", 0) for i in range(3)]
     down = svc.tick(10.0, [pod("d0", 0)], prefill_pods=tuple(idle))
@@ -70,6 +73,7 @@ def test_the_decode_pool_scales_on_running_sequences_or_kv_use_not_in_flight_per
     assert "decode load = max(running ÷ 4" in svc.status["autoscaler"]["inputs"]["targetSource"]
     decode = svc.status["disaggregation"]["decode"]["autoscaler"]
     assert decode["inputs"]["signal"] == "decode load" and decode["decision"]["desiredReplicas"] == 2
+    assert decode["decision"]["message"] == "decode load per pod above target"
     # Two running sequences but the KV cache 95% full (over 0.85): full all the same -> a third replica.
     full = dataclasses.replace(sample(2), kv_usage=0.95)
     plan = svc.tick(
