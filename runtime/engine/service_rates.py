@@ -10,7 +10,7 @@ Both are exponentially weighted, so they follow the host (a shared CPU slows dow
 speeds up) without jumping on one slow step. Beside the means it keeps, for every step
 of any kind (mixed steps with a few prompt tokens too, which is what a burst runs) within
 the last ``TAIL_WINDOW_S`` seconds of stepping (and at least the last ``TAIL_WINDOW``
-steps), how many times what the means predicted it took; the slowest is
+steps), its time; the slowest against what the current means predict for it is
 ``slow_step_factor``. On a shared host a step is now and then several times the mean, and
 a TTFT promised at admission must allow for that (``ServiceRates.at_tail``); a mean lags
 such a slowdown by many steps, the slowest recent step follows at once. :meth:`ServiceRateMeter.rates` is what
@@ -29,6 +29,7 @@ What it is not: a profiler, or thread-safe beyond what a reader of two floats ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 from plimsoll.ttft_prediction import ServiceRates
@@ -60,22 +61,19 @@ class ServiceRateMeter:
         # A prefill step seen before any decode step (a request's prefill comes first): kept until
         # a decode step says what part of it was the step's own cost.
         self._pending_prefill: tuple[int, float] | None = None
-        # (step time ÷ what the means predicted, step time) of the recent steps, and their summed time.
-        self._slowness: deque[tuple[float, float]] = deque()
+        # (step time, prompt tokens in it) of the recent steps, and their summed time.
+        self._recent: deque[tuple[float, int]] = deque()
         self._window_s = 0.0
 
     def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
         """One engine step: prompt tokens computed, decode tokens computed, wall seconds."""
         if step_s <= 0:
             return
-        if self.decode_step_s is not None and (prefill_tokens > 0 or decode_tokens > 0):
-            expected = self.decode_step_s + prefill_tokens * (self.prefill_s_per_token or 0.0)
-            self._slowness.append((step_s / expected, step_s))
+        if prefill_tokens > 0 or decode_tokens > 0:
+            self._recent.append((step_s, prefill_tokens))
             self._window_s += step_s
-            while (
-                len(self._slowness) > TAIL_WINDOW and self._window_s - self._slowness[0][1] >= TAIL_WINDOW_S
-            ):
-                self._window_s -= self._slowness.popleft()[1]
+            while len(self._recent) > TAIL_WINDOW and self._window_s - self._recent[0][0] >= TAIL_WINDOW_S:
+                self._window_s -= self._recent.popleft()[0]
         if prefill_tokens <= 0:
             if decode_tokens > 0:
                 self.decode_step_s = _ewma(self.decode_step_s, step_s, DECODE_ALPHA)
@@ -92,7 +90,6 @@ class ServiceRateMeter:
                 prefill_tokens_per_s=1.0 / self.prefill_s_per_token,
                 decode_step_s=self.decode_step_s,
                 max_num_seqs=self.max_num_seqs,
-                slow_step_factor=self.slow_step_factor(),
             )
 
     def _observe_prefill(self, prefill_tokens: int, step_s: float) -> None:
@@ -111,14 +108,21 @@ class ServiceRateMeter:
             self.prefill_s_per_token = step_s / prefill_tokens
 
     def slow_step_factor(self) -> float | None:
-        """The slowest recent step's time ÷ what the means predicted for it (None before ``MIN_TAIL_STEPS``)."""
-        if len(self._slowness) < MIN_TAIL_STEPS:
+        """The slowest recent step's time ÷ what the current means predict for it (None before
+        ``MIN_TAIL_STEPS``). Against the means now, not those of its own time: once the means have
+        caught up with a slower host, the steps that taught them no longer count twice."""
+        decode = self.decode_step_s
+        if decode is None or len(self._recent) < MIN_TAIL_STEPS:
             return None
-        return max(ratio for ratio, _ in self._slowness)
+        per_token = self.prefill_s_per_token or 0.0
+        return max(step / (decode + prompt * per_token) for step, prompt in list(self._recent))
 
     def rates(self) -> ServiceRates | None:
-        """The rates measured so far; None until both a decode step and a prefill have been seen."""
-        return self._rates
+        """The rates measured so far, with the slow-step factor as of now; None until both a decode
+        step and a prefill have been seen."""
+        if self._rates is None:
+            return None
+        return dataclasses.replace(self._rates, slow_step_factor=self.slow_step_factor())
 
 
 def _ewma(old: float | None, new: float, alpha: float) -> float:
