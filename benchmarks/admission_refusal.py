@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import random
 import statistics
 import time
@@ -30,7 +32,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from plimsoll.metric_names import DECODE_STEP_SECONDS, PREFILL_TOKENS_PER_SECOND, TIME_TO_FIRST_TOKEN
 from plimsoll.runtime.testing import ServerProcess
+from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER
 
 
 @dataclass
@@ -39,6 +43,7 @@ class Outcome:
     seconds: float  # to the 429's head (refused), the first byte (served), the give-up (timeout)
     retry_after: bool = False
     in_burst: bool = False
+    predicted: float | None = None  # the replica's predicted TTFT (seconds), from its response header
 
 
 async def one(
@@ -49,8 +54,15 @@ async def one(
     try:
         async with asyncio.timeout(timeout):
             async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+                predicted = response.headers.get(PREDICTED_TTFT_HEADER)
+                predicted_s = float(predicted) / 1000 if predicted is not None else None
                 if response.status_code == 429:
-                    return Outcome("refused", time.perf_counter() - t0, "retry-after" in response.headers)
+                    return Outcome(
+                        "refused",
+                        time.perf_counter() - t0,
+                        "retry-after" in response.headers,
+                        predicted=predicted_s,
+                    )
                 if response.status_code != 200:
                     await response.aread()
                     return Outcome("error", time.perf_counter() - t0)
@@ -58,7 +70,8 @@ async def one(
                 async for line in response.aiter_lines():
                     if first is None and line:
                         first = time.perf_counter() - t0
-                return Outcome("served", first if first is not None else time.perf_counter() - t0)
+                seconds = first if first is not None else time.perf_counter() - t0
+                return Outcome("served", seconds, predicted=predicted_s)
     except TimeoutError:
         return Outcome("timeout", time.perf_counter() - t0)
 
@@ -68,7 +81,31 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-async def run(args: argparse.Namespace, url: str) -> list[Outcome]:
+def gauges(text: str) -> dict[str, float]:
+    """The replica's measured rates and TTFT histogram totals from its ``/metrics`` text."""
+    wanted = {
+        PREFILL_TOKENS_PER_SECOND: "prefill_tok_s",
+        DECODE_STEP_SECONDS: "decode_step_s",
+        TIME_TO_FIRST_TOKEN + "_sum": "ttft_sum",
+        TIME_TO_FIRST_TOKEN + "_count": "ttft_count",
+    }
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            out[wanted[name]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def sample_rates(client: httpx.AsyncClient, url: str, into: list[dict[str, float]]) -> None:
+    """Read the replica's measured rates twice a second until cancelled."""
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            into.append(gauges((await client.get(f"{url}/metrics")).text))
+        await asyncio.sleep(0.5)
+
+
+async def run(args: argparse.Namespace, url: str) -> tuple[list[Outcome], list[dict[str, float]]]:
     body = {
         "prompt": "The capital of France is",
         "max_tokens": args.output,
@@ -79,6 +116,8 @@ async def run(args: argparse.Namespace, url: str) -> list[Outcome]:
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         for _ in range(4):  # the replica measures its rates from these
             await one(client, url, body, 60_000, args.timeout)
+        samples: list[dict[str, float]] = [gauges((await client.get(f"{url}/metrics")).text)]
+        sampler = asyncio.create_task(sample_rates(client, url, samples))
         rng = random.Random(args.seed)
         tasks: list[asyncio.Task[Outcome]] = []
         burst_flags: list[bool] = []
@@ -96,9 +135,11 @@ async def run(args: argparse.Namespace, url: str) -> list[Outcome]:
             tasks.append(asyncio.create_task(one(client, url, body, args.slo_ms, args.timeout)))
             burst_flags.append(t >= args.before)
         outcomes = await asyncio.gather(*tasks)
+        sampler.cancel()
+        samples.append(gauges((await client.get(f"{url}/metrics")).text))
     for o, flag in zip(outcomes, burst_flags, strict=True):
         o.in_burst = flag
-    return list(outcomes)
+    return list(outcomes), samples
 
 
 def main() -> None:
@@ -113,12 +154,27 @@ def main() -> None:
     p.add_argument("--slo-ms", type=float, default=1000.0)
     p.add_argument("--timeout", type=float, default=60.0, help="a request with no answer by then timed out")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="set the server process's GIL switch interval (Python's default is 5 ms): how long the "
+        "engine thread may wait for the event loop's thread at each hand-over",
+    )
     args = p.parse_args()
     serve_args = ["--max-num-seqs", str(args.slots), "--max-model-len", "512", "--kv-cache-memory", "256MiB"]
     if args.model:
         serve_args += ["--model", args.model]
-    with ServerProcess(serve_args, startup_timeout=600) as server:
-        outcomes = asyncio.run(run(args, server.url))
+    prelude = ""
+    if args.switch_interval_ms is not None:
+        prelude = f"import sys; sys.setswitchinterval({args.switch_interval_ms / 1000!r})"
+    with ServerProcess(serve_args, startup_timeout=600, prelude=prelude) as server:
+        outcomes, samples = asyncio.run(run(args, server.url))
+        if server.proc is not None and server.proc.poll() is not None:
+            # Its port was free when picked; another process that took it meanwhile answered instead.
+            raise SystemExit(
+                f"the server exited (code {server.proc.returncode}) before the run ended: no figures"
+            )
     burst = [o for o in outcomes if o.in_burst]
     served = [o.seconds for o in burst if o.kind == "served"]
     refused = [o for o in burst if o.kind == "refused"]
@@ -126,6 +182,10 @@ def main() -> None:
     slo = args.slo_ms / 1000
     met = sum(1 for s in served if s <= slo)
     n = len(burst)
+    interval = (
+        f", GIL switch interval {args.switch_interval_ms:g} ms" if args.switch_interval_ms is not None else ""
+    )
+    print(f"host load {os.getloadavg()[0]:.1f} (1 min) at the end{interval}")
     print(f"{args.factor:g}× burst for {args.burst:g} s ({args.base:g} → {args.base * args.factor:g} req/s), "
           f"TTFT SLO {args.slo_ms:.0f} ms, {args.slots} slots, {args.output} tokens per answer")  # fmt: skip
     print(f"burst requests {n}: met SLO {met} ({met / max(n, 1):.1%}), served past SLO {len(served) - met}, "
@@ -137,6 +197,49 @@ def main() -> None:
     if served:
         print(
             f"served TTFT: p50 {statistics.median(served):.3f} s, p95 {pct(served, 0.95):.3f} s, max {max(served):.3f} s"
+        )
+
+    report_prediction(burst, slo)
+    report_rates(samples, outcomes)
+
+
+def report_prediction(burst: list[Outcome], slo: float) -> None:
+    """Predicted against measured TTFT for the admitted requests that reported a prediction."""
+    pairs = [(o.predicted, o.seconds) for o in burst if o.kind == "served" and o.predicted is not None]
+    if not pairs:
+        print("predicted TTFT: none reported by the replica")
+        return
+    ratios = sorted(m / max(p, 1e-3) for p, m in pairs)
+    missed = [(p, m) for p, m in pairs if m > slo]
+    idle = sum(1 for p, _ in pairs if p > slo)
+    print(f"admitted though predicted past the SLO (an idle replica admits, to re-measure its rates): {idle}, "
+          f"of them missed {sum(1 for p, m in missed if p > slo)}; missed though predicted within it: "
+          f"{sum(1 for p, m in missed if p <= slo)}")  # fmt: skip
+    print(f"admitted with a prediction {len(pairs)}: measured/predicted TTFT p10 {pct(ratios, 0.1):.2f}, "
+          f"p50 {pct(ratios, 0.5):.2f}, p90 {pct(ratios, 0.9):.2f}, max {ratios[-1]:.2f}; "
+          f"measured − predicted p50 {statistics.median(m - p for p, m in pairs) * 1000:+.0f} ms")  # fmt: skip
+    if missed:
+        worst = ", ".join(
+            f"{p * 1000:.0f}→{m * 1000:.0f}" for p, m in sorted(missed, key=lambda x: -x[1])[:8]
+        )
+        print(f"missed the SLO though admitted {len(missed)}: predicted→measured ms {worst}")
+
+
+def report_rates(samples: list[dict[str, float]], outcomes: list[Outcome]) -> None:
+    """The replica's measured rates over the run and its own TTFT (from arrival at the server) against the client's."""
+    prefill = [s["prefill_tok_s"] for s in samples if "prefill_tok_s" in s]
+    decode = [s["decode_step_s"] for s in samples if "decode_step_s" in s]
+    if prefill and decode:
+        print(f"measured rates: prefill {prefill[0]:.0f} tok/s before, {min(prefill):.0f}–{max(prefill):.0f} during; "
+              f"decode step {decode[0] * 1000:.1f} ms before, {min(decode) * 1000:.1f}–{max(decode) * 1000:.1f} ms during")  # fmt: skip
+    first, last = samples[0], samples[-1]
+    count = last.get("ttft_count", 0) - first.get("ttft_count", 0)
+    served = [o.seconds for o in outcomes if o.kind == "served"]
+    if count > 0 and served:
+        server_mean = (last["ttft_sum"] - first["ttft_sum"]) / count
+        print(
+            f"mean TTFT of the served: client {statistics.fmean(served) * 1000:.0f} ms, "
+            f"server {server_mean * 1000:.0f} ms ({count:.0f} requests)"
         )
 
 

@@ -23,6 +23,11 @@ own prefill starts. :func:`predict_ttft` walks the queue with a heap of slot rel
 times (exact for the simulator's service curve, ``bench/simulator.py``; tested
 against its measured TTFT in ``tests/bench/test_ttft_prediction_sim.py``).
 
+Admission predicts a promise rather than a mean: :meth:`ServiceRates.at_tail` slows
+prefill and decode by the replica's measured slow-step factor, and ``in_flight_s`` keeps
+every slot busy until the engine's step under way ends (the simulator takes requests at
+any instant and passes 0).
+
 What it is not: a measurement. The rates come from the replica's own steps
 (``runtime/engine/service_rates.py``); KV-cache pressure (a waiting request that fits
 no blocks) is not modelled, which is why the autoscaler also reads KV headroom.
@@ -47,6 +52,10 @@ class ServiceRates:
     prefill_tokens_per_s: float
     decode_step_s: float
     max_num_seqs: int
+    # How many times what the means predict a step takes at a high percentile of the replica's
+    # recent steps, when measured: on a shared host a step is now and then several times its
+    # mean, often enough that a promise must allow for it (:meth:`at_tail`).
+    slow_step_factor: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.prefill_tokens_per_s > 0 and self.decode_step_s > 0 and self.max_num_seqs >= 1):
@@ -54,9 +63,26 @@ class ServiceRates:
                 f"service rates need a positive prefill rate, decode step and slot count, got "
                 f"{self.prefill_tokens_per_s} tok/s, {self.decode_step_s} s, {self.max_num_seqs} slots"
             )
+        if self.slow_step_factor is not None and not self.slow_step_factor > 0:
+            raise ValueError(f"the slow-step factor must be positive, got {self.slow_step_factor}")
 
     def prefill_s(self, tokens: int) -> float:
         return max(0, tokens) / self.prefill_tokens_per_s
+
+    def at_tail(self) -> ServiceRates:
+        """These rates as slow as the replica's steps now often are: prefill and decode scaled by
+        ``slow_step_factor`` (unchanged when it is unknown or below 1).
+
+        What slows a step on a shared host (other processes on the cores, the server's own
+        threads) slows its prefill and its decode alike. A bound promised at the means holds for
+        about half the requests; one promised at the tail holds for most.
+        """
+        factor = self.slow_step_factor
+        if factor is None or factor <= 1.0:
+            return self
+        return ServiceRates(
+            self.prefill_tokens_per_s / factor, self.decode_step_s * factor, self.max_num_seqs
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +142,14 @@ class TTFTPrediction:
 
 
 def predict_ttft(
-    queue: QueueSnapshot, rates: ServiceRates, prompt_tokens: int, num_seqs: int = 1
+    queue: QueueSnapshot, rates: ServiceRates, prompt_tokens: int, num_seqs: int = 1, in_flight_s: float = 0.0
 ) -> TTFTPrediction:
     """The TTFT of a request of ``prompt_tokens`` (``num_seqs`` sequences) arriving now; see the module docstring.
 
     With ``num_seqs`` > 1 (``n``, or several prompts) the last sequence's first token is what
-    the request waits for.
+    the request waits for. ``in_flight_s``: how long the step under way may still run — an
+    engine that steps in whole steps schedules nothing new before it ends, so no slot is
+    free sooner (0 for a model that takes requests at any instant, like the simulator).
     """
     step = rates.decode_step_s
     lane = 0.0
@@ -133,6 +161,7 @@ def predict_ttft(
         else:
             slots.append(remaining * step)
     slots += [0.0] * max(0, rates.max_num_seqs - len(slots))
+    slots = [max(t, in_flight_s) for t in slots]
     heapq.heapify(slots)
     for prompt, out in queue.waiting:
         start = max(heapq.heappop(slots), lane)

@@ -7,7 +7,13 @@ step with prefill (of at least a few tokens) measures the prefill rate from what
 step took beyond a decode step: the same split the predictor makes, ``ttft = backlog +
 prompt / prefill rate + one decode step``.
 Both are exponentially weighted, so they follow the host (a shared CPU slows down and
-speeds up) without jumping on one slow step. :meth:`ServiceRateMeter.rates` is what
+speeds up) without jumping on one slow step. Beside the means it keeps, for every step
+of any kind (mixed steps with a few prompt tokens too, which is what a burst runs) within
+the last ``TAIL_WINDOW_S`` seconds of stepping (and at least the last ``TAIL_WINDOW``
+steps), its time; the slowest against what the current means predict for it is
+``slow_step_factor``. On a shared host a step is now and then several times the mean, and
+a TTFT promised at admission must allow for that (``ServiceRates.at_tail``); a mean lags
+such a slowdown by many steps, the slowest recent step follows at once. :meth:`ServiceRateMeter.rates` is what
 the TTFT predictor (``plimsoll.ttft_prediction``) needs.
 
 Why measured here rather than passed from the capacity profile: the profile measured
@@ -23,6 +29,9 @@ What it is not: a profiler, or thread-safe beyond what a reader of two floats ne
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
+
 from plimsoll.ttft_prediction import ServiceRates
 
 # Weight of a new observation. Decode steps are many and alike; prefill steps fewer and more varied.
@@ -32,6 +41,13 @@ PREFILL_ALPHA = 0.1
 MIN_PREFILL_S = 1e-4
 # Fewer prompt tokens than this in a step say more about the step's fixed cost than about the rate.
 MIN_PREFILL_TOKENS = 8
+# The recent steps whose slowness a promise allows for: the last TAIL_WINDOW_S seconds of
+# stepping (a host that stalled one step stalls others within seconds, however many fast steps
+# ran in between: 16 steps of 30 ms are half a second), at least TAIL_WINDOW steps, and
+# MIN_TAIL_STEPS before there is a factor at all.
+TAIL_WINDOW = 16
+TAIL_WINDOW_S = 4.0
+MIN_TAIL_STEPS = 4
 
 
 class ServiceRateMeter:
@@ -45,11 +61,19 @@ class ServiceRateMeter:
         # A prefill step seen before any decode step (a request's prefill comes first): kept until
         # a decode step says what part of it was the step's own cost.
         self._pending_prefill: tuple[int, float] | None = None
+        # (step time, prompt tokens in it) of the recent steps, and their summed time.
+        self._recent: deque[tuple[float, int]] = deque()
+        self._window_s = 0.0
 
     def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
         """One engine step: prompt tokens computed, decode tokens computed, wall seconds."""
         if step_s <= 0:
             return
+        if prefill_tokens > 0 or decode_tokens > 0:
+            self._recent.append((step_s, prefill_tokens))
+            self._window_s += step_s
+            while len(self._recent) > TAIL_WINDOW and self._window_s - self._recent[0][0] >= TAIL_WINDOW_S:
+                self._window_s -= self._recent.popleft()[0]
         if prefill_tokens <= 0:
             if decode_tokens > 0:
                 self.decode_step_s = _ewma(self.decode_step_s, step_s, DECODE_ALPHA)
@@ -74,11 +98,31 @@ class ServiceRateMeter:
         # to every TTFT); what the prompt tokens add beyond it is the prefill's.
         prefill = step_s - self.decode_step_s
         if prefill >= MIN_PREFILL_S:
-            self.prefill_s_per_token = _ewma(self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA)
+            self.prefill_s_per_token = _ewma(
+                self.prefill_s_per_token, prefill / prefill_tokens, PREFILL_ALPHA
+            )
+        elif self.prefill_s_per_token is None:
+            # The step was no slower than a decode step (the host slowed the decode step it is
+            # split against): charge the whole step to the prompt rather than know no rate — a
+            # replica without rates admits everything, and short prompts may never measure one.
+            self.prefill_s_per_token = step_s / prefill_tokens
+
+    def slow_step_factor(self) -> float | None:
+        """The slowest recent step's time ÷ what the current means predict for it (None before
+        ``MIN_TAIL_STEPS``). Against the means now, not those of its own time: once the means have
+        caught up with a slower host, the steps that taught them no longer count twice."""
+        decode = self.decode_step_s
+        if decode is None or len(self._recent) < MIN_TAIL_STEPS:
+            return None
+        per_token = self.prefill_s_per_token or 0.0
+        return max(step / (decode + prompt * per_token) for step, prompt in list(self._recent))
 
     def rates(self) -> ServiceRates | None:
-        """The rates measured so far; None until both a decode step and a prefill have been seen."""
-        return self._rates
+        """The rates measured so far, with the slow-step factor as of now; None until both a decode
+        step and a prefill have been seen."""
+        if self._rates is None:
+            return None
+        return dataclasses.replace(self._rates, slow_step_factor=self.slow_step_factor())
 
 
 def _ewma(old: float | None, new: float, alpha: float) -> float:

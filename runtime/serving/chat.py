@@ -73,7 +73,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     adm, options = admit_tokenised(ctx, req, raw, "chatcmpl", [len(prompt_ids)], [max_tokens])
     stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), **options)
     if req.stream:
-        streaming: Response = SSEResponse(_stream(ctx, req, adm, stream, prompt_ids), on_close=adm.release)
+        streaming: Response = SSEResponse(
+            _stream(ctx, req, adm, stream, prompt_ids), on_close=adm.release, headers=adm.headers()
+        )
         return streaming
     try:
         final = await until_disconnect(raw, lambda: _last(stream))
@@ -81,7 +83,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
         adm.release()
     response = _response(ctx, req, adm.request_id, final)
     response.kv_transfer_params = answer_params(final.kv_transfer_params, raw)
-    return JSONResponse(response_body(response, req.return_token_ids))
+    return JSONResponse(response_body(response, req.return_token_ids), headers=adm.headers())
 
 
 async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

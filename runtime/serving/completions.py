@@ -68,7 +68,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
     if req.stream:
-        streaming: Response = SSEResponse(_stream(ctx, req, adm, streams), on_close=adm.release)
+        streaming: Response = SSEResponse(
+            _stream(ctx, req, adm, streams), on_close=adm.release, headers=adm.headers()
+        )
         return streaming
     try:
         finals = await until_disconnect(raw, lambda: _collect(streams))
@@ -83,7 +85,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         ]
     response = _response(ctx, req, adm.request_id, finals, texts)
     response.kv_transfer_params = answer_params(finals[0].kv_transfer_params, raw)
-    return JSONResponse(response_body(response, req.return_token_ids))
+    return JSONResponse(response_body(response, req.return_token_ids), headers=adm.headers())
 
 
 async def _collect(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:

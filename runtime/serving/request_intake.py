@@ -53,5 +53,7 @@ def admit_tokenised(
         cache_salt=cache_salt_of(raw, req.cache_salt, ctx.settings),
     )
     held = sum((p + m) * req.n for p, m in zip(prompt_lens, max_tokens, strict=True))
-    check_predicted_ttft(ctx, raw, prompt_lens, req.num_seqs)
-    return ctx.admit(kind, tenant, held, req.num_seqs), options
+    prediction = check_predicted_ttft(ctx, raw, prompt_lens, req.num_seqs)
+    adm = ctx.admit(kind, tenant, held, req.num_seqs)
+    adm.predicted_ttft_s = prediction.ttft_s if prediction is not None else None
+    return adm, options

@@ -39,7 +39,7 @@ from plimsoll.runtime.serving.metrics import ServerMetrics
 from plimsoll.runtime.serving.request_spans import record_request_spans
 from plimsoll.runtime.serving.settings import ServerSettings
 from plimsoll.runtime.serving.template_pool import TemplatePool
-from plimsoll.ttft_prediction import QueueSnapshot
+from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER, QueueSnapshot
 
 log = logging.getLogger("plimsoll.runtime.requests")
 # The tenant-cap bucket of requests that name no tenant.
@@ -57,6 +57,15 @@ class Admission:
     released: bool = False
     tenant: str | None = None
     num_tokens: int = 0  # prompt + max_tokens held against the tenant's in-flight cap
+    # The TTFT the replica predicted when it admitted this request (None: none made); reported
+    # back as a response header so a client or a benchmark can compare it with what it measured.
+    predicted_ttft_s: float | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The response headers this admission adds: the predicted TTFT, when one was made."""
+        if self.predicted_ttft_s is None:
+            return {}
+        return {PREDICTED_TTFT_HEADER: f"{self.predicted_ttft_s * 1000:.1f}"}
 
     def release(self) -> None:
         if not self.released:

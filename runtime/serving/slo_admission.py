@@ -5,7 +5,10 @@ request is tokenised and before it is admitted (and, with no prompt, before toke
 :func:`refuse_before_tokenising`). The request's bound is its
 ``x-slo-ttft-ms`` header (llm-d's), or, with ``--slo-admission``, the TTFT objective
 the operator set (``PUT /slo``). The replica predicts the request's TTFT from its
-queue and its measured rates (``plimsoll.ttft_prediction``); a request predicted to
+queue and its measured rates (``plimsoll.ttft_prediction``) as a promise, not a mean: at
+the rates its recent slow steps show (``ServiceRates.at_tail``: the slowest step of the
+last 4 s over what the means predicted), and with the step under
+way finished before the request's own can start; a request predicted to
 miss gets 429 at once, ``Retry-After`` = the seconds until the queue has drained
 enough, and ``x-plimsoll-overload: replica`` (another replica may meet it: the
 router tries one). Each refusal counts in ``plimsoll_admission_rejections_total
@@ -71,7 +74,10 @@ def check_predicted_ttft(
     if rates is None:
         return None
     queue = ctx.queue_snapshot()
-    prediction = predict_ttft(queue, rates, max(prompt_tokens, default=0), num_seqs)
+    rates = rates.at_tail()  # a promise: what the replica's slow steps would give, not its mean ones
+    # The engine takes new work only between steps: with sequences running, one is under way.
+    in_flight = rates.decode_step_s if queue.running else 0.0
+    prediction = predict_ttft(queue, rates, max(prompt_tokens, default=0), num_seqs, in_flight)
     if prediction.ttft_s <= bound or not (queue.running or queue.waiting):
         return prediction  # within the bound, or an idle replica: it re-measures its rates (see above)
     ctx.metrics.reject("slo_ttft")

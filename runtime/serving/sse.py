@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,11 +63,16 @@ class SSEResponse(StreamingResponse):
     Closing it here aborts the request at once.
     """
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        on_close: Callable[[], None],
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(
             content,
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
         )
         self._content = content
         self._on_close = on_close

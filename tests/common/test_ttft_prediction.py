@@ -111,3 +111,32 @@ def test_a_bound_in_milliseconds_is_seconds() -> None:
 def test_rates_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         ServiceRates(prefill_tokens_per_s=0, decode_step_s=0.01, max_num_seqs=1)
+    with pytest.raises(ValueError, match="slow-step factor"):
+        ServiceRates(prefill_tokens_per_s=1000.0, decode_step_s=0.01, max_num_seqs=1, slow_step_factor=0.0)
+
+
+def test_at_the_tail_prefill_and_decode_are_as_slow_as_the_slow_steps() -> None:
+    slow = ServiceRates(prefill_tokens_per_s=1000.0, decode_step_s=0.02, max_num_seqs=2, slow_step_factor=3.0)
+    tail = slow.at_tail()
+    assert tail.decode_step_s == pytest.approx(0.06) and tail.prefill_tokens_per_s == pytest.approx(
+        1000.0 / 3
+    )
+    # Full slots (0.1 s of decode left at the mean): every term three times as long.
+    queue = QueueSnapshot(running=((0, 5), (0, 50)))
+    assert predict_ttft(queue, tail, 100).ttft_s == pytest.approx(3 * predict_ttft(queue, slow, 100).ttft_s)
+    # No factor measured, or steps no slower than the means: the means are the promise.
+    assert RATES.at_tail() is RATES
+    fast = ServiceRates(prefill_tokens_per_s=1000.0, decode_step_s=0.02, max_num_seqs=2, slow_step_factor=0.8)
+    assert fast.at_tail() is fast
+
+
+def test_with_a_step_under_way_a_free_slot_is_free_only_when_it_ends() -> None:
+    # One sequence running, one slot free: an engine that steps in whole steps takes the new
+    # request after the step under way (up to one step), then prefills it, then its first step.
+    queue = QueueSnapshot(running=((0, 10),))
+    assert predict_ttft(queue, RATES, 100).backlog_s == 0.0
+    p = predict_ttft(queue, RATES, 100, in_flight_s=0.02)
+    assert p.backlog_s == pytest.approx(0.02) and p.ttft_s == pytest.approx(0.02 + 0.1 + 0.02)
+    # A slot that frees later than the step under way is not moved.
+    full = QueueSnapshot(running=((0, 5), (0, 50)))
+    assert predict_ttft(full, RATES, 100, in_flight_s=0.02).backlog_s == pytest.approx(0.1)

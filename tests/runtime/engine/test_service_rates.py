@@ -75,3 +75,61 @@ def test_the_rates_follow_the_host_without_jumping_on_one_step() -> None:
     assert meter.decode_step_s == pytest.approx(0.04, rel=1e-3)
     meter.observe(0, 1, 0.4)  # one stalled step moves the estimate a fifth of the way
     assert meter.decode_step_s == pytest.approx(0.04 + 0.2 * 0.36, rel=1e-4)
+
+
+def _known_meter(step_s: float = 0.02, s_per_token: float = 0.001) -> ServiceRateMeter:
+    """A meter that has measured a decode step of ``step_s`` and ``s_per_token`` of prefill."""
+    meter = ServiceRateMeter(max_num_seqs=4)
+    meter.decode_step_s, meter.prefill_s_per_token = step_s, s_per_token
+    return meter
+
+
+def test_the_slowest_recent_step_against_the_means_is_the_slow_step_factor() -> None:
+    from plimsoll.runtime.engine.service_rates import MIN_TAIL_STEPS, TAIL_WINDOW, TAIL_WINDOW_S
+
+    meter = _known_meter()
+    for _ in range(MIN_TAIL_STEPS - 1):
+        meter.observe(prefill_tokens=0, decode_tokens=4, step_s=0.02)
+    assert meter.slow_step_factor() is None  # too few steps to say
+    # A mixed step with a few prompt tokens (too few to measure the rate) still says how slow steps
+    # are: 5 tokens at 1 ms beyond a 20 ms step, taken at 100 ms, is four times what the means say.
+    meter.observe(prefill_tokens=5, decode_tokens=3, step_s=0.1)
+    assert meter.slow_step_factor() == pytest.approx(0.1 / 0.025)
+    rates = meter.rates()
+    assert rates is not None and rates.slow_step_factor == pytest.approx(4.0)
+    # The tail the admission promises at: four times as slow, prefill and decode.
+    tail = rates.at_tail()
+    assert tail.decode_step_s == pytest.approx(4 * rates.decode_step_s)
+    assert tail.prefill_tokens_per_s == pytest.approx(rates.prefill_tokens_per_s / 4)
+    # The slow step is remembered for TAIL_WINDOW_S seconds of stepping, not only TAIL_WINDOW
+    # steps: a host that stalled once stalls again within seconds, however many fast steps ran.
+    step = 0.02
+    for _ in range(TAIL_WINDOW + 1):
+        meter.observe(prefill_tokens=0, decode_tokens=4, step_s=meter.decode_step_s or step)
+    assert (meter.slow_step_factor() or 0) > 2
+    # Once that much stepping time has passed, the factor is what the steps since say.
+    for _ in range(int(TAIL_WINDOW_S / step) + 1):
+        meter.observe(prefill_tokens=0, decode_tokens=4, step_s=meter.decode_step_s or step)
+    factor = meter.slow_step_factor()
+    assert factor is not None and factor == pytest.approx(1.0, rel=0.05)
+
+
+def test_steps_as_fast_as_the_means_leave_the_promise_at_the_means() -> None:
+    meter = _known_meter()
+    for _ in range(10):
+        meter.observe(prefill_tokens=100, decode_tokens=0, step_s=0.02 + 0.1)  # exactly as predicted
+    rates = meter.rates()
+    assert rates is not None and rates.at_tail().decode_step_s == pytest.approx(rates.decode_step_s)
+
+
+def test_a_prefill_no_slower_than_a_decode_step_still_gives_a_rate() -> None:
+    """The warm-up's measuring prefill is split against a decode step that the host may have slowed
+    more; without a rate the replica would admit everything, and short prompts never measure one."""
+    meter = ServiceRateMeter(max_num_seqs=4)
+    meter.observe(prefill_tokens=100, decode_tokens=0, step_s=0.05)
+    meter.observe(prefill_tokens=0, decode_tokens=1, step_s=0.08)  # slower than the prefill step
+    rates = meter.rates()
+    assert rates is not None and rates.prefill_tokens_per_s == pytest.approx(100 / 0.05)
+    # A later prefill that splits goes into the mean as usual.
+    meter.observe(prefill_tokens=100, decode_tokens=0, step_s=0.08 + 0.1)
+    assert meter.prefill_s_per_token == pytest.approx(0.0005 + 0.1 * (0.001 - 0.0005))

@@ -16,7 +16,7 @@ from server_fixtures import chat_model_dir, metric, scrape, start_server  # noqa
 from plimsoll import metric_names as mn
 from plimsoll.overload import OVERLOAD_HEADER
 from plimsoll.runtime.testing import ThreadedServer
-from plimsoll.ttft_prediction import SLO_TTFT_HEADER
+from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER, SLO_TTFT_HEADER
 
 BODY = {"prompt": "hello there", "max_tokens": 30, "ignore_eos": True}
 
@@ -66,6 +66,10 @@ def test_a_request_that_would_wait_past_its_bound_gets_429_with_retry_after(slow
         admitted = httpx.post(f"{slow.url}/v1/completions", json={**BODY, "max_tokens": 2},
                               headers={SLO_TTFT_HEADER: "60000"}, timeout=120)  # fmt: skip
         assert admitted.status_code == 200, admitted.text
+        # Both answers say what the replica predicted: the refused one past its bound, the
+        # admitted one within it (a client or a benchmark compares it with what it measured).
+        assert float(refused.headers[PREDICTED_TTFT_HEADER]) > 200
+        assert 0 < float(admitted.headers[PREDICTED_TTFT_HEADER]) <= 60000
     finally:
         worker.join()
     assert metric(scrape(slow.url), mn.ADMISSION_REJECTIONS, reason="slo_ttft") == 1
