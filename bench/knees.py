@@ -185,9 +185,8 @@ def _at(levels: list[dict[str, Any]], concurrency: float | None) -> dict[str, An
     return next((lv for lv in levels if lv["concurrency"] == concurrency), {})
 
 
-def _queueing_knee(levels: list[dict[str, Any]]) -> tuple[str, float | None, str] | None:
+def _queueing_knee(levels: list[dict[str, Any]], host: float) -> tuple[str, float | None, str] | None:
     """(status, concurrency, reason) of where queueing begins, or None when no level has server data."""
-    host = host_delay_ms(levels)
     flags = [(lv["concurrency"], queueing(lv, host), lv) for lv in levels]
     if any(q is None for _, q, _ in flags):
         return None
@@ -229,7 +228,8 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
     basis = "slo" if slo.is_set() else "queueing_and_inflation"
     if not levels:
         return LatencyKnee(None, "no_data", basis, None, [], "no valid level")
-    queue = None if slo.is_set() else _queueing_knee(levels)
+    host = host_delay_ms(levels)
+    queue = None if slo.is_set() else _queueing_knee(levels, host)
     # Client latencies of a disturbed level measure the host, not the server: they are left out where
     # undisturbed levels remain (or, without SLOs, where the server's own queueing is there to stand on).
     quiet = [lv for lv in levels if not is_disturbed(lv)]
@@ -247,10 +247,7 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
             q_status,
             basis,
             "queueing" if q_status != "none" else None,
-            [
-                {"concurrency": lv["concurrency"], "queueing": queueing(lv, host_delay_ms(levels))}
-                for lv in levels
-            ],
+            [{"concurrency": lv["concurrency"], "queueing": queueing(lv, host)} for lv in levels],
             f"{q_reason}; client latencies not judged: every level was disturbed",
         )
     if not limits:
@@ -297,9 +294,7 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
         q_status, q_knee, q_reason = queue
         # Client inflation first seen at a level the server says queued is that queue, seen from
         # outside: the server's figure places it better than interpolating client latencies.
-        explained = (
-            status == "found" and queueing(_at(levels, crossing.first_fail), host_delay_ms(levels)) is True
-        )
+        explained = status == "found" and queueing(_at(levels, crossing.first_fail), host) is True
         if q_status == "below_range" or (
             q_status == "found" and status != "below_range" and (knee is None or explained or q_knee < knee)  # type: ignore[operator]
         ):
@@ -312,7 +307,7 @@ def latency_knee(levels: list[dict[str, Any]], slo: SLO) -> LatencyKnee:
             reason = f"{reason}; server: {q_reason}"
     margins = crossing.margins
     if queue is not None:
-        flags = {lv["concurrency"]: queueing(lv, host_delay_ms(levels)) for lv in levels}
+        flags = {lv["concurrency"]: queueing(lv, host) for lv in levels}
         margins = [{**m, "queueing": flags.get(m["concurrency"])} for m in margins]
     return LatencyKnee(knee, status, basis, binding, margins, reason, limits_ms)
 
