@@ -44,6 +44,8 @@ import itertools
 import json
 import os
 import random
+import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -67,8 +69,6 @@ from plimsoll.operator.local import chart_operator
 from plimsoll.operator.resources.settings import ENGINE_PORT
 from plimsoll.operator.scaling.variant_mix import Offer, make_mix, mix_key
 from plimsoll.operator.scaling.variant_state import RATE_UNIT
-from plimsoll.router.app import running_router
-from plimsoll.router.config import Policy, RouterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "plimsoll"
@@ -110,6 +110,12 @@ class Run:
     reclaimed_at: float | None = None
     in_flight_on_spot: int = 0
     spot_urls: set[str] = field(default_factory=set)
+    client_lag: dict[str, float] = field(default_factory=dict)
+    client_stalls: list[tuple[float, float]] = field(default_factory=list)
+    start: float = 0.0  # the load's start, monotonic
+    harness_cpu_s: float = (
+        0.0  # CPU the driving process's finished children (kubectl) used while the load ran
+    )
 
 
 class Replicas:
@@ -125,10 +131,15 @@ class Replicas:
         self.cluster = cluster
         self.running: dict[str, tuple[str, str]] = {}  # pod name -> (variant, URL)
         self.dead: set[str] = set()
+        self.variant_of: dict[str, str] = {}  # URL -> variant, of every replica started
+        self.lags: dict[str, dict[str, Any]] = {}  # variant -> its helper process's loop lag, once it ended
         self.curves = {v.name: asdict(v.curve) for v in VARIANTS}
         self.hosts = {
             v.name: subprocess.Popen(
-                [sys.executable, __file__, "--serve-replicas"], stdin=subprocess.PIPE, text=True
+                [sys.executable, __file__, "--serve-replicas"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             for v in VARIANTS
         }
@@ -145,10 +156,11 @@ class Replicas:
         for host in self.hosts.values():
             assert host.stdin is not None
             host.stdin.close()
-        for host in self.hosts.values():
+        for name, host in self.hosts.items():
             try:
-                host.wait(timeout=20)
-            except subprocess.TimeoutExpired:
+                out, _ = host.communicate(timeout=20)
+                self.lags[name] = json.loads(out.strip().splitlines()[-1])
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
                 host.kill()
 
     def _send(self, variant: str, **command: Any) -> None:
@@ -184,6 +196,7 @@ class Replicas:
         for name, (variant, ip) in ready.items():
             if name not in self.running and name not in self.dead and variant in self.curves:
                 self.running[name] = (variant, f"http://{ip}:{ENGINE_PORT}")
+                self.variant_of[f"http://{ip}:{ENGINE_PORT}"] = variant
                 self._send(variant, op="start", pod=name, ip=ip, curve=self.curves[variant])
 
     def reclaim(self, variant: str) -> set[str]:
@@ -198,10 +211,59 @@ class Replicas:
         return urls
 
 
+STALL_S = (
+    0.05  # an event-loop wake-up this late is a stall: a third of the TPOT bound, a tenth of the TTFT one
+)
+
+
+class LoopLag:
+    """How late this process's event loop wakes: a short sleep timed over and over.
+
+    A simulated replica's token times are deadlines on its process's event loop, so a late wake-up
+    (the host's scheduler, another coroutine's CPU work) is added to every token then due.
+    """
+
+    def __init__(self, period_s: float = 0.01) -> None:
+        self.period_s = period_s
+        self.lags: list[float] = []
+        self.stalls: list[tuple[float, float]] = []  # (monotonic time it ended, lag) of lags >= 50 ms
+
+    async def run(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(self.period_s)
+            lag = max(0.0, time.perf_counter() - t0 - self.period_s)
+            self.lags.append(lag)
+            if lag >= STALL_S:
+                self.stalls.append((time.monotonic(), lag))
+
+    def summary(self) -> dict[str, float]:
+        if not self.lags:
+            return {}
+        ordered = sorted(self.lags)
+        total = sum(ordered) + self.period_s * len(ordered)
+        return {
+            "p50_ms": 1000 * ordered[len(ordered) // 2],
+            "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            "max_ms": 1000 * ordered[-1],
+            # The share of the time spent in wake-ups 50 ms or more late: stalls a token feels.
+            "stalled_share": sum(lag for lag in ordered if lag >= STALL_S) / total,
+        }
+
+
+def stalled_share(stalls: list[tuple[float, float]], start: float, end: float) -> float:
+    """The share of ``[start, end)`` (monotonic) a process spent in stalls (each counted where it ended)."""
+    return sum(lag for at, lag in stalls if start <= at < end) / (end - start)
+
+
 async def serve_replicas() -> None:
-    """The helper process: start, stop or kill simulated replicas as told on stdin (JSON lines)."""
+    """The helper process: start, stop or kill simulated replicas as told on stdin (JSON lines);
+    at the end of its input it prints its event loop's lag (one JSON line)."""
     servers: dict[str, tuple[uvicorn.Server, asyncio.Task[None]]] = {}
     loop = asyncio.get_running_loop()
+    lag = LoopLag()
+    watching = asyncio.create_task(lag.run())
+    started: set[str] = set()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
@@ -214,6 +276,7 @@ async def serve_replicas() -> None:
             )  # fmt: skip
             server = uvicorn.Server(config)
             servers[pod] = (server, asyncio.create_task(server.serve()))
+            started.add(pod)
         elif pod in servers:
             server, _ = servers.pop(pod)
             if command["op"] == "kill":
@@ -223,6 +286,9 @@ async def serve_replicas() -> None:
                         transport.abort()
                 server.force_exit = True
             server.should_exit = True
+    watching.cancel()
+    print(json.dumps({"loop_lag": lag.summary(), "stalls": lag.stalls, "replicas served": sorted(started)}),
+          flush=True)  # fmt: skip
     for server, _ in servers.values():
         server.should_exit = True
     await asyncio.gather(*(task for _, task in servers.values()), return_exceptions=True)
@@ -330,75 +396,158 @@ async def sampler(cluster: Cluster, run: Run, start: float, end: float) -> None:
         await asyncio.sleep(2.0)
 
 
-async def drive(cluster: Cluster, replicas: Replicas, args: argparse.Namespace, run: Run) -> None:
-    config = RouterConfig(
-        port=0,
-        llmservice=NAME,
-        namespace=NS,
-        kubeconfig=str(cluster.kubeconfig),
-        policy=Policy.LEAST_INFLIGHT,
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_router(cluster: Cluster, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``plimsoll route --llmservice`` in its own process, as the chart deploys it: discovering the pods,
+    weighing them from ``status.variants``; its URL once it answers ``/ready``."""
+    port = free_port()
+    router = subprocess.Popen(
+        [sys.executable, "-c", "from plimsoll.cli import main; main()", "route", "--llmservice", NAME, "--namespace", NS,
+         "--kubeconfig", str(cluster.kubeconfig), "--port", str(port), "--policy", "least-in-flight"],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if router.poll() is not None:
+            raise SystemExit(f"the router exited ({router.returncode}); its log: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return router, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    router.terminate()
+    raise SystemExit("no replica became ready through the router in 180 s")
+
+
+async def send_load(spec: dict[str, Any]) -> None:
+    """The load generator's process (``--send-load``): open-loop Poisson arrivals through the router from
+    ``spec["start"]`` (the shared monotonic clock), then every request's record and this process's loop lag
+    as JSON to ``spec["out"]``.
+
+    Alone in its process, so what it measures is the router's and the replicas' latency: the
+    kubectl polling, the status sampling and the router in the driving process would otherwise
+    stall the event loop that timestamps the tokens.
+    """
+    lag = LoopLag()
+    watching = asyncio.create_task(lag.run())
+    rng = random.Random(1)
+    sent: list[Sent] = []
+    tasks: set[asyncio.Task[None]] = set()
+    start = spec["start"]
+    end = start + spec["minutes"] * 60
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=2000)) as client:
+        now = next_at = start
+        while now < end:
+            t = now - start
+            rate = spec["high"] if spec["step_at"] * 60 <= t < spec["fall_at"] * 60 else spec["low"]
+            record = Sent(at=time.monotonic())
+            sent.append(record)
+            task = asyncio.create_task(one(client, spec["router"], record))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            # Arrivals on a fixed schedule: a late wake-up sends the next one sooner, keeping the rate.
+            next_at += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            now = time.monotonic()
+        await asyncio.gather(*tasks)
+    watching.cancel()
+    Path(spec["out"]).write_text(
+        json.dumps(
+            {
+                "sent": [asdict(r) for r in sent],
+                "loop_lag": lag.summary(),
+                "stalls": lag.stalls,
+                "cpu_s": own_cpu_s(),
+            }
+        )
     )
-    async with running_router(config) as (router, state):
-        deadline = time.monotonic() + 180
-        while not state.replica_set.ready():
-            if time.monotonic() > deadline:
-                raise SystemExit("no replica became ready through the router in 180 s")
-            await asyncio.sleep(0.5)
-        # Until the planner holds the mix with every replica Ready and answering (a kwok pod is Ready
-        # a moment before its simulated replica listens, and the planner counts it silent meanwhile).
-        settled = 0
-        while settled < 3 and time.monotonic() < deadline + 120:
-            s = await asyncio.to_thread(status, cluster)
-            counts = {n: v.get("replicas") for n, v in (s.get("variants") or {}).items()}
-            ready = {n: v.get("readyReplicas") for n, v in (s.get("variants") or {}).items()}
-            available = all(v.get("available", True) for v in (s.get("variants") or {}).values())
-            steady = (s.get("mix") or {}).get("reason") == "WithinTolerance" and counts == ready and available
-            settled = settled + 1 if steady else 0
-            await asyncio.sleep(2.0)
-        out = {
-            n: v.get("reason") for n, v in (s.get("variants") or {}).items() if v.get("available") is False
-        }
-        if out:
-            # A replica that did not answer its scrapes at start (a starved host) takes its variant out
-            # of the mix for mix.unavailableSeconds: the cost comparisons then hold that variant to no one.
-            print(f"  variants unavailable at the start: {out}", flush=True)
-        rng = random.Random(1)
-        start = time.monotonic()
-        end = start + args.minutes * 60
-        tasks: set[asyncio.Task[None]] = set()
-        sampling = asyncio.create_task(sampler(cluster, run, start, end))
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=2000)) as client:
-            now = next_at = start
-            while now < end:
-                t = now - start
-                if run.reclaimed_at is None and t >= args.reclaim_at * 60:
-                    # The spot machines go: what was in flight on them is what the replica loss costs.
-                    urls = replicas.reclaim("spot")
-                    run.spot_urls = urls
-                    run.in_flight_on_spot = sum(
-                        r.inflight for u, r in state.replica_set.replicas.items() if u in urls
-                    )
-                    nodes = [f"spot-{i}" for i in range(SHAPES["spot"][0])]
-                    await asyncio.to_thread(cluster.kubectl, "delete", "node", *nodes, "--wait=false")
-                    run.reclaimed_at = t
-                    print(f"  t={t:.0f}s: spot nodes deleted, {len(urls)} spot replicas killed with "
-                          f"{run.in_flight_on_spot} requests in flight on them", flush=True)  # fmt: skip
-                rate = args.high if args.step_at * 60 <= t < args.fall_at * 60 else args.low
-                record = Sent(at=time.monotonic())
-                run.sent.append(record)
-                task = asyncio.create_task(one(client, router, record))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                # Arrivals on a fixed schedule: a late wake-up sends the next one sooner, keeping the rate.
-                next_at += rng.expovariate(rate)
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-                now = time.monotonic()
-            await asyncio.gather(*tasks)
-        await sampling
-        for r in run.sent:
-            r.at -= start
-            if r.done_at is not None:
-                r.done_at -= start
+
+
+async def drive(cluster: Cluster, replicas: Replicas, args: argparse.Namespace, run: Run, tmp: Path) -> None:
+    router, router_url = await asyncio.to_thread(start_router, cluster, tmp / "router.log")
+    try:
+        await measure(cluster, replicas, args, run, router_url, tmp)
+    finally:
+        router.terminate()
+        router.wait(timeout=20)
+
+
+async def measure(
+    cluster: Cluster, replicas: Replicas, args: argparse.Namespace, run: Run, router_url: str, tmp: Path
+) -> None:
+    deadline = time.monotonic() + 180
+    # Until the planner holds the mix with every replica Ready and answering (a kwok pod is Ready
+    # a moment before its simulated replica listens, and the planner counts it silent meanwhile).
+    settled = 0
+    s: dict[str, Any] = {}
+    while settled < 3 and time.monotonic() < deadline:
+        s = await asyncio.to_thread(status, cluster)
+        counts = {n: v.get("replicas") for n, v in (s.get("variants") or {}).items()}
+        ready = {n: v.get("readyReplicas") for n, v in (s.get("variants") or {}).items()}
+        available = all(v.get("available", True) for v in (s.get("variants") or {}).values())
+        steady = (s.get("mix") or {}).get("reason") == "WithinTolerance" and counts == ready and available
+        settled = settled + 1 if steady else 0
+        await asyncio.sleep(2.0)
+    out = {n: v.get("reason") for n, v in (s.get("variants") or {}).items() if v.get("available") is False}
+    if out:
+        # A replica that did not answer its scrapes at start (a starved host) takes its variant out
+        # of the mix for mix.unavailableSeconds: the cost comparisons then hold that variant to no one.
+        print(f"  variants unavailable at the start: {out}", flush=True)
+    start = time.monotonic() + 2.0
+    spec = {"router": router_url, "start": start, "minutes": args.minutes, "low": args.low, "high": args.high,
+            "step_at": args.step_at, "fall_at": args.fall_at, "out": str(tmp / "sent.json")}  # fmt: skip
+    load = subprocess.Popen([sys.executable, __file__, "--send-load", json.dumps(spec)])
+    end = start + args.minutes * 60
+    sampling = asyncio.create_task(sampler(cluster, run, start, end))
+    children_before = children_cpu_s()
+    while load.poll() is None:
+        t = time.monotonic() - start
+        if run.reclaimed_at is None and t >= args.reclaim_at * 60:
+            # The spot machines go: what was in flight on them is what the replica loss costs.
+            run.spot_urls = replicas.reclaim("spot")
+            nodes = [f"spot-{i}" for i in range(SHAPES["spot"][0])]
+            await asyncio.to_thread(cluster.kubectl, "delete", "node", *nodes, "--wait=false")
+            run.reclaimed_at = t
+            print(f"  t={t:.0f}s: spot nodes deleted, {len(run.spot_urls)} spot replicas killed", flush=True)
+        await asyncio.sleep(0.2)
+    await sampling
+    if load.returncode != 0:
+        raise SystemExit(f"the load generator exited with {load.returncode}")
+    result = json.loads((tmp / "sent.json").read_text())
+    run.client_lag = result["loop_lag"]
+    run.harness_cpu_s = children_cpu_s() - children_before - result["cpu_s"]
+    run.client_stalls = [(at, lag) for at, lag in result["stalls"]]
+    run.start = start
+    for row in result["sent"]:
+        r = Sent(**row)
+        r.at -= start
+        if r.done_at is not None:
+            r.done_at -= start
+        run.sent.append(r)
+    if run.reclaimed_at is not None:
+        at = run.reclaimed_at
+        run.in_flight_on_spot = sum(
+            1 for r in run.sent
+            if r.replica is not None and r.replica in run.spot_urls and r.at <= at <= (r.done_at or at)
+        )  # fmt: skip
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -408,14 +557,21 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def report(cluster: Cluster, measured: dict[str, Measured], args: argparse.Namespace, run: Run) -> None:
+def report(
+    cluster: Cluster,
+    measured: dict[str, Measured],
+    args: argparse.Namespace,
+    run: Run,
+    replicas: Replicas,
+) -> None:
+    variant_of, lags = replicas.variant_of, replicas.lags
     ttft_s, tpot_s = args.ttft_ms / 1000, args.tpot_ms / 1000
 
     def good(r: Sent) -> bool:
         return r.ok and r.ttft_s is not None and r.ttft_s <= ttft_s and (r.tpot_s or 0.0) <= tpot_s
 
     print("\n  minute  offered/s  demand  running mix at its end        cost/h  instant: optimum/h ratio  "
-          "minute: optimum/h ratio  load1  attainment  TTFT p95  TPOT p50  requests")  # fmt: skip
+          "minute: optimum/h ratio  load1  stalls: client replicas  attainment  TTFT p95  TPOT p50  requests")  # fmt: skip
     within = within_instant = 0
     for m in range(args.minutes):
         samples = [s for s in run.samples if m * 60 <= s.at < (m + 1) * 60]
@@ -452,10 +608,16 @@ def report(cluster: Cluster, measured: dict[str, Measured], args: argparse.Names
         mix = " + ".join(f"{n} × {c}" for n, c in last.replicas.items() if c) or "-"
         attained = sum(good(r) for r in sent) / len(sent) if sent else float("nan")
         load = statistics.fmean(s.load for s in samples)
+        lo, hi = run.start + m * 60, run.start + (m + 1) * 60
+        client_stalled = stalled_share(run.client_stalls, lo, hi)
+        replica_stalls = [
+            stalled_share([(a, b) for a, b in lag.get("stalls", [])], lo, hi) for lag in lags.values()
+        ]
+        replicas_stalled = max(replica_stalls, default=float("nan"))
         reclaimed = run.reclaimed_at is not None and m * 60 <= run.reclaimed_at < (m + 1) * 60
         mark = "  <- spot nodes deleted" if reclaimed else ""
         print(f"  {m:6d}  {rate:9.1f}  {demand:6.2f}  {mix:28s}  {cost:6.2f}  {best_instant:17.2f} {ratio_instant:5.2f}  "
-              f"{best:16.2f} {ratio:5.2f}  {load:5.1f}  {attained:10.1%}  {p95:8.0f}  {p50:8.0f}  {len(sent):8d}"
+              f"{best:16.2f} {ratio:5.2f}  {load:5.1f}  {client_stalled:14.1%} {replicas_stalled:8.1%}  {attained:10.1%}  {p95:8.0f}  {p50:8.0f}  {len(sent):8d}"
               f"{mark}")  # fmt: skip
     unit = next((s.unit for s in run.samples if s.unit), "?")
     print(f"  demand: status.mix.demand in {unit}; cost within 10% of the optimum for the minute's offered load "
@@ -466,6 +628,26 @@ def report(cluster: Cluster, measured: dict[str, Measured], args: argparse.Names
         f"  attainment overall {sum(good(r) for r in run.sent) / total:.1%} of {total} requests "
         f"(TTFT <= {args.ttft_ms:.0f} ms and mean TPOT <= {args.tpot_ms:.0f} ms each)"
     )
+    by_variant: dict[str, list[Sent]] = {}
+    for r in run.sent:
+        by_variant.setdefault(variant_of.get((r.replica or "").rstrip("/"), "no replica named"), []).append(r)
+    print("  attainment per variant (the replica the router sent it to): " + "; ".join(
+        f"{name} {sum(good(r) for r in rows) / len(rows):.1%} of {len(rows)} (TTFT p95 "
+        f"{quantile([r.ttft_s or 0.0 for r in rows if r.ok], 0.95) * 1000:.0f} ms)"
+        for name, rows in sorted(by_variant.items())
+    ))  # fmt: skip
+    lag = run.client_lag
+    if lag:
+        print(f"  the load generator's event-loop lag (10 ms sleeps): p50 {lag['p50_ms']:.1f} ms, p99 "
+              f"{lag['p99_ms']:.1f} ms, max {lag['max_ms']:.0f} ms, {lag['stalled_share']:.1%} of the time in "
+              f"stalls >= 50 ms")  # fmt: skip
+    for name, lag in sorted(lags.items()):
+        figures = lag.get("loop_lag") or {}
+        if figures:
+            print(f"  {name} replicas' process loop lag: p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} "
+                  f"ms, max {figures['max_ms']:.0f} ms, {figures['stalled_share']:.1%} of the time in stalls")  # fmt: skip
+    print(f"  the harness's own kubectl calls (pod listings, status samples) used {run.harness_cpu_s:.0f} CPU s "
+          f"while the load ran ({run.harness_cpu_s / (args.minutes * 60):.0%} of a core)")  # fmt: skip
     failed = [r for r in run.sent if not r.ok]
     if run.reclaimed_at is not None:
         at = run.reclaimed_at
@@ -506,6 +688,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--serve-replicas", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--send-load", help=argparse.SUPPRESS)
     parser.add_argument(
         "--profiles", help="the profiles variant_mix.py --save-profiles wrote (else sweep here)"
     )
@@ -534,6 +717,9 @@ def main() -> None:
     if args.serve_replicas:
         asyncio.run(serve_replicas())
         return
+    if args.send_load:
+        asyncio.run(send_load(json.loads(args.send_load)))
+        return
     saved = json.loads(Path(args.profiles).read_text()) if args.profiles else {}
     measured = {v.name: Measured(**saved[v.name]) if v.name in saved else profile(v, args) for v in VARIANTS}
     for v in VARIANTS:
@@ -551,15 +737,16 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="plimsoll-variants-") as tmp,
         Cluster(Path(tmp) / "cluster", nodes=nodes) as cluster,
         chart_operator(cluster, CHART, Path(tmp)),
-        Replicas(cluster) as replicas,
     ):
-        cluster.kubectl("create", "namespace", NS)
-        cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(manifest(measured, args)))
-        print(f"  control plane up, LLMService applied ({time.monotonic() - started:.0f} s); load: {args.low} req/s, "
-              f"{args.high} from minute {args.step_at}, {args.low} from minute {args.fall_at}; spot reclaimed at "
-              f"minute {args.reclaim_at}", flush=True)  # fmt: skip
-        asyncio.run(drive(cluster, replicas, args, run))
-        report(cluster, measured, args, run)
+        with Replicas(cluster) as replicas:
+            cluster.kubectl("create", "namespace", NS)
+            cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(manifest(measured, args)))
+            print(f"  control plane up, LLMService applied ({time.monotonic() - started:.0f} s); load: {args.low} "
+                  f"req/s, {args.high} from minute {args.step_at}, {args.low} from minute {args.fall_at}; spot "
+                  f"reclaimed at minute {args.reclaim_at}", flush=True)  # fmt: skip
+            asyncio.run(drive(cluster, replicas, args, run, Path(tmp)))
+        # The replicas' helper processes have ended and said how late their event loops woke.
+        report(cluster, measured, args, run, replicas)
     print(f"  total run {time.monotonic() - started:.0f} s")
 
 
