@@ -613,6 +613,7 @@ def _demand_status(d: VariantDemand | None) -> dict[str, Any]:
         "demand": round(d.demand, 6),
         "inFlightDemand": round(d.in_flight, 6),
         "finishedRate": round(d.finished_rate, 6) if d.finished_rate is not None else None,
+        "arrivalRate": round(d.arrival_rate, 6) if d.arrival_rate is not None else None,
         "demandBasis": d.basis,
     }
 
@@ -625,7 +626,8 @@ def _demand_basis(tick: _Tick) -> str:
                 f"once every variant has a per-replica rate and the window holds {RATE_MIN_SPAN_S:.0f} s")  # fmt: skip
     text = f"requests finished per second over the last {RATE_WINDOW_S:.0f} s"
     if queued:
-        text += f"; in-flight ÷ latency on {', '.join(queued)}, whose in-flight stayed past its replicas' target for {QUEUE_SECONDS:.0f} s (a queue)"
+        text += (f"; arrivals (finished + in-flight's growth per second) on {', '.join(queued)}, whose in-flight "
+                 f"stayed past its replicas' target for {QUEUE_SECONDS:.0f} s (a queue)")  # fmt: skip
     return text
 
 
