@@ -15,8 +15,9 @@ runs instead of the single-pool rules when ``spec.variants`` is set. Each tick:
    stays out of the mix until it has a target.
 2. **Demand** (``variant_demand.py``). With per-replica rates (requests/s): the
    requests each variant's replicas finished per second over the last 30 s, or
-   its in-flight over its latency where that is larger and in-flight shows a
-   queue (past what its replicas carry at target for 20 s); without rates,
+   its arrivals (finished + in-flight's growth, per second) where that is larger
+   and in-flight shows a queue (past what its replicas carry at target for
+   10 s); without rates,
    in-flight over latency. Projected along its rising trend when
    ``autoscaling.trend.lookaheadSeconds`` is set; kept with its time so the
    HPA's windows apply to it: the demand a scale-up answers is the **lowest** of
