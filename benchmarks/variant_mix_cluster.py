@@ -157,10 +157,13 @@ class Replicas:
             assert host.stdin is not None
             host.stdin.close()
         for name, host in self.hosts.items():
+            assert host.stdout is not None
             try:
-                out, _ = host.communicate(timeout=20)
+                out = host.stdout.read()  # to its end: the helper exits once its input has
+                host.wait(timeout=20)
                 self.lags[name] = json.loads(out.strip().splitlines()[-1])
-            except (subprocess.TimeoutExpired, ValueError, IndexError):
+            except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+                print(f"  ({name} replicas' helper: no loop lag read: {exc!r})", flush=True)
                 host.kill()
 
     def _send(self, variant: str, **command: Any) -> None:
@@ -649,6 +652,10 @@ def report(
     print(f"  the harness's own kubectl calls (pod listings, status samples) used {run.harness_cpu_s:.0f} CPU s "
           f"while the load ran ({run.harness_cpu_s / (args.minutes * 60):.0%} of a core)")  # fmt: skip
     failed = [r for r in run.sent if not r.ok]
+    kinds: dict[str, int] = {}
+    for r in failed:
+        kinds[(r.error or "no tokens")[:60]] = kinds.get((r.error or "no tokens")[:60], 0) + 1
+    print(f"  failed requests: {len(failed)}" + (f" ({kinds})" if kinds else ""))
     if run.reclaimed_at is not None:
         at = run.reclaimed_at
         around = [r for r in failed if r.at <= at <= (r.done_at or at)]
