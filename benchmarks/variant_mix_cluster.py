@@ -61,6 +61,7 @@ import uvicorn
 import yaml
 from variant_mix import VARIANTS, Measured, profile
 
+from plimsoll import metric_names as mn
 from plimsoll.bench.simulator import ServiceCurve
 from plimsoll.bench.simulator import build_app as build_simulator
 from plimsoll.devcluster.cluster import Cluster
@@ -75,6 +76,8 @@ CHART = ROOT / "charts" / "plimsoll"
 NAME = "mixed"
 NS = "variants"
 OUTPUT_TOKENS = 4
+TTFT_NAME = mn.ENGINE_FAMILIES["plimsoll"].ttft
+ROUTER_TTFB_NAME = "plimsoll_router_time_to_first_byte_seconds"
 # Each variant's kind of node: the GPU product its pods select, and (nodes, GPUs per node).
 PRODUCTS = {"h100": "NVIDIA-H100-80GB-HBM3", "l4": "NVIDIA-L4", "spot": "NVIDIA-T4"}
 SHAPES = {"h100": (2, 2), "l4": (2, 3), "spot": (2, 3)}
@@ -386,6 +389,49 @@ def status(cluster: Cluster) -> dict[str, Any]:
     return (cluster.get_json("llms", NAME, "-n", NS) or {}).get("status") or {}
 
 
+def over(seen_slow: list[float]) -> float:
+    seen, slow = seen_slow
+    return slow / seen if seen else float("nan")
+
+
+def slow_share_counts(page: str, name: str, bound: str = "0.5") -> tuple[float, float]:
+    """From a Prometheus page: one histogram's (observations, those above ``bound``), summed over its labels."""
+    count = below = 0.0
+    for line in page.splitlines():
+        if line.startswith(f"{name}_count"):
+            count += float(line.rsplit(" ", 1)[-1])
+        elif line.startswith(f"{name}_bucket") and f'le="{bound}"' in line:
+            below += float(line.rsplit(" ", 1)[-1])
+    return count, count - below
+
+
+async def latency_views(replicas: Replicas, router: str, run: Run, start: float, end: float) -> None:
+    """Every 2 s, each live replica's own TTFT histogram and the router's time to first byte: per minute, how
+    many requests each saw and how many took over 0.5 s, so a minute's misses can be placed (replica or
+    router) against the client's."""
+    last: dict[str, tuple[float, float]] = {}
+    async with httpx.AsyncClient(timeout=5) as client:
+        while time.monotonic() < end + 5:
+            minute = int((time.monotonic() - start) // 60)
+            targets = [(url, TTFT_NAME, "replicas") for _, url in list(replicas.running.values())]
+            targets.append((router, ROUTER_TTFB_NAME, "router"))
+            for url, name, view in targets:
+                try:
+                    page = (await client.get(f"{url}/metrics")).text
+                except httpx.HTTPError:
+                    continue
+                count, slow = slow_share_counts(page, name)
+                before = last.get(url, (0.0, 0.0))
+                if count < before[0]:  # a new replica on a reused address: its counts start from zero
+                    before = (0.0, 0.0)
+                last[url] = (count, slow)
+                if minute >= 0:
+                    seen = run.views.setdefault((minute, view), [0.0, 0.0])
+                    seen[0] += count - before[0]
+                    seen[1] += slow - before[1]
+            await asyncio.sleep(2.0)
+
+
 async def sampler(cluster: Cluster, run: Run, start: float, end: float) -> None:
     while time.monotonic() < end:
         s = await asyncio.to_thread(status, cluster)
@@ -520,6 +566,7 @@ async def measure(
     load = subprocess.Popen([sys.executable, __file__, "--send-load", json.dumps(spec)])
     end = start + args.minutes * 60
     sampling = asyncio.create_task(sampler(cluster, run, start, end))
+    viewing = asyncio.create_task(latency_views(replicas, router_url, run, start, end))
     children_before = children_cpu_s()
     while load.poll() is None:
         t = time.monotonic() - start
@@ -532,6 +579,7 @@ async def measure(
             print(f"  t={t:.0f}s: spot nodes deleted, {len(run.spot_urls)} spot replicas killed", flush=True)
         await asyncio.sleep(0.2)
     await sampling
+    await viewing
     if load.returncode != 0:
         raise SystemExit(f"the load generator exited with {load.returncode}")
     result = json.loads((tmp / "sent.json").read_text())
@@ -574,7 +622,7 @@ def report(
         return r.ok and r.ttft_s is not None and r.ttft_s <= ttft_s and (r.tpot_s or 0.0) <= tpot_s
 
     print("\n  minute  offered/s  demand  running mix at its end        cost/h  instant: optimum/h ratio  "
-          "minute: optimum/h ratio  load1  stalls: client replicas  attainment  TTFT p95  TPOT p50  requests")  # fmt: skip
+          "minute: optimum/h ratio  load1  stalls: client replicas  TTFT>0.5s: client router replicas  attainment  TTFT p95  TPOT p50  requests")  # fmt: skip
     within = within_instant = 0
     for m in range(args.minutes):
         samples = [s for s in run.samples if m * 60 <= s.at < (m + 1) * 60]
@@ -617,10 +665,16 @@ def report(
             stalled_share([(a, b) for a, b in lag.get("stalls", [])], lo, hi) for lag in lags.values()
         ]
         replicas_stalled = max(replica_stalls, default=float("nan"))
+        client_slow = sum(1 for r in sent if r.ok and (r.ttft_s or 0.0) > 0.5) / max(1, len(sent))
+
+        router_slow, replica_slow = (
+            over(run.views.get((m, view), [0.0, 0.0])) for view in ("router", "replicas")
+        )
+
         reclaimed = run.reclaimed_at is not None and m * 60 <= run.reclaimed_at < (m + 1) * 60
         mark = "  <- spot nodes deleted" if reclaimed else ""
         print(f"  {m:6d}  {rate:9.1f}  {demand:6.2f}  {mix:28s}  {cost:6.2f}  {best_instant:17.2f} {ratio_instant:5.2f}  "
-              f"{best:16.2f} {ratio:5.2f}  {load:5.1f}  {client_stalled:14.1%} {replicas_stalled:8.1%}  {attained:10.1%}  {p95:8.0f}  {p50:8.0f}  {len(sent):8d}"
+              f"{best:16.2f} {ratio:5.2f}  {load:5.1f}  {client_stalled:14.1%} {replicas_stalled:8.1%}  {client_slow:17.1%} {router_slow:6.1%} {replica_slow:8.1%}  {attained:10.1%}  {p95:8.0f}  {p50:8.0f}  {len(sent):8d}"
               f"{mark}")  # fmt: skip
     unit = next((s.unit for s in run.samples if s.unit), "?")
     print(f"  demand: status.mix.demand in {unit}; cost within 10% of the optimum for the minute's offered load "
