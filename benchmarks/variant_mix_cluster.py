@@ -116,9 +116,10 @@ class Run:
     client_lag: dict[str, float] = field(default_factory=dict)
     client_stalls: list[tuple[float, float]] = field(default_factory=list)
     start: float = 0.0  # the load's start, monotonic
-    harness_cpu_s: float = (
-        0.0  # CPU the driving process's finished children (kubectl) used while the load ran
-    )
+    # (minute, "replicas" | "router") -> [requests seen, those with TTFT (first byte) over 0.5 s]
+    views: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    # CPU the driving process's finished children (kubectl) used while the load ran
+    harness_cpu_s: float = 0.0
 
 
 class Replicas:
