@@ -3,6 +3,7 @@
 This module is not the schema itself (see ``spec`` and ``status``) and does no I/O.
 """
 
+import dataclasses
 import re
 from typing import Annotated, Any
 
@@ -37,6 +38,12 @@ class APIModel(BaseModel):
     def to_api(self) -> dict[str, Any]:
         """The object as the API server stores it: camelCase keys, unset optionals left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def camel_fields(obj: Any, *names: str) -> dict[str, Any]:
+    """A dataclass's fields (all, or ``names``) as a status block: camelCase keys, as :class:`APIModel` writes."""
+    keys = names or tuple(f.name for f in dataclasses.fields(obj))
+    return {to_camel(name): getattr(obj, name) for name in keys}
 
 
 def defaulted(model: type[BaseModel], description: str) -> Any:

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plimsoll.operator.api.base import camel_fields
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.prometheus import Histogram, histogram_quantile
@@ -59,12 +60,7 @@ class CurvePoint:
     tpot_p50_ms: float | None
 
     def to_status(self) -> dict[str, Any]:
-        return {
-            "concurrency": self.concurrency,
-            "outputTokensPerS": self.output_tokens_per_s,
-            "ttftP95Ms": self.ttft_p95_ms,
-            "tpotP50Ms": self.tpot_p50_ms,
-        }
+        return camel_fields(self)
 
     @classmethod
     def from_status(cls, item: Mapping[str, Any]) -> CurvePoint:
