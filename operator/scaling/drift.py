@@ -60,6 +60,7 @@ class CurvePoint:
     tpot_p50_ms: float | None
 
     def to_status(self) -> dict[str, Any]:
+        """One entry of ``status.capacity.curve`` (what :meth:`from_status` reads back)."""
         return camel_fields(self)
 
     @classmethod
