@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plimsoll.operator.api.base import camel_fields
+from plimsoll.operator.api.base import camel_fields, camel_values
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.prometheus import Histogram, histogram_quantile
@@ -65,12 +65,8 @@ class CurvePoint:
 
     @classmethod
     def from_status(cls, item: Mapping[str, Any]) -> CurvePoint:
-        return cls(
-            concurrency=float(item["concurrency"]),
-            output_tokens_per_s=item.get("outputTokensPerS"),
-            ttft_p95_ms=item.get("ttftP95Ms"),
-            tpot_p50_ms=item.get("tpotP50Ms"),
-        )
+        """The point :meth:`to_status` wrote; its concurrency must be there, the figures may be missing."""
+        return cls(**{**camel_values(cls, item), "concurrency": float(item["concurrency"])})
 
 
 def _quantile_ms(q: float, h: Histogram) -> tuple[float, float, float] | None:
