@@ -8,6 +8,7 @@ is served.
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
 import sys
@@ -403,7 +404,6 @@ def serve(
     ),
 ) -> None:
     """Run the inference server (OpenAI-compatible API, /health, /ready, /metrics)."""
-    flags = dict(locals())  # every flag under its parameter's name, before the body binds anything
     import uvicorn
     from pydantic import ValidationError
 
@@ -457,6 +457,9 @@ def serve(
     except (ServeArgError, ValueError) as exc:
         _fail(str(exc))
         return
+    # The flags as the checks left them: model, device, attention backend and dtype are resolved now.
+    here = locals()
+    flags = {name: here[name] for name in inspect.signature(serve).parameters}
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -469,11 +472,7 @@ def serve(
             **_config_kwargs(
                 EngineConfig,
                 flags,
-                model=model,
                 served_model_name=served,
-                dtype=dtype,
-                device=device,
-                attention_backend=attention_backend,
                 kv_cache_memory=kv_size,
                 gpu_memory_utilization=utilization,
                 compilation_config=_compilation_config(compilation_config, compilation_cache_dir),
