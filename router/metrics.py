@@ -55,8 +55,8 @@ class RouterMetrics:
         )
         self.retries = counter(
             "retries",
-            "Requests re-sent to another replica before the client got any byte: the connection failed, or the "
-            "replica refused as overloaded or draining (x-plimsoll-overload: replica).",
+            "Requests re-sent to another replica before the client got any byte: the connection failed, "
+            "or the replica refused as overloaded or draining (x-plimsoll-overload: replica).",
             ("replica",),
         )
         self.upstream_errors = counter(
@@ -66,8 +66,8 @@ class RouterMetrics:
         )
         self.rejections = counter(
             "rejections",
-            "Requests the router answered itself, by reason (saturated -> 429, hold_full -> 429, slo_ttft -> 429, "
-            "no_replica -> 503, hold_timeout -> 503, upstream_failed -> 502).",
+            "Requests the router answered itself, by reason (saturated -> 429, hold_full -> 429, "
+            "slo_ttft -> 429, no_replica -> 503, hold_timeout -> 503, upstream_failed -> 502).",
             ("reason",),
         )
         self.duration = histogram(

@@ -27,7 +27,9 @@ BOUND = {SLO_TTFT_HEADER: "500"}
 
 
 def test_the_prediction_adds_what_the_router_sent_since_the_scrape() -> None:
-    r = Replica("http://r", token_load=TokenLoad(backlog_s=0.5, prefill_tokens_per_s=100.0, decode_step_s=0.05))
+    r = Replica(
+        "http://r", token_load=TokenLoad(backlog_s=0.5, prefill_tokens_per_s=100.0, decode_step_s=0.05)
+    )
     assert predicted_ttft(r, 10) == 0.5 + 0.1 + 0.05
     r.inflight = 2  # two more sent since the scrape: their prompts come first
     assert predicted_ttft(r, 10) == 0.5 + 0.2 + 0.1 + 0.05
