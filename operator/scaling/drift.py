@@ -38,14 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plimsoll.operator.api.base import camel_fields, camel_values
+from plimsoll.operator.api.spec import DriftSpec
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.prometheus import Histogram, histogram_quantile
 
-DEFAULT_MARGIN = 0.25
-DEFAULT_WINDOW_S = 600.0
-# A p95 over fewer finished requests is noise; so is a throughput over an idle replica.
-DEFAULT_MIN_REQUESTS = 20
+# The tracker's defaults are spec.capacity.drift's, so the two cannot disagree. Its min_requests:
+# a p95 over fewer finished requests is noise; so is a throughput over an idle replica.
+_SPEC_DEFAULTS = DriftSpec()
 # Comparisons per window: each covers window / SLICES seconds.
 SLICES = 5
 
@@ -162,9 +162,9 @@ class DriftTracker:
     """Per-replica scrape history for one LLMService, reset whenever a new profile is recorded."""
 
     curve: tuple[CurvePoint, ...]
-    margin: float = DEFAULT_MARGIN
-    window_s: float = DEFAULT_WINDOW_S
-    min_requests: float = DEFAULT_MIN_REQUESTS
+    margin: float = _SPEC_DEFAULTS.margin
+    window_s: float = float(_SPEC_DEFAULTS.window_seconds)
+    min_requests: float = _SPEC_DEFAULTS.min_requests
     # What the profile was measured on, to notice a new one (status.capacity.measuredAt).
     profile_id: str | None = None
     history: dict[str, deque[tuple[float, PodSample]]] = field(default_factory=dict)
