@@ -29,10 +29,9 @@ from typing import Any
 from plimsoll.operator.api.base import camel_fields
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.scaling.inputs import per_replica_target, starting_replicas
-from plimsoll.operator.scaling.sizing import NoTargetError
+from plimsoll.operator.scaling.sizing import WAITING_FOR_TARGET, NoTargetError
 
 SIZED = "Sized"
-WAITING_FOR_TARGET = "WaitingForTarget"
 SCALE_TARGET_SEEDED = "ScaleTargetSeeded"
 
 
