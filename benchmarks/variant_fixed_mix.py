@@ -14,8 +14,8 @@ own view from their ``/metrics`` histograms (the share of TTFT past 0.5 s and 0.
 TPOT past 0.15 s, measured inside the replica, so without the router and the client); each
 process's event-loop lag (a 10 ms sleep timed over and over: p50, p99, max and the share of the
 time spent in wake-ups 50 ms or more late); and the same mix and arrivals replayed in event time
-(``plimsoll.bench.curve_replay``: the simulator's curve semantics and the router's own pick rule with no host at
-all), so what the curve predicts at that load stands beside what this host measured.
+(``plimsoll.bench.curve_replay``: the simulator's curve semantics and the router's own pick rule,
+no host), so what the curves predict at that load stands beside what this host measured.
 
     python benchmarks/variant_fixed_mix.py --profiles /tmp/variants_profiles.json --mix l4=1,spot=2 --rate 14
 """
@@ -36,6 +36,7 @@ from variant_mix_cluster import LoopLag, quantile
 
 from plimsoll import metric_names as mn
 from plimsoll.bench.curve_replay import ReplicaKind, replay
+from plimsoll.bench.script_args import add_options
 from plimsoll.operator.resources.settings import ENGINE_PORT
 from plimsoll.router.app import running_router
 from plimsoll.router.backends import ReplicaSet
@@ -213,15 +214,16 @@ def main() -> None:
     parser.add_argument("--serve-router", help=argparse.SUPPRESS)
     parser.add_argument("--profiles", required=False, help="variant_mix.py --save-profiles output")
     parser.add_argument("--mix", default="l4=1,spot=2", help="replicas per variant, e.g. l4=1,spot=2")
-    parser.add_argument("--rate", type=float, default=14.0, help="Poisson arrivals, requests/s")
-    parser.add_argument("--seconds", type=float, default=90.0)
-    parser.add_argument(
-        "--warmup", type=float, default=5.0, help="seconds of requests left out of the figures"
-    )
     parser.add_argument("--router-process", action="store_true", help="the router in its own process")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--ttft-ms", type=float, default=600.0)
-    parser.add_argument("--tpot-ms", type=float, default=150.0)
+    add_options(
+        parser,
+        rate=(14.0, "Poisson arrivals, requests/s"),
+        seconds=90.0,
+        warmup=(5.0, "seconds of requests left out of the figures"),
+        seed=1,
+        ttft_ms=600.0,
+        tpot_ms=150.0,
+    )
     args = parser.parse_args()
     if args.serve_router:
         asyncio.run(serve_router(args.serve_router))
