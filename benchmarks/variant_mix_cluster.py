@@ -736,7 +736,7 @@ def report(
         if figures:
             print(f"  {name} replicas' process loop lag: p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} "
                   f"ms, max {figures['max_ms']:.0f} ms, {figures['stalled_share']:.1%} of the time in stalls")  # fmt: skip
-    print(f"  the harness's own kubectl calls (the pod watch, status samples) used {run.harness_cpu_s:.0f} CPU s "
+    print(f"  the harness's finished kubectl calls (status every 2 s; not the pod watch, still running) used {run.harness_cpu_s:.0f} CPU s "
           f"while the load ran ({run.harness_cpu_s / (args.minutes * 60):.0%} of a core)")  # fmt: skip
     failed = [r for r in run.sent if not r.ok]
     kinds: dict[str, int] = {}
