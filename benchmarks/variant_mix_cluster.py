@@ -8,8 +8,8 @@ ServiceAccount token. One LLMService has three variants, each selecting its kind
 (scheduled, Ready, a loopback pod IP); on each Ready pod's IP this script runs a simulated
 replica (``bench/simulator.py``, real HTTP and ``/metrics``) with its variant's service curve,
 the same curves as ``benchmarks/variant_mix.py``. The operator's replica planner scrapes them
-and sets each variant's count; a real router (``plimsoll route --llmservice``'s app, in this
-process) discovers the pods and weighs them from ``status.variants``.
+and sets each variant's count; a real router (``plimsoll route --llmservice`` in its own process,
+as the chart deploys it) discovers the pods and weighs them from ``status.variants``.
 
 Each variant's per-replica target is the concurrency ``plimsoll bench``'s sweep measured on
 its curve and the requests/s one replica finishes there (``--profiles FILE`` from
@@ -17,8 +17,9 @@ its curve and the requests/s one replica finishes there (``--profiles FILE`` fro
 and ``requestsPerSecondPerReplica``: the mix is compared in requests/s, as with profiled
 variants (the profile Jobs themselves are not run here).
 
-The load: open-loop Poisson arrivals of streamed completions through the router, ``--low``
-requests/s, then ``--high`` from ``--step-at``, back to ``--low`` from ``--fall-at``. At
+The load: open-loop Poisson arrivals of streamed completions through the router, sent and timed
+by a process of their own (``--send-load``: nothing else runs on the loop that timestamps tokens),
+``--low`` requests/s, then ``--high`` from ``--step-at``, back to ``--low`` from ``--fall-at``. At
 ``--reclaim-at`` the spot nodes are deleted (``kubectl delete node``) and the simulated replicas
 on them killed, as a spot reclaim takes the machines. Printed per minute: the planner's demand
 (``status.mix.demand``, mean of the samples), the running mix at the minute's end, its cost per
@@ -31,7 +32,10 @@ for the demand at each minute" criterion means (the instantaneous comparison pri
 2 s swing of Poisson arrivals, which no autoscaler with a scale-down window follows, nor
 should); the host's 1-minute load average (``uptime``), the share of the requests sent that minute that met the SLO (TTFT and mean TPOT each
 within its bound; a failed request misses), and that minute's TTFT p95 and TPOT p50 (the
-percentiles the profiles' SLO bounds). The clock starts once the planner holds its first mix
+percentiles the profiles' SLO bounds); the share of that minute the load generator's and the
+replica processes' event loops spent in stalls of 50 ms or more, and the share of requests over
+0.5 s to first token as the client, the router (its time to first byte) and the replicas (their
+own TTFT histograms) saw it, which places a minute's misses. The clock starts once the planner holds its first mix
 with every replica Ready and answering. Then: requests lost at the reclaim against those in flight on the spot replicas when
 they died, and the operator's Events and ``status.mix`` saying why the mix moved.
 
