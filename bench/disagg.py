@@ -8,7 +8,11 @@ loaded alike), and the layout's figures are taken at its best level: goodput und
 SLOs per replica, TTFT, TPOT and ITL p50/p95, and, for a split, what the KV transfer cost per
 request (the replicas' ``plimsoll_kv_transfer_*`` series before and after, over the requests the
 router split): its wall time and bytes, and the CPU time it took each side (producer: holding,
-reading and sending the blocks; consumer: pulling, checking, staging and loading them). Each layout draws its own prompts of the same shapes (the seed moves on),
+reading and sending the blocks; consumer: pulling, checking, staging and loading them). Every layout
+also gets its replicas' whole process CPU time per request (``process_cpu_seconds_total`` before and
+after, over the requests its decode replicas finished; a split's by prefill and decode replicas in
+the report): what serving one request costs the layout's cores, the transfer and the second hop's
+request handling included. Each layout draws its own prompts of the same shapes (the seed moves on),
 so none starts with the previous layout's prompts in its replicas' caches. With ``--repeats N`` the
 layouts run N times, every other time in reverse order (A B, B A: a drift in a shared host's load weighs
 on each layout alike), and each layout's figures are the mean over its repeats.
@@ -34,6 +38,7 @@ from plimsoll.disaggregation import AGGREGATED, LayoutFigures, Ratio, verdict
 from plimsoll.prometheus import parse
 
 Say = Callable[[str], None]
+PROCESS_CPU = "process_cpu_seconds_total"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +101,23 @@ async def _transfer_counters(urls: Sequence[str], headers: dict[str, str]) -> di
             for labels, v in scrape.samples.get(mn.KV_TRANSFER_CPU + "_sum", []):
                 key = f"cpu:{labels.get('side')}:{labels.get('stage')}:{labels.get('thread')}"
                 totals[key] = totals.get(key, 0.0) + v
+            # The whole replica's CPU (prometheus_client's process collector) and the requests it finished.
+            totals[f"process:{url}"] = scrape.sum(PROCESS_CPU) or 0.0
+            totals[f"finished:{url}"] = scrape.sum(mn.REQUEST_SUCCESS) or 0.0
     return totals
+
+
+def _replica_cpu(delta: dict[str, float], layout: Layout) -> dict[str, float]:
+    """Process CPU seconds per client request on the layout's prefill and decode replicas (aggregated: all
+    are decode replicas); empty when the replicas finished none or do not export their CPU."""
+    finished = sum(delta.get(f"finished:{u}", 0.0) for u in layout.decode)  # every request ends on one
+    if not finished or not any(delta.get(f"process:{u}", 0.0) for u in (*layout.prefill, *layout.decode)):
+        return {}
+    return {
+        role: sum(delta.get(f"process:{u}", 0.0) for u in urls) / finished
+        for role, urls in (("prefill", layout.prefill), ("decode", layout.decode))
+        if urls
+    }
 
 
 def _cpu_per_request(delta: dict[str, float], requests: float) -> dict[str, float]:
@@ -127,13 +148,13 @@ async def run_layout(
         session = await BenchSession.open(cfg.model_copy(update={"url": url}))
         try:
             everyone = (*layout.prefill, *layout.decode)
-            before = await _transfer_counters(everyone, headers) if split else None
+            before = await _transfer_counters(everyone, headers)
             results = []
             for per_replica in levels:
                 c = per_replica * layout.replicas
                 say(f"{layout.name}: c={c} ({per_replica} per replica)")
                 results.append(await session.level(c))
-            after = await _transfer_counters(everyone, headers) if split else None
+            after = await _transfer_counters(everyone, headers)
         finally:
             await session.aclose()
         registry = state.metrics.registry
@@ -166,8 +187,11 @@ async def run_layout(
         prefill_replicas=len(layout.prefill), decode_replicas=len(layout.decode) if split else 0,
     )  # fmt: skip
     cpu: dict[str, float] = {}
-    if split and before is not None and after is not None:
-        delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    replica_cpu = _replica_cpu(delta, layout)
+    if replica_cpu:
+        figures.replica_cpu_s = sum(replica_cpu.values())
+    if split:
         if split_requests:
             figures.transfer_s = delta["seconds"] / split_requests
             figures.transfer_bytes = delta["bytes"] / split_requests
@@ -181,7 +205,8 @@ async def run_layout(
             )
     detail = {"layout": layout.name, "prefill": list(layout.prefill), "decode": list(layout.decode),
               "best_concurrency": best["concurrency"], "split_requests": split_requests,
-              "transfer_cpu_s_per_request": cpu, "levels": results}  # fmt: skip
+              "transfer_cpu_s_per_request": cpu, "replica_cpu_s_per_request": replica_cpu,
+              "levels": results}  # fmt: skip
     return figures, detail
 
 
@@ -198,7 +223,8 @@ def mean_figures(runs: Sequence[LayoutFigures]) -> LayoutFigures:
     out = LayoutFigures(first.layout, first.replicas, sum(f.goodput_rps for f in runs) / len(runs),
                         prefill_replicas=first.prefill_replicas, decode_replicas=first.decode_replicas)  # fmt: skip
     for name in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "itl_p50_s", "itl_p95_s",
-                 "transfer_s", "transfer_bytes", "transfer_cpu_producer_s", "transfer_cpu_consumer_s"):  # fmt: skip
+                 "transfer_s", "transfer_bytes", "transfer_cpu_producer_s", "transfer_cpu_consumer_s",
+                 "replica_cpu_s"):  # fmt: skip
         setattr(out, name, mean([getattr(f, name) for f in runs]))
     each = ", ".join(f"{f.goodput_per_replica:.3g}" for f in runs)
     out.notes = [f"mean of {len(runs)} repeats; good req/s per replica in each: {each}",
@@ -281,7 +307,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         return "-" if p is None or c is None else f"{p * 1e3:.1f}/{c * 1e3:.1f}"
 
     rows = [("layout", "replicas", "good/s/replica", "TTFT p50/p95 ms", "TPOT p50/p95 ms", "ITL p50/p95 ms",
-             "KV ms/req", "KV MB/req", "KV CPU ms/req P/D")]  # fmt: skip
+             "KV ms/req", "KV MB/req", "KV CPU ms/req P/D", "CPU ms/req")]  # fmt: skip
     for lay in report["verdict"]["layouts"]:
         rows.append((
             lay["layout"], str(lay["replicas"]), f"{lay['goodput_per_replica_rps']:.3f}",
@@ -289,6 +315,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             f"{ms(lay['itl_p50_s'])}/{ms(lay['itl_p95_s'])}",
             "-" if lay["transfer_s"] is None else f"{lay['transfer_s'] * 1e3:.1f}",
             "-" if lay["transfer_bytes"] is None else f"{lay['transfer_bytes'] / 1e6:.3f}", cpu(lay),
+            "-" if lay.get("replica_cpu_s") is None else f"{lay['replica_cpu_s'] * 1e3:.1f}",
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -175,6 +175,11 @@ async def workload(
     out: dict[str, Any] = {"name": name, "input_tokens": isl, "output_tokens": osl, "slo": slo.model_dump(),
                            "profile": prof, "measured": report}  # fmt: skip
     cpu = (split["transfer_cpu_producer_s"], split["transfer_cpu_consumer_s"])
+    for lay in measured["layouts"]:
+        runs = [d["replica_cpu_s_per_request"] for d in report["layouts"] if d["layout"] == lay["layout"]]
+        roles = sorted({role for r in runs for role in r})
+        print(f"replica process CPU ms per request, {lay['layout']} (each repeat): " + "; ".join(
+            ", ".join(f"{role} {r[role] * 1e3:.1f}" for role in roles if role in r) for r in runs))  # fmt: skip
     stages = [d["transfer_cpu_s_per_request"] for d in report["layouts"] if d["transfer_cpu_s_per_request"]]
     if stages:
         print("transfer CPU ms per request by side:stage:thread (mean of the split's repeats): " + ", ".join(

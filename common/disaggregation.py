@@ -113,6 +113,7 @@ class LayoutFigures:
     # CPU time the transfer took each side's threads per request (measured; CPU replicas).
     transfer_cpu_producer_s: float | None = None
     transfer_cpu_consumer_s: float | None = None
+    replica_cpu_s: float | None = None  # measured: all its replicas' process CPU per request
     prefill_replicas: int = 0
     decode_replicas: int = 0
     limited_by: str | None = None  # predictions: the operating point and what caps the goodput

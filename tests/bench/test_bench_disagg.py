@@ -66,8 +66,19 @@ def test_aggregated_and_split_measured_with_a_verdict(replicas: list[ThreadedSer
         stages = d["transfer_cpu_s_per_request"]
         expected_stages = {"producer:hold:engine", "producer:send:transfer", "consumer:start:engine",
                            "consumer:receive:transfer", "consumer:load:engine"}  # fmt: skip
-        assert (set(stages) == expected_stages and min(stages.values()) > 0) if d["layout"] == "1P:1D" else not stages
+        assert (
+            (set(stages) == expected_stages and min(stages.values()) > 0)
+            if d["layout"] == "1P:1D"
+            else not stages
+        )
     assert "KV CPU ms/req P/D" in result.output
+    # Each layout's replicas' process CPU per request (here both servers share this process: only its presence
+    # is checked), by role.
+    assert agg["replica_cpu_s"] > 0 and split["replica_cpu_s"] > 0
+    assert {tuple(sorted(d["replica_cpu_s_per_request"])) for d in report["layouts"]} == {
+        ("decode",),
+        ("decode", "prefill"),
+    }
     # Two repeats, the second in reverse order; each layout's figures are the mean of its two.
     assert [(d["layout"], d["repeat"]) for d in report["layouts"]] == [
         ("aggregated", 1), ("1P:1D", 1), ("1P:1D", 2), ("aggregated", 2)
