@@ -21,7 +21,9 @@ Per workload:
      replicas here are CPU replicas, whose own cores move the KV blocks: the prediction charges each
      transfer's measured CPU time per request to each side (the split's "KV CPU ms/req P/D", the
      replicas' ``plimsoll_kv_transfer_cpu_seconds``), and, for comparison, the pull's wall time to
-     both sides, as it did before the CPU time was measured.
+     both sides, as it did before the CPU time was measured, and the CPU time over the share of its
+     core the profiled replica got at c = 1 (its process CPU per wall second: on a shared host the
+     profile's times are wall times of a partly-served core, and so is a transfer's cost).
 
 The default model is small (``SMALL_SHAPE``: random weights, SmolLM2-135M's heads at 8 layers of
 width 384) so that both workloads finish in minutes on a shared 2-core host; ``--model smollm2-135m``
@@ -130,11 +132,26 @@ def config(
     )  # fmt: skip
 
 
+async def process_cpu(url: str) -> float:
+    """The replica's process CPU seconds so far (prometheus_client's process collector)."""
+    import httpx
+
+    from plimsoll.prometheus import parse
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        return parse((await client.get(f"{url}/metrics")).text).sum("process_cpu_seconds_total") or 0.0
+
+
 async def profile(url: str, isl: int, osl: int, requests: int, seed: int) -> dict[str, Any]:
-    """One replica at c = 1, 2, 4: a sweep report's levels (what `plimsoll plan --report` reads)."""
+    """One replica at c = 1, 2, 4: a sweep report's levels (what `plimsoll plan --report` reads), and
+    ``core_share``: the replica's CPU seconds per wall second at c = 1, where it is busy all the time —
+    the share of its core it got from a host it shares, which turns CPU time into its wall time."""
     session = await BenchSession.open(config(url, isl, osl, (1, 2, 4), requests, SLO(), seed))
     try:
-        return {"levels": [await session.level(c) for c in (1, 2, 4)]}
+        cpu0, t0 = await process_cpu(url), time.monotonic()
+        levels = [await session.level(1)]
+        share = (await process_cpu(url) - cpu0) / (time.monotonic() - t0)
+        return {"levels": [*levels, *[await session.level(c) for c in (2, 4)]], "core_share": share}
     finally:
         await session.aclose()
 
@@ -197,6 +214,10 @@ async def workload(
                            margin=band)  # fmt: skip
 
         predicted, by_wall = judged(measured_cpu), judged(None)
+        # The profile's times are wall times on a core shared with the host's other work: the transfer's CPU
+        # time in the same units is its CPU time over the share of the core the replica got.
+        share = min(1.0, prof["core_share"])
+        by_share = judged((cpu[0] / share, cpu[1] / share)) if measured_cpu and share > 0 else None
         agrees = predicted.category == measured["category"]
         steps = ", ".join(f"{b:g}: {t * 1e3:.1f} ms" for b, t in prof_.step_s)
         charged = (f"the transfer's measured CPU charged: {cpu[0] * 1e3:.2f} ms prefill side, {cpu[1] * 1e3:.2f} ms "
@@ -217,7 +238,17 @@ async def workload(
         wall_agrees = by_wall.category == measured["category"]
         print(f"  predicted with the wall time charged instead: {wall_gain:+.0%}, {by_wall.category} — "
               f"{'agrees with' if wall_agrees else 'DIFFERS from'} the measurement")  # fmt: skip
+        share_fig: dict[str, Any] | None = None
+        if by_share is not None:
+            share_gain = gain_of(by_share.layouts)
+            share_agrees = by_share.category == measured["category"]
+            print(f"  predicted with the CPU time at the replica's measured core share ({share:.0%} of a core at "
+                  f"c=1): {share_gain:+.0%}, {by_share.category} — "
+                  f"{'agrees with' if share_agrees else 'DIFFERS from'} the measurement")  # fmt: skip
+            share_fig = {"core_share": share, "category": by_share.category, "gain": share_gain,
+                         "agrees": share_agrees}  # fmt: skip
         out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees,
+                            "by_core_share": share_fig,
                             "category_at_plan_band": alone.category, "transfer_cpu_s": measured_cpu,
                             "gain": gain_of(predicted.layouts), "measured_gain": gain_of_dicts(measured["layouts"]),
                             "by_wall": {"category": by_wall.category, "gain": wall_gain, "agrees": wall_agrees}}  # fmt: skip
@@ -257,17 +288,19 @@ async def main(args: argparse.Namespace) -> None:
         for r in replicas:
             r.stop(timeout=30)
     print("\nsummary: workload — measured (noise band) — predicted, transfer CPU charged — agree — "
-          "predicted, wall time charged — agree (same category)")  # fmt: skip
+          "predicted, wall time charged — agree — predicted, CPU at the core share — agree (same category)")  # fmt: skip
     for res in results:
         v = res["measured"]["verdict"]
         predicted = res.get("predicted")
         if predicted is None:
             print(f"  {res['name']} — {v['category']} (±{v['band']:.0%}) — no prediction (no link measured)")
             continue
-        wall = predicted["by_wall"]
+        wall, by_share = predicted["by_wall"], predicted["by_core_share"]
+        shared = "-" if by_share is None else (f"{by_share['gain']:+.0%} {by_share['category']} — "
+                                               f"{'yes' if by_share['agrees'] else 'NO'}")  # fmt: skip
         print(f"  {res['name']} — {predicted['measured_gain']:+.0%} {v['category']} (±{v['band']:.0%}) — "
               f"{predicted['gain']:+.0%} {predicted['category']} — {'yes' if predicted['agrees'] else 'NO'} — "
-              f"{wall['gain']:+.0%} {wall['category']} — {'yes' if wall['agrees'] else 'NO'}")  # fmt: skip
+              f"{wall['gain']:+.0%} {wall['category']} — {'yes' if wall['agrees'] else 'NO'} — {shared}")  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.output:
         with open(args.output, "w") as f:

@@ -6,7 +6,8 @@ band and category — runs A–D from ``benchmarks/results/2026-12-06-pd-split.m
 ``pd_split.py --output FILE`` given as an argument), fed to ``plimsoll.disaggregation.predict`` three ways:
 the transfer's cost on the replicas' own cores off (``pull_stall`` 0), charged at the pull's wall time to
 each side (``pull_stall`` 1, the prediction before the transfer's CPU time was measured), and charged at
-its measured CPU time per request on each side. Runs A–D predate the CPU measurement: for them the CPU
+its measured CPU time per request on each side, and (runs that measured it) at that CPU time over the
+share of a core the profiled replica got (its wall time per CPU second, the profile's unit). Runs A–D predate the CPU measurement: for them the CPU
 time is the mean of what the saved runs measured for the same workload (the same blocks moved), said so in
 the output; a saved run uses its own. Prints each run's predicted difference and category beside the
 measured one, and the agreement of each way over all runs and over the saved runs alone.
@@ -41,6 +42,7 @@ class Run(NamedTuple):
     band: float
     measured: str
     transfer_cpu_ms: tuple[float, float] | None = None  # (producer, consumer) ms per request, measured
+    core_share: float | None = None  # the profiled replica's CPU seconds per wall second at c = 1
 
 
 RUNS = (
@@ -53,7 +55,8 @@ RUNS = (
     Run("D long", 512, 16, 760.2, 9.4, 173e6, 2866, ((1, 6.2), (2, 8.4), (4, 9.6)), 3.96e6, -0.09, 0.10, "no clear gain"),
     Run("D short", 32, 48, 92.3, 5.6, 52e6, 1869, ((1, 3.5), (2, 4.5), (4, 6.6)), 0.128e6, -0.26, 0.46, "no clear gain"),
 )  # fmt: skip
-WAYS = ("off", "wall", "cpu")  # the transfer's cost: not charged, its wall time, its measured CPU time
+# The transfer's cost: not charged, its wall time, its measured CPU time, that over the replica's core share.
+WAYS = ("off", "wall", "cpu", "cpu/share")
 
 
 def saved_runs(path: str, label: str) -> list[Run]:
@@ -71,7 +74,7 @@ def saved_runs(path: str, label: str) -> list[Run]:
             f"{label} {'long' if res['input_tokens'] > 100 else 'short'}", res["input_tokens"], res["output_tokens"],
             slo["ttft_p95_ms"], slo["tpot_p50_ms"], pred["link_bytes_per_s"], prof.prefill_tokens_per_s,
             tuple((b, t * 1e3) for b, t in prof.step_s), split["transfer_bytes"], pred["measured_gain"], v["band"],
-            v["category"], (cpu[0] * 1e3, cpu[1] * 1e3) if cpu else None,
+            v["category"], (cpu[0] * 1e3, cpu[1] * 1e3) if cpu else None, res["profile"].get("core_share"),
         ))  # fmt: skip
     return out
 
@@ -109,7 +112,14 @@ def main(paths: list[str]) -> None:
             if way == "cpu" and cpu_ms is None:
                 cells.append("cpu: no CPU measurement for this workload")
                 continue
-            cpu_s = (cpu_ms[0] / 1e3, cpu_ms[1] / 1e3) if way == "cpu" and cpu_ms else None
+            if way == "cpu/share" and (run.core_share is None or run.transfer_cpu_ms is None):
+                continue  # only a run that measured both
+            share = min(1.0, run.core_share or 1.0) if way == "cpu/share" else 1.0
+            cpu_s = (
+                (cpu_ms[0] / 1e3 / share, cpu_ms[1] / 1e3 / share)
+                if way.startswith("cpu") and cpu_ms
+                else None
+            )
             layouts = predict(profile(run, 3.96e6), run.input_tokens, run.output_tokens, run.link_bytes_per_s,
                               [Ratio(1, 1)], run.ttft_slo_ms / 1e3, run.tpot_slo_ms / 1e3, levels=(1, 2),
                               pull_stall=0.0 if way == "off" else 1.0, transfer_cpu_s=cpu_s)  # fmt: skip
@@ -125,6 +135,7 @@ def main(paths: list[str]) -> None:
                 t[3] += 1
             said = "agrees" if v.category == run.measured else "DIFFERS"
             own = "" if way != "cpu" else " [own CPU]" if run.transfer_cpu_ms else " [borrowed CPU]"
+            own += f" [core share {share:.0%}]" if way == "cpu/share" else ""
             cells.append(f"{way}: {gain:+.0%} {v.category} ({said}){own}")
         print(" | ".join(cells))
     for scope, ways in tallies.items():
