@@ -23,7 +23,8 @@ network costs nothing and another thread's work is not counted), per request and
 reading, checksumming and sending them; the consumer's engine thread starting the pull and later
 loading the staged blocks into its cache, its pull worker receiving, checking and staging them.
 On replicas whose own cores move the blocks (CPU serving) this, not the pull's wall time, is what
-the transfer takes from their prefills and decode steps.
+the transfer takes from their prefills and decode steps. (The load's copy is a torch op: with an
+OpenMP team of several threads, the team's other threads' share is not counted.)
 
 Only full blocks move: the tail of the prompt shorter than a block (and its last token, whose
 logits decode needs) is recomputed on the consumer, as a prefix-cache hit would be.
