@@ -40,7 +40,7 @@ def _plan_table(steps: list[Step]) -> str:
     return "\n".join(rows)
 
 
-def test_smollm2_int8_kv_bytes_per_token_in_runtime_docs() -> None:
+def test_smollm2_int8_kv_bytes_per_token_in_quantization_docs() -> None:
     dims = read_model_config(CONFIGS / "smollm2-135m.json")
     int8, fp32 = plan_kv_bytes(dims, 1, "int8"), plan_kv_bytes(dims, 1, "fp32")
     # The engine's own formula (what it allocates) agrees with the planner's.
@@ -48,7 +48,7 @@ def test_smollm2_int8_kv_bytes_per_token_in_runtime_docs() -> None:
     assert engine_kv_bytes(hf, torch.float32, "int8") == int8
     assert engine_kv_bytes(hf, torch.float32) == fp32
     _assert_in_doc(
-        "docs/runtime.md",
+        "docs/quantization.md",
         f"SmolLM2 (head_dim {dims.head_dim}): {int(int8):,} B against {int(fp32):,} B in float32, "
         f"{fp32 / int8:.2f}× more tokens per byte ({dims.layers} layers, {dims.kv_heads} KV heads",
     )

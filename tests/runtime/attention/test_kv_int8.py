@@ -220,7 +220,7 @@ def test_engine_with_an_int8_cache_allocates_what_plan_computes(tiny_model_dir: 
         assert engine.runner.kv_caches[0][0].dtype == (torch.int8 if kv_dtype == "int8" else torch.float32)
         outs[kv_dtype] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     # The tiny random model has near-ties everywhere, so only the first token is held equal;
-    # SmolLM2's agreement is measured in docs/runtime.md.
+    # SmolLM2's agreement is measured in docs/quantization.md.
     assert [o[0] for o in outs["int8"]] == [o[0] for o in outs["auto"]]
     assert all(len(o) == 12 for o in outs["int8"])
 
