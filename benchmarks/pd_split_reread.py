@@ -104,7 +104,9 @@ def main(paths: list[str]) -> None:
     for isl, (p, c) in sorted(borrowed.items()):
         print(f"transfer CPU per request, {isl}-token prompts, mean of {len(by_workload[isl])} measured runs: "
               f"{p:.2f} ms prefill side, {c:.2f} ms decode side (used for runs that did not measure it)")  # fmt: skip
-    tallies = {scope: {way: [0, 0, 0.0, 0] for way in WAYS} for scope in ("all", "measured CPU")}
+    tallies = {
+        scope: {way: [0, 0, 0.0, 0] for way in WAYS} for scope in ("all", "borrowed CPU", "measured CPU")
+    }
     for run in runs:
         cpu_ms = run.transfer_cpu_ms or borrowed.get(run.input_tokens)
         cells = [f"{run.name:8} measured {run.measured_gain:+.0%} (±{run.band:.0%}) {run.measured:13}"]
@@ -126,7 +128,7 @@ def main(paths: list[str]) -> None:
             v = verdict(layouts, margin=run.band)
             agg, split = (lay.goodput_per_replica for lay in layouts)
             gain = (split - agg) / agg
-            scopes = ["all"] + (["measured CPU"] if run.transfer_cpu_ms is not None else [])
+            scopes = ["all", "measured CPU" if run.transfer_cpu_ms is not None else "borrowed CPU"]
             for scope in scopes:
                 t = tallies[scope][way]
                 t[0] += v.category == run.measured
