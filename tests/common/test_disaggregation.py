@@ -209,15 +209,18 @@ def test_the_measured_transfer_cpu_replaces_the_wall_time_on_each_side() -> None
                    transfer_cpu_s=(0.01, 0.02))  # fmt: skip
     assert gpu == free
     # The prediction says which figure it charged.
-    said = predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], levels=(4,), pull_stall=1.0, transfer_cpu_s=(0.01, 0.02))
+    said = predict(
+        FLAT, 500, 101, 1e7, [Ratio(1, 1)], levels=(4,), pull_stall=1.0, transfer_cpu_s=(0.01, 0.02)
+    )
     assert "charged its measured CPU time: 10 ms to the prefill side, 20 ms to the decode side" in (
         said[1].limited_by or ""
     )
     assert (said[1].transfer_cpu_producer_s, said[1].transfer_cpu_consumer_s) == (0.01, 0.02)
     assert "(CPU 10 ms on the prefill side, 20 ms on the decode side)" in verdict(said).reasons[1]
     by_wall = predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], levels=(4,), pull_stall=1.0)
-    assert "charged its wall time 50 ms to each side's compute (the transfer's CPU time was not measured)" in (
-        by_wall[1].limited_by or ""
+    assert (
+        "charged its wall time 50 ms to each side's compute (the transfer's CPU time was not measured)"
+        in (by_wall[1].limited_by or "")
     )
     copy_engine = predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], levels=(4,))
     assert "not charged to the replicas' compute" in (copy_engine[1].limited_by or "")

@@ -102,7 +102,10 @@ def test_a_transfer_records_the_cpu_time_each_side_spent_on_it(engines: Any) -> 
     from plimsoll.runtime.kv.remote_prefill import CPU_STAGES
 
     _, producer, consumer = engines
-    sides = {"producer": producer.kv_connector.remote.counters, "consumer": consumer.kv_connector.remote.counters}
+    sides = {
+        "producer": producer.kv_connector.remote.counters,
+        "consumer": consumer.kv_connector.remote.counters,
+    }
     before = {stage: (sides[side].cpu_seconds[stage], len(sides[side].cpu_samples[stage]))
               for stage, (side, _) in CPU_STAGES.items()}  # fmt: skip
     ids = prompt(11, 120)  # a prompt no other test sends
