@@ -30,7 +30,7 @@ from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.kv_sizing import CudaMemory, DeviceMemory
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
-from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token
+from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token, weight_cache
 from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
 from plimsoll.runtime.engine.request import Continuation, Request, RequestGroup
@@ -104,7 +104,9 @@ class LLMEngine:
             )
         baseline = kv_sizing.start(memory, config.gpu_memory_utilization) if memory is not None else None
         tp_group = self.executor.group if self.executor is not None else None
-        loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization, tp_group)
+        loaded = load_model(
+            config.model, config.torch_dtype, self.device, config.quantization, tp_group, weight_cache(config)
+        )
         STARTUP.mark("weights_loaded")
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
