@@ -232,8 +232,9 @@ def _reload_weights(engine: LLMEngine) -> None:
     from plimsoll.runtime.engine.model_runner import weight_cache
 
     # Weights mapped from the weight cache are mapped again: nothing is read until a step reads it.
+    cache = weight_cache(config)
     fresh = load_model(
-        config.model, config.torch_dtype, engine.device, config.quantization, weight_cache=weight_cache(config)
+        config.model, config.torch_dtype, engine.device, config.quantization, weight_cache=cache
     ).model
     model = engine.runner.model
     fresh_params = dict(fresh.named_parameters())

@@ -199,7 +199,9 @@ def _cacheable(
     )
 
 
-def _mapped_model(hf_config: Any, dtype: torch.dtype, cache: "WeightCache", fingerprint: str) -> LlamaForCausalLM | None:
+def _mapped_model(
+    hf_config: Any, dtype: torch.dtype, cache: "WeightCache", fingerprint: str
+) -> LlamaForCausalLM | None:
     """The model with every weight mapped from the cache's file, or ``None`` when it holds none for it."""
     from plimsoll.runtime.models.llama import RotaryEmbedding
 
@@ -232,7 +234,7 @@ def load_model(
     hf_config = _hf_config(directory, gguf_file)
     check_architecture(hf_config)
     tokenizer = _tokenizer(directory, gguf_file)
-    if weight_cache is not None and not _cacheable(gguf_file, hf_config, device, quantization, tensor_parallel):
+    if not _cacheable(gguf_file, hf_config, device, quantization, tensor_parallel):
         weight_cache = None
     fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, "0/1")
     mapped = _mapped_model(hf_config, dtype, weight_cache, fingerprint) if weight_cache is not None else None
@@ -307,7 +309,9 @@ def load_model(
     return _loaded(net, hf_config, tokenizer, directory, gguf_file)
 
 
-def _loaded(net: LlamaForCausalLM, hf_config: Any, tokenizer: Any, directory: Path, gguf_file: str | None) -> LoadedModel:
+def _loaded(
+    net: LlamaForCausalLM, hf_config: Any, tokenizer: Any, directory: Path, gguf_file: str | None
+) -> LoadedModel:
     return LoadedModel(
         model=net,
         hf_config=hf_config,
