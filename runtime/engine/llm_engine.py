@@ -105,8 +105,12 @@ class LLMEngine:
         baseline = kv_sizing.start(memory, config.gpu_memory_utilization) if memory is not None else None
         tp_group = self.executor.group if self.executor is not None else None
         loaded = load_model(
-            config.model, config.torch_dtype, self.device, config.quantization, tp_group, weight_cache(config)
-        )
+            config.model, config.torch_dtype, self.device, config.quantization, tp_group, weight_cache(config),
+            defer_store=True,
+        )  # fmt: skip
+        # A weight cache that missed is written after Ready (the deferred warm-up): a fresh pod's
+        # first answer does not wait for half a GiB to reach the disk.
+        self._store_weights = loaded.store_weights
         STARTUP.mark("weights_loaded")
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
@@ -900,6 +904,10 @@ class LLMEngine:
         return True
 
     def _deferred_warmup_pieces(self) -> Iterator[None]:
+        if self._store_weights is not None:  # the weight cache missed at load: written now, once
+            store, self._store_weights = self._store_weights, None
+            store()
+            yield
         # The largest step this engine can take (as vLLM's profile run does), so the heap reaches
         # the size serving needs now (kernels/host_memory.py keeps it) rather than growing with the
         # first long prompts; it also measures the prefill rate. Its blocks go back at once.
@@ -950,6 +958,8 @@ class LLMEngine:
 
     def sleep(self, level: int) -> int:
         """Free the KV cache (and move or drop the weights); returns the bytes freed."""
+        if level == 2:
+            self._store_weights = None  # the weights it would write are dropped: the next start builds them
         return sleep_mode.sleep(self, level).freed_bytes
 
     def wake_up(self) -> float:

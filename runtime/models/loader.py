@@ -30,6 +30,9 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     path: Path
     max_position_embeddings: int
+    # With a weight cache that missed and ``defer_store``: writes the weights to it (the caller runs
+    # it when the first answer no longer waits on it).
+    store_weights: Callable[[], object] | None = None
 
 
 def resolve_model_path(model: str) -> tuple[Path, str | None]:
@@ -226,10 +229,12 @@ def load_model(
     quantization: str | None = None,
     tensor_parallel: "TensorParallelGroup | None" = None,
     weight_cache: "WeightCache | None" = None,
+    defer_store: bool = False,
 ) -> LoadedModel:
     """Load ``model``; with ``tensor_parallel``, keep only that rank's shard (before the copy to ``device``).
     With ``weight_cache``, a CPU model of plain weights is mapped from the cache's file when it holds
-    this checkpoint's, and written there after loading when it does not (``weight_cache.py``)."""
+    this checkpoint's, and written there after loading when it does not (``weight_cache.py``); with
+    ``defer_store`` that write is left to the caller (``LoadedModel.store_weights``)."""
     directory, gguf_file = resolve_model_path(model)
     hf_config = _hf_config(directory, gguf_file)
     check_architecture(hf_config)
@@ -305,7 +310,13 @@ def load_model(
     rank = f"{tensor_parallel.rank}/{tensor_parallel.world_size}" if tensor_parallel is not None else "0/1"
     net.checkpoint_fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, rank)
     if weight_cache is not None:
-        weight_cache.store(fingerprint, net)
+        cache = weight_cache
+        if not defer_store:
+            cache.store(fingerprint, net)
+        else:
+            loaded = _loaded(net, hf_config, tokenizer, directory, gguf_file)
+            loaded.store_weights = lambda: cache.store(fingerprint, net)
+            return loaded
     return _loaded(net, hf_config, tokenizer, directory, gguf_file)
 
 

@@ -9,7 +9,9 @@ nothing to copy), with a JSON index naming them. A start that finds its file map
 no ``torch.cat``, no copy; pages are read from the page cache where a step first touches them
 (with the panels mapped too, most projections' plain rows are never touched), and replicas on
 one node share them. A start that does not builds the model from the checkpoint as before and
-writes the file (temporary names renamed into place: a reader never sees half of one).
+writes the file (temporary names renamed into place: a reader never sees half of one); a
+server's engine writes it after Ready, as the first piece of its deferred warm-up
+(``load_model(defer_store=True)``), so a fresh pod's first answer does not wait for it.
 
 The key, and a check of the index on every hit, is the checkpoint's fingerprint
 (``loader.checkpoint_fingerprint``: its directory, the names, sizes and modification times of
