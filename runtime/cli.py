@@ -203,7 +203,7 @@ def serve(
         "--compilation-config",
         "-O",
         help='vLLM\'s JSON (\'{"mode": 3, "cache_dir": "/cache/compile"}\') or a mode number: 3 compiles the '
-        "forward with torch.compile (the default on CUDA), 0 runs it eagerly (docs/runtime.md).",
+        "forward with torch.compile (the default on CUDA), 0 runs it eagerly (docs/gpu.md).",
     ),
     compilation_cache_dir: str | None = typer.Option(
         None,
@@ -264,7 +264,7 @@ def serve(
         "--quantization",
         help="int8: weight-only, a scale and offset per 32 inputs of a row; fp8: e4m3 weights with a scale "
         "per output channel and activations scaled per token (compute capability 8.9+); both computed at "
-        "load (docs/runtime.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
+        "load (docs/quantization.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
     ),
     cpu_kernels: str = typer.Option(
         _engine_default("cpu_kernels"),
@@ -323,7 +323,7 @@ def serve(
         None, "--kv-transfer-config",
         help='vLLM\'s prefill/decode disaggregation JSON: \'{"kv_role": "kv_producer"}\' (prefill, hold the blocks '
         'for a pull), "kv_consumer" (pull them, then decode) or "kv_both"; kv_connector left out uses the built-in '
-        'TCP transport on kv_port (default 14579; 0 picks one). See docs/runtime.md.',
+        'TCP transport on kv_port (default 14579; 0 picks one). See docs/operator.md.',
     ),
     speculative_config: str | None = typer.Option(
         None,
