@@ -16,7 +16,7 @@ from server_fixtures import chat_model_dir, metric, scrape, start_server  # noqa
 from plimsoll import metric_names as mn
 from plimsoll.overload import OVERLOAD_HEADER
 from plimsoll.runtime.testing import ThreadedServer
-from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER, SLO_TTFT_HEADER
+from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER, REFUSED_IN_QUEUE_HEADER, SLO_TTFT_HEADER
 
 BODY = {"prompt": "hello there", "max_tokens": 30, "ignore_eos": True}
 
@@ -114,3 +114,56 @@ def test_an_idle_replica_admits_what_its_rates_say_would_miss(slow: ThreadedServ
         worker.join()
     idle = httpx.post(f"{slow.url}/v1/completions", json=tight, headers={SLO_TTFT_HEADER: "1"}, timeout=120)
     assert idle.status_code == 200, idle.text
+
+
+def test_a_streamed_answer_held_to_a_bound_starts_with_its_first_token(slow: ThreadedServer) -> None:
+    # The rates are measured (a request ran): the bound is a promise the engine holds it to, and the
+    # head waits for the first token (a refusal from the queue must still be able to be a 429).
+    assert (
+        httpx.post(f"{slow.url}/v1/completions", json={**BODY, "max_tokens": 3}, timeout=120).status_code
+        == 200
+    )
+    body = {**BODY, "max_tokens": 3, "stream": True}
+    with httpx.stream(
+        "POST", f"{slow.url}/v1/completions", json=body, headers={SLO_TTFT_HEADER: "60000"}, timeout=120
+    ) as answer:
+        text = answer.read().decode()
+    assert answer.status_code == 200 and PREDICTED_TTFT_HEADER in answer.headers
+    assert text.count('"text_completion"') >= 3 and text.rstrip().endswith("data: [DONE]")
+
+
+def test_an_admitted_request_the_replica_can_no_longer_serve_in_time_is_refused_from_the_queue(
+    slow: ThreadedServer,
+) -> None:
+    worker = _busy(slow.url)  # the only slot: 30 tokens at 40 ms or more
+    answer: dict[str, httpx.Response] = {}
+
+    def streamed() -> None:
+        body = {**BODY, "max_tokens": 2, "stream": True}
+        with httpx.stream(
+            "POST", f"{slow.url}/v1/completions", json=body, headers={SLO_TTFT_HEADER: "60000"}, timeout=120
+        ) as response:
+            response.read()
+            answer["response"] = response
+
+    try:
+        # Admitted: the running request's ~30 steps are far within 60 s. It waits in the engine.
+        client = threading.Thread(target=streamed)
+        client.start()
+        deadline = time.monotonic() + 60
+        while metric(scrape(slow.url), mn.NUM_REQUESTS_WAITING) < 1:
+            assert time.monotonic() < deadline, "the bounded request never reached the engine's queue"
+            time.sleep(0.02)
+        # Then the host stalls: a 100 s step, as the engine's meter records one. At the slow steps
+        # the engine now allows for, the running request's remaining tokens alone take far past 60 s.
+        slow.engine.engine.rate_meter.observe(0, 1, 100.0, end=time.monotonic())  # type: ignore[union-attr]
+        client.join(timeout=120)
+    finally:
+        worker.join()
+    refused = answer["response"]
+    assert refused.status_code == 429, refused.text
+    assert int(refused.headers["retry-after"]) >= 1 and refused.headers[OVERLOAD_HEADER] == "replica"
+    assert float(refused.headers[REFUSED_IN_QUEUE_HEADER]) > 0
+    assert float(refused.headers[PREDICTED_TTFT_HEADER]) > 60000
+    assert "can no longer meet its TTFT bound" in refused.json()["error"]["message"]
+    assert metric(scrape(slow.url), mn.NUM_REQUESTS_WAITING) == 0
