@@ -17,7 +17,7 @@ from starlette.requests import Request
 from plimsoll.runtime.engine.client import RequestOptions
 from plimsoll.runtime.engine.outputs import RequestOutput
 from plimsoll.runtime.serving.kv_transfer import check_transfer_request
-from plimsoll.runtime.serving.prompts import check_token_ids, continuation_of
+from plimsoll.runtime.serving.prompts import MAX_CHARS_PER_TOKEN, check_token_ids, continuation_of
 from plimsoll.runtime.serving.protocol import ChatCompletionRequest, CompletionRequest
 from plimsoll.runtime.serving.requests import (
     Admission,
@@ -39,7 +39,19 @@ def check_before_tokenising(
     for field, ids in req.token_id_fields().items():
         check_token_ids(ids, ctx.engine.vocab_size, field)
     check_transfer_request(req.kv_transfer_params, num_prompts, req.stream)
-    refuse_before_tokenising(ctx, raw, req.num_seqs)
+    refuse_before_tokenising(ctx, raw, req.num_seqs, fewest_prompt_tokens(req))
+
+
+def fewest_prompt_tokens(req: CompletionsRequest) -> int:
+    """The fewest tokens the request's longest prompt can have, known before tokenising: a token-id
+    prompt's length, a text prompt's characters over the most any tokenizer packs into a token
+    (0 for chat: its template is not rendered yet). A refusal certain for that many is made before
+    the hop to the tokeniser's thread."""
+    if not isinstance(req, CompletionRequest):
+        return 0
+    return max(
+        (len(p) if isinstance(p, list) else len(p) // MAX_CHARS_PER_TOKEN for p in req.prompts()), default=0
+    )
 
 
 def admit_tokenised(

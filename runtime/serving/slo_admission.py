@@ -71,16 +71,19 @@ def ttft_bound(ctx: ServingContext, raw: Request) -> float | None:
     return bound
 
 
-def refuse_before_tokenising(ctx: ServingContext, raw: Request, num_seqs: int) -> None:
-    """Raise 429 when even an empty prompt would miss the request's bound.
+def refuse_before_tokenising(
+    ctx: ServingContext, raw: Request, num_seqs: int, fewest_tokens: int = 0
+) -> None:
+    """Raise 429 when even a prompt of ``fewest_tokens`` (the fewest the request's prompt can
+    have, known before tokenising; 0: an empty one) would miss the request's bound.
 
-    A prompt only adds to the TTFT, so such a refusal is certain without the prompt's
+    A prompt only adds to the TTFT, so such a refusal is certain without the prompt's exact
     length; made before tokenising, it costs no hop to the tokeniser's thread, which on
     a busy host is most of a refusal's latency. Called first thing in a route: the request's
     bound counts from here.
     """
     raw.state.slo_received = time.monotonic()
-    check_predicted_ttft(ctx, raw, [], num_seqs)
+    check_predicted_ttft(ctx, raw, [fewest_tokens], num_seqs)
 
 
 @dataclass(frozen=True, slots=True)
