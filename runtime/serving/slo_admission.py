@@ -15,14 +15,11 @@ router tries one). Each refusal counts in ``plimsoll_admission_rejections_total
 {reason="slo_ttft"}`` and, when objectives are set, as a bad request in
 ``plimsoll_slo_requests_total`` — the operator's attainment counts what was shed.
 
-An idle replica (nothing running or waiting, nothing admitted and unposted) whose engine
-has not stepped in the last ``RATES_FRESH_S`` seconds admits what it is asked whatever the
-prediction: then the prediction rests on rates nothing has confirmed lately, and a rate
-measured during a spike in the host's load would refuse every request after it — refused
-requests measure nothing, so only an admitted one can correct it. Such a request costs no
-other request anything. An idle replica whose steps are that recent judges like a busy one:
-its rates are the host as it is now, and a request admitted past its bound would only miss
-it (at most one such probe per ``RATES_FRESH_S`` while the host stays slow).
+An idle replica (nothing running or waiting, nothing admitted and unposted) admits
+what it is asked whatever the prediction: then the prediction is the measured prefill
+rate alone, and a rate measured during a spike in the host's load would refuse every
+request after it — refused requests measure nothing, so only an admitted one can
+correct it. Such a request costs no other request anything.
 
 An admitted request is held to its bound until its first token: its deadline goes to the
 engine with it (``ttft_deadline``), which refuses it from the queue, before computing any of
@@ -46,7 +43,6 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from plimsoll.overload import OVERLOAD_HEADER, REPLICA
-from plimsoll.runtime.engine.service_rates import TAIL_WINDOW_S
 from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.ttft_prediction import (
     PREDICTED_TTFT_HEADER,
@@ -58,10 +54,6 @@ from plimsoll.ttft_prediction import (
     parse_ttft_bound,
     predict_ttft,
 )
-
-# Steps this recent confirm the measured rates: an idle replica then refuses as a busy one does
-# (the slow-step window's span: what the promise reads is that recent too).
-RATES_FRESH_S = TAIL_WINDOW_S
 
 if TYPE_CHECKING:
     from plimsoll.runtime.serving.metrics import ServerMetrics
@@ -122,10 +114,8 @@ def check_predicted_ttft(
         received = getattr(raw.state, "slo_received", None)
         received = time.monotonic() if received is None else received
         return Promise(prediction, TTFTDeadline(received + bound, bound, rates))
-    if not (queue.running or queue.waiting) and not ctx.engine.recent_steps(time.monotonic() - RATES_FRESH_S):
-        return Promise(
-            prediction, None
-        )  # idle on rates nothing has confirmed lately: re-measure them (see above)
+    if not (queue.running or queue.waiting):
+        return Promise(prediction, None)  # an idle replica: it re-measures its rates (see above)
     ctx.metrics.reject("slo_ttft")
     ctx.metrics.judge_shed()
     retry = prediction.retry_after_s(bound)

@@ -33,10 +33,6 @@ class QueueOnlyEngine:
 
     def __init__(self) -> None:
         self.generated: list[str] = []
-        self.steps: list[tuple[float, int]] = []  # what recent_steps answers: none (an engine idle a while)
-
-    def recent_steps(self, since: float) -> list[tuple[float, int]]:
-        return self.steps
 
     def queue_snapshot(self) -> QueueSnapshot:
         return QueueSnapshot()
@@ -135,21 +131,3 @@ def test_a_prompt_long_enough_to_miss_is_refused_before_tokenising_when_its_leng
     refuse_before_tokenising(ctx, _request(1000), 1, fewest_prompt_tokens(text))
     refuse_before_tokenising(ctx, _request(1000), 1, 100)
     adm.release()
-
-
-def test_an_idle_replica_admits_past_the_bound_only_on_rates_nothing_has_confirmed_lately() -> None:
-    """Idle, a 50 ms bound is below even one 0.1 s step. With no step lately the rates may be a
-    spike's: the request is admitted (held to no deadline) and re-measures them. With steps as
-    recent as the slow-step window the rates are the host now: it is refused as a busy replica
-    would refuse it."""
-    engine = QueueOnlyEngine()
-    ctx = _context(engine)
-    promise = check_predicted_ttft(ctx, _request(50), [10], 1)
-    assert promise is not None and promise.deadline is None and promise.prediction.ttft_s > 0.05
-    engine.steps = [(0.1, 0)]
-    with pytest.raises(APIError) as refused:
-        check_predicted_ttft(ctx, _request(50), [10], 1)
-    assert refused.value.status == 429
-    # Within the bound, a request is held to it either way.
-    promise = check_predicted_ttft(ctx, _request(1000), [10], 1)
-    assert promise is not None and promise.deadline is not None and promise.deadline.bound_s == 1.0
