@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -420,13 +420,16 @@ def build_app(curve: ServiceCurve) -> Any:
         verb = "loaded" if load else "unloaded"
         return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' {verb} successfully.")
 
-    @app.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> Any:
-        return await adapter_call(request, load=True)
+    def post(path: str, handler: Callable[[Request, bool], Awaitable[Any]], flag: bool) -> None:
+        """POST ``path`` answered by ``handler(request, flag)``: each handler serves a pair of endpoints."""
 
-    @app.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(request: Request) -> Any:
-        return await adapter_call(request, load=False)
+        async def endpoint(request: Request) -> Any:
+            return await handler(request, flag)
+
+        app.add_api_route(path, endpoint, methods=["POST"], name=path.removeprefix("/v1/").replace("/", "_"))
+
+    post("/v1/load_lora_adapter", adapter_call, True)
+    post("/v1/unload_lora_adapter", adapter_call, False)
 
     @app.put("/sim/step-cost")
     async def step_cost(request: Request) -> Any:
@@ -541,13 +544,8 @@ def build_app(curve: ServiceCurve) -> Any:
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=predicted)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        return await complete(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        return await complete(request, chat=True)
+    post("/v1/completions", complete, False)
+    post("/v1/chat/completions", complete, True)
 
     return app
 

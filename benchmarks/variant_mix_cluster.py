@@ -59,6 +59,7 @@ import uvicorn
 import yaml
 from variant_mix import VARIANTS, Measured, profile
 
+from plimsoll.bench.script_args import add_options
 from plimsoll.bench.simulator import ServiceCurve
 from plimsoll.bench.simulator import build_app as build_simulator
 from plimsoll.devcluster.cluster import Cluster
@@ -509,27 +510,21 @@ def main() -> None:
     parser.add_argument(
         "--profiles", help="the profiles variant_mix.py --save-profiles wrote (else sweep here)"
     )
-    parser.add_argument(
-        "--requests-per-level", type=int, default=24, help="for the sweeps without --profiles"
+    add_options(
+        parser,
+        requests_per_level=(24, "for the sweeps without --profiles"),
+        minutes=8,
+        low=(5.0, "requests/s before the step and after the fall"),
+        high=(16.0, "requests/s after the step"),
+        step_at=(2.0, "minute of the step up"),
+        reclaim_at=(4.0, "minute the spot nodes are deleted"),
+        fall_at=(6.0, "minute the load falls back"),
+        max_replicas=(4, "cap on each variant's maxReplicas (each replica is a process on this host)"),
+        spot_cost=(0.4, "the spot variant's costPerHour"),
+        max_spot_fraction=0.5,
+        ttft_ms=600.0,
+        tpot_ms=150.0,
     )
-    parser.add_argument("--minutes", type=int, default=8)
-    parser.add_argument(
-        "--low", type=float, default=5.0, help="requests/s before the step and after the fall"
-    )
-    parser.add_argument("--high", type=float, default=16.0, help="requests/s after the step")
-    parser.add_argument("--step-at", type=float, default=2.0, help="minute of the step up")
-    parser.add_argument("--reclaim-at", type=float, default=4.0, help="minute the spot nodes are deleted")
-    parser.add_argument("--fall-at", type=float, default=6.0, help="minute the load falls back")
-    parser.add_argument(
-        "--max-replicas",
-        type=int,
-        default=4,
-        help="cap on each variant's maxReplicas (each replica is a process on this host)",
-    )
-    parser.add_argument("--spot-cost", type=float, default=0.4, help="the spot variant's costPerHour")
-    parser.add_argument("--max-spot-fraction", type=float, default=0.5)
-    parser.add_argument("--ttft-ms", type=float, default=600.0)
-    parser.add_argument("--tpot-ms", type=float, default=150.0)
     args = parser.parse_args()
     if args.serve_replicas:
         asyncio.run(serve_replicas())

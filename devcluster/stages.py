@@ -36,9 +36,21 @@ RUN_LOCALLY_JQ = (
 _NOT_LOCAL = {"key": RUN_LOCALLY_JQ, "operator": "NotIn", "values": ["true"]}
 _LOCAL = {"key": RUN_LOCALLY_JQ, "operator": "In", "values": ["true"]}
 
-# Gives a locally run pod its host and pod IPs, leaves it Pending and not Ready;
-# the runner takes it from there.
-_ASSIGN_IP_TEMPLATE = """\
+
+# A pod status's KINDIP (the first address) and KINDIPs from the template variable $KINDIPs,
+# for KIND host and pod (the kubelet writes both alike).
+_IP_FIELDS = """\
+{{ with $KINDIPs }}
+KINDIP: {{ index . 0 | Quote }}
+KINDIPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
+{{ end }}
+"""
+
+# A pod whose containers are still being created: initialised, not Ready.
+_NOT_READY_TEMPLATE = """\
 {{ $now := Now }}
 conditions:
 - lastTransitionTime: {{ $now | Quote }}
@@ -63,25 +75,22 @@ containerStatuses:
     waiting:
       reason: ContainerCreating
 {{ end }}
-{{ $hostIPs := NodeIPsWith .spec.nodeName }}
-{{ with $hostIPs }}
-hostIP: {{ index . 0 | Quote }}
-hostIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
-{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
-{{ with $podIPs }}
-podIP: {{ index . 0 | Quote }}
-podIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
-phase: Pending
-startTime: {{ $now | Quote }}
 """
+
+# Gives a locally run pod its host and pod IPs, leaves it Pending and not Ready;
+# the runner takes it from there.
+_ASSIGN_IP_TEMPLATE = "".join(
+    (
+        _NOT_READY_TEMPLATE,
+        "{{ $hostIPs := NodeIPsWith .spec.nodeName }}\n",
+        _IP_FIELDS.replace("KIND", "host"),
+        '{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) '
+        '( or .metadata.name "" ) ( or .metadata.namespace "" ) }}\n',
+        _IP_FIELDS.replace("KIND", "pod"),
+        "phase: Pending\n",
+        "startTime: {{ $now | Quote }}\n",
+    )
+)
 
 
 def _stage(

@@ -59,11 +59,9 @@ class Replica:
     # The requests/s one replica of its variant finishes at that target (None: not measured, or
     # all alike). Least in-flight sends replicas that have one traffic in proportion to it.
     rate: float | None = None
-    # Token-aware load from the replica's /metrics (plimsoll.ttft_prediction; None: not exported): its
-    # backlog in seconds and the rates it measured, and the router's in-flight when it was read.
-    backlog_s: float | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_step_s: float | None = None
+    # Token-aware load from the replica's /metrics (None: not exported), and the router's in-flight
+    # when it was read.
+    token_load: TokenLoad | None = None
     inflight_at_scrape: int = 0
     # Readiness probes in a row that got no answer (see LOST_AFTER_PROBES), whether the last was
     # refused (rather than timed out), when the replica last said anything (a probe answer or a
@@ -112,6 +110,16 @@ class Replica:
         if self.running is None and self.waiting is None:
             return float(self.inflight)
         return max(float(self.inflight), (self.running or 0.0) + (self.waiting or 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLoad:
+    """What a plimsoll replica exports for predicted-TTFT routing (``plimsoll.ttft_prediction``): its
+    backlog in seconds and the prefill rate and decode step time it measured."""
+
+    backlog_s: float
+    prefill_tokens_per_s: float
+    decode_step_s: float
 
 
 @dataclass
@@ -247,14 +255,12 @@ class ReplicaSet:
             replica.rate = rate if rate is not None and rate > 0 else None
         if changed:
             self._notify()
-    def record_load(
-        self, url: str, *, backlog_s: float | None, prefill_tokens_per_s: float | None, decode_step_s: float | None
-    ) -> None:
+
+    def record_load(self, url: str, load: TokenLoad | None) -> None:
         """The replica's backlog and rates as just scraped (``slo_routing.py`` predicts TTFT from them)."""
         replica = self.replicas.get(url)
         if replica is not None:
-            replica.backlog_s, replica.prefill_tokens_per_s = backlog_s, prefill_tokens_per_s
-            replica.decode_step_s, replica.inflight_at_scrape = decode_step_s, replica.inflight
+            replica.token_load, replica.inflight_at_scrape = load, replica.inflight
 
     def record_adapters(self, url: str, *, adapters: frozenset[str] | None, active: frozenset[str]) -> None:
         replica = self.replicas.get(url)

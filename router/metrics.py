@@ -22,71 +22,101 @@ if TYPE_CHECKING:
     from plimsoll.router.backends import ReplicaSet
 
 PREFIX = "plimsoll_router_"
-REPLICA_INFLIGHT = PREFIX + "replica_inflight"
-REPLICA_WAITING = PREFIX + "replica_waiting"
-REPLICA_READY = PREFIX + "replica_ready"
-ROUTING_DECISIONS = PREFIX + "routing_decisions"  # exported as ..._total
-RETRIES = PREFIX + "retries"
-UPSTREAM_ERRORS = PREFIX + "upstream_errors"
-REJECTIONS = PREFIX + "rejections"
-REQUEST_DURATION = PREFIX + "request_duration_seconds"
-TIME_TO_FIRST_BYTE = PREFIX + "time_to_first_byte_seconds"
-HELD_REQUESTS = PREFIX + "held_requests"
-HOLD_DURATION = PREFIX + "hold_duration_seconds"
-MIGRATIONS = PREFIX + "migrations"  # exported as ..._total
-KV_INDEX_BLOCKS = PREFIX + "kv_index_blocks"
-KV_INDEX_REPLICAS = PREFIX + "kv_index_replicas"
-KV_EVENT_LAG = PREFIX + "kv_event_lag_seconds"
-KV_EVENT_ISSUES = PREFIX + "kv_event_issues"
-KV_EVENTS_STALE = PREFIX + "kv_events_stale"
-KV_EVENT_BATCHES = PREFIX + "kv_event_batches"
 
 
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.inflight = Gauge(REPLICA_INFLIGHT, "Requests this router has in flight on each replica.",
-                              ["replica"], registry=r)
-        self.waiting = Gauge(REPLICA_WAITING, "Waiting queue last scraped from each replica's /metrics.",
-                             ["replica"], registry=r)
-        self.ready = Gauge(REPLICA_READY, "1 when the replica is ready and reachable, else 0.",
-                           ["replica"], registry=r)
-        self.decisions = Counter(ROUTING_DECISIONS, "Routing decisions by policy, reason and lane.",
-                                 ["policy", "reason", "lane"], registry=r)
-        self.retries = Counter(RETRIES, "Requests re-sent to another replica before the client got any byte: "
-                               "the connection failed, or the replica refused as overloaded or draining "
-                               "(x-plimsoll-overload: replica).", ["replica"], registry=r)
-        self.upstream_errors = Counter(UPSTREAM_ERRORS, "Failures talking to a replica, by kind "
-                                       "(connect, read, stream_broken).", ["replica", "kind"], registry=r)
-        self.rejections = Counter(REJECTIONS, "Requests the router answered itself, by reason "
-                                  "(saturated -> 429, hold_full -> 429, slo_ttft -> 429, no_replica -> 503, hold_timeout -> 503, "
-                                  "upstream_failed -> 502).",
-                                  ["reason"], registry=r)
-        self.duration = Histogram(REQUEST_DURATION, "Request latency through the router, arrival to last byte.",
-                                  ["endpoint", "code"], buckets=REQUEST_LATENCY_BUCKETS, registry=r)
-        self.first_byte = Histogram(TIME_TO_FIRST_BYTE, "Arrival to the first body byte from the replica "
-                                    "(TTFT for streams).", ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
-        self.held = Gauge(HELD_REQUESTS, "Requests held while no replica is Ready (scale from zero).", registry=r)
-        self.hold_seconds = Histogram(HOLD_DURATION, "Time a request spent held before a replica took it.",
-                                      buckets=REQUEST_LATENCY_BUCKETS, registry=r)
-        self.migrations = Counter(MIGRATIONS, "Started requests whose replica failed, by what became of them "
-                                  "(migrated, completed, limit_reached, no_replica, refused, unsupported).",
-                                  ["outcome"], registry=r)
+
+        # Every series is PREFIX + its name; counters are exported with a ``_total`` suffix.
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=r)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=r)
+
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()
+        ) -> Histogram:
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r)
+
+        self.inflight = gauge(
+            "replica_inflight", "Requests this router has in flight on each replica.", ("replica",)
+        )
+        self.waiting = gauge(
+            "replica_waiting", "Waiting queue last scraped from each replica's /metrics.", ("replica",)
+        )
+        self.ready = gauge(
+            "replica_ready", "1 when the replica is ready and reachable, else 0.", ("replica",)
+        )
+        self.decisions = counter(
+            "routing_decisions", "Routing decisions by policy, reason and lane.", ("policy", "reason", "lane")
+        )
+        self.retries = counter(
+            "retries",
+            "Requests re-sent to another replica before the client got any byte: the connection failed, "
+            "or the replica refused as overloaded or draining (x-plimsoll-overload: replica).",
+            ("replica",),
+        )
+        self.upstream_errors = counter(
+            "upstream_errors",
+            "Failures talking to a replica, by kind (connect, read, stream_broken).",
+            ("replica", "kind"),
+        )
+        self.rejections = counter(
+            "rejections",
+            "Requests the router answered itself, by reason (saturated -> 429, hold_full -> 429, "
+            "slo_ttft -> 429, no_replica -> 503, hold_timeout -> 503, upstream_failed -> 502).",
+            ("reason",),
+        )
+        self.duration = histogram(
+            "request_duration_seconds",
+            "Request latency through the router, arrival to last byte.",
+            REQUEST_LATENCY_BUCKETS,
+            ("endpoint", "code"),
+        )
+        self.first_byte = histogram(
+            "time_to_first_byte_seconds",
+            "Arrival to the first body byte from the replica (TTFT for streams).",
+            TTFT_BUCKETS,
+            ("endpoint",),
+        )
+        self.held = gauge("held_requests", "Requests held while no replica is Ready (scale from zero).")
+        self.hold_seconds = histogram(
+            "hold_duration_seconds",
+            "Time a request spent held before a replica took it.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.migrations = counter(
+            "migrations",
+            "Started requests whose replica failed, by what became of them "
+            "(migrated, completed, limit_reached, no_replica, refused, unsupported).",
+            ("outcome",),
+        )
         for outcome in OUTCOMES:
             self.migrations.labels(outcome)
         # Precise prefix routing (--policy precise-prefix): the KV index and the event feeds behind it.
-        self.kv_index_blocks = Gauge(KV_INDEX_BLOCKS, "Distinct KV block hashes in the router's index.", registry=r)
-        self.kv_index_replicas = Gauge(KV_INDEX_REPLICAS, "Replicas with entries in the KV index.", registry=r)
-        self.kv_event_lag = Histogram(KV_EVENT_LAG, "Publish-to-apply delay of a KV event batch (replica clock "
-                                      "to router clock).", buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                                      0.5, 1.0, 2.5, 5.0), registry=r)  # fmt: skip
-        self.kv_event_issues = Counter(KV_EVENT_ISSUES, "KV event feed problems by kind (resyncs after a sequence "
-                                       "gap or a restart, malformed batches).", ["kind"], registry=r)  # fmt: skip
-        self.kv_events_stale = Gauge(KV_EVENTS_STALE, "1 while a replica's KV events are stale (routing falls "
-                                     "back to the approximate prefix policy).", ["replica"], registry=r)  # fmt: skip
-        self.kv_event_batches = Gauge(KV_EVENT_BATCHES, "KV event batches applied per replica.", ["replica"],
-                                      registry=r)  # fmt: skip
+        self.kv_index_blocks = gauge("kv_index_blocks", "Distinct KV block hashes in the router's index.")
+        self.kv_index_replicas = gauge("kv_index_replicas", "Replicas with entries in the KV index.")
+        self.kv_event_lag = histogram(
+            "kv_event_lag_seconds",
+            "Publish-to-apply delay of a KV event batch (replica clock to router clock).",
+            (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+        self.kv_event_issues = counter(
+            "kv_event_issues",
+            "KV event feed problems by kind (resyncs after a sequence gap or a restart, malformed batches).",
+            ("kind",),
+        )
+        self.kv_events_stale = gauge(
+            "kv_events_stale",
+            "1 while a replica's KV events are stale (routing falls back to the approximate prefix policy).",
+            ("replica",),
+        )
+        self.kv_event_batches = gauge(
+            "kv_event_batches", "KV event batches applied per replica.", ("replica",)
+        )
         self._known: set[str] = set()
 
     def observe_replicas(self, replica_set: ReplicaSet) -> None:

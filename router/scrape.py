@@ -28,7 +28,7 @@ from plimsoll.metric_names import (
     detect_family,
 )
 from plimsoll.prometheus import Scrape, parse
-from plimsoll.router.backends import Replica, ReplicaSet
+from plimsoll.router.backends import Replica, ReplicaSet, TokenLoad
 from plimsoll.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -56,18 +56,15 @@ def served_adapters(models: object) -> frozenset[str]:
     )
 
 
-def token_load(scrape: Scrape) -> dict[str, float | None]:
-    """A plimsoll replica's backlog (seconds) and measured rates, for predicted-TTFT routing (None: absent)."""
-
-    def one(name: str) -> float | None:
-        values = scrape.values(name)
-        return max(values) if values else None
-
-    return {
-        "backlog_s": one(BACKLOG_SECONDS),
-        "prefill_tokens_per_s": one(PREFILL_TOKENS_PER_SECOND),
-        "decode_step_s": one(DECODE_STEP_SECONDS),
-    }
+def token_load(scrape: Scrape) -> TokenLoad | None:
+    """A plimsoll replica's backlog (seconds) and measured rates, for predicted-TTFT routing (None: any
+    of them absent, as from vLLM or before the replica measured its rates)."""
+    names = (BACKLOG_SECONDS, PREFILL_TOKENS_PER_SECOND, DECODE_STEP_SECONDS)
+    values = [scrape.values(name) for name in names]
+    if not all(values):
+        return None
+    backlog, prefill, decode = (max(v) for v in values)
+    return TokenLoad(backlog, prefill, decode)
 
 
 def parse_queue(text: str | Scrape, engine: str | None = None) -> tuple[float | None, float | None, str | None]:
@@ -143,7 +140,7 @@ class Scraper:
             log.debug("scrape of %s failed: %s", replica.url, exc)
             return
         self._replica_set.record_scrape(replica.url, waiting=waiting, running=running, engine=engine)
-        self._replica_set.record_load(replica.url, **token_load(scrape))
+        self._replica_set.record_load(replica.url, token_load(scrape))
         active = active_adapters(scrape)
         adapters: frozenset[str] | None = None
         if active is not None:

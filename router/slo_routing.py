@@ -47,12 +47,13 @@ def request_bound(header: str | None, default_s: float | None) -> float | None:
 
 def predicted_ttft(replica: Replica, prompt_tokens: int) -> float | None:
     """The TTFT a request of ``prompt_tokens`` would see on ``replica`` now; None when it exports no backlog."""
-    if replica.backlog_s is None or not replica.prefill_tokens_per_s or replica.decode_step_s is None:
+    load = replica.token_load
+    if load is None or not load.prefill_tokens_per_s:
         return None
     # Sent since the scrape (its backlog does not show them yet): each one's prompt is prefilled first.
     unseen = max(0, replica.inflight - replica.inflight_at_scrape)
-    per_request = max(prompt_tokens, 1) / replica.prefill_tokens_per_s
-    return float(replica.backlog_s + unseen * per_request + per_request + replica.decode_step_s)
+    per_request = max(prompt_tokens, 1) / load.prefill_tokens_per_s
+    return float(load.backlog_s + unseen * per_request + per_request + load.decode_step_s)
 
 
 def slo_exclusions(

@@ -8,11 +8,14 @@ is served.
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
 import sys
+from typing import Any
 
 import typer
+from pydantic import BaseModel
 
 from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV, KV_SHARED_PASSWORD_ENV
 from plimsoll.runtime.engine.config import EngineConfig
@@ -27,6 +30,14 @@ def _engine_default(name: str) -> object:
 
 def _server_default(name: str) -> object:
     return ServerSettings.model_fields[name].default
+
+
+def _config_kwargs(config: type[BaseModel], flags: dict[str, Any], **derived: Any) -> dict[str, Any]:
+    """The arguments of ``config`` from the flags: each flag named after one of its fields as given,
+    ``derived`` (what flags were checked or converted into) in their place, and None left out so
+    that a flag not given leaves the field's default."""
+    given = {name: value for name, value in flags.items() if name in config.model_fields}
+    return {name: value for name, value in {**given, **derived}.items() if value is not None}
 
 
 def _fail(message: str) -> None:
@@ -167,7 +178,7 @@ def serve(
         "--compilation-config",
         "-O",
         help='vLLM\'s JSON (\'{"mode": 3, "cache_dir": "/cache/compile"}\') or a mode number: 3 compiles the '
-        "forward with torch.compile (the default on CUDA), 0 runs it eagerly (docs/runtime.md).",
+        "forward with torch.compile (the default on CUDA), 0 runs it eagerly (docs/gpu.md).",
     ),
     compilation_cache_dir: str | None = typer.Option(
         None,
@@ -228,7 +239,7 @@ def serve(
         "--quantization",
         help="int8: weight-only, a scale and offset per 32 inputs of a row; fp8: e4m3 weights with a scale "
         "per output channel and activations scaled per token (compute capability 8.9+); both computed at "
-        "load (docs/runtime.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
+        "load (docs/quantization.md). An FP8 checkpoint (quantization_config in config.json) is served as fp8.",
     ),
     cpu_kernels: str = typer.Option(
         _engine_default("cpu_kernels"),
@@ -287,7 +298,7 @@ def serve(
         None, "--kv-transfer-config",
         help='vLLM\'s prefill/decode disaggregation JSON: \'{"kv_role": "kv_producer"}\' (prefill, hold the blocks '
         'for a pull), "kv_consumer" (pull them, then decode) or "kv_both"; kv_connector left out uses the built-in '
-        'TCP transport on kv_port (default 14579; 0 picks one). See docs/runtime.md.',
+        'TCP transport on kv_port (default 14579; 0 picks one). See docs/operator.md.',
     ),
     speculative_config: str | None = typer.Option(
         None,
@@ -446,6 +457,9 @@ def serve(
     except (ServeArgError, ValueError) as exc:
         _fail(str(exc))
         return
+    # The flags as the checks left them: model, device, attention backend and dtype are resolved now.
+    here = locals()
+    flags = {name: here[name] for name in inspect.signature(serve).parameters}
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -455,67 +469,27 @@ def serve(
         os.environ.pop(name, None)
     try:
         config = EngineConfig(
-            model=model,
-            served_model_name=served,
-            dtype=dtype,
-            device=device,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            kv_cache_memory=kv_size,
-            **({"gpu_memory_utilization": utilization} if utilization is not None else {}),
-            block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching,
-            attention_backend=attention_backend,
-            enforce_eager=enforce_eager,
-            compilation_config=_compilation_config(compilation_config, compilation_cache_dir),
-            scheduling_policy=scheduling_policy,
-            seed=seed,
-            speculative_config=speculative_config,
-            quantization=quantization,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_lora=enable_lora,
-            lora_modules=loras,
-            max_loras=max_loras,
-            max_lora_rank=max_lora_rank,
-            max_cpu_loras=max_cpu_loras,
-            kv_cache_dtype=kv_cache_dtype,
-            kv_offloading_backend=kv_offloading_backend,
-            kv_offloading_size=kv_offloading_size,
-            kv_offloading_store_threshold=kv_offloading_store_threshold,
-            kv_offloading_disk_path=kv_offloading_disk_path,
-            kv_offloading_disk_size=kv_offloading_disk_size,
-            kv_shared_url=kv_shared_url,
-            kv_shared_password=kv_shared_password,
-            kv_shared_timeout_s=kv_shared_timeout,
-            kv_events_config=kv_events_config,
-            kv_transfer_config=kv_transfer_config,
-            enable_sleep_mode=enable_sleep_mode,
-            cpu_kernels=cpu_kernels,
-            cpu_packed_weights=cpu_packed_weights,
-            keep_freed_memory=malloc_settings is None,
+            **_config_kwargs(
+                EngineConfig,
+                flags,
+                served_model_name=served,
+                kv_cache_memory=kv_size,
+                gpu_memory_utilization=utilization,
+                compilation_config=_compilation_config(compilation_config, compilation_cache_dir),
+                lora_modules=loras,
+                kv_shared_timeout_s=kv_shared_timeout,
+                keep_freed_memory=malloc_settings is None,
+            )
         )
         settings = ServerSettings(
-            served_model_name=config.display_name,
-            api_key=api_key,
-            admin_api_key=admin_api_key,
-            allow_runtime_lora_updating=allow_runtime_lora_updating,
-            lora_allowed_roots=tuple(lora_allowed_roots),
-            max_registered_loras=max_registered_loras,
-            enable_prompt_tokens_details=enable_prompt_tokens_details,
-            tenant_cache_isolation=tenant_cache_isolation,
-            min_client_priority=min_client_priority,
-            max_waiting=max_waiting,
-            max_new_tokens=new_tokens,
-            request_timeout=request_timeout,
-            drain_timeout=drain_timeout,
-            max_tenant_inflight_tokens=max_tenant_inflight_tokens,
-            max_request_bytes=max_request_bytes,
-            allow_client_chat_template=allow_client_chat_template,
-            enable_profiling=enable_profiling,
-            profile_dir=profile_dir,
-            inference_objectives=objectives,
-            slo_admission=slo_admission,
+            **_config_kwargs(
+                ServerSettings,
+                flags,
+                served_model_name=config.display_name,
+                lora_allowed_roots=tuple(lora_allowed_roots),
+                max_new_tokens=new_tokens,
+                inference_objectives=objectives,
+            )
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

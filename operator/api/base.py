@@ -3,7 +3,9 @@
 This module is not the schema itself (see ``spec`` and ``status``) and does no I/O.
 """
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
@@ -37,6 +39,17 @@ class APIModel(BaseModel):
     def to_api(self) -> dict[str, Any]:
         """The object as the API server stores it: camelCase keys, unset optionals left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def camel_fields(obj: Any, *names: str) -> dict[str, Any]:
+    """A dataclass's fields (all, or ``names``) as a status block: camelCase keys, as :class:`APIModel` writes."""
+    keys = names or tuple(f.name for f in dataclasses.fields(obj))
+    return {to_camel(name): getattr(obj, name) for name in keys}
+
+
+def camel_values(cls: Any, block: Mapping[str, Any]) -> dict[str, Any]:
+    """The reverse of :func:`camel_fields`: each field of dataclass ``cls`` from its camelCase key (None if absent)."""
+    return {f.name: block.get(to_camel(f.name)) for f in dataclasses.fields(cls)}
 
 
 def defaulted(model: type[BaseModel], description: str) -> Any:

@@ -337,7 +337,7 @@ def set_condition(
     Works on the plain dicts stored in the object (camelCase keys), so the result can
     be patched back as is. The input list is not modified.
     """
-    previous = next((c for c in conditions if c.get("type") == type), None)
+    previous = get_condition(conditions, type)
     transition = (
         previous["lastTransitionTime"]
         if previous is not None and previous.get("status") == status and previous.get("lastTransitionTime")

@@ -31,14 +31,13 @@ from plimsoll.operator.resources.external_autoscaler import (
     build_scaled_object,
 )
 from plimsoll.operator.scaling.inputs import per_replica_target
-from plimsoll.operator.scaling.sizing import NoTargetError
+from plimsoll.operator.scaling.sizing import WAITING_FOR_TARGET, NoTargetError
 
 # (apiVersion, kind) of the two objects.
 HPA = ("autoscaling/v2", "HorizontalPodAutoscaler")
 SCALED_OBJECT = (KEDA_API_VERSION, "ScaledObject")
 KEDA_NOT_INSTALLED = "KedaNotInstalled"
 EXTERNAL = "ExternalAutoscaler"
-WAITING_FOR_TARGET = "WaitingForTarget"
 # ScalingLimited reasons this module sets; a later mode must not inherit them.
 _OUR_REASONS = (KEDA_NOT_INSTALLED, EXTERNAL, WAITING_FOR_TARGET)
 

@@ -37,14 +37,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plimsoll.operator.api.base import camel_fields, camel_values
+from plimsoll.operator.api.spec import DriftSpec
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.metrics import PodSample
 from plimsoll.prometheus import Histogram, histogram_quantile
 
-DEFAULT_MARGIN = 0.25
-DEFAULT_WINDOW_S = 600.0
-# A p95 over fewer finished requests is noise; so is a throughput over an idle replica.
-DEFAULT_MIN_REQUESTS = 20
+# The tracker's defaults are spec.capacity.drift's, so the two cannot disagree. Its min_requests:
+# a p95 over fewer finished requests is noise; so is a throughput over an idle replica.
+_SPEC_DEFAULTS = DriftSpec()
 # Comparisons per window: each covers window / SLICES seconds.
 SLICES = 5
 
@@ -59,21 +60,13 @@ class CurvePoint:
     tpot_p50_ms: float | None
 
     def to_status(self) -> dict[str, Any]:
-        return {
-            "concurrency": self.concurrency,
-            "outputTokensPerS": self.output_tokens_per_s,
-            "ttftP95Ms": self.ttft_p95_ms,
-            "tpotP50Ms": self.tpot_p50_ms,
-        }
+        """One entry of ``status.capacity.curve`` (what :meth:`from_status` reads back)."""
+        return camel_fields(self)
 
     @classmethod
     def from_status(cls, item: Mapping[str, Any]) -> CurvePoint:
-        return cls(
-            concurrency=float(item["concurrency"]),
-            output_tokens_per_s=item.get("outputTokensPerS"),
-            ttft_p95_ms=item.get("ttftP95Ms"),
-            tpot_p50_ms=item.get("tpotP50Ms"),
-        )
+        """The point :meth:`to_status` wrote; its concurrency must be there, the figures may be missing."""
+        return cls(**{**camel_values(cls, item), "concurrency": float(item["concurrency"])})
 
 
 def _quantile_ms(q: float, h: Histogram) -> tuple[float, float, float] | None:
@@ -169,9 +162,9 @@ class DriftTracker:
     """Per-replica scrape history for one LLMService, reset whenever a new profile is recorded."""
 
     curve: tuple[CurvePoint, ...]
-    margin: float = DEFAULT_MARGIN
-    window_s: float = DEFAULT_WINDOW_S
-    min_requests: float = DEFAULT_MIN_REQUESTS
+    margin: float = _SPEC_DEFAULTS.margin
+    window_s: float = float(_SPEC_DEFAULTS.window_seconds)
+    min_requests: float = _SPEC_DEFAULTS.min_requests
     # What the profile was measured on, to notice a new one (status.capacity.measuredAt).
     profile_id: str | None = None
     history: dict[str, deque[tuple[float, PodSample]]] = field(default_factory=dict)

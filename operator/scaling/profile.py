@@ -119,14 +119,12 @@ class _Report(_Lenient):
 
 
 @dataclass(frozen=True, slots=True)
-class LevelPoint:
-    """One valid closed-loop level of the sweep: what planning against another SLO needs."""
+class LevelPoint(CurvePoint):
+    """One valid closed-loop level of the sweep, with its mean end-to-end latency: what planning
+    against another SLO needs (the curve point alone is what the drift check compares)."""
 
     concurrency: int
-    ttft_p95_ms: float | None
-    tpot_p50_ms: float | None
-    e2e_mean_ms: float | None
-    output_tokens_per_s: float | None = None
+    e2e_mean_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

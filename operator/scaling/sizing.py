@@ -20,6 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from plimsoll.operator.scaling.formula import fmt
 
+# The condition reason while no per-replica target is known (``NoTargetError``): every
+# condition that waits for one says it with this reason.
+WAITING_FOR_TARGET = "WaitingForTarget"
+
 
 class NoTargetError(ValueError):
     """No per-replica target is known yet; the message says what would provide one."""

@@ -26,12 +26,12 @@ replica planner (``planner.py``) applies it as its first rule.
 from dataclasses import dataclass, field
 from typing import Any
 
+from plimsoll.operator.api.base import camel_fields
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.scaling.inputs import per_replica_target, starting_replicas
-from plimsoll.operator.scaling.sizing import NoTargetError
+from plimsoll.operator.scaling.sizing import WAITING_FOR_TARGET, NoTargetError
 
 SIZED = "Sized"
-WAITING_FOR_TARGET = "WaitingForTarget"
 SCALE_TARGET_SEEDED = "ScaleTargetSeeded"
 
 
@@ -48,14 +48,8 @@ class StartPlan:
 
     def to_status(self, now: str) -> dict[str, Any]:
         """The ``status.sizing`` block (merge patch: a None removes an earlier value)."""
-        return {
-            "replicas": self.replicas,
-            "reason": self.reason,
-            "message": self.message,
-            "formula": self.formula,
-            "inputs": self.inputs or None,
-            "time": now,
-        }
+        block = camel_fields(self, "replicas", "reason", "message", "formula")
+        return {**block, "inputs": self.inputs or None, "time": now}
 
     def event_message(self) -> str:
         return f"{self.formula}; {self.message}" if self.formula else self.message

@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from plimsoll.operator.api.base import camel_fields
 from plimsoll.operator.scaling.formula import fmt
 from plimsoll.operator.scaling.observations import PodObservation
 
@@ -59,12 +60,7 @@ class TokenSignal:
 
     def to_status(self) -> dict[str, Any]:
         """``status.autoscaler.tokenAware``."""
-        return {
-            "reason": self.reason,
-            "formula": self.formula,
-            "recommendation": self.recommendation,
-            "inputs": self.inputs,
-        }
+        return camel_fields(self)
 
 
 def predicted_ttft_recommendation(

@@ -166,7 +166,7 @@ class VariantPlanner:
         targets, unit = variant_targets(spec, status)
         pods = variant_pods(obs, list(variants))
         self._keep_removed(draft, obs)
-        changed_availability = self._availability(draft, spec, pods, current, now)
+        changed_availability = self._availability(draft, spec, pods, now)
         self.history.observe(now, pods, targets, spec.autoscaling.tolerance)
         demand, per_variant = variant_demand(pods, targets, unit, self.history)
         capacity = sum(
@@ -203,12 +203,7 @@ class VariantPlanner:
     # --- availability -------------------------------------------------------------------------
 
     def _availability(
-        self,
-        draft: PlanDraft,
-        spec: LLMServiceSpec,
-        pods: dict[str, VariantPods],
-        current: dict[str, int],
-        now: float,
+        self, draft: PlanDraft, spec: LLMServiceSpec, pods: dict[str, VariantPods], now: float
     ) -> bool:
         """Variants whose pods cannot be placed, or all stopped answering, for long enough: out of the mix."""
         changed = False

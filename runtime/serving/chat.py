@@ -34,7 +34,6 @@ from plimsoll.runtime.serving.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
-    UsageInfo,
     response_body,
 )
 from plimsoll.runtime.serving.request_intake import (
@@ -100,19 +99,6 @@ async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
     return final
 
 
-def _usage(out: RequestOutput, details: bool) -> UsageInfo:
-    prompt = len(out.prompt_token_ids)
-    completion = sum(len(c.token_ids) for c in out.outputs)
-    return UsageInfo(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        # Off unless --enable-prompt-tokens-details: the count tells a client whether a prompt
-        # was cached, i.e. whether someone with the same salt sent it before.
-        prompt_tokens_details={"cached_tokens": out.metrics.num_cached_tokens} if details else None,
-    )
-
-
 def _num_top(req: ChatCompletionRequest) -> int:
     return req.top_logprobs or 0
 
@@ -138,7 +124,7 @@ def _response(
         )
     return ChatCompletionResponse(
         id=request_id, model=ctx.model_of(req.model), choices=choices,
-        usage=_usage(final, ctx.settings.enable_prompt_tokens_details), prompt_token_ids=final.prompt_token_ids,
+        usage=ctx.usage([final]), prompt_token_ids=final.prompt_token_ids,
     )  # fmt: skip
 
 
@@ -196,10 +182,10 @@ async def _stream(
                 if choices:
                     yield chunk(
                         choices,
-                        _usage(out, ctx.settings.enable_prompt_tokens_details) if continuous else None,
+                        ctx.usage([out]) if continuous else None,
                     )
         if req.include_usage and last is not None:
-            yield chunk([], _usage(last, ctx.settings.enable_prompt_tokens_details))
+            yield chunk([], ctx.usage([last]))
     except APIError as err:
         yield sse(err.body())
     yield DONE

@@ -29,7 +29,6 @@ from plimsoll.runtime.serving.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    UsageInfo,
     response_body,
 )
 from plimsoll.runtime.serving.request_intake import (
@@ -130,20 +129,7 @@ def _response(
         id=request_id,
         model=ctx.model_of(req.model),
         choices=choices,
-        usage=_usage(finals, ctx.settings.enable_prompt_tokens_details),
-    )
-
-
-def _usage(outputs: list[RequestOutput], details: bool) -> UsageInfo:
-    prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    cached = sum(o.metrics.num_cached_tokens for o in outputs)
-    return UsageInfo(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        # Off unless --enable-prompt-tokens-details (see chat.py).
-        prompt_tokens_details={"cached_tokens": cached} if details else None,
+        usage=ctx.usage(finals),
     )
 
 
@@ -194,14 +180,10 @@ async def _stream(
                 latest[i] = out
                 choices = [c for o in out.outputs if (c := choice(i, out, o)) is not None]
                 if choices:
-                    usage = (
-                        _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details)
-                        if _continuous(req)
-                        else None
-                    )
+                    usage = ctx.usage(list(latest.values())) if _continuous(req) else None
                     yield chunk(choices, usage)
         if req.include_usage:
-            yield chunk([], _usage(list(latest.values()), ctx.settings.enable_prompt_tokens_details))
+            yield chunk([], ctx.usage(list(latest.values())))
     except APIError as err:
         yield sse(err.body())
     yield DONE

@@ -36,6 +36,7 @@ from plimsoll.runtime.engine.outputs import RequestOutput
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.serving.errors import APIError, bad_request
 from plimsoll.runtime.serving.metrics import ServerMetrics
+from plimsoll.runtime.serving.protocol import UsageInfo
 from plimsoll.runtime.serving.request_spans import record_request_spans
 from plimsoll.runtime.serving.settings import ServerSettings
 from plimsoll.runtime.serving.slo_admission import refused_from_queue
@@ -208,6 +209,21 @@ class ServingContext:
     def model_of(self, model: str | None) -> str:
         """The ``model`` a response reports: the adapter's name, or the base model's."""
         return self.lora_of(model) or self.settings.served_model_name
+
+    def usage(self, outputs: Sequence[RequestOutput]) -> UsageInfo:
+        """A response's usage over its engine requests (a completions request runs one per prompt)."""
+        prompt = sum(len(o.prompt_token_ids) for o in outputs)
+        completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        # Off unless --enable-prompt-tokens-details: the count tells a client whether a prompt
+        # was cached, i.e. whether someone with the same salt sent it before.
+        cached = sum(o.metrics.num_cached_tokens for o in outputs)
+        details = {"cached_tokens": cached} if self.settings.enable_prompt_tokens_details else None
+        return UsageInfo(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=details,
+        )
 
     def queue_snapshot(self) -> QueueSnapshot:
         """The engine's queue with the admitted sequences whose streams have not started behind it."""

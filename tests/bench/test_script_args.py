@@ -21,3 +21,10 @@ def test_options_take_their_type_and_name_from_the_default() -> None:
 def test_a_bool_default_is_refused() -> None:
     with pytest.raises(TypeError, match="store_true"):
         add_options(argparse.ArgumentParser(), verbose=False)
+
+
+def test_a_default_paired_with_text_becomes_the_options_help() -> None:
+    parser = argparse.ArgumentParser()
+    add_options(parser, low=(5.0, "requests/s before the step"), minutes=8)
+    assert parser.parse_args(["--low", "7"]) == argparse.Namespace(low=7.0, minutes=8)
+    assert "requests/s before the step" in " ".join(parser.format_help().split())

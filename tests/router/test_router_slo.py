@@ -15,7 +15,7 @@ import httpx
 from router_harness import RunningRouter, eventually, fake_replicas, run_router  # noqa: F401
 
 from plimsoll.overload import OVERLOAD_HEADER
-from plimsoll.router.backends import Replica
+from plimsoll.router.backends import Replica, TokenLoad
 from plimsoll.router.discovery import is_draining
 from plimsoll.router.slo_routing import predicted_ttft, slo_exclusions
 from plimsoll.ttft_prediction import SLO_TTFT_HEADER
@@ -27,7 +27,9 @@ BOUND = {SLO_TTFT_HEADER: "500"}
 
 
 def test_the_prediction_adds_what_the_router_sent_since_the_scrape() -> None:
-    r = Replica("http://r", backlog_s=0.5, prefill_tokens_per_s=100.0, decode_step_s=0.05)
+    r = Replica(
+        "http://r", token_load=TokenLoad(backlog_s=0.5, prefill_tokens_per_s=100.0, decode_step_s=0.05)
+    )
     assert predicted_ttft(r, 10) == 0.5 + 0.1 + 0.05
     r.inflight = 2  # two more sent since the scrape: their prompts come first
     assert predicted_ttft(r, 10) == 0.5 + 0.2 + 0.1 + 0.05
@@ -64,7 +66,7 @@ async def long_answer(http: httpx.AsyncClient) -> AsyncIterator[str]:
 def busy(router: RunningRouter, url: str) -> bool:
     """The router has scraped ``url`` since its long answer started (a backlog past the bound)."""
     replica = router.state.replica_set.replicas.get(url)
-    return replica is not None and replica.backlog_s is not None and replica.backlog_s > 0.5
+    return replica is not None and replica.token_load is not None and replica.token_load.backlog_s > 0.5
 
 
 async def test_requests_avoid_a_replica_that_would_miss_and_are_refused_when_all_would(fake_replicas) -> None:  # noqa: F811

@@ -148,43 +148,47 @@ struct Bf16 {
 // (ln 2 in two parts) and p the degree-6 Taylor polynomial on |r| <= ln 2 / 2 (relative error
 // ~2e-7, against std::exp's 1 ulp). Inputs below -87.3 give exp(-87.3) ~ 1e-38, not 0: only
 // softmax uses it, where such a weight is 0 to float32 after the sum.
+// The algorithm is written once for both widths: EXP_PS(op) names the width's _mm512_op_ps or
+// _mm256_op_ps; how n is rounded, how 2^n is applied and how lanes are summed differ per width.
 #if defined(__AVX512F__)
-inline __m512 exp_vec(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  for (const float c : {1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
+using ExpVec = __m512;
+#define EXP_PS(op) _mm512_##op##_ps
 constexpr int64_t kExpLanes = 16;
-inline void exp_store(float* p, float mx, float& sum) {
-  const __m512 e = exp_vec(_mm512_sub_ps(_mm512_loadu_ps(p), _mm512_set1_ps(mx)));
-  _mm512_storeu_ps(p, e);
-  sum += _mm512_reduce_add_ps(e);
-}
+inline __m512 round_nearest(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m512 times_pow2(__m512 p, __m512 n) { return _mm512_scalef_ps(p, n); }
+inline void add_lanes(__m512 e, float& sum) { sum += _mm512_reduce_add_ps(e); }
 #elif defined(__AVX2__) && defined(__FMA__)
-inline __m256 exp_vec(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720.f);
-  for (const float c : {1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+using ExpVec = __m256;
+#define EXP_PS(op) _mm256_##op##_ps
+constexpr int64_t kExpLanes = 8;
+inline __m256 round_nearest(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m256 times_pow2(__m256 p, __m256 n) {  // AVX2 has no scalef: 2^n built in the exponent bits
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
-constexpr int64_t kExpLanes = 8;
-inline void exp_store(float* p, float mx, float& sum) {
-  const __m256 e = exp_vec(_mm256_sub_ps(_mm256_loadu_ps(p), _mm256_set1_ps(mx)));
-  _mm256_storeu_ps(p, e);
+inline void add_lanes(__m256 e, float& sum) {
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, e);
   for (const float l : lanes) sum += l;
 }
+#endif
+
+#if defined(EXP_PS)
+inline ExpVec exp_vec(ExpVec x) {
+  x = EXP_PS(max)(x, EXP_PS(set1)(-87.3f));
+  const ExpVec n = round_nearest(EXP_PS(mul)(x, EXP_PS(set1)(1.44269504088896341f)));
+  ExpVec r = EXP_PS(fnmadd)(n, EXP_PS(set1)(0.693145751953125f), x);
+  r = EXP_PS(fnmadd)(n, EXP_PS(set1)(1.428606765330187045e-06f), r);
+  ExpVec p = EXP_PS(set1)(1.f / 720.f);
+  for (const float c : {1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) p = EXP_PS(fmadd)(p, r, EXP_PS(set1)(c));
+  return times_pow2(p, n);
+}
+inline void exp_store(float* p, float mx, float& sum) {
+  const ExpVec e = exp_vec(EXP_PS(sub)(EXP_PS(loadu)(p), EXP_PS(set1)(mx)));
+  EXP_PS(storeu)(p, e);
+  add_lanes(e, sum);
+}
+#undef EXP_PS
 #else
 constexpr int64_t kExpLanes = 1;
 inline void exp_store(float* p, float mx, float& sum) {
