@@ -235,8 +235,8 @@ def classify_miss(promised: ServiceRates, steps: list[tuple[float, int]]) -> tup
 
     ``("stall", s, allowed)`` when a step took longer than the promise allowed for it (the host
     slowed beyond anything the replica's recent steps showed: no prediction made at admission
-    could see it); ``("queue", s, allowed)`` when every step kept within it (the queue model was
-    wrong). ``s`` and ``allowed``: the step furthest over its allowance, and that allowance.
+    could see it); ``("queue", s, allowed)`` when every step kept within it (the time went
+    elsewhere: more steps than the queue walk counted, or the path before the engine). ``s`` and ``allowed``: the step furthest over its allowance, and that allowance.
     """
     worst, worst_allowed, ratio = 0.0, 0.0, 0.0
     for seconds, prompt in steps:
