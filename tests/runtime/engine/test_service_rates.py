@@ -40,7 +40,9 @@ def test_the_warm_up_feeds_the_meter_a_prefill_and_decode_steps_before_ready(tin
     fed: list[tuple[int, int]] = []
 
     class Recording(ServiceRateMeter):
-        def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float, end: float | None = None) -> None:
+        def observe(
+            self, prefill_tokens: int, decode_tokens: int, step_s: float, end: float | None = None
+        ) -> None:
             fed.append((prefill_tokens, decode_tokens))
             super().observe(prefill_tokens, decode_tokens, step_s, end)
 
