@@ -6,8 +6,13 @@ process (``router/app.py``'s ``running_router``: the real two-hop path), a bench
 same closed-loop levels through it (``--levels`` are concurrency *per replica*, so every layout is
 loaded alike), and the layout's figures are taken at its best level: goodput under the TTFT and TPOT
 SLOs per replica, TTFT, TPOT and ITL p50/p95, and, for a split, what the KV transfer cost per
-request (the decode replicas' ``plimsoll_kv_transfer_*`` counters before and after, over the
-requests the router split). Each layout draws its own prompts of the same shapes (the seed moves on),
+request (the replicas' ``plimsoll_kv_transfer_*`` series before and after, over the requests the
+router split): its wall time and bytes, and the CPU time it took each side (producer: holding,
+reading and sending the blocks; consumer: pulling, checking, staging and loading them). Every layout
+also gets its replicas' whole process CPU time per request (``process_cpu_seconds_total`` before and
+after, over the requests its decode replicas finished; a split's by prefill and decode replicas in
+the report): what serving one request costs the layout's cores, the transfer and the second hop's
+request handling included. Each layout draws its own prompts of the same shapes (the seed moves on),
 so none starts with the previous layout's prompts in its replicas' caches. With ``--repeats N`` the
 layouts run N times, every other time in reverse order (A B, B A: a drift in a shared host's load weighs
 on each layout alike), and each layout's figures are the mean over its repeats.
@@ -33,6 +38,7 @@ from plimsoll.disaggregation import AGGREGATED, LayoutFigures, Ratio, verdict
 from plimsoll.prometheus import parse
 
 Say = Callable[[str], None]
+PROCESS_CPU = "process_cpu_seconds_total"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ async def check_replicas(urls: Sequence[str], model: str | None, headers: dict[s
 
 
 async def _transfer_counters(urls: Sequence[str], headers: dict[str, str]) -> dict[str, float]:
+    """The KV transfer's cumulative figures over ``urls``; ``cpu:<side>:<stage>`` keys are CPU seconds."""
     totals = {"seconds": 0.0, "pulls": 0.0, "bytes": 0.0, "failures": 0.0}
     async with httpx.AsyncClient(timeout=10, headers=headers) as client:
         for url in urls:
@@ -91,7 +98,31 @@ async def _transfer_counters(urls: Sequence[str], headers: dict[str, str]) -> di
             rows = scrape.samples.get(mn.KV_TRANSFER_BYTES, [])
             totals["bytes"] += sum(v for labels, v in rows if labels.get("direction") == "received")
             totals["failures"] += scrape.sum(mn.KV_TRANSFER_FAILURES) or 0.0
+            for labels, v in scrape.samples.get(mn.KV_TRANSFER_CPU + "_sum", []):
+                key = f"cpu:{labels.get('side')}:{labels.get('stage')}:{labels.get('thread')}"
+                totals[key] = totals.get(key, 0.0) + v
+            # The whole replica's CPU (prometheus_client's process collector) and the requests it finished.
+            totals[f"process:{url}"] = scrape.sum(PROCESS_CPU) or 0.0
+            totals[f"finished:{url}"] = scrape.sum(mn.REQUEST_SUCCESS) or 0.0
     return totals
+
+
+def _replica_cpu(delta: dict[str, float], layout: Layout) -> dict[str, float]:
+    """Process CPU seconds per client request on the layout's prefill and decode replicas (aggregated: all
+    are decode replicas); empty when the replicas finished none or do not export their CPU."""
+    finished = sum(delta.get(f"finished:{u}", 0.0) for u in layout.decode)  # every request ends on one
+    if not finished or not any(delta.get(f"process:{u}", 0.0) for u in (*layout.prefill, *layout.decode)):
+        return {}
+    return {
+        role: sum(delta.get(f"process:{u}", 0.0) for u in urls) / finished
+        for role, urls in (("prefill", layout.prefill), ("decode", layout.decode))
+        if urls
+    }
+
+
+def _cpu_per_request(delta: dict[str, float], requests: float) -> dict[str, float]:
+    """CPU seconds per split request by ``side:stage:thread``, from the counters' difference."""
+    return {k.removeprefix("cpu:"): v / requests for k, v in sorted(delta.items()) if k.startswith("cpu:")}
 
 
 def _s(level: dict[str, Any], metric: str, pct: str) -> float | None:
@@ -116,13 +147,14 @@ async def run_layout(
     async with running_router(router) as (url, state):
         session = await BenchSession.open(cfg.model_copy(update={"url": url}))
         try:
-            before = await _transfer_counters(layout.decode, headers) if split else None
+            everyone = (*layout.prefill, *layout.decode)
+            before = await _transfer_counters(everyone, headers)
             results = []
             for per_replica in levels:
                 c = per_replica * layout.replicas
                 say(f"{layout.name}: c={c} ({per_replica} per replica)")
                 results.append(await session.level(c))
-            after = await _transfer_counters(layout.decode, headers) if split else None
+            after = await _transfer_counters(everyone, headers)
         finally:
             await session.aclose()
         registry = state.metrics.registry
@@ -154,17 +186,27 @@ async def run_layout(
         itl_p50_s=_s(best, "itl", "p50"), itl_p95_s=_s(best, "itl", "p95"),
         prefill_replicas=len(layout.prefill), decode_replicas=len(layout.decode) if split else 0,
     )  # fmt: skip
-    if split and before is not None and after is not None:
-        delta = {k: after[k] - before[k] for k in after}
+    cpu: dict[str, float] = {}
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    replica_cpu = _replica_cpu(delta, layout)
+    if replica_cpu:
+        figures.replica_cpu_s = sum(replica_cpu.values())
+    if split:
         if split_requests:
             figures.transfer_s = delta["seconds"] / split_requests
             figures.transfer_bytes = delta["bytes"] / split_requests
+            cpu = _cpu_per_request(delta, split_requests)
+            if cpu:  # replicas that export the transfer's CPU time
+                figures.transfer_cpu_producer_s = sum(v for k, v in cpu.items() if k.startswith("producer:"))
+                figures.transfer_cpu_consumer_s = sum(v for k, v in cpu.items() if k.startswith("consumer:"))
         if fallbacks or delta["failures"]:
             figures.notes.append(
                 f"{fallbacks:.0f} requests not split, {delta['failures']:.0f} failed pulls (prefilled locally)"
             )
     detail = {"layout": layout.name, "prefill": list(layout.prefill), "decode": list(layout.decode),
-              "best_concurrency": best["concurrency"], "split_requests": split_requests, "levels": results}  # fmt: skip
+              "best_concurrency": best["concurrency"], "split_requests": split_requests,
+              "transfer_cpu_s_per_request": cpu, "replica_cpu_s_per_request": replica_cpu,
+              "levels": results}  # fmt: skip
     return figures, detail
 
 
@@ -181,7 +223,8 @@ def mean_figures(runs: Sequence[LayoutFigures]) -> LayoutFigures:
     out = LayoutFigures(first.layout, first.replicas, sum(f.goodput_rps for f in runs) / len(runs),
                         prefill_replicas=first.prefill_replicas, decode_replicas=first.decode_replicas)  # fmt: skip
     for name in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "itl_p50_s", "itl_p95_s",
-                 "transfer_s", "transfer_bytes"):  # fmt: skip
+                 "transfer_s", "transfer_bytes", "transfer_cpu_producer_s", "transfer_cpu_consumer_s",
+                 "replica_cpu_s"):  # fmt: skip
         setattr(out, name, mean([getattr(f, name) for f in runs]))
     each = ", ".join(f"{f.goodput_per_replica:.3g}" for f in runs)
     out.notes = [f"mean of {len(runs)} repeats; good req/s per replica in each: {each}",
@@ -259,15 +302,20 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1e3:.0f}"
 
+    def cpu(lay: dict[str, Any]) -> str:
+        p, c = lay.get("transfer_cpu_producer_s"), lay.get("transfer_cpu_consumer_s")
+        return "-" if p is None or c is None else f"{p * 1e3:.1f}/{c * 1e3:.1f}"
+
     rows = [("layout", "replicas", "good/s/replica", "TTFT p50/p95 ms", "TPOT p50/p95 ms", "ITL p50/p95 ms",
-             "KV ms/req", "KV MB/req")]  # fmt: skip
+             "KV ms/req", "KV MB/req", "KV CPU ms/req P/D", "CPU ms/req")]  # fmt: skip
     for lay in report["verdict"]["layouts"]:
         rows.append((
             lay["layout"], str(lay["replicas"]), f"{lay['goodput_per_replica_rps']:.3f}",
             f"{ms(lay['ttft_p50_s'])}/{ms(lay['ttft_p95_s'])}", f"{ms(lay['tpot_p50_s'])}/{ms(lay['tpot_p95_s'])}",
             f"{ms(lay['itl_p50_s'])}/{ms(lay['itl_p95_s'])}",
             "-" if lay["transfer_s"] is None else f"{lay['transfer_s'] * 1e3:.1f}",
-            "-" if lay["transfer_bytes"] is None else f"{lay['transfer_bytes'] / 1e6:.3f}",
+            "-" if lay["transfer_bytes"] is None else f"{lay['transfer_bytes'] / 1e6:.3f}", cpu(lay),
+            "-" if lay.get("replica_cpu_s") is None else f"{lay['replica_cpu_s'] * 1e3:.1f}",
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

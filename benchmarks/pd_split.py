@@ -17,7 +17,13 @@ Per workload:
      under the SLO, the KV transfer in ms and MB per request, and the verdict;
   3. the prediction of ``plimsoll plan --link-bandwidth`` from the profile and the link's measured
      rate at the comparison's levels, judged against the measurement's noise band, and whether it
-     agrees with the measured verdict: the same category (split, aggregated, or no clear gain).
+     agrees with the measured verdict: the same category (split, aggregated, or no clear gain). The
+     replicas here are CPU replicas, whose own cores move the KV blocks: the prediction charges each
+     transfer's measured CPU time per request to each side (the split's "KV CPU ms/req P/D", the
+     replicas' ``plimsoll_kv_transfer_cpu_seconds``), and, for comparison, the pull's wall time to
+     both sides, as it did before the CPU time was measured, and the CPU time over the share of its
+     core the profiled replica got at c = 1 (its process CPU per wall second: on a shared host the
+     profile's times are wall times of a partly-served core, and so is a transfer's cost).
 
 The default model is small (``SMALL_SHAPE``: random weights, SmolLM2-135M's heads at 8 layers of
 width 384) so that both workloads finish in minutes on a shared 2-core host; ``--model smollm2-135m``
@@ -126,11 +132,26 @@ def config(
     )  # fmt: skip
 
 
+async def process_cpu(url: str) -> float:
+    """The replica's process CPU seconds so far (prometheus_client's process collector)."""
+    import httpx
+
+    from plimsoll.prometheus import parse
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        return parse((await client.get(f"{url}/metrics")).text).sum("process_cpu_seconds_total") or 0.0
+
+
 async def profile(url: str, isl: int, osl: int, requests: int, seed: int) -> dict[str, Any]:
-    """One replica at c = 1, 2, 4: a sweep report's levels (what `plimsoll plan --report` reads)."""
+    """One replica at c = 1, 2, 4: a sweep report's levels (what `plimsoll plan --report` reads), and
+    ``core_share``: the replica's CPU seconds per wall second at c = 1, where it is busy all the time —
+    the share of its core it got from a host it shares, which turns CPU time into its wall time."""
     session = await BenchSession.open(config(url, isl, osl, (1, 2, 4), requests, SLO(), seed))
     try:
-        return {"levels": [await session.level(c) for c in (1, 2, 4)]}
+        cpu0, t0 = await process_cpu(url), time.monotonic()
+        levels = [await session.level(1)]
+        share = (await process_cpu(url) - cpu0) / (time.monotonic() - t0)
+        return {"levels": [*levels, *[await session.level(c) for c in (2, 4)]], "core_share": share}
     finally:
         await session.aclose()
 
@@ -170,20 +191,40 @@ async def workload(
     link, kv_per_token = LINK.get("bytes_per_s"), LINK.get("kv_per_token", 0.0)
     out: dict[str, Any] = {"name": name, "input_tokens": isl, "output_tokens": osl, "slo": slo.model_dump(),
                            "profile": prof, "measured": report}  # fmt: skip
+    cpu = (split["transfer_cpu_producer_s"], split["transfer_cpu_consumer_s"])
+    for lay in measured["layouts"]:
+        runs = [d["replica_cpu_s_per_request"] for d in report["layouts"] if d["layout"] == lay["layout"]]
+        roles = sorted({role for r in runs for role in r})
+        print(f"replica process CPU ms per request, {lay['layout']} (each repeat): " + "; ".join(
+            ", ".join(f"{role} {r[role] * 1e3:.1f}" for role in roles if role in r) for r in runs))  # fmt: skip
+    stages = [d["transfer_cpu_s_per_request"] for d in report["layouts"] if d["transfer_cpu_s_per_request"]]
+    if stages:
+        print("transfer CPU ms per request by side:stage:thread (mean of the split's repeats): " + ", ".join(
+            f"{k} {sum(st.get(k, 0.0) for st in stages) / len(stages) * 1e3:.2f}" for k in stages[0]))  # fmt: skip
     if link:
         prof_ = profile_from_report(prof, kv_per_token, slo.tpot_p50_ms / 1e3)
-        # At the levels the comparison ran (per replica), judged against the measurement's own noise band.
+        # At the levels the comparison ran (per replica), judged against the measurement's own noise band;
+        # CPU replicas: the transfer's measured CPU time charged to each side (the wall time when unmeasured).
         band = measured["band"]
-        predicted = verdict(
-            predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3,
-                    levels=args.levels, pull_stall=pull_stall_for(0)),  # CPU replicas
-            margin=band,
-        )  # fmt: skip
+        measured_cpu = cpu if None not in cpu else None
+
+        def judged(transfer_cpu: tuple[float, float] | None) -> Any:
+            return verdict(predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3,
+                                   levels=args.levels, pull_stall=pull_stall_for(0), transfer_cpu_s=transfer_cpu),
+                           margin=band)  # fmt: skip
+
+        predicted, by_wall = judged(measured_cpu), judged(None)
+        # The profile's times are wall times on a core shared with the host's other work: the transfer's CPU
+        # time in the same units is its CPU time over the share of the core the replica got.
+        share = min(1.0, prof["core_share"])
+        by_share = judged((cpu[0] / share, cpu[1] / share)) if measured_cpu and share > 0 else None
         agrees = predicted.category == measured["category"]
         steps = ", ".join(f"{b:g}: {t * 1e3:.1f} ms" for b, t in prof_.step_s)
+        charged = (f"the transfer's measured CPU charged: {cpu[0] * 1e3:.2f} ms prefill side, {cpu[1] * 1e3:.2f} ms "
+                   "decode side" if measured_cpu else "the transfer's wall time charged to both sides (CPU unmeasured)")  # fmt: skip
         print(f"predicted (plimsoll plan, link {link / 1e6:.0f} MB/s measured, prefill "
               f"{prof_.prefill_tokens_per_s:,.0f} tok/s, decode step by sequences {steps}; levels "
-              f"{', '.join(map(str, args.levels))} per replica; band {band:.0%}): {predicted.category}, run "
+              f"{', '.join(map(str, args.levels))} per replica; band {band:.0%}; {charged}): {predicted.category}, run "
               f"{predicted.runs} — {'agrees with' if agrees else 'DIFFERS from'} the measurement")  # fmt: skip
         for lay in predicted.layouts:
             print(f"  predicted {lay.layout}: {lay.goodput_per_replica:.3g} good req/s per replica, TTFT "
@@ -193,9 +234,39 @@ async def workload(
         # The same prediction at the plan's own band (what `plimsoll plan` prints without a measurement).
         alone = verdict(predicted.layouts)
         print(f"  predicted at the plan's {alone.band:.0%} band: {alone.category}")
+        wall_gain = gain_of(by_wall.layouts)
+        wall_agrees = by_wall.category == measured["category"]
+        print(f"  predicted with the wall time charged instead: {wall_gain:+.0%}, {by_wall.category} — "
+              f"{'agrees with' if wall_agrees else 'DIFFERS from'} the measurement")  # fmt: skip
+        share_fig: dict[str, Any] | None = None
+        if by_share is not None:
+            share_gain = gain_of(by_share.layouts)
+            share_agrees = by_share.category == measured["category"]
+            print(f"  predicted with the CPU time at the replica's measured core share ({share:.0%} of a core at "
+                  f"c=1): {share_gain:+.0%}, {by_share.category} — "
+                  f"{'agrees with' if share_agrees else 'DIFFERS from'} the measurement")  # fmt: skip
+            share_fig = {"core_share": share, "category": by_share.category, "gain": share_gain,
+                         "agrees": share_agrees}  # fmt: skip
         out["predicted"] = {**predicted.to_dict(), "link_bytes_per_s": link, "agrees": agrees,
-                            "category_at_plan_band": alone.category}  # fmt: skip
+                            "by_core_share": share_fig,
+                            "category_at_plan_band": alone.category, "transfer_cpu_s": measured_cpu,
+                            "gain": gain_of(predicted.layouts), "measured_gain": gain_of_dicts(measured["layouts"]),
+                            "by_wall": {"category": by_wall.category, "gain": wall_gain, "agrees": wall_agrees}}  # fmt: skip
     return out
+
+
+def gain_of(layouts: list[Any]) -> float:
+    """The best split's goodput per replica against aggregated's (predicted figures)."""
+    agg = layouts[0].goodput_per_replica
+    best = max(lay.goodput_per_replica for lay in layouts[1:])
+    return (best - agg) / agg if agg else 0.0
+
+
+def gain_of_dicts(layouts: list[dict[str, Any]]) -> float:
+    """The same for a report's layouts (measured figures)."""
+    agg = layouts[0]["goodput_per_replica_rps"]
+    best = max(lay["goodput_per_replica_rps"] for lay in layouts[1:])
+    return float((best - agg) / agg) if agg else 0.0
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -216,13 +287,20 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         for r in replicas:
             r.stop(timeout=30)
-    print("\nsummary: workload — measured (noise band) — predicted — agree (same category)")
+    print("\nsummary: workload — measured (noise band) — predicted, transfer CPU charged — agree — "
+          "predicted, wall time charged — agree — predicted, CPU at the core share — agree (same category)")  # fmt: skip
     for res in results:
         v = res["measured"]["verdict"]
         predicted = res.get("predicted")
-        said = predicted["category"] if predicted else "-"
-        print(f"  {res['name']} — {v['category']} (±{v['band']:.0%}) — {said} — "
-              f"{'-' if predicted is None else 'yes' if predicted['agrees'] else 'NO'}")  # fmt: skip
+        if predicted is None:
+            print(f"  {res['name']} — {v['category']} (±{v['band']:.0%}) — no prediction (no link measured)")
+            continue
+        wall, by_share = predicted["by_wall"], predicted["by_core_share"]
+        shared = "-" if by_share is None else (f"{by_share['gain']:+.0%} {by_share['category']} — "
+                                               f"{'yes' if by_share['agrees'] else 'NO'}")  # fmt: skip
+        print(f"  {res['name']} — {predicted['measured_gain']:+.0%} {v['category']} (±{v['band']:.0%}) — "
+              f"{predicted['gain']:+.0%} {predicted['category']} — {'yes' if predicted['agrees'] else 'NO'} — "
+              f"{wall['gain']:+.0%} {wall['category']} — {'yes' if wall['agrees'] else 'NO'} — {shared}")  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.output:
         with open(args.output, "w") as f:

@@ -62,6 +62,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def start_once(python: str, serve_args: list[str], importtime: bool, timeout: float) -> Start:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -95,7 +102,7 @@ def start_once(python: str, serve_args: list[str], importtime: bool, timeout: fl
                     pass
                 time.sleep(0.02)
             ready = time.perf_counter() - t0
-            first, parts, usage = None, [], {}
+            first, parts, usage, cpu = None, [], {}, 0.0
             body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}  # fmt: skip
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
@@ -103,15 +110,13 @@ def start_once(python: str, serve_args: list[str], importtime: bool, timeout: fl
                 for line in response.iter_lines():
                     if first is None and line:
                         first = time.perf_counter() - t0
+                        cpu = cpu_seconds(proc.pid)  # by the first byte, not by the end of the answer
                     if line.startswith("data: {"):
                         chunk = json.loads(line[6:])
                         for choice in chunk.get("choices") or []:
                             parts.append(choice.get("text") or "")
                         usage = chunk.get("usage") or usage
             assert first is not None, "no byte came back"
-            with open(f"/proc/{proc.pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
             phases = {}
             for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
                 m = re.match(r'plimsoll_startup_phase_seconds\{.*phase="(\w+)".*\} (\S+)', line)

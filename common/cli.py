@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from plimsoll import __version__
-from plimsoll.help_format import hide_flag_types, keep_option_names_whole
+from plimsoll.help_format import hide_flag_types, keep_option_names_whole_when_help_prints
 
 # name -> (module, attribute, one-line help). An attribute that is a Typer is a group of
 # sub-commands (`plimsoll bench run`); any other is a command function. Listed in `--help` order
@@ -93,7 +93,7 @@ class LazyGroup(TyperGroup):
 
 
 hide_flag_types()
-keep_option_names_whole()
+keep_option_names_whole_when_help_prints()
 app = typer.Typer(
     name="plimsoll",
     cls=LazyGroup,

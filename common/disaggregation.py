@@ -32,13 +32,16 @@ why), so "split pays" means one thing everywhere.
   *Split* ``p:d`` (``n = c·(p+d)`` requests in flight): prefills queue on the prefill pool only
   (share ``ρ = X·s/p``), each prompt's KV moves in ``T``, decodes run at ``t(b)`` with ``b = X·D/d``;
   ``X = n/(s + wait + T + t + (O−1)·t)``, capped by ``p/s`` and ``p/T``. Where the replicas' own
-  compute packs, sends, receives and unpacks the blocks (``pull_stall`` = 1: CPU replicas, whose
-  transfer threads take the cores their steps run on), each request's ``T`` costs both sides: the
-  prefill replica spends ``s + T`` on it (``ρ = X·(s+T)/p``, the cap ``p/(s+T)``), and on the decode
-  replica it stalls the decodes as a prefill does on an aggregated replica: share ``v = X·T/d``,
-  ``D = (O−1)·t(b)/(1−v)``, the TPOT SLO met when at most ``⌊(SLO − t)·(O−1)/T⌋`` pulls land in a
-  decode (Poisson, mean ``v·D/T``). Where a copy engine moves them beside the kernels (a GPU),
-  ``pull_stall`` = 0: neither.
+  cores pack, send, receive and unpack the blocks (``pull_stall`` = 1: CPU replicas, whose transfer
+  threads take the cores their steps run on), each request's transfer costs both sides compute: the
+  producer ``Cp``, the consumer ``Cc`` — the CPU time each side's threads spent on it, as
+  ``plimsoll bench disagg`` measures it (``transfer_cpu_s``); without a measurement, the wall time
+  ``T`` for each, an upper bound (a pull's wall time also holds the other side's work and the
+  wire). The prefill replica spends ``s + Cp`` per request (``ρ = X·(s+Cp)/p``, the cap
+  ``p/(s+Cp)``); on the decode replica each pull stalls the decodes as a prefill does on an
+  aggregated replica: share ``v = X·Cc/d``, ``D = (O−1)·t(b)/(1−v)``, the TPOT SLO met when at most
+  ``⌊(SLO − t)·(O−1)/Cc⌋`` pulls land in a decode (Poisson, mean ``v·D/Cc``). Where a copy engine
+  moves them beside the kernels (a GPU), ``pull_stall`` = 0: neither.
 
   A request meets the TTFT SLO when the prompts ahead of it fit (``P(j ahead) ≈ ρ^j``). Goodput is
   ``X`` × the share meeting both SLOs, at the best of the given concurrencies (as the bench takes a
@@ -105,8 +108,12 @@ class LayoutFigures:
     tpot_p95_s: float | None = None
     itl_p50_s: float | None = None
     itl_p95_s: float | None = None
-    transfer_s: float | None = None  # KV transfer per request (split layouts)
+    transfer_s: float | None = None  # KV transfer per request (split layouts): wall time
     transfer_bytes: float | None = None
+    # CPU time the transfer took each side's threads per request (measured; CPU replicas).
+    transfer_cpu_producer_s: float | None = None
+    transfer_cpu_consumer_s: float | None = None
+    replica_cpu_s: float | None = None  # measured: all its replicas' process CPU per request
     prefill_replicas: int = 0
     decode_replicas: int = 0
     limited_by: str | None = None  # predictions: the operating point and what caps the goodput
@@ -155,6 +162,9 @@ def _describe(lay: LayoutFigures) -> str:
     if lay.transfer_s is not None or lay.transfer_bytes is not None:
         mb = f"{lay.transfer_bytes / 1e6:.3g} MB" if lay.transfer_bytes is not None else "n/a"
         text += f", KV transfer {_ms(lay.transfer_s)} and {mb} per request"
+        if lay.transfer_cpu_producer_s is not None and lay.transfer_cpu_consumer_s is not None:
+            text += (f" (CPU {_ms(lay.transfer_cpu_producer_s)} on the prefill side, "
+                     f"{_ms(lay.transfer_cpu_consumer_s)} on the decode side)")  # fmt: skip
     if lay.limited_by:
         text += f" ({lay.limited_by})"
     return text
@@ -373,19 +383,20 @@ def _stall_share(tpot_slo_s: float | None, t: float, steps: float, stall_s: floa
 def split_at(
     profile: ServiceProfile, input_tokens: float, output_tokens: float, c: float, ratio: Ratio,
     transfer_s: float, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
-    pull_stall: float = 0.0,
+    pull_stall: float = 0.0, transfer_cpu_s: tuple[float, float] | None = None,
 ) -> OperatingPoint:  # fmt: skip
     """A ``p:d`` layout with ``c`` requests in flight per replica: prefill pool, transfer, decode pool.
 
-    ``pull_stall``: the share of each pull's ``transfer_s`` that takes its prefill replica's compute and
-    stalls its decode replica's steps (1 where the replicas' own cores move the blocks, 0 beside a copy
-    engine)."""
+    ``pull_stall``: the share of each transfer's cost that takes its replicas' compute (1 where their own
+    cores move the blocks, 0 beside a copy engine); the cost is ``transfer_cpu_s`` (producer, consumer:
+    CPU seconds per request, measured) or, without it, ``transfer_s`` (the wall time) on each side."""
     s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
     p, d = ratio.prefill, ratio.decode
     n = c * ratio.replicas
     others = max(0.0, (n - 1) / n)
-    stall_s = pull_stall * transfer_s
-    per_prompt = s + stall_s  # a prefill replica's time for one request: its prompt, and serving the pull
+    send_cpu, receive_cpu = transfer_cpu_s if transfer_cpu_s is not None else (transfer_s, transfer_s)
+    send_s, stall_s = pull_stall * send_cpu, pull_stall * receive_cpu
+    per_prompt = s + send_s  # a prefill replica's time for one request: its prompt, and serving the pull
     cap = min(p / per_prompt, p / transfer_s if transfer_s > 0 else math.inf)
     t = profile.step_at(n / d)
     x = min(cap, n / (s + transfer_s + t + steps * t))
@@ -417,13 +428,20 @@ def predict(
     tpot_slo_s: float | None = None,
     levels: Sequence[float] | None = None,
     pull_stall: float = 0.0,
+    transfer_cpu_s: tuple[float, float] | None = None,
 ) -> list[LayoutFigures]:
     """Goodput per layout from ``profile`` at its best of ``levels`` (per-replica concurrencies; default the
     profile's), the KV transfer taking ``I × kv bytes / link`` (see the module docstring for the model);
-    ``pull_stall`` as :func:`split_at` (use :func:`pull_stall_for`)."""
+    ``pull_stall`` and ``transfer_cpu_s`` (producer, consumer CPU seconds per request) as :func:`split_at`
+    (use :func:`pull_stall_for`)."""
     if not 0.0 <= pull_stall <= 1.0:
         raise ValueError(
             f"pull_stall {pull_stall!r}: the share of a pull that stalls decoding is within [0, 1]"
+        )
+    if transfer_cpu_s is not None and (len(transfer_cpu_s) != 2 or min(transfer_cpu_s) < 0):
+        raise ValueError(
+            f"transfer CPU {transfer_cpu_s!r}: give the producer's and the consumer's CPU seconds per request, "
+            "each zero or more"
         )
     if min(profile.prefill_tokens_per_s, profile.decode_sequences, profile.decode_tpot_s, input_tokens,
            output_tokens, link_bytes_per_s) <= 0 or any(t <= 0 for _, t in profile.step_s):  # fmt: skip
@@ -445,19 +463,34 @@ def predict(
     )))  # fmt: skip
     for r in ratios:
         points = [split_at(profile, input_tokens, output_tokens, c, r, transfer_s, ttft_slo_s, tpot_slo_s,
-                           pull_stall) for c in levels]  # fmt: skip
+                           pull_stall, transfer_cpu_s) for c in levels]  # fmt: skip
         best = max(points, key=lambda pt: pt.goodput_rps)
         stalled = (
             f", {best.stalled_share:.0%} of decodes stalled by another request's pull" if pull_stall else ""
         )
         lay = _figures(r.name, r.replicas, best, ttft_slo_s, tpot_slo_s, (
             f"c={best.concurrency:g} per replica: prefill pool busy {best.prefill_busy:.0%}, decode batch "
-            f"{best.batch:.2g} at {_ms(best.tpot_s)} a token, KV transfer {_ms(transfer_s)}{stalled}"
+            f"{best.batch:.2g} at {_ms(best.tpot_s)} a token, KV transfer {_ms(transfer_s)}, "
+            f"{transfer_charge(transfer_s, pull_stall, transfer_cpu_s)}{stalled}"
         ))  # fmt: skip
         lay.transfer_s, lay.transfer_bytes = transfer_s, transfer_bytes
+        if transfer_cpu_s is not None:
+            lay.transfer_cpu_producer_s, lay.transfer_cpu_consumer_s = transfer_cpu_s
         lay.prefill_replicas, lay.decode_replicas = r.prefill, r.decode
         out.append(lay)
     return out
+
+
+def transfer_charge(transfer_s: float, pull_stall: float, transfer_cpu_s: tuple[float, float] | None) -> str:
+    """Which figure the prediction charged to the replicas' compute for each transfer, in words."""
+    if pull_stall == 0:
+        return "not charged to the replicas' compute (a copy engine moves the blocks)"
+    share = "" if pull_stall == 1 else f"{pull_stall:.0%} of "
+    if transfer_cpu_s is None:
+        return (f"charged {share}its wall time {_ms(transfer_s)} to each side's compute (the transfer's CPU time "
+                "was not measured)")  # fmt: skip
+    return (f"charged {share}its measured CPU time: {_ms(transfer_cpu_s[0])} to the prefill side, "
+            f"{_ms(transfer_cpu_s[1])} to the decode side")  # fmt: skip
 
 
 def pull_stall_for(gpus_per_replica: int) -> float:

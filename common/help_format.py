@@ -58,6 +58,23 @@ def _option_names(param: Any, ctx: Any, rich_utils: Any) -> Any:
     return cell
 
 
+def keep_option_names_whole_when_help_prints() -> None:
+    """:func:`keep_option_names_whole` on the first help a command or group prints, not at import:
+    ``typer.rich_utils`` (rich's tables, tracebacks, markdown) costs a tenth of a second that a
+    command run without ``--help`` (``plimsoll serve`` starting a replica) does not spend."""
+    for cls in (core.TyperCommand, core.TyperGroup):
+        original = cls.__dict__.get("format_help")
+        if original is None or getattr(original, "_plimsoll_whole", False):
+            continue
+
+        def format_help(self: Any, ctx: Any, formatter: Any, _original: Any = original) -> None:
+            keep_option_names_whole()
+            _original(self, ctx, formatter)
+
+        format_help._plimsoll_whole = True  # type: ignore[attr-defined]
+        cls.format_help = format_help  # type: ignore[method-assign]
+
+
 def keep_option_names_whole() -> None:
     from typer import rich_utils
 

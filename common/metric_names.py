@@ -197,5 +197,11 @@ KV_TRANSFER_FAILURES = "plimsoll_kv_transfer_failures_total"  # consumer, label 
 KV_TRANSFER_BLOCKS = "plimsoll_kv_transfer_blocks_total"  # label direction = sent | received | skipped
 KV_TRANSFER_BYTES = "plimsoll_kv_transfer_bytes_total"  # label direction = sent | received
 KV_TRANSFER_TIME = "plimsoll_kv_transfer_time_seconds"  # consumer: one pull, connect to the last block staged
+# Thread CPU seconds one request's transfer took, labels side (producer | consumer), stage and thread
+# (engine | transfer; runtime/kv/remote_prefill.py CPU_STAGES). vLLM has no counterpart: its NIXL
+# series are wall times, and a GPU's copy engine moves the blocks without the replica's cores.
+KV_TRANSFER_CPU = "plimsoll_kv_transfer_cpu_seconds"
+KV_TRANSFER_CPU_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                           0.05, 0.1, 0.25, 0.5, 1.0)  # fmt: skip
 KV_TRANSFER_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                             30.0)  # fmt: skip

@@ -213,7 +213,9 @@ class Expected:
     @classmethod
     def of(cls, entry: Any) -> Expected:
         lfs = getattr(entry, "lfs", None)
-        return cls(int(entry.size), getattr(lfs, "sha256", None) if lfs is not None else None, str(entry.blob_id))
+        return cls(
+            int(entry.size), getattr(lfs, "sha256", None) if lfs is not None else None, str(entry.blob_id)
+        )
 
 
 def matches(path: Path, expected: Expected) -> bool:
@@ -448,6 +450,12 @@ def fetch_command(
     rehash: bool = typer.Option(
         False, "--rehash", help="Hash every file present again, even those recorded as checked and unchanged."
     ),
+    make_dirs: list[Path] = typer.Option(
+        [],
+        "--make-dir",
+        help="Also create this directory (mode 0700, as this user) on the volume: the engine's compilation "
+        "cache beside a node-local model cache. Repeatable.",
+    ),
 ) -> None:
     """Download a Hugging Face model before an engine starts (the LLMService init container)."""
     logging.basicConfig(
@@ -463,6 +471,10 @@ def fetch_command(
         raise typer.Exit(code=2) from None
     try:
         local_dir.mkdir(parents=True, exist_ok=True)
+        # Before the download, as this user: a directory a later container mounts by subPath would
+        # otherwise be created by the kubelet as root and be unwritable to the engine.
+        for directory in make_dirs:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fetch(ref, local_dir, attempts=attempts, backoff_seconds=backoff, rehash=rehash)
     except FetchError as error:
         line = f"{error.reason}: {error}"

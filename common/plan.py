@@ -634,6 +634,14 @@ def plan(
         ),
     ] = None,
     pd_ratios: Annotated[str, typer.Option(help="Split layouts to predict, PREFILL:DECODE.")] = "1:1,1:2,2:1",
+    pd_transfer_cpu_ms: Annotated[
+        str | None,
+        typer.Option(
+            help="PRODUCER,CONSUMER: CPU milliseconds one request's KV transfer takes the prefill and the decode "
+            "replica (`plimsoll bench disagg`'s KV CPU ms/req P/D), for replicas whose own cores move the blocks "
+            "(CPU serving); charged to their compute. Without it GPU replicas' copy engine moves them for free."
+        ),
+    ] = None,
     pd_input_tokens: Annotated[
         float | None,
         typer.Option(help="Prompt tokens per request for the prediction (default: the report's)."),
@@ -705,7 +713,10 @@ def plan(
             split_verdict = _split_prediction(
                 report, kv_bytes_per_token_per_gpu(read_model_config(model_config), 1, kv_name), link_bandwidth,
                 pd_ratios, pd_input_tokens, pd_output_tokens, ttft_p95_ms, tpot_p50_ms,
+                _transfer_cpu(pd_transfer_cpu_ms),
             )  # fmt: skip
+        elif pd_transfer_cpu_ms is not None:
+            raise PlanError("--pd-transfer-cpu-ms is used by the split prediction: give --link-bandwidth too")
     except PlanError as err:
         typer.echo(f"plimsoll plan: {err}", err=True)
         raise typer.Exit(code=2) from None
@@ -742,11 +753,28 @@ def plan(
             typer.echo(line)
 
 
+def _transfer_cpu(text: str | None) -> tuple[float, float] | None:
+    """``--pd-transfer-cpu-ms 4.2,6.8`` -> (producer, consumer) seconds; PlanError saying how to write it."""
+    if text is None:
+        return None
+    try:
+        producer, consumer = (float(part) / 1e3 for part in text.split(","))
+    except ValueError:
+        raise PlanError(
+            f"--pd-transfer-cpu-ms {text!r}: write PRODUCER,CONSUMER milliseconds, e.g. 4.2,6.8"
+        ) from None
+    if min(producer, consumer) < 0 or not math.isfinite(producer + consumer):
+        raise PlanError(f"--pd-transfer-cpu-ms {text!r}: CPU milliseconds are zero or more")
+    return producer, consumer
+
+
 def _split_prediction(
     report: Path, kv_bytes_per_token: float, link: str, ratios: str, input_tokens: float | None,
     output_tokens: float | None, ttft_p95_ms: float | None, tpot_p50_ms: float | None,
+    transfer_cpu_s: tuple[float, float] | None = None,
 ) -> Any:  # fmt: skip
-    """The predicted verdict on splitting prefill and decode (``plimsoll.disaggregation``)."""
+    """The predicted verdict on splitting prefill and decode (``plimsoll.disaggregation``); with
+    ``transfer_cpu_s`` (measured on CPU replicas) each transfer's CPU time is charged to its two replicas."""
     from plimsoll import disaggregation as pd
 
     try:
@@ -760,6 +788,7 @@ def _split_prediction(
         layouts = pd.predict(
             profile, float(isl), float(osl), pd.parse_bandwidth(link), pd.parse_ratios(ratios),
             ttft_slo_s=ttft_p95_ms / 1e3 if ttft_p95_ms else None, tpot_slo_s=tpot_p50_ms / 1e3 if tpot_p50_ms else None,
+            pull_stall=1.0 if transfer_cpu_s is not None else 0.0, transfer_cpu_s=transfer_cpu_s,
         )  # fmt: skip
         verdict = pd.verdict(layouts)
     except (OSError, ValueError, KeyError, StopIteration) as exc:
@@ -768,8 +797,11 @@ def _split_prediction(
         0,
         f"profile: prefill {profile.prefill_tokens_per_s:,.0f} tokens/s, {profile.decode_sequences:g} sequences "
         f"at TPOT {profile.decode_tpot_s * 1e3:.0f} ms, {kv_bytes_per_token:,.0f} KV bytes per token; "
-        f"{float(isl):.0f} prompt and {float(osl):.0f} output tokens per request; link {link}",
-    )
+        f"{float(isl):.0f} prompt and {float(osl):.0f} output tokens per request; link {link}; the transfer "
+        + (f"charged to the replicas' compute at its measured CPU time ({transfer_cpu_s[0] * 1e3:g} ms prefill "
+           f"side, {transfer_cpu_s[1] * 1e3:g} ms decode side)" if transfer_cpu_s is not None
+           else "not charged to the replicas' compute (a GPU's copy engine moves the blocks)"),
+    )  # fmt: skip
     return verdict
 
 

@@ -15,6 +15,7 @@ from plimsoll.operator.resources.engine import (
     COMPILE_CACHE_VOLUME,
     HOME_CACHE_VOLUME,
     engine_container,
+    node_compile_cache,
     operator_compile_cache,
 )
 from plimsoll.operator.resources.labels import common_labels, selector_labels
@@ -70,14 +71,18 @@ def replica_pod_template(
             *([{"name": HOME_CACHE_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}] if spec.engine.kind == "plimsoll" else []),
             *(
                 [{"name": COMPILE_CACHE_VOLUME, "emptyDir": {"sizeLimit": settings.compile_cache_size_limit}}]
-                if operator_compile_cache(svc)
+                if operator_compile_cache(svc) and not node_compile_cache(svc)
                 else []
             ),
             *spec.volumes,
         ],
     }
     location = parse_model_uri(spec.model.uri)
-    init = [build_fetch_container(svc, location, settings)] if location.scheme == "hf" else []
+    init = (
+        [build_fetch_container(svc, location, settings, compile_dir=node_compile_cache(svc))]
+        if location.scheme == "hf"
+        else []
+    )
     for name, adapter_location in adapters.hf_locations:
         # hf:// adapters are downloaded at pod start like the model; the engine loads them through its API.
         fetch = build_fetch_container(svc, adapter_location, settings)

@@ -25,6 +25,7 @@ from plimsoll.operator.resources.kv_cache import kv_engine_env, kv_engine_flags
 from plimsoll.operator.resources.model_fetch import (
     MODEL_CACHE_MOUNT,
     MODEL_CACHE_VOLUME,
+    NODE_COMPILE_SUBDIR,
     cache_volume,
     hf_local_dir,
 )
@@ -41,8 +42,9 @@ ENGINE_CONTAINER = "engine"
 HOME_CACHE_VOLUME = "home-cache"
 PLIMSOLL_HOME_CACHE = "/home/plimsoll/.cache"
 # plimsoll's --compilation-cache-dir (compiled graphs, Triton kernels, the CPU plan's packed weight
-# panels): an emptyDir lives as long as the pod, so a replica whose container is restarted (SIGKILL,
-# OOM, liveness) maps what its first start wrote instead of packing or compiling again.
+# panels and weights as served): an emptyDir lives as long as the pod, so a replica whose container
+# is restarted (SIGKILL, OOM, liveness) maps what its first start wrote instead of packing or
+# compiling again; beside a node-local model cache it lives on the node (``node_compile_cache``).
 COMPILE_CACHE_VOLUME = "engine-compile-cache"
 COMPILE_CACHE_MOUNT = "/var/cache/plimsoll/compile"
 
@@ -180,6 +182,29 @@ def operator_compile_cache(svc: LLMService) -> bool:
     if svc.spec.engine.kind != "plimsoll" or _has_flag(svc.spec.engine.args, "--compilation-cache-dir"):
         return False
     return "cache_dir" not in (_flag_value(svc.spec.engine.args, "--compilation-config") or "")
+
+
+def node_compile_cache(svc: LLMService) -> bool:
+    """Whether the operator's compile cache lives on the node, in the node-local model cache's
+    volume (``model.cache.hostPath``, an ``hf://`` model): a replica starting from zero on a node
+    that served the model before then maps the weights and panels an earlier replica wrote. The
+    entries are keyed by the checkpoint's files and written under temporary names, so replicas of
+    one node share them safely; whoever may write the hostPath may already write the model there."""
+    return (
+        operator_compile_cache(svc)
+        and svc.spec.model.cache.host_path is not None
+        and parse_model_uri(svc.spec.model.uri).scheme == "hf"
+    )
+
+
+def compile_cache_mount(svc: LLMService) -> list[dict[str, Any]]:
+    """The engine container's mount of its compile cache: its own emptyDir, or the node's directory."""
+    if node_compile_cache(svc):
+        # Writable, unlike the models beside it; the fetch init container created the subdirectory.
+        return [{"name": MODEL_CACHE_VOLUME, "mountPath": COMPILE_CACHE_MOUNT, "subPath": NODE_COMPILE_SUBDIR}]
+    if operator_compile_cache(svc):
+        return [{"name": COMPILE_CACHE_VOLUME, "mountPath": COMPILE_CACHE_MOUNT}]
+    return []
 
 
 def _plimsoll_args(svc: LLMService, model_arg: str | None) -> list[str]:
@@ -335,7 +360,7 @@ def engine_container(
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
             *([{"name": HOME_CACHE_VOLUME, "mountPath": PLIMSOLL_HOME_CACHE}] if spec.engine.kind == "plimsoll" else []),
-            *([{"name": COMPILE_CACHE_VOLUME, "mountPath": COMPILE_CACHE_MOUNT}] if operator_compile_cache(svc) else []),
+            *compile_cache_mount(svc),
             *spec.volume_mounts,
         ],
     }

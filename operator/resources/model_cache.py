@@ -20,6 +20,7 @@ from typing import Any
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.api.model_uri import parse_model_uri
 from plimsoll.operator.resources.deployment import RUN_AS_USER
+from plimsoll.operator.resources.engine import node_compile_cache
 from plimsoll.operator.resources.labels import common_labels, selector_labels
 from plimsoll.operator.resources.model_fetch import (
     FetchCondition,
@@ -81,7 +82,8 @@ def _placement(svc: LLMService) -> dict[str, Any]:
 def build_model_cache_daemonset(svc: LLMService, settings: BuildSettings) -> dict[str, Any]:
     """The DaemonSet that downloads ``model.uri`` into ``model.cache.hostPath`` on the replicas' nodes."""
     location = parse_model_uri(svc.spec.model.uri)
-    fetch = build_fetch_container(svc, location, settings)
+    # The replicas' own fetch, the compile-cache directory included (its args must match theirs).
+    fetch = build_fetch_container(svc, location, settings, compile_dir=node_compile_cache(svc))
     labels = common_labels(svc, COMPONENT)
     hold = {
         "name": HOLD_CONTAINER,

@@ -26,6 +26,9 @@ from plimsoll.operator.resources.settings import BuildSettings
 
 MODEL_CACHE_VOLUME = "model-cache"
 MODEL_CACHE_MOUNT = "/var/cache/plimsoll/models"
+# On a node-local cache (model.cache.hostPath) the engine's compilation cache lives beside the
+# models in this subdirectory, created by the fetch as the image's user.
+NODE_COMPILE_SUBDIR = "compile"
 FETCH_CONTAINER = "fetch-model"
 
 # Exit codes of `plimsoll fetch` (common/model_fetch.py) -> condition reason.
@@ -63,7 +66,7 @@ def cache_volume(svc: LLMService) -> dict[str, Any]:
 
 
 def build_fetch_container(
-    svc: LLMService, location: ModelLocation, settings: BuildSettings
+    svc: LLMService, location: ModelLocation, settings: BuildSettings, *, compile_dir: bool = False
 ) -> dict[str, Any]:
     """The init container that downloads ``location`` into the cache volume.
 
@@ -88,7 +91,12 @@ def build_fetch_container(
         "image": settings.plimsoll_image,
         # `plimsoll fetch` without loading the whole CLI: on a warm node cache start-up is the step's cost.
         "command": ["python", "-m", "plimsoll.model_fetch"],
-        "args": [uri, "--local-dir", hf_local_dir(location)],
+        "args": [
+            uri,
+            "--local-dir",
+            hf_local_dir(location),
+            *(["--make-dir", f"{MODEL_CACHE_MOUNT}/{NODE_COMPILE_SUBDIR}"] if compile_dir else []),
+        ],
         "env": env,
         # The fetch command writes its one-line reason there; logs stand in when it cannot.
         "terminationMessagePolicy": "FallbackToLogsOnError",

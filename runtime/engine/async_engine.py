@@ -166,7 +166,7 @@ class AsyncEngine:
         return self.engine.queue.plus(posted)
 
     def service_rates(self) -> ServiceRates | None:
-        """This replica's measured prefill rate and decode step (None until warm-up measured them)."""
+        """This replica's measured prefill rate and decode step (None until the rate probe or requests did)."""
         return self.engine.rate_meter.rates() if self.engine is not None else None
 
     def recent_steps(self, since: float) -> list[tuple[float, int]]:
@@ -327,22 +327,31 @@ class AsyncEngine:
         else:
             loop.call_soon_threadsafe(settle, result, None)
 
+    def _idle_for(self, engine: LLMEngine, idle_periods: float) -> bool:
+        """Whether the engine stays idle (no command, no request, not stopping) for ``idle_periods``
+        times ``DEFERRED_WARMUP_IDLE_S``; ``False`` as soon as work arrives."""
+
+        def quiet() -> bool:
+            return not self._commands and not engine.has_unfinished_requests() and not self._stopping
+
+        with self._cond:
+            if quiet():
+                self._cond.wait(timeout=DEFERRED_WARMUP_IDLE_S * idle_periods)
+            return quiet()
+
     def _loop(self) -> None:
         engine = self._engine()
         try:
             while True:
+                if engine.rate_probe_due and not engine.sleep_level and self._idle_for(engine, 1.0):
+                    # After Ready, not before: the first request waits for none of it, and one that
+                    # arrives first measures the rates itself (the probe is then skipped).
+                    engine.measure_rates()
                 if engine.deferred_warmup and not engine.sleep_level:
-                    with self._cond:
-                        # Only after a quiet moment: the request a scale-up (or a wake) was started
-                        # for arrives just after Ready and goes first, not behind the largest step.
-                        def quiet() -> bool:
-                            return not self._commands and not engine.has_unfinished_requests() and not self._stopping
-
-                        if quiet():
-                            first = not engine.deferred_warmup_started
-                            self._cond.wait(timeout=DEFERRED_WARMUP_IDLE_S * (FIRST_PIECE_IDLE_FACTOR if first else 1.0))
-                        idle = quiet()
-                    if idle:
+                    # Only after a quiet moment: the request a scale-up (or a wake) was started
+                    # for arrives just after Ready and goes first, not behind the largest step.
+                    first = not engine.deferred_warmup_started
+                    if self._idle_for(engine, FIRST_PIECE_IDLE_FACTOR if first else 1.0):
                         # Piece by piece: a request (or any command) that arrives meanwhile is served
                         # first, and the warm-up goes on once the engine is idle again.
                         engine.run_deferred_warmup(busy=lambda: bool(self._commands) or self._stopping)

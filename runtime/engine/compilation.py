@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,17 +45,23 @@ def use_cache_dir(path: str) -> Path:
 
     Inductor reads its directory from ``TORCHINDUCTOR_CACHE_DIR`` each time it looks one up (it
     has no other setting), so this writes that variable; it reads no environment. Triton's own
-    cache (the attention kernels, not inductor's) is a setting: ``triton.knobs.cache.dir``.
+    cache (the attention kernels, not inductor's) is the knob ``triton.knobs.cache.dir``, which
+    reads ``TRITON_CACHE_DIR`` whenever it is not set in Python: a process that has not imported
+    triton gets the variable, not the import (a third of a second of a CPU replica's start, for
+    kernels it may never compile).
     """
     root = Path(path).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root)
+    triton_dir = str(root / "triton-jit")
+    triton = sys.modules.get("triton")
+    if triton is None:
+        os.environ["TRITON_CACHE_DIR"] = triton_dir
+        return root
     try:
-        import triton
-
-        triton.knobs.cache.dir = str(root / "triton-jit")
-    except (ImportError, AttributeError):  # no triton (CPU-only install) or an older one without knobs
-        pass
+        triton.knobs.cache.dir = triton_dir
+    except AttributeError:  # an older triton without knobs reads the variable
+        os.environ["TRITON_CACHE_DIR"] = triton_dir
     return root
 
 

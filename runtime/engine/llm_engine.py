@@ -31,7 +31,7 @@ from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.kv_sizing import CudaMemory, DeviceMemory
 from plimsoll.runtime.engine.late_refusal import late_refusals
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
-from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token
+from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token, weight_cache
 from plimsoll.runtime.engine.output_processor import make_request_output
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput, StepStats
 from plimsoll.runtime.engine.request import Continuation, Request, RequestGroup
@@ -105,7 +105,13 @@ class LLMEngine:
             )
         baseline = kv_sizing.start(memory, config.gpu_memory_utilization) if memory is not None else None
         tp_group = self.executor.group if self.executor is not None else None
-        loaded = load_model(config.model, config.torch_dtype, self.device, config.quantization, tp_group)
+        loaded = load_model(
+            config.model, config.torch_dtype, self.device, config.quantization, tp_group, weight_cache(config),
+            defer_store=True,
+        )  # fmt: skip
+        # A weight cache that missed is written after Ready (the deferred warm-up): a fresh pod's
+        # first answer does not wait for half a GiB to reach the disk.
+        self._store_weights = loaded.store_weights
         STARTUP.mark("weights_loaded")
         self.hf_config = loaded.hf_config
         self.tokenizer = loaded.tokenizer
@@ -185,6 +191,7 @@ class LLMEngine:
         self._unmetered: tuple[float, int, int] | None = None  # the last step, timed when the next starts
         self.queue = QueueSnapshot()
         self.deferred_warmup = False  # the largest step and the primitives, still to run (warmup())
+        self.rate_probe_due = False  # the rate probe, still to run (measure_rates())
         self._deferred_pieces: Iterator[None] | None = None  # how far run_deferred_warmup got
         self.sleep_state = sleep_mode.SleepState()
         self.groups: dict[str, RequestGroup] = {}
@@ -842,36 +849,59 @@ class LLMEngine:
         }
 
     def warmup(self, defer_rest: bool = False) -> None:
-        """Warm up: what the first requests need now; with ``defer_rest``, the rest after Ready.
+        """Warm up: what the first request needs now; with ``defer_rest``, the rest after Ready.
 
         First one tiny request through every stage, so the first real request pays no first-call
-        costs. Then (:meth:`run_deferred_warmup`) the largest step this engine can take and the CPU
-        matmul primitives of every step shape: they bound memory growth, not the first answer, so
-        a server runs them once it is Ready, piece by piece while its engine is idle, giving way
-        to any request that arrives. (The largest step first: its buffers, freed, set glibc's
-        heap up for the steps after it, see kernels/host_memory.py.)
+        costs. Then the rate probe (:meth:`measure_rates`), the largest step this engine can take
+        and the CPU matmul primitives of every step shape (:meth:`run_deferred_warmup`): they serve
+        TTFT prediction and bound memory growth, not the first answer, so a server runs them once
+        it is Ready and idle, giving way to any request that arrives. (The largest step before the
+        primitives: its buffers, freed, set glibc's heap up for the steps after it, see
+        kernels/host_memory.py.)
         """
         self.warmup_first_request()
         STARTUP.mark("warmup_done")
         self.deferred_warmup = True
         if not defer_rest:
+            self.measure_rates()
             self.run_deferred_warmup()
 
     def warmup_first_request(self) -> None:
-        """One tiny request through every stage, then one that measures the service rates (neither is
-        traffic: no metrics). The first pays the first-call costs, so its steps are not rates; the
-        second's prompt of ``RATE_PROBE_TOKENS`` and its decode steps seed the prefill rate and the
-        decode step, so SLO admission, the router and the autoscaler can predict TTFT from Ready on."""
+        """One tiny request through every stage (not traffic: no metrics). It pays the first-call
+        costs, so its steps are not rates: the meter starts afresh after it, and the rate probe is
+        due (:meth:`measure_rates`)."""
         observer, self.observer = self.observer, None
         try:
             self._run_to_completion("__warmup__", [int(self.tokenizer.bos_token_id or 0)], max_tokens=2)
-            self.rate_meter = ServiceRateMeter(self.config.max_num_seqs)
-            probe = min(RATE_PROBE_TOKENS, self.max_model_len - 4, (self.num_blocks - 1) * self.config.block_size)
-            if probe >= MIN_PREFILL_TOKENS:
-                vocab = int(self.hf_config.vocab_size)
-                self._run_to_completion("__warmup_rates__", [(11 * i + 3) % vocab for i in range(probe)], max_tokens=3)
         finally:
             self.observer = observer
+        self.rate_meter = ServiceRateMeter(self.config.max_num_seqs)
+        self.rate_probe_due = True
+
+    def measure_rates(self) -> bool:
+        """The rate probe, if due: a prompt of ``RATE_PROBE_TOKENS`` and its decode steps seed the
+        prefill rate and the decode step, so SLO admission, the router and the autoscaler can
+        predict TTFT before traffic teaches them (not traffic: no metrics). A server runs it once
+        its engine idles after Ready (``AsyncEngine``); requests served before then measure the
+        rates themselves, and when they measured both the probe is skipped. Until either, the
+        replica has no rates and admits every request (``serving/slo_admission.py``). Returns
+        whether the probe ran."""
+        if not self.rate_probe_due:
+            return False
+        self.rate_probe_due = False
+        if self.rate_meter.rates() is not None:
+            return False
+        probe = min(RATE_PROBE_TOKENS, self.max_model_len - 4, (self.num_blocks - 1) * self.config.block_size)
+        if probe < MIN_PREFILL_TOKENS:
+            return False
+        vocab = int(self.hf_config.vocab_size)
+        prompt = [(11 * i + 3) % vocab for i in range(probe)]
+        observer, self.observer = self.observer, None
+        try:
+            self._run_to_completion("__warmup_rates__", prompt, max_tokens=3)
+        finally:
+            self.observer = observer
+        return True
 
     def _run_to_completion(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
         self.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0))
@@ -899,6 +929,10 @@ class LLMEngine:
         return True
 
     def _deferred_warmup_pieces(self) -> Iterator[None]:
+        if self._store_weights is not None:  # the weight cache missed at load: written now, once
+            store, self._store_weights = self._store_weights, None
+            store()
+            yield
         # The largest step this engine can take (as vLLM's profile run does), so the heap reaches
         # the size serving needs now (kernels/host_memory.py keeps it) rather than growing with the
         # first long prompts; it also measures the prefill rate. Its blocks go back at once.
@@ -949,6 +983,8 @@ class LLMEngine:
 
     def sleep(self, level: int) -> int:
         """Free the KV cache (and move or drop the weights); returns the bytes freed."""
+        if level == 2:
+            self._store_weights = None  # the weights it would write are dropped: the next start builds them
         return sleep_mode.sleep(self, level).freed_bytes
 
     def wake_up(self) -> float:

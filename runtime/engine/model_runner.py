@@ -35,6 +35,7 @@ from plimsoll.runtime.models.cpu_plan import CUDA_GRAPH, MODULE_LAYERS, CPUOptio
 from plimsoll.runtime.models.llama import Attention, LlamaForCausalLM
 from plimsoll.runtime.models.lora import LoRASlots, LoRAWeights
 from plimsoll.runtime.models.tensor_parallel import kv_heads_per_rank
+from plimsoll.runtime.models.weight_cache import WeightCache
 
 
 def kv_cache_shape(
@@ -79,6 +80,13 @@ def cpu_options(config: Any) -> CPUOptions:
         # makes a restart map them instead of packing them again.
         panel_cache_dir=config.compilation_config.cache_dir,
     )
+
+
+def weight_cache(config: Any) -> WeightCache | None:
+    """Where a CPU model's weights are kept as served (fused, aligned) and mapped from on the next
+    start: beside the packed panels under ``--compilation-cache-dir`` (models/weight_cache.py)."""
+    directory = config.compilation_config.cache_dir
+    return WeightCache(directory) if directory and str(config.device).startswith("cpu") else None
 
 
 class StepInputs:

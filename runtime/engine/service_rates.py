@@ -1,8 +1,8 @@
 """This replica's service rates, measured from its own steps: prefill tokens per second, decode step time.
 
-What it is: :class:`ServiceRateMeter`, fed every engine step (the warm-up's measuring
-request included, so the rates are known before Ready) with the step's prefill tokens, its
-decode rows and its wall time. A step with no prefill measures the decode step; a
+What it is: :class:`ServiceRateMeter`, fed every engine step (the rate probe's included:
+it measures them once the engine idles after Ready, if requests have not) with the step's
+prefill tokens, its decode rows and its wall time. A step with no prefill measures the decode step; a
 step with prefill (of at least a few tokens) measures the prefill rate from what the
 step took beyond a decode step: the same split the predictor makes, ``ttft = backlog +
 prompt / prefill rate + one decode step``.

@@ -162,6 +162,9 @@ def sleep(engine: LLMEngine, level: int) -> SleepState:
                 host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
                 host.copy_(_byte_view(storage))
                 state.host_copies.append((storage, host))
+            if not storage.resizable():  # pages of the weight cache's file: dropped; waking maps it again
+                freed += kv_pages.release(_byte_view(storage))
+                continue
             storage.resize_(0)
             freed += nbytes
     state.kv_released, state.in_place = in_place, in_place and level == 1
@@ -226,7 +229,13 @@ def _reload_weights(engine: LLMEngine) -> None:
         and getattr(engine.speculator, "draft", None) is not None
     ):
         raise SleepModeError("level 2 sleep with a draft model is not supported; use level 1")
-    fresh = load_model(config.model, config.torch_dtype, engine.device, config.quantization).model
+    from plimsoll.runtime.engine.model_runner import weight_cache
+
+    # Weights mapped from the weight cache are mapped again: nothing is read until a step reads it.
+    cache = weight_cache(config)
+    fresh = load_model(
+        config.model, config.torch_dtype, engine.device, config.quantization, weight_cache=cache
+    ).model
     model = engine.runner.model
     fresh_params = dict(fresh.named_parameters())
     for name, param in model.named_parameters():

@@ -14,7 +14,8 @@ a second worker before they are scheduled (``start_prefetch``): the blocks land 
 tier, and the request is admitted once the fetch is done or failed; a dead shared server
 costs it one timeout. A decode request whose prompt was prefilled on another replica
 (``--kv-transfer-config``, ``remote_prefill.py``) waits the same way while its blocks are pulled
-from that replica into the host tier (``start_remote_pull``).
+from that replica into the host tier (``start_remote_pull``); the CPU time the engine thread then
+spends loading those blocks into the cache is the pull's too (``remote_prefill.CPU_STAGES``: "load").
 
 Which requests use which tier: every request with a prefix-cache salt uses the host and disk
 tiers; the shared tier and KV events' precise routing cover requests whose hash chain means
@@ -118,6 +119,9 @@ class KVConnector:
         self._shared_known_size = shared_known_size
         self._lock = threading.Lock()
         self._prefetches: dict[str, threading.Event] = {}
+        # Requests whose blocks a pull brought, until their load (bounded: a request may never load them).
+        self._pulled: OrderedDict[str, None] = OrderedDict()
+        self._pulled_loads: list[int] = []  # this step's loads that a pull brought: blocks per request
         self._prefetch_started: dict[str, float] = {}
         self._store_queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=queue_size)
         self._prefetch_queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
@@ -220,6 +224,9 @@ class KVConnector:
         slots, addresses = self._matched.pop(req.request_id, ([], []))
         assert len(slots) == len(block_ids), "a match is loaded into exactly as many new blocks"
         self._loads.extend(zip(block_ids, slots, strict=True))
+        if req.request_id in self._pulled:
+            del self._pulled[req.request_id]
+            self._pulled_loads.append(len(block_ids))
         if self.host is None or not addresses:
             return
         bs = self.block_size
@@ -236,7 +243,8 @@ class KVConnector:
         if self._loads:
             assert self.host is not None
             loads, self._loads = self._loads, []
-            t0 = time.monotonic()
+            pulled, self._pulled_loads = self._pulled_loads, []
+            t0, cpu_start = time.monotonic(), time.thread_time()
             block_ids = [b for b, _ in loads]
             slots = [s for _, s in loads]
             data = self.host.read(slots)
@@ -244,6 +252,11 @@ class KVConnector:
             self.host.unpin(slots)
             self.counters.add("load_bytes", self.host.medium, data.numel() * data.element_size())
             self.counters.add("load_seconds", self.host.medium, time.monotonic() - t0)
+            if pulled and self.remote is not None:
+                # One copy loads every request's blocks: each pulled request is charged its blocks' share.
+                cpu = time.thread_time() - cpu_start
+                for n in pulled:
+                    self.remote.counters.cpu("load", cpu * n / len(loads))
 
     def after_forward(self, kv_caches: KVCaches) -> None:
         if self._computed:
@@ -339,6 +352,9 @@ class KVConnector:
         done = threading.Event()
         if not self.remote.start_pull(req, source, in_primary, lambda: self._fetch_done(done)):
             return False
+        self._pulled[req.request_id] = None
+        while len(self._pulled) > 4096:
+            self._pulled.popitem(last=False)
         self._prefetches[req.request_id] = done
         self._prefetch_started[req.request_id] = time.monotonic()
         return True
@@ -354,6 +370,7 @@ class KVConnector:
         return False
 
     def cancel_prefetch(self, request_id: str) -> None:
+        self._pulled.pop(request_id, None)
         self._prefetches.pop(request_id, None)
         self._prefetch_started.pop(request_id, None)
 

@@ -16,6 +16,16 @@ rejected) and staged in the host tier (pinned on CUDA), from where the scheduler
 loads it into the cache. Whatever the pull did not bring is prefilled locally: a dead, stalled
 or forgetful producer costs one timeout, never the request.
 
+What a transfer costs each replica's CPU is measured where it is spent, as thread CPU time
+(``time.thread_time``: user and system time of the thread doing the work, so waiting on the
+network costs nothing and another thread's work is not counted), per request and stage
+(:data:`CPU_STAGES`): the producer's engine thread holding the blocks, its connection thread
+reading, checksumming and sending them; the consumer's engine thread starting the pull and later
+loading the staged blocks into its cache, its pull worker receiving, checking and staging them.
+On replicas whose own cores move the blocks (CPU serving) this, not the pull's wall time, is what
+the transfer takes from their prefills and decode steps. (The load's copy is a torch op: with an
+OpenMP team of several threads, the team's other threads' share is not counted.)
+
 Only full blocks move: the tail of the prompt shorter than a block (and its last token, whose
 logits decode needs) is recomputed on the consumer, as a prefix-cache hit would be.
 
@@ -51,6 +61,15 @@ log = logging.getLogger(__name__)
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 WILDCARDS = ("0.0.0.0", "::", "")
 STAGING_BLOCKS = 16  # blocks one export copies through the staging buffer at a time
+# Each piece of a transfer's CPU time: stage -> (side, thread it runs on). "engine" work delays the
+# replica's next step directly; "transfer" work runs beside it (on a one-core replica, in its place).
+CPU_STAGES: dict[str, tuple[str, str]] = {
+    "hold": ("producer", "engine"),  # content addresses of the held blocks, the hold itself
+    "send": ("producer", "transfer"),  # connection thread: read the blocks, checksum, send
+    "start": ("consumer", "engine"),  # which blocks this replica lacks, the pull queued
+    "receive": ("consumer", "transfer"),  # pull worker: receive, check each block, stage it
+    "load": ("consumer", "engine"),  # the staged blocks copied into the cache before a forward
+}
 
 
 class RemoteDecode:
@@ -85,9 +104,17 @@ class TransferCounters:
     blocks_skipped: int = 0  # consumer: blocks not pulled because this replica held them already
     failures: dict[str, int] = field(default_factory=dict)  # consumer: by reason
     pull_seconds: list[float] = field(default_factory=list)  # drained by the collector
+    # Thread CPU seconds per request and stage (CPU_STAGES): samples drained by the collector, and totals.
+    cpu_samples: dict[str, list[float]] = field(default_factory=lambda: {stage: [] for stage in CPU_STAGES})
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CPU_STAGES, 0.0))
 
     def fail(self, reason: str) -> None:
         self.failures[reason] = self.failures.get(reason, 0) + 1
+
+    def cpu(self, stage: str, seconds: float) -> None:
+        """One request's CPU time in ``stage`` (any thread: list appends and float adds under the GIL)."""
+        self.cpu_samples[stage].append(seconds)
+        self.cpu_seconds[stage] += seconds
 
 
 @dataclass
@@ -149,9 +176,10 @@ class _Staging:
 class _Outgoing:
     """The blocks one pull asked for, as the transfer server sends them; ``close()`` ends the hold, once."""
 
-    def __init__(self, owner: RemotePrefill, held: _Held, positions: list[int]) -> None:
+    def __init__(self, owner: RemotePrefill, held: _Held, positions: list[int], cpu_start: float) -> None:
         self.owner, self.held, self.positions = owner, held, positions
         self.closed = False
+        self.cpu_start = cpu_start  # the connection thread's CPU clock when the pull's answer began
 
     def __iter__(self) -> Iterator[bytes]:
         assert self.owner._staging is not None
@@ -167,6 +195,8 @@ class _Outgoing:
         if not self.closed:
             self.closed = True
             self.owner._release(self.held.blocks)
+            # The transfer server calls this on the connection thread once the last block is sent.
+            self.owner.counters.cpu("send", time.thread_time() - self.cpu_start)
 
 
 @dataclass(eq=False, repr=False)
@@ -255,6 +285,7 @@ class RemotePrefill:
 
     def hold(self, req: Request) -> dict[str, Any]:
         """Keep ``req``'s full prompt blocks for a pull; the parameters the decode replica needs (engine thread)."""
+        cpu_start = time.thread_time()
         bs = self.block_size
         req.update_block_hashes(bs)
         n = min(req.num_prompt_tokens // bs, len(req.block_hashes))
@@ -269,6 +300,7 @@ class RemotePrefill:
         self.counters.holds += 1
         assert self.server is not None
         host = self.config.kv_ip
+        self.counters.cpu("hold", time.thread_time() - cpu_start)
         return {
             "do_remote_decode": False,
             "do_remote_prefill": True,
@@ -283,6 +315,7 @@ class RemotePrefill:
 
     def _answer(self, message: dict[str, Any]) -> tuple[dict[str, Any], Iterable[bytes]]:
         """The transfer server's handler (its connection thread): the held blocks a pull names, then free them."""
+        cpu_start = time.thread_time()
         op = message.get("op")
         if message.get("engine_id") != self.config.engine_id:
             return {
@@ -307,7 +340,7 @@ class RemotePrefill:
         ):
             self._release(held.blocks)
             return {"ok": False, "error": f"a bad message (op {op!r}, positions {positions!r})"}, []
-        return {"ok": True, "count": len(positions)}, _Outgoing(self, held, positions)
+        return {"ok": True, "count": len(positions)}, _Outgoing(self, held, positions, cpu_start)
 
     def _release(self, blocks: list[KVCacheBlock]) -> None:
         with self._lock:
@@ -359,6 +392,7 @@ class RemotePrefill:
         or not.
         """
         assert self._pulls is not None and self.host is not None
+        cpu_start = time.thread_time()
         bs = self.block_size
         req.update_block_hashes(bs)
         limit = min((req.num_tokens - 1) // bs, len(source.block_ids), len(req.block_hashes))
@@ -373,13 +407,14 @@ class RemotePrefill:
             self._pulls.submit(self._tell_release, source)
             return False
         self._pulls.submit(self._pull, source, list(range(i, limit)), addresses[i:limit], done)
+        self.counters.cpu("start", time.thread_time() - cpu_start)
         return True
 
     def _pull(
         self, source: RemoteSource, positions: list[int], addresses: list[bytes], done: Callable[[], None]
     ) -> None:
         assert self.host is not None
-        t0 = time.monotonic()
+        t0, cpu_start = time.monotonic(), time.thread_time()
         message = {"op": "pull", "transfer_id": source.request_id, "engine_id": source.engine_id,
                    "positions": positions}  # fmt: skip
         try:
@@ -410,6 +445,7 @@ class RemotePrefill:
             log.exception("KV pull failed")
             self.counters.fail("error")
         finally:
+            self.counters.cpu("receive", time.thread_time() - cpu_start)
             done()
 
     def _tell_release(self, source: RemoteSource) -> None:

@@ -219,6 +219,8 @@ class LlamaForCausalLM(nn.Module):
         self.cpu_plan: CPUPlan | None = None
         # Set by the loader (loader.checkpoint_fingerprint): keys what is cached from the weights.
         self.checkpoint_fingerprint: str | None = None
+        # Set by the loader: the weights are pages of the weight cache's file (models/weight_cache.py).
+        self.weights_mapped = False
 
     def forward(
         self,

@@ -19,6 +19,7 @@ from plimsoll.runtime.models.llama import LlamaForCausalLM, check_architecture, 
 
 if TYPE_CHECKING:
     from plimsoll.runtime.distributed.group import TensorParallelGroup
+    from plimsoll.runtime.models.weight_cache import WeightCache
 
 
 @dataclass
@@ -29,6 +30,9 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     path: Path
     max_position_embeddings: int
+    # With a weight cache that missed and ``defer_store``: writes the weights to it (the caller runs
+    # it when the first answer no longer waits on it).
+    store_weights: Callable[[], object] | None = None
 
 
 def resolve_model_path(model: str) -> tuple[Path, str | None]:
@@ -180,18 +184,67 @@ def checkpoint_fingerprint(
     return repr((str(directory.resolve()), stats, str(dtype), quantization, rank))
 
 
+def _cacheable(
+    gguf_file: str | None,
+    hf_config: Any,
+    device: str | torch.device,
+    quantization: str | None,
+    tensor_parallel: "TensorParallelGroup | None",
+) -> bool:
+    """Whether the weights as served are the checkpoint's tensors fused and cast, nothing more: what
+    the weight cache keeps (not GGUF, quantized or FP8 weights, shards, or an accelerator's copy)."""
+    return (
+        gguf_file is None
+        and quantization is None
+        and getattr(hf_config, "quantization_config", None) is None
+        and (tensor_parallel is None or tensor_parallel.world_size == 1)
+        and torch.device(device).type == "cpu"
+    )
+
+
+def _mapped_model(
+    hf_config: Any, dtype: torch.dtype, cache: "WeightCache", fingerprint: str
+) -> LlamaForCausalLM | None:
+    """The model with every weight mapped from the cache's file, or ``None`` when it holds none for it."""
+    from plimsoll.runtime.models.llama import RotaryEmbedding
+
+    with torch.device("meta"):
+        net = LlamaForCausalLM(hf_config)
+    expected = {name: tuple(t.shape) for name, t in net.state_dict().items()}
+    state = cache.load(fingerprint, expected)
+    if state is None or any(t.dtype != dtype for t in state.values() if t.is_floating_point()):
+        return None
+    net.load_state_dict(state, strict=True, assign=True)
+    net.model.rotary_emb = RotaryEmbedding(hf_config)  # float32, as load_model keeps it
+    net.eval()
+    net.checkpoint_fingerprint = fingerprint
+    net.weights_mapped = True
+    return net
+
+
 def load_model(
     model: str,
     dtype: torch.dtype,
     device: str | torch.device = "cpu",
     quantization: str | None = None,
     tensor_parallel: "TensorParallelGroup | None" = None,
+    weight_cache: "WeightCache | None" = None,
+    defer_store: bool = False,
 ) -> LoadedModel:
-    """Load ``model``; with ``tensor_parallel``, keep only that rank's shard (before the copy to ``device``)."""
+    """Load ``model``; with ``tensor_parallel``, keep only that rank's shard (before the copy to ``device``).
+    With ``weight_cache``, a CPU model of plain weights is mapped from the cache's file when it holds
+    this checkpoint's, and written there after loading when it does not (``weight_cache.py``); with
+    ``defer_store`` that write is left to the caller (``LoadedModel.store_weights``)."""
     directory, gguf_file = resolve_model_path(model)
     hf_config = _hf_config(directory, gguf_file)
     check_architecture(hf_config)
     tokenizer = _tokenizer(directory, gguf_file)
+    if not _cacheable(gguf_file, hf_config, device, quantization, tensor_parallel):
+        weight_cache = None
+    fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, "0/1")
+    mapped = _mapped_model(hf_config, dtype, weight_cache, fingerprint) if weight_cache is not None else None
+    if mapped is not None:
+        return _loaded(mapped, hf_config, tokenizer, directory, gguf_file)
     if gguf_file:
         from transformers import AutoModelForCausalLM
 
@@ -256,6 +309,20 @@ def load_model(
     realign_weights(net)
     rank = f"{tensor_parallel.rank}/{tensor_parallel.world_size}" if tensor_parallel is not None else "0/1"
     net.checkpoint_fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, rank)
+    if weight_cache is not None:
+        cache = weight_cache
+        if not defer_store:
+            cache.store(fingerprint, net)
+        else:
+            loaded = _loaded(net, hf_config, tokenizer, directory, gguf_file)
+            loaded.store_weights = lambda: cache.store(fingerprint, net)
+            return loaded
+    return _loaded(net, hf_config, tokenizer, directory, gguf_file)
+
+
+def _loaded(
+    net: LlamaForCausalLM, hf_config: Any, tokenizer: Any, directory: Path, gguf_file: str | None
+) -> LoadedModel:
     return LoadedModel(
         model=net,
         hf_config=hf_config,

@@ -35,12 +35,16 @@ class _Buckets:
 
     def family(self, name: str, doc: str, labels: list[str], values: list[str]) -> HistogramMetricFamily:
         h = HistogramMetricFamily(name, doc, labels=labels)
+        self.add_to(h, values)
+        return h
+
+    def add_to(self, h: HistogramMetricFamily, values: list[str]) -> None:
+        """This histogram as one series (label ``values``) of ``h``."""
         cumulative, running = [], 0
         for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
             running += count
             cumulative.append((bound, running))
         h.add_metric(values, cumulative, self.sum)
-        return h
 
 
 class KVTierCollector(Collector):
@@ -50,6 +54,7 @@ class KVTierCollector(Collector):
         self.read_latency = _Buckets(mn.KV_TIER_LATENCY_BUCKETS)
         self.prefetch_wait = _Buckets(mn.KV_TIER_LATENCY_BUCKETS)
         self.transfer_time = _Buckets(mn.KV_TRANSFER_TIME_BUCKETS)
+        self.transfer_cpu: dict[str, _Buckets] = {}  # by stage
 
     def collect(self) -> Iterator[Any]:
         c = self.connector
@@ -158,6 +163,8 @@ class KVTierCollector(Collector):
             yield HistogramMetricFamily(
                 mn.KV_TRANSFER_TIME, "No KV transfer on this replica.", labels=["model_name"]
             )
+            yield HistogramMetricFamily(mn.KV_TRANSFER_CPU, "No KV transfer on this replica.",
+                                        labels=["model_name", "side", "stage", "thread"])  # fmt: skip
             return
         k = remote.counters
         holds.add_metric(m, k.holds)
@@ -178,6 +185,21 @@ class KVTierCollector(Collector):
         self.transfer_time.add(k.pull_seconds)
         yield self.transfer_time.family(mn.KV_TRANSFER_TIME, "One pull of a remote prefill's blocks, connect to the "
                                         "last block staged (vllm:nixl_xfer_time_seconds).", ["model_name"], m)  # fmt: skip
+        yield self._transfer_cpu(remote)
+
+    def _transfer_cpu(self, remote: Any) -> HistogramMetricFamily:
+        """One request's transfer CPU time per stage: one histogram family, a series per stage."""
+        from plimsoll.runtime.kv.remote_prefill import CPU_STAGES
+
+        fam = HistogramMetricFamily(mn.KV_TRANSFER_CPU, "Thread CPU time one request's KV transfer took in each "
+                                    "stage, on the thread that did the work (the producer's side for the blocks it "
+                                    "sent, the consumer's for those it pulled and loaded).",
+                                    labels=["model_name", "side", "stage", "thread"])  # fmt: skip
+        for stage, (side, thread) in CPU_STAGES.items():
+            buckets = self.transfer_cpu.setdefault(stage, _Buckets(mn.KV_TRANSFER_CPU_BUCKETS))
+            buckets.add(remote.counters.cpu_samples[stage])
+            buckets.add_to(fam, [self.model, side, stage, thread])
+        return fam
 
 
 def _empty_families() -> Iterator[Any]:

@@ -2,7 +2,8 @@
 
 Shows: both layouts run through the real router (aggregated on both, 1P:1D split), the report
 carries goodput per replica, latency percentiles and, for the split, the KV transfer per request in
-bytes (the prompt's full blocks × this model's KV bytes per block) and milliseconds; the verdict is
+bytes (the prompt's full blocks × this model's KV bytes per block), milliseconds, and the CPU time
+each side spent on it (scraped from both replicas' ``plimsoll_kv_transfer_cpu_seconds``); the verdict is
 the layout with the higher goodput per replica only beyond the noise band, with its reasons; a
 replica that cannot take either role is refused before any load, saying how to start it.
 """
@@ -57,6 +58,27 @@ def test_aggregated_and_split_measured_with_a_verdict(replicas: list[ThreadedSer
     # About 100 prompt tokens: 6 full blocks of 16 tokens, each of this model's KV bytes per block.
     block_bytes = replicas[0].engine.engine.kv_connector.remote.host.block_nbytes
     assert split["transfer_bytes"] == pytest.approx(6 * block_bytes, rel=0.2) and split["transfer_s"] > 0
+    # The transfer's CPU time per request: the prefill replica's (hold, send), the decode replica's
+    # (start, receive, load), each stage seen in every split repeat.
+    assert split["transfer_cpu_producer_s"] > 0 and split["transfer_cpu_consumer_s"] > 0
+    assert agg["transfer_cpu_producer_s"] is None
+    for d in report["layouts"]:
+        stages = d["transfer_cpu_s_per_request"]
+        expected_stages = {"producer:hold:engine", "producer:send:transfer", "consumer:start:engine",
+                           "consumer:receive:transfer", "consumer:load:engine"}  # fmt: skip
+        assert (
+            (set(stages) == expected_stages and min(stages.values()) > 0)
+            if d["layout"] == "1P:1D"
+            else not stages
+        )
+    assert "KV CPU ms/req P/D" in result.output
+    # Each layout's replicas' process CPU per request (here both servers share this process: only its presence
+    # is checked), by role.
+    assert agg["replica_cpu_s"] > 0 and split["replica_cpu_s"] > 0
+    assert {tuple(sorted(d["replica_cpu_s_per_request"])) for d in report["layouts"]} == {
+        ("decode",),
+        ("decode", "prefill"),
+    }
     # Two repeats, the second in reverse order; each layout's figures are the mean of its two.
     assert [(d["layout"], d["repeat"]) for d in report["layouts"]] == [
         ("aggregated", 1), ("1P:1D", 1), ("1P:1D", 2), ("aggregated", 2)

@@ -34,3 +34,16 @@ def test_every_subcommand_is_listed_and_unknown_ones_are_refused() -> None:
     result = CliRunner().invoke(app, ["serv"])
     assert result.exit_code == 2
     assert "No such command" in result.output
+
+
+def test_rich_help_is_loaded_only_to_print_help() -> None:
+    """typer's rich help (and the patch that keeps option names whole) is imported by a help that
+    prints, not by the entry point: `plimsoll serve` starting a replica does not pay for it."""
+    probe = (
+        "import sys\nfrom plimsoll import cli\nprint('IMPORTED', 'typer.rich_utils' in sys.modules)\n"
+        + PROBE
+        + "print('HELPED', 'typer.rich_utils' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "IMPORTED False" in out and "HELPED True" in out
+    assert "Run the inference server" in out

@@ -185,6 +185,49 @@ def test_pulls_on_the_replicas_own_cores_cost_the_prefill_and_stall_the_decodes(
         predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], pull_stall=2.0)
 
 
+def test_the_measured_transfer_cpu_replaces_the_wall_time_on_each_side() -> None:
+    # The same split with a 50 ms pull whose measured CPU is 10 ms on the producer and 20 ms on the
+    # consumer: the prefill replica spends 0.5 + 0.01 s a request, each pull stalls decodes 20 ms.
+    cpu = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012, pull_stall=1.0,
+                   transfer_cpu_s=(0.01, 0.02))  # fmt: skip
+    x = cpu.requests_per_s
+    assert x == pytest.approx(1 / 0.51)  # the prefill replica's cap p / (s + Cp)
+    assert cpu.prefill_busy == pytest.approx(min(0.99, x * 0.51))
+    v = x * 0.02  # the decode replica's time taken by pulls: X Cc / d
+    decode = 100 * 0.01 / (1 - v)
+    stalls = v * decode / 0.02
+    assert cpu.tpot_s == pytest.approx(0.01 + stalls * 0.02 / 100, rel=1e-6)
+    # (12 - 10) ms × 100 tokens / 20 ms: ten pulls may land in a decode before it misses the TPOT SLO.
+    assert cpu.good_share == pytest.approx(
+        sum(math.exp(-stalls) * stalls**k / math.factorial(k) for k in range(11)), rel=1e-6
+    )
+    wall = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012, pull_stall=1.0)
+    free = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012)
+    assert free.goodput_rps > cpu.goodput_rps > wall.goodput_rps
+    # Beside a copy engine (pull_stall 0) a measured CPU figure charges nothing either.
+    gpu = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012,
+                   transfer_cpu_s=(0.01, 0.02))  # fmt: skip
+    assert gpu == free
+    # The prediction says which figure it charged.
+    said = predict(
+        FLAT, 500, 101, 1e7, [Ratio(1, 1)], levels=(4,), pull_stall=1.0, transfer_cpu_s=(0.01, 0.02)
+    )
+    assert "charged its measured CPU time: 10 ms to the prefill side, 20 ms to the decode side" in (
+        said[1].limited_by or ""
+    )
+    assert (said[1].transfer_cpu_producer_s, said[1].transfer_cpu_consumer_s) == (0.01, 0.02)
+    assert "(CPU 10 ms on the prefill side, 20 ms on the decode side)" in verdict(said).reasons[1]
+    by_wall = predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], levels=(4,), pull_stall=1.0)
+    assert (
+        "charged its wall time 50 ms to each side's compute (the transfer's CPU time was not measured)"
+        in (by_wall[1].limited_by or "")
+    )
+    copy_engine = predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], levels=(4,))
+    assert "not charged to the replicas' compute" in (copy_engine[1].limited_by or "")
+    with pytest.raises(ValueError, match="producer's and the consumer's CPU seconds"):
+        predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], pull_stall=1.0, transfer_cpu_s=(-0.01, 0.02))
+
+
 def test_a_slow_link_or_a_tight_ttft_slo_loses_the_split() -> None:
     # 500 prompt tokens at 1,000 KV bytes each over 1 MB/s: 0.5 s per transfer, past a 0.9 s TTFT SLO.
     layouts = predict(FLAT, 500, 101, 1e6, [Ratio(1, 1)], ttft_slo_s=0.9, tpot_slo_s=0.012, levels=(4,))

@@ -302,3 +302,16 @@ def test_fetches_of_one_directory_at_once_download_it_once(hub: HubMirror, tmp_p
         "model.safetensors",
         "tokenizer.json",
     ]
+
+
+def test_make_dir_creates_the_compile_cache_directory_for_this_user(hub: HubMirror, tmp_path: Path) -> None:
+    """``--make-dir``: the engine's compile-cache directory on the volume, private to the image's user."""
+    compile_dir = tmp_path / "cache" / "compile"
+    ok = subprocess.run(
+        [sys.executable, "-m", "plimsoll.model_fetch", "hf://org/model@main", "--local-dir", str(tmp_path / "cache" / "m"),
+         "--make-dir", str(compile_dir)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert compile_dir.is_dir() and compile_dir.stat().st_uid == os.getuid()
+    assert compile_dir.stat().st_mode & 0o777 == 0o700

@@ -292,3 +292,25 @@ def test_link_bandwidth_predicts_a_prefill_decode_split(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plan", "--model-config", str(MISTRAL), "--gpu-memory", "80GiB",
                                  "--link-bandwidth", "50GB/s"])  # fmt: skip
     assert result.exit_code == 2 and "give --report" in result.output
+    # The plan says which figure it charged for the transfer: nothing on GPUs; a measured CPU time when given.
+    assert (
+        "not charged to the replicas' compute (a GPU's copy engine moves the blocks)" in split["reasons"][0]
+    )
+    cpu = runner.invoke(app, ["plan", *args, "--link-bandwidth", "50GB/s", "--pd-ratios", "1:1",
+                              "--pd-transfer-cpu-ms", "30,60", "--json"])  # fmt: skip
+    assert cpu.exit_code == 0, cpu.output
+    charged = json.loads(cpu.stdout)["disaggregation"]
+    assert "measured CPU time (30 ms prefill side, 60 ms decode side)" in charged["reasons"][0]
+    assert (
+        "charged its measured CPU time: 30 ms to the prefill side, 60 ms to the decode side"
+        in (charged["layouts"][1]["limited_by"])
+    )
+    # 30 ms more per prompt on the one prefill replica (40 ms each): the split serves less than beside a copy engine.
+    assert charged["layouts"][1]["goodput_per_replica_rps"] < split["layouts"][1]["goodput_per_replica_rps"]
+    for bad, says in (("30", "write PRODUCER,CONSUMER"), ("30,-1", "zero or more")):
+        result = runner.invoke(
+            app, ["plan", *args, "--link-bandwidth", "50GB/s", "--pd-transfer-cpu-ms", bad]
+        )
+        assert result.exit_code == 2 and says in result.output
+    result = runner.invoke(app, ["plan", *args, "--pd-transfer-cpu-ms", "30,60"])
+    assert result.exit_code == 2 and "give --link-bandwidth too" in result.output

@@ -138,3 +138,42 @@ def test_model_cached_condition_follows_the_nodes() -> None:
     full = cache_condition(_ds(2, 1, 2), [failed_pod])
     assert full is not None and (full.status, full.reason) == ("False", "DiskFull")
     assert "m-model-cache-x" in full.message
+
+
+def test_the_compile_cache_lives_on_the_node_beside_a_node_local_model_cache() -> None:
+    """A replica from zero on a node that served the model maps the weights an earlier one stored."""
+    svc = _svc()
+    pod = build_deployment(svc, SETTINGS)["spec"]["template"]["spec"]
+    (engine,) = pod["containers"]
+    args = engine["args"]
+    cache_dir = args[args.index("--compilation-cache-dir") + 1]
+    (mount,) = [m for m in engine["volumeMounts"] if m["mountPath"] == cache_dir]
+    assert mount == {"name": "model-cache", "mountPath": cache_dir, "subPath": "compile"}, "writable, on the node"
+    models = next(m for m in engine["volumeMounts"] if m["name"] == "model-cache" and "subPath" not in m)
+    assert models["readOnly"] is True, "the models beside it stay read-only to the engine"
+    assert "engine-compile-cache" not in {v["name"] for v in pod["volumes"]}, "no per-pod copy beside it"
+    # The fetch (and the DaemonSet's, the same container) makes the subdirectory as the image's user
+    # before the engine mounts it: a subPath the kubelet creates would be root's.
+    (fetch,) = pod["initContainers"]
+    made = fetch["args"][fetch["args"].index("--make-dir") + 1]
+    assert made == f"{fetch['volumeMounts'][0]['mountPath']}/compile"
+    (fill,) = build_model_cache_daemonset(svc, SETTINGS)["spec"]["template"]["spec"]["initContainers"]
+    assert fill["args"] == fetch["args"]
+
+
+@pytest.mark.parametrize(
+    ("model", "engine"),
+    [
+        ({"uri": "hf://org/model@v1", "cache": {"sizeLimit": "20Gi"}}, {}),
+        ({"uri": "hf://org/model@v1", "cache": NODE_CACHE}, {"args": ["--compilation-cache-dir", "/mine"]}),
+    ],
+    ids=["pod-cache", "user-cache-dir"],
+)
+def test_the_compile_cache_stays_per_pod_without_a_node_cache_or_with_the_users_own(
+    model: dict[str, Any], engine: dict[str, Any]
+) -> None:
+    pod = build_deployment(_svc(model=model, engine=engine), SETTINGS)["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    assert "--make-dir" not in fetch["args"]
+    (container,) = pod["containers"]
+    assert not any(m.get("subPath") == "compile" for m in container["volumeMounts"])

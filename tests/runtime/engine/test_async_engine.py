@@ -147,3 +147,34 @@ async def test_the_deferred_warmup_waits_for_a_quiet_moment(
         assert not eng.engine.deferred_warmup
     finally:
         await eng.shutdown()
+
+
+async def test_the_rate_probe_runs_after_ready_and_rates_come_without_traffic(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """start() returns (the server says Ready) with only the first-request warm-up done; the probe
+    runs on the engine's loop once it idles, and the rates admission and the router read appear
+    without any request."""
+    from plimsoll.runtime.engine.llm_engine import LLMEngine
+
+    config = EngineConfig(model=str(tiny_model_dir("llama")), kv_cache_memory="2MiB", max_model_len=256)
+    eng = AsyncEngine(config)
+    probes: list[bool] = []
+    measure = LLMEngine.measure_rates
+
+    def recording(self: LLMEngine) -> bool:
+        probes.append(eng.engine is self)  # handed to the server already: start() had returned
+        return measure(self)
+
+    monkeypatch.setattr(LLMEngine, "measure_rates", recording)
+    await eng.start()
+    try:
+        for _ in range(3000):
+            if eng.service_rates() is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert eng.service_rates() is not None
+        assert probes == [True]
+        assert eng.stats().num_running == 0 and eng.stats().num_waiting == 0
+    finally:
+        await eng.shutdown()

@@ -182,3 +182,30 @@ def test_compiled_and_captured_forward_equals_eager_on_gpu(tiny_model_dir: Any, 
     report = compiled.engine.compile_report()
     print(report)
     assert report["compiled_graphs"] == 2 and report["cuda_graph_capture_seconds"] > 0
+
+
+def test_the_cache_dir_reaches_triton_without_importing_it(tmp_path: Path) -> None:
+    """A CPU replica names Triton's cache directory without paying triton's import; once triton is
+    imported (a GPU replica, a test), its knob reads the same directory."""
+    pytest.importorskip("triton")
+    probe = textwrap.dedent(
+        """
+        import json, sys
+        from plimsoll.runtime.engine.compilation import use_cache_dir
+        root = use_cache_dir(sys.argv[1])
+        before = "triton" in sys.modules
+        import triton
+        print(json.dumps({"imported_by_it": before, "knob": triton.knobs.cache.dir, "root": str(root)}))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "caches")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["imported_by_it"] is False
+    assert seen["knob"] == str(Path(seen["root"]) / "triton-jit")

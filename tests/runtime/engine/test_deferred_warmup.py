@@ -1,5 +1,8 @@
 """The warm-up after Ready runs in pieces and gives way to work that arrives (engine level)."""
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from plimsoll.runtime.engine.config import EngineConfig
@@ -50,3 +53,63 @@ def test_the_deferred_warmup_stops_when_work_arrives_and_goes_on_later(engine: L
     assert not engine.deferred_warmup
     assert asked + seen == pieces  # one check after each piece: nothing ran twice, nothing was skipped
     assert engine.run_deferred_warmup() is True  # done: nothing more to run
+
+
+def _cached(tmp_path: Path, **extra: Any) -> EngineConfig:
+    """A tiny model served with a compile-cache directory (the weight cache under it)."""
+    model = write_tiny_model(tmp_path / "tiny")
+    cache = {"cache_dir": str(tmp_path / "cache")}
+    return EngineConfig(
+        model=str(model),
+        kv_cache_memory=4 * 2**20,
+        max_model_len=128,
+        seed=0,
+        compilation_config=cache,
+        **extra,
+    )
+
+
+def _hello(engine: LLMEngine) -> list[int]:
+    out = engine.generate(["hello"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    return list(out[0].outputs[0].token_ids)
+
+
+def _maps_and_answers(config: EngineConfig, before: list[int]) -> None:
+    """The next start maps the weights the cache holds and answers as the start that wrote them."""
+    again = LLMEngine(config)
+    assert again.runner.model.weights_mapped
+    assert _hello(again) == before
+    again.close()
+
+
+def test_a_weight_cache_that_missed_is_written_after_ready(tmp_path: Path) -> None:
+    """The weights a start built are written to the weight cache by the deferred warm-up, not
+    before Ready; the next start maps them."""
+    config = _cached(tmp_path)
+    first = LLMEngine(config)
+    first.warmup(defer_rest=True)
+    assert not first.runner.model.weights_mapped
+    assert list((tmp_path / "cache" / "cpu-weights").glob("*.bin")) == []  # nothing written before Ready
+    assert first.run_deferred_warmup() is True
+    assert len(list((tmp_path / "cache" / "cpu-weights").glob("*.bin"))) == 1
+    before = _hello(first)
+    first.close()
+    _maps_and_answers(config, before)
+
+
+def test_sleep_level_2_before_the_write_drops_it_and_waking_writes_what_it_read(tmp_path: Path) -> None:
+    """Level 2 drops the weights the pending write would read, and the write with them; waking
+    reads the checkpoint again and writes the cache from that. The next start maps it and
+    answers the same."""
+    config = _cached(tmp_path, enable_sleep_mode=True)
+    written = tmp_path / "cache" / "cpu-weights"
+    engine = LLMEngine(config)
+    engine.warmup(defer_rest=True)
+    before = _hello(engine)
+    engine.sleep(2)
+    assert list(written.glob("*.bin")) == []
+    engine.wake_up()
+    assert len(list(written.glob("*.bin"))) == 1
+    assert engine.run_deferred_warmup() is True
+    engine.close()
+    _maps_and_answers(config, before)

@@ -28,11 +28,12 @@ def test_a_prefill_seen_before_any_decode_step_counts_once_one_is() -> None:
     assert meter.prefill_s_per_token == pytest.approx(0.001)
 
 
-def test_the_warm_up_feeds_the_meter_a_prefill_and_decode_steps_before_ready(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
-    """The warm-up that runs before Ready gives the meter what it needs to know both rates (no
-    traffic yet): after the first, tiny request (its steps pay first-call costs and are dropped),
-    a measuring request's prefill of enough prompt tokens, then decode-only steps. (Whether a step
-    stands out from a decode step is the host's business, so this checks what was fed, not the rates.)"""
+def test_the_rate_probe_feeds_the_meter_after_the_first_request_warm_up(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Before Ready only the tiny request runs (its steps pay first-call costs and are dropped: a
+    fresh meter, nothing measured, the probe due). The probe, run once the engine idles after
+    Ready, gives the meter what it needs to know both rates: a prefill of enough prompt tokens, then
+    decode-only steps. (Whether a step stands out from a decode step is the host's business, so this
+    checks what was fed, not the rates.)"""
     from plimsoll.runtime import LLM
     from plimsoll.runtime.engine import llm_engine
     from plimsoll.runtime.engine.service_rates import MIN_PREFILL_TOKENS
@@ -55,9 +56,35 @@ def test_the_warm_up_feeds_the_meter_a_prefill_and_decode_steps_before_ready(tin
         finally:
             llm_engine.ServiceRateMeter = original
         assert isinstance(engine.rate_meter, Recording)  # a fresh meter after the tiny request
+        assert fed == [] and engine.rate_meter.rates() is None and engine.rate_probe_due
+        assert engine.measure_rates() is True
         assert fed and fed[0][0] >= MIN_PREFILL_TOKENS  # the measuring prompt, first thing it saw
         assert sum(1 for prefill, decode in fed if prefill == 0 and decode > 0) >= 2
+        assert engine.rate_meter.rates() is not None
+        assert not engine.rate_probe_due and engine.measure_rates() is False  # once
         assert not engine.has_unfinished_requests()
+    finally:
+        llm.close()
+
+
+def test_traffic_before_the_probe_measures_the_rates_and_the_probe_is_skipped(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    from plimsoll.runtime import LLM
+    from plimsoll.runtime.engine.sampling_params import SamplingParams
+    from plimsoll.runtime.engine.service_rates import MIN_PREFILL_TOKENS
+
+    llm = LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="256KiB", max_model_len=256)
+    try:
+        engine = llm.engine
+        engine.warmup_first_request()
+        assert engine.rate_probe_due and engine.rate_meter.rates() is None
+        prompt = list(range(3, 3 + 2 * MIN_PREFILL_TOKENS))
+        engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        assert engine.rate_meter.rates() is not None  # the request's prefill and decode steps
+        steps: list[int] = []
+        original = engine.step
+        engine.step = lambda: (steps.append(1), original())[1]  # type: ignore[method-assign]
+        assert engine.measure_rates() is False and steps == []  # nothing ran
+        assert not engine.rate_probe_due
     finally:
         llm.close()
 

@@ -90,12 +90,14 @@ def test_level_1_on_cpu_releases_the_kv_pages_in_place_and_keeps_weights_and_pan
 
 @pytest.mark.parametrize("panels", ["packed", "stored", "mapped"])
 def test_level_2_drops_the_panels_and_packs_them_again(model_dir: Path, tmp_path: Path, panels: str) -> None:
-    # stored: packed and written to the panel cache (models/panel_cache.py); mapped: read from it.
+    # stored: packed and written to the panel cache (models/panel_cache.py), the weights to the weight
+    # cache; mapped: both read from them.
     cached = panels == "mapped"
     if cached:
         _engine(model_dir, tmp_path).close()
     engine = _engine(model_dir, tmp_path if panels != "packed" else None)
     assert engine.runner.cpu_plan.fused is not None and engine.runner.cpu_plan.fused.mapped is cached
+    assert engine.runner.model.weights_mapped is cached  # the weight cache beside them (weight_cache.py)
     before = _answers(engine)
     copies = [p.clone() for p in _panels(engine)]
     weight_bytes = sum(p.nbytes for p in engine.runner.model.parameters())

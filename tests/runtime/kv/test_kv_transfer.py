@@ -4,7 +4,8 @@ Shows: a prompt prefilled on a producer and decoded on a consumer gives the aggr
 greedy output; the consumer pulls only the blocks past the prefix it holds, and tells the producer
 to let go when it holds them all; a corrupt block on the wire or a producer of another model is
 rejected and the rest prefilled locally; an unpulled hold is freed by its timeout (a late pull is
-refused); roles refuse what they cannot do; a producer's two copy paths (numpy on CPU, the staged
+refused); each side records the CPU time its threads spent on a transfer, stage by stage; roles
+refuse what they cannot do; a producer's two copy paths (numpy on CPU, the staged
 path CUDA uses) read the same bytes; the client's pull keeps its deadline against a silent peer.
 """
 
@@ -95,6 +96,31 @@ def test_split_matches_aggregated_and_pulls_only_what_is_missing(engines: Any) -
         assert out.metrics.num_cached_tokens == (len(ids) - 1) // 16 * 16
         settle(producer)
         assert producer.scheduler.kv.usage() == 0.0 and consumer.scheduler.kv.usage() == 0.0
+
+
+def test_a_transfer_records_the_cpu_time_each_side_spent_on_it(engines: Any) -> None:
+    from plimsoll.runtime.kv.remote_prefill import CPU_STAGES
+
+    _, producer, consumer = engines
+    sides = {
+        "producer": producer.kv_connector.remote.counters,
+        "consumer": consumer.kv_connector.remote.counters,
+    }
+    before = {stage: (sides[side].cpu_seconds[stage], len(sides[side].cpu_samples[stage]))
+              for stage, (side, _) in CPU_STAGES.items()}  # fmt: skip
+    ids = prompt(11, 120)  # a prompt no other test sends
+    params = prefill(producer, ids)
+    out = consumer.generate([ids], greedy(kv_transfer_params=params))[0]
+    assert out.metrics.num_cached_tokens == 112  # seven blocks pulled and loaded, not recomputed
+    settle(producer)
+    for stage, (side, _) in CPU_STAGES.items():
+        seconds, samples = before[stage]
+        # One sample for this request, nonzero: the thread's own CPU clock moved while it did the work.
+        assert len(sides[side].cpu_samples[stage]) == samples + 1, stage
+        assert sides[side].cpu_seconds[stage] > seconds, stage
+    # The producer's side of the transfer is on the producer only, the consumer's on the consumer only.
+    assert all(sides["consumer"].cpu_seconds[s] == 0 for s in ("hold", "send"))
+    assert all(sides["producer"].cpu_seconds[s] == 0 for s in ("start", "receive", "load"))
 
 
 def test_a_full_local_hit_pulls_nothing_and_frees_the_producer_at_once(engines: Any) -> None:

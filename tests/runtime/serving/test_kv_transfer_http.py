@@ -2,7 +2,8 @@
 
 Shows: a ``do_remote_decode`` completion or chat request answers with the parameters a decode
 replica needs (``remote_host`` the address the request came in on, the transfer server's port,
-the held block ids), and the replica's ``/metrics`` count and hold them; what cannot work is a
+the held block ids), and the replica's ``/metrics`` count and hold them (and the CPU time each hold
+took); what cannot work is a
 400 saying why (a stream, several prompts, a role this replica does not have).
 """
 
@@ -50,6 +51,11 @@ def test_do_remote_decode_answers_with_the_remote_parameters(producer: ThreadedS
     samples = scrape(producer.url)
     assert metric(samples, "plimsoll_kv_transfer_holds_total") == 2
     assert metric(samples, "plimsoll_kv_transfer_held_blocks") == remote.held_blocks > 0
+    # Each hold's CPU time on the engine thread, one sample per request; no pull was served yet.
+    cpu = "plimsoll_kv_transfer_cpu_seconds"
+    hold = {"side": "producer", "stage": "hold", "thread": "engine"}
+    assert metric(samples, cpu + "_count", **hold) == 2 and metric(samples, cpu + "_sum", **hold) > 0
+    assert metric(samples, cpu + "_count", side="producer", stage="send", thread="transfer") == 0
     # A plain request on the same replica carries no parameters.
     r = httpx.post(f"{producer.url}/v1/completions", json={"prompt": "z", "max_tokens": 1}, timeout=30)
     assert r.json()["kv_transfer_params"] is None

@@ -36,6 +36,9 @@ ALLOWED_LABELS = {
     "result",  # plimsoll_slo_requests_total: good or bad
     "objective",  # plimsoll_slo_objective_seconds: ttft, tpot or e2e
     "medium",  # plimsoll_kv_tier_*, plimsoll_kv_offload_*: CPU, DISK or SHARED
+    "side",  # plimsoll_kv_transfer_cpu_seconds: producer or consumer
+    "stage",  # plimsoll_kv_transfer_cpu_seconds: one of five (remote_prefill.CPU_STAGES)
+    "thread",  # plimsoll_kv_transfer_cpu_seconds: engine or transfer
 }
 # prometheus_client's standard collectors (process_*, python_gc_*, python_info) carry
 # their own fixed labels; they are not plimsoll series and are checked apart.

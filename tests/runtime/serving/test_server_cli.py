@@ -1,5 +1,6 @@
 """`plimsoll serve` flags: the documented options exist, and bad values fail fast with a clear message."""
 
+import pytest
 from typer.testing import CliRunner
 
 from plimsoll.cli import app
@@ -69,3 +70,23 @@ def test_cpu_kernel_flags_exist_and_refuse_a_build_that_is_not_one() -> None:
     result = CliRunner().invoke(app, ["serve", "--cpu-kernels", "avx1024", "--port", "1"])
     assert result.exit_code == 2, result.output
     assert "cpu_kernels" in result.output and "'avx512'" in result.output and "'off'" in result.output
+
+
+def test_the_collector_is_off_while_serve_starts_and_on_again_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up runs without the cyclic collector (what it allocates lives as long as the process);
+    a start that fails leaves it on again (the server's on_ready turns it on once Ready)."""
+    import gc
+
+    from plimsoll.runtime import serve_args
+
+    seen: list[bool] = []
+
+    def choose(positional: str | None, option: str | None) -> str:
+        seen.append(gc.isenabled())
+        raise serve_args.ServeArgError("stop here")
+
+    monkeypatch.setattr(serve_args, "choose_model", choose)
+    assert gc.isenabled()
+    result = CliRunner().invoke(app, ["serve", "--port", "1"])
+    assert result.exit_code == 2 and "stop here" in result.output
+    assert seen == [False] and gc.isenabled()
