@@ -7,11 +7,15 @@ completions, each carrying ``x-slo-ttft-ms: --slo-ms``: ``--base`` per second fo
 ``--before`` s, ``--factor`` × that for ``--burst`` s. Each request ends one of three ways:
 
 * refused: 429 — timed from sending to the response head, with or without ``Retry-After``;
+  at admission, or from the queue after admission (``x-plimsoll-refused-in-queue-ms``: the
+  replica held it to its bound and refused it before computing any of it);
 * served: timed to the first streamed byte, met or missed its TTFT SLO;
 * timed out: nothing within ``--timeout`` s (a request left waiting in a queue).
 
 It prints the share met, refused and timed out; the refusal latency p50/p95/max and how
-many refusals carried ``Retry-After``; served TTFT p50/p95/max. The client, the server
+many refusals carried ``Retry-After``; served TTFT p50/p95/max; and, for the admitted requests that missed their bound, the cause the
+replica gave (``plimsoll_admitted_ttft_missed_total``: a step slower than its promise allowed,
+or none). The client, the server
 and everything else on the host share the CPU, so the refusal latency includes the
 host's scheduling delay; run it with ``uptime`` beside it. A script that prints figures,
 not a test.
@@ -32,9 +36,14 @@ from dataclasses import dataclass
 
 import httpx
 
-from plimsoll.metric_names import DECODE_STEP_SECONDS, PREFILL_TOKENS_PER_SECOND, TIME_TO_FIRST_TOKEN
+from plimsoll.metric_names import (
+    ADMITTED_TTFT_MISSES,
+    DECODE_STEP_SECONDS,
+    PREFILL_TOKENS_PER_SECOND,
+    TIME_TO_FIRST_TOKEN,
+)
 from plimsoll.runtime.testing import ServerProcess
-from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER
+from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER, REFUSED_IN_QUEUE_HEADER
 
 
 @dataclass
@@ -44,6 +53,7 @@ class Outcome:
     retry_after: bool = False
     in_burst: bool = False
     predicted: float | None = None  # the replica's predicted TTFT (seconds), from its response header
+    in_queue: bool = False  # refused from the queue after admission (not at admission)
 
 
 async def one(
@@ -62,6 +72,7 @@ async def one(
                         time.perf_counter() - t0,
                         "retry-after" in response.headers,
                         predicted=predicted_s,
+                        in_queue=REFUSED_IN_QUEUE_HEADER in response.headers,
                     )
                 if response.status_code != 200:
                     await response.aread()
@@ -94,6 +105,9 @@ def gauges(text: str) -> dict[str, float]:
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in wanted:
             out[wanted[name]] = float(line.rsplit(" ", 1)[1])
+        elif name == ADMITTED_TTFT_MISSES:  # one line per cause
+            cause = line.split('cause="', 1)[1].split('"', 1)[0]
+            out[f"missed_{cause}"] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -178,7 +192,8 @@ def main() -> None:
     burst = [o for o in outcomes if o.in_burst]
     served = [o.seconds for o in burst if o.kind == "served"]
     refused = [o for o in burst if o.kind == "refused"]
-    refusal = [o.seconds for o in refused]
+    refusal = [o.seconds for o in refused if not o.in_queue]
+    from_queue = [o.seconds for o in refused if o.in_queue]
     slo = args.slo_ms / 1000
     met = sum(1 for s in served if s <= slo)
     n = len(burst)
@@ -191,8 +206,11 @@ def main() -> None:
     print(f"burst requests {n}: met SLO {met} ({met / max(n, 1):.1%}), served past SLO {len(served) - met}, "
           f"refused {len(refused)} ({sum(o.retry_after for o in refused)} with Retry-After), "
           f"timed out {sum(o.kind == 'timeout' for o in burst)}, other errors {sum(o.kind == 'error' for o in burst)}")  # fmt: skip
+    if from_queue:
+        print(f"refused from the queue after admission {len(from_queue)}: after p50 "
+              f"{statistics.median(from_queue) * 1000:.0f} ms, max {max(from_queue) * 1000:.0f} ms")  # fmt: skip
     if refusal:
-        print(f"refusal latency: p50 {statistics.median(refusal) * 1000:.1f} ms, p95 {pct(refusal, 0.95) * 1000:.1f} ms, "
+        print(f"refusal latency at admission: p50 {statistics.median(refusal) * 1000:.1f} ms, p95 {pct(refusal, 0.95) * 1000:.1f} ms, "
               f"max {max(refusal) * 1000:.1f} ms; within 50 ms {sum(r <= 0.05 for r in refusal) / len(refusal):.1%}")  # fmt: skip
     if served:
         print(
@@ -200,7 +218,7 @@ def main() -> None:
         )
 
     report_prediction(burst, slo)
-    report_rates(samples, outcomes)
+    report_rates(samples, outcomes, slo)
 
 
 def report_prediction(burst: list[Outcome], slo: float) -> None:
@@ -225,7 +243,7 @@ def report_prediction(burst: list[Outcome], slo: float) -> None:
         print(f"missed the SLO though admitted {len(missed)}: predicted→measured ms {worst}")
 
 
-def report_rates(samples: list[dict[str, float]], outcomes: list[Outcome]) -> None:
+def report_rates(samples: list[dict[str, float]], outcomes: list[Outcome], slo: float) -> None:
     """The replica's measured rates over the run and its own TTFT (from arrival at the server) against the client's."""
     prefill = [s["prefill_tok_s"] for s in samples if "prefill_tok_s" in s]
     decode = [s["decode_step_s"] for s in samples if "decode_step_s" in s]
@@ -233,6 +251,13 @@ def report_rates(samples: list[dict[str, float]], outcomes: list[Outcome]) -> No
         print(f"measured rates: prefill {prefill[0]:.0f} tok/s before, {min(prefill):.0f}–{max(prefill):.0f} during; "
               f"decode step {decode[0] * 1000:.1f} ms before, {min(decode) * 1000:.1f}–{max(decode) * 1000:.1f} ms during")  # fmt: skip
     first, last = samples[0], samples[-1]
+    causes = {k[len("missed_") :]: v - first.get(k, 0) for k, v in last.items() if k.startswith("missed_")}
+    if causes:
+        # The counter covers the whole run (the steady part before the burst too), as this count does.
+        missed = sum(1 for o in outcomes if o.kind == "served" and o.seconds > slo)
+        print(f"whole run (before and during the burst): admitted and missed {missed}; held to their bound "
+              "and missed, by the replica's cause: "
+              + ", ".join(f"{cause} {n:.0f}" for cause, n in sorted(causes.items())))  # fmt: skip
     count = last.get("ttft_count", 0) - first.get("ttft_count", 0)
     served = [o.seconds for o in outcomes if o.kind == "served"]
     if count > 0 and served:

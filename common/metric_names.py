@@ -58,6 +58,9 @@ STEP_TOKENS = "plimsoll_step_tokens"
 # Open HTTP connections to the server (uvicorn's own count): a soak watches it for leaks.
 HTTP_CONNECTIONS = "plimsoll_http_connections"
 ADMISSION_REJECTIONS = "plimsoll_admission_rejections_total"
+# Requests admitted under a TTFT bound whose first token came after it, by cause: "stall" (a step
+# ran slower than the promise allowed for it) or "queue" (every step kept within it).
+ADMITTED_TTFT_MISSES = "plimsoll_admitted_ttft_missed_total"
 # Requests still in flight when the drain deadline after SIGTERM passed (cut off by the shutdown).
 REQUESTS_CUT_BY_SHUTDOWN = "plimsoll_requests_cut_by_shutdown_total"
 # Per priority class (label ``priority``; never a tenant id): --scheduling-policy priority

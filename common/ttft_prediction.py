@@ -28,6 +28,13 @@ prefill and decode by the replica's measured slow-step factor, and ``in_flight_s
 every slot busy until the engine's step under way ends (the simulator takes requests at
 any instant and passes 0).
 
+An admitted request keeps its bound as a :class:`TTFTDeadline`: before each step the engine
+walks its waiting queue again (:func:`late_waiting`) and refuses, with ``Retry-After``, the
+sequences that can no longer produce a first token by their deadline at the rates it measures
+now (a host that stalled after they were admitted) — before any of their tokens is computed.
+:func:`classify_miss` says of an admitted request that missed whether a step ran slower than
+the promise allowed for (a stall no prediction made at admission could see) or not.
+
 What it is not: a measurement. The rates come from the replica's own steps
 (``runtime/engine/service_rates.py``); KV-cache pressure (a waiting request that fits
 no blocks) is not modelled, which is why the autoscaler also reads KV headroom.
@@ -43,6 +50,8 @@ from dataclasses import dataclass
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
 # Where a prediction is reported back on a response (the bench and the tests read it).
 PREDICTED_TTFT_HEADER = "x-plimsoll-predicted-ttft-ms"
+# On a 429 for a request refused from the queue after it was admitted: how long it waited there (ms).
+REFUSED_IN_QUEUE_HEADER = "x-plimsoll-refused-in-queue-ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,17 +161,7 @@ def predict_ttft(
     free sooner (0 for a model that takes requests at any instant, like the simulator).
     """
     step = rates.decode_step_s
-    lane = 0.0
-    slots = []
-    for prompt, remaining in queue.running:
-        if prompt > 0:  # a chunked prefill under way: its slot frees after its prefill and its decode
-            lane += rates.prefill_s(prompt)
-            slots.append(lane + remaining * step)
-        else:
-            slots.append(remaining * step)
-    slots += [0.0] * max(0, rates.max_num_seqs - len(slots))
-    slots = [max(t, in_flight_s) for t in slots]
-    heapq.heapify(slots)
+    slots, lane = _release_times(queue.running, rates, in_flight_s)
     for prompt, out in queue.waiting:
         start = max(heapq.heappop(slots), lane)
         lane = start + rates.prefill_s(prompt)
@@ -174,6 +173,97 @@ def predict_ttft(
         heapq.heappush(slots, math.inf)  # its sibling holds the slot past the first token
     own = rates.prefill_s(prompt_tokens)
     return TTFTPrediction(backlog_s=lane - own, prefill_s=own, step_s=step, ahead=len(queue.waiting))
+
+
+@dataclass(frozen=True, slots=True)
+class TTFTDeadline:
+    """An admitted request's TTFT bound: ``at`` (``time.monotonic()``) is when its first token is
+    due, ``bound_s`` the bound it was admitted under (what its ``Retry-After`` is counted against;
+    ``at - bound_s`` is when the replica received it)."""
+
+    at: float
+    bound_s: float
+    # The rates its admission promised at (``at_tail``): what a miss is judged against (:func:`classify_miss`).
+    promised: ServiceRates | None = None
+
+
+class TTFTDeadlineRefusal(Exception):
+    """An admitted request the replica can no longer serve by its deadline, refused before any of
+    its tokens was computed; the server answers it 429 with ``Retry-After``."""
+
+    def __init__(self, predicted_s: float, left_s: float, retry_after_s: int) -> None:
+        super().__init__(
+            f"its first token is now predicted in {predicted_s * 1000:.0f} ms at this replica's recent "
+            f"step times, with {max(0.0, left_s) * 1000:.0f} ms of its TTFT bound left"
+        )
+        self.predicted_s = predicted_s
+        self.retry_after_s = retry_after_s
+
+
+def late_waiting(
+    queue: QueueSnapshot, rates: ServiceRates, left_s: list[float | None], in_flight_s: float = 0.0
+) -> dict[int, float]:
+    """The waiting sequences that would now produce their first token after their deadline:
+    index into ``queue.waiting`` → predicted seconds to it. ``left_s[i]``: seconds until waiting
+    sequence ``i``'s deadline (None: it has none).
+
+    The queue is walked in order as :func:`predict_ttft` walks it; a late sequence leaves the
+    walk (it is refused), so it delays none of those behind it. A sequence that a free slot and
+    a free prefill lane would start now is never late: nothing is ahead of it, its first token
+    comes with the coming step, and a refusal would only stop it measuring the rates — as an
+    idle replica admits whatever it is asked.
+    """
+    step = rates.decode_step_s
+    slots, lane = _release_times(queue.running, rates, in_flight_s)
+    late: dict[int, float] = {}
+    for i, (prompt, out) in enumerate(queue.waiting):
+        start = max(slots[0], lane)
+        first = start + rates.prefill_s(prompt) + step
+        left = left_s[i] if i < len(left_s) else None
+        if left is not None and first > left and start > 0.0:
+            late[i] = first
+            continue
+        heapq.heapreplace(slots, first - step + max(1, out) * step)
+        lane = first - step
+    return late
+
+
+def classify_miss(promised: ServiceRates, steps: list[tuple[float, int]]) -> tuple[str, float, float]:
+    """Why an admitted request missed its bound, from the steps the engine ran between its
+    admission and its first token (``(seconds, prompt tokens)`` each) against the step times the
+    promise allowed (``promised``: the rates it was admitted at, ``at_tail``).
+
+    ``("stall", s, allowed)`` when a step took longer than the promise allowed for it (the host
+    slowed beyond anything the replica's recent steps showed: no prediction made at admission
+    could see it); ``("queue", s, allowed)`` when every step kept within it (the time went
+    elsewhere: more steps than the queue walk counted, or the path before the engine). ``s`` and ``allowed``: the step furthest over its allowance, and that allowance.
+    """
+    worst, worst_allowed, ratio = 0.0, 0.0, 0.0
+    for seconds, prompt in steps:
+        allowed = promised.decode_step_s + promised.prefill_s(prompt)
+        if seconds / allowed > ratio:
+            worst, worst_allowed, ratio = seconds, allowed, seconds / allowed
+    return ("stall" if ratio > 1.0 else "queue"), worst, worst_allowed
+
+
+def _release_times(
+    running: tuple[tuple[int, int], ...], rates: ServiceRates, in_flight_s: float
+) -> tuple[list[float], float]:
+    """A heap of when each slot frees (seconds from now) and when the prefill lane frees, given the
+    running sequences; no slot frees before the step under way ends (``in_flight_s``)."""
+    step = rates.decode_step_s
+    lane = 0.0
+    slots = []
+    for prompt, remaining in running:
+        if prompt > 0:  # a chunked prefill under way: its slot frees after its prefill and its decode
+            lane += rates.prefill_s(prompt)
+            slots.append(lane + remaining * step)
+        else:
+            slots.append(remaining * step)
+    slots += [0.0] * max(0, rates.max_num_seqs - len(slots))
+    slots = [max(t, in_flight_s) for t in slots]
+    heapq.heapify(slots)
+    return slots, lane
 
 
 def backlog_seconds(queue: QueueSnapshot, rates: ServiceRates) -> float:

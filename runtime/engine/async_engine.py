@@ -24,7 +24,7 @@ from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, Request
 from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.step_profiler import StepProfiler
-from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
+from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates, TTFTDeadline
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,11 @@ class AsyncEngine:
         """This replica's measured prefill rate and decode step (None until the rate probe or requests did)."""
         return self.engine.rate_meter.rates() if self.engine is not None else None
 
+    def recent_steps(self, since: float) -> list[tuple[float, int]]:
+        """``(seconds, prompt tokens)`` of the engine's steps that ended after ``since`` (``time.monotonic()``,
+        within the last half minute): what a request received then has waited through."""
+        return self.engine.rate_meter.steps_since(since) if self.engine is not None else []
+
     # -- LoRA adapters -----------------------------------------------------------------
 
     def list_loras(self) -> list[LoRARequest]:
@@ -213,13 +218,15 @@ class AsyncEngine:
         fairness_id: str | None = None,
         continuation: Continuation | None = None,
         cache_salt: str | None = None,
+        ttft_deadline: TTFTDeadline | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of one request already validated by the caller (the HTTP edge), under the
         adapter ``lora_name`` if given.
 
         ``priority`` and ``fairness_id`` are the request's scheduling attributes, ``cache_salt``
-        its prefix-cache salt and ``continuation`` the output already produced elsewhere (see
-        ``LLMEngine.add_request``).
+        its prefix-cache salt, ``continuation`` the output already produced elsewhere and
+        ``ttft_deadline`` the TTFT bound it was admitted under (see ``LLMEngine.add_request``):
+        a request refused from the queue for it raises ``TTFTDeadlineRefusal`` before any output.
         """
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
@@ -235,7 +242,7 @@ class AsyncEngine:
             for i in range(params.n):
                 self._posted[f"{request_id}#{i}"] = (len(ids), max(1, min(wanted, limit)))
         self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, cache_salt,
-                           continuation))
+                           continuation, ttft_deadline))
         finished = False
         try:
             while True:
@@ -356,7 +363,7 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, ids, params, arrival, lora_name, priority, fairness_id, salt, cont = payload
+                        request_id, ids, params, arrival, lora_name, priority, fairness_id, salt, cont, due = payload
                         with self._posted_lock:
                             for i in range(params.n):
                                 self._posted.pop(f"{request_id}#{i}", None)
@@ -364,6 +371,7 @@ class AsyncEngine:
                             engine.add_request(
                                 request_id, ids, params, arrival, ids, lora_name,
                                 priority=priority, fairness_id=fairness_id, cache_salt=salt, continuation=cont,
+                                ttft_deadline=due,
                             )  # fmt: skip
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)
@@ -377,6 +385,10 @@ class AsyncEngine:
                             self._deliver(out, payload)
                 if commands:
                     engine.publish_queue()
+                # Judged at each step's start: a stall shows in the step it happened in, and a
+                # request refused now has had nothing computed.
+                for request_id, refusal in engine.refuse_late().items():
+                    self._deliver(refusal, request_id)
                 if engine.has_unfinished_requests():
                     with self.step_profiler.span():
                         outs = engine.step()

@@ -14,7 +14,7 @@ from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineStats, RequestOutput
 from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
-from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
+from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates, TTFTDeadline
 
 
 class RequestOptions(TypedDict, total=False):
@@ -26,6 +26,7 @@ class RequestOptions(TypedDict, total=False):
     fairness_id: str | None
     continuation: Continuation | None
     cache_salt: str | None
+    ttft_deadline: TTFTDeadline | None
 
 
 class EngineClient(Protocol):
@@ -56,6 +57,8 @@ class EngineClient(Protocol):
     def queue_snapshot(self) -> QueueSnapshot: ...
 
     def service_rates(self) -> ServiceRates | None: ...
+
+    def recent_steps(self, since: float) -> list[tuple[float, int]]: ...
 
     @property
     def sleep_level(self) -> int: ...

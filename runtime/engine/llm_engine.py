@@ -29,6 +29,7 @@ from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.kv_sizing import CudaMemory, DeviceMemory
+from plimsoll.runtime.engine.late_refusal import late_refusals
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
 from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token, weight_cache
 from plimsoll.runtime.engine.output_processor import make_request_output
@@ -47,7 +48,7 @@ from plimsoll.runtime.kv.connector import KVConnector, build_connector
 from plimsoll.runtime.kv.remote_prefill import RemoteDecode, RemoteSource
 from plimsoll.runtime.models.loader import load_model, read_hf_config
 from plimsoll.runtime.models.tensor_parallel import check_tensor_parallel
-from plimsoll.ttft_prediction import QueueSnapshot
+from plimsoll.ttft_prediction import QueueSnapshot, TTFTDeadline, TTFTDeadlineRefusal
 
 log = logging.getLogger(__name__)
 # The warm-up's rate-measuring prompt: long enough that its prefill stands out from a decode step.
@@ -445,6 +446,7 @@ class LLMEngine:
         fairness_id: str | None = None,
         continuation: Continuation | None = None,
         cache_salt: str | None = None,
+        ttft_deadline: TTFTDeadline | None = None,
     ) -> None:
         """Validate and queue; raises ``ValueError`` (nothing queued) on bad input.
 
@@ -457,6 +459,8 @@ class LLMEngine:
         blocks are cached) and sampling goes on from the next position.
         ``cache_salt`` (vLLM's per-request field; the server folds the tenant into it) starts the
         prefix-cache hash chain: requests with different salts never share a cached block.
+        ``ttft_deadline``: the TTFT bound it was admitted under; until it starts it may be refused
+        from the queue (:meth:`refuse_late`).
         """
         vocab = int(self.hf_config.vocab_size)
         params.validate(vocab)  # every id a request carries indexes the logits on the device
@@ -500,6 +504,7 @@ class LLMEngine:
                 seq_id, request_id, i, ids, params, self.eos_token_ids, arrival,
                 cache_salt=salt, priority=priority, fairness_id=fairness_id,
             )
+            seq.ttft_deadline = ttft_deadline
             seq.lora = lora  # a seeded sequence's generator is made on the logits' device when it first samples
             seq.kv_transfer = transfer
             seq.detokenizer = IncrementalDetokenizer(
@@ -654,13 +659,13 @@ class LLMEngine:
         last, self._unmetered = self._unmetered, None
         if last is not None:
             start, prefill, decode = last
-            self.rate_meter.observe(prefill, decode, t0 - start)
+            self.rate_meter.observe(prefill, decode, t0 - start, end=t0)
         if sched.is_empty:
             return
         if self.has_unfinished_requests():
             self._unmetered = (t0, sched.num_prefill_tokens, sched.num_decode_tokens)
         else:
-            self.rate_meter.observe(sched.num_prefill_tokens, sched.num_decode_tokens, elapsed)
+            self.rate_meter.observe(sched.num_prefill_tokens, sched.num_decode_tokens, elapsed, end=t0 + elapsed)
 
     def publish_queue(self) -> None:
         """Snapshot the queue for readers on other threads (the server's admission and metrics)."""
@@ -704,6 +709,26 @@ class LLMEngine:
         if self.speculator is not None:
             return list(self.speculator.sample(reqs, logits, self.sampler))
         return [s if isinstance(s, Exception) else [s] for s in sample_each(self.sampler, reqs, logits)]
+
+    def refuse_late(self) -> dict[str, TTFTDeadlineRefusal]:
+        """Abort the waiting requests that can no longer meet their TTFT bound (``late_refusal.py``)
+        and return why, per request id: the caller answers each with its refusal. A request with a
+        sequence that has started is never refused."""
+        waiting = [r for r in list(self.scheduler.waiting) if not r.is_finished]
+        if not any(r.ttft_deadline is not None for r in waiting):
+            return {}
+        self.publish_queue()
+        refused = late_refusals(self.queue, waiting, self.rate_meter.rates(), time.monotonic())
+        for request_id, refusal in list(refused.items()):
+            group = self.groups.get(request_id)
+            if group is None or any(s.num_computed_tokens or s.first_token_time is not None for s in group.seqs):
+                del refused[request_id]
+                continue
+            log.info("request %s refused from the queue: %s", request_id, refusal)
+            self.abort_request(request_id)
+        if refused:
+            self.publish_queue()
+        return refused
 
     def _fail_group(self, group: RequestGroup, req: Request, exc: Exception) -> None:
         """Fail one request (all its sequences) and free its blocks; the engine carries on."""

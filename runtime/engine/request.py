@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
     from plimsoll.runtime.engine.lora_manager import LoRARequest
     from plimsoll.runtime.engine.outputs import Logprob
+    from plimsoll.ttft_prediction import TTFTDeadline
 
 # First parent of every hash chain: fixed, so hashes agree across processes and pods.
 ROOT_HASH = hashlib.sha256(b"plimsoll-prefix-cache-v1").digest()
@@ -123,6 +124,9 @@ class Request:
     # Output tokens a continuation brought in (generated elsewhere and already delivered); they
     # lead ``output_token_ids`` but this engine neither computed them as output nor reports them.
     num_prior_output_tokens: int = 0
+    # An admitted request's TTFT bound (``x-slo-ttft-ms``): until its first token it may be refused
+    # from the queue when it can no longer meet it (``late_refusal.py``); None = no bound.
+    ttft_deadline: "TTFTDeadline | None" = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -23,6 +23,10 @@ stay what the operator sizes with; the replica exports both the raw queue (promp
 tokens waiting, decode tokens remaining) and the rates, so a reader that prefers the
 profile's rate can divide by it.
 
+It also keeps the last ``HISTORY_S`` seconds of steps with when each ended
+(:meth:`ServiceRateMeter.steps_since`): the server reads the steps an admitted request waited
+through when it misses its bound, to say whether a step ran slower than its promise allowed.
+
 What it is not: a profiler, or thread-safe beyond what a reader of two floats needs
 (the engine thread writes, the server reads a consistent :class:`ServiceRates`).
 """
@@ -48,6 +52,9 @@ MIN_PREFILL_TOKENS = 8
 TAIL_WINDOW = 16
 TAIL_WINDOW_S = 4.0
 MIN_TAIL_STEPS = 4
+# How long the timed step history reaches back: longer than any admitted request waits for its
+# first token under a TTFT bound (a few seconds), short enough to stay small.
+HISTORY_S = 30.0
 
 
 class ServiceRateMeter:
@@ -64,11 +71,20 @@ class ServiceRateMeter:
         # (step time, prompt tokens in it) of the recent steps, and their summed time.
         self._recent: deque[tuple[float, int]] = deque()
         self._window_s = 0.0
+        # (when it ended, its time, prompt tokens in it) of the steps of the last HISTORY_S seconds.
+        self._history: deque[tuple[float, float, int]] = deque()
 
-    def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
-        """One engine step: prompt tokens computed, decode tokens computed, wall seconds."""
+    def observe(
+        self, prefill_tokens: int, decode_tokens: int, step_s: float, end: float | None = None
+    ) -> None:
+        """One engine step: prompt tokens computed, decode tokens computed, wall seconds, and
+        when it ended (``time.monotonic()``; None keeps it out of the timed history)."""
         if step_s <= 0:
             return
+        if end is not None:
+            self._history.append((end, step_s, prefill_tokens))
+            while self._history and self._history[0][0] < end - HISTORY_S:
+                self._history.popleft()
         if prefill_tokens > 0 or decode_tokens > 0:
             self._recent.append((step_s, prefill_tokens))
             self._window_s += step_s
@@ -116,6 +132,12 @@ class ServiceRateMeter:
             return None
         per_token = self.prefill_s_per_token or 0.0
         return max(step / (decode + prompt * per_token) for step, prompt in list(self._recent))
+
+    def steps_since(self, start: float) -> list[tuple[float, int]]:
+        """``(seconds, prompt tokens)`` of every step that ended after ``start`` (a monotonic time
+        within the last ``HISTORY_S`` seconds), in order; the part of a step before ``start``
+        counts too (a request waited through the rest of it)."""
+        return [(s, p) for end, s, p in list(self._history) if end > start]
 
     def rates(self) -> ServiceRates | None:
         """The rates measured so far, with the slow-step factor as of now; None until both a decode

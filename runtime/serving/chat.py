@@ -36,7 +36,11 @@ from plimsoll.runtime.serving.protocol import (
     ChatResponseMessage,
     response_body,
 )
-from plimsoll.runtime.serving.request_intake import admit_tokenised, check_before_tokenising
+from plimsoll.runtime.serving.request_intake import (
+    admit_tokenised,
+    check_before_tokenising,
+    stream_head_after_promise,
+)
 from plimsoll.runtime.serving.requests import (
     Admission,
     ServingContext,
@@ -72,6 +76,7 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     adm, options = admit_tokenised(ctx, req, raw, "chatcmpl", [len(prompt_ids)], [max_tokens])
     stream = ctx.outputs(prompt_ids, params, adm.request_id, "chat", ctx.lora_of(req.model), **options)
     if req.stream:
+        (stream,) = await stream_head_after_promise(raw, adm, options, [stream])
         streaming: Response = SSEResponse(
             _stream(ctx, req, adm, stream, prompt_ids), on_close=adm.release, headers=adm.headers()
         )

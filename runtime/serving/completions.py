@@ -31,7 +31,11 @@ from plimsoll.runtime.serving.protocol import (
     CompletionResponse,
     response_body,
 )
-from plimsoll.runtime.serving.request_intake import admit_tokenised, check_before_tokenising
+from plimsoll.runtime.serving.request_intake import (
+    admit_tokenised,
+    check_before_tokenising,
+    stream_head_after_promise,
+)
 from plimsoll.runtime.serving.requests import (
     Admission,
     ServingContext,
@@ -67,6 +71,7 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, raw: Re
         for i, (ids, p) in enumerate(zip(prompt_ids, params, strict=True))
     ]
     if req.stream:
+        streams = await stream_head_after_promise(raw, adm, options, streams)
         streaming: Response = SSEResponse(
             _stream(ctx, req, adm, streams), on_close=adm.release, headers=adm.headers()
         )

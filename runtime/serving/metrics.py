@@ -59,6 +59,8 @@ REJECTION_REASONS = (
     "slo_ttft",
     "asleep",
 )
+# Why a request admitted under a TTFT bound missed it (plimsoll.ttft_prediction.classify_miss).
+MISS_CAUSES = ("stall", "queue")
 # Why an admitted request failed server-side: its own fault in the engine, or the engine dead.
 ERROR_REASONS = ("engine_error", "engine_dead")
 
@@ -242,6 +244,12 @@ class ServerMetrics:
         self.rejections = counter(
             mn.ADMISSION_REJECTIONS, "Requests refused before reaching the engine, by reason.", ("reason",)
         )
+        self.admitted_misses = counter(
+            mn.ADMITTED_TTFT_MISSES,
+            "Requests admitted under a TTFT bound that missed it, by cause (stall: a step slower than "
+            "the promise allowed; queue: none).",
+            ("cause",),
+        )
         # --metrics-compat vllm: the same readings also under the vLLM names a Gateway API
         # Inference Extension endpoint picker reads (model-server protocol); see docs/metrics.md.
         self.compat: tuple[Gauge, Gauge, Gauge, Gauge] | None = None
@@ -339,6 +347,8 @@ class ServerMetrics:
             self.rejections.labels(model_name, reason)
         for reason in ERROR_REASONS:
             self.request_errors.labels(model_name, reason)
+        for cause in MISS_CAUSES:
+            self.admitted_misses.labels(model_name, cause)
         for path in STEP_PATHS:
             self.engine_steps.labels(model_name, path)
         for family in (self.preemptions, self.kv_alloc_failures, self.prefix_queries, self.prefix_hits,
@@ -451,6 +461,10 @@ class ServerMetrics:
     def reject(self, reason: str) -> None:
         assert reason in REJECTION_REASONS, reason
         self.rejections.labels(self.model_name, reason).inc()
+
+    def admitted_miss(self, cause: str) -> None:
+        assert cause in MISS_CAUSES, cause
+        self.admitted_misses.labels(self.model_name, cause).inc()
 
     def judge_shed(self) -> None:
         """A request refused because it would miss its SLO counts against the SLO (when one is set)."""

@@ -39,8 +39,15 @@ from plimsoll.runtime.serving.metrics import ServerMetrics
 from plimsoll.runtime.serving.protocol import UsageInfo
 from plimsoll.runtime.serving.request_spans import record_request_spans
 from plimsoll.runtime.serving.settings import ServerSettings
+from plimsoll.runtime.serving.slo_admission import refused_from_queue
 from plimsoll.runtime.serving.template_pool import TemplatePool
-from plimsoll.ttft_prediction import PREDICTED_TTFT_HEADER, QueueSnapshot
+from plimsoll.ttft_prediction import (
+    PREDICTED_TTFT_HEADER,
+    QueueSnapshot,
+    TTFTDeadline,
+    TTFTDeadlineRefusal,
+    classify_miss,
+)
 
 log = logging.getLogger("plimsoll.runtime.requests")
 # The tenant-cap bucket of requests that name no tenant.
@@ -243,11 +250,18 @@ class ServingContext:
         self.unposted[request_id] = ((len(prompt_ids), max(1, min(wanted, limit))),) * max(1, params.n)
         # Nothing of the engine's generator runs before _outputs first iterates it.
         return self._outputs(
-            self.engine.generate(prompt_ids, params, request_id, lora_name, **options), request_id, endpoint
+            self.engine.generate(prompt_ids, params, request_id, lora_name, **options),
+            request_id,
+            endpoint,
+            options.get("ttft_deadline"),
         )
 
     async def _outputs(
-        self, gen: AsyncGenerator[RequestOutput, None], request_id: str, endpoint: str
+        self,
+        gen: AsyncGenerator[RequestOutput, None],
+        request_id: str,
+        endpoint: str,
+        ttft_deadline: TTFTDeadline | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs ``gen`` for one prompt; aborts the request if iteration stops early.
 
@@ -278,6 +292,9 @@ class ServingContext:
                     status = "invalid_request"
                     self.metrics.reject("invalid_request")
                     raise bad_request(str(exc)) from None
+                except TTFTDeadlineRefusal as refusal:
+                    status = "refused"
+                    raise refused_from_queue(self.metrics, refusal, time.monotonic() - started) from None
                 except StreamCutError:
                     status = "shutdown"
                     raise APIError(
@@ -297,6 +314,9 @@ class ServingContext:
                 if last is not None and any(o.delta_token_ids for o in out.outputs):
                     self.metrics.observe_token_gap(now - last_emit)
                 if any(o.delta_token_ids for o in out.outputs):
+                    if ttft_deadline is not None and now > ttft_deadline.at:
+                        self._judge_miss(request_id, ttft_deadline, now)
+                    ttft_deadline = None  # judged at the first token only
                     last_emit = now
                 last = out
                 if out.error is not None:
@@ -341,6 +361,20 @@ class ServingContext:
             if status == "client_disconnected" and self.drain_deadline_passed:
                 status = "shutdown"
             self._log_finished(request_id, endpoint, last, started, status if not finished else "ok")
+
+    def _judge_miss(self, request_id: str, deadline: TTFTDeadline, now: float) -> None:
+        """An admitted request's first token came past its bound: count and log why, from the steps
+        the engine ran since it was received (``classify_miss``)."""
+        if deadline.promised is None:
+            return
+        received = deadline.at - deadline.bound_s
+        cause, worst, allowed = classify_miss(deadline.promised, self.engine.recent_steps(received))
+        self.metrics.admitted_miss(cause)
+        log.info(
+            "request %s missed its TTFT bound of %.0f ms (first token after %.0f ms): %s, slowest step "
+            "against its allowance %.0f ms of %.0f ms",
+            request_id, deadline.bound_s * 1000, (now - received) * 1000, cause, worst * 1000, allowed * 1000,
+        )  # fmt: skip
 
     def _log_finished(
         self, request_id: str, endpoint: str, last: RequestOutput | None, started: float, status: str
@@ -415,6 +449,41 @@ def _loop_deadline(deadline: float | None) -> float | None:
         return None
     loop = asyncio.get_running_loop()
     return loop.time() + (deadline - time.monotonic())
+
+
+async def hold_head(request: Request, streams: list[AsyncIterator[T]]) -> list[AsyncIterator[T]]:
+    """``streams`` with each one's first item already read, for a streamed answer whose head must
+    wait for it: a request held to a TTFT bound may still be refused from the queue
+    (``engine/late_refusal.py``) and the client must then get a clean 429, not a 200 stream with
+    an error event in it. An error before any first item (that 429, a timeout) is raised here,
+    with every stream closed (their requests aborted); a disconnect meanwhile aborts them too.
+    """
+    firsts: list[list[T]] = []
+    try:
+        for stream in streams:
+
+            async def first(stream: AsyncIterator[T] = stream) -> list[T]:
+                async for item in stream:
+                    return [item]
+                return []
+
+            firsts.append(await until_disconnect(request, first))
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            for stream in streams:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+        raise
+    return [_after(head, stream) for head, stream in zip(firsts, streams, strict=True)]
+
+
+async def _after(head: list[T], rest: AsyncIterator[T]) -> AsyncGenerator[T, None]:
+    """``head``'s items, then ``rest``'s; closing this closes ``rest``."""
+    async with contextlib.aclosing(rest):  # type: ignore[type-var]
+        for item in head:
+            yield item
+        async for item in rest:
+            yield item
 
 
 async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:

@@ -21,6 +21,14 @@ rate alone, and a rate measured during a spike in the host's load would refuse e
 request after it — refused requests measure nothing, so only an admitted one can
 correct it. Such a request costs no other request anything.
 
+An admitted request is held to its bound until its first token: its deadline goes to the
+engine with it (``ttft_deadline``), which refuses it from the queue, before computing any of
+it, once it can no longer meet it (``engine/late_refusal.py``); :func:`refused_from_queue`
+is that 429 (``Retry-After``, ``x-plimsoll-refused-in-queue-ms``: how long it waited). A
+streamed answer to a request with a bound therefore sends its head with its first token, not
+before (``requests.hold_head``). A request admitted by an idle replica past its bound is
+held to none.
+
 What it is not: the prediction (``common/ttft_prediction.py``) or the other
 admission rules (``requests.py``: draining, queue full, tenant caps). A replica that
 has not yet measured its rates admits everything (it cannot say).
@@ -28,18 +36,28 @@ has not yet measured its rates admits everything (it cannot say).
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 
 from plimsoll.overload import OVERLOAD_HEADER, REPLICA
 from plimsoll.runtime.serving.errors import APIError, bad_request
-from plimsoll.runtime.serving.requests import ServingContext
 from plimsoll.ttft_prediction import (
     PREDICTED_TTFT_HEADER,
+    REFUSED_IN_QUEUE_HEADER,
     SLO_TTFT_HEADER,
+    TTFTDeadline,
+    TTFTDeadlineRefusal,
     TTFTPrediction,
     parse_ttft_bound,
     predict_ttft,
 )
+
+if TYPE_CHECKING:
+    from plimsoll.runtime.serving.metrics import ServerMetrics
+    from plimsoll.runtime.serving.requests import ServingContext
 
 
 def ttft_bound(ctx: ServingContext, raw: Request) -> float | None:
@@ -53,20 +71,34 @@ def ttft_bound(ctx: ServingContext, raw: Request) -> float | None:
     return bound
 
 
-def refuse_before_tokenising(ctx: ServingContext, raw: Request, num_seqs: int) -> None:
-    """Raise 429 when even an empty prompt would miss the request's bound.
+def refuse_before_tokenising(
+    ctx: ServingContext, raw: Request, num_seqs: int, fewest_tokens: int = 0
+) -> None:
+    """Raise 429 when even a prompt of ``fewest_tokens`` (the fewest the request's prompt can
+    have, known before tokenising; 0: an empty one) would miss the request's bound.
 
-    A prompt only adds to the TTFT, so such a refusal is certain without the prompt's
+    A prompt only adds to the TTFT, so such a refusal is certain without the prompt's exact
     length; made before tokenising, it costs no hop to the tokeniser's thread, which on
-    a busy host is most of a refusal's latency.
+    a busy host is most of a refusal's latency. Called first thing in a route: the request's
+    bound counts from here.
     """
-    check_predicted_ttft(ctx, raw, [], num_seqs)
+    raw.state.slo_received = time.monotonic()
+    check_predicted_ttft(ctx, raw, [fewest_tokens], num_seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    """What admission predicted for a request, and the deadline the engine holds it to (None: it
+    was admitted though predicted past its bound, by an idle replica, and is held to none)."""
+
+    prediction: TTFTPrediction
+    deadline: TTFTDeadline | None
 
 
 def check_predicted_ttft(
     ctx: ServingContext, raw: Request, prompt_tokens: list[int], num_seqs: int
-) -> TTFTPrediction | None:
-    """Raise 429 when the request's predicted TTFT exceeds its bound; the prediction otherwise (None: none made)."""
+) -> Promise | None:
+    """Raise 429 when the request's predicted TTFT exceeds its bound; the promise otherwise (None: none made)."""
     bound = ttft_bound(ctx, raw)
     if bound is None:
         return None
@@ -78,8 +110,12 @@ def check_predicted_ttft(
     # The engine takes new work only between steps: with sequences running, one is under way.
     in_flight = rates.decode_step_s if queue.running else 0.0
     prediction = predict_ttft(queue, rates, max(prompt_tokens, default=0), num_seqs, in_flight)
-    if prediction.ttft_s <= bound or not (queue.running or queue.waiting):
-        return prediction  # within the bound, or an idle replica: it re-measures its rates (see above)
+    if prediction.ttft_s <= bound:
+        received = getattr(raw.state, "slo_received", None)
+        received = time.monotonic() if received is None else received
+        return Promise(prediction, TTFTDeadline(received + bound, bound, rates))
+    if not (queue.running or queue.waiting):
+        return Promise(prediction, None)  # an idle replica: it re-measures its rates (see above)
     ctx.metrics.reject("slo_ttft")
     ctx.metrics.judge_shed()
     retry = prediction.retry_after_s(bound)
@@ -91,5 +127,23 @@ def check_predicted_ttft(
             "Retry-After": str(retry),
             OVERLOAD_HEADER: REPLICA,
             PREDICTED_TTFT_HEADER: f"{prediction.ttft_s * 1000:.1f}",
+        },
+    )
+
+
+def refused_from_queue(metrics: ServerMetrics, refusal: TTFTDeadlineRefusal, waited_s: float) -> APIError:
+    """The 429 for an admitted request the engine refused from its queue (``engine/late_refusal.py``):
+    counted as an SLO refusal, like one at admission."""
+    metrics.reject("slo_ttft")
+    metrics.judge_shed()
+    return APIError(
+        429,
+        f"This request was admitted but can no longer meet its TTFT bound here: {refusal}. Nothing of "
+        f"it was computed; retry after {refusal.retry_after_s}s or on another replica.",
+        headers={
+            "Retry-After": str(refusal.retry_after_s),
+            OVERLOAD_HEADER: REPLICA,
+            PREDICTED_TTFT_HEADER: f"{refusal.predicted_s * 1000:.1f}",
+            REFUSED_IN_QUEUE_HEADER: f"{waited_s * 1000:.1f}",
         },
     )

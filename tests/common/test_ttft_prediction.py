@@ -1,6 +1,7 @@
 """The TTFT predictor, pure: the model's terms one by one, and against an event-by-event replay of the same curve."""
 
 import heapq
+import math
 import random
 
 import pytest
@@ -9,6 +10,8 @@ from plimsoll.ttft_prediction import (
     QueueSnapshot,
     ServiceRates,
     backlog_seconds,
+    classify_miss,
+    late_waiting,
     parse_ttft_bound,
     predict_ttft,
 )
@@ -140,3 +143,63 @@ def test_with_a_step_under_way_a_free_slot_is_free_only_when_it_ends() -> None:
     # A slot that frees later than the step under way is not moved.
     full = QueueSnapshot(running=((0, 5), (0, 50)))
     assert predict_ttft(full, RATES, 100, in_flight_s=0.02).backlog_s == pytest.approx(0.1)
+
+
+# ---- an admitted request judged again in the queue -------------------------------------------
+
+
+def test_a_waiting_sequence_is_late_when_its_first_token_falls_past_what_its_bound_has_left() -> None:
+    # Two slots, both running: 10 and 30 tokens left at 20 ms → free at 0.2 s and 0.6 s. Three wait,
+    # 100-token prompts (0.1 s of prefill each), 5 tokens to generate: the first takes the slot free
+    # at 0.2 s (first token 0.32 s, slot free again at 0.4 s), the second that one (0.52 s), the third
+    # the one free at 0.6 s (0.72 s).
+    queue = QueueSnapshot(running=((0, 10), (0, 30)), waiting=((100, 5), (100, 5), (100, 5)))
+    assert late_waiting(queue, RATES, [1.0, 1.0, 1.0]) == {}
+    assert late_waiting(queue, RATES, [1.0, 0.5, 1.0]) == {1: pytest.approx(0.52)}
+    # The late one leaves the walk: the third takes its place and meets 0.6 s, which behind it
+    # (0.72 s) it would not.
+    assert late_waiting(queue, RATES, [1.0, 0.5, 0.6]) == {1: pytest.approx(0.52)}
+    assert late_waiting(queue, RATES, [None, None, 0.6]) == {2: pytest.approx(0.72)}
+
+
+def test_a_waiting_sequence_is_walked_as_a_request_arriving_behind_the_ones_ahead_of_it() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        running = tuple((rng.choice((0, 0, 50)), rng.randint(1, 40)) for _ in range(rng.randint(0, 3)))
+        waiting = tuple((rng.randint(1, 200), rng.randint(1, 40)) for _ in range(rng.randint(1, 6)))
+        rates = ServiceRates(rng.uniform(200, 3000), rng.uniform(0.01, 0.1), 3)
+        in_flight = rng.choice((0.0, 0.05))
+        # Every deadline 0, a step under way (so none starts at once): each sequence's prediction is
+        # what predict_ttft gives a request of its prompt behind the same running ones, nothing
+        # waiting ahead (they all left).
+        late = late_waiting(QueueSnapshot(running, waiting), rates, [0.0] * len(waiting), 0.05)
+        for i, (prompt, _) in enumerate(waiting):
+            alone = predict_ttft(QueueSnapshot(running), rates, prompt, 1, 0.05)
+            assert late[i] == pytest.approx(alone.ttft_s)
+        # None late: the i-th first token is predict_ttft's for a request behind the first i.
+        late = late_waiting(QueueSnapshot(running, waiting), rates, [math.inf] * len(waiting), in_flight)
+        assert late == {}
+        for i, (prompt, _) in enumerate(waiting):
+            behind = predict_ttft(QueueSnapshot(running, waiting[:i]), rates, prompt, 1, in_flight)
+            left = [math.inf] * i + [behind.ttft_s * 0.999]
+            expected = {i: pytest.approx(behind.ttft_s)} if behind.backlog_s > 0 else {}
+            assert late_waiting(QueueSnapshot(running, waiting[: i + 1]), rates, left, in_flight) == expected
+
+
+def test_a_miss_is_a_stall_when_a_step_ran_slower_than_the_promise_allowed() -> None:
+    promised = ServiceRates(prefill_tokens_per_s=1000.0, decode_step_s=0.05, max_num_seqs=4)
+    # Decode steps allowed 50 ms, a step with 100 prompt tokens 150 ms.
+    assert classify_miss(promised, [(0.04, 0), (0.14, 100), (0.045, 0)]) == (
+        "queue",
+        0.14,
+        pytest.approx(0.15),
+    )
+    assert classify_miss(promised, [(0.04, 0), (0.14, 100), (1.2, 0)]) == ("stall", 1.2, 0.05)
+    assert classify_miss(promised, [])[0] == "queue"
+
+
+def test_a_sequence_the_coming_step_would_start_is_never_late() -> None:
+    # A free slot, no prefill ahead: refusing it saves nothing and stops it measuring the rates.
+    queue = QueueSnapshot(running=((0, 10),), waiting=((100, 5), (100, 5)))
+    # The first takes the free slot now; the second waits for a slot (0.2 s) and the lane (0.1 s).
+    assert late_waiting(queue, RATES, [0.0, 0.0]) == {1: pytest.approx(0.32)}

@@ -41,9 +41,11 @@ def test_the_rate_probe_feeds_the_meter_after_the_first_request_warm_up(tiny_mod
     fed: list[tuple[int, int]] = []
 
     class Recording(ServiceRateMeter):
-        def observe(self, prefill_tokens: int, decode_tokens: int, step_s: float) -> None:
+        def observe(
+            self, prefill_tokens: int, decode_tokens: int, step_s: float, end: float | None = None
+        ) -> None:
             fed.append((prefill_tokens, decode_tokens))
-            super().observe(prefill_tokens, decode_tokens, step_s)
+            super().observe(prefill_tokens, decode_tokens, step_s, end)
 
     llm = LLM(model=str(tiny_model_dir("llama")), kv_cache_memory="256KiB", max_model_len=256)
     try:
@@ -160,3 +162,19 @@ def test_a_prefill_no_slower_than_a_decode_step_still_gives_a_rate() -> None:
     # A later prefill that splits goes into the mean as usual.
     meter.observe(prefill_tokens=100, decode_tokens=0, step_s=0.08 + 0.1)
     assert meter.prefill_s_per_token == pytest.approx(0.0005 + 0.1 * (0.001 - 0.0005))
+
+
+def test_the_steps_a_request_waited_through_are_those_that_ended_after_it_arrived() -> None:
+    from plimsoll.runtime.engine.service_rates import HISTORY_S
+
+    meter = ServiceRateMeter(max_num_seqs=4)
+    meter.observe(prefill_tokens=0, decode_tokens=4, step_s=0.02, end=10.0)
+    meter.observe(prefill_tokens=16, decode_tokens=3, step_s=0.9, end=10.9)
+    meter.observe(prefill_tokens=0, decode_tokens=4, step_s=0.02)  # no end: not in the timed history
+    meter.observe(prefill_tokens=0, decode_tokens=4, step_s=0.03, end=10.95)
+    # Arrived at 10.5, mid-step: it waited through the rest of the 0.9 s step and the next one.
+    assert meter.steps_since(10.5) == [(0.9, 16), (0.03, 0)]
+    assert meter.steps_since(11.0) == []
+    # The history reaches back HISTORY_S seconds from the latest step, no further.
+    meter.observe(prefill_tokens=0, decode_tokens=4, step_s=0.02, end=10.0 + HISTORY_S + 0.5)
+    assert meter.steps_since(0.0) == [(0.9, 16), (0.03, 0), (0.02, 0)]

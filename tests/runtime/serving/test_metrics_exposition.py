@@ -39,6 +39,7 @@ ALLOWED_LABELS = {
     "side",  # plimsoll_kv_transfer_cpu_seconds: producer or consumer
     "stage",  # plimsoll_kv_transfer_cpu_seconds: one of five (remote_prefill.CPU_STAGES)
     "thread",  # plimsoll_kv_transfer_cpu_seconds: engine or transfer
+    "cause",  # plimsoll_admitted_ttft_missed_total: stall or queue
 }
 # prometheus_client's standard collectors (process_*, python_gc_*, python_info) carry
 # their own fixed labels; they are not plimsoll series and are checked apart.

@@ -110,3 +110,24 @@ def test_a_refusal_certain_for_any_prompt_is_made_before_tokenising() -> None:
     assert refused.value.status == 429
     refuse_before_tokenising(ctx, _request(5000), 1)
     adm.release()
+
+
+def test_a_prompt_long_enough_to_miss_is_refused_before_tokenising_when_its_length_is_known() -> None:
+    """A token-id prompt's length is known before tokenising; a text prompt's is at least its
+    characters over the most any tokenizer packs into a token. One admitted request ahead takes the
+    slot for 0.11 s; a 1 s bound then allows about 790 prompt tokens (1000 tok/s, a 0.1 s step)."""
+    from plimsoll.runtime.serving.protocol import CompletionRequest
+    from plimsoll.runtime.serving.request_intake import fewest_prompt_tokens
+
+    ctx = _context(QueueOnlyEngine())
+    adm = ctx.admit("cmpl")
+    ctx.outputs([1] * 10, SamplingParams(max_tokens=1), adm.request_id, "completions")
+    ids = CompletionRequest(model="m", prompt=[1] * 900)
+    text = CompletionRequest(model="m", prompt="x" * 900)
+    assert fewest_prompt_tokens(ids) == 900 and fewest_prompt_tokens(text) == 900 // 32
+    with pytest.raises(APIError) as refused:
+        refuse_before_tokenising(ctx, _request(1000), 1, fewest_prompt_tokens(ids))
+    assert refused.value.status == 429
+    refuse_before_tokenising(ctx, _request(1000), 1, fewest_prompt_tokens(text))
+    refuse_before_tokenising(ctx, _request(1000), 1, 100)
+    adm.release()
