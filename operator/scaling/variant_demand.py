@@ -9,13 +9,17 @@ turns a tick's pods into the demand the mix is chosen for, per variant:
   unit): the requests the variant's replicas finished per second over the
   window. It is the offered load the replicas served; Poisson bursts average out
   over the window, and a busy replica's longer latency does not inflate it;
-- **in-flight** (``in-flight ÷ latency``, the HPA-like signal): taken instead,
-  when larger, only where in-flight **shows a queue** — the variant held more
-  than its replicas carry at target (``replicas × concurrencyPerReplica``, past
-  ``autoscaling.tolerance``) at every tick of the last ``QUEUE_SECONDS``. Then
-  the replicas are saturated, finish no faster than they can, and the finished
-  rate understates what arrives. One tick past target is a Poisson burst, not a
-  queue: at 90% of its target a replica's in-flight is past it a third of the time;
+- **arrivals** (finished plus the growth of in-flight, per second, over the last
+  ``QUEUE_SECONDS``): taken instead, when larger, only where in-flight **shows a
+  queue** — the variant held more than its replicas carry at target
+  (``replicas × concurrencyPerReplica``, past ``autoscaling.tolerance``) at every
+  tick of the last ``QUEUE_SECONDS``. Then the replicas are saturated, finish no
+  faster than they can, and the finished rate understates what arrives by exactly
+  the queue's growth. The queue itself is a backlog, not a rate: in-flight ÷
+  latency (reported beside it) would turn a backlog a stalled host built in a few
+  seconds into tens of requests/s and buy replicas for it. One tick past target
+  is a Poisson burst, not a queue: at 90% of its target a replica's in-flight is
+  past it a third of the time;
 - before the window spans ``RATE_MIN_SPAN_S``, or in the in-flight unit (a
   variant without a rate), in-flight alone.
 
@@ -38,12 +42,15 @@ from plimsoll.prometheus import counter_increase
 RATE_WINDOW_S = 30.0
 # A shorter span than this says too little about a rate; in-flight is used meanwhile.
 RATE_MIN_SPAN_S = 10.0
-# In-flight past target at every tick this long is a queue: a Poisson burst drains within a latency
-# or two, and at 90% of its target a variant is past it 11 ticks (2 s apart) in a row under once in 10^5.
-QUEUE_SECONDS = 20.0
+# In-flight past target at every tick this long is a queue: a Poisson burst drains within a latency or
+# two, and at 90% of its target a variant is past it 6 ticks (2 s apart) in a row about once in 700
+# ticks. A false queue costs little: the demand it gives is the arrivals, which equal the finished rate
+# (± the in-flight's change) when nothing queues; a real one is answered 10 s sooner than at 20 s, while
+# the saturated replicas' TTFT grows with the queue.
+QUEUE_SECONDS = 10.0
 
 BASIS_RATE = "finished rate"
-BASIS_QUEUE = "in-flight (queue)"
+BASIS_QUEUE = "arrivals (queue)"
 BASIS_IN_FLIGHT = "in-flight"
 
 # (from, to, variant -> requests finished in between)
@@ -64,6 +71,7 @@ class DemandHistory:
     steps: deque[_Step] = field(default_factory=deque)
     last_time: float | None = None
     over: deque[tuple[float, frozenset[str]]] = field(default_factory=deque)  # (time, variants past target)
+    held: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)  # (time, variant -> in-flight)
 
     def observe(
         self,
@@ -83,6 +91,9 @@ class DemandHistory:
         self.over.append((now, past))
         while len(self.over) >= 2 and self.over[1][0] <= now - QUEUE_SECONDS:
             self.over.popleft()
+        self.held.append((now, {name: view.in_flight for name, view in pods.items()}))
+        while len(self.held) >= 2 and self.held[1][0] <= now - QUEUE_SECONDS:
+            self.held.popleft()
         counters: dict[str, tuple[str, float]] = {}
         for name, view in pods.items():
             for seen in view.scraped:
@@ -107,6 +118,18 @@ class DemandHistory:
             return False
         return all(name in past for _, past in self.over)
 
+    def arrivals_per_second(self, name: str) -> float | None:
+        """The variant's arrivals per second over the last ``QUEUE_SECONDS``: what it finished plus what its
+        in-flight grew by (requests are conserved: each one arrived, and has finished or is still held)."""
+        if len(self.held) < 2 or not self.steps:
+            return None
+        since, before = self.held[0]
+        now, after = self.held[-1]
+        if now <= since:
+            return None
+        finished = sum(done.get(name, 0.0) for start, _, done in self.steps if start >= since)
+        return max(0.0, finished + after.get(name, 0.0) - before.get(name, 0.0)) / (now - since)
+
     def per_second(self) -> dict[str, float] | None:
         """Variant -> finished/s over the window; None while it spans less than ``RATE_MIN_SPAN_S``."""
         span = self.steps[-1][1] - self.steps[0][0] if self.steps else 0.0
@@ -125,6 +148,7 @@ class VariantDemand:
 
     in_flight: float  # in the comparison unit: in-flight ÷ latency
     finished_rate: float | None  # requests/s over the window; None when not used
+    arrival_rate: float | None  # finished + in-flight's growth per second while queued; None when not queued
     queued: bool  # in-flight past what its replicas carry at target, for QUEUE_SECONDS
     basis: str
     demand: float
@@ -145,13 +169,16 @@ def variant_demand(
         target = targets.get(name)
         in_flight = view.in_flight / (target.latency_s if target else fallback)
         if rates is None:
-            per[name] = VariantDemand(in_flight, None, False, BASIS_IN_FLIGHT, in_flight)
+            per[name] = VariantDemand(in_flight, None, None, False, BASIS_IN_FLIGHT, in_flight)
             continue
         rate = rates.get(name, 0.0)
-        # A variant still being profiled has no target to judge a queue by: in-flight counts as before.
-        queued = target is None or history.queued(name)
-        if queued and in_flight > rate:
-            per[name] = VariantDemand(in_flight, rate, True, BASIS_QUEUE, in_flight)
+        if target is None:  # still being profiled: no target to judge a queue by, in-flight counts as before
+            per[name] = VariantDemand(in_flight, rate, None, True, BASIS_IN_FLIGHT, max(in_flight, rate))
+            continue
+        queued = history.queued(name)
+        arrivals = history.arrivals_per_second(name) if queued else None
+        if arrivals is not None and arrivals > rate:
+            per[name] = VariantDemand(in_flight, rate, arrivals, True, BASIS_QUEUE, arrivals)
         else:
-            per[name] = VariantDemand(in_flight, rate, queued, BASIS_RATE, rate)
+            per[name] = VariantDemand(in_flight, rate, arrivals, queued, BASIS_RATE, rate)
     return sum(d.demand for d in per.values()), per

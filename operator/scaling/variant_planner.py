@@ -15,8 +15,9 @@ runs instead of the single-pool rules when ``spec.variants`` is set. Each tick:
    stays out of the mix until it has a target.
 2. **Demand** (``variant_demand.py``). With per-replica rates (requests/s): the
    requests each variant's replicas finished per second over the last 30 s, or
-   its in-flight over its latency where that is larger and in-flight shows a
-   queue (past what its replicas carry at target for 20 s); without rates,
+   its arrivals (finished + in-flight's growth, per second) where that is larger
+   and in-flight shows a queue (past what its replicas carry at target for
+   10 s); without rates,
    in-flight over latency. Projected along its rising trend when
    ``autoscaling.trend.lookaheadSeconds`` is set; kept with its time so the
    HPA's windows apply to it: the demand a scale-up answers is the **lowest** of
@@ -608,6 +609,7 @@ def _demand_status(d: VariantDemand | None) -> dict[str, Any]:
         "demand": round(d.demand, 6),
         "inFlightDemand": round(d.in_flight, 6),
         "finishedRate": round(d.finished_rate, 6) if d.finished_rate is not None else None,
+        "arrivalRate": round(d.arrival_rate, 6) if d.arrival_rate is not None else None,
         "demandBasis": d.basis,
     }
 
@@ -620,7 +622,8 @@ def _demand_basis(tick: _Tick) -> str:
                 f"once every variant has a per-replica rate and the window holds {RATE_MIN_SPAN_S:.0f} s")  # fmt: skip
     text = f"requests finished per second over the last {RATE_WINDOW_S:.0f} s"
     if queued:
-        text += f"; in-flight ÷ latency on {', '.join(queued)}, whose in-flight stayed past its replicas' target for {QUEUE_SECONDS:.0f} s (a queue)"
+        text += (f"; arrivals (finished + in-flight's growth per second) on {', '.join(queued)}, whose in-flight "
+                 f"stayed past its replicas' target for {QUEUE_SECONDS:.0f} s (a queue)")  # fmt: skip
     return text
 
 

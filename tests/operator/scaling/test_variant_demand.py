@@ -104,8 +104,39 @@ def test_a_burst_past_target_is_not_a_queue_but_in_flight_past_it_for_ten_second
     for t in range(24, 46, 2):
         done += 26
         total, per = demand_of(history, float(t), [pod("l4-0", 10 + t - 24, done)])
+        # A queue once every tick of the last 10 s was past target (counting the burst at 22).
+        assert per["l4"].queued == (t >= 32)
     assert per["l4"].queued and per["l4"].basis == BASIS_QUEUE
-    assert math.isclose(total, 30 / (6 / 11.0)) and total > per["l4"].finished_rate  # type: ignore[operator]
+    # What arrived over the last 10 s: 13/s finished and in-flight grew 20 → 30, 1/s: 14 req/s (not in-flight ÷
+    # latency, 55 req/s, which would price the queue it holds as a rate).
+    assert math.isclose(total, 14.0) and math.isclose(per["l4"].arrival_rate or 0.0, 14.0)
+    assert total > per["l4"].finished_rate  # type: ignore[operator]
+    assert math.isclose(per["l4"].in_flight, 30 / (6 / 11.0))  # still reported beside it
+
+
+def test_in_flight_held_past_target_without_growing_asks_for_what_arrives() -> None:
+    """10 req/s on one L4 whose in-flight sits at 7 (past 6 × 1.1) for 14 s: a queue by the test, not growing."""
+    history = DemandHistory()
+    done = 0.0
+    for t in range(0, 46, 2):
+        done += 20
+        total, per = demand_of(history, float(t), [pod("l4-0", 5 if t < 32 else 7, done)])
+    assert per["l4"].queued and per["l4"].arrival_rate == 10.0
+    assert math.isclose(total, 10.0)  # the arrivals are the finished rate: no replica bought for it
+
+
+def test_a_backlog_a_stalled_replica_built_is_not_a_rate() -> None:
+    """10 req/s on one L4 (11 req/s at target); the host stalls it for 20 s and it finishes nothing."""
+    history = DemandHistory()
+    done = 0.0
+    for t in range(0, 32, 2):
+        done += 20
+        demand_of(history, float(t), [pod("l4-0", 5, done)])
+    for t in range(32, 56, 2):  # stalled: 20 more in flight every tick, none finished
+        total, per = demand_of(history, float(t), [pod("l4-0", 5 + 20 * (t - 30) / 2, done)])
+    assert per["l4"].queued and per["l4"].in_flight > 300  # in-flight ÷ latency: a backlog of 245 requests
+    # Arrivals over the queue's 10 s: 10/s, what one L4 carries once the host lets it run again.
+    assert math.isclose(total, 10.0) and per["l4"].basis == BASIS_QUEUE
 
 
 def test_a_slow_host_holding_requests_longer_does_not_raise_the_demand() -> None:
