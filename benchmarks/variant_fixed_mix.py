@@ -27,12 +27,12 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
 from variant_mix import VARIANTS, Measured
-from variant_mix_cluster import LoopLag, quantile
+from variant_mix_cluster import LoopLag, Sent, one, quantile
 
 from plimsoll import metric_names as mn
 from plimsoll.bench.curve_replay import ReplicaKind, replay
@@ -46,45 +46,15 @@ OUTPUT_TOKENS = 4
 CURVES = {v.name: v.curve for v in VARIANTS}
 
 
-@dataclass
-class Outcome:
-    at: float
-    replica: str | None = None
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    error: str | None = None
-
-
 def predicted(
     mix: dict[str, int], measured: dict[str, Measured], rate: float, seconds: float, seed: int
-) -> tuple[list[Outcome], dict[str, str]]:
+) -> tuple[list[Sent], dict[str, str]]:
     """The same mix and arrivals replayed in event time (``plimsoll.bench.curve_replay``)."""
     kinds = {name: (ReplicaKind(CURVES[name], float(measured[name].concurrency), measured[name].rps), count)
              for name, count in mix.items()}  # fmt: skip
     replayed = replay(kinds, rate, seconds, OUTPUT_TOKENS, seed)
     names = {f"{name}-{i}": name for name, count in mix.items() for i in range(count)}
-    return [Outcome(r.at, r.replica, r.ttft_s, r.tpot_s) for r in replayed], names
-
-
-async def one(client: httpx.AsyncClient, router: str, record: Outcome) -> None:
-    body = {"model": "sim-model", "prompt": "a b c d e f g h", "max_tokens": OUTPUT_TOKENS, "stream": True}
-    tokens: list[float] = []
-    try:
-        async with client.stream("POST", f"{router}/v1/completions", json=body) as response:
-            record.replica = response.headers.get("x-plimsoll-replica")
-            if response.status_code != 200:
-                record.error = f"HTTP {response.status_code}"
-                await response.aread()
-                return
-            async for line in response.aiter_lines():
-                if line.startswith("data:") and line.strip() != "data: [DONE]":
-                    tokens.append(time.monotonic())
-    except httpx.HTTPError as exc:
-        record.error = type(exc).__name__
-        return
-    if tokens:
-        record.ttft_s = tokens[0] - record.at
-        record.tpot_s = (tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0
+    return [Sent(at=r.at, ok=True, ttft_s=r.ttft_s, tpot_s=r.tpot_s, replica=r.replica) for r in replayed], names
 
 
 def histogram_share_above(text: str, name: str, bound: float) -> tuple[float, int]:
@@ -100,12 +70,12 @@ def histogram_share_above(text: str, name: str, bound: float) -> tuple[float, in
 
 async def drive(
     args: argparse.Namespace, urls: dict[str, str], measured: dict[str, Measured], router_url: str | None
-) -> tuple[list[Outcome], dict[str, float], dict[str, str]]:
+) -> tuple[list[Sent], dict[str, float], dict[str, str]]:
     """The load through the router (``router_url``, or one started in this process); outcomes, this process's
     loop lag, each replica's ``/metrics`` page."""
     lag = LoopLag()
     watching = asyncio.create_task(lag.run())
-    sent: list[Outcome] = []
+    sent: list[Sent] = []
 
     async def load(router: str) -> None:
         rng = random.Random(args.seed)
@@ -113,7 +83,7 @@ async def drive(
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=2000)) as client:
             start = next_at = time.monotonic()
             while next_at - start < args.seconds:
-                record = Outcome(at=time.monotonic())
+                record = Sent(at=time.monotonic())
                 sent.append(record)
                 task = asyncio.create_task(one(client, router, record))
                 tasks.add(task)
@@ -170,11 +140,11 @@ async def serve_router(spec: str) -> None:
     print(json.dumps({"loop_lag": lag.summary()}), flush=True)
 
 
-def summarize(label: str, outcomes: list[Outcome], urls: dict[str, str], args: argparse.Namespace) -> None:
+def summarize(label: str, outcomes: list[Sent], urls: dict[str, str], args: argparse.Namespace) -> None:
     ttft_s, tpot_s = args.ttft_ms / 1000, args.tpot_ms / 1000
     skip = [o for o in outcomes if o.at - outcomes[0].at >= args.warmup]
 
-    def line(name: str, rows: list[Outcome]) -> str:
+    def line(name: str, rows: list[Sent]) -> str:
         served = [o for o in rows if o.ttft_s is not None]
         good = sum((o.ttft_s or 0) <= ttft_s and (o.tpot_s or 0) <= tpot_s for o in served)
         late = sum((o.ttft_s or 0) > ttft_s for o in served)
