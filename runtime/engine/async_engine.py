@@ -15,16 +15,16 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Any, Unpack
 
+from plimsoll.runtime.engine.client import RequestOptions
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.llm_engine import LLMEngine
 from plimsoll.runtime.engine.lora_manager import LoRARequest
 from plimsoll.runtime.engine.outputs import EngineObserver, EngineStats, RequestOutput
-from plimsoll.runtime.engine.request import Continuation
 from plimsoll.runtime.engine.sampling_params import SamplingParams
 from plimsoll.runtime.engine.step_profiler import StepProfiler
-from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates, TTFTDeadline
+from plimsoll.ttft_prediction import QueueSnapshot, ServiceRates
 
 log = logging.getLogger(__name__)
 
@@ -213,20 +213,16 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         lora_name: str | None = None,
-        *,
-        priority: int = 0,
-        fairness_id: str | None = None,
-        continuation: Continuation | None = None,
-        cache_salt: str | None = None,
-        ttft_deadline: TTFTDeadline | None = None,
+        **options: Unpack[RequestOptions],
     ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of one request already validated by the caller (the HTTP edge), under the
         adapter ``lora_name`` if given.
 
-        ``priority`` and ``fairness_id`` are the request's scheduling attributes, ``cache_salt``
-        its prefix-cache salt, ``continuation`` the output already produced elsewhere and
-        ``ttft_deadline`` the TTFT bound it was admitted under (see ``LLMEngine.add_request``):
-        a request refused from the queue for it raises ``TTFTDeadlineRefusal`` before any output.
+        ``options`` go to ``LLMEngine.add_request`` as they are: ``priority`` and ``fairness_id``
+        (the request's scheduling attributes), ``cache_salt`` (its prefix-cache salt),
+        ``continuation`` (the output already produced elsewhere) and ``ttft_deadline`` (the TTFT
+        bound it was admitted under: a request refused from the queue for it raises
+        ``TTFTDeadlineRefusal`` before any output).
         """
         if self._error is not None:
             raise EngineDeadError(f"the engine loop died: {self._error!r}")
@@ -241,8 +237,7 @@ class AsyncEngine:
         with self._posted_lock:
             for i in range(params.n):
                 self._posted[f"{request_id}#{i}"] = (len(ids), max(1, min(wanted, limit)))
-        self._post("add", (request_id, ids, params, arrival, lora_name, priority, fairness_id, cache_salt,
-                           continuation, ttft_deadline))
+        self._post("add", (request_id, ids, params, arrival, lora_name, options))
         finished = False
         try:
             while True:
@@ -363,16 +358,12 @@ class AsyncEngine:
                         return
                 for kind, payload in commands:
                     if kind == "add":
-                        request_id, ids, params, arrival, lora_name, priority, fairness_id, salt, cont, due = payload
+                        request_id, ids, params, arrival, lora_name, options = payload
                         with self._posted_lock:
                             for i in range(params.n):
                                 self._posted.pop(f"{request_id}#{i}", None)
                         try:
-                            engine.add_request(
-                                request_id, ids, params, arrival, ids, lora_name,
-                                priority=priority, fairness_id=fairness_id, cache_salt=salt, continuation=cont,
-                                ttft_deadline=due,
-                            )  # fmt: skip
+                            engine.add_request(request_id, ids, params, arrival, ids, lora_name, **options)
                         except Exception as exc:  # this request's fault, not the engine's
                             self._deliver(exc, request_id)
                     elif kind == "call":  # adapters, the profiler: run on this thread between steps
