@@ -53,6 +53,21 @@ class PKIFiles:
                 object.__setattr__(self, f.name, self.dir / f.name.replace("_", "."))
 
 
+# KeyUsage names every bit; these are never set here.
+_UNUSED_KEY_USAGES = ("content_commitment", "data_encipherment", "key_agreement", "encipher_only", "decipher_only")
+
+
+def _key_usage(is_ca: bool) -> x509.KeyUsage:
+    """A CA signs certificates and CRLs; a leaf signs and enciphers keys (TLS)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_encipherment=not is_ca,
+        key_cert_sign=is_ca,
+        crl_sign=is_ca,
+        **dict.fromkeys(_UNUSED_KEY_USAGES, False),
+    )
+
+
 def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -86,20 +101,7 @@ def _sign(
         .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate small clock skew
         .not_valid_after(now + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=not is_ca,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=is_ca,
-                crl_sign=is_ca,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(is_ca), critical=True)
     )
     if usages:
         builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
