@@ -162,10 +162,7 @@ def predict_ttft(
     """
     step = rates.decode_step_s
     slots, lane = _release_times(queue.running, rates, in_flight_s)
-    for prompt, out in queue.waiting:
-        start = max(heapq.heappop(slots), lane)
-        lane = start + rates.prefill_s(prompt)
-        heapq.heappush(slots, lane + max(1, out) * step)
+    lane, _ = _walk_waiting(queue.waiting, rates, slots, lane, [])
     start = 0.0
     for _ in range(max(1, num_seqs)):
         start = max(heapq.heappop(slots), lane)
@@ -213,19 +210,8 @@ def late_waiting(
     comes with the coming step, and a refusal would only stop it measuring the rates — as an
     idle replica admits whatever it is asked.
     """
-    step = rates.decode_step_s
     slots, lane = _release_times(queue.running, rates, in_flight_s)
-    late: dict[int, float] = {}
-    for i, (prompt, out) in enumerate(queue.waiting):
-        start = max(slots[0], lane)
-        first = start + rates.prefill_s(prompt) + step
-        left = left_s[i] if i < len(left_s) else None
-        if left is not None and first > left and start > 0.0:
-            late[i] = first
-            continue
-        heapq.heapreplace(slots, first - step + max(1, out) * step)
-        lane = first - step
-    return late
+    return _walk_waiting(queue.waiting, rates, slots, lane, left_s)[1]
 
 
 def classify_miss(promised: ServiceRates, steps: list[tuple[float, int]]) -> tuple[str, float, float]:
@@ -244,6 +230,31 @@ def classify_miss(promised: ServiceRates, steps: list[tuple[float, int]]) -> tup
         if seconds / allowed > ratio:
             worst, worst_allowed, ratio = seconds, allowed, seconds / allowed
     return ("stall" if ratio > 1.0 else "queue"), worst, worst_allowed
+
+
+def _walk_waiting(
+    waiting: tuple[tuple[int, int], ...],
+    rates: ServiceRates,
+    slots: list[float],
+    lane: float,
+    left_s: list[float | None],
+) -> tuple[float, dict[int, float]]:
+    """The waiting sequences in order, each taking the first slot to free and the prefill lane
+    after it (``slots``, a heap, updated in place): when the lane frees after the last, and the
+    sequences whose first token would come after their ``left_s`` (index → predicted seconds),
+    which leave the walk. One that starts now (``start`` 0) is never late."""
+    step = rates.decode_step_s
+    late: dict[int, float] = {}
+    for i, (prompt, out) in enumerate(waiting):
+        start = max(slots[0], lane)
+        first = start + rates.prefill_s(prompt) + step
+        left = left_s[i] if i < len(left_s) else None
+        if left is not None and first > left and start > 0.0:
+            late[i] = first
+            continue
+        lane = first - step
+        heapq.heapreplace(slots, lane + max(1, out) * step)
+    return lane, late
 
 
 def _release_times(

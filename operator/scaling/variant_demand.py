@@ -70,8 +70,8 @@ class DemandHistory:
     last: dict[str, float] = field(default_factory=dict)  # pod -> its counter at the last tick
     steps: deque[_Step] = field(default_factory=deque)
     last_time: float | None = None
-    over: deque[tuple[float, frozenset[str]]] = field(default_factory=deque)  # (time, variants past target)
-    held: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)  # (time, variant -> in-flight)
+    # The ticks of the last QUEUE_SECONDS: (time, variants past target, variant -> in-flight).
+    ticks: deque[tuple[float, frozenset[str], dict[str, float]]] = field(default_factory=deque)
 
     def observe(
         self,
@@ -88,12 +88,9 @@ class DemandHistory:
             if name in targets
             and view.in_flight > len(view.scraped) * targets[name].concurrency * (1 + tolerance)
         )
-        self.over.append((now, past))
-        while len(self.over) >= 2 and self.over[1][0] <= now - QUEUE_SECONDS:
-            self.over.popleft()
-        self.held.append((now, {name: view.in_flight for name, view in pods.items()}))
-        while len(self.held) >= 2 and self.held[1][0] <= now - QUEUE_SECONDS:
-            self.held.popleft()
+        self.ticks.append((now, past, {name: view.in_flight for name, view in pods.items()}))
+        while len(self.ticks) >= 2 and self.ticks[1][0] <= now - QUEUE_SECONDS:
+            self.ticks.popleft()
         counters: dict[str, tuple[str, float]] = {}
         for name, view in pods.items():
             for seen in view.scraped:
@@ -114,17 +111,17 @@ class DemandHistory:
 
     def queued(self, name: str) -> bool:
         """The variant's in-flight was past its target at every tick of the last ``QUEUE_SECONDS``."""
-        if not self.over or self.over[-1][0] - self.over[0][0] < QUEUE_SECONDS:
+        if not self.ticks or self.ticks[-1][0] - self.ticks[0][0] < QUEUE_SECONDS:
             return False
-        return all(name in past for _, past in self.over)
+        return all(name in past for _, past, _ in self.ticks)
 
     def arrivals_per_second(self, name: str) -> float | None:
         """The variant's arrivals per second over the last ``QUEUE_SECONDS``: what it finished plus what its
         in-flight grew by (requests are conserved: each one arrived, and has finished or is still held)."""
-        if len(self.held) < 2 or not self.steps:
+        if len(self.ticks) < 2 or not self.steps:
             return None
-        since, before = self.held[0]
-        now, after = self.held[-1]
+        since, _, before = self.ticks[0]
+        now, _, after = self.ticks[-1]
         if now <= since:
             return None
         finished = sum(done.get(name, 0.0) for start, _, done in self.steps if start >= since)

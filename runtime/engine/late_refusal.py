@@ -34,7 +34,7 @@ def late_refusals(
     if rates is None:
         return {}
     left: list[float | None] = [
-        r.ttft_deadline.at - now if r.ttft_deadline is not None and _unstarted(r) else None for r in waiting
+        r.ttft_deadline.at - now if r.ttft_deadline is not None and unstarted(r) else None for r in waiting
     ]
     if all(x is None for x in left):
         return {}
@@ -48,6 +48,6 @@ def late_refusals(
     return refusals
 
 
-def _unstarted(seq: Request) -> bool:
+def unstarted(seq: Request) -> bool:
     """Nothing of it computed and no token produced: refusing it wastes nothing and shows the client nothing."""
     return seq.num_computed_tokens == 0 and seq.first_token_time is None and seq.num_new_output_tokens == 0

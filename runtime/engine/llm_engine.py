@@ -29,7 +29,7 @@ from plimsoll.runtime.engine.cuda_graphs import ineligible_reason
 from plimsoll.runtime.engine.detokenizer import IncrementalDetokenizer
 from plimsoll.runtime.engine.kv_cache_manager import KVCacheManager
 from plimsoll.runtime.engine.kv_sizing import CudaMemory, DeviceMemory
-from plimsoll.runtime.engine.late_refusal import late_refusals
+from plimsoll.runtime.engine.late_refusal import late_refusals, unstarted
 from plimsoll.runtime.engine.lora_manager import LoRAManager, LoRARequest
 from plimsoll.runtime.engine.model_runner import ModelRunner, cpu_options, kv_bytes_per_token, weight_cache
 from plimsoll.runtime.engine.output_processor import make_request_output
@@ -721,7 +721,7 @@ class LLMEngine:
         refused = late_refusals(self.queue, waiting, self.rate_meter.rates(), time.monotonic())
         for request_id, refusal in list(refused.items()):
             group = self.groups.get(request_id)
-            if group is None or any(s.num_computed_tokens or s.first_token_time is not None for s in group.seqs):
+            if group is None or not all(unstarted(s) for s in group.seqs):  # a sibling has started
                 del refused[request_id]
                 continue
             log.info("request %s refused from the queue: %s", request_id, refusal)

@@ -241,10 +241,11 @@ def load_model(
     tokenizer = _tokenizer(directory, gguf_file)
     if not _cacheable(gguf_file, hf_config, device, quantization, tensor_parallel):
         weight_cache = None
-    fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, "0/1")
-    mapped = _mapped_model(hf_config, dtype, weight_cache, fingerprint) if weight_cache is not None else None
-    if mapped is not None:
-        return _loaded(mapped, hf_config, tokenizer, directory, gguf_file)
+    if weight_cache is not None:  # one rank, unquantized: the fingerprint the model gets below
+        fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, "0/1")
+        mapped = _mapped_model(hf_config, dtype, weight_cache, fingerprint)
+        if mapped is not None:
+            return _loaded(mapped, hf_config, tokenizer, directory, gguf_file)
     if gguf_file:
         from transformers import AutoModelForCausalLM
 
@@ -309,15 +310,14 @@ def load_model(
     realign_weights(net)
     rank = f"{tensor_parallel.rank}/{tensor_parallel.world_size}" if tensor_parallel is not None else "0/1"
     net.checkpoint_fingerprint = checkpoint_fingerprint(directory, gguf_file, dtype, quantization, rank)
+    loaded = _loaded(net, hf_config, tokenizer, directory, gguf_file)
     if weight_cache is not None:
-        cache = weight_cache
-        if not defer_store:
-            cache.store(fingerprint, net)
+        cache, key = weight_cache, net.checkpoint_fingerprint
+        if defer_store:
+            loaded.store_weights = lambda: cache.store(key, net)
         else:
-            loaded = _loaded(net, hf_config, tokenizer, directory, gguf_file)
-            loaded.store_weights = lambda: cache.store(fingerprint, net)
-            return loaded
-    return _loaded(net, hf_config, tokenizer, directory, gguf_file)
+            cache.store(key, net)
+    return loaded
 
 
 def _loaded(

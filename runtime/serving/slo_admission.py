@@ -116,34 +116,42 @@ def check_predicted_ttft(
         return Promise(prediction, TTFTDeadline(received + bound, bound, rates))
     if not (queue.running or queue.waiting):
         return Promise(prediction, None)  # an idle replica: it re-measures its rates (see above)
-    ctx.metrics.reject("slo_ttft")
-    ctx.metrics.judge_shed()
     retry = prediction.retry_after_s(bound)
-    raise APIError(
-        429,
+    raise _slo_refusal(
+        ctx.metrics,
         f"This request would miss its TTFT bound of {bound * 1000:.0f} ms here: predicted "
-        f"{prediction.formula()} ({prediction.ahead} waiting); retry after {retry}s or on another replica.",
-        headers={
-            "Retry-After": str(retry),
-            OVERLOAD_HEADER: REPLICA,
-            PREDICTED_TTFT_HEADER: f"{prediction.ttft_s * 1000:.1f}",
-        },
+        f"{prediction.formula()} ({prediction.ahead} waiting)",
+        retry,
+        prediction.ttft_s,
     )
 
 
 def refused_from_queue(metrics: ServerMetrics, refusal: TTFTDeadlineRefusal, waited_s: float) -> APIError:
     """The 429 for an admitted request the engine refused from its queue (``engine/late_refusal.py``):
-    counted as an SLO refusal, like one at admission."""
+    counted as an SLO refusal, like one at admission, and saying how long it waited."""
+    return _slo_refusal(
+        metrics,
+        f"This request was admitted but can no longer meet its TTFT bound here: {refusal}. Nothing of it was computed",
+        refusal.retry_after_s,
+        refusal.predicted_s,
+        {REFUSED_IN_QUEUE_HEADER: f"{waited_s * 1000:.1f}"},
+    )
+
+
+def _slo_refusal(
+    metrics: ServerMetrics, why: str, retry_s: int, predicted_s: float, extra: dict[str, str] | None = None
+) -> APIError:
+    """An SLO refusal, counted (``reason="slo_ttft"`` and as shed): 429 with ``Retry-After``, the
+    replica-overload marker (another replica may meet it) and the prediction it was refused on."""
     metrics.reject("slo_ttft")
     metrics.judge_shed()
     return APIError(
         429,
-        f"This request was admitted but can no longer meet its TTFT bound here: {refusal}. Nothing of "
-        f"it was computed; retry after {refusal.retry_after_s}s or on another replica.",
+        f"{why}; retry after {retry_s}s or on another replica.",
         headers={
-            "Retry-After": str(refusal.retry_after_s),
+            "Retry-After": str(retry_s),
             OVERLOAD_HEADER: REPLICA,
-            PREDICTED_TTFT_HEADER: f"{refusal.predicted_s * 1000:.1f}",
-            REFUSED_IN_QUEUE_HEADER: f"{waited_s * 1000:.1f}",
+            PREDICTED_TTFT_HEADER: f"{predicted_s * 1000:.1f}",
+            **(extra or {}),
         },
     )
