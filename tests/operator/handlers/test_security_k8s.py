@@ -169,13 +169,16 @@ def test_a_pool_profile_never_takes_over_an_object_of_its_name(
     apply(devcluster, ns, theirs)
     before = get_json(devcluster, "serviceaccount", account, "-n", ns)
 
-    async def start() -> dict[str, Any]:
+    async def start() -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The Job started, and as the API server holds it, read at once: the session's operator
+        deletes a profile Job of another spec hash ("h1") on its next pass over this service."""
         kube = await Kube.connect(str(devcluster.kubeconfig))
         try:
             view = profile_view(svc, "prefill")
-            return await start_job(
+            job = await start_job(
                 kube, body, view, BuildSettings(), "h1", "127.0.0.9", "test", role="prefill"
             )
+            return job, await kube.get("batch/v1", "Job", ns, job["metadata"]["name"])
         finally:
             await kube.close()
 
@@ -186,8 +189,8 @@ def test_a_pool_profile_never_takes_over_an_object_of_its_name(
     assert jobs == []
 
     devcluster.kubectl("delete", "serviceaccount", account, "-n", ns)
-    job = asyncio.run(start())
-    made = get_json(devcluster, "job", job["metadata"]["name"], "-n", ns)
+    job, made = asyncio.run(start())
+    assert made is not None, "the Job was created"
     assert made["metadata"]["labels"]["plimsoll.dev/role"] == "prefill"
     assert posted == [
         ("ProfilingStarted", f"Job {job['metadata']['name']} measures prefill replica 127.0.0.9 (test)")
