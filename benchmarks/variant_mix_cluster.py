@@ -369,7 +369,7 @@ def manifest(measured: dict[str, Measured], args: argparse.Namespace) -> dict[st
             },
             "autoscaling": {
                 "mode": "builtin", "intervalSeconds": 2, "scaleUpStabilizationSeconds": 0,
-                "scaleDownStabilizationSeconds": 60,
+                "scaleDownStabilizationSeconds": args.scale_down_window,
             },
         },
     }  # fmt: skip
@@ -802,6 +802,7 @@ def main() -> None:
         max_replicas=(4, "cap on each variant's maxReplicas (each replica is a process on this host)"),
         spot_cost=(0.4, "the spot variant's costPerHour"),
         max_spot_fraction=0.5,
+        scale_down_window=(60, "autoscaling.scaleDownStabilizationSeconds: how long a fall waits to shed"),
         ttft_ms=600.0,
         tpot_ms=150.0,
     )
@@ -835,7 +836,7 @@ def main() -> None:
             cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(manifest(measured, args)))
             print(f"  control plane up, LLMService applied ({time.monotonic() - started:.0f} s); load: {args.low} "
                   f"req/s, {args.high} from minute {args.step_at}, {args.low} from minute {args.fall_at}; spot "
-                  f"reclaimed at minute {args.reclaim_at}", flush=True)  # fmt: skip
+                  f"reclaimed at minute {args.reclaim_at}; scale-down window {args.scale_down_window} s", flush=True)  # fmt: skip
             asyncio.run(drive(cluster, replicas, args, run, Path(tmp)))
         # The replicas' helper processes have ended and said how late their event loops woke.
         report(cluster, measured, args, run, replicas)
