@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import pytest
 
 from plimsoll.disaggregation import (
@@ -257,3 +259,120 @@ def test_a_profile_from_a_sweep_report() -> None:
     # The server's own prefill rate, when the bench scraped it, is preferred over the end-to-end TTFT.
     report["levels"][1]["server"] = {"load": {"prefill_tokens_per_s": 25_000.0}}
     assert profile_from_report(report, 2048).prefill_tokens_per_s == 25_000
+
+
+def test_no_spread_and_no_gap_predict_as_before() -> None:
+    # A profile whose levels measured no spread (or none at all) and no gap: the same points to the bit.
+    still = ServiceProfile(1000, 1, 0.01, 1000, spread=((1, 0.0, 0.0), (4, 0.0, 0.0)), request_gap_s=0.0)
+    assert still.spread_at(2) == (0.0, 0.0) and FLAT.spread_at(2) == (0.0, 0.0)
+    for c in (1, 2, 4):
+        assert aggregated_at(still, 500, 101, c, 5.0, 0.012) == aggregated_at(FLAT, 500, 101, c, 5.0, 0.012)
+        assert split_at(still, 500, 101, c, Ratio(1, 1), 0.05, 5.0, 0.012, pull_stall=1.0) == split_at(
+            FLAT, 500, 101, c, Ratio(1, 1), 0.05, 5.0, 0.012, pull_stall=1.0
+        )
+    # Today's numbers: at one request per replica 0.5 + 0.01 + 10 x 0.01 s a request, every one within the SLOs.
+    agg = aggregated_at(still, 500, 11, 1, 2.0, 0.015)
+    assert agg.requests_per_s == pytest.approx(1 / 0.61) and agg.good_share == 1.0
+
+
+def test_the_spread_is_linear_in_sigma_between_levels() -> None:
+    p = ServiceProfile(1000, 1, 0.01, 1000, spread=((4, 0.4, 0.5), (1, 0.1, 0.2)))
+    assert p.spread_at(2) == pytest.approx((0.2, 0.3))
+    assert p.spread_at(0.5) == (0.1, 0.2) and p.spread_at(8) == (0.4, 0.5)
+
+
+def test_a_lognormal_spread_gives_the_share_a_sampled_distribution_meets() -> None:
+    # Alone on the replica (c = 1) nothing stalls: a TPOT SLO at the factor's 95th percentile over the
+    # 10 ms step is met by 95% of requests, where without the spread every one meets it.
+    sigma = 0.2
+    alone = ServiceProfile(1000, 1, 0.01, 1000, spread=((1, 0.0, sigma),))
+    slo = 0.01 * math.exp(1.6448536269514722 * sigma)
+    assert aggregated_at(alone, 500, 101, 1, tpot_slo_s=slo).good_share == pytest.approx(0.95, abs=1e-6)
+    assert aggregated_at(FLAT, 500, 101, 1, tpot_slo_s=slo).good_share == 1.0
+    # Four requests per replica: Poisson stalls of 5 ms a token each, a lognormal factor on the step and on
+    # the TTFT, prompts ahead geometric up to the 3 others; against a seeded sample of the same distribution.
+    spread = ServiceProfile(1000, 1, 0.01, 1000, spread=((1, 0.3, 0.1), (4, 0.3, 0.1)))
+    pt = aggregated_at(spread, 500, 101, 4, ttft_slo_s=1.2, tpot_slo_s=0.016)
+    assert pt.requests_per_s == aggregated_at(FLAT, 500, 101, 4).requests_per_s  # the spread moves no mean
+    stalls = (pt.tpot_s - 0.01) * 100 / 0.5
+    u = min(0.99, pt.requests_per_s * 0.5 * 3 / 4)
+    rng = np.random.default_rng(7)
+    n = 400_000
+    k = rng.poisson(stalls, n)
+    tpot_ok = 0.01 * rng.lognormal(0.0, 0.1, n) + k * 0.5 / 100 <= 0.016
+    ahead = np.minimum(rng.geometric(1 - u, n) - 1, 3)  # P(j) = (1 - u) u^j, the rest at 3
+    ttft_ok = 0.51 * rng.lognormal(0.0, 0.3, n) + ahead * 0.5 <= 1.2
+    sampled = float(np.mean(tpot_ok)) * float(np.mean(ttft_ok))
+    assert pt.good_share == pytest.approx(sampled, abs=0.02)
+    assert 0.05 < pt.good_share < aggregated_at(FLAT, 500, 101, 4, 1.2, 0.016).good_share
+    # The split's decode replica: its pulls' Poisson count and the factor at the sequences it holds (n/d = 8).
+    sp = split_at(spread, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.0102, pull_stall=1.0)
+    pulls = (sp.tpot_s - 0.01) * 100 / 0.05
+    k = rng.poisson(pulls, n)
+    sampled = float(np.mean(0.01 * rng.lognormal(0.0, 0.1, n) + k * 0.05 / 100 <= 0.0102))
+    assert sp.good_share == pytest.approx(sampled, abs=0.02)
+
+
+def test_the_gap_between_requests_lengthens_each_cycle() -> None:
+    gap = 0.1
+    slow = ServiceProfile(1000, 1, 0.01, 1000, request_gap_s=gap)
+    # Alone: X = c / (cycle + gap), (0.5 + 0.01 + 10 x 0.01) s a cycle.
+    assert aggregated_at(slow, 500, 11, 1).requests_per_s == pytest.approx(1 / (0.61 + gap))
+    assert aggregated_at(slow, 500, 11, 1).requests_per_s < aggregated_at(FLAT, 500, 11, 1).requests_per_s
+    # Under load the closed loop still closes over the gap: X = c / (TTFT + D + gap).
+    four = aggregated_at(slow, 500, 101, 4)
+    u = four.requests_per_s * 0.5 * 3 / 4
+    assert four.requests_per_s == pytest.approx(4 / (four.ttft_s + 100 * 0.01 / (1 - u) + gap), rel=1e-6)
+    # Split: the gap once for the client and once for the router's second hop, which the TTFT holds.
+    sp = split_at(slow, 20, 101, 1, Ratio(1, 1), 0.005)
+    assert sp.requests_per_s == pytest.approx(2 / (sp.ttft_s + 100 * 0.01 + gap), rel=1e-6)
+    assert sp.ttft_s > split_at(FLAT, 20, 101, 1, Ratio(1, 1), 0.005).ttft_s + gap * 0.99
+    said = predict(slow, 20, 101, 1e7, [Ratio(1, 1)], levels=(1,))
+    assert "100 ms between requests" in (said[0].limited_by or "")
+    assert "100 ms between requests on each of its 2 hops" in (said[1].limited_by or "")
+    with pytest.raises(ValueError, match="zero or more seconds"):
+        ServiceProfile(1000, 1, 0.01, 1000, request_gap_s=-0.01)
+    with pytest.raises(ValueError, match="a p95 below its p50 is no spread"):
+        ServiceProfile(1000, 1, 0.01, 1000, spread=((1, -0.1, 0.0),))
+
+
+def test_a_profile_reads_the_spread_and_the_gap_from_the_report() -> None:
+    def level(
+        c: int, x: float, e2e_mean: float | None, ttft: tuple[float, float], tpot: tuple[float, float]
+    ) -> Any:
+        latency: dict[str, object] = {
+            "ttft": {"p50": ttft[0], "p95": ttft[1]},
+            "tpot": {"p50": tpot[0], "p95": tpot[1]},
+        }
+        if e2e_mean is not None:
+            latency["e2e"] = {"mean": e2e_mean}
+        return {"concurrency": c, "valid": True, "throughput": {"requests_per_s": x},
+                "tokens": {"prompt_mean": 500.0, "output_mean": 11.0}, "latency_ms": latency}  # fmt: skip
+
+    report = {
+        "levels": [level(1, 1 / 0.7, 650.0, (500, 600), (10, 15)), level(4, 3.0, 1200, (900, 1800), (20, 20))]
+    }
+    p = profile_from_report(report, 2048)
+    z = 1.6448536269514722
+    expected = ((1, math.log(1.2) / z, math.log(1.5) / z), (4, math.log(2) / z, 0.0))
+    assert [pytest.approx(level) for level in expected] == list(p.spread)
+    # Little's law at the lowest level: 1 / X = 0.7 s a cycle, 0.65 s of it the request.
+    assert p.request_gap_s == pytest.approx(0.05)
+    # Without the E2E mean: TTFT p50 + (O - 1) TPOT p50 = 0.5 + 10 x 0.01 = 0.6 s of the 0.7 s cycle.
+    del report["levels"][0]["latency_ms"]["e2e"]
+    assert profile_from_report(report, 2048).request_gap_s == pytest.approx(0.1)
+    del report["levels"][0]["tokens"]["output_mean"]
+    assert profile_from_report(report, 2048).request_gap_s == 0.0  # no output count: no gap
+    assert profile_from_report(report, 2048, output_tokens=6).request_gap_s == pytest.approx(0.15)
+    # A window's edges can make the cycle shorter than the request: clamped to no gap.
+    report["levels"][0]["throughput"]["requests_per_s"] = 2.0
+    assert profile_from_report(report, 2048, output_tokens=11).request_gap_s == 0.0
+    # A percentile below its median is no report a bench writes.
+    report["levels"][1]["latency_ms"]["tpot"]["p95"] = 15
+    with pytest.raises(ValueError, match="level c=4 TPOT: p95 15 ms is below p50 20 ms"):
+        profile_from_report(report, 2048)
+    # Medians only (and no throughput): no spread, no gap, the prediction as without them.
+    plain = {"levels": [{"concurrency": 1, "valid": True, "tokens": {"prompt_mean": 500.0},
+                         "latency_ms": {"ttft": {"p50": 50.0}, "tpot": {"p50": 20.0}}}]}  # fmt: skip
+    q = profile_from_report(plain, 2048, output_tokens=11)
+    assert (q.spread, q.request_gap_s) == ((), 0.0)
