@@ -202,8 +202,7 @@ async def workload(
         print("transfer CPU ms per request by side:stage:thread (mean of the split's repeats): " + ", ".join(
             f"{k} {sum(st.get(k, 0.0) for st in stages) / len(stages) * 1e3:.2f}" for k in stages[0]))  # fmt: skip
     if link:
-        # With the requests' output tokens: the closed loop's gap between requests where the level lacks them.
-        prof_ = profile_from_report(prof, kv_per_token, slo.tpot_p50_ms / 1e3, osl)
+        prof_ = profile_from_report(prof, kv_per_token, slo.tpot_p50_ms / 1e3)
         # At the levels the comparison ran (per replica), judged against the measurement's own noise band;
         # CPU replicas: the transfer's measured CPU time charged to each side (the wall time when unmeasured).
         band = measured["band"]
@@ -221,9 +220,6 @@ async def workload(
         by_share = judged((cpu[0] / share, cpu[1] / share)) if measured_cpu and share > 0 else None
         agrees = predicted.category == measured["category"]
         steps = ", ".join(f"{b:g}: {t * 1e3:.1f} ms" for b, t in prof_.step_s)
-        # The profile's closed-loop gap between requests and each level's per-request spread (σ of TTFT/TPOT).
-        steps += f"; {prof_.request_gap_s * 1e3:.1f} ms between requests; spread σ TTFT/TPOT " + (", ".join(
-            f"{c:g}: {a:.2f}/{b:.2f}" for c, a, b in prof_.spread) or "none")  # fmt: skip
         charged = (f"the transfer's measured CPU charged: {cpu[0] * 1e3:.2f} ms prefill side, {cpu[1] * 1e3:.2f} ms "
                    "decode side" if measured_cpu else "the transfer's wall time charged to both sides (CPU unmeasured)")  # fmt: skip
         print(f"predicted (plimsoll plan, link {link / 1e6:.0f} MB/s measured, prefill "

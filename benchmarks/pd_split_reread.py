@@ -12,12 +12,6 @@ time is the mean of what the saved runs measured for the same workload (the same
 the output; a saved run uses its own. Prints each run's predicted difference and category beside the
 measured one, and the agreement of each way over all runs and over the saved runs alone.
 
-Beside each way, the same prediction with the profile's per-request spread and the closed loop's gap
-between requests (``profile_from_report``: a lognormal factor on each request's TTFT and TPOT fitted to
-each level's p95/p50, and ``c/X − E2E mean`` at the lowest level) — "new" — against the prediction
-without them — "old" — and the totals of both. Runs A–D recorded their profile's medians only: no
-spread and no gap, so there the new prediction is the old one.
-
 What it is not: a measurement. A new ``pd_split.py`` run is.
 
     python benchmarks/pd_split_reread.py [RUN.json ...]
@@ -26,7 +20,6 @@ What it is not: a measurement. A new ``pd_split.py`` run is.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -50,9 +43,6 @@ class Run(NamedTuple):
     measured: str
     transfer_cpu_ms: tuple[float, float] | None = None  # (producer, consumer) ms per request, measured
     core_share: float | None = None  # the profiled replica's CPU seconds per wall second at c = 1
-    spread: tuple[tuple[float, float, float], ...] = ()  # (concurrency, σ TTFT, σ TPOT) per profiled level
-    gap_s: float = 0.0  # the closed loop's time between requests at the profile's lowest level
-    measured_per_replica: tuple[float, float] | None = None  # (aggregated, split) good req/s per replica
 
 
 RUNS = (
@@ -77,7 +67,7 @@ def saved_runs(path: str, label: str) -> list[Run]:
         if not pred:
             continue
         slo, v = res["slo"], res["measured"]["verdict"]
-        prof = profile_from_report(res["profile"], 1.0, slo["tpot_p50_ms"] / 1e3, res["output_tokens"])
+        prof = profile_from_report(res["profile"], 1.0, slo["tpot_p50_ms"] / 1e3)
         split = v["layouts"][1]
         cpu = pred.get("transfer_cpu_s")
         out.append(Run(
@@ -85,21 +75,17 @@ def saved_runs(path: str, label: str) -> list[Run]:
             slo["ttft_p95_ms"], slo["tpot_p50_ms"], pred["link_bytes_per_s"], prof.prefill_tokens_per_s,
             tuple((b, t * 1e3) for b, t in prof.step_s), split["transfer_bytes"], pred["measured_gain"], v["band"],
             v["category"], (cpu[0] * 1e3, cpu[1] * 1e3) if cpu else None, res["profile"].get("core_share"),
-            prof.spread, prof.request_gap_s,
-            (v["layouts"][0]["goodput_per_replica_rps"], split["goodput_per_replica_rps"]),
         ))  # fmt: skip
     return out
 
 
-def profile(run: Run, long_transfer_bytes: float, new: bool = False) -> ServiceProfile:
-    """The run's profile as the prediction takes it; ``new``: with its spread and gap (the old model without)."""
+def profile(run: Run, long_transfer_bytes: float) -> ServiceProfile:
     steps = tuple((float(b), ms / 1e3) for b, ms in run.step_ms)
     fits = [(b, t) for b, t in steps if t <= run.tpot_slo_ms / 1e3] or [steps[0]]
     # KV bytes per token as pd_split.py takes it: the long workload's bytes over the full blocks it moved.
     per_token = long_transfer_bytes / ((512 - 1) // 16 * 16)
     return ServiceProfile(run.prefill_tokens_per_s, fits[-1][0], fits[-1][1], per_token, step_s=steps,
-                          levels=tuple(b for b, _ in steps), spread=run.spread if new else (),
-                          request_gap_s=run.gap_s if new else 0.0)  # fmt: skip
+                          levels=tuple(b for b, _ in steps))  # fmt: skip
 
 
 def main(paths: list[str]) -> None:
@@ -121,22 +107,9 @@ def main(paths: list[str]) -> None:
     tallies = {
         scope: {way: [0, 0, 0.0, 0] for way in WAYS} for scope in ("all", "borrowed CPU", "measured CPU")
     }
-    # The same tallies for the new model (the profile's spread and gap), and its cells printed after the old.
-    new_tallies = {
-        scope: {way: [0, 0, 0.0, 0] for way in WAYS} for scope in ("all", "borrowed CPU", "measured CPU")
-    }
-    # Each run's measured goodput per replica against the predicted (transfer at its measured CPU): the
-    # relative error of aggregated's and the split's, old and new.
-    absolute: dict[str, list[float]] = {
-        "old aggregated": [],
-        "new aggregated": [],
-        "old split": [],
-        "new split": [],
-    }
     for run in runs:
         cpu_ms = run.transfer_cpu_ms or borrowed.get(run.input_tokens)
         cells = [f"{run.name:8} measured {run.measured_gain:+.0%} (±{run.band:.0%}) {run.measured:13}"]
-        new_cells = []
         for way in WAYS:
             if way == "cpu" and cpu_ms is None:
                 cells.append("cpu: no CPU measurement for this workload")
@@ -149,65 +122,29 @@ def main(paths: list[str]) -> None:
                 if way.startswith("cpu") and cpu_ms
                 else None
             )
+            layouts = predict(profile(run, 3.96e6), run.input_tokens, run.output_tokens, run.link_bytes_per_s,
+                              [Ratio(1, 1)], run.ttft_slo_ms / 1e3, run.tpot_slo_ms / 1e3, levels=(1, 2),
+                              pull_stall=0.0 if way == "off" else 1.0, transfer_cpu_s=cpu_s)  # fmt: skip
+            v = verdict(layouts, margin=run.band)
+            agg, split = (lay.goodput_per_replica for lay in layouts)
+            gain = (split - agg) / agg
             scopes = ["all", "measured CPU" if run.transfer_cpu_ms is not None else "borrowed CPU"]
-            for new, counts in ((False, tallies), (True, new_tallies)):
-                layouts = predict(profile(run, 3.96e6, new), run.input_tokens, run.output_tokens, run.link_bytes_per_s,
-                                  [Ratio(1, 1)], run.ttft_slo_ms / 1e3, run.tpot_slo_ms / 1e3, levels=(1, 2),
-                                  pull_stall=0.0 if way == "off" else 1.0, transfer_cpu_s=cpu_s)  # fmt: skip
-                v = verdict(layouts, margin=run.band)
-                agg, split = (lay.goodput_per_replica for lay in layouts)
-                gain = (split - agg) / agg
-                for scope in scopes:
-                    t = counts[scope][way]
-                    t[0] += v.category == run.measured
-                    t[1] += (gain > 0) == (run.measured_gain > 0)
-                    t[2] += abs(gain - run.measured_gain)
-                    t[3] += 1
-                said = "agrees" if v.category == run.measured else "DIFFERS"
-                if way == "cpu" and run.measured_per_replica is not None:
-                    age = "new" if new else "old"
-                    for name, predicted, measured in zip(("aggregated", "split"), (agg, split),
-                                                         run.measured_per_replica, strict=True):  # fmt: skip
-                        absolute[f"{age} {name}"].append(predicted / measured - 1 if measured else math.nan)
-                if new:
-                    new_cells.append(f"new {way}: {gain:+.0%} {v.category} ({said}), aggregated {agg:.3g} "
-                                     f"split {split:.3g} good req/s per replica")  # fmt: skip
-                    continue
-                own = "" if way != "cpu" else " [own CPU]" if run.transfer_cpu_ms else " [borrowed CPU]"
-                own += f" [core share {share:.0%}]" if way == "cpu/share" else ""
-                cells.append(f"{way}: {gain:+.0%} {v.category} ({said}){own}")
-        if run.measured_per_replica is not None:
-            agg_m, split_m = run.measured_per_replica
-            new_cells.append(f"measured aggregated {agg_m:.3g} split {split_m:.3g} good req/s per replica")
-        if run.spread or run.gap_s:
-            sigma = ", ".join(f"c={c:g} {a:.2f}/{b:.2f}" for c, a, b in run.spread)
-            new_cells.append(f"gap {run.gap_s * 1e3:.1f} ms, σ TTFT/TPOT {sigma}")
-        else:
-            new_cells.append("no percentiles or gap recorded: new = old")
-        print(" | ".join(cells + new_cells))
+            for scope in scopes:
+                t = tallies[scope][way]
+                t[0] += v.category == run.measured
+                t[1] += (gain > 0) == (run.measured_gain > 0)
+                t[2] += abs(gain - run.measured_gain)
+                t[3] += 1
+            said = "agrees" if v.category == run.measured else "DIFFERS"
+            own = "" if way != "cpu" else " [own CPU]" if run.transfer_cpu_ms else " [borrowed CPU]"
+            own += f" [core share {share:.0%}]" if way == "cpu/share" else ""
+            cells.append(f"{way}: {gain:+.0%} {v.category} ({said}){own}")
+        print(" | ".join(cells))
     for scope, ways in tallies.items():
         for way, (cat, direction, err, n) in ways.items():
             if n:
                 print(f"{scope} runs, transfer charged {way}: category {cat} of {n}, direction {direction} of {n}, "
                       f"mean absolute error {err / n * 100:.0f} percentage points")  # fmt: skip
-    print(
-        "old model (no spread, no gap) vs new (the profile's per-request spread and the gap between requests):"
-    )
-    for scope, ways in tallies.items():
-        for way, (cat, direction, err, n) in ways.items():
-            if n:
-                ncat, ndir, nerr, _ = new_tallies[scope][way]
-                print(f"{scope} runs, transfer charged {way}: category {cat} -> {ncat} of {n}, direction "
-                      f"{direction} -> {ndir} of {n}, mean absolute error {err / n * 100:.0f} -> {nerr / n * 100:.0f} "
-                      "percentage points")  # fmt: skip
-    for name in ("aggregated", "split"):
-        before = [e for e in absolute[f"old {name}"] if not math.isnan(e)]
-        after = [e for e in absolute[f"new {name}"] if not math.isnan(e)]
-        if before:
-            # Medians: a run on a loaded host measures a few hundredths of what its profile predicts.
-            print(f"{name} goodput per replica, predicted over measured (transfer at its CPU time; {len(before)} saved "
-                  f"runs): median ratio {statistics.median(before) + 1:.2f}x -> {statistics.median(after) + 1:.2f}x, "
-                  f"within 25% in {sum(abs(e) <= 0.25 for e in before)} -> {sum(abs(e) <= 0.25 for e in after)} runs")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,56 +19,37 @@ why), so "split pays" means one thing everywhere.
   against the sequences decoded together, KV bytes per token), a KV transfer time (a link
   bandwidth, measured or configured) and the per-replica concurrencies the workload runs at: what a
   replica of each layout does at that operating point, as a closed loop solved to its fixed point.
-  With ``s = I/P`` seconds to prefill ``I`` prompt tokens, ``t(b)`` the step at ``b`` sequences,
-  ``O − 1`` decode steps per request and ``g`` the closed loop's gap between one request's end and
-  the next one's send (the client's turn, in which the request holds no replica):
+  With ``s = I/P`` seconds to prefill ``I`` prompt tokens, ``t(b)`` the step at ``b`` sequences and
+  ``O − 1`` decode steps per request:
 
   *Aggregated*, ``c`` requests per replica: the other ``c − 1`` requests' prefills take a share
   ``u = X·s·(c−1)/c`` of the replica (``X`` its requests/s) and stall a request's decode while they
   run, so its decode lasts ``D = (O−1)·t(b)/(1−u)``; a prompt waits ``u·s/(2(1−u))`` behind others'
-  prefills; ``X = c/(s + wait + t + D + g)`` with ``b = X·D``. Other prefills land in a request's
-  decode as a Poisson count of mean ``u·D/s``, each adding ``s/(O−1)`` to its TPOT: one stall of a
-  long prompt is spread over only ``O − 1`` tokens.
+  prefills; ``X = c/(s + wait + t + D)`` with ``b = X·D``. A request meets the TPOT SLO when at
+  most ``k = ⌊(SLO − t)·(O−1)/s⌋`` other prefills land in its decode (a Poisson count of mean
+  ``u·D/s``): one stall of a long prompt is spread over only ``O − 1`` tokens.
 
   *Split* ``p:d`` (``n = c·(p+d)`` requests in flight): prefills queue on the prefill pool only
   (share ``ρ = X·s/p``), each prompt's KV moves in ``T``, decodes run at ``t(b)`` with ``b = X·D/d``;
-  ``X = n/(s + wait + T + t + (O−1)·t + 2g)``, capped by ``p/s`` and ``p/T``. A request makes two
-  hops through the router (the prefill replica's one-token answer, then the decode replica's stream),
-  each an HTTP exchange the profile does not time on its own: the gap ``g`` is counted once per hop,
-  the second one inside the TTFT. Where the replicas' own cores pack, send, receive and unpack the
-  blocks (``pull_stall`` = 1: CPU replicas, whose transfer threads take the cores their steps run
-  on), each request's transfer costs both sides compute: the
+  ``X = n/(s + wait + T + t + (O−1)·t)``, capped by ``p/s`` and ``p/T``. Where the replicas' own
+  cores pack, send, receive and unpack the blocks (``pull_stall`` = 1: CPU replicas, whose transfer
+  threads take the cores their steps run on), each request's transfer costs both sides compute: the
   producer ``Cp``, the consumer ``Cc`` — the CPU time each side's threads spent on it, as
   ``plimsoll bench disagg`` measures it (``transfer_cpu_s``); without a measurement, the wall time
   ``T`` for each, an upper bound (a pull's wall time also holds the other side's work and the
   wire). The prefill replica spends ``s + Cp`` per request (``ρ = X·(s+Cp)/p``, the cap
   ``p/(s+Cp)``); on the decode replica each pull stalls the decodes as a prefill does on an
-  aggregated replica: share ``v = X·Cc/d``, ``D = (O−1)·t(b)/(1−v)``, the pulls landing in a decode a
-  Poisson count of mean ``v·D/Cc``, each adding ``Cc/(O−1)`` to its TPOT. Where a copy engine
+  aggregated replica: share ``v = X·Cc/d``, ``D = (O−1)·t(b)/(1−v)``, the TPOT SLO met when at most
+  ``⌊(SLO − t)·(O−1)/Cc⌋`` pulls land in a decode (Poisson, mean ``v·D/Cc``). Where a copy engine
   moves them beside the kernels (a GPU), ``pull_stall`` = 0: neither.
 
-  *Each request's own latency* is not its layout's mean: the profile's levels measured how far a
-  request's TTFT and TPOT spread around their medians. Each is the model's figure times a lognormal
-  factor ``F`` of median 1 and log-spread ``σ = ln(p95/p50)/1.645``, fitted at each profiled level and
-  taken linear in ``σ`` between levels: at the operating point's concurrency for the TTFT, at the
-  sequences a decoding replica holds (``c``, or ``n/d`` split) for the TPOT. A request meets the TPOT
-  SLO with probability ``Σ_k Poisson(k; stalls) · P(t·F + k·stall/(O−1) ≤ SLO)`` (``stall`` a prefill
-  ``s``, split a pull ``Cc``), the TTFT SLO with ``Σ_j P(j ahead) · P(base·F + j·s/p ≤ SLO)``, where
-  ``P(j ahead) ≈ (1−ρ)·ρ^j`` up to the other requests in flight, and ``base`` the TTFT with no prompt
-  ahead (``s + t``; split ``s + T + t + g``). A profile without percentiles beyond the median spreads
-  nothing (``F = 1``): a request then meets an SLO exactly when its stall count or queue allows.
-  Goodput is ``X`` × the share meeting both SLOs, at the best of the given concurrencies (as the bench
-  takes a layout's best level). Splitting pays only where the stalls cost an aggregated replica more
-  than the split's idle capacity and transfer cost it: at one request per replica nothing stalls.
+  A request meets the TTFT SLO when the prompts ahead of it fit (``P(j ahead) ≈ ρ^j``). Goodput is
+  ``X`` × the share meeting both SLOs, at the best of the given concurrencies (as the bench takes a
+  layout's best level). Splitting pays only where the stalls cost an aggregated replica more than
+  the split's idle capacity and transfer cost it: at one request per replica nothing stalls.
 
-  The profile gives ``g`` and ``σ`` (:func:`profile_from_report`): ``g = c/X − E2E mean`` at its
-  lowest level (Little's law over the closed loop; ``TTFT p50 + (O−1)·TPOT p50`` where the mean is not
-  reported), at least 0. The profile is taken on a replica directly: the router's own forwarding is
-  in neither figure. At a level above one request the measured spread also holds the stalls and the
-  queue the model counts itself, so there it overstates the noise around them.
-
-What it is not: a simulator (mean values; distributions only for the stall count, the prompts ahead
-and each request's lognormal factor) or I/O.
+What it is not: a simulator (mean values, no distributions beyond the stall count and prompts
+ahead) or I/O.
 """
 
 from __future__ import annotations
@@ -300,24 +281,6 @@ class ServiceProfile:
     step_s: tuple[tuple[float, float], ...] = ()
     # Per-replica concurrencies the workload runs at; empty: the knee.
     levels: tuple[float, ...] = ()
-    # (concurrency, σ of TTFT, σ of TPOT) per measured level, ascending: the spread of a request's TTFT and
-    # TPOT around their medians, as the σ of a lognormal factor (ln(p95/p50)/1.645); empty: none.
-    spread: tuple[tuple[float, float, float], ...] = ()
-    # Seconds between one request's end and the next one's send in the closed loop (client, HTTP), during
-    # which the request holds no replica.
-    request_gap_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.request_gap_s) and self.request_gap_s >= 0):
-            raise ValueError(
-                f"request gap {self.request_gap_s!r} s: the time between requests is zero or more seconds"
-            )
-        for c, ttft, tpot in self.spread:
-            if not (c > 0 and math.isfinite(ttft) and math.isfinite(tpot) and ttft >= 0 and tpot >= 0):
-                raise ValueError(
-                    f"spread ({c!r}, {ttft!r}, {tpot!r}): give a positive concurrency and a TTFT and a TPOT "
-                    "spread of zero or more (a p95 below its p50 is no spread)"
-                )
 
     def step_at(self, batch: float) -> float:
         """The decode step at ``batch`` sequences: linear between measured points, the last slope beyond."""
@@ -329,20 +292,6 @@ class ServiceProfile:
                 return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
         (b0, t0), (b1, t1) = points[-2], points[-1]
         return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)
-
-    def spread_at(self, concurrency: float) -> tuple[float, float]:
-        """(σ of TTFT, σ of TPOT) at ``concurrency``: linear in σ between measured levels, the nearest beyond
-        them; (0, 0) without a measurement."""
-        points = sorted((c, (ttft, tpot)) for c, ttft, tpot in self.spread)
-        if not points:
-            return 0.0, 0.0
-        if concurrency <= points[0][0]:
-            return points[0][1]
-        for (c0, s0), (c1, s1) in itertools.pairwise(points):
-            if concurrency <= c1:
-                w = (concurrency - c0) / (c1 - c0) if c1 > c0 else 1.0
-                return s0[0] + (s1[0] - s0[0]) * w, s0[1] + (s1[1] - s0[1]) * w
-        return points[-1][1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,41 +329,19 @@ def _queue_wait(rho_other: float, service_s: float, servers: int, in_flight: flo
     return min(wait, max(0.0, in_flight - 1) * service_s / servers)
 
 
-def _within(limit_s: float, base_s: float, sigma: float) -> float:
-    """P(``base_s`` × F ≤ ``limit_s``) for a lognormal factor F of median 1 and log-spread ``sigma`` (0: F = 1)."""
-    if limit_s <= 0:
-        return 0.0
-    if sigma <= 0 or base_s <= 0:
-        return 1.0 if base_s <= limit_s else 0.0
-    return 0.5 * math.erfc(-math.log(limit_s / base_s) / (sigma * math.sqrt(2)))
-
-
 def _ttft_share(
-    base_s: float, slo_s: float | None, rho_other: float, per_prompt_s: float, in_flight: float,
-    sigma: float = 0.0,
-) -> float:  # fmt: skip
-    """Share of requests whose TTFT meets the SLO: ``j`` prompts ahead with probability ``≈ (1−ρ)ρ^j``, and
-    never more than the other requests in flight (the rest of the mass at that many); the request's own
-    ``base_s`` times a lognormal factor of log-spread ``sigma``."""
+    base_s: float, slo_s: float | None, rho_other: float, per_prompt_s: float, in_flight: float
+) -> float:
+    """Share of requests whose TTFT meets the SLO: ``j`` prompts ahead with probability ``≈ ρ^j``, and
+    never more than the other requests in flight."""
     if slo_s is None:
         return 1.0
-    if sigma <= 0:
-        if base_s > slo_s:
-            return 0.0
-        ahead = math.floor((slo_s - base_s) / per_prompt_s) if per_prompt_s > 0 else 10**6
-        if ahead >= in_flight - 1:
-            return 1.0
-        return 1.0 - min(0.99, rho_other) ** (ahead + 1)
-    if per_prompt_s <= 0:
-        return _within(slo_s, base_s, sigma)
-    rho, most = min(0.99, rho_other), max(0, math.ceil(in_flight - 1))
-    total = 0.0
-    for j in range(most + 1):
-        weight = rho**j if j == most else (1 - rho) * rho**j
-        if slo_s - j * per_prompt_s <= 0 or weight < 1e-15:
-            break
-        total += weight * _within(slo_s - j * per_prompt_s, base_s, sigma)
-    return min(1.0, total)
+    if base_s > slo_s:
+        return 0.0
+    ahead = math.floor((slo_s - base_s) / per_prompt_s) if per_prompt_s > 0 else 10**6
+    if ahead >= in_flight - 1:
+        return 1.0
+    return 1.0 - min(0.99, rho_other) ** (ahead + 1)
 
 
 def aggregated_at(
@@ -423,10 +350,9 @@ def aggregated_at(
 ) -> OperatingPoint:  # fmt: skip
     """One aggregated replica with ``c`` requests in flight (the module docstring's closed loop)."""
     s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
-    gap = profile.request_gap_s
     others = max(0.0, (c - 1) / c)
     t = profile.step_at(c)
-    x = c / (s + t + steps * t + gap)
+    x = c / (s + t + steps * t)
     u = wait = decode = 0.0
     for _ in range(200):  # damped fixed point; converges in tens of steps
         u = min(0.99, x * s * others)
@@ -434,43 +360,24 @@ def aggregated_at(
         batch = min(max(1.0, x * decode), max(1.0, c))
         t = profile.step_at(batch)
         wait = _queue_wait(u, s, 1, c)
-        x = 0.5 * x + 0.5 * c / (s + wait + t + decode + gap)
+        x = 0.5 * x + 0.5 * c / (s + wait + t + decode)
     batch = min(max(1.0, x * decode), max(1.0, c))
     stalls = u * decode / s if s > 0 else 0.0  # other prompts prefilled during one request's decode
-    ttft_sigma, tpot_sigma = profile.spread_at(c)
-    tpot_share = _stall_share(tpot_slo_s, t, steps, s, stalls, tpot_sigma)
-    good = tpot_share * _ttft_share(s + t, ttft_slo_s, u, s, c, ttft_sigma)
+    tpot_share = _stall_share(tpot_slo_s, t, steps, s, stalls)
+    good = tpot_share * _ttft_share(s + t, ttft_slo_s, u, s, c)
     return OperatingPoint(c, x, good, s + wait + t, t + (stalls * s / steps if steps else 0.0), min(1.0, x * s),
                           batch, 1.0 - math.exp(-stalls))  # fmt: skip
 
 
-def _stall_share(
-    tpot_slo_s: float | None, t: float, steps: float, stall_s: float, stalls: float, sigma: float = 0.0
-) -> float:
+def _stall_share(tpot_slo_s: float | None, t: float, steps: float, stall_s: float, stalls: float) -> float:
     """Share of requests meeting the TPOT SLO when a decode of ``steps`` steps at ``t`` meets a Poisson
-    count (mean ``stalls``) of ``stall_s`` stalls: ``Σ_k Poisson(k) · P(t·F + k·stall_s/steps ≤ SLO)``, F a
-    lognormal factor of median 1 and log-spread ``sigma``; with no spread, at most
-    ``⌊(SLO − t)·steps/stall_s⌋`` stalls may land in it."""
+    count (mean ``stalls``) of ``stall_s`` stalls: at most ``⌊(SLO − t)·steps/stall_s⌋`` may land in it."""
     if tpot_slo_s is None or steps == 0:
         return 1.0
-    if sigma <= 0:
-        if tpot_slo_s < t:
-            return 0.0
-        allowed = math.floor((tpot_slo_s - t) * steps / stall_s) if stall_s > 0 else 10**6
-        return _poisson_cdf(allowed, stalls)
-    if stall_s <= 0 or stalls <= 0:
-        return _within(tpot_slo_s, t, sigma)
-    total = mass = 0.0
-    k = 0
-    while mass < 1 - 1e-12:
-        limit = tpot_slo_s - k * stall_s / steps
-        if limit <= 0:
-            break
-        weight = math.exp(k * math.log(stalls) - stalls - math.lgamma(k + 1))
-        total, mass, k = total + weight * _within(limit, t, sigma), mass + weight, k + 1
-        if k > stalls + 40 * math.sqrt(stalls) + 40:
-            break
-    return min(1.0, total)
+    if tpot_slo_s < t:
+        return 0.0
+    allowed = math.floor((tpot_slo_s - t) * steps / stall_s) if stall_s > 0 else 10**6
+    return _poisson_cdf(allowed, stalls)
 
 
 def split_at(
@@ -491,11 +398,8 @@ def split_at(
     send_s, stall_s = pull_stall * send_cpu, pull_stall * receive_cpu
     per_prompt = s + send_s  # a prefill replica's time for one request: its prompt, and serving the pull
     cap = min(p / per_prompt, p / transfer_s if transfer_s > 0 else math.inf)
-    # The client's gap once per request, and one more for the router's second hop (prefill, then decode),
-    # which lies before the first token.
-    hop = profile.request_gap_s
     t = profile.step_at(n / d)
-    x = min(cap, n / (s + transfer_s + t + steps * t + 2 * hop))
+    x = min(cap, n / (s + transfer_s + t + steps * t))
     rho = wait = v = 0.0
     decode = steps * t
     for _ in range(200):
@@ -505,17 +409,13 @@ def split_at(
         batch = min(max(1.0, x * decode / d), max(1.0, n / d))
         t = profile.step_at(batch)
         wait = _queue_wait(rho * others, per_prompt, p, n)
-        x = min(cap, 0.5 * x + 0.5 * n / (s + wait + transfer_s + t + decode + 2 * hop))
+        x = min(cap, 0.5 * x + 0.5 * n / (s + wait + transfer_s + t + decode))
     batch = min(max(1.0, x * decode / d), max(1.0, n / d))
     stalls = v * decode / stall_s if stall_s > 0 else 0.0  # other requests' pulls during one decode
-    ttft_sigma, tpot_sigma = profile.spread_at(c)[0], profile.spread_at(n / d)[1]
-    tpot_share = _stall_share(tpot_slo_s, t, steps, stall_s, stalls, tpot_sigma)
-    first = s + transfer_s + t + hop
-    good = tpot_share * _ttft_share(first, ttft_slo_s, rho * others, per_prompt / p, n, ttft_sigma)
+    tpot_share = _stall_share(tpot_slo_s, t, steps, stall_s, stalls)
+    good = tpot_share * _ttft_share(s + transfer_s + t, ttft_slo_s, rho * others, per_prompt / p, n)
     tpot = t + (stalls * stall_s / steps if steps else 0.0)
-    return OperatingPoint(
-        c, x, good, s + wait + transfer_s + t + hop, tpot, rho, batch, 1.0 - math.exp(-stalls)
-    )
+    return OperatingPoint(c, x, good, s + wait + transfer_s + t, tpot, rho, batch, 1.0 - math.exp(-stalls))
 
 
 def predict(
@@ -559,7 +459,7 @@ def predict(
     out.append(_figures(AGGREGATED, 1, best, ttft_slo_s, tpot_slo_s, (
         f"c={best.concurrency:g} per replica: prefill {best.prefill_busy:.0%} of the time, decode batch "
         f"{best.batch:.2g} at {_ms(profile.step_at(best.batch))} a step, {best.stalled_share:.0%} of requests "
-        f"stalled in decode by another prompt's prefill{_loop_text(profile, best.concurrency, best.concurrency)}"
+        "stalled in decode by another prompt's prefill"
     )))  # fmt: skip
     for r in ratios:
         points = [split_at(profile, input_tokens, output_tokens, c, r, transfer_s, ttft_slo_s, tpot_slo_s,
@@ -572,7 +472,6 @@ def predict(
             f"c={best.concurrency:g} per replica: prefill pool busy {best.prefill_busy:.0%}, decode batch "
             f"{best.batch:.2g} at {_ms(best.tpot_s)} a token, KV transfer {_ms(transfer_s)}, "
             f"{transfer_charge(transfer_s, pull_stall, transfer_cpu_s)}{stalled}"
-            f"{_loop_text(profile, best.concurrency, best.concurrency * r.replicas / r.decode, hops=2)}"
         ))  # fmt: skip
         lay.transfer_s, lay.transfer_bytes = transfer_s, transfer_bytes
         if transfer_cpu_s is not None:
@@ -580,18 +479,6 @@ def predict(
         lay.prefill_replicas, lay.decode_replicas = r.prefill, r.decode
         out.append(lay)
     return out
-
-
-def _loop_text(profile: ServiceProfile, c: float, decoding: float, hops: int = 1) -> str:
-    """The gap between requests and the latency spread a prediction used, in words ("" where neither)."""
-    parts = []
-    if profile.request_gap_s > 0:
-        each = "" if hops == 1 else f" on each of its {hops} hops"
-        parts.append(f"{_ms(profile.request_gap_s)} between requests{each}")
-    if profile.spread:
-        ttft, tpot = profile.spread_at(c)[0], profile.spread_at(decoding)[1]
-        parts.append(f"per-request spread σ {ttft:.2f} TTFT, {tpot:.2f} TPOT")
-    return "".join(f", {part}" for part in parts)
 
 
 def transfer_charge(transfer_s: float, pull_stall: float, transfer_cpu_s: tuple[float, float] | None) -> str:
@@ -628,54 +515,9 @@ def _figures(
     return lay
 
 
-# z of the percentiles a report's latency carries beyond the median, in the order a spread is read from.
-_Z = (("p95", 1.6448536269514722), ("p90", 1.2815515655446004), ("p99", 2.3263478740408408))
-
-
-def spread_of(dist: Mapping[str, Any] | None, what: str = "latency") -> float | None:
-    """The log-spread σ of a lognormal fitted to one latency distribution's p50 and p95 (else p90, else p99):
-    ``ln(p95/p50)/z95``; None without both. ``ValueError`` for a percentile below the median."""
-    dist = dist or {}
-    median = dist.get("p50")
-    if not median or median <= 0:
-        return None
-    for name, z in _Z:
-        value = dist.get(name)
-        if value is None:
-            continue
-        if value < median:
-            raise ValueError(
-                f"{what}: {name} {value:g} ms is below p50 {median:g} ms; a report's percentiles rise"
-            )
-        return math.log(value / median) / z
-    return None
-
-
-def request_gap_of(level: Mapping[str, Any], output_tokens: float | None = None) -> float:
-    """Seconds a closed-loop client spends between one request's end and its next send, at ``level``:
-    ``c/X − E2E mean`` (Little's law: each of the ``c`` clients cycles through a request and a gap), else
-    ``c/X − (TTFT p50 + (O−1)·TPOT p50)`` (``O`` the level's mean output tokens, else ``output_tokens``);
-    0 where the level lacks them, and at least 0 (a short window's edges can make it negative)."""
-    c = level.get("concurrency")
-    x = (level.get("throughput") or {}).get("requests_per_s")
-    if not c or not x or x <= 0:
-        return 0.0
-    latency = level.get("latency_ms") or {}
-    e2e = (latency.get("e2e") or {}).get("mean")
-    if e2e is None:
-        ttft = (latency.get("ttft") or {}).get("p50")
-        tpot = (latency.get("tpot") or {}).get("p50")
-        out = (level.get("tokens") or {}).get("output_mean") or output_tokens
-        if ttft is None or tpot is None or not out:
-            return 0.0
-        e2e = ttft + (float(out) - 1) * tpot
-    return max(0.0, float(c) / float(x) - float(e2e) / 1e3)
-
-
 def profile_from_report(
-    report: Mapping[str, Any], kv_bytes_per_token: float, tpot_slo_s: float | None = None,
-    output_tokens: float | None = None,
-) -> ServiceProfile:  # fmt: skip
+    report: Mapping[str, Any], kv_bytes_per_token: float, tpot_slo_s: float | None = None
+) -> ServiceProfile:
     """A :class:`ServiceProfile` from a `plimsoll bench sweep` report of one replica.
 
     Prefill rate: the server's prompt tokens per second of prefill at the lowest level (scraped by the
@@ -685,11 +527,6 @@ def profile_from_report(
     decode step, where the TPOT also carries the prefill stalls the model adds back itself), else its
     TPOT p50; the report's concurrencies are the levels the prediction runs at. ``ValueError`` when
     the report lacks them.
-
-    Spread: at each level with a p95 (else p90, else p99) beside the p50 of TTFT and of TPOT, the σ of
-    a lognormal through them (:func:`spread_of`; a metric without one spreads 0 there); none at all: no
-    spread. ``ValueError`` for a percentile below its p50. Gap: :func:`request_gap_of` at the lowest
-    level (``output_tokens``: the requests' output tokens, where the level does not say).
     """
     levels = [lv for lv in report.get("levels", []) if lv.get("valid") and lv.get("concurrency")]
     if not levels:
@@ -721,19 +558,8 @@ def profile_from_report(
         return value / 1e3 if value else tpot_of(lv)
 
     steps = tuple((float(lv["concurrency"]), s) for lv in levels if (s := step_of(lv)) is not None)
-    spread = []
-    for lv in levels:
-        latency = lv.get("latency_ms") or {}
-        where = f"level c={lv['concurrency']:g}"
-        ttft, tpot = (
-            spread_of(latency.get("ttft"), f"{where} TTFT"),
-            spread_of(latency.get("tpot"), f"{where} TPOT"),
-        )
-        if ttft is not None or tpot is not None:
-            spread.append((float(lv["concurrency"]), ttft or 0.0, tpot or 0.0))
     return ServiceProfile(float(rate), float(best["concurrency"]), tpot_of(best) or 0.0, kv_bytes_per_token,
-                          step_s=steps, levels=tuple(float(lv["concurrency"]) for lv in levels),
-                          spread=tuple(spread), request_gap_s=request_gap_of(lowest, output_tokens))  # fmt: skip
+                          step_s=steps, levels=tuple(float(lv["concurrency"]) for lv in levels))  # fmt: skip
 
 
 def parse_bandwidth(text: str) -> float:
