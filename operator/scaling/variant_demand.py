@@ -20,6 +20,14 @@ turns a tick's pods into the demand the mix is chosen for, per variant:
   seconds into tens of requests/s and buy replicas for it. One tick past target
   is a Poisson burst, not a queue: at 90% of its target a replica's in-flight is
   past it a third of the time;
+- **arrivals after a queue**: for ``RATE_WINDOW_S`` after any variant last showed a queue, each
+  variant's demand is the larger of its finished rate and its arrivals over the last
+  ``QUEUE_SECONDS``. A queue marks a step in the load, and a window that straddles the step
+  averages the load before it in: once the replicas a queue asked for have cleared it, the
+  window's finished rate would price the step at a fraction of what now arrives (and a variant
+  that has just joined, at the share of the window it existed) and hand the replicas back a tick
+  later. The arrivals over the same ``QUEUE_SECONDS`` sum, over the variants, to what reached the
+  service however the router spread it;
 - before the window spans ``RATE_MIN_SPAN_S``, or in the in-flight unit (a
   variant without a rate), in-flight alone.
 
@@ -51,6 +59,7 @@ QUEUE_SECONDS = 10.0
 
 BASIS_RATE = "finished rate"
 BASIS_QUEUE = "arrivals (queue)"
+BASIS_AFTER_QUEUE = "arrivals (after a queue)"
 BASIS_IN_FLIGHT = "in-flight"
 
 # (from, to, variant -> requests finished in between)
@@ -72,6 +81,8 @@ class DemandHistory:
     last_time: float | None = None
     # The ticks of the last QUEUE_SECONDS: (time, variants past target, variant -> in-flight).
     ticks: deque[tuple[float, frozenset[str], dict[str, float]]] = field(default_factory=deque)
+    # The last tick at which some variant showed a queue (see the module docstring).
+    queue_seen: float | None = None
 
     def observe(
         self,
@@ -145,7 +156,7 @@ class VariantDemand:
 
     in_flight: float  # in the comparison unit: in-flight ÷ latency
     finished_rate: float | None  # requests/s over the window; None when not used
-    arrival_rate: float | None  # finished + in-flight's growth per second while queued; None when not queued
+    arrival_rate: float | None  # finished + in-flight's growth per second, while or after a queue; else None
     queued: bool  # in-flight past what its replicas carry at target, for QUEUE_SECONDS
     basis: str
     demand: float
@@ -161,6 +172,14 @@ def variant_demand(
     latencies = [t.latency_s for t in targets.values()]
     fallback = sum(latencies) / len(latencies) if latencies else 1.0
     rates = history.per_second() if unit == RATE_UNIT else None
+    queues = {name for name in pods if name in targets and history.queued(name)}
+    if queues:
+        history.queue_seen = history.last_time
+    after_queue = (
+        history.queue_seen is not None
+        and history.last_time is not None
+        and history.last_time - history.queue_seen < history.window_s
+    )
     per: dict[str, VariantDemand] = {}
     for name, view in pods.items():
         target = targets.get(name)
@@ -172,10 +191,11 @@ def variant_demand(
         if target is None:  # still being profiled: no target to judge a queue by, in-flight counts as before
             per[name] = VariantDemand(in_flight, rate, None, True, BASIS_IN_FLIGHT, max(in_flight, rate))
             continue
-        queued = history.queued(name)
-        arrivals = history.arrivals_per_second(name) if queued else None
+        queued = name in queues
+        arrivals = history.arrivals_per_second(name) if queued or after_queue else None
         if arrivals is not None and arrivals > rate:
-            per[name] = VariantDemand(in_flight, rate, arrivals, True, BASIS_QUEUE, arrivals)
+            basis = BASIS_QUEUE if queued else BASIS_AFTER_QUEUE
+            per[name] = VariantDemand(in_flight, rate, arrivals, queued, basis, arrivals)
         else:
             per[name] = VariantDemand(in_flight, rate, arrivals, queued, BASIS_RATE, rate)
     return sum(d.demand for d in per.values()), per

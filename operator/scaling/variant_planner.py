@@ -63,6 +63,7 @@ from plimsoll.operator.scaling.observations import Observations
 from plimsoll.operator.scaling.replica_plan import PlanDraft, variant_pool
 from plimsoll.operator.scaling.timestamps import rfc3339_seconds
 from plimsoll.operator.scaling.variant_demand import (
+    BASIS_AFTER_QUEUE,
     BASIS_QUEUE,
     QUEUE_SECONDS,
     RATE_MIN_SPAN_S,
@@ -624,6 +625,10 @@ def _demand_basis(tick: _Tick) -> str:
     if queued:
         text += (f"; arrivals (finished + in-flight's growth per second) on {', '.join(queued)}, whose in-flight "
                  f"stayed past its replicas' target for {QUEUE_SECONDS:.0f} s (a queue)")  # fmt: skip
+    settling = sorted(n for n, d in tick.per_variant.items() if d.basis == BASIS_AFTER_QUEUE)
+    if settling:
+        text += (f"; arrivals over the last {QUEUE_SECONDS:.0f} s on {', '.join(settling)}, above its finished "
+                 f"rate for {RATE_WINDOW_S:.0f} s after a queue (the window still holds the load before it)")  # fmt: skip
     return text
 
 

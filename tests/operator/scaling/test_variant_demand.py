@@ -16,6 +16,7 @@ from plimsoll.operator.scaling.observations import Observations, PodObservation
 from plimsoll.operator.scaling.planner import ReplicaPlanner
 from plimsoll.operator.scaling.replica_plan import pool_variant
 from plimsoll.operator.scaling.variant_demand import (
+    BASIS_AFTER_QUEUE,
     BASIS_IN_FLIGHT,
     BASIS_QUEUE,
     BASIS_RATE,
@@ -137,6 +138,39 @@ def test_a_backlog_a_stalled_replica_built_is_not_a_rate() -> None:
     assert per["l4"].queued and per["l4"].in_flight > 300  # in-flight ÷ latency: a backlog of 245 requests
     # Arrivals over the queue's 10 s: 10/s, what one L4 carries once the host lets it run again.
     assert math.isclose(total, 10.0) and per["l4"].basis == BASIS_QUEUE
+
+
+def test_after_a_queue_the_window_does_not_average_the_load_before_the_step_back_in() -> None:
+    """3 → 14 req/s on one L4: a queue; a spot replica joins and takes 5/s, the L4's queue drains. The 30 s
+    window still holds the 3 req/s before the step: its finished rate alone would ask for one L4 again."""
+    history = DemandHistory()
+    l4 = l4_in = 0.0
+    for t in range(0, 32, 2):  # 3 req/s
+        l4 += 6
+        demand_of(history, float(t), [pod("l4-0", 2, l4)])
+    l4_in = 8.0
+    for t in range(32, 46, 2):  # 14 req/s: the L4 finishes 13/s, in-flight grows 1/s
+        l4 += 26
+        total, per = demand_of(history, float(t), [pod("l4-0", l4_in, l4)])
+        l4_in += 2
+    assert per["l4"].basis == BASIS_QUEUE and total > 13.5
+    spot = 0.0
+    seen: dict[float, tuple[float, Any]] = {}
+    for t in range(46, 120, 2):  # the router sends 9/s to the L4 and 5/s to the spot replica
+        finished = min(26.0, l4_in + 18 - 5)
+        l4_in += 18 - finished
+        l4 += finished
+        spot += 10
+        seen[t] = demand_of(history, float(t), [pod("l4-0", l4_in, l4), pod("spot-0", 2, spot)])
+    total, per = seen[54]  # the L4 held 5 in flight since 52: no queue any more
+    assert not per["l4"].queued and per["l4"].basis == BASIS_RATE  # its window's mean is the higher here
+    # The spot replica's window counts its 8 s at 5/s as if spread over 30 s; its last 10 s say 4.2/s.
+    assert per["spot"].basis == BASIS_AFTER_QUEUE and math.isclose(per["spot"].demand, 4.2)
+    window_alone = sum(d.finished_rate for d in per.values())
+    assert window_alone < 12.0 < 13.0 < total  # one L4 carries 11: the window alone would drop the spot replica
+    # Once the window holds only the load after the step, the finished rate is the demand again.
+    total, per = seen[118]
+    assert per["l4"].basis == BASIS_RATE and per["spot"].basis == BASIS_RATE and math.isclose(total, 14.0)
 
 
 def test_a_slow_host_holding_requests_longer_does_not_raise_the_demand() -> None:
