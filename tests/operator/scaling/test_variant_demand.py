@@ -166,8 +166,9 @@ def test_after_a_queue_the_window_does_not_average_the_load_before_the_step_back
     assert not per["l4"].queued and per["l4"].basis == BASIS_RATE  # its window's mean is the higher here
     # The spot replica's window counts its 8 s at 5/s as if spread over 30 s; its last 10 s say 4.2/s.
     assert per["spot"].basis == BASIS_AFTER_QUEUE and math.isclose(per["spot"].demand, 4.2)
-    window_alone = sum(d.finished_rate for d in per.values())
-    assert window_alone < 12.0 < 13.0 < total  # one L4 carries 11: the window alone would drop the spot replica
+    # One L4 carries 11/s: the window alone would have dropped the spot replica.
+    window_alone = sum(d.finished_rate or 0.0 for d in per.values())
+    assert window_alone < 12.0 < 13.0 < total
     # Once the window holds only the load after the step, the finished rate is the demand again.
     total, per = seen[118]
     assert per["l4"].basis == BASIS_RATE and per["spot"].basis == BASIS_RATE and math.isclose(total, 14.0)
