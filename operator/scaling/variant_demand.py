@@ -102,6 +102,8 @@ class DemandHistory:
         self.ticks.append((now, past, {name: view.in_flight for name, view in pods.items()}))
         while len(self.ticks) >= 2 and self.ticks[1][0] <= now - QUEUE_SECONDS:
             self.ticks.popleft()
+        if any(self.queued(name) for name in past):
+            self.queue_seen = now
         counters: dict[str, tuple[str, float]] = {}
         for name, view in pods.items():
             for seen in view.scraped:
@@ -125,6 +127,14 @@ class DemandHistory:
         if not self.ticks or self.ticks[-1][0] - self.ticks[0][0] < QUEUE_SECONDS:
             return False
         return all(name in past for _, past, _ in self.ticks)
+
+    def after_queue(self) -> bool:
+        """Some variant showed a queue within the last ``window_s``: the window may straddle a step."""
+        return (
+            self.queue_seen is not None
+            and self.last_time is not None
+            and self.last_time - self.queue_seen < self.window_s
+        )
 
     def arrivals_per_second(self, name: str) -> float | None:
         """The variant's arrivals per second over the last ``QUEUE_SECONDS``: what it finished plus what its
@@ -172,14 +182,7 @@ def variant_demand(
     latencies = [t.latency_s for t in targets.values()]
     fallback = sum(latencies) / len(latencies) if latencies else 1.0
     rates = history.per_second() if unit == RATE_UNIT else None
-    queues = {name for name in pods if name in targets and history.queued(name)}
-    if queues:
-        history.queue_seen = history.last_time
-    after_queue = (
-        history.queue_seen is not None
-        and history.last_time is not None
-        and history.last_time - history.queue_seen < history.window_s
-    )
+    after_queue = history.after_queue()
     per: dict[str, VariantDemand] = {}
     for name, view in pods.items():
         target = targets.get(name)
@@ -191,7 +194,7 @@ def variant_demand(
         if target is None:  # still being profiled: no target to judge a queue by, in-flight counts as before
             per[name] = VariantDemand(in_flight, rate, None, True, BASIS_IN_FLIGHT, max(in_flight, rate))
             continue
-        queued = name in queues
+        queued = history.queued(name)
         arrivals = history.arrivals_per_second(name) if queued or after_queue else None
         if arrivals is not None and arrivals > rate:
             basis = BASIS_QUEUE if queued else BASIS_AFTER_QUEUE
