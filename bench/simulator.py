@@ -88,6 +88,13 @@ class ServiceCurve:
     # bytes kept alive. Either turns the process_* series on.
     leak_fds_per_request: int = 0
     leak_bytes_per_request: int = 0
+    # vLLM's sleep mode (--enable-sleep-mode): POST /sleep and /wake_up (the latter taking wake_s), GET
+    # /is_sleeping; asleep, /ready and generation answer 503. admin_key guards the two POSTs as
+    # plimsoll's admin paths are guarded; start_asleep begins parked.
+    enable_sleep_mode: bool = False
+    wake_s: float = 0.0
+    start_asleep: bool = False
+    admin_key: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))  # JSON gives a list
@@ -103,6 +110,10 @@ class ServiceCurve:
             raise ValueError(f"engine must be one of {sorted(mn.ENGINE_FAMILIES)}, got {self.engine!r}")
         if self.batch_cap < 1:
             raise ValueError(f"batch_cap must be at least 1, got {self.batch_cap}")
+        if self.start_asleep and not self.enable_sleep_mode:
+            raise ValueError("start_asleep needs enable_sleep_mode")
+        if self.wake_s < 0:
+            raise ValueError(f"wake_s must be >= 0, got {self.wake_s}")
         if self.degrade_above < 0 or self.degrade_factor < 1.0:
             raise ValueError(
                 f"degrade_above must be >= 0 and degrade_factor >= 1, got {self.degrade_above}, {self.degrade_factor}"
@@ -159,6 +170,8 @@ class SimEngine:
         self._ids = 0
         # PUT /sim/step-cost multiplies every step's time: a replica whose speed changes mid-run.
         self.step_scale = 1.0
+        self.sleep_level = 1 if curve.start_asleep else 0
+        self.wakes = 0  # POST /wake_up calls answered (tests read it from /is_sleeping)
         reg = self.registry = CollectorRegistry()
         if curve.process_metrics or curve.leak_fds_per_request or curve.leak_bytes_per_request:
             from prometheus_client import ProcessCollector
@@ -208,6 +221,10 @@ class SimEngine:
             )
             Gauge(mn.DECODE_STEP_SECONDS, "Decode step.", registry=reg).set_function(
                 lambda: self.rates().decode_step_s
+            )
+        if curve.enable_sleep_mode:
+            Gauge(mn.ENGINE_SLEEP_LEVEL, "0 awake; 1 or 2: asleep at that level.", registry=reg).set_function(
+                lambda: self.sleep_level
             )
         # vLLM has no admission-rejection counter; plimsoll's is beyond vLLM.
         self.rejections = counter(
@@ -386,8 +403,42 @@ def build_app(curve: ServiceCurve) -> Any:
     if curve.engine == "plimsoll":  # vLLM has no /ready: its /health is all a prober gets
 
         @app.get("/ready")
-        async def ready() -> dict[str, str]:
+        async def ready() -> Any:
+            if engine().sleep_level:
+                return JSONResponse({"ready": False, "reason": "asleep"}, status_code=503)
             return {"status": "ready"}
+
+    if curve.enable_sleep_mode:
+
+        def admin_refusal(request: Request) -> JSONResponse | None:
+            if curve.admin_key and request.headers.get("authorization") != f"Bearer {curve.admin_key}":
+                return error(401, "this is an admin path: send the admin key", "AuthenticationError")
+            return None
+
+        @app.post("/sleep")
+        async def sleep(request: Request, level: int = 1) -> Any:
+            if (refused := admin_refusal(request)) is not None:
+                return refused
+            eng = engine()
+            if eng.running or eng.waiting:
+                return error(409, f"{eng.running + eng.waiting} request(s) are in flight", "ConflictError")
+            eng.sleep_level = level
+            return {"is_sleeping": True, "level": level}
+
+        @app.post("/wake_up")
+        async def wake_up(request: Request) -> Any:
+            if (refused := admin_refusal(request)) is not None:
+                return refused
+            eng = engine()
+            if eng.sleep_level:
+                await asyncio.sleep(curve.wake_s)
+            eng.sleep_level = 0
+            eng.wakes += 1
+            return {"is_sleeping": False, "seconds": curve.wake_s}
+
+        @app.get("/is_sleeping")
+        async def is_sleeping() -> dict[str, Any]:
+            return {"is_sleeping": bool(engine().sleep_level), "wakes": engine().wakes}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -454,6 +505,10 @@ def build_app(curve: ServiceCurve) -> Any:
         if problem is not None:
             return error(400, problem[0], "invalid_request_error", problem[1])
         eng = engine()
+        if eng.sleep_level:
+            return JSONResponse({"error": {"message": "This replica is asleep (sleep mode); retry on another replica.",
+                                           "type": "ServiceUnavailableError", "param": None, "code": 503}},
+                                status_code=503, headers={"Retry-After": "1", OVERLOAD_HEADER: REPLICA})  # fmt: skip
         served = {curve.model, *(eng.adapters.paths if eng.adapters is not None else ())}
         model = body.get("model")
         if model not in served:

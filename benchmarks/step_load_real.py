@@ -97,7 +97,9 @@ def manifest(
             "scaleDownStabilizationSeconds": 600,  # no scale-down within the replay
         }
         if standby:
-            spec["autoscaling"]["standby"] = {"replicas": standby, "level": 1}
+            spec["autoscaling"]["standby"] = {"replicas": standby, "level": 1, "routerWake": not args.no_router_wake}
+    if args.via_router:
+        spec["router"] = {"enabled": True, "replicas": 1}
     return {
         "apiVersion": "plimsoll.dev/v1alpha1",
         "kind": "LLMService",
@@ -123,6 +125,19 @@ def wait(predicate: Any, timeout: float, what: str, load: PodLoad) -> None:
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def router_url(cluster: Cluster, ns: str) -> str | None:
+    """``http://<router pod IP>:8000`` once the one router pod is Ready, else None."""
+    pods = json.loads(cluster.kubectl(
+        "get", "pods", "-n", ns, "-l", f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=router",
+        "-o", "json",
+    ).stdout)["items"]  # fmt: skip
+    for pod in pods:
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+        if ready and pod["status"].get("podIP"):
+            return f"http://{pod['status']['podIP']}:8000"
+    return None
+
+
 def parked_asleep(cluster: Cluster, ns: str) -> int:
     """How many replicas ``status.standby`` says are parked and asleep."""
     svc = json.loads(cluster.kubectl("get", "llmservice", NAME, "-n", ns, "-o", "json").stdout)
@@ -139,6 +154,7 @@ def replay(
 ) -> Result:
     label = "autoscaled" if autoscale else f"fixed {replicas} replica{'s' if replicas > 1 else ''}"
     label += f" + {standby} asleep" if standby else ""
+    label += " via router" if args.via_router else ""
     ns = ("step-standby" if standby else "step-auto") if autoscale else f"step-fixed-{replicas}"
     cluster.kubectl("create", "namespace", ns)
     body = yaml.safe_dump(manifest(args, model, autoscale, replicas, standby))
@@ -146,7 +162,14 @@ def replay(
     config = LoadConfig(model=NAME, max_tokens=args.max_tokens)
     last_scale_up = None
     try:
-        with PodLoad(Path(cluster.kubeconfig), ns, NAME, config) as load:
+        via = None
+        if args.via_router:
+            deadline = time.monotonic() + 300
+            while (via := router_url(cluster, ns)) is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("timed out after 300 s waiting for the router pod")
+                time.sleep(0.5)
+        with PodLoad(Path(cluster.kubeconfig), ns, NAME, config, via=via) as load:
             wait(
                 lambda: bool(load.samples) and len(load.samples[-1].ready_pods) == replicas,
                 300,
@@ -232,6 +255,22 @@ def main() -> None:
         "(autoscaling.standby, level 1): a scale-up wakes them instead of starting pods",
     )
     parser.add_argument(
+        "--via-router",
+        action="store_true",
+        help="send the load through the LLMService's router (router.enabled, one pod) instead of straight to the "
+        "Ready pods: with --standby the router wakes a parked replica itself when every awake one is past target",
+    )
+    parser.add_argument(
+        "--no-router-wake",
+        action="store_true",
+        help="with --standby --via-router: autoscaling.standby.routerWake false (every wake is the operator's)",
+    )
+    parser.add_argument(
+        "--skip-plain-autoscaled",
+        action="store_true",
+        help="with --standby, replay only the autoscaled service with standby (not also without it)",
+    )
+    parser.add_argument(
         "--fixed-counts",
         default="1,2,3",
         help="replica counts replayed with autoscaling off, comma-separated (empty: none)",
@@ -256,7 +295,7 @@ def main() -> None:
     started = time.monotonic()
     with chart_cluster(CHART, "plimsoll-stepload-", pod_runner=True) as (cluster, _):
         results = [replay(cluster, args, model, autoscale=False, replicas=c) for c in counts]
-        autos = [replay(cluster, args, model, autoscale=True)]
+        autos = [] if args.standby and args.skip_plain_autoscaled else [replay(cluster, args, model, autoscale=True)]
         if args.standby:
             autos.append(replay(cluster, args, model, autoscale=True, standby=args.standby))
         results += autos

@@ -14,6 +14,9 @@ time and a benchmark can compute SLO attainment.
 It runs its own event loop in a background thread, so a synchronous test can
 change the number of clients (``set_clients``) while it keeps calling kubectl.
 
+With ``via`` every request goes to that URL instead (the LLMService's router), so
+what the router does in front of the pods is part of what is measured.
+
 What it is not: a benchmark tool (``plimsoll bench`` measures a replica's
 capacity); it does not scale anything itself.
 """
@@ -34,7 +37,7 @@ import httpx
 
 from plimsoll.devcluster.kubeapi import KubeAPI, KubeAPIError
 from plimsoll.pods import named_port, pod_is_ready
-from plimsoll.router.discovery import is_draining
+from plimsoll.router.discovery import is_draining, is_parked
 
 GROUP_PATH = "/apis/plimsoll.dev/v1alpha1"
 DEFAULT_PORT = 8000
@@ -113,11 +116,15 @@ class PodLoad:
     # Which pods take the load: the LLMService's ``status.selector`` unless given (e.g. a split
     # service's prefill pool, ``app.kubernetes.io/instance=NAME,plimsoll.dev/role=prefill``).
     selector: str | None = None
+    # Send every request to this URL (the LLMService's router) instead of picking a pod; the pods are
+    # still polled for the replica count. Completions then name "router".
+    via: str | None = None
     completions: list[Completion] = field(default_factory=list)
     samples: list[ReplicaSample] = field(default_factory=list)
     decisions: list[ScalingDecision] = field(default_factory=list)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (time.monotonic(), clients)
     _pods: dict[str, _Pod] = field(default_factory=dict)
+    _via_pod: _Pod | None = None
     _clients: list[asyncio.Task[None]] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -248,6 +255,10 @@ class PodLoad:
                 self._pods[name] = _Pod(url)
 
     def _pick(self) -> tuple[str, _Pod] | None:
+        if self.via is not None:
+            if self._via_pod is None:
+                self._via_pod = _Pod(self.via)
+            return "router", self._via_pod
         now = time.monotonic()
         usable = [(name, pod) for name, pod in self._pods.items() if pod.skip_until <= now]
         if not usable:
@@ -267,7 +278,7 @@ class PodLoad:
             finally:
                 pod.outstanding -= 1
             self.completions.append(record)
-            if record.error is not None:
+            if record.error is not None and self.via is None:
                 pod.skip_until = time.monotonic() + ERROR_COOLDOWN_S
                 await asyncio.sleep(0.1)
 
@@ -307,7 +318,7 @@ def ready_url(pod: dict[str, Any]) -> str | None:
     parked, else None."""
     status = pod.get("status") or {}
     ip = status.get("podIP")
-    if not pod_is_ready(pod) or not ip or pod["metadata"].get("deletionTimestamp") or is_draining(pod):
+    if not pod_is_ready(pod) or not ip or pod["metadata"].get("deletionTimestamp") or is_draining(pod) or is_parked(pod):
         return None  # as the router: nothing new to a pod being drained or parked in standby
     if not ipaddress.ip_address(ip).is_loopback:
         return None  # the loopback rule: load goes to 127.0.0.0/8 only, whatever the cluster says

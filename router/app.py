@@ -30,6 +30,7 @@ from plimsoll.router.prefill_decode import PrefillDecode
 from plimsoll.router.prompt_tokens import PromptTokens, load_tokenizer
 from plimsoll.router.proxy import Proxy
 from plimsoll.router.scrape import Scraper
+from plimsoll.router.standby_wake import StandbyWaker
 from plimsoll.tracing import TraceMiddleware
 
 PROXIED = ("/v1/completions", "/v1/chat/completions", "/v1/models")
@@ -64,6 +65,7 @@ class RouterState:
         self.proxy: Proxy | None = None
         self.prefill_decode: PrefillDecode | None = None
         self.hold: HoldQueue | None = None
+        self.waker: StandbyWaker | None = None
         # SIGTERM (lifecycle.py): /ready answers 503 so no new traffic is sent here; requests still served.
         self.draining = False
         if config.hold_queue > 0:
@@ -101,6 +103,11 @@ class RouterState:
         if self.hold is not None and self.config.release_concurrency is None and isinstance(profiled, int | float):
             # Profile mode: the verified concurrency is only in status (the CLI flag wins when given).
             self.hold.release_concurrency = max(1, int(profiled))
+        autoscaler = status.get("autoscaler")
+        inputs = autoscaler.get("inputs") if isinstance(autoscaler, dict) else None
+        target = inputs.get("targetInFlightPerReplica") if isinstance(inputs, dict) else None
+        if self.waker is not None and isinstance(target, int | float) and not isinstance(target, bool):
+            self.waker.take_target(float(target))
 
 
 def build_app(config: RouterConfig) -> Starlette:
@@ -119,6 +126,11 @@ def build_app(config: RouterConfig) -> Starlette:
                                     timeout_s=config.scrape_timeout_s, engine=config.metrics_engine,
                                     api_key=config.api_key)
             state.proxy = Proxy(config, state.replica_set, state.router, state.metrics, client, hold=state.hold)
+            if config.standby_wake and not config.is_split:
+                state.waker = state.proxy.waker = StandbyWaker(
+                    state.replica_set, client, state.metrics, threshold=config.standby_wake_inflight,
+                    wait_s=config.standby_wake_wait_s, admin_key=config.admin_api_key,
+                )  # fmt: skip
             scrapers = [state.scraper]
             if state.prefill_set is not None:
                 assert state.prefill_router is not None
@@ -191,9 +203,11 @@ def build_app(config: RouterConfig) -> Starlette:
         # every request the router answered itself, by reason (the operator counts the ones that say the
         # service lacked room as demand and as SLO misses).
         proxy = state.proxy
+        # wokenStandby: parked pods this router woke itself (standby_wake.py), for the operator to take in.
         shed = {
             "shedSloTotal": proxy.shed_slo_total if proxy is not None else 0,
             "refusedTotal": dict(proxy.refused_total) if proxy is not None else {},
+            "wokenStandby": state.waker.woken() if state.waker is not None else {},
         }
         if state.hold is None:
             return JSONResponse({"held": 0, "capacity": 0, "enabled": False, **shed})

@@ -75,10 +75,20 @@ class Replica:
     # It answered /ready 200 at least once: while it is not ready now it is away (restarting), and a
     # request waits for it (--migration-wait) rather than failing.
     seen_ready: bool = False
+    # Parked asleep by the operator (pod label plimsoll.dev/standby): routed nothing, unless this router
+    # woke it itself (``woken_at``, monotonic; router/standby_wake.py) because every awake replica was
+    # past its target. Its pod's name (discovered replicas) is what the operator is told it woke.
+    parked: bool = False
+    woken_at: float | None = None
+    pod: str | None = None
 
     @property
     def is_ready(self) -> bool:
-        return self.discovered_ready and self.reachable and not self.draining
+        if not self.reachable or self.draining:
+            return False
+        # A replica this router woke serves before its pod turns Ready again (the kubelet's next probe)
+        # and before the operator takes its standby label off.
+        return self.woken_at is not None or (self.discovered_ready and not self.parked)
 
     @property
     def is_lost(self) -> bool:
@@ -87,7 +97,7 @@ class Replica:
     @property
     def is_away(self) -> bool:
         """Served before, not ready now and not leaving: a restarting replica a request may wait for."""
-        return self.seen_ready and not self.draining and not self.is_ready
+        return self.seen_ready and not self.draining and not self.parked and not self.is_ready
 
     def heard(self, now: float | None = None) -> None:
         """The replica said something (a probe answer, a stream's byte): it is alive."""
@@ -122,6 +132,16 @@ class TokenLoad:
     decode_step_s: float
 
 
+def _set_parked(replica: Replica, parked: bool) -> None:
+    """The standby label as discovered; a wake by this router is forgotten once the label is off and the
+    pod is Ready (the operator took it in), or when the operator parks it again (it is asleep)."""
+    if replica.woken_at is not None and not parked and replica.discovered_ready:
+        replica.woken_at = None
+    if parked and not replica.parked:
+        replica.woken_at = None  # parked again: a new wake is needed before it serves
+    replica.parked = parked
+
+
 @dataclass
 class ReplicaSet:
     """Replicas by URL, with a hook so policies can rebuild (e.g. the hash ring) on change."""
@@ -148,7 +168,8 @@ class ReplicaSet:
         return self.replicas.get(url)
 
     def replace(
-        self, urls: Iterable[str], ready: dict[str, bool] | None = None, draining: Iterable[str] = ()
+        self, urls: Iterable[str], ready: dict[str, bool] | None = None, draining: Iterable[str] = (),
+        parked: Iterable[str] = (),
     ) -> None:
         """Make the set exactly `urls`; keep the state of replicas that stay."""
         wanted = list(dict.fromkeys(urls))
@@ -163,15 +184,17 @@ class ReplicaSet:
             if ready is not None:
                 replica.discovered_ready = ready.get(url, False)
             replica.draining = url in set(draining)
+            _set_parked(replica, url in set(parked))
         if changed:
             self._notify()
         self.ready_changed()
 
-    def upsert(self, url: str, discovered_ready: bool, draining: bool = False) -> None:
+    def upsert(self, url: str, discovered_ready: bool, draining: bool = False, parked: bool = False) -> None:
         is_new = url not in self.replicas
         replica = self.replicas.setdefault(url, Replica(url=url))
         replica.discovered_ready = discovered_ready
         replica.draining = draining
+        _set_parked(replica, parked)
         if is_new:
             self._notify()
         self.ready_changed()

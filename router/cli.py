@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from plimsoll.auth import API_KEY_ENV
+from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV
 from plimsoll.router.config import Policy
 
 
@@ -159,6 +159,20 @@ def route(
         "predicted to answer later than this (its own x-slo-ttft-ms wins), and send the others only to replicas "
         "predicted to meet it.",
     ),
+    standby_wake: bool = typer.Option(
+        True, "--standby-wake/--no-standby-wake",
+        help="Wake a parked (standby) replica of the LLMService with POST /wake_up when every ready replica would "
+        "pass its target in flight, and let the request wait for it (the operator then takes it in or parks it).",
+    ),
+    standby_wake_inflight: float | None = typer.Option(
+        None, "--standby-wake-inflight", min=0.01,
+        help="The in-flight per replica past which a parked replica is woken (default: the autoscaler's target "
+        "from the LLMService's status.autoscaler.inputs.targetInFlightPerReplica).",
+    ),
+    standby_wake_wait: float = typer.Option(
+        2.0, "--standby-wake-wait", min=0.01, max=120,
+        help="Seconds a request waits for the parked replica its arrival woke before it is routed as usual.",
+    ),
     log_level: str = typer.Option("info", help="Log level."),
     otlp_traces_endpoint: str | None = typer.Option(
         None, envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -205,6 +219,10 @@ def route(
             kv_block_size=kv_block_size,
             prefill_backends=tuple(prefill), decode_backends=tuple(decode), decode_policy=decode_policy,
             prefill_timeout_s=prefill_timeout, disaggregated=disaggregated,
+            standby_wake=standby_wake, standby_wake_inflight=standby_wake_inflight,
+            standby_wake_wait_s=standby_wake_wait,
+            # POST /wake_up is an admin path on the replicas; the operator hands the router their admin key.
+            admin_api_key=os.environ.get(ADMIN_API_KEY_ENV) or None,
         )
     except ValidationError as exc:
         for error in exc.errors():
@@ -212,6 +230,7 @@ def route(
             typer.echo(f"plimsoll route: {where}: {error['msg']}", err=True)
         raise typer.Exit(code=2) from None
     os.environ.pop(API_KEY_ENV, None)  # read once; nothing the router starts needs it
+    os.environ.pop(ADMIN_API_KEY_ENV, None)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if otlp_traces_endpoint:
         from plimsoll.tracing import configure_tracing

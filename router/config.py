@@ -111,6 +111,13 @@ class RouterConfig(BaseModel):
     # Predicted-TTFT routing (router/slo_routing.py): the TTFT bound of a request without x-slo-ttft-ms;
     # None holds only requests that carry one to a bound.
     slo_ttft_s: float | None = Field(default=None, gt=0)
+    # Standby (router/standby_wake.py): wake a parked replica when every ready one would pass this many in
+    # flight (None: the autoscaler's target from the LLMService's status; without one, never), and let a
+    # request wait up to `standby_wake_wait_s` for it. The admin key authorises POST /wake_up.
+    standby_wake: bool = True
+    standby_wake_inflight: float | None = Field(default=None, gt=0)
+    standby_wake_wait_s: float = Field(default=2.0, gt=0, le=120)
+    admin_api_key: str | None = Field(default=None, repr=False)
 
     @property
     def authenticates(self) -> bool:

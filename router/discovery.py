@@ -54,9 +54,15 @@ def variant_weights(status: dict[str, Any], key: str = "weight") -> dict[str, fl
 
 
 def is_draining(pod: dict[str, Any]) -> bool:
-    """Marked for removal, or parked in standby: routed nothing new."""
+    """Marked for removal: routed nothing new."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get(DRAINING_LABEL) == "true" or labels.get(STANDBY_LABEL) == "true"
+    return labels.get(DRAINING_LABEL) == "true"
+
+
+def is_parked(pod: dict[str, Any]) -> bool:
+    """Parked in standby: routed nothing unless this router wakes it (router/standby_wake.py)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(STANDBY_LABEL) == "true"
 
 
 def pod_endpoint(pod: dict[str, Any], default_port: int) -> tuple[str, bool] | None:
@@ -189,6 +195,7 @@ class PodDiscovery:
         self._variants.clear()
         ready: dict[str, bool] = {}
         draining: list[str] = []
+        parked: list[str] = []
         for pod in pods:
             endpoint = pod_endpoint(pod, self._config.backend_port)
             if endpoint is not None:
@@ -197,7 +204,11 @@ class PodDiscovery:
                 self._note_variant(endpoint[0], pod)
                 if is_draining(pod):
                     draining.append(endpoint[0])
-        self._replica_set.replace(ready, ready, draining)
+                if is_parked(pod):
+                    parked.append(endpoint[0])
+        self._replica_set.replace(ready, ready, draining, parked)
+        for name, url in self._pods.items():
+            self._replica_set.replicas[url].pod = name
         self._reweigh()
 
     def _apply(self, event_type: str, pod: dict[str, Any]) -> None:
@@ -215,5 +226,6 @@ class PodDiscovery:
             self._variants.pop(old_url, None)
         self._pods[name] = url
         self._note_variant(url, pod)
-        self._replica_set.upsert(url, ready, draining=is_draining(pod))
+        self._replica_set.upsert(url, ready, draining=is_draining(pod), parked=is_parked(pod))
+        self._replica_set.replicas[url].pod = name
         self._reweigh()

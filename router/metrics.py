@@ -96,6 +96,17 @@ class RouterMetrics:
         )
         for outcome in OUTCOMES:
             self.migrations.labels(outcome)
+        # Parked replicas this router woke itself (router/standby_wake.py): every awake one was past its target.
+        self.standby_wakes = counter(
+            "standby_wakes", "Parked (standby) replicas this router woke, by outcome (woken, failed).", ("outcome",)
+        )
+        for outcome in ("woken", "failed"):
+            self.standby_wakes.labels(outcome)
+        self.standby_wake_seconds = histogram(
+            "standby_wake_seconds",
+            "POST /wake_up to its answer, for the parked replicas this router woke.",
+            (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0),
+        )
         # Precise prefix routing (--policy precise-prefix): the KV index and the event feeds behind it.
         self.kv_index_blocks = gauge("kv_index_blocks", "Distinct KV block hashes in the router's index.")
         self.kv_index_replicas = gauge("kv_index_replicas", "Replicas with entries in the KV index.")

@@ -61,6 +61,7 @@ from plimsoll.router.policy import (
     prompt_tokens,
 )
 from plimsoll.router.slo_routing import SLO_TTFT_HEADER, request_bound, slo_exclusions
+from plimsoll.router.standby_wake import StandbyWaker
 from plimsoll.router.upstream import Leg, is_event_stream, refused_for_itself, send_watched
 from plimsoll.tracing import inject_headers, tracer
 
@@ -126,6 +127,8 @@ class Proxy:
         # --policy precise-prefix: the prompt's block hashes, computed off the event loop.
         self.prompt_tokens: Any = None
         self.kv_events: Any = None
+        # Standby (router/standby_wake.py): wakes a parked replica when every ready one is past its target.
+        self.waker: StandbyWaker | None = None
 
     @property
     def config(self) -> RouterConfig:
@@ -155,6 +158,11 @@ class Proxy:
             features = dataclasses.replace(features, block_hashes=hashes)
         headers = upstream_headers(self._config, request, identity)
         target = endpoint + (f"?{request.url.query}" if request.url.query else "")
+        if self.waker is not None and request.method == "POST" and endpoint in migration.GENERATION_ENDPOINTS:
+            # Every ready replica past its target: a parked one is woken and this request waits for it.
+            wake = self.waker.reserve()
+            if wake is not None:
+                await self.waker.wait(wake)
         # Replicas predicted to miss the request's TTFT bound are not tried; when that is all, refuse now.
         tried, refused = self._slo_exclusions(request, parsed, endpoint, arrival)
         if refused is not None:

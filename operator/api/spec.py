@@ -522,6 +522,12 @@ class StandbySpec(APIModel):
         description="Sleep level of a parked replica: 1 frees the KV cache and moves the weights to host memory "
         "(fastest wake), 2 drops the weights too (least memory held; they are read again on wake).",
     )
+    router_wake: bool = Field(
+        True,
+        description="With router.enabled: the router wakes a parked replica itself the moment every awake one "
+        "would pass its target in flight, and the request that found them full waits for it; the operator then "
+        "takes it in as a scale-up. false leaves every wake to the operator's next tick.",
+    )
 
 
 class AutoscalingSpec(APIModel):

@@ -56,11 +56,17 @@ async def hold(http: ReplicaClient, urls: list[str]) -> RouterDemand | None:
         for url, a in found
         if isinstance(a.get("refusedTotal"), dict)
     }
+    woken: dict[str, float] = {}
+    for _, a in found:
+        for pod, since in (a.get("wokenStandby") or {}).items() if isinstance(a.get("wokenStandby"), dict) else ():
+            if isinstance(since, int | float) and not isinstance(since, bool):
+                woken[str(pod)] = min(float(since), woken.get(str(pod), float("inf")))
     return RouterDemand(
         held=sum(int(a.get("held") or 0) for _, a in found),
         oldest_held_s=max(waits) if waits else None,
         shed_slo_total=sum(shed) if shed else None,
         refused=refused,
+        woken=woken,
     )
 
 

@@ -11,9 +11,15 @@ deploy it or the applying; the handlers do that.
 
 from typing import Any
 
+from plimsoll.auth import ADMIN_API_KEY_ENV
 from plimsoll.operator.api.base import GROUP, PLURAL
 from plimsoll.operator.api.llmservice import LLMService
-from plimsoll.operator.resources.credentials import api_key_env
+from plimsoll.operator.resources.credentials import (
+    ADMIN_KEY_FIELD,
+    admin_secret_name,
+    api_key_env,
+    from_secret,
+)
 from plimsoll.operator.resources.deployment import RUN_AS_USER
 from plimsoll.operator.resources.engine import model_placement
 from plimsoll.operator.resources.kv_cache import kv_router_flags
@@ -84,6 +90,9 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
     if svc.spec.slo.admission == "Predicted" and svc.spec.slo.ttft_p95_ms is not None:
         # Requests every replica would answer past the objective are refused at once (router/slo_routing.py).
         args += ["--slo-ttft-ms", f"{svc.spec.slo.ttft_p95_ms:g}"]
+    standby = svc.spec.autoscaling.standby
+    if standby is not None and not standby.router_wake:
+        args.append("--no-standby-wake")  # every wake is the operator's
     placement = model_placement(svc)
     # precise-prefix: the replicas' KV events on the pod IPs, and the model's tokenizer (same image; a
     # pvc:// model is mounted read-only as in the replicas).
@@ -122,6 +131,10 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
         "volumeMounts": mounts,
     }
     env = api_key_env(svc)  # clients authenticate with it; the router sends it on to the replicas
+    if standby is not None and standby.router_wake:
+        # The router wakes a parked replica itself when every awake one is past its target (POST /wake_up,
+        # an admin path); it reads the key from the Secret, never from its arguments.
+        env.append(from_secret(ADMIN_API_KEY_ENV, admin_secret_name(svc), ADMIN_KEY_FIELD))
     if env:
         container["env"] = env
     return {

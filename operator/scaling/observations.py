@@ -59,6 +59,9 @@ class RouterDemand:
     # Requests each router answered itself, by reason (cumulative): router -> reason -> count. Every
     # router pod is asked: with router.replicas > 1 each sees only its share of the clients.
     refused: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # Parked (standby) pods a router woke itself because every awake replica was past its target:
+    # pod -> seconds since (the shortest over the routers). The planner takes them in as a scale-up.
+    woken: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

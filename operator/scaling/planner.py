@@ -183,6 +183,7 @@ class ReplicaPlanner:
         self.variants: VariantPlanner | None = None  # spec.variants: the mix's state
         self.standby: Standby | None = None
         self._parked_seen: tuple[PodObservation, ...] = ()
+        self._router_woken: tuple[str, ...] = ()  # parked pods a router woke, this tick
         self.shed = ShedDemand()  # requests refused for want of room, counted as demand
 
     @staticmethod
@@ -212,6 +213,7 @@ class ReplicaPlanner:
         # Parked standby pods serve nothing: every rule but the standby one sees the active pods only.
         active = observations.active()
         self._parked_seen = observations.parked
+        self._router_woken = self._woken_by_router(observations, spec)
         if spec.variants:
             self._variant_rules(draft, active, spec, status)
         else:
@@ -326,6 +328,13 @@ class ReplicaPlanner:
             )
             if shed.recommendation is not None:
                 floors.append((shed.recommendation, shed.formula))
+        if self._router_woken:
+            # A router saw every awake replica past its target and woke parked ones: demand its scrape had
+            # first (standby_wake.py in the router); they are taken in, or parked again by the rule below.
+            woken, target = self._router_woken, self.scaler.config.target_per_replica
+            floors.append((current + len(woken),
+                           f"the router woke {', '.join(woken)} from standby as every awake replica passed its "
+                           f"target of {target:g} in flight: {current} + {len(woken)} = {current + len(woken)}"))  # fmt: skip
         floor = max(floors, key=lambda f: f[0]) if floors else None
         decision = draft.decision = self.scaler.decide(now, current, pods, floor, self._wakeable(spec))
         self._saw(current, decision.desired_replicas)
@@ -441,6 +450,13 @@ class ReplicaPlanner:
             if p.name not in waking and p.name not in held and p.sample is not None and p.sample.sleep_level > 0
         )
 
+    def _woken_by_router(self, obs: Observations, spec: LLMServiceSpec) -> tuple[str, ...]:
+        """Parked pods a router woke (its ``GET /hold``), not yet taken in: the scale-up they stand for."""
+        if spec.autoscaling.standby is None or obs.router is None or not obs.router.woken:
+            return ()
+        held = self._held_pods()
+        return tuple(sorted(p.name for p in obs.parked if p.name in obs.router.woken and p.name not in held))
+
     def _held_pods(self) -> frozenset[str]:
         """Pods a drain or a removal owns this tick: neither woken nor parked by the standby rule."""
         if self.phases is None:
@@ -461,7 +477,8 @@ class ReplicaPlanner:
         # The service's own pool: a split service's prefill count is not the replicas standby sits beside.
         counts = [c for c in draft.replicas if c.pool != PREFILL_POOL]
         count = counts[-1].desired if counts else spec.desired_replicas()
-        self.standby.plan(draft, obs, count, config.replicas, config.level, self._held_pods())
+        self.standby.plan(draft, obs, count, config.replicas, config.level, self._held_pods(),
+                          frozenset(self._router_woken))  # fmt: skip
         block = self.standby.to_status(obs, config.replicas, config.level)
         if status.get("standby") != block:
             draft.fields["standby"] = block

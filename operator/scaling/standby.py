@@ -16,6 +16,11 @@ to host memory, level 2 drops them). Every tick, against the count the plan leav
 - parked pods stay parked: the action is stated again each tick, so a restarted
   replica goes back to sleep.
 
+A router in front wakes a parked replica itself the moment every awake one is past its
+target (``router/standby_wake.py``) and says so in ``GET /hold``; the planner counts each
+such pod as a scale-up (one more replica) and takes it in first, or, when the count does
+not rise, parks it again once it is idle.
+
 The time from a wake to the pod Ready is measured (``lastWakeSeconds``) and is what
 the predicted-TTFT rule expects a new replica to take while a parked one is left.
 ``status.standby`` says what standby costs: parked pods, how many sleep, the host
@@ -37,7 +42,9 @@ from plimsoll.operator.scaling.replica_plan import PlanDraft
 WAKE_GIVE_UP_S = 120.0
 
 
-def _wake_order(pod: PodObservation) -> tuple[int, str]:
+def _wake_order(pod: PodObservation, router_woken: frozenset[str] = frozenset()) -> tuple[int, str]:
+    if pod.name in router_woken:
+        return -1, pod.name  # a router woke it and sends it requests already
     sample = pod.sample
     if sample is not None and sample.sleep_level > 0:
         return 0, pod.name  # loaded and asleep: back in about a second
@@ -67,11 +74,12 @@ class Standby:
 
     def plan(
         self, draft: PlanDraft, obs: Observations, active_target: int, replicas: int, level: int,
-        held: frozenset[str],
+        held: frozenset[str], router_woken: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         """Wake or park so that ``active_target`` pods are active; keep the parked asleep at ``level``.
 
         ``held`` are pods a drain (or a removal) owns this tick: neither woken nor parked here.
+        ``router_woken`` are parked pods a router woke itself: taken in first.
         """
         now = draft.now
         counted = [p for p in obs.counted if p.name not in held]
@@ -90,14 +98,17 @@ class Standby:
         deficit = active_target - len(active)
         woken: set[str] = set()
         if deficit > 0:
-            for pod in sorted(parked, key=_wake_order)[:deficit]:
+            for pod in sorted(parked, key=lambda p: _wake_order(p, router_woken))[:deficit]:
                 draft.wake(pod.name, f"{len(active)} active of {active_target}: woken from standby")
-                self.waking.setdefault(pod.name, now)
+                if pod.name not in router_woken:  # awake already: its wake is not the operator's to time
+                    self.waking.setdefault(pod.name, now)
                 woken.add(pod.name)
             if woken:
                 draft.event("Normal", "WokenFromStandby",
                             f"{', '.join(sorted(woken))}: {len(active)} active replica(s), {active_target} wanted; "
-                            f"woken from sleep level {level} instead of started")  # fmt: skip
+                            f"woken from sleep level {level} instead of started"
+                            + (f" ({', '.join(sorted(woken & router_woken))} by the router, when every awake "
+                               "replica passed its target)" if woken & router_woken else ""))  # fmt: skip
         elif deficit < 0:
             surplus = sorted(active, key=_park_order)[:-deficit]
             for pod in surplus:

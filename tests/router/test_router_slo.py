@@ -15,8 +15,8 @@ import httpx
 from router_harness import RunningRouter, eventually, fake_replicas, run_router  # noqa: F401
 
 from plimsoll.overload import OVERLOAD_HEADER
-from plimsoll.router.backends import Replica, TokenLoad
-from plimsoll.router.discovery import is_draining
+from plimsoll.router.backends import Replica, ReplicaSet, TokenLoad
+from plimsoll.router.discovery import is_draining, is_parked
 from plimsoll.router.slo_routing import predicted_ttft, slo_exclusions
 from plimsoll.ttft_prediction import SLO_TTFT_HEADER
 
@@ -46,10 +46,16 @@ def test_parked_standby_pods_are_routed_nothing() -> None:
     def pod(labels: dict[str, str]) -> dict[str, object]:
         return {"metadata": {"labels": labels}}
 
-    assert is_draining(pod({"plimsoll.dev/standby": "true"})) and is_draining(
-        pod({"plimsoll.dev/draining": "true"})
-    )
-    assert not is_draining(pod({"plimsoll.dev/standby": "false"})) and not is_draining({"metadata": {}})
+    assert is_parked(pod({"plimsoll.dev/standby": "true"})) and is_draining(pod({"plimsoll.dev/draining": "true"}))
+    assert not is_parked(pod({"plimsoll.dev/standby": "false"})) and not is_draining({"metadata": {}})
+    # Parked and Ready (a pod whose kubelet has not yet seen it asleep): still routed nothing.
+    replica_set = ReplicaSet()
+    replica_set.upsert("http://parked", True, parked=True)
+    replica_set.upsert("http://awake", True)
+    for replica in replica_set.replicas.values():
+        replica.reachable = True
+    assert [r.url for r in replica_set.ready()] == ["http://awake"]
+    assert not replica_set.get("http://parked").is_away  # type: ignore[union-attr]
 
 
 @contextlib.asynccontextmanager

@@ -7,6 +7,7 @@ so reading one would miss the other's refusals.
 """
 
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -44,3 +45,13 @@ async def test_every_router_is_asked_and_their_refusals_are_kept_apart() -> None
     }
     # Neither is for want of room: no demand, no SLO miss.
     assert demand_refusals(demand, {}) == {} and attainment_misses(demand, {}) == {}
+
+
+async def test_the_parked_pods_a_router_woke_reach_the_planner() -> None:
+    parked = "http://127.0.0.1:9"
+    async with run_router(backends=(parked,), scrape_interval_s=600) as a, httpx.AsyncClient(trust_env=False) as http:
+        replica = a.state.replica_set.replicas[parked]
+        # What its waker leaves on a parked replica it woke (router/standby_wake.py), discovered as pod p2.
+        replica.parked, replica.pod, replica.reachable, replica.woken_at = True, "p2", True, time.monotonic()
+        demand = await pod_http.hold(ReplicaClient(http), [f"{a.url}/hold"])
+    assert demand is not None and set(demand.woken) == {"p2"} and 0 <= demand.woken["p2"] < 60

@@ -62,3 +62,20 @@ def test_vllm_standby_gets_the_sleep_flag_and_its_dev_mode_endpoints() -> None:
     )
     engine = _engine(build_deployment(svc, SETTINGS))
     assert "--enable-sleep-mode" in engine["args"] and VLLM_SLEEP_ENDPOINTS_ENV in engine["env"]
+
+
+def test_with_standby_the_router_gets_the_replicas_admin_key_from_the_secret_to_wake_one() -> None:
+    def router_env(**spec: Any) -> list[dict[str, Any]]:
+        built = build_router_deployment(_svc(router={"enabled": True}, **spec), SETTINGS)
+        container = built["spec"]["template"]["spec"]["containers"][0]
+        assert not any("admin" in a for a in container["args"])  # never in the arguments
+        return list(container.get("env") or [])
+
+    parked = router_env(autoscaling={"standby": {"replicas": 1}})
+    assert parked == [{"name": "PLIMSOLL_ADMIN_API_KEY",
+                       "valueFrom": {"secretKeyRef": {"name": "s-admin-key", "key": "admin-api-key"}}}]  # fmt: skip
+    assert router_env() == []  # nothing to wake: the router holds no admin key
+    off = build_router_deployment(_svc(router={"enabled": True},
+                                       autoscaling={"standby": {"replicas": 1, "routerWake": False}}), SETTINGS)
+    container = off["spec"]["template"]["spec"]["containers"][0]
+    assert "--no-standby-wake" in container["args"] and not container.get("env")

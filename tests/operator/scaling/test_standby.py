@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from plimsoll.operator.api.spec import LLMServiceSpec
 from plimsoll.operator.scaling.metrics import PodSample
-from plimsoll.operator.scaling.observations import PodObservation
+from plimsoll.operator.scaling.observations import Observations, PodObservation, RouterDemand
 from plimsoll.operator.scaling.replica_plan import Park, Wake
 
 
@@ -105,3 +105,29 @@ def test_a_wake_does_not_wait_for_the_scale_up_window_a_pod_start_does() -> None
     cold.tick(0.0, [pod("a", 2)])
     held = cold.tick(5.0, [pod("a", 10)])
     assert not held.changes() and held.decision is not None and held.decision.reason == "ScaleUpStabilized"
+
+
+def woken_by_router(name: str, running: float) -> PodObservation:
+    """A parked pod a router woke: awake and serving, still labelled, its pod not yet Ready again."""
+    sample = PodSample(engine="plimsoll", running=running, waiting=0, kv_usage=0.0, ttft=None, tpot=None)
+    return PodObservation(name, ready=False, sample=sample, standby=True)
+
+
+def test_parked_replicas_a_router_woke_are_taken_in_as_a_scale_up() -> None:
+    svc = Service(standby_spec(replicas=1, router={"enabled": True}))
+    svc.tick(0.0, [pod("a", 2), asleep("p1"), asleep("p2")], held=0)  # 2 in flight, target 4: one replica
+    # Every awake replica was past its target at the router: it woke p2 (not p1, which sleeps on).
+    router = RouterDemand(held=0, woken={"p2": 0.4})
+    observed = Observations(pods=(pod("a", 2), asleep("p1"), woken_by_router("p2", 2)), router=router)
+    plan = svc.planner.plan(1.0, observed, svc.spec, svc.status)
+    svc.apply(plan)
+    assert plan.changes()[0].desired == 2 and plan.woken() == ("p2",)  # the one the router woke, first
+    assert "p2" not in plan.parked() and "p1" in plan.parked()
+    assert "(p2 by the router, when every awake replica passed its target)" in svc.events("WokenFromStandby")[0]
+    assert "the router woke p2 from standby as every awake replica passed its target of 4 in flight: 1 + 1 = 2" in (
+        svc.status["autoscaler"]["formula"]
+    )
+    # Without a router's word an awake parked pod is only a pod not yet asleep: it is parked again.
+    again = Service(standby_spec(replicas=1, router={"enabled": True}))
+    plan = again.tick(0.0, [pod("a", 2), asleep("p1"), woken_by_router("p2", 0)], held=0)
+    assert not plan.changes() and set(plan.parked()) == {"p1", "p2"}
