@@ -347,6 +347,9 @@ def report_autoscaled(
         for r in [*fixed, auto]:
             (a1, n1), (a2, n2) = r.attainment_between(0, split), r.attainment_between(split, args.after + 1)
             print(f"    {r.label:24} {a1:>5.0%} of {n1:<4} | {a2:>5.0%} of {n2}")
+    shares = [(n, *auto.attainment_between(0, n)) for n in (1, 2, 5, 10)]
+    print("  attainment of the requests sent in the first N s after the step: "
+          + ", ".join(f"{n} s {a:.0%} of {k}" for n, a, k in shares))  # fmt: skip
     timeline = auto.last_scale_up
     if timeline:
         print(

@@ -81,11 +81,16 @@ class StandbyWaker:
             self.threshold = float(target)
 
     def pressed(self) -> bool:
-        """Every ready replica would be past its target with one more request (and some replica is ready)."""
+        """Every ready replica would be past its target with one more request (and some replica is ready).
+
+        This router's own in-flight count, not the scraped queue: a scrape a second old still shows the
+        requests a closed loop has just finished, and would wake a replica the load does not need. With
+        several routers each sees only its share, and wakes later; the operator's scrape still counts all.
+        """
         if self.threshold is None:
             return False
         ready = self._replica_set.ready()
-        return bool(ready) and all(r.load + 1 > self.threshold * r.weight for r in ready)
+        return bool(ready) and all(r.inflight + 1 > self.threshold * r.weight for r in ready)
 
     def reserve(self) -> Wake | None:
         """The wake this request should wait for, starting one if needed; None: route it as usual."""
