@@ -60,6 +60,7 @@ class Result:
     replicas: str = ""
     max_desired: int = 0
     last_scale_up: dict[str, Any] | None = None
+    decisions: list[str] = field(default_factory=list)  # each status.autoscaler decision after the step
     completions: list[Completion] = field(default_factory=list)  # sent after the step
     slo_s: float = 0.0
 
@@ -231,6 +232,11 @@ def replay(
     result.replicas = ", ".join(f"{s.at - step_at:.0f}s:{s.desired}/{s.ready}" for s in changes)
     result.max_desired = max((s.desired for s in samples), default=replicas)
     result.last_scale_up = last_scale_up
+    result.decisions = [
+        f"+{d.seen_at - step_at:.1f} s {d.current}→{d.desired} {d.reason}: {d.formula}"
+        for d in load.decisions
+        if d.seen_at >= step_at and d.current != d.desired
+    ]
     return result
 
 
@@ -350,6 +356,8 @@ def report_autoscaled(
     shares = [(n, *auto.attainment_between(0, n)) for n in (1, 2, 5, 10)]
     print("  attainment of the requests sent in the first N s after the step: "
           + ", ".join(f"{n} s {a:.0%} of {k}" for n, a, k in shares))  # fmt: skip
+    for line in auto.decisions:
+        print(f"  {line}")
     timeline = auto.last_scale_up
     if timeline:
         print(

@@ -110,16 +110,19 @@ class Replica:
 
     @property
     def load(self) -> float:
-        """Work at this replica: what it reports running and waiting, or this router's own in-flight
-        when that is higher (requests sent since the last scrape).
+        """Work at this replica: this router's own in-flight now, plus what the last scrape showed
+        running and waiting beyond this router's in-flight at that scrape (other routers' requests).
 
         The replica's own numbers count every router's requests, so routers in front of the
-        same replicas see the same loads and make the same bounded-load decisions without
-        sharing anything; before the first scrape only the router's own count is known.
+        same replicas see each other's load without sharing anything; this router's part is its
+        exact count, not the scrape's, which a second later still shows requests a closed loop has
+        finished (and would send the next one past a replica with room). Before the first scrape
+        only the router's own count is known.
         """
         if self.running is None and self.waiting is None:
             return float(self.inflight)
-        return max(float(self.inflight), (self.running or 0.0) + (self.waiting or 0.0))
+        others = max(0.0, (self.running or 0.0) + (self.waiting or 0.0) - self.inflight_at_scrape)
+        return float(self.inflight) + others
 
 
 @dataclass(frozen=True, slots=True)

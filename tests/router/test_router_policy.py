@@ -53,15 +53,21 @@ def test_least_inflight_counts_scraped_waiting_queue() -> None:
     assert router.choose(features("")).replica is replicas[3]
 
 
-def test_load_is_the_replicas_own_count_unless_this_router_sent_more_since() -> None:
+def test_load_is_this_routers_exact_count_plus_what_other_routers_had_there_at_the_scrape() -> None:
     router = make_router(Policy.LEAST_INFLIGHT)
     replica = router.replica_set.ordered()[0]
     replica.inflight = 2
     assert replica.load == 2  # not scraped yet: only what this router sent
-    replica.running, replica.waiting = 3.0, 4.0  # other routers' requests are there too
+    # Scraped with this router's 2 in flight: 7 running and waiting, so 5 are other routers'.
+    replica.running, replica.waiting, replica.inflight_at_scrape = 3.0, 4.0, 2
     assert replica.load == 7
     replica.inflight = 9  # a burst since the last scrape
-    assert replica.load == 9
+    assert replica.load == 14
+    # This router's requests finished since the scrape: the scrape's stale count of them is not load.
+    replica.inflight = 0
+    assert replica.load == 5
+    replica.running, replica.waiting, replica.inflight_at_scrape = 1.0, 0.0, 2  # fewer than were sent
+    assert replica.load == 0
 
 
 def test_least_inflight_spreads_ties() -> None:
