@@ -439,23 +439,25 @@ class ReplicaPlanner:
         )
 
     def _wakeable(self, spec: LLMServiceSpec) -> int:
-        """Parked replicas asleep and loaded, which a scale-up may wake without the window (0 without standby)."""
+        """Parked replicas asleep and loaded, or woken by a router, which a scale-up may take in without the
+        window (0 without standby)."""
         if spec.autoscaling.standby is None:
             return 0
         waking = self.standby.waking if self.standby is not None else {}
         held = self._held_pods()
-        return sum(
+        asleep = sum(
             1
             for p in self._parked_seen
             if p.name not in waking and p.name not in held and p.sample is not None and p.sample.sleep_level > 0
         )
+        return asleep + len(self._router_woken)  # awake already: no window either
 
     def _woken_by_router(self, obs: Observations, spec: LLMServiceSpec) -> tuple[str, ...]:
         """Parked pods a router woke (its ``GET /hold``), not yet taken in: the scale-up they stand for."""
         if spec.autoscaling.standby is None or obs.router is None or not obs.router.woken:
             return ()
-        held = self._held_pods()
-        return tuple(sorted(p.name for p in obs.parked if p.name in obs.router.woken and p.name not in held))
+        taken = set(self._held_pods()) | set(self.standby.adopted if self.standby is not None else ())
+        return tuple(sorted(p.name for p in obs.parked if p.name in obs.router.woken and p.name not in taken))
 
     def _held_pods(self) -> frozenset[str]:
         """Pods a drain or a removal owns this tick: neither woken nor parked by the standby rule."""

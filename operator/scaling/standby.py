@@ -65,6 +65,8 @@ class Standby:
     """Parked-pod state of one service across ticks: wakes under way, the last wake's time."""
 
     waking: dict[str, float] = field(default_factory=dict)  # pod -> when its wake was decided
+    # Pods a router woke that this rule took in (pod -> when): counted once, while their label goes.
+    adopted: dict[str, float] = field(default_factory=dict)
     last_wake_s: float | None = None
 
     @classmethod
@@ -95,12 +97,18 @@ class Standby:
         for name, started in list(self.waking.items()):
             if name not in present or now - started > WAKE_GIVE_UP_S:
                 del self.waking[name]
+        still_parked = {p.name for p in parked}
+        for name, started in list(self.adopted.items()):
+            if name not in still_parked or now - started > WAKE_GIVE_UP_S:
+                del self.adopted[name]
         deficit = active_target - len(active)
         woken: set[str] = set()
         if deficit > 0:
             for pod in sorted(parked, key=lambda p: _wake_order(p, router_woken))[:deficit]:
                 draft.wake(pod.name, f"{len(active)} active of {active_target}: woken from standby")
-                if pod.name not in router_woken:  # awake already: its wake is not the operator's to time
+                if pod.name in router_woken:  # awake already: its wake is not the operator's to time
+                    self.adopted.setdefault(pod.name, now)
+                else:
                     self.waking.setdefault(pod.name, now)
                 woken.add(pod.name)
             if woken:

@@ -127,7 +127,21 @@ def test_parked_replicas_a_router_woke_are_taken_in_as_a_scale_up() -> None:
     assert "the router woke p2 from standby as every awake replica passed its target of 4 in flight: 1 + 1 = 2" in (
         svc.status["autoscaler"]["formula"]
     )
+    # A tick later its label is still on (the handler's patch has not landed): it is not counted twice.
+    later = svc.planner.plan(2.0, observed, svc.spec, svc.status)
+    svc.apply(later)
+    assert not later.changes() and svc.spec.replicas == 2
     # Without a router's word an awake parked pod is only a pod not yet asleep: it is parked again.
     again = Service(standby_spec(replicas=1, router={"enabled": True}))
     plan = again.tick(0.0, [pod("a", 2), asleep("p1"), woken_by_router("p2", 0)], held=0)
     assert not plan.changes() and set(plan.parked()) == {"p1", "p2"}
+
+
+def test_a_pod_the_router_woke_is_taken_in_without_the_scale_up_window() -> None:
+    window = {"scaleUpStabilizationSeconds": 30}
+    svc = Service(standby_spec(replicas=1, router={"enabled": True}, autoscaling={"standby": {"replicas": 2}, **window}))
+    svc.tick(0.0, [pod("a", 2), asleep("p1"), asleep("p2")], held=0)
+    router = RouterDemand(held=0, woken={"p1": 0.2, "p2": 0.1})
+    observed = Observations(pods=(pod("a", 2), woken_by_router("p1", 2), woken_by_router("p2", 2)), router=router)
+    plan = svc.planner.plan(1.0, observed, svc.spec, svc.status)
+    assert plan.changes()[0].desired == 3 and set(plan.woken()) == {"p1", "p2"}
