@@ -190,7 +190,9 @@ def replay(
             load.set_clients(args.low)
             time.sleep(args.before)
             load.set_clients(args.high)
-            step_at = time.monotonic()
+            # The load thread's own time of the step: the new clients' first requests (the step's burst)
+            # are sent before this thread wakes, and belong to the step.
+            step_at = load.steps[-1][0]
             time.sleep(args.after)
             load.set_clients(0)
             end_at = time.monotonic()
