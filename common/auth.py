@@ -18,6 +18,10 @@ import hmac
 import ipaddress
 
 API_KEY_ENV = "PLIMSOLL_API_KEY"
+# A key for POST /wake_up alone (besides the admin key): what a router holds to wake a parked replica,
+# so it never holds the key to every control endpoint.
+WAKE_API_KEY_ENV = "PLIMSOLL_WAKE_API_KEY"
+WAKE_PATH = "/wake_up"
 ADMIN_API_KEY_ENV = "PLIMSOLL_ADMIN_API_KEY"
 # The shared KV tier server's password (Valkey/Redis AUTH): the replica reads it, the operator sets it.
 KV_SHARED_PASSWORD_ENV = "PLIMSOLL_KV_SHARED_PASSWORD"

@@ -129,7 +129,7 @@ def build_app(config: RouterConfig) -> Starlette:
             if config.standby_wake and not config.is_split:
                 state.waker = state.proxy.waker = StandbyWaker(
                     state.replica_set, client, state.metrics, threshold=config.standby_wake_inflight,
-                    wait_s=config.standby_wake_wait_s, admin_key=config.admin_api_key,
+                    wait_s=config.standby_wake_wait_s, wake_key=config.wake_api_key,
                 )  # fmt: skip
             scrapers = [state.scraper]
             if state.prefill_set is not None:

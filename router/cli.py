@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV
+from plimsoll.auth import API_KEY_ENV, WAKE_API_KEY_ENV
 from plimsoll.router.config import Policy
 
 
@@ -221,8 +221,8 @@ def route(
             prefill_timeout_s=prefill_timeout, disaggregated=disaggregated,
             standby_wake=standby_wake, standby_wake_inflight=standby_wake_inflight,
             standby_wake_wait_s=standby_wake_wait,
-            # POST /wake_up is an admin path on the replicas; the operator hands the router their admin key.
-            admin_api_key=os.environ.get(ADMIN_API_KEY_ENV) or None,
+            # The replicas take this key on POST /wake_up and nowhere else; the operator sets it from a Secret.
+            wake_api_key=os.environ.get(WAKE_API_KEY_ENV) or None,
         )
     except ValidationError as exc:
         for error in exc.errors():
@@ -230,7 +230,7 @@ def route(
             typer.echo(f"plimsoll route: {where}: {error['msg']}", err=True)
         raise typer.Exit(code=2) from None
     os.environ.pop(API_KEY_ENV, None)  # read once; nothing the router starts needs it
-    os.environ.pop(ADMIN_API_KEY_ENV, None)
+    os.environ.pop(WAKE_API_KEY_ENV, None)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if otlp_traces_endpoint:
         from plimsoll.tracing import configure_tracing

@@ -113,11 +113,12 @@ class RouterConfig(BaseModel):
     slo_ttft_s: float | None = Field(default=None, gt=0)
     # Standby (router/standby_wake.py): wake a parked replica when every ready one would pass this many in
     # flight (None: the autoscaler's target from the LLMService's status; without one, never), and let a
-    # request wait up to `standby_wake_wait_s` for it. The admin key authorises POST /wake_up.
+    # request wait up to `standby_wake_wait_s` for it. The wake key authorises POST /wake_up (the replicas take
+    # it there and nowhere else).
     standby_wake: bool = True
     standby_wake_inflight: float | None = Field(default=None, gt=0)
     standby_wake_wait_s: float = Field(default=2.0, gt=0, le=120)
-    admin_api_key: str | None = Field(default=None, repr=False)
+    wake_api_key: str | None = Field(default=None, repr=False)
 
     @property
     def authenticates(self) -> bool:

@@ -7,7 +7,7 @@ the step with the request that causes it, so it acts on it there: when a generat
 request would put every ready replica past ``threshold`` requests in flight (the
 autoscaler's target per replica, ``status.autoscaler.inputs.targetInFlightPerReplica``,
 or ``--standby-wake-inflight``), it wakes one parked replica (``POST /wake_up`` with the
-admin key) and the request waits up to ``wait_s`` for it instead of queueing behind the
+wake key, which the replicas take on that path alone) and the request waits up to ``wait_s`` for it instead of queueing behind the
 busy ones. One wake takes up to ``threshold`` such requests (rounded up); the next one
 past that wakes another parked replica, until none is left. A woken replica serves at
 once, before its pod turns Ready again; ``GET /hold`` tells the operator which pods the
@@ -63,7 +63,7 @@ class StandbyWaker:
         *,
         threshold: float | None,
         wait_s: float,
-        admin_key: str | None,
+        wake_key: str | None,
     ) -> None:
         self._replica_set = replica_set
         self._client = client
@@ -71,7 +71,7 @@ class StandbyWaker:
         self.threshold = threshold
         self._fixed = threshold is not None  # --standby-wake-inflight wins over the LLMService's status
         self.wait_s = wait_s
-        self._auth = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self._auth = {"Authorization": f"Bearer {wake_key}"} if wake_key else {}
         self.wakes: dict[str, Wake] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 

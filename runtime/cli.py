@@ -19,7 +19,7 @@ from typing import Any
 import typer
 from pydantic import BaseModel
 
-from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV, KV_SHARED_PASSWORD_ENV
+from plimsoll.auth import ADMIN_API_KEY_ENV, API_KEY_ENV, KV_SHARED_PASSWORD_ENV, WAKE_API_KEY_ENV
 from plimsoll.runtime.engine.config import EngineConfig
 from plimsoll.runtime.engine.startup import STARTUP
 from plimsoll.runtime.serving.settings import ServerSettings
@@ -177,6 +177,12 @@ def serve(
         None, "--admin-api-key", envvar=ADMIN_API_KEY_ENV,
         help="Require `Authorization: Bearer KEY` on the control endpoints (/drain, PUT /slo, LoRA load/unload, "
         f"/debug/*); without it they answer loopback clients only (or ${ADMIN_API_KEY_ENV}).",
+        show_default=False,
+    ),
+    wake_api_key: str | None = typer.Option(
+        None, "--wake-api-key", envvar=WAKE_API_KEY_ENV,
+        help="Also accept `Authorization: Bearer KEY` on POST /wake_up, and nowhere else: the key a router holds "
+        f"to wake this replica from sleep mode (or ${WAKE_API_KEY_ENV}).",
         show_default=False,
     ),
     dtype: str = typer.Option(
@@ -490,7 +496,7 @@ def serve(
     )
     malloc_settings = environment_malloc_settings()  # the process's own malloc rules win (kernels/host_memory.py)
     # Read once: child processes (chat-template workers, py-spy, tensor-parallel ranks) need none of these.
-    for name in (API_KEY_ENV, ADMIN_API_KEY_ENV, KV_SHARED_PASSWORD_ENV):
+    for name in (API_KEY_ENV, ADMIN_API_KEY_ENV, WAKE_API_KEY_ENV, KV_SHARED_PASSWORD_ENV):
         os.environ.pop(name, None)
     try:
         config = EngineConfig(

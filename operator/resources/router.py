@@ -11,14 +11,15 @@ deploy it or the applying; the handlers do that.
 
 from typing import Any
 
-from plimsoll.auth import ADMIN_API_KEY_ENV
+from plimsoll.auth import WAKE_API_KEY_ENV
 from plimsoll.operator.api.base import GROUP, PLURAL
 from plimsoll.operator.api.llmservice import LLMService
 from plimsoll.operator.resources.credentials import (
-    ADMIN_KEY_FIELD,
+    WAKE_KEY_FIELD,
     admin_secret_name,
     api_key_env,
     from_secret,
+    router_wakes,
 )
 from plimsoll.operator.resources.deployment import RUN_AS_USER
 from plimsoll.operator.resources.engine import model_placement
@@ -131,10 +132,10 @@ def build_router_deployment(svc: LLMService, settings: BuildSettings) -> dict[st
         "volumeMounts": mounts,
     }
     env = api_key_env(svc)  # clients authenticate with it; the router sends it on to the replicas
-    if standby is not None and standby.router_wake:
-        # The router wakes a parked replica itself when every awake one is past its target (POST /wake_up,
-        # an admin path); it reads the key from the Secret, never from its arguments.
-        env.append(from_secret(ADMIN_API_KEY_ENV, admin_secret_name(svc), ADMIN_KEY_FIELD))
+    if router_wakes(svc):
+        # The router wakes a parked replica itself when every awake one is past its target: the key the
+        # replicas take on POST /wake_up and nowhere else, from the Secret, never in its arguments.
+        env.append(from_secret(WAKE_API_KEY_ENV, admin_secret_name(svc), WAKE_KEY_FIELD))
     if env:
         container["env"] = env
     return {

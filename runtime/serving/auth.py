@@ -3,7 +3,8 @@
 What it is: :class:`AuthMiddleware`, a plain ASGI middleware placed outside every
 other one, so a request is refused before a byte of its body is read. Control paths
 (``plimsoll.auth.is_admin_path``: ``/drain``, ``PUT /slo``, run-time LoRA loading,
-``/debug/*``) need ``Authorization: Bearer <--admin-api-key>``; without an admin key
+``/debug/*``) need ``Authorization: Bearer <--admin-api-key>`` (``POST /wake_up`` also takes
+``--wake-api-key``, the one key a router holds); without an admin key
 configured they answer only clients on the loopback interface (a developer's own
 machine, or another container of the same pod) and refuse everyone else with 403
 saying to set ``--admin-api-key``. ``/v1/*`` needs ``--api-key`` when one is set (the
@@ -20,7 +21,7 @@ import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from plimsoll.auth import bearer_matches, is_admin_path, is_loopback
+from plimsoll.auth import WAKE_PATH, bearer_matches, is_admin_path, is_loopback
 from plimsoll.runtime.serving.errors import APIError
 
 log = logging.getLogger("plimsoll.runtime.serving.auth")
@@ -29,15 +30,20 @@ log = logging.getLogger("plimsoll.runtime.serving.auth")
 class AuthMiddleware:
     """Refuse unauthenticated requests before anything reads them (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, admin_api_key: str | None, wake_api_key: str | None = None
+    ) -> None:
         self.app = app
         # An empty key (an unset variable rendered as "") means no key, as before.
         self.api_key = api_key or None
         self.admin_api_key = admin_api_key or None
+        self.wake_api_key = wake_api_key or None
 
     def _refusal(self, scope: Scope) -> APIError | None:
         path, method = scope["path"], scope["method"]
         header = dict(scope["headers"]).get(b"authorization")
+        if path == WAKE_PATH and method == "POST" and self.wake_api_key and bearer_matches(header, self.wake_api_key):
+            return None  # the wake key opens this one path (a router waking a parked replica)
         if is_admin_path(method, path):
             if self.admin_api_key is None:
                 client = scope.get("client")

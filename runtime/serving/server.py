@@ -194,7 +194,8 @@ def build_app(
     # body limit, app: a request without the right key is refused before its body is read,
     # and an oversized body before anything parses it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(AuthMiddleware, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
+    app.add_middleware(AuthMiddleware, api_key=settings.api_key, admin_api_key=settings.admin_api_key,
+                       wake_api_key=settings.wake_api_key)  # fmt: skip
     if importlib.util.find_spec("fastapi.telemetry") is None:
         # FastAPI >= 0.16x opens its own server span (continuing traceparent) when
         # OpenTelemetry is installed; older ones get ours, outermost, covering auth and the response.

@@ -18,6 +18,9 @@ class ServerSettings(BaseModel):
         description="require `Authorization: Bearer KEY` on control endpoints (/drain, PUT /slo, LoRA "
         "load/unload, /debug/*); without one they answer loopback clients only",
     )
+    wake_api_key: str | None = Field(
+        None, description="also accept `Authorization: Bearer KEY` on POST /wake_up (and nowhere else)"
+    )
     max_waiting: int | None = Field(None, ge=0, description="waiting requests beyond which new ones get 429")
     request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted")
     drain_timeout: float = Field(20.0, ge=0, description="seconds SIGTERM waits for in-flight requests")

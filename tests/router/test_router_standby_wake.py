@@ -49,7 +49,7 @@ def _park(router: RunningRouter, url: str, pod: str) -> None:
 async def test_a_request_past_every_target_wakes_a_parked_replica_and_is_served_there(fake_replicas) -> None:  # noqa: F811
     awake, parked = fake_replicas([{"batch_cap": 8}, {"enable_sleep_mode": True, "start_asleep": True,
                                                       "wake_s": 0.2, "admin_key": ADMIN}])  # fmt: skip
-    async with run_router(backends=(awake.url, parked.url), standby_wake_inflight=2, admin_api_key=ADMIN) as router:
+    async with run_router(backends=(awake.url, parked.url), standby_wake_inflight=2, wake_api_key=ADMIN) as router:
         _park(router, parked.url, "pod-b")
         assert [r.url for r in router.state.replica_set.ready()] == [awake.url]
         async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
@@ -76,7 +76,7 @@ async def test_a_request_past_every_target_wakes_a_parked_replica_and_is_served_
 async def test_a_wake_the_replica_refuses_leaves_the_request_to_the_awake_replicas(fake_replicas) -> None:  # noqa: F811
     awake, parked = fake_replicas([{"batch_cap": 8}, {"enable_sleep_mode": True, "start_asleep": True,
                                                       "admin_key": ADMIN}])  # fmt: skip
-    async with run_router(backends=(awake.url, parked.url), standby_wake_inflight=1, admin_api_key="wrong") as router:
+    async with run_router(backends=(awake.url, parked.url), standby_wake_inflight=1, wake_api_key="wrong") as router:
         _park(router, parked.url, "pod-b")
         async with httpx.AsyncClient(base_url=router.url, timeout=30) as http, streaming(http) as first:
             assert first == awake.url
@@ -119,7 +119,7 @@ async def test_one_wake_takes_as_many_waiting_requests_as_a_replica_carries_at_i
         replica.reachable = replica.url == "http://a"
     replica_set.replicas["http://a"].inflight = 2
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        waker = StandbyWaker(replica_set, client, RouterMetrics(), threshold=2, wait_s=5, admin_key=None)
+        waker = StandbyWaker(replica_set, client, RouterMetrics(), threshold=2, wait_s=5, wake_key=None)
         first, second, third = waker.reserve(), waker.reserve(), waker.reserve()
         assert first is not None and first is second and first.url == "http://b"  # two fit one wake
         assert third is not None and third.url == "http://c"  # the third wakes the next parked replica
@@ -141,5 +141,5 @@ def test_pressed_means_one_more_request_would_pass_the_target(inflight: int, pre
     replica_set.upsert("http://a", True)
     replica_set.replicas["http://a"].reachable = True
     replica_set.replicas["http://a"].inflight = inflight
-    waker = StandbyWaker(replica_set, httpx.AsyncClient(), RouterMetrics(), threshold=2, wait_s=1, admin_key=None)
+    waker = StandbyWaker(replica_set, httpx.AsyncClient(), RouterMetrics(), threshold=2, wait_s=1, wake_key=None)
     assert waker.pressed() is pressed

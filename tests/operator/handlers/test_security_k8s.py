@@ -211,7 +211,7 @@ def secret_fields_are_added_never_rewritten(devcluster: Any, ns: str, name: str)
 
     secret = f"{name}-admin-key"
     data = get_json(devcluster, "secret", secret, "-n", ns)["data"]
-    assert set(data) == {"admin-api-key", "ray-auth-token", "kv-password"}
+    assert set(data) == {"admin-api-key", "ray-auth-token", "kv-password", "wake-api-key"}
     devcluster.kubectl("patch", "secret", secret, "-n", ns, "--type=json",
                        "-p", '[{"op": "remove", "path": "/data/kv-password"}]')  # fmt: skip
     body = get_json(devcluster, "llms", name, "-n", ns)

@@ -137,7 +137,8 @@ def test_multi_node_ray_runs_with_token_authentication() -> None:
 
 
 def test_the_credentials_secret_holds_what_the_pods_read() -> None:
-    values = {"admin-api-key": "k-7f3a9", "ray-auth-token": "r-0c5e2", "kv-password": "p-1d4b8"}
+    values = {"admin-api-key": "k-7f3a9", "ray-auth-token": "r-0c5e2", "kv-password": "p-1d4b8",
+              "wake-api-key": "w-2e6c1"}  # fmt: skip
     secret = build_admin_secret(service(), values)
     assert secret["kind"] == "Secret" and secret["metadata"]["name"] == "chat-admin-key"
     assert set(secret["data"]) == set(values)

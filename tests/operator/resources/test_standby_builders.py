@@ -64,18 +64,22 @@ def test_vllm_standby_gets_the_sleep_flag_and_its_dev_mode_endpoints() -> None:
     assert "--enable-sleep-mode" in engine["args"] and VLLM_SLEEP_ENDPOINTS_ENV in engine["env"]
 
 
-def test_with_standby_the_router_gets_the_replicas_admin_key_from_the_secret_to_wake_one() -> None:
+def test_with_standby_the_router_gets_the_wake_key_alone_from_the_secret() -> None:
     def router_env(**spec: Any) -> list[dict[str, Any]]:
         built = build_router_deployment(_svc(router={"enabled": True}, **spec), SETTINGS)
         container = built["spec"]["template"]["spec"]["containers"][0]
-        assert not any("admin" in a for a in container["args"])  # never in the arguments
+        assert not any("key" in a for a in container["args"])  # never in the arguments
         return list(container.get("env") or [])
 
-    parked = router_env(autoscaling={"standby": {"replicas": 1}})
-    assert parked == [{"name": "PLIMSOLL_ADMIN_API_KEY",
-                       "valueFrom": {"secretKeyRef": {"name": "s-admin-key", "key": "admin-api-key"}}}]  # fmt: skip
-    assert router_env() == []  # nothing to wake: the router holds no admin key
-    off = build_router_deployment(_svc(router={"enabled": True},
-                                       autoscaling={"standby": {"replicas": 1, "routerWake": False}}), SETTINGS)
-    container = off["spec"]["template"]["spec"]["containers"][0]
+    wake = {"name": "PLIMSOLL_WAKE_API_KEY", "valueFrom": {"secretKeyRef": {"name": "s-admin-key", "key": "wake-api-key"}}}
+    assert router_env(autoscaling={"standby": {"replicas": 1}}) == [wake]  # never the admin key
+    assert router_env() == []  # nothing to wake: the router holds no key
+    # The replicas take it (on POST /wake_up only) beside their admin key.
+    engine = _engine(build_deployment(_svc(router={"enabled": True}, autoscaling={"standby": {"replicas": 1}}), SETTINGS))
+    assert wake in engine["env"] and any(e["name"] == "PLIMSOLL_ADMIN_API_KEY" for e in engine["env"])
+    off = {"standby": {"replicas": 1, "routerWake": False}}
+    built = build_router_deployment(_svc(router={"enabled": True}, autoscaling=off), SETTINGS)
+    container = built["spec"]["template"]["spec"]["containers"][0]
     assert "--no-standby-wake" in container["args"] and not container.get("env")
+    engine = _engine(build_deployment(_svc(router={"enabled": True}, autoscaling=off), SETTINGS))
+    assert wake not in engine["env"]

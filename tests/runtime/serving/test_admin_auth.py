@@ -159,3 +159,23 @@ async def test_an_admin_key_is_needed_from_loopback_too() -> None:
         assert (await local.post("/drain")).status_code == 401
         assert (await local.post("/drain", headers={"Authorization": "Bearer k"})).status_code == 200
     assert app.state.ctx.marked_for_removal
+
+
+def test_the_wake_key_opens_post_wake_up_and_nothing_else() -> None:
+    from plimsoll.runtime.serving.auth import AuthMiddleware
+
+    auth = AuthMiddleware(None, api_key="inference", admin_api_key="admin", wake_api_key="wake")  # type: ignore[arg-type]
+
+    def status(method: str, path: str, key: str | None) -> int:
+        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+        refusal = auth._refusal({"path": path, "method": method, "headers": headers, "client": ("10.0.0.9", 1)})
+        return 200 if refusal is None else refusal.status
+
+    assert status("POST", "/wake_up", "wake") == 200 and status("POST", "/wake_up", "admin") == 200
+    assert status("POST", "/wake_up", None) == 401 and status("POST", "/wake_up", "inference") == 401
+    for method, path in (("POST", "/sleep"), ("POST", "/drain"), ("PUT", "/slo"), ("POST", "/v1/load_lora_adapter")):
+        assert status(method, path, "wake") == 401, path  # a router's key reaches no other control endpoint
+    assert status("POST", "/v1/completions", "wake") == 401  # nor inference
+    assert AuthMiddleware(None, None, "admin", None)._refusal(  # type: ignore[arg-type]
+        {"path": "/wake_up", "method": "POST", "headers": [(b"authorization", b"Bearer ")], "client": None}
+    ) is not None  # no wake key configured: an empty bearer opens nothing
