@@ -116,13 +116,13 @@ class PodLoad:
     # Which pods take the load: the LLMService's ``status.selector`` unless given (e.g. a split
     # service's prefill pool, ``app.kubernetes.io/instance=NAME,plimsoll.dev/role=prefill``).
     selector: str | None = None
-    # Send every request to this URL (the LLMService's router) instead of picking a pod; the pods are
-    # still polled for the replica count. Completions then name "router".
-    via: str | None = None
     completions: list[Completion] = field(default_factory=list)
     samples: list[ReplicaSample] = field(default_factory=list)
     decisions: list[ScalingDecision] = field(default_factory=list)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (time.monotonic(), clients)
+    # Send every request to this URL (the LLMService's router) instead of picking a pod; the pods are
+    # still polled for the replica count. Completions then name "router".
+    via: str | None = None
     _pods: dict[str, _Pod] = field(default_factory=dict)
     _via_pod: _Pod | None = None
     _clients: list[asyncio.Task[None]] = field(default_factory=list)

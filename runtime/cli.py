@@ -179,12 +179,6 @@ def serve(
         f"/debug/*); without it they answer loopback clients only (or ${ADMIN_API_KEY_ENV}).",
         show_default=False,
     ),
-    wake_api_key: str | None = typer.Option(
-        None, "--wake-api-key", envvar=WAKE_API_KEY_ENV,
-        help="Also accept `Authorization: Bearer KEY` on POST /wake_up, and nowhere else: the key a router holds "
-        f"to wake this replica from sleep mode (or ${WAKE_API_KEY_ENV}).",
-        show_default=False,
-    ),
     dtype: str = typer.Option(
         "auto",
         "--dtype",
@@ -424,6 +418,10 @@ def serve(
         "--slo-admission",
         help="Refuse (429, Retry-After) a request whose predicted TTFT exceeds the TTFT objective set by "
         "PUT /slo, when it carries no x-slo-ttft-ms header of its own (a header is honoured either way).",
+    ),
+    wake_api_key: str | None = typer.Option(
+        None, "--wake-api-key", envvar=WAKE_API_KEY_ENV, show_default=False,
+        help=f"A key POST /wake_up also takes, and no other path: what a router holds (or ${WAKE_API_KEY_ENV}).",
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     metrics_compat: str | None = typer.Option(

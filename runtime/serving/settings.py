@@ -18,9 +18,6 @@ class ServerSettings(BaseModel):
         description="require `Authorization: Bearer KEY` on control endpoints (/drain, PUT /slo, LoRA "
         "load/unload, /debug/*); without one they answer loopback clients only",
     )
-    wake_api_key: str | None = Field(
-        None, description="also accept `Authorization: Bearer KEY` on POST /wake_up (and nowhere else)"
-    )
     max_waiting: int | None = Field(None, ge=0, description="waiting requests beyond which new ones get 429")
     request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted")
     drain_timeout: float = Field(20.0, ge=0, description="seconds SIGTERM waits for in-flight requests")
@@ -70,6 +67,7 @@ class ServerSettings(BaseModel):
         "priorities come only from an x-gateway-inference-objective the server knows",
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
+    wake_api_key: str | None = Field(None, description="a key POST /wake_up takes too (and nothing else does)")
     slo_admission: bool = Field(
         False,
         description="refuse (429) a request whose predicted TTFT exceeds the TTFT objective set by PUT /slo "
