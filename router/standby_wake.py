@@ -4,9 +4,9 @@ What it is: :class:`StandbyWaker`. With ``autoscaling.standby`` the operator par
 replicas asleep beside the active ones and wakes them when its next scrape shows the
 load; until then the awake replicas queue what a step in load brings. The router sees
 the step with the request that causes it, so it acts on it there: when a generation
-request would put every ready replica past ``threshold`` requests in flight (the
+request would put every ready replica past its target in flight (the
 autoscaler's target per replica, ``status.autoscaler.inputs.targetInFlightPerReplica``,
-or ``--standby-wake-inflight``), it wakes one parked replica (``POST /wake_up`` with the
+or ``--standby-wake-inflight``; a hardware variant's replica: its variant's own, ``weight``), it wakes one parked replica (``POST /wake_up`` with the
 wake key, which the replicas take on that path alone) and the request waits up to ``wait_s`` for it instead of queueing behind the
 busy ones. One wake takes up to ``threshold`` such requests (rounded up); the next one
 past that wakes another parked replica, until none is left. A woken replica serves at
@@ -49,6 +49,7 @@ class Wake:
     started: float
     done: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: int = 0
+    room: int = 1  # the requests one wake takes: the woken replica's target, rounded up
     ok: bool = False
 
 
@@ -87,25 +88,29 @@ class StandbyWaker:
         requests a closed loop has just finished, and would wake a replica the load does not need. With
         several routers each sees only its share, and wakes later; the operator's scrape still counts all.
         """
-        if self.threshold is None:
-            return False
         ready = self._replica_set.ready()
-        return bool(ready) and all(r.inflight + 1 > self.threshold * r.weight for r in ready)
+        targets = [self._target(r) for r in ready]
+        if not ready or any(t is None for t in targets):
+            return False
+        return all(r.inflight + 1 > t for r, t in zip(ready, targets, strict=True) if t is not None)
+
+    def _target(self, replica: Replica) -> float | None:
+        """In flight at its target: its variant's own (``weight``, with a measured rate) or the service's."""
+        return replica.weight if replica.rate is not None else self.threshold
 
     def reserve(self) -> Wake | None:
         """The wake this request should wait for, starting one if needed; None: route it as usual."""
         if not self.pressed():
             return None
-        assert self.threshold is not None
-        room = max(1, math.ceil(self.threshold))
         for wake in self.wakes.values():
-            if not wake.done.is_set() and wake.waiting < room:
+            if not wake.done.is_set() and wake.waiting < wake.room:
                 wake.waiting += 1
                 return wake
         parked = [r for r in self._replica_set.ordered() if r.parked and not r.is_ready and r.url not in self.wakes]
-        if not parked:
+        target = self._target(parked[0]) if parked else None
+        if target is None:
             return None
-        wake = Wake(parked[0].url, time.monotonic(), waiting=1)
+        wake = Wake(parked[0].url, time.monotonic(), waiting=1, room=max(1, math.ceil(target)))
         self.wakes[wake.url] = wake
         task = asyncio.create_task(self._wake(wake, parked[0]), name=f"wake {wake.url}")
         self._tasks.add(task)

@@ -143,3 +143,17 @@ def test_pressed_means_one_more_request_would_pass_the_target(inflight: int, pre
     replica_set.replicas["http://a"].inflight = inflight
     waker = StandbyWaker(replica_set, httpx.AsyncClient(), RouterMetrics(), threshold=2, wait_s=1, wake_key=None)
     assert waker.pressed() is pressed
+
+
+def test_a_variant_replica_is_full_at_its_own_variants_target() -> None:
+    replica_set = ReplicaSet()
+    replica_set.upsert("http://big", True)
+    replica_set.upsert("http://parked", True, parked=True)
+    big = replica_set.replicas["http://big"]
+    big.reachable, big.weight, big.rate = True, 4.0, 10.0  # status.variants.<name>: 4 in flight at its target
+    replica_set.replicas["http://parked"].weight, replica_set.replicas["http://parked"].rate = 4.0, 10.0
+    waker = StandbyWaker(replica_set, httpx.AsyncClient(), RouterMetrics(), threshold=2, wait_s=1, wake_key=None)
+    big.inflight = 2
+    assert not waker.pressed()  # the service's target (2) is not this variant's
+    big.inflight = 4
+    assert waker.pressed()
