@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from plimsoll import metric_names as mn
+from plimsoll.auth import bearer_matches
 from plimsoll.bench.sim_adapters import AdapterError, SimAdapters, adapter_problem, parse_lora_module
 from plimsoll.overload import OVERLOAD_HEADER, REPLICA
 from plimsoll.readiness import wait_until_ready
@@ -411,7 +412,7 @@ def build_app(curve: ServiceCurve) -> Any:
     if curve.enable_sleep_mode:
 
         def admin_refusal(request: Request) -> JSONResponse | None:
-            if curve.admin_key and request.headers.get("authorization") != f"Bearer {curve.admin_key}":
+            if curve.admin_key and not bearer_matches(request.headers.get("authorization"), curve.admin_key):
                 return error(401, "this is an admin path: send the admin key", "AuthenticationError")
             return None
 

@@ -182,12 +182,13 @@ class ReplicaSet:
         for url in list(self.replicas):
             if url not in wanted:
                 del self.replicas[url]
+        marked, asleep = set(draining), set(parked)
         for url in wanted:
             replica = self.replicas.setdefault(url, Replica(url=url))
             if ready is not None:
                 replica.discovered_ready = ready.get(url, False)
-            replica.draining = url in set(draining)
-            _set_parked(replica, url in set(parked))
+            replica.draining = url in marked
+            _set_parked(replica, url in asleep)
         if changed:
             self._notify()
         self.ready_changed()

@@ -50,7 +50,6 @@ class Wake:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: int = 0
     room: int = 1  # the requests one wake takes: the woken replica's target, rounded up
-    ok: bool = False
 
 
 class StandbyWaker:
@@ -126,24 +125,23 @@ class StandbyWaker:
             wake.waiting -= 1
 
     async def _wake(self, wake: Wake, replica: Replica) -> None:
-        why = ""
+        why, ok = "", False
         try:
             response = await fetch_capped(self._client, "POST", f"{wake.url}/wake_up", SMALL_LIMIT_BYTES,
                                           headers=self._auth, timeout=httpx.Timeout(WAKE_TIMEOUT_S))  # fmt: skip
-            wake.ok = response.status_code == 200
+            ok = response.status_code == 200
             why = f"answered {response.status_code}: {response.text[:200]}"
         except (httpx.HTTPError, httpx.StreamError) as exc:
             why = f"{type(exc).__name__}: {exc}"
         finally:
             took = time.monotonic() - wake.started
-            if wake.ok and self._replica_set.get(wake.url) is replica and replica.parked:
+            if ok and self._replica_set.get(wake.url) is replica and replica.parked:
                 replica.woken_at, replica.reachable = time.monotonic(), True
                 log.info("woke parked replica %s (%s) in %.3f s: every ready replica was at its target of %g "
                          "in flight", wake.url, replica.pod or "static", took, self.threshold or 0.0)  # fmt: skip
                 self._metrics.standby_wakes.labels("woken").inc()
                 self._metrics.standby_wake_seconds.observe(took)
             else:
-                wake.ok = False
                 log.warning("could not wake parked replica %s (%s); requests go to the awake ones", wake.url,
                             why or "gone from the replica set")  # fmt: skip
                 self._metrics.standby_wakes.labels("failed").inc()
