@@ -223,7 +223,8 @@ async def workload(
         charged = (f"the transfer's measured CPU charged: {cpu[0] * 1e3:.2f} ms prefill side, {cpu[1] * 1e3:.2f} ms "
                    "decode side" if measured_cpu else "the transfer's wall time charged to both sides (CPU unmeasured)")  # fmt: skip
         print(f"predicted (plimsoll plan, link {link / 1e6:.0f} MB/s measured, prefill "
-              f"{prof_.prefill_tokens_per_s:,.0f} tok/s, decode step by sequences {steps}; levels "
+              f"{prof_.prefill_tokens_per_s:,.0f} tok/s, decode step by sequences {steps}, "
+              f"{prof_.request_overhead_s * 1e3:.1f} ms a request outside the engine's compute; levels "
               f"{', '.join(map(str, args.levels))} per replica; band {band:.0%}; {charged}): {predicted.category}, run "
               f"{predicted.runs} — {'agrees with' if agrees else 'DIFFERS from'} the measurement")  # fmt: skip
         for lay in predicted.layouts:

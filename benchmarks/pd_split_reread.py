@@ -43,6 +43,7 @@ class Run(NamedTuple):
     measured: str
     transfer_cpu_ms: tuple[float, float] | None = None  # (producer, consumer) ms per request, measured
     core_share: float | None = None  # the profiled replica's CPU seconds per wall second at c = 1
+    overhead_ms: float = 0.0  # the profile's request overhead (TTFT at c = 1 less prefill and a step)
 
 
 RUNS = (
@@ -75,6 +76,7 @@ def saved_runs(path: str, label: str) -> list[Run]:
             slo["ttft_p95_ms"], slo["tpot_p50_ms"], pred["link_bytes_per_s"], prof.prefill_tokens_per_s,
             tuple((b, t * 1e3) for b, t in prof.step_s), split["transfer_bytes"], pred["measured_gain"], v["band"],
             v["category"], (cpu[0] * 1e3, cpu[1] * 1e3) if cpu else None, res["profile"].get("core_share"),
+            prof.request_overhead_s * 1e3,
         ))  # fmt: skip
     return out
 
@@ -85,7 +87,7 @@ def profile(run: Run, long_transfer_bytes: float) -> ServiceProfile:
     # KV bytes per token as pd_split.py takes it: the long workload's bytes over the full blocks it moved.
     per_token = long_transfer_bytes / ((512 - 1) // 16 * 16)
     return ServiceProfile(run.prefill_tokens_per_s, fits[-1][0], fits[-1][1], per_token, step_s=steps,
-                          levels=tuple(b for b, _ in steps))  # fmt: skip
+                          levels=tuple(b for b, _ in steps), request_overhead_s=run.overhead_ms / 1e3)  # fmt: skip
 
 
 def main(paths: list[str]) -> None:

@@ -31,7 +31,10 @@ why), so "split pays" means one thing everywhere.
 
   *Split* ``p:d`` (``n = c·(p+d)`` requests in flight): prefills queue on the prefill pool only
   (share ``ρ = X·s/p``), each prompt's KV moves in ``T``, decodes run at ``t(b)`` with ``b = X·D/d``;
-  ``X = n/(s + wait + T + t + (O−1)·t)``, capped by ``p/s`` and ``p/T``. Where the replicas' own
+  ``X = n/(s + wait + T + r + t + (O−1)·t)``, capped by ``p/s`` and ``p/T``. Only whole blocks move
+  (the tokens before the prompt's last, in blocks of ``B``): the rest, ``r = (I − B·⌊(I−1)/B⌋)/P``,
+  is prefilled again on the decode replica, where it stalls the decodes as a pull does — half of a
+  32-token prompt at ``B`` = 16. Where the replicas' own
   cores pack, send, receive and unpack the blocks (``pull_stall`` = 1: CPU replicas, whose transfer
   threads take the cores their steps run on), each request's transfer costs both sides compute: the
   producer ``Cp``, the consumer ``Cc`` — the CPU time each side's threads spent on it, as
@@ -42,6 +45,10 @@ why), so "split pays" means one thing everywhere.
   aggregated replica: share ``v = X·Cc/d``, ``D = (O−1)·t(b)/(1−v)``, the TPOT SLO met when at most
   ``⌊(SLO − t)·(O−1)/Cc⌋`` pulls land in a decode (Poisson, mean ``v·D/Cc``). Where a copy engine
   moves them beside the kernels (a GPU), ``pull_stall`` = 0: neither.
+
+  Each request also spends ``o`` outside prefill and decode (HTTP, tokenizing, scheduling, whatever
+  stands before the engine: a profiled request's TTFT at one in flight less its prefill and one step);
+  a split request is two requests, prefill then decode, and pays ``2·o`` in its TTFT and its cycle.
 
   A request meets the TTFT SLO when the prompts ahead of it fit (``P(j ahead) ≈ ρ^j``). Goodput is
   ``X`` × the share meeting both SLOs, at the best of the given concurrencies (as the bench takes a
@@ -59,7 +66,7 @@ import math
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 MARGIN = 0.10  # the least a layout must win by: what a re-run on a quiet host moves
@@ -281,6 +288,17 @@ class ServiceProfile:
     step_s: tuple[tuple[float, float], ...] = ()
     # Per-replica concurrencies the workload runs at; empty: the knee.
     levels: tuple[float, ...] = ()
+    # A request's time outside its prefill and decode steps, end to end (HTTP, tokenizing, scheduling, and
+    # whatever stands between the client and the engine): one request alone's TTFT less its prefill and
+    # one step. A split request is two requests (prefill, then decode), so it pays this twice.
+    request_overhead_s: float = 0.0
+    # The engine's KV block: a split moves whole blocks only, the decode side prefills the rest itself.
+    block_size: int = 16
+
+    def moved_tokens(self, input_tokens: float) -> float:
+        """Prompt tokens whose KV moves in a split: the whole blocks before the last token (the decode
+        side computes the last token itself, to produce the first output token)."""
+        return max(0.0, math.floor((input_tokens - 1) / self.block_size) * self.block_size)
 
     def step_at(self, batch: float) -> float:
         """The decode step at ``batch`` sequences: linear between measured points, the last slope beyond."""
@@ -350,9 +368,10 @@ def aggregated_at(
 ) -> OperatingPoint:  # fmt: skip
     """One aggregated replica with ``c`` requests in flight (the module docstring's closed loop)."""
     s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
+    o = profile.request_overhead_s
     others = max(0.0, (c - 1) / c)
     t = profile.step_at(c)
-    x = c / (s + t + steps * t)
+    x = c / (o + s + t + steps * t)
     u = wait = decode = 0.0
     for _ in range(200):  # damped fixed point; converges in tens of steps
         u = min(0.99, x * s * others)
@@ -360,13 +379,13 @@ def aggregated_at(
         batch = min(max(1.0, x * decode), max(1.0, c))
         t = profile.step_at(batch)
         wait = _queue_wait(u, s, 1, c)
-        x = 0.5 * x + 0.5 * c / (s + wait + t + decode)
+        x = 0.5 * x + 0.5 * c / (o + s + wait + t + decode)
     batch = min(max(1.0, x * decode), max(1.0, c))
     stalls = u * decode / s if s > 0 else 0.0  # other prompts prefilled during one request's decode
     tpot_share = _stall_share(tpot_slo_s, t, steps, s, stalls)
-    good = tpot_share * _ttft_share(s + t, ttft_slo_s, u, s, c)
-    return OperatingPoint(c, x, good, s + wait + t, t + (stalls * s / steps if steps else 0.0), min(1.0, x * s),
-                          batch, 1.0 - math.exp(-stalls))  # fmt: skip
+    good = tpot_share * _ttft_share(o + s + t, ttft_slo_s, u, s, c)
+    return OperatingPoint(c, x, good, o + s + wait + t, t + (stalls * s / steps if steps else 0.0),
+                          min(1.0, x * s), batch, 1.0 - math.exp(-stalls))  # fmt: skip
 
 
 def _stall_share(tpot_slo_s: float | None, t: float, steps: float, stall_s: float, stalls: float) -> float:
@@ -391,31 +410,37 @@ def split_at(
     cores move the blocks, 0 beside a copy engine); the cost is ``transfer_cpu_s`` (producer, consumer:
     CPU seconds per request, measured) or, without it, ``transfer_s`` (the wall time) on each side."""
     s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
+    # The prompt's tail past its last whole block is prefilled again on the decode replica.
+    tail_s = (input_tokens - profile.moved_tokens(input_tokens)) / profile.prefill_tokens_per_s
+    o = 2 * profile.request_overhead_s  # two requests: the prefill hop's and the decode hop's
     p, d = ratio.prefill, ratio.decode
     n = c * ratio.replicas
     others = max(0.0, (n - 1) / n)
     send_cpu, receive_cpu = transfer_cpu_s if transfer_cpu_s is not None else (transfer_s, transfer_s)
-    send_s, stall_s = pull_stall * send_cpu, pull_stall * receive_cpu
+    send_s = pull_stall * send_cpu
+    stall_s = pull_stall * receive_cpu + tail_s  # what one request's arrival takes the decode replica
     per_prompt = s + send_s  # a prefill replica's time for one request: its prompt, and serving the pull
     cap = min(p / per_prompt, p / transfer_s if transfer_s > 0 else math.inf)
     t = profile.step_at(n / d)
-    x = min(cap, n / (s + transfer_s + t + steps * t))
+    first = s + transfer_s + tail_s + t  # one request alone: prefill, its blocks, the tail, the first step
+    x = min(cap, n / (o + first + steps * t))
     rho = wait = v = 0.0
     decode = steps * t
     for _ in range(200):
         rho = min(0.99, x * per_prompt / p)
-        v = min(0.99, x * stall_s / d)  # the decode replicas' time taken by pulls
+        v = min(0.99, x * stall_s / d)  # the decode replicas' time taken by pulls and tails
         decode = steps * t / (1 - v)
         batch = min(max(1.0, x * decode / d), max(1.0, n / d))
         t = profile.step_at(batch)
+        first = s + transfer_s + tail_s + t
         wait = _queue_wait(rho * others, per_prompt, p, n)
-        x = min(cap, 0.5 * x + 0.5 * n / (s + wait + transfer_s + t + decode))
+        x = min(cap, 0.5 * x + 0.5 * n / (o + wait + first + decode))
     batch = min(max(1.0, x * decode / d), max(1.0, n / d))
-    stalls = v * decode / stall_s if stall_s > 0 else 0.0  # other requests' pulls during one decode
+    stalls = v * decode / stall_s if stall_s > 0 else 0.0  # other requests' pulls and tails during one decode
     tpot_share = _stall_share(tpot_slo_s, t, steps, stall_s, stalls)
-    good = tpot_share * _ttft_share(s + transfer_s + t, ttft_slo_s, rho * others, per_prompt / p, n)
+    good = tpot_share * _ttft_share(o + first, ttft_slo_s, rho * others, per_prompt / p, n)
     tpot = t + (stalls * stall_s / steps if steps else 0.0)
-    return OperatingPoint(c, x, good, s + wait + transfer_s + t, tpot, rho, batch, 1.0 - math.exp(-stalls))
+    return OperatingPoint(c, x, good, o + wait + first, tpot, rho, batch, 1.0 - math.exp(-stalls))
 
 
 def predict(
@@ -451,7 +476,7 @@ def predict(
     levels = tuple(levels or profile.levels or (profile.decode_sequences,))
     if min(levels) <= 0:
         raise ValueError("the concurrencies a workload runs at must be positive")
-    transfer_bytes = input_tokens * profile.kv_bytes_per_token
+    transfer_bytes = profile.moved_tokens(input_tokens) * profile.kv_bytes_per_token
     transfer_s = transfer_bytes / link_bytes_per_s
     out = []
     points = [aggregated_at(profile, input_tokens, output_tokens, c, ttft_slo_s, tpot_slo_s) for c in levels]
@@ -470,7 +495,9 @@ def predict(
         )
         lay = _figures(r.name, r.replicas, best, ttft_slo_s, tpot_slo_s, (
             f"c={best.concurrency:g} per replica: prefill pool busy {best.prefill_busy:.0%}, decode batch "
-            f"{best.batch:.2g} at {_ms(best.tpot_s)} a token, KV transfer {_ms(transfer_s)}, "
+            f"{best.batch:.2g} at {_ms(best.tpot_s)} a token, KV transfer {_ms(transfer_s)} for "
+            f"{profile.moved_tokens(input_tokens):.0f} of {input_tokens:.0f} prompt tokens (the rest prefilled "
+            f"again on the decode replica), "
             f"{transfer_charge(transfer_s, pull_stall, transfer_cpu_s)}{stalled}"
         ))  # fmt: skip
         lay.transfer_s, lay.transfer_bytes = transfer_s, transfer_bytes
@@ -516,7 +543,7 @@ def _figures(
 
 
 def profile_from_report(
-    report: Mapping[str, Any], kv_bytes_per_token: float, tpot_slo_s: float | None = None
+    report: Mapping[str, Any], kv_bytes_per_token: float, tpot_slo_s: float | None = None, block_size: int = 16
 ) -> ServiceProfile:
     """A :class:`ServiceProfile` from a `plimsoll bench sweep` report of one replica.
 
@@ -525,8 +552,10 @@ def profile_from_report(
     Decode: the highest level whose TPOT p50 meets ``tpot_slo_s`` (every level without one), and that
     TPOT; the step time at each level's concurrency is its ITL p50 (the median gap between tokens: a
     decode step, where the TPOT also carries the prefill stalls the model adds back itself), else its
-    TPOT p50; the report's concurrencies are the levels the prediction runs at. ``ValueError`` when
-    the report lacks them.
+    TPOT p50; the report's concurrencies are the levels the prediction runs at. The request overhead:
+    at one request in flight with a scraped prefill rate, the TTFT p50 less the prompt's prefill and
+    one step (what the request spent outside the engine's compute). ``ValueError`` when the report
+    lacks them.
     """
     levels = [lv for lv in report.get("levels", []) if lv.get("valid") and lv.get("concurrency")]
     if not levels:
@@ -535,6 +564,7 @@ def profile_from_report(
     lowest = levels[0]
     # The server's own prefill rate when the report scraped it; else a prompt alone, end to end.
     rate = (((lowest.get("server") or {}).get("load")) or {}).get("prefill_tokens_per_s")
+    scraped = bool(rate)
     if not rate:
         prompt = (lowest.get("tokens") or {}).get("prompt_mean")
         ttft = ((lowest.get("latency_ms") or {}).get("ttft") or {}).get("p50")
@@ -558,8 +588,20 @@ def profile_from_report(
         return value / 1e3 if value else tpot_of(lv)
 
     steps = tuple((float(lv["concurrency"]), s) for lv in levels if (s := step_of(lv)) is not None)
-    return ServiceProfile(float(rate), float(best["concurrency"]), tpot_of(best) or 0.0, kv_bytes_per_token,
-                          step_s=steps, levels=tuple(float(lv["concurrency"]) for lv in levels))  # fmt: skip
+    profile = ServiceProfile(float(rate), float(best["concurrency"]), tpot_of(best) or 0.0, kv_bytes_per_token,
+                             step_s=steps, levels=tuple(float(lv["concurrency"]) for lv in levels),
+                             block_size=block_size)  # fmt: skip
+    return replace(profile, request_overhead_s=_request_overhead(lowest, profile, scraped=scraped))
+
+
+def _request_overhead(lowest: Mapping[str, Any], profile: ServiceProfile, *, scraped: bool) -> float:
+    """The lowest level's TTFT p50 less its prefill and one step (0 where it is not one request at a time,
+    or the prefill rate was itself read off that TTFT)."""
+    prompt = (lowest.get("tokens") or {}).get("prompt_mean")
+    ttft = ((lowest.get("latency_ms") or {}).get("ttft") or {}).get("p50")
+    if not scraped or lowest.get("concurrency") != 1 or not prompt or not ttft:
+        return 0.0
+    return max(0.0, float(ttft) / 1e3 - float(prompt) / profile.prefill_tokens_per_s - profile.step_at(1))
 
 
 def parse_bandwidth(text: str) -> float:

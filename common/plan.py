@@ -713,7 +713,7 @@ def plan(
             split_verdict = _split_prediction(
                 report, kv_bytes_per_token_per_gpu(read_model_config(model_config), 1, kv_name), link_bandwidth,
                 pd_ratios, pd_input_tokens, pd_output_tokens, ttft_p95_ms, tpot_p50_ms,
-                _transfer_cpu(pd_transfer_cpu_ms),
+                _transfer_cpu(pd_transfer_cpu_ms), block_size,
             )  # fmt: skip
         elif pd_transfer_cpu_ms is not None:
             raise PlanError("--pd-transfer-cpu-ms is used by the split prediction: give --link-bandwidth too")
@@ -771,7 +771,7 @@ def _transfer_cpu(text: str | None) -> tuple[float, float] | None:
 def _split_prediction(
     report: Path, kv_bytes_per_token: float, link: str, ratios: str, input_tokens: float | None,
     output_tokens: float | None, ttft_p95_ms: float | None, tpot_p50_ms: float | None,
-    transfer_cpu_s: tuple[float, float] | None = None,
+    transfer_cpu_s: tuple[float, float] | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> Any:  # fmt: skip
     """The predicted verdict on splitting prefill and decode (``plimsoll.disaggregation``); with
     ``transfer_cpu_s`` (measured on CPU replicas) each transfer's CPU time is charged to its two replicas."""
@@ -779,7 +779,9 @@ def _split_prediction(
 
     try:
         data = json.loads(report.read_text())
-        profile = pd.profile_from_report(data, kv_bytes_per_token, tpot_p50_ms / 1e3 if tpot_p50_ms else None)
+        profile = pd.profile_from_report(
+            data, kv_bytes_per_token, tpot_p50_ms / 1e3 if tpot_p50_ms else None, block_size
+        )
         first = next(lv for lv in data["levels"] if lv.get("valid"))
         isl = input_tokens or (first.get("tokens") or {}).get("prompt_mean")
         osl = output_tokens or (first.get("tokens") or {}).get("output_mean")
@@ -796,7 +798,9 @@ def _split_prediction(
     verdict.reasons.insert(
         0,
         f"profile: prefill {profile.prefill_tokens_per_s:,.0f} tokens/s, {profile.decode_sequences:g} sequences "
-        f"at TPOT {profile.decode_tpot_s * 1e3:.0f} ms, {kv_bytes_per_token:,.0f} KV bytes per token; "
+        f"at TPOT {profile.decode_tpot_s * 1e3:.0f} ms, {kv_bytes_per_token:,.0f} KV bytes per token, "
+        f"{profile.request_overhead_s * 1e3:.1f} ms a request outside prefill and decode (twice for a split "
+        f"request); "
         f"{float(isl):.0f} prompt and {float(osl):.0f} output tokens per request; link {link}; the transfer "
         + (f"charged to the replicas' compute at its measured CPU time ({transfer_cpu_s[0] * 1e3:g} ms prefill "
            f"side, {transfer_cpu_s[1] * 1e3:g} ms decode side)" if transfer_cpu_s is not None

@@ -30,8 +30,9 @@ any instant and passes 0).
 
 An admitted request keeps its bound as a :class:`TTFTDeadline`: before each step the engine
 walks its waiting queue again (:func:`late_waiting`) and refuses, with ``Retry-After``, the
-sequences that can no longer produce a first token by their deadline at the rates it measures
-now (a host that stalled after they were admitted) — before any of their tokens is computed.
+sequences that can no longer produce a first token by their deadline at the mean rates it
+measures now (a host that stalled after they were admitted) — before any of their tokens is
+computed.
 :func:`classify_miss` says of an admitted request that missed whether a step ran slower than
 the promise allowed for (a stall no prediction made at admission could see) or not.
 
@@ -190,7 +191,7 @@ class TTFTDeadlineRefusal(Exception):
 
     def __init__(self, predicted_s: float, left_s: float, retry_after_s: int) -> None:
         super().__init__(
-            f"its first token is now predicted in {predicted_s * 1000:.0f} ms at this replica's recent "
+            f"its first token is now predicted in {predicted_s * 1000:.0f} ms at this replica's mean "
             f"step times, with {max(0.0, left_s) * 1000:.0f} ms of its TTFT bound left"
         )
         self.predicted_s = predicted_s

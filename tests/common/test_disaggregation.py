@@ -95,7 +95,9 @@ FLAT = ServiceProfile(
 
 
 def test_long_prompts_at_one_request_per_replica_stay_aggregated() -> None:
-    # 500 prompt tokens (s = 0.5 s), 11 output tokens (10 decode steps), KV 5e5 bytes over 10 MB/s = 50 ms.
+    # 500 prompt tokens (s = 0.5 s), 11 output tokens (10 decode steps); the split moves the 31 whole blocks
+    # of 16 before the last token (496 tokens, 4.96e5 KV bytes over 10 MB/s = 49.6 ms) and prefills the
+    # other 4 again on the decode replica.
     layouts = predict(FLAT, 500, 11, 1e7, [Ratio(1, 1)], ttft_slo_s=2.0, tpot_slo_s=0.015, levels=(1,))
     agg, split = layouts
     # Aggregated, one request per replica: nothing else prefills during a decode, so no stall:
@@ -108,7 +110,8 @@ def test_long_prompts_at_one_request_per_replica_stay_aggregated() -> None:
     # 1P:1D with two requests in flight: the one prefill replica is the bottleneck at 1 / 0.5 s = 2 req/s,
     # i.e. 1 per replica; the decode replica idles most of the time.
     assert split.goodput_rps == pytest.approx(2.0) and split.goodput_per_replica == pytest.approx(1.0)
-    assert split.transfer_bytes == 5e5 and split.transfer_s == pytest.approx(0.05)
+    assert split.transfer_bytes == 4.96e5 and split.transfer_s == pytest.approx(0.0496)
+    assert "KV transfer 50 ms for 496 of 500 prompt tokens" in (split.limited_by or "")
     assert "prefill pool busy 99%" in (split.limited_by or "")
     v = verdict(layouts)
     assert v.category == AGGREGATED and "39% fewer good requests per replica" in v.reasons[-2]
@@ -129,7 +132,10 @@ def test_long_prompts_under_load_split_when_stalls_break_the_tpot_slo() -> None:
     assert agg.good_share == pytest.approx(math.exp(-stalls), rel=1e-6)
     assert agg.tpot_s == pytest.approx(0.01 + stalls * 0.5 / 100)
     split = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012)
-    assert split.requests_per_s == pytest.approx(2.0) and split.tpot_s == 0.01  # the prefill pool's 1 / 0.5 s
+    # The prefill pool's 1 / 0.5 s; on the decode replica only the prompts' 4-token tails (4 ms) land in a
+    # decode, 0.04 ms a token each: fifty fit in the SLO.
+    assert split.requests_per_s == pytest.approx(2.0) and split.tpot_s == pytest.approx(0.01, abs=2e-4)
+    assert split.good_share == pytest.approx(1.0)
     v = verdict(predict(FLAT, 500, 101, 1e7, [Ratio(1, 1)], ttft_slo_s=5.0, tpot_slo_s=0.012, levels=(4,)))
     assert v.category == SPLIT and "decode no longer waits behind prefills" in v.reasons[-1]
 
@@ -156,24 +162,25 @@ def test_short_prompts_stay_aggregated_and_a_flat_step_is_no_clear_gain() -> Non
 
 def test_pulls_on_the_replicas_own_cores_cost_the_prefill_and_stall_the_decodes() -> None:
     # 500 prompt tokens, 101 output tokens, 4 requests per replica, a 50 ms pull on a 10 ms step and a
-    # 12 ms TPOT SLO: one pull over 100 tokens adds 0.5 ms a token, so four may land in a decode.
+    # 12 ms TPOT SLO. Each arrival on the decode replica also prefills the prompt's 4-token tail (4 ms).
+    # With the pull on its cores an arrival stalls decodes 54 ms, 0.54 ms a token: three fit in the SLO.
     free = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012)
     cpu = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012, pull_stall=1.0)
-    assert free.stalled_share == 0 and free.tpot_s == 0.01
-    # The closed loop with the decode replica's time taken by pulls: v = X T / d, D = 100 t / (1 - v).
+    # The closed loop with the decode replica's time taken by pulls and tails: v = X (T + r) / d,
+    # D = 100 t / (1 - v).
     x = cpu.requests_per_s
-    v = x * 0.05
+    v = x * 0.054
     decode = 100 * 0.01 / (1 - v)
-    stalls = v * decode / 0.05
-    assert cpu.tpot_s == pytest.approx(0.01 + stalls * 0.05 / 100, rel=1e-6)
+    stalls = v * decode / 0.054
+    assert cpu.tpot_s == pytest.approx(0.01 + stalls * 0.054 / 100, rel=1e-6)
     assert cpu.stalled_share == pytest.approx(1 - math.exp(-stalls), rel=1e-6) and cpu.stalled_share > 0
     assert cpu.good_share == pytest.approx(
-        sum(math.exp(-stalls) * stalls**k / math.factorial(k) for k in range(5)), rel=1e-6
+        sum(math.exp(-stalls) * stalls**k / math.factorial(k) for k in range(4)), rel=1e-6
     )
     # The one prefill replica caps the pair: 1 / 0.5 s = 2 req/s beside a copy engine, 1 / (0.5 + 0.05) s
     # where serving the pull takes its core too; and the decodes are slower.
     assert free.requests_per_s == pytest.approx(2.0) and x == pytest.approx(1 / 0.55)
-    assert cpu.tpot_s > free.tpot_s
+    assert cpu.tpot_s > free.tpot_s and cpu.good_share < free.good_share == pytest.approx(1.0)
     # A TPOT SLO of 10.2 ms allows no pull in a decode: the split loses the share that meets one.
     tight = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.0102, pull_stall=1.0)
     assert tight.good_share == pytest.approx(math.exp(-stalls), rel=1e-6)
@@ -187,19 +194,20 @@ def test_pulls_on_the_replicas_own_cores_cost_the_prefill_and_stall_the_decodes(
 
 def test_the_measured_transfer_cpu_replaces_the_wall_time_on_each_side() -> None:
     # The same split with a 50 ms pull whose measured CPU is 10 ms on the producer and 20 ms on the
-    # consumer: the prefill replica spends 0.5 + 0.01 s a request, each pull stalls decodes 20 ms.
+    # consumer: the prefill replica spends 0.5 + 0.01 s a request, each arrival stalls decodes 20 ms for
+    # its pull and 4 ms for its tail.
     cpu = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012, pull_stall=1.0,
                    transfer_cpu_s=(0.01, 0.02))  # fmt: skip
     x = cpu.requests_per_s
     assert x == pytest.approx(1 / 0.51)  # the prefill replica's cap p / (s + Cp)
     assert cpu.prefill_busy == pytest.approx(min(0.99, x * 0.51))
-    v = x * 0.02  # the decode replica's time taken by pulls: X Cc / d
+    v = x * 0.024  # the decode replica's time taken by pulls and tails: X (Cc + r) / d
     decode = 100 * 0.01 / (1 - v)
-    stalls = v * decode / 0.02
-    assert cpu.tpot_s == pytest.approx(0.01 + stalls * 0.02 / 100, rel=1e-6)
-    # (12 - 10) ms × 100 tokens / 20 ms: ten pulls may land in a decode before it misses the TPOT SLO.
+    stalls = v * decode / 0.024
+    assert cpu.tpot_s == pytest.approx(0.01 + stalls * 0.024 / 100, rel=1e-6)
+    # (12 - 10) ms × 100 tokens / 24 ms: eight arrivals may land in a decode before it misses the TPOT SLO.
     assert cpu.good_share == pytest.approx(
-        sum(math.exp(-stalls) * stalls**k / math.factorial(k) for k in range(11)), rel=1e-6
+        sum(math.exp(-stalls) * stalls**k / math.factorial(k) for k in range(9)), rel=1e-6
     )
     wall = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012, pull_stall=1.0)
     free = split_at(FLAT, 500, 101, 4, Ratio(1, 1), 0.05, ttft_slo_s=5.0, tpot_slo_s=0.012)
@@ -257,3 +265,34 @@ def test_a_profile_from_a_sweep_report() -> None:
     # The server's own prefill rate, when the bench scraped it, is preferred over the end-to-end TTFT.
     report["levels"][1]["server"] = {"load": {"prefill_tokens_per_s": 25_000.0}}
     assert profile_from_report(report, 2048).prefill_tokens_per_s == 25_000
+    # With the server's rate the TTFT at one request in flight has room for what the request spent
+    # outside the engine's compute: 50 ms less 500 / 25,000 s of prefill and a 20 ms step = 10 ms.
+    p = profile_from_report(report, 2048)
+    assert p.request_overhead_s == pytest.approx(0.01)
+    assert profile_from_report(report, 2048, block_size=32).block_size == 32
+    # Read off the TTFT itself (no scraped rate) there is none left to find.
+    del report["levels"][1]["server"]
+    assert profile_from_report(report, 2048).request_overhead_s == 0
+
+
+def test_a_split_request_pays_the_request_overhead_twice_and_its_tail_on_the_decode_side() -> None:
+    # 32 prompt tokens at 1,000 tokens/s (s = 32 ms), blocks of 16: the split moves the first block (the
+    # second holds the last token), and the decode replica prefills the other 16 tokens again (16 ms).
+    # 5 ms outside the engine per request. One request in flight: nothing queues or stalls.
+    slow = ServiceProfile(1000, 1, 0.01, 1000, request_overhead_s=0.005)
+    assert [slow.moved_tokens(n) for n in (1, 16, 17, 32, 33, 500)] == [0, 0, 16, 16, 32, 496]
+    agg = aggregated_at(slow, 32, 11, 1)
+    assert agg.ttft_s == pytest.approx(0.005 + 0.032 + 0.01)
+    assert agg.requests_per_s == pytest.approx(1 / (0.005 + 0.032 + 0.01 + 10 * 0.01))
+    split = split_at(slow, 32, 11, 0.5, Ratio(1, 1), 0.002)  # half a request per replica of the pair
+    assert split.ttft_s == pytest.approx(2 * 0.005 + 0.032 + 0.002 + 0.016 + 0.01)
+    layouts = predict(slow, 32, 11, 1000 * 16 / 0.002, [Ratio(1, 1)], levels=(0.5,))
+    assert layouts[1].transfer_bytes == 16_000 and layouts[1].transfer_s == pytest.approx(0.002)
+    assert layouts[1].ttft_p50_s == pytest.approx(split.ttft_s)
+    assert "KV transfer 2 ms for 16 of 32 prompt tokens (the rest prefilled again on the decode replica)" in (
+        layouts[1].limited_by or ""
+    )
+    # Without the overhead the split's TTFT loses 10 ms and aggregated's 5.
+    bare = ServiceProfile(1000, 1, 0.01, 1000)
+    assert split_at(bare, 32, 11, 0.5, Ratio(1, 1), 0.002).ttft_s == pytest.approx(split.ttft_s - 0.01)
+    assert aggregated_at(bare, 32, 11, 1).ttft_s == pytest.approx(agg.ttft_s - 0.005)

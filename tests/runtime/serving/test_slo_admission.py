@@ -155,8 +155,8 @@ def test_an_admitted_request_the_replica_can_no_longer_serve_in_time_is_refused_
         while metric(scrape(slow.url), mn.NUM_REQUESTS_WAITING) < 1:
             assert time.monotonic() < deadline, "the bounded request never reached the engine's queue"
             time.sleep(0.02)
-        # Then the host stalls: a 100 s step, as the engine's meter records one. At the slow steps
-        # the engine now allows for, the running request's remaining tokens alone take far past 600 s.
+        # Then the host stalls: a 100 s step, as the engine's meter records one. At the mean step it
+        # moves the engine's rates to, the running request's remaining tokens alone take far past 600 s.
         slow.engine.engine.rate_meter.observe(0, 1, 100.0, end=time.monotonic())  # type: ignore[union-attr]
         client.join(timeout=120)
     finally:
