@@ -12,7 +12,9 @@ reading and sending the blocks; consumer: pulling, checking, staging and loading
 also gets its replicas' whole process CPU time per request (``process_cpu_seconds_total`` before and
 after, over the requests its decode replicas finished; a split's by prefill and decode replicas in
 the report): what serving one request costs the layout's cores, the transfer and the second hop's
-request handling included. Each layout draws its own prompts of the same shapes (the seed moves on),
+request handling included; and the bench process's own CPU per request (``time.process_time``: its
+load generator and the router it runs), which on a host where they share the replicas' cores is
+taken from the replicas. Each layout draws its own prompts of the same shapes (the seed moves on),
 so none starts with the previous layout's prompts in its replicas' caches. With ``--repeats N`` the
 layouts run N times, every other time in reverse order (A B, B A: a drift in a shared host's load weighs
 on each layout alike), and each layout's figures are the mean over its repeats.
@@ -25,6 +27,7 @@ What it is not: the measurement of one level (``session.py``, ``loadgen.py``) or
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -149,11 +152,13 @@ async def run_layout(
         try:
             everyone = (*layout.prefill, *layout.decode)
             before = await _transfer_counters(everyone, headers)
+            cpu0 = time.process_time()
             results = []
             for per_replica in levels:
                 c = per_replica * layout.replicas
                 say(f"{layout.name}: c={c} ({per_replica} per replica)")
                 results.append(await session.level(c))
+            bench_cpu = time.process_time() - cpu0
             after = await _transfer_counters(everyone, headers)
         finally:
             await session.aclose()
@@ -191,6 +196,9 @@ async def run_layout(
     replica_cpu = _replica_cpu(delta, layout)
     if replica_cpu:
         figures.replica_cpu_s = sum(replica_cpu.values())
+    finished = sum(delta.get(f"finished:{u}", 0.0) for u in layout.decode)
+    if finished:
+        figures.bench_cpu_s = bench_cpu / finished
     if split:
         if split_requests:
             figures.transfer_s = delta["seconds"] / split_requests
@@ -224,7 +232,7 @@ def mean_figures(runs: Sequence[LayoutFigures]) -> LayoutFigures:
                         prefill_replicas=first.prefill_replicas, decode_replicas=first.decode_replicas)  # fmt: skip
     for name in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "tpot_p95_s", "itl_p50_s", "itl_p95_s",
                  "transfer_s", "transfer_bytes", "transfer_cpu_producer_s", "transfer_cpu_consumer_s",
-                 "replica_cpu_s"):  # fmt: skip
+                 "replica_cpu_s", "bench_cpu_s"):  # fmt: skip
         setattr(out, name, mean([getattr(f, name) for f in runs]))
     each = ", ".join(f"{f.goodput_per_replica:.3g}" for f in runs)
     out.notes = [f"mean of {len(runs)} repeats; good req/s per replica in each: {each}",
@@ -307,7 +315,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         return "-" if p is None or c is None else f"{p * 1e3:.1f}/{c * 1e3:.1f}"
 
     rows = [("layout", "replicas", "good/s/replica", "TTFT p50/p95 ms", "TPOT p50/p95 ms", "ITL p50/p95 ms",
-             "KV ms/req", "KV MB/req", "KV CPU ms/req P/D", "CPU ms/req")]  # fmt: skip
+             "KV ms/req", "KV MB/req", "KV CPU ms/req P/D", "CPU ms/req", "bench CPU ms/req")]  # fmt: skip
     for lay in report["verdict"]["layouts"]:
         rows.append((
             lay["layout"], str(lay["replicas"]), f"{lay['goodput_per_replica_rps']:.3f}",
@@ -316,6 +324,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             "-" if lay["transfer_s"] is None else f"{lay['transfer_s'] * 1e3:.1f}",
             "-" if lay["transfer_bytes"] is None else f"{lay['transfer_bytes'] / 1e6:.3f}", cpu(lay),
             "-" if lay.get("replica_cpu_s") is None else f"{lay['replica_cpu_s'] * 1e3:.1f}",
+            "-" if lay.get("bench_cpu_s") is None else f"{lay['bench_cpu_s'] * 1e3:.1f}",
         ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

@@ -121,6 +121,9 @@ class LayoutFigures:
     transfer_cpu_producer_s: float | None = None
     transfer_cpu_consumer_s: float | None = None
     replica_cpu_s: float | None = None  # measured: all its replicas' process CPU per request
+    # Measured: the bench process's own CPU per request (its load generator and the router it runs):
+    # on a host where it shares the replicas' cores, what it takes from them.
+    bench_cpu_s: float | None = None
     prefill_replicas: int = 0
     decode_replicas: int = 0
     limited_by: str | None = None  # predictions: the operating point and what caps the goodput

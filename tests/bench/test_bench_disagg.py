@@ -75,6 +75,7 @@ def test_aggregated_and_split_measured_with_a_verdict(replicas: list[ThreadedSer
     # Each layout's replicas' process CPU per request (here both servers share this process: only its presence
     # is checked), by role.
     assert agg["replica_cpu_s"] > 0 and split["replica_cpu_s"] > 0
+    assert agg["bench_cpu_s"] > 0 and split["bench_cpu_s"] > 0  # the client and the router it runs
     assert {tuple(sorted(d["replica_cpu_s_per_request"])) for d in report["layouts"]} == {
         ("decode",),
         ("decode", "prefill"),
