@@ -44,10 +44,16 @@ async def means(client, url):
         mn.TIME_TO_FIRST_TOKEN,
         mn.REQUEST_QUEUE_TIME,
         mn.REQUEST_PREFILL_TIME,
+        mn.KV_PREFETCH_WAIT,
         mn.KV_TRANSFER_TIME,
         "plimsoll_e2e_request_latency_seconds",
     ):
         out[k] = (s.sum(k + "_sum") or 0.0, s.sum(k + "_count") or 0.0)
+    out["fail"] = s.sum(mn.KV_TRANSFER_FAILURES) or 0.0
+    out["pulls"] = s.sum("plimsoll_kv_transfer_pulls_total") or 0.0
+    out["bytes"] = sum(
+        v for labels, v in s.samples.get(mn.KV_TRANSFER_BYTES, []) if labels.get("direction") == "received"
+    )
     return out
 
 
@@ -77,7 +83,8 @@ async def main():
                 b0 = await means(client, urls[1])
                 cl = []
                 for i in range(40):
-                    b = {**body, "prompt": PROMPT[:-2] + f"{i:02d}"}
+                    # Its own first block: no prompt shares a cached block with another (no prefix hit).
+                    b = {**body, "prompt": f"{int(use_split)}{i:02d}" + PROMPT[3:]}
                     if use_split:
                         js = (
                             await client.post(urls[0] + "/v1/completions", json={**pb, "prompt": b["prompt"]})
@@ -86,10 +93,12 @@ async def main():
                     cl.append(await ttft(client, urls[1], b))
                 b1 = await means(client, urls[1])
                 print(f"{label}: client TTFT p50 {statistics.median(cl) * 1e3:.1f} ms")
-                for k in b1:
+                print(f"    failed pulls {b1['fail'] - b0['fail']:.0f}")
+                for k in (k for k in b1 if k not in ("fail", "pulls", "bytes")):
                     ds, dc = b1[k][0] - b0[k][0], b1[k][1] - b0[k][1]
                     if dc:
                         print(f"    {k} mean {ds / dc * 1e3:.1f} ms (n={dc:.0f})")
+                print(f"    pulls {b1['pulls'] - b0['pulls']:.0f}, bytes {b1['bytes'] - b0['bytes']:.0f}")
     finally:
         for r in reps:
             r.stop(timeout=30)
