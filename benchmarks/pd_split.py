@@ -208,12 +208,15 @@ async def workload(
         band = measured["band"]
         measured_cpu = cpu if None not in cpu else None
 
-        def judged(transfer_cpu: tuple[float, float] | None) -> Any:
-            return verdict(predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3,
-                                   levels=args.levels, pull_stall=pull_stall_for(0), transfer_cpu_s=transfer_cpu),
-                           margin=band)  # fmt: skip
+        # The bench's own CPU per request (its load generator and the router it runs), on the replicas' cores.
+        host = {lay["layout"]: lay["bench_cpu_s"] for lay in measured["layouts"] if lay.get("bench_cpu_s")}
 
-        predicted, by_wall = judged(measured_cpu), judged(None)
+        def judged(transfer_cpu: tuple[float, float] | None, on_host: dict[str, float] = host) -> Any:
+            return verdict(predict(prof_, isl, osl, link, args.ratios, slo.ttft_p95_ms / 1e3, slo.tpot_p50_ms / 1e3,
+                                   levels=args.levels, pull_stall=pull_stall_for(0), transfer_cpu_s=transfer_cpu,
+                                   host_cpu_s=on_host), margin=band)  # fmt: skip
+
+        predicted, by_wall, apart = judged(measured_cpu), judged(None), judged(measured_cpu, {})
         # The profile's times are wall times on a core shared with the host's other work: the transfer's CPU
         # time in the same units is its CPU time over the share of the core the replica got.
         share = min(1.0, prof["core_share"])
@@ -235,6 +238,11 @@ async def workload(
         # The same prediction at the plan's own band (what `plimsoll plan` prints without a measurement).
         alone = verdict(predicted.layouts)
         print(f"  predicted at the plan's {alone.band:.0%} band: {alone.category}")
+        apart_gain = gain_of(apart.layouts)
+        apart_agrees = apart.category == measured["category"]
+        print("  predicted without the bench's CPU on the replicas' cores ("
+              + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in host.items()) + f" per request): {apart_gain:+.0%}, "
+              f"{apart.category} — {'agrees with' if apart_agrees else 'DIFFERS from'} the measurement")  # fmt: skip
         wall_gain = gain_of(by_wall.layouts)
         wall_agrees = by_wall.category == measured["category"]
         print(f"  predicted with the wall time charged instead: {wall_gain:+.0%}, {by_wall.category} — "
@@ -252,7 +260,10 @@ async def workload(
                             "by_core_share": share_fig,
                             "category_at_plan_band": alone.category, "transfer_cpu_s": measured_cpu,
                             "gain": gain_of(predicted.layouts), "measured_gain": gain_of_dicts(measured["layouts"]),
-                            "by_wall": {"category": by_wall.category, "gain": wall_gain, "agrees": wall_agrees}}  # fmt: skip
+                            "by_wall": {"category": by_wall.category, "gain": wall_gain, "agrees": wall_agrees},
+                            "bench_cpu_s": host,
+                            "without_bench_cpu": {"category": apart.category, "gain": apart_gain,
+                                                  "agrees": apart_agrees}}  # fmt: skip
     return out
 
 
@@ -289,19 +300,21 @@ async def main(args: argparse.Namespace) -> None:
         for r in replicas:
             r.stop(timeout=30)
     print("\nsummary: workload — measured (noise band) — predicted, transfer CPU charged — agree — "
-          "predicted, wall time charged — agree — predicted, CPU at the core share — agree (same category)")  # fmt: skip
+          "predicted, wall time charged — agree — predicted, CPU at the core share — agree — "
+          "predicted without the bench's CPU — agree (same category)")  # fmt: skip
     for res in results:
         v = res["measured"]["verdict"]
         predicted = res.get("predicted")
         if predicted is None:
             print(f"  {res['name']} — {v['category']} (±{v['band']:.0%}) — no prediction (no link measured)")
             continue
-        wall, by_share = predicted["by_wall"], predicted["by_core_share"]
+        wall, by_share, apart = predicted["by_wall"], predicted["by_core_share"], predicted["without_bench_cpu"]
         shared = "-" if by_share is None else (f"{by_share['gain']:+.0%} {by_share['category']} — "
                                                f"{'yes' if by_share['agrees'] else 'NO'}")  # fmt: skip
         print(f"  {res['name']} — {predicted['measured_gain']:+.0%} {v['category']} (±{v['band']:.0%}) — "
               f"{predicted['gain']:+.0%} {predicted['category']} — {'yes' if predicted['agrees'] else 'NO'} — "
-              f"{wall['gain']:+.0%} {wall['category']} — {'yes' if wall['agrees'] else 'NO'} — {shared}")  # fmt: skip
+              f"{wall['gain']:+.0%} {wall['category']} — {'yes' if wall['agrees'] else 'NO'} — {shared} — "
+              f"{apart['gain']:+.0%} {apart['category']} — {'yes' if apart['agrees'] else 'NO'}")  # fmt: skip
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.output:
         with open(args.output, "w") as f:

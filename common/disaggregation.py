@@ -50,6 +50,12 @@ why), so "split pays" means one thing everywhere.
   stands before the engine: a profiled request's TTFT at one in flight less its prefill and one step);
   a split request is two requests, prefill then decode, and pays ``2·o`` in its TTFT and its cycle.
 
+  Where other processes share the replicas' cores (the load generator and the router of a benchmark
+  on one host), the CPU ``h`` they take per request is charged too: aggregated, each replica keeps
+  ``1 − X·h`` of its core (``X`` per replica) and computes that much slower; split, the scheduler
+  gives them the prefill replicas' idle time first (``p·(1 − ρ)``) and the rest from the decode
+  replicas', each side slowed by the share it gives. On a cluster they run elsewhere: ``h`` = 0.
+
   A request meets the TTFT SLO when the prompts ahead of it fit (``P(j ahead) ≈ ρ^j``). Goodput is
   ``X`` × the share meeting both SLOs, at the best of the given concurrencies (as the bench takes a
   layout's best level). Splitting pays only where the stalls cost an aggregated replica more than
@@ -367,27 +373,32 @@ def _ttft_share(
 
 def aggregated_at(
     profile: ServiceProfile, input_tokens: float, output_tokens: float, c: float,
-    ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+    ttft_slo_s: float | None = None, tpot_slo_s: float | None = None, host_cpu_s: float = 0.0,
 ) -> OperatingPoint:  # fmt: skip
-    """One aggregated replica with ``c`` requests in flight (the module docstring's closed loop)."""
-    s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
+    """One aggregated replica with ``c`` requests in flight (the module docstring's closed loop);
+    ``host_cpu_s``: CPU seconds per request other processes take from the replicas' cores (see
+    :func:`predict`), shared by every replica alike: each computes at ``1 − X·h`` of its core."""
+    s0, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
     o = profile.request_overhead_s
     others = max(0.0, (c - 1) / c)
     t = profile.step_at(c)
-    x = c / (o + s + t + steps * t)
-    u = wait = decode = 0.0
+    x = c / (o + s0 + t + steps * t)
+    s, u, wait, decode = s0, 0.0, 0.0, 0.0
     for _ in range(200):  # damped fixed point; converges in tens of steps
+        f = 1.0 - min(0.9, x * host_cpu_s)  # the share of its core the replica keeps
+        s = s0 / f
         u = min(0.99, x * s * others)
-        decode = steps * t / (1 - u)
+        decode = steps * t / f / (1 - u)
         batch = min(max(1.0, x * decode), max(1.0, c))
         t = profile.step_at(batch)
         wait = _queue_wait(u, s, 1, c)
-        x = 0.5 * x + 0.5 * c / (o + s + wait + t + decode)
+        x = 0.5 * x + 0.5 * c / (o + s + wait + t / f + decode)
+    te = t / (1.0 - min(0.9, x * host_cpu_s))
     batch = min(max(1.0, x * decode), max(1.0, c))
     stalls = u * decode / s if s > 0 else 0.0  # other prompts prefilled during one request's decode
-    tpot_share = _stall_share(tpot_slo_s, t, steps, s, stalls)
-    good = tpot_share * _ttft_share(o + s + t, ttft_slo_s, u, s, c)
-    return OperatingPoint(c, x, good, o + s + wait + t, t + (stalls * s / steps if steps else 0.0),
+    tpot_share = _stall_share(tpot_slo_s, te, steps, s, stalls)
+    good = tpot_share * _ttft_share(o + s + te, ttft_slo_s, u, s, c)
+    return OperatingPoint(c, x, good, o + s + wait + te, te + (stalls * s / steps if steps else 0.0),
                           min(1.0, x * s), batch, 1.0 - math.exp(-stalls))  # fmt: skip
 
 
@@ -405,44 +416,53 @@ def _stall_share(tpot_slo_s: float | None, t: float, steps: float, stall_s: floa
 def split_at(
     profile: ServiceProfile, input_tokens: float, output_tokens: float, c: float, ratio: Ratio,
     transfer_s: float, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
-    pull_stall: float = 0.0, transfer_cpu_s: tuple[float, float] | None = None,
+    pull_stall: float = 0.0, transfer_cpu_s: tuple[float, float] | None = None, host_cpu_s: float = 0.0,
 ) -> OperatingPoint:  # fmt: skip
     """A ``p:d`` layout with ``c`` requests in flight per replica: prefill pool, transfer, decode pool.
 
     ``pull_stall``: the share of each transfer's cost that takes its replicas' compute (1 where their own
     cores move the blocks, 0 beside a copy engine); the cost is ``transfer_cpu_s`` (producer, consumer:
-    CPU seconds per request, measured) or, without it, ``transfer_s`` (the wall time) on each side."""
-    s, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
+    CPU seconds per request, measured) or, without it, ``transfer_s`` (the wall time) on each side.
+    ``host_cpu_s``: CPU seconds per request other processes take from the replicas' cores (see
+    :func:`predict`): first from the prefill replicas' idle time, the rest from the decode replicas."""
+    s0, steps = input_tokens / profile.prefill_tokens_per_s, max(0.0, output_tokens - 1)
     # The prompt's tail past its last whole block is prefilled again on the decode replica.
-    tail_s = (input_tokens - profile.moved_tokens(input_tokens)) / profile.prefill_tokens_per_s
+    tail0 = (input_tokens - profile.moved_tokens(input_tokens)) / profile.prefill_tokens_per_s
     o = 2 * profile.request_overhead_s  # two requests: the prefill hop's and the decode hop's
     p, d = ratio.prefill, ratio.decode
     n = c * ratio.replicas
     others = max(0.0, (n - 1) / n)
     send_cpu, receive_cpu = transfer_cpu_s if transfer_cpu_s is not None else (transfer_s, transfer_s)
-    send_s = pull_stall * send_cpu
-    stall_s = pull_stall * receive_cpu + tail_s  # what one request's arrival takes the decode replica
-    per_prompt = s + send_s  # a prefill replica's time for one request: its prompt, and serving the pull
-    cap = min(p / per_prompt, p / transfer_s if transfer_s > 0 else math.inf)
     t = profile.step_at(n / d)
-    first = s + transfer_s + tail_s + t  # one request alone: prefill, its blocks, the tail, the first step
-    x = min(cap, n / (o + first + steps * t))
+    x = min(p / (s0 + pull_stall * send_cpu), n / (o + s0 + transfer_s + tail0 + t + steps * t))
     rho = wait = v = 0.0
+    fp = fd = 1.0  # the share of their cores the prefill and the decode replicas keep
+    s, tail_s, stall_s, per_prompt, cap = s0, tail0, pull_stall * receive_cpu + tail0, s0, math.inf
     decode = steps * t
     for _ in range(200):
+        # What one request takes each side: the prompt and serving the pull on a prefill replica; the
+        # pull and the tail on a decode replica (it stalls the decodes there as a prefill would).
+        s, tail_s = s0 / fp, tail0 / fd
+        send_s, stall_s = pull_stall * send_cpu / fp, pull_stall * receive_cpu / fd + tail_s
+        per_prompt = s + send_s
+        cap = min(p / per_prompt, p / transfer_s if transfer_s > 0 else math.inf)
         rho = min(0.99, x * per_prompt / p)
         v = min(0.99, x * stall_s / d)  # the decode replicas' time taken by pulls and tails
-        decode = steps * t / (1 - v)
+        decode = steps * t / fd / (1 - v)
         batch = min(max(1.0, x * decode / d), max(1.0, n / d))
         t = profile.step_at(batch)
-        first = s + transfer_s + tail_s + t
         wait = _queue_wait(rho * others, per_prompt, p, n)
-        x = min(cap, 0.5 * x + 0.5 * n / (o + wait + first + decode))
+        x = min(cap, 0.5 * x + 0.5 * n / (o + wait + s + transfer_s + tail_s + t / fd + decode))
+        host = x * host_cpu_s
+        on_prefill = min(host, 0.9 * p * (1 - rho))
+        fp, fd = 1.0 - on_prefill / p, 1.0 - min(0.9, (host - on_prefill) / d)
+    te = t / fd
+    first = s + transfer_s + tail_s + te  # one request alone: prefill, its blocks, the tail, the first step
     batch = min(max(1.0, x * decode / d), max(1.0, n / d))
     stalls = v * decode / stall_s if stall_s > 0 else 0.0  # other requests' pulls and tails during one decode
-    tpot_share = _stall_share(tpot_slo_s, t, steps, stall_s, stalls)
+    tpot_share = _stall_share(tpot_slo_s, te, steps, stall_s, stalls)
     good = tpot_share * _ttft_share(o + first, ttft_slo_s, rho * others, per_prompt / p, n)
-    tpot = t + (stalls * stall_s / steps if steps else 0.0)
+    tpot = te + (stalls * stall_s / steps if steps else 0.0)
     return OperatingPoint(c, x, good, o + wait + first, tpot, rho, batch, 1.0 - math.exp(-stalls))
 
 
@@ -457,11 +477,15 @@ def predict(
     levels: Sequence[float] | None = None,
     pull_stall: float = 0.0,
     transfer_cpu_s: tuple[float, float] | None = None,
+    host_cpu_s: Mapping[str, float] | None = None,
 ) -> list[LayoutFigures]:
     """Goodput per layout from ``profile`` at its best of ``levels`` (per-replica concurrencies; default the
-    profile's), the KV transfer taking ``I × kv bytes / link`` (see the module docstring for the model);
-    ``pull_stall`` and ``transfer_cpu_s`` (producer, consumer CPU seconds per request) as :func:`split_at`
-    (use :func:`pull_stall_for`)."""
+    profile's), the KV transfer taking the moved tokens' ``kv bytes / link`` (see the module docstring for
+    the model); ``pull_stall`` and ``transfer_cpu_s`` (producer, consumer CPU seconds per request) as
+    :func:`split_at` (use :func:`pull_stall_for`). ``host_cpu_s``, by layout name: CPU seconds per
+    request that other processes take from the replicas' own cores — the load generator and the router
+    where they share a host with the replicas, as ``plimsoll bench disagg`` measures them (its
+    ``bench_cpu_s``); none on a cluster, where they run elsewhere."""
     if not 0.0 <= pull_stall <= 1.0:
         raise ValueError(
             f"pull_stall {pull_stall!r}: the share of a pull that stalls decoding is within [0, 1]"
@@ -481,17 +505,22 @@ def predict(
         raise ValueError("the concurrencies a workload runs at must be positive")
     transfer_bytes = profile.moved_tokens(input_tokens) * profile.kv_bytes_per_token
     transfer_s = transfer_bytes / link_bytes_per_s
+    host = dict(host_cpu_s or {})
+    if any(not (v >= 0 and math.isfinite(v)) for v in host.values()):
+        raise ValueError(f"host CPU {host!r}: CPU seconds per request are zero or more")
     out = []
-    points = [aggregated_at(profile, input_tokens, output_tokens, c, ttft_slo_s, tpot_slo_s) for c in levels]
+    h = host.get(AGGREGATED, 0.0)
+    points = [aggregated_at(profile, input_tokens, output_tokens, c, ttft_slo_s, tpot_slo_s, h) for c in levels]
     best = max(points, key=lambda pt: pt.goodput_rps)
     out.append(_figures(AGGREGATED, 1, best, ttft_slo_s, tpot_slo_s, (
         f"c={best.concurrency:g} per replica: prefill {best.prefill_busy:.0%} of the time, decode batch "
         f"{best.batch:.2g} at {_ms(profile.step_at(best.batch))} a step, {best.stalled_share:.0%} of requests "
-        "stalled in decode by another prompt's prefill"
+        "stalled in decode by another prompt's prefill" + _host_said(h, best.requests_per_s, "each replica's core")
     )))  # fmt: skip
     for r in ratios:
+        h = host.get(r.name, 0.0)
         points = [split_at(profile, input_tokens, output_tokens, c, r, transfer_s, ttft_slo_s, tpot_slo_s,
-                           pull_stall, transfer_cpu_s) for c in levels]  # fmt: skip
+                           pull_stall, transfer_cpu_s, h) for c in levels]  # fmt: skip
         best = max(points, key=lambda pt: pt.goodput_rps)
         stalled = (
             f", {best.stalled_share:.0%} of decodes stalled by another request's pull" if pull_stall else ""
@@ -502,6 +531,7 @@ def predict(
             f"{profile.moved_tokens(input_tokens):.0f} of {input_tokens:.0f} prompt tokens (the rest prefilled "
             f"again on the decode replica), "
             f"{transfer_charge(transfer_s, pull_stall, transfer_cpu_s)}{stalled}"
+            + _host_said(h, best.requests_per_s, "a core, the prefill replicas' idle time first")
         ))  # fmt: skip
         lay.transfer_s, lay.transfer_bytes = transfer_s, transfer_bytes
         if transfer_cpu_s is not None:
@@ -509,6 +539,13 @@ def predict(
         lay.prefill_replicas, lay.decode_replicas = r.prefill, r.decode
         out.append(lay)
     return out
+
+
+def _host_said(host_cpu_s: float, requests_per_s: float, whose: str) -> str:
+    if not host_cpu_s:
+        return ""
+    return (f", other processes taking {_ms(host_cpu_s)} of CPU per request from the replicas' cores "
+            f"({requests_per_s * host_cpu_s:.2f} of {whose})")  # fmt: skip
 
 
 def transfer_charge(transfer_s: float, pull_stall: float, transfer_cpu_s: tuple[float, float] | None) -> str:

@@ -296,3 +296,44 @@ def test_a_split_request_pays_the_request_overhead_twice_and_its_tail_on_the_dec
     bare = ServiceProfile(1000, 1, 0.01, 1000)
     assert split_at(bare, 32, 11, 0.5, Ratio(1, 1), 0.002).ttft_s == pytest.approx(split.ttft_s - 0.01)
     assert aggregated_at(bare, 32, 11, 1).ttft_s == pytest.approx(agg.ttft_s - 0.005)
+
+
+def test_cpu_other_processes_take_from_the_replicas_cores_slows_aggregated_and_spares_an_idle_prefill_pool() -> (
+    None
+):
+    # 20 prompt tokens (20 ms), 11 output tokens (10 steps of 10 ms), one request per replica: 130 ms alone.
+    # The load generator and router take 13 ms of CPU per request from the replicas' cores.
+    bare = aggregated_at(FLAT, 20, 11, 1)
+    assert bare.requests_per_s == pytest.approx(1 / 0.13)
+    shared = aggregated_at(FLAT, 20, 11, 1, host_cpu_s=0.013)
+    # The replica keeps f = 1 − X·h of its core: X = f / 0.13 → X = 1 / (0.13 + 0.013).
+    x = 1 / 0.143
+    f = 1 - x * 0.013
+    assert shared.requests_per_s == pytest.approx(x, rel=1e-6)
+    assert shared.ttft_s == pytest.approx(0.03 / f, rel=1e-6) and shared.tpot_s == pytest.approx(
+        0.01 / f, rel=1e-6
+    )
+    # Split 1P:1D, two in flight: the prefill replica is idle most of the time and takes all of it; the
+    # decode replica keeps its core (its steps are the bare split's), the prefill replica's prompts slow.
+    alone = split_at(FLAT, 20, 11, 1, Ratio(1, 1), 0.001)
+    beside = split_at(FLAT, 20, 11, 1, Ratio(1, 1), 0.001, host_cpu_s=0.013)
+    # (its tails stall it a little less: fewer arrivals a second.)
+    assert beside.tpot_s <= alone.tpot_s and beside.prefill_busy > alone.prefill_busy
+    assert beside.requests_per_s < alone.requests_per_s
+    # More than the prefill pool's idle time spills onto the decode replica.
+    crowded = split_at(FLAT, 20, 11, 1, Ratio(1, 1), 0.001, host_cpu_s=0.2)
+    assert crowded.tpot_s > alone.tpot_s
+    # The prediction charges each layout its own figure and says so; none is charged by default.
+    layouts = predict(
+        FLAT, 20, 11, 1e7, [Ratio(1, 1)], levels=(1,), host_cpu_s={"aggregated": 0.013, "1P:1D": 0.013}
+    )
+    assert layouts[0].goodput_rps == pytest.approx(shared.goodput_rps)
+    assert "other processes taking 13 ms of CPU per request from the replicas' cores" in (
+        layouts[0].limited_by or ""
+    )
+    assert "the prefill replicas' idle time first" in (layouts[1].limited_by or "")
+    assert predict(FLAT, 20, 11, 1e7, [Ratio(1, 1)], levels=(1,))[0].goodput_rps == pytest.approx(
+        bare.goodput_rps
+    )
+    with pytest.raises(ValueError, match="CPU seconds per request are zero or more"):
+        predict(FLAT, 20, 11, 1e7, [Ratio(1, 1)], host_cpu_s={"aggregated": -1.0})
