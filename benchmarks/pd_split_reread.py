@@ -9,7 +9,9 @@ each side (``pull_stall`` 1, the prediction before the transfer's CPU time was m
 its measured CPU time per request on each side, and (runs that measured it) at that CPU time over the
 share of a core the profiled replica got (its wall time per CPU second, the profile's unit). Runs A–D predate the CPU measurement: for them the CPU
 time is the mean of what the saved runs measured for the same workload (the same blocks moved), said so in
-the output; a saved run uses its own. Prints each run's predicted difference and category beside the
+the output; a saved run uses its own. A saved run that measured the bench's own CPU per request (its
+load generator and router, on the replicas' cores) is predicted with it, each layout its own figure.
+Prints each run's predicted difference and category beside the
 measured one, and the agreement of each way over all runs and over the saved runs alone.
 
 What it is not: a measurement. A new ``pd_split.py`` run is.
@@ -44,6 +46,7 @@ class Run(NamedTuple):
     transfer_cpu_ms: tuple[float, float] | None = None  # (producer, consumer) ms per request, measured
     core_share: float | None = None  # the profiled replica's CPU seconds per wall second at c = 1
     overhead_ms: float = 0.0  # the profile's request overhead (TTFT at c = 1 less prefill and a step)
+    bench_cpu_ms: tuple[float, float] | None = None  # the bench's own CPU per request: aggregated, split
 
 
 RUNS = (
@@ -77,6 +80,8 @@ def saved_runs(path: str, label: str) -> list[Run]:
             tuple((b, t * 1e3) for b, t in prof.step_s), split["transfer_bytes"], pred["measured_gain"], v["band"],
             v["category"], (cpu[0] * 1e3, cpu[1] * 1e3) if cpu else None, res["profile"].get("core_share"),
             prof.request_overhead_s * 1e3,
+            (v["layouts"][0]["bench_cpu_s"] * 1e3, split["bench_cpu_s"] * 1e3)
+            if v["layouts"][0].get("bench_cpu_s") and split.get("bench_cpu_s") else None,
         ))  # fmt: skip
     return out
 
@@ -111,6 +116,12 @@ def main(paths: list[str]) -> None:
     }
     for run in runs:
         cpu_ms = run.transfer_cpu_ms or borrowed.get(run.input_tokens)
+        # The bench's own CPU on the replicas' cores, where the run measured it (each layout its own).
+        host = (
+            {"aggregated": run.bench_cpu_ms[0] / 1e3, "1P:1D": run.bench_cpu_ms[1] / 1e3}
+            if run.bench_cpu_ms
+            else None
+        )
         cells = [f"{run.name:8} measured {run.measured_gain:+.0%} (±{run.band:.0%}) {run.measured:13}"]
         for way in WAYS:
             if way == "cpu" and cpu_ms is None:
@@ -126,7 +137,8 @@ def main(paths: list[str]) -> None:
             )
             layouts = predict(profile(run, 3.96e6), run.input_tokens, run.output_tokens, run.link_bytes_per_s,
                               [Ratio(1, 1)], run.ttft_slo_ms / 1e3, run.tpot_slo_ms / 1e3, levels=(1, 2),
-                              pull_stall=0.0 if way == "off" else 1.0, transfer_cpu_s=cpu_s)  # fmt: skip
+                              pull_stall=0.0 if way == "off" else 1.0, transfer_cpu_s=cpu_s,
+                              host_cpu_s=host)  # fmt: skip
             v = verdict(layouts, margin=run.band)
             agg, split = (lay.goodput_per_replica for lay in layouts)
             gain = (split - agg) / agg
