@@ -113,7 +113,7 @@ async def _transfer_counters(urls: Sequence[str], headers: dict[str, str]) -> di
 def _replica_cpu(delta: dict[str, float], layout: Layout) -> dict[str, float]:
     """Process CPU seconds per client request on the layout's prefill and decode replicas (aggregated: all
     are decode replicas); empty when the replicas finished none or do not export their CPU."""
-    finished = sum(delta.get(f"finished:{u}", 0.0) for u in layout.decode)  # every request ends on one
+    finished = _finished(delta, layout)
     if not finished or not any(delta.get(f"process:{u}", 0.0) for u in (*layout.prefill, *layout.decode)):
         return {}
     return {
@@ -121,6 +121,11 @@ def _replica_cpu(delta: dict[str, float], layout: Layout) -> dict[str, float]:
         for role, urls in (("prefill", layout.prefill), ("decode", layout.decode))
         if urls
     }
+
+
+def _finished(delta: dict[str, float], layout: Layout) -> float:
+    """Requests the layout's replicas finished over ``delta`` (every request ends on a decode replica)."""
+    return sum(delta.get(f"finished:{u}", 0.0) for u in layout.decode)
 
 
 def _cpu_per_request(delta: dict[str, float], requests: float) -> dict[str, float]:
@@ -196,7 +201,7 @@ async def run_layout(
     replica_cpu = _replica_cpu(delta, layout)
     if replica_cpu:
         figures.replica_cpu_s = sum(replica_cpu.values())
-    finished = sum(delta.get(f"finished:{u}", 0.0) for u in layout.decode)
+    finished = _finished(delta, layout)
     if finished:
         figures.bench_cpu_s = bench_cpu / finished
     if split:

@@ -46,7 +46,15 @@ from typing import Any
 from plimsoll.bench.config import SLO, BenchConfig, LengthSpec
 from plimsoll.bench.disagg import compare, summary_lines
 from plimsoll.bench.session import BenchSession
-from plimsoll.disaggregation import Ratio, parse_ratios, predict, profile_from_report, pull_stall_for, verdict
+from plimsoll.disaggregation import (
+    Ratio,
+    moved_tokens,
+    parse_ratios,
+    predict,
+    profile_from_report,
+    pull_stall_for,
+    verdict,
+)
 from plimsoll.runtime.testing import ServerProcess
 
 LINK: dict[str, float] = {}  # the KV link's rate, as the first workload's pulls measured it
@@ -187,7 +195,7 @@ async def workload(
     # whose prompts are too short to move a block).
     if split["transfer_s"] and split["transfer_bytes"]:
         LINK["bytes_per_s"] = split["transfer_bytes"] / split["transfer_s"]
-        LINK["kv_per_token"] = split["transfer_bytes"] / max(1, (isl - 1) // 16 * 16)  # full blocks moved
+        LINK["kv_per_token"] = split["transfer_bytes"] / max(1.0, moved_tokens(isl))  # whole blocks moved
     link, kv_per_token = LINK.get("bytes_per_s"), LINK.get("kv_per_token", 0.0)
     out: dict[str, Any] = {"name": name, "input_tokens": isl, "output_tokens": osl, "slo": slo.model_dump(),
                            "profile": prof, "measured": report}  # fmt: skip

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from plimsoll.disaggregation import Ratio, ServiceProfile, predict, profile_from_report, verdict
+from plimsoll.disaggregation import Ratio, ServiceProfile, moved_tokens, predict, profile_from_report, verdict
 
 
 class Run(NamedTuple):
@@ -90,7 +90,7 @@ def profile(run: Run, long_transfer_bytes: float) -> ServiceProfile:
     steps = tuple((float(b), ms / 1e3) for b, ms in run.step_ms)
     fits = [(b, t) for b, t in steps if t <= run.tpot_slo_ms / 1e3] or [steps[0]]
     # KV bytes per token as pd_split.py takes it: the long workload's bytes over the full blocks it moved.
-    per_token = long_transfer_bytes / ((512 - 1) // 16 * 16)
+    per_token = long_transfer_bytes / moved_tokens(512)
     return ServiceProfile(run.prefill_tokens_per_s, fits[-1][0], fits[-1][1], per_token, step_s=steps,
                           levels=tuple(b for b, _ in steps), request_overhead_s=run.overhead_ms / 1e3)  # fmt: skip
 

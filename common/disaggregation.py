@@ -75,6 +75,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from plimsoll.kv_memory import DEFAULT_BLOCK_SIZE
+
 MARGIN = 0.10  # the least a layout must win by: what a re-run on a quiet host moves
 AGGREGATED = "aggregated"
 SPLIT = "split"
@@ -302,12 +304,10 @@ class ServiceProfile:
     # one step. A split request is two requests (prefill, then decode), so it pays this twice.
     request_overhead_s: float = 0.0
     # The engine's KV block: a split moves whole blocks only, the decode side prefills the rest itself.
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
 
     def moved_tokens(self, input_tokens: float) -> float:
-        """Prompt tokens whose KV moves in a split: the whole blocks before the last token (the decode
-        side computes the last token itself, to produce the first output token)."""
-        return max(0.0, math.floor((input_tokens - 1) / self.block_size) * self.block_size)
+        return moved_tokens(input_tokens, self.block_size)
 
     def step_at(self, batch: float) -> float:
         """The decode step at ``batch`` sequences: linear between measured points, the last slope beyond."""
@@ -319,6 +319,12 @@ class ServiceProfile:
                 return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
         (b0, t0), (b1, t1) = points[-2], points[-1]
         return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)
+
+
+def moved_tokens(input_tokens: float, block_size: int = DEFAULT_BLOCK_SIZE) -> float:
+    """Prompt tokens whose KV moves in a split: the whole blocks before the last token (the decode side
+    computes the last token itself, to produce the first output token)."""
+    return max(0.0, math.floor((input_tokens - 1) / block_size) * block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +389,7 @@ def aggregated_at(
     others = max(0.0, (c - 1) / c)
     t = profile.step_at(c)
     x = c / (o + s0 + t + steps * t)
-    s, u, wait, decode = s0, 0.0, 0.0, 0.0
+    s, u, wait, decode, f = s0, 0.0, 0.0, 0.0, 1.0
     for _ in range(200):  # damped fixed point; converges in tens of steps
         f = 1.0 - min(0.9, x * host_cpu_s)  # the share of its core the replica keeps
         s = s0 / f
@@ -393,7 +399,7 @@ def aggregated_at(
         t = profile.step_at(batch)
         wait = _queue_wait(u, s, 1, c)
         x = 0.5 * x + 0.5 * c / (o + s + wait + t / f + decode)
-    te = t / (1.0 - min(0.9, x * host_cpu_s))
+    te = t / f
     batch = min(max(1.0, x * decode), max(1.0, c))
     stalls = u * decode / s if s > 0 else 0.0  # other prompts prefilled during one request's decode
     tpot_share = _stall_share(tpot_slo_s, te, steps, s, stalls)
@@ -510,7 +516,9 @@ def predict(
         raise ValueError(f"host CPU {host!r}: CPU seconds per request are zero or more")
     out = []
     h = host.get(AGGREGATED, 0.0)
-    points = [aggregated_at(profile, input_tokens, output_tokens, c, ttft_slo_s, tpot_slo_s, h) for c in levels]
+    points = [
+        aggregated_at(profile, input_tokens, output_tokens, c, ttft_slo_s, tpot_slo_s, h) for c in levels
+    ]
     best = max(points, key=lambda pt: pt.goodput_rps)
     out.append(_figures(AGGREGATED, 1, best, ttft_slo_s, tpot_slo_s, (
         f"c={best.concurrency:g} per replica: prefill {best.prefill_busy:.0%} of the time, decode batch "
@@ -583,7 +591,10 @@ def _figures(
 
 
 def profile_from_report(
-    report: Mapping[str, Any], kv_bytes_per_token: float, tpot_slo_s: float | None = None, block_size: int = 16
+    report: Mapping[str, Any],
+    kv_bytes_per_token: float,
+    tpot_slo_s: float | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> ServiceProfile:
     """A :class:`ServiceProfile` from a `plimsoll bench sweep` report of one replica.
 

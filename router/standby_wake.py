@@ -8,7 +8,7 @@ request would put every ready replica past its target in flight (the
 autoscaler's target per replica, ``status.autoscaler.inputs.targetInFlightPerReplica``,
 or ``--standby-wake-inflight``; a hardware variant's replica: its variant's own, ``weight``), it wakes one parked replica (``POST /wake_up`` with the
 wake key, which the replicas take on that path alone) and the request waits up to ``wait_s`` for it instead of queueing behind the
-busy ones. One wake takes up to ``threshold`` such requests (rounded up); the next one
+busy ones. One wake takes up to the woken replica's target of such requests (rounded up); the next one
 past that wakes another parked replica, until none is left. A woken replica serves at
 once, before its pod turns Ready again; ``GET /hold`` tells the operator which pods the
 router woke (``wokenStandby``), and the operator takes them in as a scale-up or parks
@@ -89,9 +89,9 @@ class StandbyWaker:
         """
         ready = self._replica_set.ready()
         targets = [self._target(r) for r in ready]
-        if not ready or any(t is None for t in targets):
-            return False
-        return all(r.inflight + 1 > t for r, t in zip(ready, targets, strict=True) if t is not None)
+        return bool(ready) and all(
+            t is not None and r.inflight + 1 > t for r, t in zip(ready, targets, strict=True)
+        )
 
     def _target(self, replica: Replica) -> float | None:
         """In flight at its target: its variant's own (``weight``, with a measured rate) or the service's."""
@@ -105,7 +105,9 @@ class StandbyWaker:
             if not wake.done.is_set() and wake.waiting < wake.room:
                 wake.waiting += 1
                 return wake
-        parked = [r for r in self._replica_set.ordered() if r.parked and not r.is_ready and r.url not in self.wakes]
+        parked = [
+            r for r in self._replica_set.ordered() if r.parked and not r.is_ready and r.url not in self.wakes
+        ]
         target = self._target(parked[0]) if parked else None
         if target is None:
             return None
@@ -137,8 +139,8 @@ class StandbyWaker:
             took = time.monotonic() - wake.started
             if ok and self._replica_set.get(wake.url) is replica and replica.parked:
                 replica.woken_at, replica.reachable = time.monotonic(), True
-                log.info("woke parked replica %s (%s) in %.3f s: every ready replica was at its target of %g "
-                         "in flight", wake.url, replica.pod or "static", took, self.threshold or 0.0)  # fmt: skip
+                log.info("woke parked replica %s (%s) in %.3f s: every ready replica was at its target in flight",
+                         wake.url, replica.pod or "static", took)  # fmt: skip
                 self._metrics.standby_wakes.labels("woken").inc()
                 self._metrics.standby_wake_seconds.observe(took)
             else:
